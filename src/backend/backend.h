@@ -1,0 +1,130 @@
+/* backend.h - the interface every compute backend implements (cpu now, cuda later).
+ *
+ * A backend owns memory (weights, activations, KV caches) and runs ops on it.  It knows
+ * nothing about models: the forward pass in src/model/forward.c is written once against this
+ * table.  Tensors handed to ops live in the backend's memory; host data comes in only through
+ * upload_weight / write and goes out only through read.
+ *
+ * Activations are float32 and row-major.  Dimension letters: B batch, T tokens per sequence,
+ * M = B*T rows, C hidden, H query heads, Hk kv heads, D head dim, F ffn, V vocab.
+ */
+#ifndef LMX_BACKEND_BACKEND_H
+#define LMX_BACKEND_BACKEND_H
+
+#include <stdint.h>
+#include "../base/dtype.h"
+#include "../base/status.h"
+
+/* A tensor in backend memory.  data is a host pointer on the cpu backend, a device pointer on
+ * cuda.  Weights keep their stored dtype; activations are F32. */
+typedef struct lmx_tensor {
+    lmx_dtype dtype;
+    int ndim;
+    int64_t shape[4];        /* row-major, shape[ndim-1] fastest */
+    void *data;
+    int owned;               /* 1 when the backend allocated data (freed by release) */
+} lmx_tensor;
+
+int64_t lmx_tensor_nelem(const lmx_tensor *t);
+
+/* One layer's KV cache for one sequence.  Position p lives in slot p % cap.  A rotating cache
+ * (rotating = 1) keeps cap positions and overwrites the oldest; an unbounded one grows
+ * (cap >= every stored position, slot == position). */
+typedef struct lmx_kv_layer {
+    lmx_tensor k, v;         /* [cap, Hk*D] F32 each */
+    int cap;
+    int rotating;
+    int window;              /* > 0: query i sees keys j with 0 <= i - j < window; 0: all j <= i */
+} lmx_kv_layer;
+
+typedef enum lmx_act { LMX_ACT_SILU, LMX_ACT_GELU_TANH } lmx_act;
+
+/* RoPE for one layer: rotate-half (non-interleaved) form over the first rot_dim dims of each
+ * head, angle = pos * inv_freq[i] for i < rot_dim/2, cos/sin multiplied by attn_factor. */
+typedef struct lmx_rope {
+    int rot_dim;
+    const float *inv_freq;   /* host, [rot_dim/2] */
+    float attn_factor;
+} lmx_rope;
+
+/* Batch layout shared by rope and attention: B sequences of T rows each (M = B*T rows);
+ * sequence b has n_new[b] real rows (the rest is padding) starting at position n_past[b]. */
+typedef struct lmx_batch {
+    int B, T;
+    const int *n_past;       /* host [B] */
+    const int *n_new;        /* host [B] */
+} lmx_batch;
+
+typedef struct lmx_attn_args {
+    const lmx_batch *batch;
+    lmx_tensor *out;         /* [M, H*D] */
+    const lmx_tensor *q;     /* [M, H*D]  (already normed/roped) */
+    const lmx_tensor *k;     /* [M, Hk*D] new keys (roped) */
+    const lmx_tensor *v;     /* [M, Hk*D] new values */
+    lmx_kv_layer *const *kv; /* [B] this layer's cache of each sequence (holds positions < n_past) */
+    int H, Hk, D;            /* each sequence's window comes from its kv layer */
+    float scale;             /* multiplies q.k */
+    float softcap;           /* > 0: scores = softcap * tanh(scores / softcap) */
+} lmx_attn_args;
+
+typedef struct lmx_backend lmx_backend;
+
+typedef struct lmx_backend_ops {
+    const char *name;
+    void (*destroy)(lmx_backend *be);
+
+    /* memory */
+    /* Make w usable by ops from host data (stays valid while the host data does); the cpu
+     * backend aliases it, a device backend copies it. */
+    lmx_status (*upload_weight)(lmx_backend *be, lmx_tensor *w, const void *host);
+    /* Allocate t->data for t's dtype and shape (zeroed).  release frees what alloc made. */
+    lmx_status (*alloc)(lmx_backend *be, lmx_tensor *t);
+    void (*release)(lmx_backend *be, lmx_tensor *t);
+    /* host <-> tensor copies of n_bytes at byte offset off */
+    lmx_status (*write)(lmx_backend *be, lmx_tensor *t, size_t off, const void *src, size_t n);
+    lmx_status (*read)(lmx_backend *be, const lmx_tensor *t, size_t off, void *dst, size_t n);
+
+    /* ops; every tensor argument is in backend memory, every int array on the host */
+    /* out[m, :] = table[ids[m], :] * scale                out [M, C], table [V, C] */
+    lmx_status (*embed)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table,
+                        const int32_t *ids, int M, float scale);
+    /* out[m] = x[m] / rms(x[m]) * (w + add_one)             x, out [rows, n], w [n] */
+    lmx_status (*rmsnorm)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
+                          const lmx_tensor *w, int rows, int n, float eps, float add_one);
+    /* out[m, :] = x[m, :] @ w^T + bias                    x [M, K], w [N, K], out [M, N] */
+    lmx_status (*matmul)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
+                         const lmx_tensor *w, const lmx_tensor *bias, int M);
+    /* y += x, n elements */
+    lmx_status (*add)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
+    /* out = act(gate) * up, n elements */
+    lmx_status (*glu)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate,
+                      const lmx_tensor *up, int64_t n, lmx_act act);
+    /* x = cap * tanh(x / cap), n elements */
+    lmx_status (*softcap)(lmx_backend *be, lmx_tensor *x, int64_t n, float cap);
+    /* rotate x [M, nh*hd] in place; row (b, t) has position n_past[b] + t */
+    lmx_status (*rope)(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
+                       const lmx_rope *rope);
+    /* causal attention of the new rows over cached + new keys (see lmx_attn_args) */
+    lmx_status (*attention)(lmx_backend *be, const lmx_attn_args *a);
+    /* append the n_new[b] new rows of k, v [M, Hk*D] to each sequence's cache */
+    lmx_status (*kv_append)(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
+                            const lmx_tensor *k, const lmx_tensor *v);
+    /* grow an unbounded cache to hold at least need positions (no-op when rotating) */
+    lmx_status (*kv_reserve)(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems);
+    /* out[r, :] = x[rows[r], :]                           x [*, n], out [R, n] */
+    lmx_status (*gather_rows)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
+                              const int *rows, int R, int64_t n);
+} lmx_backend_ops;
+
+struct lmx_backend {
+    const lmx_backend_ops *ops;
+    lmx_err err;             /* message of the last failing op */
+};
+
+/* Create a backend by name ("cpu", "auto"); n_threads 0 = all cores. */
+lmx_status lmx_backend_create(const char *name, int n_threads, lmx_backend **out, lmx_err *err);
+void lmx_backend_free(lmx_backend *be);
+
+lmx_status lmx_cpu_backend_create(int n_threads, lmx_backend **out, lmx_err *err);
+
+#endif

@@ -1,0 +1,113 @@
+/* cpu_attention.c - causal attention of new query rows over cached and new keys.
+ *
+ * Work is split over (sequence, query head, block of query rows).  Each query row i = n_past+t
+ * sees positions j with j <= i (and i - j < window for sliding layers): first the cached ones
+ * still held by the layer's cache (slot j % cap), then the new rows of this call.  Scores are
+ * kept in a per-thread buffer and normalised with a max-subtracted softmax in float32. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+
+#define ROWS_PER_TASK 16
+
+typedef struct attn_job {
+    cpu_backend *cb;
+    const lmx_attn_args *a;
+    int row_blocks;          /* ceil(T / ROWS_PER_TASK) */
+} attn_job;
+
+static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int h, int t,
+                       float *scores) {
+    const lmx_batch *bt = a->batch;
+    const lmx_kv_layer *kv = a->kv[b];
+    int D = a->D, kvh = h / (a->H / a->Hk);
+    int64_t qrow = (int64_t)b * bt->T + t;
+    int64_t kstride = (int64_t)a->Hk * D;
+    const float *q = (const float *)a->q->data + qrow * a->H * D + (int64_t)h * D;
+    float *out = (float *)a->out->data + qrow * a->H * D + (int64_t)h * D;
+
+    int n_past = bt->n_past[b];
+    int i = n_past + t;
+    int lo = kv->window > 0 ? i - kv->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    int held = kv->rotating ? (n_past < kv->cap ? n_past : kv->cap) : n_past;
+    int c0 = n_past - held > lo ? n_past - held : lo; /* first cached position used */
+    int u0 = lo > n_past ? lo - n_past : 0;           /* first new row used */
+    int n_cached = n_past - c0 > 0 ? n_past - c0 : 0;
+    int n = n_cached + (t - u0 + 1);
+
+    const float *kc = kv->k.data, *vc = kv->v.data;
+    const float *kn = (const float *)a->k->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
+    const float *vn = (const float *)a->v->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
+
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kr = j < n_cached
+                              ? kc + (int64_t)((c0 + j) % (kv->cap > 0 ? kv->cap : 1)) * kstride + (int64_t)kvh * D
+                              : kn + (int64_t)(u0 + j - n_cached) * kstride;
+        float s = cb->k.dot_f32(q, kr, D) * a->scale;
+        if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+        scores[j] = s;
+        if (s > mx) mx = s;
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        scores[j] = expf(scores[j] - mx);
+        sum += scores[j];
+    }
+    float inv = (float)(1.0 / sum);
+    memset(out, 0, (size_t)D * sizeof(float));
+    for (int j = 0; j < n; j++) {
+        const float *vr = j < n_cached
+                              ? vc + (int64_t)((c0 + j) % (kv->cap > 0 ? kv->cap : 1)) * kstride + (int64_t)kvh * D
+                              : vn + (int64_t)(u0 + j - n_cached) * kstride;
+        cb->k.axpy_f32(out, scores[j] * inv, vr, D);
+    }
+}
+
+static void attn_task(void *arg, int task, int thread) {
+    attn_job *j = arg;
+    const lmx_attn_args *a = j->a;
+    int blk = task % j->row_blocks;
+    int bh = task / j->row_blocks;
+    int h = bh % a->H, b = bh / a->H;
+    int t0 = blk * ROWS_PER_TASK, t1 = t0 + ROWS_PER_TASK;
+    if (t1 > a->batch->T) t1 = a->batch->T;
+    int n_new = a->batch->n_new[b];
+    for (int t = t0; t < t1; t++) {
+        if (t >= n_new) { /* padding row: defined output, never read */
+            int64_t row = (int64_t)b * a->batch->T + t;
+            memset((float *)a->out->data + row * a->H * a->D + (int64_t)h * a->D, 0,
+                   (size_t)a->D * sizeof(float));
+            continue;
+        }
+        attend_row(j->cb, a, b, h, t, j->cb->attn_scratch[thread]);
+    }
+}
+
+lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
+    cpu_backend *cb = (cpu_backend *)be;
+    const lmx_batch *bt = a->batch;
+    if (a->H % a->Hk != 0)
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d heads not a multiple of %d kv heads",
+                           a->H, a->Hk);
+    size_t need = 1;
+    for (int b = 0; b < bt->B; b++) {
+        size_t n = (size_t)bt->n_past[b] + (size_t)bt->T;
+        if (n > need) need = n;
+    }
+    int threads = lmx_pool_size(cb->pool);
+    for (int t = 0; t < threads && t < CPU_MAX_THREADS; t++) {
+        if (cb->attn_scratch_n[t] >= need) continue;
+        float *p = malloc(need * sizeof(float));
+        if (!p) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "attention: out of memory");
+        free(cb->attn_scratch[t]);
+        cb->attn_scratch[t] = p;
+        cb->attn_scratch_n[t] = need;
+    }
+    attn_job j = {.cb = cb, .a = a, .row_blocks = (bt->T + ROWS_PER_TASK - 1) / ROWS_PER_TASK};
+    lmx_pool_run(cb->pool, bt->B * a->H * j.row_blocks, attn_task, &j);
+    return LMX_OK;
+}

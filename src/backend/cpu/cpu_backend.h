@@ -1,0 +1,33 @@
+/* cpu_backend.h - internals shared by the cpu backend's files. */
+#ifndef LMX_BACKEND_CPU_BACKEND_H
+#define LMX_BACKEND_CPU_BACKEND_H
+
+#include <stddef.h>
+#include "../../base/threadpool.h"
+#include "../backend.h"
+#include "kernels.h"
+
+#define CPU_SCRATCH_SLOTS 2   /* 0: norm weights, 1: widened weight rows for BLAS */
+#define CPU_MAX_THREADS 256
+
+typedef struct cpu_backend {
+    lmx_backend base;         /* first: an lmx_backend* is a cpu_backend* */
+    lmx_cpu_kernels k;
+    lmx_pool *pool;
+    float *scratch[CPU_SCRATCH_SLOTS];
+    size_t scratch_n[CPU_SCRATCH_SLOTS];
+    float *attn_scratch[CPU_MAX_THREADS];  /* per-thread attention scores */
+    size_t attn_scratch_n[CPU_MAX_THREADS];
+} cpu_backend;
+
+/* A float buffer of at least n_floats in scratch slot `slot`, reused between calls. */
+float *cpu_scratch(cpu_backend *cb, int slot, size_t n_floats);
+/* Widen row `row` (n elements) of weight w into dst. */
+void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int64_t row,
+                    int64_t n);
+
+lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                      const lmx_tensor *bias, int M);
+lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a);
+
+#endif

@@ -1,0 +1,43 @@
+/* kernels.h - CPU compute kernels, chosen at run time for the best instruction set present
+ * (AVX-512 with BF16, AVX2+FMA+F16C, or portable C).  All arithmetic is float32; bf16 and f16
+ * weights are widened exactly on the fly, never converted in bulk.
+ *
+ * Shapes: x [M, K] row-major with row stride ldx; w [N, K] row-major (the HF Linear layout);
+ * y [M, N] with row stride ldy. */
+#ifndef LMX_BACKEND_CPU_KERNELS_H
+#define LMX_BACKEND_CPU_KERNELS_H
+
+#include <stdint.h>
+#include "../../base/dtype.h"
+
+/* y[m, n] = sum_k x[m, k] * w[n, k]  for m in [0, M), n in [n0, n1).
+ * w points at row 0 of the weight (element type given by the kernel). */
+typedef void (*lmx_matmul_rows_fn)(const float *x, int64_t ldx, int M, int64_t K,
+                                   const void *w, int64_t n0, int64_t n1,
+                                   float *y, int64_t ldy);
+
+typedef struct lmx_cpu_kernels {
+    const char *isa;                  /* "avx512", "avx2" or "scalar" */
+    lmx_matmul_rows_fn matmul_f32;    /* w is float */
+    lmx_matmul_rows_fn matmul_bf16;   /* w is uint16_t bf16 */
+    lmx_matmul_rows_fn matmul_f16;    /* w is uint16_t IEEE half */
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    /* dst[i] = widen(src[i]) */
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, int64_t n);
+    void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
+    /* y[i] += a * x[i] */
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+} lmx_cpu_kernels;
+
+/* Fill k with the best kernels this CPU supports.  force_isa: NULL/"" for auto, or "scalar",
+ * "avx2", "avx512" to force one (falls back to the best available below it). */
+void lmx_cpu_kernels_init(lmx_cpu_kernels *k, const char *force_isa);
+
+/* The portable versions, for tests and fallbacks. */
+void lmx_cpu_kernels_init_scalar(lmx_cpu_kernels *k);
+
+/* Per-ISA tables; each returns 0 if the ISA was not compiled in. */
+int lmx_cpu_kernels_init_avx2(lmx_cpu_kernels *k);
+int lmx_cpu_kernels_init_avx512(lmx_cpu_kernels *k);
+
+#endif

@@ -1,0 +1,15 @@
+/* cli.h - the lmx command's subcommands.  Each returns the process exit code:
+ * 0 success, 1 failure (a check failed, a model did not load), 2 bad arguments. */
+#ifndef LMX_CLI_CLI_H
+#define LMX_CLI_CLI_H
+
+int cmd_check_reference(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+/* Print "lmx: <msg>" to stderr; returns 2 (the bad-arguments exit code). */
+int cli_usage_error(const char *fmt, ...);
+/* Parse a positive int option value; returns 0 on success. */
+int cli_parse_int(const char *s, int *out);
+
+#endif

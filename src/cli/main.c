@@ -1,0 +1,59 @@
+/* main.c - the lmx command: dispatch to subcommands. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "lmx.h"
+
+int cli_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "lmx: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see lmx --help)\n");
+    va_end(ap);
+    return 2;
+}
+
+int cli_parse_int(const char *s, int *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < 0 || v > 1000000000) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "lmx %s - run language models on CPUs and GPUs\n\n"
+            "usage: lmx <command> [options]\n\n"
+            "commands:\n"
+            "  run MODEL --prompt-ids IDS   greedy generation from token ids\n"
+            "  info MODEL                   what a model is\n"
+            "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n\n"
+            "`lmx <command> --help` describes each command.\n",
+            LMX_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("lmx %s\n", LMX_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "check-reference")) return cmd_check_reference(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    return cli_usage_error("unknown command \"%s\"", cmd);
+}

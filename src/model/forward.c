@@ -1,0 +1,182 @@
+/* forward.c - the one decoder forward pass shared by llama, qwen2, qwen3, gemma2 and gemma3.
+ *
+ * Per layer (pre-norm residual blocks):
+ *   h   = norm(x)                                       x [M, C]
+ *   q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)   q [M, H*D], k/v [M, Hk*D]
+ *   q,k = qk_norm(q, k) (qwen3, gemma3); rope(q, k)
+ *   a   = attention(q, cache + k, cache + v)            a [M, H*D]
+ *   x  += post_attn_norm(a Wo^T)                        (post norm: gemma only)
+ *   x  += post_ffn_norm(down(act(gate(h')) * up(h')))   h' = ffn_norm(x)
+ * then logits = final_norm(x) lm_head^T (soft-capped for gemma2) on the requested rows.
+ * The model code only calls backend ops; it never touches tensor memory. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define TRY(call)                                                     \
+    do {                                                              \
+        lmx_status s_ = (call);                                       \
+        if (s_ != LMX_OK) return lmx_err_set(&m->err, s_, "%s", be->err.msg); \
+    } while (0)
+
+static lmx_status ws_tensor(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_t cols) {
+    be->ops->release(be, t);
+    memset(t, 0, sizeof *t);
+    t->dtype = LMX_DTYPE_F32;
+    t->ndim = 2;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    return be->ops->alloc(be, t);
+}
+
+void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
+    lmx_tensor *all[] = {&ws->x,   &ws->xn,   &ws->q,  &ws->k,  &ws->v,     &ws->att,
+                         &ws->proj, &ws->gate, &ws->up, &ws->xr, &ws->logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->data) be->ops->release(be, all[i]);
+    free(ws->ids);
+    free(ws->kv);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* Grow the buffers to B sequences, M rows and R logit rows; a no-op once large enough, so decode
+ * steps never allocate. */
+static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
+    lmx_backend *be = m->be;
+    lmx_workspace *ws = &m->ws;
+    const lmx_config *c = &m->cfg;
+    int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
+    if (B > ws->max_batch) {
+        lmx_kv_layer **kv = realloc(ws->kv, (size_t)B * sizeof *kv);
+        if (!kv) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        ws->kv = kv;
+        ws->max_batch = B;
+    }
+    if (M > ws->max_rows) {
+        int rows = M;
+        int32_t *ids = realloc(ws->ids, (size_t)rows * sizeof *ids);
+        if (!ids) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        ws->ids = ids;
+        TRY(ws_tensor(be, &ws->x, rows, C));
+        TRY(ws_tensor(be, &ws->xn, rows, C));
+        TRY(ws_tensor(be, &ws->q, rows, HD));
+        TRY(ws_tensor(be, &ws->k, rows, KD));
+        TRY(ws_tensor(be, &ws->v, rows, KD));
+        TRY(ws_tensor(be, &ws->att, rows, HD));
+        TRY(ws_tensor(be, &ws->proj, rows, C));
+        TRY(ws_tensor(be, &ws->gate, rows, c->ffn));
+        TRY(ws_tensor(be, &ws->up, rows, c->ffn));
+        ws->max_rows = rows;
+    }
+    if (R > ws->max_out_rows) {
+        TRY(ws_tensor(be, &ws->xr, R, C));
+        TRY(ws_tensor(be, &ws->logits, R, c->vocab));
+        ws->max_out_rows = R;
+    }
+    return LMX_OK;
+}
+
+static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_all,
+                                  lmx_kv_layer **kv, const lmx_batch *bt, int M) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    lmx_workspace *ws = &m->ws;
+    const lmx_layer *L = &m->layers[l];
+    const lmx_config *c = &m->cfg;
+    int H = c->n_heads, Hk = c->n_kv_heads, D = m->head_dim;
+    float one = m->norm_add_one;
+
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->attn_norm, M, c->hidden, (float)c->eps, one));
+    TRY(op->matmul(be, &ws->q, &ws->xn, &L->wq, L->bq.data ? &L->bq : NULL, M));
+    TRY(op->matmul(be, &ws->k, &ws->xn, &L->wk, L->bk.data ? &L->bk : NULL, M));
+    TRY(op->matmul(be, &ws->v, &ws->xn, &L->wv, L->bv.data ? &L->bv : NULL, M));
+    if (m->traits.qk_norm) {
+        TRY(op->rmsnorm(be, &ws->q, &ws->q, &L->q_norm, M * H, D, (float)c->eps, one));
+        TRY(op->rmsnorm(be, &ws->k, &ws->k, &L->k_norm, M * Hk, D, (float)c->eps, one));
+    }
+    TRY(op->rope(be, &ws->q, bt, H, D, &L->rope));
+    TRY(op->rope(be, &ws->k, bt, Hk, D, &L->rope));
+
+    for (int b = 0; b < bt->B; b++) kv[b] = &kv_all[b][l];
+    lmx_attn_args a = {.batch = bt, .out = &ws->att, .q = &ws->q, .k = &ws->k, .v = &ws->v,
+                       .kv = kv, .H = H, .Hk = Hk, .D = D, .scale = m->attn_scale,
+                       .softcap = (float)c->attn_softcap};
+    TRY(op->attention(be, &a));
+    TRY(op->kv_append(be, kv, bt, &ws->k, &ws->v));
+
+    TRY(op->matmul(be, &ws->proj, &ws->att, &L->wo, NULL, M));
+    if (L->post_attn_norm.data)
+        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, (float)c->eps, one));
+    TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
+    return LMX_OK;
+}
+
+static lmx_status mlp_block(lmx_model *m, int l, int M) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    lmx_workspace *ws = &m->ws;
+    const lmx_layer *L = &m->layers[l];
+    const lmx_config *c = &m->cfg;
+    float one = m->norm_add_one;
+
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, c->hidden, (float)c->eps, one));
+    TRY(op->matmul(be, &ws->gate, &ws->xn, &L->w_gate, NULL, M));
+    TRY(op->matmul(be, &ws->up, &ws->xn, &L->w_up, NULL, M));
+    TRY(op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)M * c->ffn, c->act));
+    TRY(op->matmul(be, &ws->proj, &ws->gate, &L->w_down, NULL, M));
+    if (L->post_ffn_norm.data)
+        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm, M, c->hidden, (float)c->eps, one));
+    TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
+    return LMX_OK;
+}
+
+lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt,
+                             const int32_t *tokens, const int *rows, int R, float *logits) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    const lmx_config *c = &m->cfg;
+    int M = bt->B * bt->T;
+    int64_t KD = (int64_t)c->n_kv_heads * m->head_dim;
+    lmx_status st = ws_reserve(m, bt->B, M, R);
+    if (st) return st;
+    int32_t *ids = m->ws.ids;
+    lmx_kv_layer **kv = m->ws.kv;
+
+    /* padding rows look up token 0; their results are never read */
+    for (int b = 0; b < bt->B; b++)
+        for (int t = 0; t < bt->T; t++) {
+            int32_t id = tokens[b * bt->T + t];
+            if (t < bt->n_new[b] && (id < 0 || id >= c->vocab)) {
+                st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "token id %d outside the vocabulary [0, %d)", id,
+                                 c->vocab);
+                return st;
+            }
+            ids[b * bt->T + t] = t < bt->n_new[b] ? id : 0;
+        }
+    for (int b = 0; b < bt->B && st == LMX_OK; b++)
+        for (int l = 0; l < c->n_layers && st == LMX_OK; l++)
+            if (op->kv_reserve(be, &kv_all[b][l], bt->n_past[b] + bt->n_new[b], KD) != LMX_OK)
+                st = lmx_err_set(&m->err, be->err.status, "%s", be->err.msg);
+    if (st) return st;
+
+    if ((st = op->embed(be, &m->ws.x, &m->embed, ids, M, m->embed_scale)) != LMX_OK) {
+        return lmx_err_set(&m->err, st, "%s", be->err.msg);
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((st = attention_block(m, l, kv_all, kv, bt, M))) return st;
+        if ((st = mlp_block(m, l, M))) return st;
+    }
+    if (R > 0) {
+        lmx_workspace *ws = &m->ws;
+        if ((st = op->gather_rows(be, &ws->xr, &ws->x, rows, R, c->hidden)) ||
+            (st = op->rmsnorm(be, &ws->xr, &ws->xr, &m->final_norm, R, c->hidden, (float)c->eps, m->norm_add_one)) ||
+            (st = op->matmul(be, &ws->logits, &ws->xr, &m->lm_head, NULL, R)) ||
+            (c->final_softcap > 0 && (st = op->softcap(be, &ws->logits, (int64_t)R * c->vocab, (float)c->final_softcap))) ||
+            (st = op->read(be, &ws->logits, 0, logits, (size_t)R * c->vocab * sizeof(float)))) {
+            return lmx_err_set(&m->err, st, "%s", be->err.msg);
+        }
+    }
+    return LMX_OK;
+}

@@ -1,0 +1,94 @@
+/* model.c - lmx_model_load / lmx_model_free / info, and the per-thread error of handle-less calls. */
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/fileio.h"
+
+static _Thread_local lmx_err thread_err; /* per thread, like errno: for calls with no handle */
+
+void lmx_set_thread_error(const lmx_err *err) { thread_err = *err; }
+
+const char *lmx_last_error(const lmx_model *m) {
+    if (m) return m->err.status == LMX_OK ? "" : m->err.msg;
+    return thread_err.status == LMX_OK ? "" : thread_err.msg;
+}
+
+lmx_load_params lmx_load_default_params(void) {
+    lmx_load_params p = {.backend = "auto", .n_threads = 0};
+    return p;
+}
+
+void lmx_model_free(lmx_model *m) {
+    if (!m) return;
+    if (m->be) {
+        lmx_workspace_free(m->be, &m->ws);
+        lmx_backend_free(m->be);
+    }
+    lmx_st_set_close(m->weights);
+    lmx_config_free(&m->cfg);
+    free(m->layers);
+    free(m->inv_freq);
+    free(m);
+}
+
+lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_model **out) {
+    lmx_err err = {0};
+    lmx_status st;
+    if (!out) {
+        st = lmx_err_set(&err, LMX_ERR_INVALID_ARG, "lmx_model_load: out is NULL");
+        lmx_set_thread_error(&err);
+        return st;
+    }
+    *out = NULL;
+    lmx_load_params dp = lmx_load_default_params();
+    if (!params) params = &dp;
+    lmx_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        st = lmx_err_set(&err, LMX_ERR_NOMEM, "out of memory");
+        lmx_set_thread_error(&err);
+        return st;
+    }
+    if (!path || !lmx_is_dir(path)) {
+        st = lmx_err_set(&m->err, path && lmx_is_file(path) ? LMX_ERR_UNSUPPORTED : LMX_ERR_IO,
+                         "%s: not a model directory", path ? path : "(null)");
+        goto fail;
+    }
+    if ((st = lmx_config_load(path, &m->cfg, &m->err))) goto fail;
+    if ((st = lmx_st_set_open_dir(path, &m->weights, &m->err))) goto fail;
+    if ((st = lmx_backend_create(params->backend, params->n_threads, &m->be, &m->err))) goto fail;
+    if ((st = lmx_model_bind(m))) {
+        lmx_err_prefix(&m->err, "%s", path);
+        goto fail;
+    }
+    *out = m;
+    return LMX_OK;
+fail:
+    lmx_set_thread_error(&m->err);
+    lmx_model_free(m);
+    return st;
+}
+
+lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
+    if (!m || !out) return LMX_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    const lmx_config *c = &m->cfg;
+    out->architecture = lmx_arch_name(c->arch);
+    out->backend = m->be->ops->name;
+    out->dtype = m->dtype_name;
+    out->n_layers = c->n_layers;
+    out->hidden_size = c->hidden;
+    out->n_heads = c->n_heads;
+    out->n_kv_heads = c->n_kv_heads;
+    out->head_dim = m->head_dim;
+    out->ffn_size = c->ffn;
+    out->vocab_size = c->vocab;
+    out->max_context = c->max_positions;
+    out->n_params = m->n_params;
+    out->weight_bytes = m->weight_bytes;
+    out->n_eos = c->n_eos;
+    memcpy(out->eos_ids, c->eos_ids, sizeof out->eos_ids);
+    out->bos_id = c->bos_id;
+    return LMX_OK;
+}

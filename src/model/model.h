@@ -1,0 +1,75 @@
+/* model.h - a loaded model: config, bound weights, per-layer attention setup, backend.
+ *
+ * One forward pass (forward.c) serves every dense family; the families differ only in the flags
+ * of lmx_arch_traits and in which optional weights are bound. */
+#ifndef LMX_MODEL_MODEL_H
+#define LMX_MODEL_MODEL_H
+
+#include "../backend/backend.h"
+#include "../formats/safetensors.h"
+#include "config.h"
+
+/* What distinguishes the families inside the shared forward pass. */
+typedef struct lmx_arch_traits {
+    int gemma_norms;      /* (1 + w) RMSNorm, sqrt(C) embedding scale, sandwich norms */
+    int qk_norm;          /* RMSNorm of each q and k head before RoPE */
+    int qkv_bias;         /* q/k/v projections have biases */
+} lmx_arch_traits;
+
+typedef struct lmx_layer {
+    lmx_tensor attn_norm;        /* [C] */
+    lmx_tensor wq, wk, wv, wo;   /* [H*D, C], [Hk*D, C], [Hk*D, C], [C, H*D] */
+    lmx_tensor bq, bk, bv;       /* [H*D], [Hk*D], [Hk*D]  (qkv_bias) */
+    lmx_tensor q_norm, k_norm;   /* [D]  (qk_norm) */
+    lmx_tensor post_attn_norm;   /* [C]  (gemma) */
+    lmx_tensor ffn_norm;         /* [C] */
+    lmx_tensor post_ffn_norm;    /* [C]  (gemma) */
+    lmx_tensor w_gate, w_up;     /* [F, C] */
+    lmx_tensor w_down;           /* [C, F] */
+    int sliding;                 /* uses the sliding window */
+    lmx_rope rope;               /* inv_freq points into lmx_model.inv_freq */
+} lmx_layer;
+
+/* Activation buffers of the forward pass, sized for up to max_rows rows (grown, never per token). */
+typedef struct lmx_workspace {
+    int max_rows, max_out_rows;
+    lmx_tensor x, xn, q, k, v, att, proj, gate, up;   /* [M, ...] */
+    lmx_tensor xr, logits;                            /* [R, C], [R, V] */
+    int max_batch;
+    int32_t *ids;                /* host [max_rows]: token ids with padding replaced */
+    lmx_kv_layer **kv;           /* host [max_batch]: one layer's cache of each sequence */
+} lmx_workspace;
+
+struct lmx_model {
+    lmx_err err;
+    lmx_config cfg;
+    lmx_arch_traits traits;
+    lmx_backend *be;
+    lmx_st_set *weights;
+    lmx_tensor embed;            /* [V, C] */
+    lmx_tensor final_norm;       /* [C] */
+    lmx_tensor lm_head;          /* [V, C]; aliases embed when tied */
+    lmx_layer *layers;           /* [n_layers] */
+    float *inv_freq;             /* [2, D/2]: global then local */
+    int head_dim;
+    float attn_scale, embed_scale, norm_add_one;
+    int64_t n_params, weight_bytes;
+    char dtype_name[8];
+    lmx_workspace ws;
+};
+
+/* Bind every weight the architecture needs from m->weights (model/weights.c). */
+lmx_status lmx_model_bind(lmx_model *m);
+
+/* The forward pass over a padded batch (model/forward.c).  tokens [B*T] (padding ignored);
+ * kv[b] is the n_layers caches of sequence b; rows[R] picks the rows whose logits land in
+ * logits [R, V] on the host. */
+lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *batch,
+                             const int32_t *tokens, const int *rows, int R, float *logits);
+
+void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
+
+/* Record a failure on the calling thread for lmx_last_error(NULL). */
+void lmx_set_thread_error(const lmx_err *err);
+
+#endif

@@ -1,0 +1,173 @@
+/* weights.c - find each tensor of the architecture in the checkpoint, check its shape and dtype,
+ * and hand it to the backend (zero-copy on the cpu).
+ *
+ * Text weights sit under "model." in plain checkpoints and under "language_model.model." or
+ * "model.language_model." in multimodal ones; the first prefix whose embedding exists wins. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+typedef struct binder {
+    lmx_model *m;
+    const char *prefix;          /* "model." etc. */
+    const char *head_prefix;     /* where lm_head lives: "" or "language_model." */
+} binder;
+
+static const lmx_st_tensor *lookup(const binder *b, const char *prefix, const char *name) {
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    return lmx_st_set_find(b->m->weights, full);
+}
+
+/* Bind prefix+name with the expected shape (dims < 0 are not checked).  optional: absent is ok. */
+static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char *name,
+                       int optional, int64_t d0, int64_t d1) {
+    lmx_model *m = b->m;
+    const lmx_st_tensor *st = lookup(b, prefix, name);
+    if (!st) {
+        if (optional) return LMX_OK;
+        return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
+                           lmx_arch_name(m->cfg.arch));
+    }
+    if (st->dtype != LMX_DTYPE_F32 && st->dtype != LMX_DTYPE_F16 && st->dtype != LMX_DTYPE_BF16)
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: dtype %s is not supported for weights",
+                           st->name, st->file, lmx_dtype_name(st->dtype));
+    int want_dims = d1 >= 0 ? 2 : 1;
+    if (st->ndim != want_dims || (d0 >= 0 && st->shape[0] != d0) || (d1 >= 0 && st->shape[1] != d1)) {
+        char got[64] = "";
+        for (int i = 0; i < st->ndim && i < 4; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)st->shape[i]);
+        if (d1 >= 0)
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor \"%s\" in %s has shape [%s], expected [%lld, %lld]",
+                               st->name, st->file, got, (long long)d0, (long long)d1);
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor \"%s\" in %s has shape [%s], expected [%lld]", st->name,
+                           st->file, got, (long long)d0);
+    }
+    memset(t, 0, sizeof *t);
+    t->dtype = st->dtype;
+    t->ndim = st->ndim;
+    for (int i = 0; i < st->ndim; i++) t->shape[i] = st->shape[i];
+    lmx_status s = m->be->ops->upload_weight(m->be, t, st->data);
+    if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
+    m->n_params += st->n_elements;
+    m->weight_bytes += (int64_t)st->nbytes;
+    snprintf(m->dtype_name, sizeof m->dtype_name, "%s", lmx_dtype_name(st->dtype));
+    return LMX_OK;
+}
+
+static lmx_status bind_layer(binder *b, int i) {
+    lmx_model *m = b->m;
+    const lmx_config *c = &m->cfg;
+    lmx_layer *L = &m->layers[i];
+    int64_t C = c->hidden, D = m->head_dim, H = c->n_heads, Hk = c->n_kv_heads, F = c->ffn;
+    char p[96];
+    snprintf(p, sizeof p, "%slayers.%d.", b->prefix, i);
+    int gemma = m->traits.gemma_norms;
+    lmx_status st;
+#define BIND(t, name, opt, d0, d1) \
+    if ((st = bind(b, t, p, name, opt, d0, d1)) != LMX_OK) return st
+    BIND(&L->attn_norm, "input_layernorm.weight", 0, C, -1);
+    BIND(&L->wq, "self_attn.q_proj.weight", 0, H * D, C);
+    BIND(&L->wk, "self_attn.k_proj.weight", 0, Hk * D, C);
+    BIND(&L->wv, "self_attn.v_proj.weight", 0, Hk * D, C);
+    BIND(&L->wo, "self_attn.o_proj.weight", 0, C, H * D);
+    if (m->traits.qkv_bias) {
+        BIND(&L->bq, "self_attn.q_proj.bias", 0, H * D, -1);
+        BIND(&L->bk, "self_attn.k_proj.bias", 0, Hk * D, -1);
+        BIND(&L->bv, "self_attn.v_proj.bias", 0, Hk * D, -1);
+    }
+    if (m->traits.qk_norm) {
+        BIND(&L->q_norm, "self_attn.q_norm.weight", 0, D, -1);
+        BIND(&L->k_norm, "self_attn.k_norm.weight", 0, D, -1);
+    }
+    if (gemma) {
+        BIND(&L->post_attn_norm, "post_attention_layernorm.weight", 0, C, -1);
+        BIND(&L->ffn_norm, "pre_feedforward_layernorm.weight", 0, C, -1);
+        BIND(&L->post_ffn_norm, "post_feedforward_layernorm.weight", 0, C, -1);
+    } else {
+        BIND(&L->ffn_norm, "post_attention_layernorm.weight", 0, C, -1);
+    }
+    BIND(&L->w_gate, "mlp.gate_proj.weight", 0, F, C);
+    BIND(&L->w_up, "mlp.up_proj.weight", 0, F, C);
+    BIND(&L->w_down, "mlp.down_proj.weight", 0, C, F);
+#undef BIND
+    L->sliding = c->layer_sliding[i];
+    L->rope.rot_dim = (int)D;
+    L->rope.inv_freq = m->inv_freq + (L->sliding ? D / 2 : 0);
+    L->rope.attn_factor = 1.0f;
+    return LMX_OK;
+}
+
+/* Pick the prefix, settle the architecture and head_dim from the weights. */
+static lmx_status find_layout(binder *b) {
+    lmx_model *m = b->m;
+    static const char *prefixes[][2] = {
+        {"model.", ""}, {"language_model.model.", "language_model."}, {"model.language_model.", ""}};
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        if (lookup(b, prefixes[i][0], "embed_tokens.weight")) {
+            b->prefix = prefixes[i][0];
+            b->head_prefix = prefixes[i][1];
+            break;
+        }
+    }
+    if (!b->prefix) return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"model.embed_tokens.weight\"");
+    if (m->cfg.arch == LMX_ARCH_UNKNOWN) { /* no model_type: Qwen 3 has q_norm, Qwen 2 has q bias */
+        if (lookup(b, b->prefix, "layers.0.self_attn.q_norm.weight")) m->cfg.arch = LMX_ARCH_QWEN3;
+        else if (lookup(b, b->prefix, "layers.0.self_attn.q_proj.bias")) m->cfg.arch = LMX_ARCH_QWEN2;
+        else return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED,
+                                "config.json has no model_type and the weights match no known architecture");
+    }
+    m->head_dim = m->cfg.head_dim;
+    if (m->head_dim == 0) {
+        const lmx_st_tensor *q = lookup(b, b->prefix, "layers.0.self_attn.q_proj.weight");
+        if (!q) return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%slayers.0.self_attn.q_proj.weight\"",
+                                   b->prefix);
+        if (q->ndim != 2 || q->shape[0] % m->cfg.n_heads != 0)
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "cannot infer head_dim from q_proj of shape [%lld, ...]",
+                               (long long)q->shape[0]);
+        m->head_dim = (int)(q->shape[0] / m->cfg.n_heads);
+    }
+    if (m->head_dim <= 0 || m->head_dim % 2)
+        return lmx_err_set(&m->err, LMX_ERR_FORMAT, "head_dim %d must be positive and even", m->head_dim);
+    return LMX_OK;
+}
+
+lmx_status lmx_model_bind(lmx_model *m) {
+    binder b = {m, NULL, NULL};
+    lmx_status st = find_layout(&b);
+    if (st) return st;
+    const lmx_config *c = &m->cfg;
+    lmx_arch a = c->arch;
+    m->traits.gemma_norms = a == LMX_ARCH_GEMMA2 || a == LMX_ARCH_GEMMA3;
+    m->traits.qk_norm = a == LMX_ARCH_QWEN3 || a == LMX_ARCH_GEMMA3;
+    m->traits.qkv_bias = a == LMX_ARCH_QWEN2;
+    m->norm_add_one = m->traits.gemma_norms ? 1.0f : 0.0f;
+    m->embed_scale = m->traits.gemma_norms ? sqrtf((float)c->hidden) : 1.0f;
+    double qs = c->query_pre_attn_scalar > 0 && m->traits.gemma_norms ? c->query_pre_attn_scalar : m->head_dim;
+    m->attn_scale = (float)(1.0 / sqrt(qs));
+
+    int D = m->head_dim;
+    m->inv_freq = calloc((size_t)D, sizeof(float));
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->inv_freq || !m->layers) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    lmx_rope_inv_freq(&c->rope_global, D, m->inv_freq);
+    lmx_rope_inv_freq(&c->rope_local, D, m->inv_freq + D / 2);
+
+    if ((st = bind(&b, &m->embed, b.prefix, "embed_tokens.weight", 0, c->vocab, c->hidden))) return st;
+    if ((st = bind(&b, &m->final_norm, b.prefix, "norm.weight", 0, c->hidden, -1))) return st;
+    for (int i = 0; i < c->n_layers; i++)
+        if ((st = bind_layer(&b, i))) return st;
+    int has_head = lookup(&b, b.head_prefix, "lm_head.weight") != NULL;
+    if (c->tie_embeddings == 1 || !has_head) {
+        if (c->tie_embeddings == 0)
+            return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%slm_head.weight\" (tie_word_embeddings is false)",
+                               b.head_prefix);
+        m->lm_head = m->embed;
+    } else if ((st = bind(&b, &m->lm_head, b.head_prefix, "lm_head.weight", 0, c->vocab, c->hidden))) {
+        return st;
+    }
+    return LMX_OK;
+}

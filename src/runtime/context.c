@@ -1,0 +1,165 @@
+/* context.c - one sequence's KV caches on a model, and evaluation of single and padded batches.
+ *
+ * Cache policy per layer: a sliding-window layer keeps a rotating cache of `window` positions;
+ * a global layer keeps an unbounded cache (grown in chunks by the backend).  With n_ctx > 0
+ * every layer keeps at most n_ctx positions in a rotating cache.  Long prompts are evaluated in
+ * chunks of PREFILL_CHUNK rows so activation memory stays bounded. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/model.h"
+
+#define PREFILL_CHUNK 512
+
+struct lmx_context {
+    lmx_model *m;
+    lmx_kv_layer *kv;     /* [n_layers] */
+    int n_past;
+    int *rows;            /* [rows_cap]: logit rows requested from the forward pass */
+    int rows_cap;
+};
+
+lmx_context_params lmx_context_default_params(void) {
+    lmx_context_params p = {.n_ctx = 0};
+    return p;
+}
+
+void lmx_context_free(lmx_context *c) {
+    if (!c) return;
+    lmx_backend *be = c->m->be;
+    for (int l = 0; c->kv && l < c->m->cfg.n_layers; l++) {
+        be->ops->release(be, &c->kv[l].k);
+        be->ops->release(be, &c->kv[l].v);
+    }
+    free(c->kv);
+    free(c->rows);
+    free(c);
+}
+
+lmx_status lmx_context_create(lmx_model *m, const lmx_context_params *params, lmx_context **out) {
+    if (!m || !out) return LMX_ERR_INVALID_ARG;
+    *out = NULL;
+    lmx_context_params dp = lmx_context_default_params();
+    if (!params) params = &dp;
+    if (params->n_ctx < 0)
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "context length %d is negative", params->n_ctx);
+    lmx_context *c = calloc(1, sizeof *c);
+    if (c) c->kv = calloc((size_t)m->cfg.n_layers, sizeof *c->kv);
+    if (!c || !c->kv) {
+        free(c);
+        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    }
+    c->m = m;
+    int64_t KD = (int64_t)m->cfg.n_kv_heads * m->head_dim;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        lmx_kv_layer *kv = &c->kv[l];
+        int window = m->layers[l].sliding ? m->cfg.sliding_window : 0;
+        if (params->n_ctx > 0 && (window == 0 || params->n_ctx < window)) window = params->n_ctx;
+        kv->window = window;
+        if (window == 0) continue; /* unbounded: grown on demand */
+        kv->rotating = 1;
+        kv->cap = window;
+        lmx_tensor *ts[2] = {&kv->k, &kv->v};
+        for (int i = 0; i < 2; i++) {
+            *ts[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {window, KD}};
+            if (m->be->ops->alloc(m->be, ts[i]) != LMX_OK) {
+                lmx_err_set(&m->err, m->be->err.status, "%s", m->be->err.msg);
+                lmx_context_free(c);
+                return m->err.status;
+            }
+        }
+    }
+    *out = c;
+    return LMX_OK;
+}
+
+void lmx_context_reset(lmx_context *c) {
+    if (c) c->n_past = 0;
+}
+
+int lmx_context_n_past(const lmx_context *c) { return c ? c->n_past : 0; }
+
+static lmx_status reserve_rows(lmx_context *c, int n) {
+    if (n <= c->rows_cap) return LMX_OK;
+    int *r = realloc(c->rows, (size_t)n * sizeof *r);
+    if (!r) return lmx_err_set(&c->m->err, LMX_ERR_NOMEM, "out of memory");
+    c->rows = r;
+    c->rows_cap = n;
+    return LMX_OK;
+}
+
+lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float *logits,
+                            int all_logits) {
+    if (!c) return LMX_ERR_INVALID_ARG;
+    lmx_model *m = c->m;
+    if (!tokens || n <= 0)
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_context_eval: no tokens");
+    int V = m->cfg.vocab;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < PREFILL_CHUNK ? n - done : PREFILL_CHUNK;
+        int last = done + chunk == n;
+        int R = 0;
+        float *dst = NULL;
+        if (logits && all_logits) {
+            R = chunk;
+            dst = logits + (size_t)done * V;
+        } else if (logits && last) {
+            R = 1;
+            dst = logits;
+        }
+        lmx_status st = reserve_rows(c, chunk);
+        if (st) return st;
+        for (int r = 0; r < R; r++) c->rows[r] = R == 1 ? chunk - 1 : r;
+        int n_past = c->n_past, n_new = chunk;
+        lmx_batch bt = {.B = 1, .T = chunk, .n_past = &n_past, .n_new = &n_new};
+        lmx_kv_layer *kv = c->kv;
+        st = lmx_model_forward(m, &kv, &bt, tokens + done, c->rows, R, dst);
+        if (st) return st;
+        c->n_past += chunk;
+        done += chunk;
+    }
+    return LMX_OK;
+}
+
+lmx_status lmx_eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens,
+                          const int *lens, int T, float *last_logits) {
+    if (!m) return LMX_ERR_INVALID_ARG;
+    if (!ctxs || !tokens || !lens || !last_logits || B <= 0 || T <= 0)
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_eval_batch: empty batch or NULL argument");
+    lmx_status st = LMX_OK;
+    int *n_past = malloc((size_t)B * sizeof *n_past);
+    int *rows = malloc((size_t)B * sizeof *rows);
+    lmx_kv_layer **kv = malloc((size_t)B * sizeof *kv);
+    if (!n_past || !rows || !kv) {
+        st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int b = 0; b < B; b++) {
+        if (!ctxs[b] || ctxs[b]->m != m) {
+            st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_eval_batch: context %d does not belong to this model", b);
+            goto done;
+        }
+        for (int o = 0; o < b; o++)
+            if (ctxs[o] == ctxs[b]) {
+                st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_eval_batch: context %d appears twice", b);
+                goto done;
+            }
+        if (lens[b] < 1 || lens[b] > T) {
+            st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_eval_batch: length %d of sequence %d outside [1, %d]",
+                             lens[b], b, T);
+            goto done;
+        }
+        n_past[b] = ctxs[b]->n_past;
+        rows[b] = b * T + lens[b] - 1;
+        kv[b] = ctxs[b]->kv;
+    }
+    lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = lens};
+    st = lmx_model_forward(m, kv, &bt, tokens, rows, B, last_logits);
+    if (st == LMX_OK)
+        for (int b = 0; b < B; b++) ctxs[b]->n_past += lens[b];
+done:
+    free(n_past);
+    free(rows);
+    free(kv);
+    return st;
+}
