@@ -62,7 +62,9 @@ const lmx_st_tensor *lmx_st_set_find(const lmx_st_set *s, const char *name); /* 
 size_t lmx_st_set_total_bytes(const lmx_st_set *s); /* sum of tensor nbytes */
 
 /* Write tensors to path (header keys in the given order, 8-byte aligned header).  Used by tests,
- * quantization and adapter saving. */
+ * quantization and adapter saving.  A bad item (NULL or "__metadata__" name, repeated name,
+ * unknown dtype, negative dim, NULL data for a non-empty tensor) is LMX_ERR_INVALID_ARG and
+ * writes nothing; a failed write (LMX_ERR_IO) removes the partial file. */
 typedef struct lmx_st_write_item {
     const char *name;
     lmx_dtype dtype;
