@@ -179,7 +179,8 @@ static lmx_status parse_layer_types(const cfg_src *s, lmx_config *c, const char 
         lmx_status st = get_int(s, "sliding_window_pattern", &pattern, 0, path, err);
         if (st) return st;
         for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = pattern > 0 && (i + 1) % pattern != 0;
-    } else if (c->arch == LMX_ARCH_QWEN2 || c->arch == LMX_ARCH_QWEN3) {
+    } else if (c->arch == LMX_ARCH_QWEN2 || c->arch == LMX_ARCH_QWEN3 || c->arch == LMX_ARCH_UNKNOWN) {
+        /* no model_type resolves to qwen2 or qwen3 from the weights: same rule */
         const cJSON *use = get(s, "use_sliding_window");
         int from = 0;
         lmx_status st = get_int(s, "max_window_layers", &from, 0, path, err);

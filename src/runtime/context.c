@@ -95,6 +95,10 @@ lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float 
     if (!tokens || n <= 0)
         return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_context_eval: no tokens");
     int V = m->cfg.vocab;
+    for (int i = 0; i < n; i++) /* all ids first: a bad one must not leave earlier chunks cached */
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "token id %d at position %d outside the vocabulary [0, %d)",
+                               tokens[i], i, V);
     for (int done = 0; done < n;) {
         int chunk = n - done < PREFILL_CHUNK ? n - done : PREFILL_CHUNK;
         int last = done + chunk == n;
