@@ -15,6 +15,9 @@
 
 #include "model.h"
 
+/* The bias to pass to matmul: NULL when the checkpoint has none. */
+static const lmx_tensor *bias(const lmx_tensor *b) { return b->data ? b : NULL; }
+
 #define TRY(call)                                                     \
     do {                                                              \
         lmx_status s_ = (call);                                       \
@@ -89,9 +92,9 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     float one = m->norm_add_one;
 
     TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->attn_norm, M, c->hidden, (float)c->eps, one));
-    TRY(op->matmul(be, &ws->q, &ws->xn, &L->wq, L->bq.data ? &L->bq : NULL, M));
-    TRY(op->matmul(be, &ws->k, &ws->xn, &L->wk, L->bk.data ? &L->bk : NULL, M));
-    TRY(op->matmul(be, &ws->v, &ws->xn, &L->wv, L->bv.data ? &L->bv : NULL, M));
+    TRY(op->matmul(be, &ws->q, &ws->xn, &L->wq, bias(&L->bq), M));
+    TRY(op->matmul(be, &ws->k, &ws->xn, &L->wk, bias(&L->bk), M));
+    TRY(op->matmul(be, &ws->v, &ws->xn, &L->wv, bias(&L->bv), M));
     if (m->traits.qk_norm) {
         TRY(op->rmsnorm(be, &ws->q, &ws->q, &L->q_norm, M * H, D, (float)c->eps, one));
         TRY(op->rmsnorm(be, &ws->k, &ws->k, &L->k_norm, M * Hk, D, (float)c->eps, one));
@@ -106,7 +109,7 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     TRY(op->attention(be, &a));
     TRY(op->kv_append(be, kv, bt, &ws->k, &ws->v));
 
-    TRY(op->matmul(be, &ws->proj, &ws->att, &L->wo, NULL, M));
+    TRY(op->matmul(be, &ws->proj, &ws->att, &L->wo, bias(&L->bo), M));
     if (L->post_attn_norm.data)
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, (float)c->eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
@@ -122,10 +125,10 @@ static lmx_status mlp_block(lmx_model *m, int l, int M) {
     float one = m->norm_add_one;
 
     TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, c->hidden, (float)c->eps, one));
-    TRY(op->matmul(be, &ws->gate, &ws->xn, &L->w_gate, NULL, M));
-    TRY(op->matmul(be, &ws->up, &ws->xn, &L->w_up, NULL, M));
+    TRY(op->matmul(be, &ws->gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
+    TRY(op->matmul(be, &ws->up, &ws->xn, &L->w_up, bias(&L->b_up), M));
     TRY(op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)M * c->ffn, c->act));
-    TRY(op->matmul(be, &ws->proj, &ws->gate, &L->w_down, NULL, M));
+    TRY(op->matmul(be, &ws->proj, &ws->gate, &L->w_down, bias(&L->b_down), M));
     if (L->post_ffn_norm.data)
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm, M, c->hidden, (float)c->eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));

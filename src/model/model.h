@@ -13,19 +13,20 @@
 typedef struct lmx_arch_traits {
     int gemma_norms;      /* (1 + w) RMSNorm, sqrt(C) embedding scale, sandwich norms */
     int qk_norm;          /* RMSNorm of each q and k head before RoPE */
-    int qkv_bias;         /* q/k/v projections have biases */
+    int qkv_bias;         /* q/k/v projections must have biases (other biases bind when present) */
 } lmx_arch_traits;
 
 typedef struct lmx_layer {
     lmx_tensor attn_norm;        /* [C] */
     lmx_tensor wq, wk, wv, wo;   /* [H*D, C], [Hk*D, C], [Hk*D, C], [C, H*D] */
-    lmx_tensor bq, bk, bv;       /* [H*D], [Hk*D], [Hk*D]  (qkv_bias) */
+    lmx_tensor bq, bk, bv, bo;   /* [H*D], [Hk*D], [Hk*D], [C]  (required for qwen2, else optional) */
     lmx_tensor q_norm, k_norm;   /* [D]  (qk_norm) */
     lmx_tensor post_attn_norm;   /* [C]  (gemma) */
     lmx_tensor ffn_norm;         /* [C] */
     lmx_tensor post_ffn_norm;    /* [C]  (gemma) */
     lmx_tensor w_gate, w_up;     /* [F, C] */
     lmx_tensor w_down;           /* [C, F] */
+    lmx_tensor b_gate, b_up, b_down; /* [F], [F], [C]  (optional: llama mlp_bias) */
     int sliding;                 /* uses the sliding window */
     lmx_rope rope;               /* inv_freq points into lmx_model.inv_freq */
 } lmx_layer;

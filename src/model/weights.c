@@ -74,11 +74,11 @@ static lmx_status bind_layer(binder *b, int i) {
     BIND(&L->wk, "self_attn.k_proj.weight", 0, Hk * D, C);
     BIND(&L->wv, "self_attn.v_proj.weight", 0, Hk * D, C);
     BIND(&L->wo, "self_attn.o_proj.weight", 0, C, H * D);
-    if (m->traits.qkv_bias) {
-        BIND(&L->bq, "self_attn.q_proj.bias", 0, H * D, -1);
-        BIND(&L->bk, "self_attn.k_proj.bias", 0, Hk * D, -1);
-        BIND(&L->bv, "self_attn.v_proj.bias", 0, Hk * D, -1);
-    }
+    int opt = !m->traits.qkv_bias;
+    BIND(&L->bq, "self_attn.q_proj.bias", opt, H * D, -1);
+    BIND(&L->bk, "self_attn.k_proj.bias", opt, Hk * D, -1);
+    BIND(&L->bv, "self_attn.v_proj.bias", opt, Hk * D, -1);
+    BIND(&L->bo, "self_attn.o_proj.bias", 1, C, -1);
     if (m->traits.qk_norm) {
         BIND(&L->q_norm, "self_attn.q_norm.weight", 0, D, -1);
         BIND(&L->k_norm, "self_attn.k_norm.weight", 0, D, -1);
@@ -93,6 +93,9 @@ static lmx_status bind_layer(binder *b, int i) {
     BIND(&L->w_gate, "mlp.gate_proj.weight", 0, F, C);
     BIND(&L->w_up, "mlp.up_proj.weight", 0, F, C);
     BIND(&L->w_down, "mlp.down_proj.weight", 0, C, F);
+    BIND(&L->b_gate, "mlp.gate_proj.bias", 1, F, -1);
+    BIND(&L->b_up, "mlp.up_proj.bias", 1, F, -1);
+    BIND(&L->b_down, "mlp.down_proj.bias", 1, C, -1);
 #undef BIND
     L->sliding = c->layer_sliding[i];
     L->rope.rot_dim = (int)D;
