@@ -1,13 +1,23 @@
 /* threadpool.c - fixed worker pool; each lmx_pool_run is one parallel-for.
  *
- * Tasks are handed out through an atomic counter, so uneven tasks balance themselves.  A
- * generation number wakes the workers; a pending count tells the caller when all are done. */
+ * Tasks are handed out through an atomic counter, so uneven tasks balance themselves.  A new
+ * generation number starts the workers; a pending count tells the caller when all are done.
+ * Decode dispatches a few hundred small jobs per token, so both sides spin briefly on those
+ * atomics before sleeping on a condition variable (the sleep/wake path is what costs). */
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+#define SPIN_ITERS 20000  /* about 0.1-0.5 ms of pause instructions before sleeping */
 
 struct lmx_pool {
     int n_threads;
@@ -15,9 +25,9 @@ struct lmx_pool {
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* workers wait here for a new generation */
     pthread_cond_t done;      /* the caller waits here for pending == 0 */
-    unsigned generation;
-    int pending;              /* workers still inside the current generation */
-    int stop;
+    atomic_uint generation;   /* bumped (under mu) to start a job */
+    atomic_int pending;       /* workers still inside the current generation */
+    atomic_int stop;
     /* the current job */
     lmx_pool_fn fn;
     void *arg;
@@ -44,17 +54,27 @@ static void *worker_main(void *varg) {
     int index = wa->index;
     free(wa);
     unsigned seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
-        if (p->stop) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        unsigned g;
+        for (int spin = 0; (g = atomic_load(&p->generation)) == seen && !atomic_load(&p->stop); spin++) {
+            if (spin < SPIN_ITERS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&p->mu); /* generation changes under mu: no lost wake-up */
+            while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = g;
         run_tasks(p, index);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        if (atomic_fetch_sub(&p->pending, 1) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -96,7 +116,7 @@ lmx_status lmx_pool_create(int n_threads, lmx_pool **out, lmx_err *err) {
 void lmx_pool_free(lmx_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i - 1], NULL);
@@ -115,19 +135,22 @@ void lmx_pool_run(lmx_pool *p, int n_tasks, lmx_pool_fn fn, void *arg) {
         for (int t = 0; t < n_tasks; t++) fn(arg, t, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    p->pending = p->n_threads - 1;
-    p->generation++;
+    atomic_store(&p->next_task, 0);
+    atomic_store(&p->pending, p->n_threads - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->generation, 1); /* publishes the job fields above */
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 
     run_tasks(p, 0);
 
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (int spin = 0; atomic_load(&p->pending) > 0 && spin < SPIN_ITERS; spin++) cpu_relax();
+    if (atomic_load(&p->pending) > 0) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }

@@ -74,7 +74,7 @@ AI void prefetch_rows(int NB, const char *const *wr, int64_t off, int bytes) {
 AI void tile(int wt, int MB, int NB, const float *x, int64_t ldx, int64_t K, const void *w,
              int64_t n, float *y, int64_t ldy, int64_t pfd) {
     const int64_t es = wt == W_F32 ? 4 : 2;
-    const int two = MB * NB <= 8;
+    const int two = MB * NB <= 8 && MB > 1;
     const char *wr[4];
     __m512 a0[4][4], a1[4][4];
 #pragma GCC unroll 4
