@@ -51,8 +51,11 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
         return st;
     }
     if (!path || !lmx_is_dir(path)) {
-        st = lmx_err_set(&m->err, path && lmx_is_file(path) ? LMX_ERR_UNSUPPORTED : LMX_ERR_IO,
-                         "%s: not a model directory", path ? path : "(null)");
+        if (path && lmx_is_file(path))
+            st = lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED,
+                             "%s: a file, not a model directory (single-file GGUF models are not supported yet)", path);
+        else
+            st = lmx_err_set(&m->err, LMX_ERR_IO, "%s: no such model directory", path ? path : "(null)");
         goto fail;
     }
     if ((st = lmx_config_load(path, &m->cfg, &m->err))) goto fail;
