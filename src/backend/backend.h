@@ -15,14 +15,26 @@
 #include "../base/dtype.h"
 #include "../base/status.h"
 
+/* MLX affine quantization of a 2-D weight [N, K] (bits 2, 4 or 8): row n is K/(32/bits) uint32
+ * words, element k at word k/(32/bits), bit (k % (32/bits))*bits, LSB first; the value is
+ * q * scale + bias with one scale and bias per group of `group` elements. */
+typedef struct lmx_quant {
+    int bits;                /* 0: not quantized */
+    int group;
+    lmx_dtype scale_dtype;   /* of scales and biases: bf16, f16 or f32 */
+    void *scales, *biases;   /* [N, K/group] each, in backend memory */
+} lmx_quant;
+
 /* A tensor in backend memory.  data is a host pointer on the cpu backend, a device pointer on
- * cuda.  Weights keep their stored dtype; activations are F32. */
+ * cuda.  Weights keep their stored dtype (quantized ones stay packed: dtype U32, shape the
+ * logical [N, K], q says how); activations are F32. */
 typedef struct lmx_tensor {
     lmx_dtype dtype;
     int ndim;
-    int64_t shape[4];        /* row-major, shape[ndim-1] fastest */
+    int64_t shape[4];        /* row-major, shape[ndim-1] fastest (logical, for quantized) */
     void *data;
     int owned;               /* 1 when the backend allocated data (freed by release) */
+    lmx_quant q;
 } lmx_tensor;
 
 int64_t lmx_tensor_nelem(const lmx_tensor *t);
@@ -74,9 +86,10 @@ typedef struct lmx_backend_ops {
     void (*destroy)(lmx_backend *be);
 
     /* memory */
-    /* Make w usable by ops from host data (stays valid while the host data does); the cpu
-     * backend aliases it, a device backend copies it. */
-    lmx_status (*upload_weight)(lmx_backend *be, lmx_tensor *w, const void *host);
+    /* Make weight w usable by ops.  On entry w->data (and w->q.scales / biases) point at host
+     * memory that stays valid while the model lives; the cpu backend keeps them (zero copy), a
+     * device backend copies them and replaces the pointers. */
+    lmx_status (*upload_weight)(lmx_backend *be, lmx_tensor *w);
     /* Allocate t->data for t's dtype and shape (zeroed).  release frees what alloc made. */
     lmx_status (*alloc)(lmx_backend *be, lmx_tensor *t);
     void (*release)(lmx_backend *be, lmx_tensor *t);

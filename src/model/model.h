@@ -55,7 +55,8 @@ struct lmx_model {
     int head_dim;
     float attn_scale, embed_scale, norm_add_one;
     int64_t n_params, weight_bytes;
-    char dtype_name[8];
+    char dtype_name[8];          /* stored weight dtype: "bf16", or "q4" etc. when quantized */
+    int quantized;
     lmx_workspace ws;
 };
 

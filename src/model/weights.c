@@ -22,6 +22,58 @@ static const lmx_st_tensor *lookup(const binder *b, const char *prefix, const ch
     return lmx_st_set_find(b->m->weights, full);
 }
 
+static int is_float(lmx_dtype t) { return t == LMX_DTYPE_F32 || t == LMX_DTYPE_F16 || t == LMX_DTYPE_BF16; }
+
+/* An MLX affine-quantized weight: name ("....weight", U32 [d0, d1*bits/32]) plus ".scales" and
+ * ".biases" [d0, d1/group] beside it.  Bits and group follow from the shapes. */
+static lmx_status bind_quantized(binder *b, lmx_tensor *t, const char *prefix, const char *name,
+                                 const lmx_st_tensor *st, int64_t d0, int64_t d1) {
+    lmx_model *m = b->m;
+    char base[400];
+    size_t len = strlen(name);
+    if (len < 7 || strcmp(name + len - 7, ".weight") != 0 || len - 7 >= sizeof base)
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: u32 is not a weight dtype", st->name, st->file);
+    memcpy(base, name, len - 7);
+    base[len - 7] = 0;
+    char sname[420], bname[420];
+    snprintf(sname, sizeof sname, "%s.scales", base);
+    snprintf(bname, sizeof bname, "%s.biases", base);
+    const lmx_st_tensor *sc = lookup(b, prefix, sname), *bi = lookup(b, prefix, bname);
+    if (!sc || !bi)
+        return lmx_err_set(&m->err, LMX_ERR_MISSING, "quantized tensor \"%s\" in %s has no \"%s%s\"", st->name,
+                           st->file, prefix, sc ? bname : sname);
+    int64_t packed = st->ndim == 2 ? st->shape[1] : -1;
+    int64_t groups = sc->ndim == 2 ? sc->shape[1] : -1;
+    int bits = packed > 0 && (32 * packed) % d1 == 0 ? (int)(32 * packed / d1) : 0;
+    int group = groups > 0 && d1 % groups == 0 ? (int)(d1 / groups) : 0;
+    if (st->ndim != 2 || st->shape[0] != d0 || bits == 0)
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "quantized tensor \"%s\" in %s has shape [%lld, %lld], which packs no "
+                           "whole bit width of [%lld, %lld]", st->name, st->file, (long long)st->shape[0],
+                           (long long)packed, (long long)d0, (long long)d1);
+    if (bits != 2 && bits != 4 && bits != 8)
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "quantized tensor \"%s\": %d-bit weights are not supported "
+                           "(2, 4, 8)", st->name, bits);
+    if (sc->shape[0] != d0 || group == 0 || group % 8 || bi->ndim != 2 || bi->shape[0] != d0 ||
+        bi->shape[1] != groups || sc->dtype != bi->dtype || !is_float(sc->dtype))
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "scales/biases of quantized tensor \"%s\" in %s do not match it",
+                           st->name, st->file);
+    memset(t, 0, sizeof *t);
+    t->dtype = LMX_DTYPE_U32;
+    t->ndim = 2;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->data = (void *)st->data;
+    t->q = (lmx_quant){.bits = bits, .group = group, .scale_dtype = sc->dtype,
+                       .scales = (void *)sc->data, .biases = (void *)bi->data};
+    lmx_status s = m->be->ops->upload_weight(m->be, t);
+    if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
+    m->n_params += d0 * d1;
+    m->weight_bytes += (int64_t)(st->nbytes + sc->nbytes + bi->nbytes);
+    if (!m->quantized) snprintf(m->dtype_name, sizeof m->dtype_name, "q%d", bits);
+    m->quantized = 1;
+    return LMX_OK;
+}
+
 /* Bind prefix+name with the expected shape (dims < 0 are not checked).  optional: absent is ok. */
 static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char *name,
                        int optional, int64_t d0, int64_t d1) {
@@ -32,6 +84,7 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
         return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
                            lmx_arch_name(m->cfg.arch));
     }
+    if (st->dtype == LMX_DTYPE_U32 && d1 >= 0) return bind_quantized(b, t, prefix, name, st, d0, d1);
     if (st->dtype != LMX_DTYPE_F32 && st->dtype != LMX_DTYPE_F16 && st->dtype != LMX_DTYPE_BF16)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: dtype %s is not supported for weights",
                            st->name, st->file, lmx_dtype_name(st->dtype));
@@ -50,11 +103,12 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
     t->dtype = st->dtype;
     t->ndim = st->ndim;
     for (int i = 0; i < st->ndim; i++) t->shape[i] = st->shape[i];
-    lmx_status s = m->be->ops->upload_weight(m->be, t, st->data);
+    t->data = (void *)st->data;
+    lmx_status s = m->be->ops->upload_weight(m->be, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
     m->n_params += st->n_elements;
     m->weight_bytes += (int64_t)st->nbytes;
-    snprintf(m->dtype_name, sizeof m->dtype_name, "%s", lmx_dtype_name(st->dtype));
+    if (!m->quantized) snprintf(m->dtype_name, sizeof m->dtype_name, "%s", lmx_dtype_name(st->dtype));
     return LMX_OK;
 }
 

@@ -13,9 +13,8 @@
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-static lmx_status cpu_upload_weight(lmx_backend *be, lmx_tensor *w, const void *host) {
-    w->data = (void *)host; /* the mapping outlives the model's use of it */
-    w->owned = 0;
+static lmx_status cpu_upload_weight(lmx_backend *be, lmx_tensor *w) {
+    w->owned = 0; /* the mapping outlives the model's use of it */
     return LMX_OK;
 }
 
@@ -52,6 +51,10 @@ static lmx_status cpu_read(lmx_backend *be, const lmx_tensor *t, size_t off, voi
 /* Widen n elements of a weight row (f32/bf16/f16) into dst. */
 void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int64_t row,
                     int64_t n) {
+    if (w->q.bits) {
+        lmx_dequant_row(w, row, dst);
+        return;
+    }
     switch (w->dtype) {
     case LMX_DTYPE_F32: memcpy(dst, (const float *)w->data + row * n, (size_t)n * 4); break;
     case LMX_DTYPE_BF16: cb->k.bf16_to_f32(dst, (const uint16_t *)w->data + row * n, n); break;
@@ -260,6 +263,8 @@ lmx_status lmx_cpu_backend_create(int n_threads, lmx_backend **out, lmx_err *err
     if (!cb) return lmx_err_set(err, LMX_ERR_NOMEM, "cpu backend: out of memory");
     cb->base.ops = &cpu_ops;
     lmx_cpu_kernels_init(&cb->k, getenv("LMX_CPU_ISA"));
+    cb->qmatvec = lmx_qmatvec_scalar;
+    if (strcmp(cb->k.isa, "avx512") == 0 && lmx_qmatvec_avx512()) cb->qmatvec = lmx_qmatvec_avx512();
     if (n_threads > CPU_MAX_THREADS) n_threads = CPU_MAX_THREADS;
     lmx_status st = lmx_pool_create(n_threads, &cb->pool, err);
     if (st != LMX_OK) {

@@ -6,13 +6,16 @@
 #include "../../base/threadpool.h"
 #include "../backend.h"
 #include "kernels.h"
+#include "quant.h"
 
-#define CPU_SCRATCH_SLOTS 2   /* 0: norm weights, 1: widened weight rows for BLAS */
+#define CPU_SCRATCH_SLOTS 3   /* 0: norm weights / bias, 1: widened weight rows for BLAS,
+                                 2: per-group sums of x for quantized matmul */
 #define CPU_MAX_THREADS 256
 
 typedef struct cpu_backend {
     lmx_backend base;         /* first: an lmx_backend* is a cpu_backend* */
     lmx_cpu_kernels k;
+    lmx_qmatvec_fn qmatvec;   /* quantized decode kernel for k.isa */
     lmx_pool *pool;
     float *scratch[CPU_SCRATCH_SLOTS];
     size_t scratch_n[CPU_SCRATCH_SLOTS];

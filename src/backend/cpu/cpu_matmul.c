@@ -1,9 +1,9 @@
 /* cpu_matmul.c - out[M, N] = x[M, K] @ w[N, K]^T (+ bias) on the cpu.
  *
  * Few rows (decode, small batches): the SIMD kernels stream each weight row once, split over
- * the thread pool by output rows.  Many rows (prefill): blocks of weight rows are widened to
- * float32 once and multiplied with OpenBLAS sgemm, so conversion costs O(N*K) next to the
- * O(M*N*K) product. */
+ * the thread pool by output rows (quantized weights: the fused dequantizing kernel, once per x
+ * row).  Many rows (prefill): blocks of weight rows are widened (or dequantized) to float32 once
+ * and multiplied with OpenBLAS sgemm, so conversion costs O(N*K) next to the O(M*N*K) product. */
 #include <cblas.h>
 #include <string.h>
 
@@ -21,6 +21,7 @@ typedef struct matmul_job {
     int M;
     int64_t K, N, n_begin, rows_per_task;
     float *widened;                  /* BLAS path: destination of widened rows */
+    const float *xsum;               /* quantized: [M, K/group] per-group sums of x */
 } matmul_job;
 
 static lmx_matmul_rows_fn kernel_for(const cpu_backend *cb, lmx_dtype t) {
@@ -38,6 +39,12 @@ static void matmul_task(void *arg, int task, int thread) {
     int64_t n1 = n0 + j->rows_per_task;
     if (n1 > j->N) n1 = j->N;
     if (n0 >= n1) return;
+    if (j->w->q.bits) {
+        int64_t G = j->K / j->w->q.group;
+        for (int m = 0; m < j->M; m++)
+            j->cb->qmatvec(j->x + m * j->K, j->xsum + m * G, j->w, n0, n1, j->y + m * j->N);
+        return;
+    }
     lmx_matmul_rows_fn fn = kernel_for(j->cb, j->w->dtype);
     fn(j->x, j->K, j->M, j->K, j->w->data, n0, n1, j->y, j->N);
 }
@@ -82,10 +89,17 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
                       const lmx_tensor *bias, int M) {
     cpu_backend *cb = (cpu_backend *)be;
     int64_t N = w->shape[0], K = w->shape[1];
-    if (!kernel_for(cb, w->dtype))
+    if (!w->q.bits && !kernel_for(cb, w->dtype))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu: matmul on %s weights",
                            lmx_dtype_name(w->dtype));
     matmul_job j = {.cb = cb, .x = x->data, .w = w, .y = out->data, .M = M, .K = K, .N = N};
+    if (w->q.bits && M < BLAS_MIN_ROWS) {
+        int64_t G = K / w->q.group;
+        float *xs = cpu_scratch(cb, 2, (size_t)(M * G));
+        if (!xs) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: out of memory in matmul");
+        for (int m = 0; m < M; m++) lmx_quant_xsum(j.x + m * K, K, w->q.group, xs + m * G);
+        j.xsum = xs;
+    }
     if (M >= BLAS_MIN_ROWS) {
         lmx_status st = matmul_blas(cb, &j);
         if (st != LMX_OK) return st;
