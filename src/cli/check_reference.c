@@ -5,7 +5,8 @@
  * Checks: (1) prefill of each whole sequence, (2) prefill of the prompt then one-token decode
  * steps through the KV cache, (3) the padded batch.  Tolerances (fixtures README):
  *   f32:  every logit within 2e-3 + 1e-3 * max|ref| of its position;
- *   bf16: relative L2 error <= 2e-2 per position, same argmax where the top-2 margin > 0.1. */
+ *   bf16: relative L2 error <= 2e-2 per position, same argmax where the top-2 margin > 0.1;
+ *   rel:X: relative L2 error <= X per position (e.g. a quantized model against dense logits). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +17,14 @@
 #include "cli.h"
 #include "lmx.h"
 
-typedef enum tol_kind { TOL_F32, TOL_BF16 } tol_kind;
+typedef enum tol_kind { TOL_F32, TOL_BF16, TOL_REL } tol_kind;
 
 typedef struct check {
     const lmx_st_set *ref;
     lmx_model *m;
     int V;
     tol_kind tol;
+    double rel;          /* TOL_REL: the largest relative L2 error allowed per position */
     int n_ctx;
     int failed;
     int ran;             /* checks that ran */
@@ -93,6 +95,8 @@ static void compare_row(const check *k, const float *out, const float *ref, scor
     double ratio;
     if (k->tol == TOL_F32) {
         ratio = max_err / (2e-3 + 1e-3 * max_ref);
+    } else if (k->tol == TOL_REL) {
+        ratio = sqrt(d2) / (sqrt(r2) > 0 ? sqrt(r2) : 1) / k->rel;
     } else {
         ratio = sqrt(d2) / (sqrt(r2) > 0 ? sqrt(r2) : 1) / 2e-2;
         float mo, mr;
@@ -223,7 +227,7 @@ int cmd_check_reference(int argc, char **argv) {
         int has_val = i + 1 < argc;
         if (!strcmp(a, "--help")) {
             printf("usage: lmx check-reference MODEL_DIR [--reference FILE] [--backend NAME] [--threads N] [--ctx N]\n"
-                   "                           [--tolerance f32|bf16]\n\n"
+                   "                           [--tolerance f32|bf16|rel:X]\n\n"
                    "Compares lmx's logits with MODEL_DIR/reference.safetensors (or FILE): prefill of each\n"
                    "sequence, prompt prefill plus cached decode, and the right-padded batch.  Prints the max\n"
                    "error of each check; exits 1 if any exceeds its tolerance (f32 on the cpu, bf16 on GPUs)\n"
@@ -241,8 +245,10 @@ int cmd_check_reference(int argc, char **argv) {
         else dir = a;
     }
     if (!dir) return cli_usage_error("check-reference: no model directory given");
-    if (tol && strcmp(tol, "f32") && strcmp(tol, "bf16"))
-        return cli_usage_error("check-reference: --tolerance is f32 or bf16");
+    double rel = 0;
+    if (tol && strcmp(tol, "f32") && strcmp(tol, "bf16") &&
+        (strncmp(tol, "rel:", 4) || (rel = strtod(tol + 4, NULL)) <= 0))
+        return cli_usage_error("check-reference: --tolerance is f32, bf16 or rel:X (X > 0)");
 
     check k = {0};
     lmx_load_params lp = lmx_load_default_params();
@@ -256,7 +262,9 @@ int cmd_check_reference(int argc, char **argv) {
     lmx_model_get_info(k.m, &in);
     k.V = in.vocab_size;
     k.n_ctx = n_ctx;
-    k.tol = tol ? (strcmp(tol, "bf16") == 0 ? TOL_BF16 : TOL_F32) : (strcmp(in.backend, "cpu") ? TOL_BF16 : TOL_F32);
+    k.tol = !tol ? (strcmp(in.backend, "cpu") ? TOL_BF16 : TOL_F32)
+                 : rel > 0 ? TOL_REL : strcmp(tol, "bf16") == 0 ? TOL_BF16 : TOL_F32;
+    k.rel = rel;
 
     char path[4096];
     if (ref_path) snprintf(path, sizeof path, "%s", ref_path);
@@ -270,7 +278,7 @@ int cmd_check_reference(int argc, char **argv) {
     }
     k.ref = ref;
     printf("%s: %s, %d layers, %s weights, %s backend, %s tolerance\n", dir, in.architecture, in.n_layers,
-           in.dtype, in.backend, k.tol == TOL_F32 ? "f32" : "bf16");
+           in.dtype, in.backend, tol ? tol : k.tol == TOL_F32 ? "f32" : "bf16");
     check_sequence(&k, "short");
     check_sequence(&k, "long");
     check_batch(&k);

@@ -6,6 +6,9 @@
 int cmd_check_reference(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* Print "lmx: <msg>" to stderr; returns 2 (the bad-arguments exit code). */
 int cli_usage_error(const char *fmt, ...);

@@ -33,7 +33,10 @@ static void usage(FILE *f) {
             "commands:\n"
             "  run MODEL --prompt-ids IDS   greedy generation from token ids\n"
             "  info MODEL                   what a model is\n"
-            "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n\n"
+            "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
+            "  quantize SRC DST             MLX-layout 4/8-bit copy of a model directory\n"
+            "  tokenize TOKENIZER [TEXT]    token ids of TEXT (--jsonl: one {\"text\"} per line)\n"
+            "  template TOKENIZER           render chat templates of {\"messages\"} lines on stdin\n\n"
             "`lmx <command> --help` describes each command.\n",
             LMX_VERSION);
 }
@@ -55,5 +58,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "check-reference")) return cmd_check_reference(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "template")) return cmd_template(argc - 1, argv + 1);
     return cli_usage_error("unknown command \"%s\"", cmd);
 }
