@@ -51,10 +51,12 @@ typedef struct lmx_kv_layer {
 
 typedef enum lmx_act { LMX_ACT_SILU, LMX_ACT_GELU_TANH } lmx_act;
 
-/* RoPE for one layer: rotate-half (non-interleaved) form over the first rot_dim dims of each
- * head, angle = pos * inv_freq[i] for i < rot_dim/2, cos/sin multiplied by attn_factor. */
+/* RoPE for one layer over the first rot_dim dims of each head: angle = pos * inv_freq[i] for
+ * i < rot_dim/2, cos/sin multiplied by attn_factor; rotate-half form (HF) or interleaved pairs
+ * (the layout GGUF llama checkpoints use). */
 typedef struct lmx_rope {
     int rot_dim;
+    int interleaved;         /* 1: rotate pairs (2i, 2i+1) instead of (i, i + rot_dim/2) */
     const float *inv_freq;   /* host, [rot_dim/2] */
     float attn_factor;
 } lmx_rope;

@@ -27,6 +27,7 @@ void lmx_model_free(lmx_model *m) {
         lmx_backend_free(m->be);
     }
     lmx_st_set_close(m->weights);
+    lmx_gguf_weights_free(&m->gguf);
     lmx_config_free(&m->cfg);
     free(m->layers);
     free(m->inv_freq);
@@ -50,16 +51,21 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
         lmx_set_thread_error(&err);
         return st;
     }
-    if (!path || !lmx_is_dir(path)) {
-        if (path && lmx_is_file(path))
-            st = lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED,
-                             "%s: a file, not a model directory (single-file GGUF models are not supported yet)", path);
-        else
-            st = lmx_err_set(&m->err, LMX_ERR_IO, "%s: no such model directory", path ? path : "(null)");
+    if (path && lmx_is_file(path)) {
+        if (!lmx_gguf_is_gguf(path)) {
+            st = lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: neither a model directory nor a GGUF file", path);
+            goto fail;
+        }
+        if ((st = lmx_gguf_model_open(path, &m->cfg, &m->gguf, &m->interleaved_rope, &m->norms_stored_plus_one,
+                                      &m->err)))
+            goto fail;
+    } else if (!path || !lmx_is_dir(path)) {
+        st = lmx_err_set(&m->err, LMX_ERR_IO, "%s: no such model directory or file", path ? path : "(null)");
         goto fail;
+    } else {
+        if ((st = lmx_config_load(path, &m->cfg, &m->err))) goto fail;
+        if ((st = lmx_st_set_open_dir(path, &m->weights, &m->err))) goto fail;
     }
-    if ((st = lmx_config_load(path, &m->cfg, &m->err))) goto fail;
-    if ((st = lmx_st_set_open_dir(path, &m->weights, &m->err))) goto fail;
     if ((st = lmx_backend_create(params->backend, params->n_threads, &m->be, &m->err))) goto fail;
     if ((st = lmx_model_bind(m))) {
         lmx_err_prefix(&m->err, "%s", path);

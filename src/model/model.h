@@ -8,6 +8,7 @@
 #include "../backend/backend.h"
 #include "../formats/safetensors.h"
 #include "config.h"
+#include "gguf_model.h"
 
 /* What distinguishes the families inside the shared forward pass. */
 typedef struct lmx_arch_traits {
@@ -46,7 +47,10 @@ struct lmx_model {
     lmx_config cfg;
     lmx_arch_traits traits;
     lmx_backend *be;
-    lmx_st_set *weights;
+    lmx_st_set *weights;         /* a model directory's checkpoint, or */
+    lmx_gguf_weights gguf;       /* a GGUF file's tensors under HF names (gguf.file != NULL) */
+    int interleaved_rope;        /* GGUF llama: q/k rows in interleaved-pair RoPE layout */
+    int norms_stored_plus_one;   /* GGUF gemma: norm weights already hold (1 + w) */
     lmx_tensor embed;            /* [V, C] */
     lmx_tensor final_norm;       /* [C] */
     lmx_tensor lm_head;          /* [V, C]; aliases embed when tied */

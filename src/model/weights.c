@@ -19,7 +19,7 @@ typedef struct binder {
 static const lmx_st_tensor *lookup(const binder *b, const char *prefix, const char *name) {
     char full[512];
     snprintf(full, sizeof full, "%s%s", prefix, name);
-    return lmx_st_set_find(b->m->weights, full);
+    return b->m->gguf.file ? lmx_gguf_weights_find(&b->m->gguf, full) : lmx_st_set_find(b->m->weights, full);
 }
 
 static int is_float(lmx_dtype t) { return t == LMX_DTYPE_F32 || t == LMX_DTYPE_F16 || t == LMX_DTYPE_BF16; }
@@ -153,6 +153,7 @@ static lmx_status bind_layer(binder *b, int i) {
 #undef BIND
     L->sliding = c->layer_sliding[i];
     L->rope.rot_dim = (int)D;
+    L->rope.interleaved = m->interleaved_rope;
     L->rope.inv_freq = m->inv_freq + (L->sliding ? D / 2 : 0);
     L->rope.attn_factor = 1.0f;
     return LMX_OK;
@@ -201,7 +202,7 @@ lmx_status lmx_model_bind(lmx_model *m) {
     m->traits.gemma_norms = a == LMX_ARCH_GEMMA2 || a == LMX_ARCH_GEMMA3;
     m->traits.qk_norm = a == LMX_ARCH_QWEN3 || a == LMX_ARCH_GEMMA3;
     m->traits.qkv_bias = a == LMX_ARCH_QWEN2;
-    m->norm_add_one = m->traits.gemma_norms ? 1.0f : 0.0f;
+    m->norm_add_one = m->traits.gemma_norms && !m->norms_stored_plus_one ? 1.0f : 0.0f;
     m->embed_scale = m->traits.gemma_norms ? sqrtf((float)c->hidden) : 1.0f;
     double qs = c->query_pre_attn_scalar > 0 && m->traits.gemma_norms ? c->query_pre_attn_scalar : m->head_dim;
     m->attn_scale = (float)(1.0 / sqrt(qs));
@@ -212,6 +213,12 @@ lmx_status lmx_model_bind(lmx_model *m) {
     if (!m->inv_freq || !m->layers) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     lmx_rope_inv_freq(&c->rope_global, D, m->inv_freq);
     lmx_rope_inv_freq(&c->rope_local, D, m->inv_freq + D / 2);
+    if (m->gguf.rope_freqs) { /* GGUF llama 3: per-frequency divisors of the global RoPE */
+        if (m->gguf.n_rope_freqs != D / 2)
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "rope_freqs has %lld entries, expected %d",
+                               (long long)m->gguf.n_rope_freqs, D / 2);
+        for (int i = 0; i < D / 2; i++) m->inv_freq[i] /= m->gguf.rope_freqs[i];
+    }
 
     if ((st = bind(&b, &m->embed, b.prefix, "embed_tokens.weight", 0, c->vocab, c->hidden))) return st;
     if ((st = bind(&b, &m->final_norm, b.prefix, "norm.weight", 0, c->hidden, -1))) return st;

@@ -143,11 +143,12 @@ static lmx_status cpu_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batc
                 double ang = pos * rope->inv_freq[i];
                 float c = (float)cos(ang) * rope->attn_factor;
                 float s = (float)sin(ang) * rope->attn_factor;
+                int a = rope->interleaved ? 2 * i : i, b = rope->interleaved ? 2 * i + 1 : i + half;
                 for (int h = 0; h < nh; h++) {
                     float *v = row + (int64_t)h * hd;
-                    float x1 = v[i], x2 = v[i + half];
-                    v[i] = x1 * c - x2 * s;
-                    v[i + half] = x2 * c + x1 * s;
+                    float x1 = v[a], x2 = v[b];
+                    v[a] = x1 * c - x2 * s;
+                    v[b] = x2 * c + x1 * s;
                 }
             }
         }
