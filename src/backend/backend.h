@@ -19,7 +19,9 @@
  * words, element k at word k/(32/bits), bit (k % (32/bits))*bits, LSB first; the value is
  * q * scale + bias with one scale and bias per group of `group` elements. */
 typedef struct lmx_quant {
-    int bits;                /* 0: not quantized */
+    int ggml_type;           /* > 0: GGUF block-quantized rows of this ggml type (the fields
+                                below are unused; see backend/cpu/ggml_quant.h) */
+    int bits;                /* MLX affine: 2, 4 or 8; 0 when not MLX-quantized */
     int group;
     lmx_dtype scale_dtype;   /* of scales and biases: bf16, f16 or f32 */
     void *scales, *biases;   /* [N, K/group] each, in backend memory */

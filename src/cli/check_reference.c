@@ -246,9 +246,9 @@ int cmd_check_reference(int argc, char **argv) {
     }
     if (!dir) return cli_usage_error("check-reference: no model directory given");
     double rel = 0;
-    if (tol && strcmp(tol, "f32") && strcmp(tol, "bf16") &&
+    if (tol && strcmp(tol, "f32") && strcmp(tol, "bf16") && (strncmp(tol, "abs:", 4) || strtod(tol + 4, NULL) <= 0) &&
         (strncmp(tol, "rel:", 4) || (rel = strtod(tol + 4, NULL)) <= 0))
-        return cli_usage_error("check-reference: --tolerance is f32, bf16 or rel:X (X > 0)");
+        return cli_usage_error("check-reference: --tolerance is f32, bf16, rel:X or abs:X (X > 0)");
 
     check k = {0};
     lmx_load_params lp = lmx_load_default_params();
@@ -266,6 +266,16 @@ int cmd_check_reference(int argc, char **argv) {
                  : rel > 0 ? TOL_REL : strcmp(tol, "bf16") == 0 ? TOL_BF16 : TOL_F32;
     k.rel = rel;
 
+    size_t rl = ref_path ? strlen(ref_path) : 0;
+    if (rl > 5 && !strcmp(ref_path + rl - 5, ".json")) { /* a real model's compact top-k reference */
+        double abs_tol = 0.5;
+        if (tol && !strncmp(tol, "abs:", 4)) abs_tol = strtod(tol + 4, NULL);
+        printf("%s: %s, %d layers, %s weights, %s backend, top-k reference %s, tolerance %.3g\n", dir, in.architecture,
+               in.n_layers, in.dtype, in.backend, ref_path, abs_tol);
+        int rc = cli_check_topk(k.m, ref_path, abs_tol, n_ctx);
+        lmx_model_free(k.m);
+        return rc;
+    }
     char path[4096];
     if (ref_path) snprintf(path, sizeof path, "%s", ref_path);
     else snprintf(path, sizeof path, "%s/reference.safetensors", dir);

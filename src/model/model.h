@@ -61,6 +61,7 @@ struct lmx_model {
     int64_t n_params, weight_bytes;
     char dtype_name[8];          /* stored weight dtype: "bf16", or "q4" etc. when quantized */
     int quantized;
+    int64_t bytes_by_ggml_type[32];  /* GGUF: weight bytes of each block type (for dtype_name) */
     lmx_workspace ws;
 };
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../backend/cpu/ggml_quant.h"
 #include "model.h"
 
 typedef struct binder {
@@ -74,6 +75,38 @@ static lmx_status bind_quantized(binder *b, lmx_tensor *t, const char *prefix, c
     return LMX_OK;
 }
 
+/* A GGUF block-quantized weight: logical [d0, d1] rows of lmx_ggml_row_bytes(type, d1) bytes. */
+static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st, int type, int64_t d0,
+                              int64_t d1) {
+    lmx_model *m = b->m;
+    if (!lmx_ggml_is_supported_quant(type))
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: GGUF type %s is not supported",
+                           st->name, st->file, lmx_ggml_type_name(type));
+    if (d1 < 0 || st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1 ||
+        lmx_ggml_row_bytes(type, d1) * (size_t)d0 != st->nbytes)
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor \"%s\" in %s has shape [%lld, %lld] (%s), expected [%lld, %lld]",
+                           st->name, st->file, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
+                           lmx_ggml_type_name(type), (long long)d0, (long long)d1);
+    memset(t, 0, sizeof *t);
+    t->dtype = LMX_DTYPE_U8;
+    t->ndim = 2;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->data = (void *)st->data;
+    t->q.ggml_type = type;
+    lmx_status s = m->be->ops->upload_weight(m->be, t);
+    if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
+    m->n_params += d0 * d1;
+    m->weight_bytes += (int64_t)st->nbytes;
+    if (type >= 0 && type < 32) m->bytes_by_ggml_type[type] += (int64_t)st->nbytes;
+    int main_type = type; /* name the model after the type holding most of its bytes */
+    for (int i = 0; i < 32; i++)
+        if (m->bytes_by_ggml_type[i] > m->bytes_by_ggml_type[main_type]) main_type = i;
+    snprintf(m->dtype_name, sizeof m->dtype_name, "%s", lmx_ggml_type_name(main_type));
+    m->quantized = 1;
+    return LMX_OK;
+}
+
 /* Bind prefix+name with the expected shape (dims < 0 are not checked).  optional: absent is ok. */
 static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char *name,
                        int optional, int64_t d0, int64_t d1) {
@@ -85,6 +118,8 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
                            lmx_arch_name(m->cfg.arch));
     }
     if (st->dtype == LMX_DTYPE_U32 && d1 >= 0) return bind_quantized(b, t, prefix, name, st, d0, d1);
+    int block = m->gguf.file ? m->gguf.block_type[st - m->gguf.t] : 0;
+    if (block) return bind_blocks(b, t, st, block, d0, d1);
     if (st->dtype != LMX_DTYPE_F32 && st->dtype != LMX_DTYPE_F16 && st->dtype != LMX_DTYPE_BF16)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: dtype %s is not supported for weights",
                            st->name, st->file, lmx_dtype_name(st->dtype));

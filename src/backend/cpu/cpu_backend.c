@@ -55,6 +55,11 @@ void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int6
         lmx_dequant_row(w, row, dst);
         return;
     }
+    if (w->q.ggml_type) {
+        size_t rb = lmx_ggml_row_bytes(w->q.ggml_type, n);
+        lmx_ggml_dequant_row(w->q.ggml_type, (const char *)w->data + (size_t)row * rb, n, dst);
+        return;
+    }
     switch (w->dtype) {
     case LMX_DTYPE_F32: memcpy(dst, (const float *)w->data + row * n, (size_t)n * 4); break;
     case LMX_DTYPE_BF16: cb->k.bf16_to_f32(dst, (const uint16_t *)w->data + row * n, n); break;

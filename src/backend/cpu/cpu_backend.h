@@ -6,6 +6,7 @@
 #include "../../base/threadpool.h"
 #include "../backend.h"
 #include "kernels.h"
+#include "ggml_quant.h"
 #include "quant.h"
 
 #define CPU_SCRATCH_SLOTS 3   /* 0: norm weights / bias, 1: widened weight rows for BLAS,

@@ -39,6 +39,15 @@ static void matmul_task(void *arg, int task, int thread) {
     int64_t n1 = n0 + j->rows_per_task;
     if (n1 > j->N) n1 = j->N;
     if (n0 >= n1) return;
+    if (j->w->q.ggml_type) { /* GGUF blocks: one fused dot per row and x row */
+        int type = j->w->q.ggml_type;
+        size_t rb = lmx_ggml_row_bytes(type, j->K);
+        for (int64_t n = n0; n < n1; n++) {
+            const char *row = (const char *)j->w->data + (size_t)n * rb;
+            for (int m = 0; m < j->M; m++) j->y[m * j->N + n] = lmx_ggml_dot_row(type, row, j->x + m * j->K, j->K);
+        }
+        return;
+    }
     if (j->w->q.bits) {
         int64_t G = j->K / j->w->q.group;
         for (int m = 0; m < j->M; m++)
@@ -89,7 +98,7 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
                       const lmx_tensor *bias, int M) {
     cpu_backend *cb = (cpu_backend *)be;
     int64_t N = w->shape[0], K = w->shape[1];
-    if (!w->q.bits && !kernel_for(cb, w->dtype))
+    if (!w->q.bits && !w->q.ggml_type && !kernel_for(cb, w->dtype))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu: matmul on %s weights",
                            lmx_dtype_name(w->dtype));
     matmul_job j = {.cb = cb, .x = x->data, .w = w, .y = out->data, .M = M, .K = K, .N = N};

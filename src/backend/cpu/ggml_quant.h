@@ -1,0 +1,55 @@
+/* ggml_quant.h - cpu kernels for GGUF (ggml) block-quantized weights.
+ *
+ * A row of K elements (K a multiple of the type's block size) is a sequence of blocks laid out as
+ * the GGUF specification describes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: 32 elements per block; Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K: 256 per super-block).  Rows are contiguous: row n starts at byte
+ * n * lmx_ggml_row_bytes(type, K). */
+#ifndef LMX_BACKEND_CPU_GGML_QUANT_H
+#define LMX_BACKEND_CPU_GGML_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml type numbers as stored in GGUF files. */
+typedef enum lmx_ggml_type {
+    LMX_GGML_F32 = 0,
+    LMX_GGML_F16 = 1,
+    LMX_GGML_Q4_0 = 2,
+    LMX_GGML_Q4_1 = 3,
+    LMX_GGML_Q5_0 = 6,
+    LMX_GGML_Q5_1 = 7,
+    LMX_GGML_Q8_0 = 8,
+    LMX_GGML_Q8_1 = 9,
+    LMX_GGML_Q2_K = 10,
+    LMX_GGML_Q3_K = 11,
+    LMX_GGML_Q4_K = 12,
+    LMX_GGML_Q5_K = 13,
+    LMX_GGML_Q6_K = 14,
+    LMX_GGML_Q8_K = 15,
+    LMX_GGML_BF16 = 30,
+} lmx_ggml_type;
+
+/* Elements per block and bytes per block; 0 for types this table does not know. */
+int lmx_ggml_block_elems(int type);
+int lmx_ggml_block_bytes(int type);
+/* Bytes of a row of K elements (K a multiple of the block size), or 0 if unknown/misaligned. */
+size_t lmx_ggml_row_bytes(int type, int64_t K);
+/* "Q4_K" etc.; "unknown" otherwise. */
+const char *lmx_ggml_type_name(int type);
+/* 1 for the block-quantized types lmx computes with (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K). */
+int lmx_ggml_is_supported_quant(int type);
+
+/* dst[k] = dequantized element k of one row of K elements starting at `row`. */
+void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst);
+
+/* Dot product of one quantized row (K elements) with float x[K] (decode path).  Implementations
+ * may dispatch to SIMD internally (runtime check); results agree with dequant + float dot to
+ * float32 rounding. */
+float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K);
+
+/* The portable dot (the reference the SIMD path is tested against), and the AVX-512 one
+ * (ggml_quant_avx512.c): returns 1 and sets *out for the types it handles, else 0. */
+float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64_t K);
+int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out);
+
+#endif

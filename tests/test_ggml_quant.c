@@ -1,0 +1,221 @@
+/* test_ggml_quant.c - GGUF block-quant kernels (src/backend/cpu/ggml_quant.c) against the `gguf`
+ * Python package (vectors in tests/data/ggml_quant, made by tests/ref/make_ggml_quant_vectors.py):
+ *   1. block sizes, row bytes, names, supported set; unknown types and misaligned K give 0;
+ *   2. for every type, lmx_ggml_dequant_row equals gguf.quants.dequantize bit for bit (both evaluate
+ *      scale * q - offset in float32 in the same order, without fused multiply-add);
+ *   3. lmx_ggml_dot_row (SIMD where the CPU has it) and the portable dot agree with the float64
+ *      reference dot within 1e-5 * sum|x * w|;
+ *   4. on random rows of other lengths (odd block counts; float rows whose K is not a multiple of
+ *      the SIMD width) at unaligned addresses, both dots agree with a float64 dot of the
+ *      dequantized row within the same tolerance.
+ *
+ * The data folder is LMX_TESTS_DATA if set, else tests/data next to this source file.
+ * Usage: test_ggml_quant [FIXTURES]   (the fixtures argument is not used). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/ggml_quant.h"
+#include "base/half.h"
+#include "check.h"
+
+/* Defined in ggml_quant.c (not in the header): the dot without SIMD dispatch. */
+
+enum { REF_K = 512 };
+
+static const struct {
+    int type, elems, bytes;
+    const char *name;
+    int f16_off[2]; /* byte offsets in a block of its f16 scale fields (-1: none) */
+} TYPES[] = {
+    {LMX_GGML_F32, 1, 4, "F32", {-1, -1}},     {LMX_GGML_F16, 1, 2, "F16", {-1, -1}},
+    {LMX_GGML_BF16, 1, 2, "BF16", {-1, -1}},   {LMX_GGML_Q4_0, 32, 18, "Q4_0", {0, -1}},
+    {LMX_GGML_Q4_1, 32, 20, "Q4_1", {0, 2}},   {LMX_GGML_Q5_0, 32, 22, "Q5_0", {0, -1}},
+    {LMX_GGML_Q5_1, 32, 24, "Q5_1", {0, 2}},   {LMX_GGML_Q8_0, 32, 34, "Q8_0", {0, -1}},
+    {LMX_GGML_Q2_K, 256, 84, "Q2_K", {80, 82}}, {LMX_GGML_Q3_K, 256, 110, "Q3_K", {108, -1}},
+    {LMX_GGML_Q4_K, 256, 144, "Q4_K", {0, 2}}, {LMX_GGML_Q5_K, 256, 176, "Q5_K", {0, 2}},
+    {LMX_GGML_Q6_K, 256, 210, "Q6_K", {208, -1}},
+};
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+static void data_dir(char *out, size_t n) {
+    const char *env = getenv("LMX_TESTS_DATA");
+    if (env && env[0]) {
+        snprintf(out, n, "%s/ggml_quant", env);
+        return;
+    }
+    const char *f = __FILE__, *slash = strrchr(f, '/');
+    int len = slash ? (int)(slash - f) : 1;
+    snprintf(out, n, "%.*s/data/ggml_quant", len, slash ? f : ".");
+}
+
+/* Reads a whole file; *size gets its length.  NULL (and a failed check) if it cannot. */
+static void *read_all(const char *dir, const char *name, const char *ext, size_t *size) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.%s", dir, name, ext);
+    FILE *fp = fopen(path, "rb");
+    CHECK_MSG(fp != NULL, "cannot open %s", path);
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    void *buf = malloc(len > 0 ? (size_t)len : 1);
+    size_t got = buf ? fread(buf, 1, (size_t)len, fp) : 0;
+    fclose(fp);
+    CHECK_MSG(buf && got == (size_t)len, "cannot read %s", path);
+    if (!buf || got != (size_t)len) {
+        free(buf);
+        return NULL;
+    }
+    *size = (size_t)len;
+    return buf;
+}
+
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* |got - ref| <= 1e-5 * sum|x * w|, with w the dequantized row. */
+static int dot_close(double got, double ref, const float *w, const float *x, int64_t K, double *rel) {
+    double mag = 0;
+    for (int64_t k = 0; k < K; k++) mag += fabs((double)w[k] * (double)x[k]);
+    double err = fabs(got - ref);
+    *rel = mag > 0 ? err / mag : err;
+    return err <= 1e-5 * mag;
+}
+
+/* ---- 1. sizes and names ----------------------------------------------------------------------- */
+static void test_sizes(void) {
+    for (size_t i = 0; i < N_TYPES; i++) {
+        int t = TYPES[i].type;
+        CHECK_MSG(lmx_ggml_block_elems(t) == TYPES[i].elems, "%s", TYPES[i].name);
+        CHECK_MSG(lmx_ggml_block_bytes(t) == TYPES[i].bytes, "%s", TYPES[i].name);
+        CHECK_MSG(!strcmp(lmx_ggml_type_name(t), TYPES[i].name), "%s", TYPES[i].name);
+        CHECK(lmx_ggml_row_bytes(t, 4096) == (size_t)(4096 / TYPES[i].elems * TYPES[i].bytes));
+        CHECK(lmx_ggml_is_supported_quant(t) == (TYPES[i].elems > 1));
+        if (TYPES[i].elems > 1) CHECK(lmx_ggml_row_bytes(t, TYPES[i].elems + 16) == 0);
+    }
+    CHECK(lmx_ggml_row_bytes(LMX_GGML_Q4_K, 11008) == 43 * 144);
+    CHECK(lmx_ggml_row_bytes(LMX_GGML_Q8_0, -32) == 0);
+    CHECK(lmx_ggml_block_elems(LMX_GGML_Q8_K) == 256 && lmx_ggml_block_bytes(LMX_GGML_Q8_K) == 292);
+    CHECK(lmx_ggml_block_elems(LMX_GGML_Q8_1) == 32 && lmx_ggml_block_bytes(LMX_GGML_Q8_1) == 40);
+    CHECK(!lmx_ggml_is_supported_quant(LMX_GGML_Q8_K) && !lmx_ggml_is_supported_quant(LMX_GGML_F32));
+    int unknown[] = {4, 5, 16, 29, 31, -1, 1000};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        int t = unknown[i];
+        CHECK(lmx_ggml_block_elems(t) == 0 && lmx_ggml_block_bytes(t) == 0);
+        CHECK(lmx_ggml_row_bytes(t, 256) == 0);
+        CHECK(!strcmp(lmx_ggml_type_name(t), "unknown"));
+        CHECK(!lmx_ggml_is_supported_quant(t));
+        uint8_t row[64] = {1, 2, 3};
+        float x[32] = {1}, y[32] = {7};
+        CHECK(lmx_ggml_dot_row(t, row, x, 32) == 0.0f);
+        lmx_ggml_dequant_row(t, row, 32, y);
+        CHECK(y[0] == 0.0f && y[31] == 0.0f);
+    }
+}
+
+/* ---- 2, 3. the gguf reference vectors --------------------------------------------------------- */
+static void test_reference(const char *dir, const float *x, int i) {
+    const char *name = TYPES[i].name;
+    int t = TYPES[i].type;
+    size_t nbin = 0, nf = 0, nd = 0;
+    uint8_t *bin = read_all(dir, name, "bin", &nbin);
+    float *ref = read_all(dir, name, "f32", &nf);
+    double *dot = read_all(dir, name, "dot", &nd);
+    size_t rb = lmx_ggml_row_bytes(t, REF_K), rows = nf / (REF_K * sizeof(float));
+    CHECK_MSG(bin && ref && dot && rows > 0 && nbin == rows * rb && nd == rows * sizeof(double),
+              "%s: sizes bin %zu f32 %zu dot %zu", name, nbin, nf, nd);
+    if (!bin || !ref || !dot || !rows || nbin != rows * rb || nd != rows * sizeof(double)) goto done;
+    float got[REF_K];
+    for (size_t r = 0; r < rows; r++) {
+        const float *want = ref + r * REF_K;
+        lmx_ggml_dequant_row(t, bin + r * rb, REF_K, got);
+        int bad = -1;
+        for (int k = 0; k < REF_K && bad < 0; k++)
+            if (bits(got[k]) != bits(want[k])) bad = k;
+        CHECK_MSG(bad < 0, "%s row %zu: dequant[%d] = %.9g, gguf %.9g", name, r, bad,
+                  bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
+        double rel;
+        float d = lmx_ggml_dot_row(t, bin + r * rb, x, REF_K);
+        CHECK_MSG(dot_close(d, dot[r], want, x, REF_K, &rel), "%s row %zu: dot %.9g, ref %.9g (rel %.3g)",
+                  name, r, d, dot[r], rel);
+        d = lmx_ggml_dot_row_portable(t, bin + r * rb, x, REF_K);
+        CHECK_MSG(dot_close(d, dot[r], want, x, REF_K, &rel),
+                  "%s row %zu: portable dot %.9g, ref %.9g (rel %.3g)", name, r, d, dot[r], rel);
+    }
+done:
+    free(bin);
+    free(ref);
+    free(dot);
+}
+
+/* ---- 4. longer random rows -------------------------------------------------------------------- */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static void test_random(int i) {
+    int t = TYPES[i].type, E = TYPES[i].elems;
+    int nblocks[] = {1, 3, 7, 16, 37, 515};
+    for (size_t n = 0; n < sizeof nblocks / sizeof nblocks[0]; n++) {
+        int64_t K = (int64_t)nblocks[n] * E;
+        size_t rb = lmx_ggml_row_bytes(t, K);
+        uint8_t *buf = malloc(rb + 1);
+        float *x = malloc((size_t)K * sizeof *x), *w = malloc((size_t)K * sizeof *w);
+        if (!buf || !x || !w) {
+            CHECK(0);
+            free(buf), free(x), free(w);
+            return;
+        }
+        uint8_t *row = buf + 1; /* rows in a GGUF file need not be aligned */
+        for (size_t k = 0; k < rb; k++) row[k] = (uint8_t)rnd();
+        for (int64_t k = 0; E == 1 && k < K; k++) { /* float rows: finite values */
+            float v = (float)((int32_t)(rnd() % 2001u) - 1000) / 300.0f;
+            uint16_t h = t == LMX_GGML_F16 ? lmx_f32_to_f16(v) : lmx_f32_to_bf16(v);
+            if (t == LMX_GGML_F32) memcpy(row + 4 * k, &v, 4);
+            else memcpy(row + 2 * k, &h, 2);
+        }
+        for (int64_t b = 0; b < nblocks[n]; b++)
+            for (int f = 0; f < 2; f++) {
+                int off = TYPES[i].f16_off[f];
+                if (off < 0) continue;
+                /* f16 with exponent 5..14 (about 1e-3 .. 1), random sign and mantissa */
+                uint16_t h = (uint16_t)((rnd() & 0x83ffu) | ((5u + rnd() % 10u) << 10));
+                row[b * TYPES[i].bytes + off] = (uint8_t)h;
+                row[b * TYPES[i].bytes + off + 1] = (uint8_t)(h >> 8);
+            }
+        for (int64_t k = 0; k < K; k++) x[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 500.0f;
+        lmx_ggml_dequant_row(t, row, K, w);
+        double ref = 0, rel;
+        for (int64_t k = 0; k < K; k++) ref += (double)w[k] * (double)x[k];
+        float d = lmx_ggml_dot_row(t, row, x, K);
+        CHECK_MSG(dot_close(d, ref, w, x, K, &rel), "%s K=%lld: dot %.9g, ref %.9g (rel %.3g)",
+                  TYPES[i].name, (long long)K, d, ref, rel);
+        d = lmx_ggml_dot_row_portable(t, row, x, K);
+        CHECK_MSG(dot_close(d, ref, w, x, K, &rel), "%s K=%lld: portable dot %.9g, ref %.9g (rel %.3g)",
+                  TYPES[i].name, (long long)K, d, ref, rel);
+        free(buf), free(x), free(w);
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc, (void)argv;
+    char dir[1024];
+    data_dir(dir, sizeof dir);
+    test_sizes();
+    size_t nx = 0;
+    float *x = read_all(dir, "x", "f32", &nx);
+    CHECK_MSG(x && nx == REF_K * sizeof(float), "x.f32: %zu bytes", nx);
+    for (size_t i = 0; i < N_TYPES; i++) {
+        if (x && nx == REF_K * sizeof(float)) test_reference(dir, x, (int)i);
+        test_random((int)i);
+    }
+    free(x);
+    return check_summary("test_ggml_quant");
+}
