@@ -11,7 +11,8 @@
 static void usage(void) {
     printf("usage: lmx tokenize TOKENIZER TEXT [--add-special]\n"
            "       lmx tokenize TOKENIZER --jsonl < lines\n\n"
-           "TOKENIZER is a model directory, a tokenizer directory or a tokenizer.json file.\n"
+           "TOKENIZER is a model directory, a tokenizer directory, a tokenizer.json file or a GGUF\n"
+           "file (the tokenizer in its metadata).\n"
            "With TEXT: print the ids of TEXT, then one line per token: id, then the token's decode\n"
            "as a JSON string.  --add-special applies the tokenizer's post-processor (e.g. BOS).\n"
            "With --jsonl: read lines {\"text\": ...} from stdin and write for each a line\n"

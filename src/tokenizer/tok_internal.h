@@ -185,10 +185,12 @@ struct lmx_tokenizer {
     size_t n_added;
     lmx_tok_trie trie_raw, trie_norm;
 
-    /* tokenizer_config.json */
+    /* tokenizer_config.json (GGUF: the tokenizer.ggml.* special token keys) */
     char *bos_token, *eos_token, *pad_token, *unk_token;
     int32_t bos_id, eos_id, pad_id;
     int add_bos, add_eos;
+    char *chat_template;             /* GGUF tokenizer.chat_template, or NULL */
+    char *note;                      /* a remark on how it was built (lmx_tok_info.note), or NULL */
 };
 
 /* tok_steps.c: parse the pipeline sections of tokenizer.json (cJSON items) */
@@ -203,6 +205,9 @@ lmx_status lmx_tok_regex_compile(const char *pat, size_t len, pcre2_code **out, 
 
 /* tok_load.c: set the string of id (growing the id tables as needed) */
 lmx_status lmx_tok_set_string(lmx_tokenizer *t, int32_t id, const char *s, size_t n, lmx_err *err);
+
+/* tok_gguf.c: lmx_tok_load for a .gguf file (errors prefixed with its path) */
+lmx_status lmx_tok_load_gguf_path(const char *path, lmx_tokenizer **out, lmx_err *err);
 
 /* tok_model.c: load the BPE model section */
 lmx_status lmx_tok_load_bpe(lmx_tokenizer *t, const struct cJSON *model, lmx_err *err);

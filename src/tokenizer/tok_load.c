@@ -1,10 +1,12 @@
 /* tok_load.c - lmx_tok_load / lmx_tok_free: read tokenizer.json (and tokenizer_config.json) once
- * with cJSON, build the compact tables of tok_internal.h, free the JSON. */
+ * with cJSON, build the compact tables of tok_internal.h, free the JSON.  GGUF files go to
+ * tok_gguf.c. */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/fileio.h"
+#include "formats/gguf.h"
 #include "tokenizer/tok_internal.h"
 
 lmx_status lmx_tok_set_string(lmx_tokenizer *t, int32_t id, const char *s, size_t n, lmx_err *err) {
@@ -164,6 +166,7 @@ static lmx_status build(lmx_tokenizer *t, const cJSON *root, lmx_err *err) {
 lmx_status lmx_tok_load(const char *path, lmx_tokenizer **out, lmx_err *err) {
     *out = NULL;
     if (!path) return lmx_err_set(err, LMX_ERR_INVALID_ARG, "no tokenizer path");
+    if (lmx_is_file(path) && lmx_gguf_is_gguf(path)) return lmx_tok_load_gguf_path(path, out, err);
     char *json_path = NULL, *cfg_path = NULL;
     if (lmx_is_dir(path)) {
         json_path = lmx_path_join(path, "tokenizer.json");
@@ -234,5 +237,7 @@ void lmx_tok_free(lmx_tokenizer *t) {
     free(t->eos_token);
     free(t->pad_token);
     free(t->unk_token);
+    free(t->chat_template);
+    free(t->note);
     free(t);
 }

@@ -153,4 +153,6 @@ void lmx_tok_get_info(const lmx_tokenizer *t, lmx_tok_info *o) {
     o->add_bos = t->add_bos;
     o->add_eos = t->add_eos;
     o->model = "BPE";
+    o->chat_template = t->chat_template;
+    o->note = t->note;
 }

@@ -23,9 +23,21 @@
 typedef struct lmx_tokenizer lmx_tokenizer;
 
 /* Load a tokenizer.  path: a model directory or tokenizer directory (holding tokenizer.json and,
- * optionally, tokenizer_config.json), or a tokenizer.json file (tokenizer_config.json is then
- * looked for beside it).  On failure *out is NULL and err says why. */
+ * optionally, tokenizer_config.json), a tokenizer.json file (tokenizer_config.json is then
+ * looked for beside it), or a GGUF file (the tokenizer in its metadata, see lmx_tok_load_gguf).
+ * On failure *out is NULL and err says why. */
 lmx_status lmx_tok_load(const char *path, lmx_tokenizer **out, lmx_err *err);
+
+/* The tokenizer stored in an open GGUF file's metadata (tokenizer.ggml.*): "llama" (SentencePiece
+ * BPE with byte fallback, as llama.cpp and HF's LlamaTokenizer) or "gpt2" (byte-level BPE with
+ * the pre-tokenizer regex named by tokenizer.ggml.pre).  Control / unknown tokens become special
+ * added tokens, user-defined ones plain added tokens; add_special adds BOS / EOS as
+ * add_bos_token (default true for "llama", false for "gpt2") / add_eos_token say.  The tokenizer
+ * keeps nothing of g, which may be closed at once.  Errors: LMX_ERR_MISSING when the file has no
+ * tokenizer (no tokenizer.ggml.model or tokens), LMX_ERR_UNSUPPORTED for another model type,
+ * LMX_ERR_FORMAT for inconsistent metadata. */
+struct lmx_gguf;
+lmx_status lmx_tok_load_gguf(const struct lmx_gguf *g, lmx_tokenizer **out, lmx_err *err);
 void lmx_tok_free(lmx_tokenizer *tok);
 
 /* A growable array of token ids. */
@@ -66,13 +78,18 @@ int lmx_tok_is_special(const lmx_tokenizer *tok, int32_t id);
 /* One more than the largest id (model vocabulary and added tokens). */
 int32_t lmx_tok_vocab_size(const lmx_tokenizer *tok);
 
-/* What tokenizer_config.json says (ids -1 and strings NULL when absent; strings owned by tok). */
+/* What tokenizer_config.json (or the GGUF metadata) says (ids -1 and strings NULL when absent;
+ * strings owned by tok). */
 typedef struct lmx_tok_info {
     int32_t vocab_size;
     int32_t bos_id, eos_id, pad_id, unk_id;
     const char *bos_token, *eos_token, *pad_token, *unk_token;
     int add_bos, add_eos;   /* add_bos_token / add_eos_token; -1 when not given */
     const char *model;      /* "BPE" */
+    const char *chat_template;   /* GGUF tokenizer.chat_template (Jinja source), else NULL; for
+                                  * directories see chat_template.h */
+    const char *note;       /* how lmx read something it only partly knows (e.g. an unknown GGUF
+                             * pre-tokenizer), else NULL */
 } lmx_tok_info;
 
 void lmx_tok_get_info(const lmx_tokenizer *tok, lmx_tok_info *out);
