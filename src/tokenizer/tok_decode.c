@@ -85,9 +85,11 @@ static int flush_bytes(strlist *dst, lmx_tok_buf *pend) {
     return bad;
 }
 
-/* One decoder step from src to dst (dst emptied first). */
+/* One decoder step from src to dst (dst emptied first).  first: src starts the sequence (not a
+ * later chunk of a streamed decode); fused: an earlier Fuse step joined the tokens into one string,
+ * so in a whole-sequence decode a Strip would only see the sequence's start. */
 static int apply(const lmx_tokenizer *t, const lmx_tok_dec *d, const strlist *src, strlist *dst,
-                 int first) {
+                 int first, int fused) {
     dst->n = 0;
     dst->buf.n = 0;
     lmx_tok_buf tmp = {0};
@@ -135,7 +137,8 @@ static int apply(const lmx_tokenizer *t, const lmx_tok_dec *d, const strlist *sr
         for (size_t i = 0; i < src->n && !bad; i++) {
             const char *s = src->buf.p + src->off[i];
             size_t a = 0, b = src->len[i], cl = d->strip_len;
-            for (int k = 0; k < d->start && a + cl <= b && !memcmp(s + a, d->strip_c, cl); k++) a += cl;
+            int start = fused && !first ? 0 : d->start; /* a streamed chunk is no sequence start */
+            for (int k = 0; k < start && a + cl <= b && !memcmp(s + a, d->strip_c, cl); k++) a += cl;
             for (int k = 0; k < d->stop && b >= a + cl && !memcmp(s + b - cl, d->strip_c, cl); k++) b -= cl;
             bad = sl_push(dst, s + a, b - a);
         }
@@ -176,8 +179,10 @@ lmx_status lmx_tok_decode_ids(const lmx_tokenizer *t, const int32_t *ids, size_t
                                                  : sl_push(&a, t->strs.p + t->str_off[id], t->str_len[id]);
     }
     strlist *src = &a, *dst = &b;
+    int fused = 0;
     for (size_t k = 0; k < t->n_decs && !bad && src->n; k++) {
-        bad = apply(t, &t->decs[k], src, dst, first);
+        bad = apply(t, &t->decs[k], src, dst, first, fused);
+        fused |= t->decs[k].kind == LMX_TOK_DEC_FUSE;
         strlist *x = src;
         src = dst;
         dst = x;
