@@ -2,6 +2,9 @@
  * or a built-in family format) and rendering conversations with it (see chat_template.h). */
 #include "chat_template.h"
 
+#include "../formats/gguf.h"
+#include "tokenizer.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,11 +176,37 @@ static const char *family_from_config(const char *dir, char *buf, size_t n) {
     return res;
 }
 
+/* A GGUF file: tokenizer.chat_template from its metadata, else the family's built-in format. */
+static lmx_status load_from_gguf(const char *path, const char *family, lmx_chat_template **out, lmx_err *err) {
+    lmx_tokenizer *tok = NULL;
+    lmx_status s = lmx_tok_load(path, &tok, err);
+    if (s != LMX_OK) return s;
+    lmx_tok_info in;
+    lmx_tok_get_info(tok, &in);
+    if (in.chat_template) {
+        s = lmx_chat_template_from_string(in.chat_template, in.bos_token, in.eos_token, out, err);
+        if (s != LMX_OK) lmx_err_prefix(err, "%s (tokenizer.chat_template)", path);
+    } else { /* the built-in format of the family, or of general.architecture */
+        lmx_gguf *g = NULL;
+        char *arch = NULL;
+        if (!family && lmx_gguf_open(path, &g, NULL) == LMX_OK) arch = lmx_gguf_get_string(g, "general.architecture");
+        const char *fam = family ? family : arch && builtin_source(arch) ? arch : NULL;
+        s = fam ? lmx_chat_template_builtin(fam, out, err)
+                : lmx_err_set(err, LMX_ERR_MISSING, "%s: no tokenizer.chat_template in the GGUF metadata and no "
+                              "built-in format for its architecture (name a family)", path);
+        free(arch);
+        lmx_gguf_close(g);
+    }
+    lmx_tok_free(tok);
+    return s;
+}
+
 lmx_status lmx_chat_template_load(const char *path, const char *family, lmx_chat_template **out,
                                   lmx_err *err) {
     if (!out) return lmx_err_set(err, LMX_ERR_INVALID_ARG, "chat template: NULL out");
     *out = NULL;
     if (!path) return lmx_err_set(err, LMX_ERR_INVALID_ARG, "chat template: NULL path");
+    if (lmx_is_file(path) && lmx_gguf_is_gguf(path)) return load_from_gguf(path, family, out, err);
     char *cfg_path = NULL, *jinja_path = NULL, *dir = NULL, *source = NULL;
     cJSON *cfg = NULL;
     lmx_chat_template *t = NULL;
