@@ -14,3 +14,18 @@ if [ "$got" != "$expected" ]; then
     echo "FAIL: greedy tokens differ"; echo "  expected: $expected"; echo "  got:      $got"; exit 1
 fi
 echo "ok: $n greedy tokens from BOS match the reference"
+
+# llama.cpp's two text prompts: lmx's tokenizer (from the GGUF metadata) and greedy generation must
+# give the same 48-token continuation (llama.cpp's output echoes the prompt after a leading space).
+python3 -c '
+import json, sys
+for p in json.load(open(sys.argv[1]))["prompts_llama_cpp_greedy_48_tokens"]:
+    print(json.dumps([p["prompt"], p["output"]]))' "$ref" | while read -r row; do
+    prompt=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$row")
+    expected=$(python3 -c 'import json,sys; p,o=json.loads(sys.argv[1]); assert o.startswith(" "+p); print(o[len(p)+1:])' "$row")
+    got=$("$bin" run "$fixtures/real/stories260K.gguf" "$prompt" --max-tokens 48)
+    if [ "$got" != "$expected" ]; then
+        echo "FAIL: \"$prompt\""; echo "  expected: $expected"; echo "  got:      $got"; exit 1
+    fi
+    echo "ok: \"$prompt\" continues as llama.cpp does"
+done

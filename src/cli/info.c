@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "lmx.h"
+#include "tokenizer/tokenizer.h"
 
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
@@ -63,15 +64,62 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
     return 0;
 }
 
+/* The text mode's tokenizer work: prompt -> ids, and a stream that decodes generated ids in the
+ * context of the prompt (so a SentencePiece space after the prompt is kept). */
+typedef struct text_io {
+    lmx_tokenizer *tok;
+    lmx_tok_stream *stream;
+} text_io;
+
+static int text_open(text_io *io, const char *model, const char *prompt, int32_t **ids, int *n) {
+    lmx_err err = {0};
+    size_t count = 0;
+    if (lmx_tok_load(model, &io->tok, &err) != LMX_OK ||
+        lmx_tok_encode(io->tok, prompt, strlen(prompt), 1, ids, &count, &err) != LMX_OK ||
+        lmx_tok_stream_create(io->tok, 1, &io->stream, &err) != LMX_OK) {
+        fprintf(stderr, "lmx: %s\n", err.msg);
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++) { /* context only: the prompt's text is not printed */
+        const char *t;
+        size_t len;
+        lmx_tok_stream_push(io->stream, (*ids)[i], &t, &len, &err);
+    }
+    *n = (int)count;
+    if (count == 0) {
+        fprintf(stderr, "lmx: the prompt encodes to no tokens\n");
+        return -1;
+    }
+    return 0;
+}
+
+static void text_emit(text_io *io, int32_t id, int flush) {
+    lmx_err err = {0};
+    const char *t = NULL;
+    size_t len = 0;
+    if (flush ? lmx_tok_stream_flush(io->stream, &t, &len, &err) : lmx_tok_stream_push(io->stream, id, &t, &len, &err))
+        return;
+    if (len) fwrite(t, 1, len, stdout);
+    fflush(stdout);
+}
+
+static void text_close(text_io *io) {
+    lmx_tok_stream_free(io->stream);
+    lmx_tok_free(io->tok);
+}
+
 int cmd_run(int argc, char **argv) {
-    const char *path = NULL, *ids_arg = NULL, *backend = "auto";
+    const char *path = NULL, *ids_arg = NULL, *backend = "auto", *prompt = NULL;
+    text_io io = {0};
     int max_tokens = 16, threads = 0, n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
         if (!strcmp(a, "--help")) {
-            printf("usage: lmx run MODEL --prompt-ids ID,ID,... [--max-tokens N] [--ctx N] [--threads N] [--backend NAME]\n\n"
-                   "Greedy generation from token ids; prints the generated ids, space-separated.\n"
+            printf("usage: lmx run MODEL PROMPT              [--max-tokens N] [--ctx N] [--threads N] [--backend NAME]\n"
+                   "       lmx run MODEL --prompt-ids ID,ID,... [same options]\n\n"
+                   "Greedy generation.  With PROMPT (text), the model's tokenizer encodes it and the generated\n"
+                   "text streams to stdout.  With --prompt-ids, prints the generated ids, space-separated.\n"
                    "Stops at an end-of-sequence id or after --max-tokens (default 16).\n");
             return 0;
         }
@@ -81,14 +129,20 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && has_val) { if (cli_parse_int(argv[++i], &threads)) return cli_usage_error("run: bad --threads"); }
         else if (!strcmp(a, "--ctx") && has_val) { if (cli_parse_int(argv[++i], &n_ctx)) return cli_usage_error("run: bad --ctx"); }
         else if (a[0] == '-') return cli_usage_error("run: unknown option or missing value: %s", a);
-        else if (path) return cli_usage_error("run: more than one model given");
-        else path = a;
+        else if (!path) path = a;
+        else if (!prompt) prompt = a;
+        else return cli_usage_error("run: more than one prompt given");
     }
     if (!path) return cli_usage_error("run: no model given");
-    if (!ids_arg) return cli_usage_error("run: --prompt-ids is required until tokenizers land");
+    if (!ids_arg == !prompt) return cli_usage_error("run: give a PROMPT or --prompt-ids (one of them)");
     int32_t *ids = NULL;
     int n = 0;
-    if (parse_ids(ids_arg, &ids, &n)) return cli_usage_error("run: --prompt-ids wants comma-separated token ids");
+    if (ids_arg && parse_ids(ids_arg, &ids, &n)) return cli_usage_error("run: --prompt-ids wants comma-separated token ids");
+    if (prompt && text_open(&io, path, prompt, &ids, &n) != 0) {
+        text_close(&io);
+        free(ids);
+        return 1;
+    }
 
     lmx_load_params lp = lmx_load_default_params();
     lp.backend = backend;
@@ -115,19 +169,25 @@ int cmd_run(int argc, char **argv) {
         int32_t best = 0;
         for (int v = 1; v < in.vocab_size; v++)
             if (logits[v] > logits[best]) best = v;
-        printf("%s%d", g ? " " : "", best);
-        fflush(stdout);
         int eos = 0;
         for (int e = 0; e < in.n_eos; e++) eos |= best == in.eos_ids[e];
+        if (prompt) {
+            if (!eos) text_emit(&io, best, 0);
+        } else {
+            printf("%s%d", g ? " " : "", best);
+            fflush(stdout);
+        }
         if (eos || g + 1 == max_tokens) break;
         if (lmx_context_eval(c, &best, 1, logits, 0) != LMX_OK) goto fail;
     }
+    if (prompt) text_emit(&io, 0, 1);
     printf("\n");
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "lmx: %s\n", lmx_last_error(m));
 done:
+    text_close(&io);
     lmx_context_free(c);
     lmx_model_free(m);
     free(logits);
