@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../base/fileio.h"
+#include "ggml_types.h"
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 #define GGUF_MAX_DIMS 4
@@ -18,22 +19,6 @@ struct lmx_gguf {
     lmx_gguf_tensor *tensors;
     size_t n_tensors;
 };
-
-/* ggml block geometry: elements and bytes per block (0 = unknown type). */
-static void type_block(int type, int *elems, int *bytes) {
-    static const struct { int type, elems, bytes; } t[] = {
-        {0, 1, 4},      {1, 1, 2},      {30, 1, 2},     {2, 32, 18},    {3, 32, 20},    {6, 32, 22},
-        {7, 32, 24},    {8, 32, 34},    {9, 32, 36},    {10, 256, 84},  {11, 256, 110}, {12, 256, 144},
-        {13, 256, 176}, {14, 256, 210}, {15, 256, 292}, {24, 1, 1},     {25, 1, 2},     {26, 1, 4},
-        {27, 1, 8},     {28, 1, 8},
-    };
-    *elems = *bytes = 0;
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (t[i].type == type) {
-            *elems = t[i].elems;
-            *bytes = t[i].bytes;
-        }
-}
 
 /* ---- a bounds-checked cursor over the mapping ------------------------------------------------- */
 
@@ -174,8 +159,7 @@ static lmx_status parse(lmx_gguf *g, lmx_err *err) {
             free(offsets);
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\": truncated or absurd dimensions", path, t->name);
         }
-        int be, bb;
-        type_block(t->type, &be, &bb);
+        int be = lmx_ggml_block_elems(t->type), bb = lmx_ggml_block_bytes(t->type);
         if (!be) {
             free(offsets);
             return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor \"%s\" has unknown ggml type %d", path, t->name, t->type);

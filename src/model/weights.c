@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend/cpu/ggml_quant.h"
+#include "../formats/ggml_types.h"
 #include "model.h"
 
 typedef struct binder {

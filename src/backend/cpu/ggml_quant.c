@@ -36,53 +36,17 @@
 
 #include "../../base/half.h"
 
-/* ---- the type table --------------------------------------------------------------------------- */
+/* ---- block geometry (from the format's type table) ------------------------------------------ */
 typedef struct {
-    int type, elems, bytes, sub; /* sub: elements per scale (0 for float types / not computed) */
-    const char *name;
+    int elems, bytes, sub; /* sub: elements per scale (0 for float types / not computed) */
 } type_info;
 
-static const type_info TYPES[] = {
-    {LMX_GGML_F32, 1, 4, 0, "F32"},       {LMX_GGML_F16, 1, 2, 0, "F16"},
-    {LMX_GGML_BF16, 1, 2, 0, "BF16"},     {LMX_GGML_Q4_0, 32, 18, 32, "Q4_0"},
-    {LMX_GGML_Q4_1, 32, 20, 32, "Q4_1"},  {LMX_GGML_Q5_0, 32, 22, 32, "Q5_0"},
-    {LMX_GGML_Q5_1, 32, 24, 32, "Q5_1"},  {LMX_GGML_Q8_0, 32, 34, 32, "Q8_0"},
-    {LMX_GGML_Q8_1, 32, 40, 0, "Q8_1"},   {LMX_GGML_Q2_K, 256, 84, 16, "Q2_K"},
-    {LMX_GGML_Q3_K, 256, 110, 16, "Q3_K"}, {LMX_GGML_Q4_K, 256, 144, 32, "Q4_K"},
-    {LMX_GGML_Q5_K, 256, 176, 32, "Q5_K"}, {LMX_GGML_Q6_K, 256, 210, 16, "Q6_K"},
-    {LMX_GGML_Q8_K, 256, 292, 0, "Q8_K"},
-};
-
-static const type_info *find_type(int type) {
-    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
-        if (TYPES[i].type == type) return &TYPES[i];
-    return NULL;
-}
-
-int lmx_ggml_block_elems(int type) {
-    const type_info *t = find_type(type);
-    return t ? t->elems : 0;
-}
-
-int lmx_ggml_block_bytes(int type) {
-    const type_info *t = find_type(type);
-    return t ? t->bytes : 0;
-}
-
-size_t lmx_ggml_row_bytes(int type, int64_t K) {
-    const type_info *t = find_type(type);
-    if (!t || K < 0 || K % t->elems) return 0;
-    return (size_t)(K / t->elems) * (size_t)t->bytes;
-}
-
-const char *lmx_ggml_type_name(int type) {
-    const type_info *t = find_type(type);
-    return t ? t->name : "unknown";
-}
-
-int lmx_ggml_is_supported_quant(int type) {
-    const type_info *t = find_type(type);
-    return t && t->sub > 0;
+/* Fill *t for type; returns t, or NULL for an unknown type. */
+static const type_info *find_type(int type, type_info *t) {
+    t->elems = lmx_ggml_block_elems(type);
+    t->bytes = lmx_ggml_block_bytes(type);
+    t->sub = lmx_ggml_scale_elems(type);
+    return t->elems ? t : NULL;
 }
 
 /* ---- unpacking one block ---------------------------------------------------------------------- */
@@ -248,7 +212,8 @@ static int unpack_block(int type, const uint8_t *b, int8_t *q, float *scale, flo
 
 /* ---- dequantization --------------------------------------------------------------------------- */
 void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst) {
-    const type_info *t = find_type(type);
+    type_info ti;
+    const type_info *t = find_type(type, &ti);
     const uint8_t *p = (const uint8_t *)row;
     if (K <= 0) return;
     if (!t || K % t->elems || (t->sub == 0 && t->elems != 1)) {
@@ -306,7 +271,8 @@ static float dot_float_row(int type, const uint8_t *p, const float *x, int64_t K
  * tests call it to check the SIMD kernels against it. */
 
 float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64_t K) {
-    const type_info *t = find_type(type);
+    type_info ti;
+    const type_info *t = find_type(type, &ti);
     const uint8_t *p = (const uint8_t *)row;
     if (!t || K <= 0 || K % t->elems) return 0.0f;
     if (t->elems == 1) return dot_float_row(type, p, x, K);

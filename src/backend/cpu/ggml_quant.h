@@ -10,34 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ggml type numbers as stored in GGUF files. */
-typedef enum lmx_ggml_type {
-    LMX_GGML_F32 = 0,
-    LMX_GGML_F16 = 1,
-    LMX_GGML_Q4_0 = 2,
-    LMX_GGML_Q4_1 = 3,
-    LMX_GGML_Q5_0 = 6,
-    LMX_GGML_Q5_1 = 7,
-    LMX_GGML_Q8_0 = 8,
-    LMX_GGML_Q8_1 = 9,
-    LMX_GGML_Q2_K = 10,
-    LMX_GGML_Q3_K = 11,
-    LMX_GGML_Q4_K = 12,
-    LMX_GGML_Q5_K = 13,
-    LMX_GGML_Q6_K = 14,
-    LMX_GGML_Q8_K = 15,
-    LMX_GGML_BF16 = 30,
-} lmx_ggml_type;
-
-/* Elements per block and bytes per block; 0 for types this table does not know. */
-int lmx_ggml_block_elems(int type);
-int lmx_ggml_block_bytes(int type);
-/* Bytes of a row of K elements (K a multiple of the block size), or 0 if unknown/misaligned. */
-size_t lmx_ggml_row_bytes(int type, int64_t K);
-/* "Q4_K" etc.; "unknown" otherwise. */
-const char *lmx_ggml_type_name(int type);
-/* 1 for the block-quantized types lmx computes with (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K). */
-int lmx_ggml_is_supported_quant(int type);
+#include "../../formats/ggml_types.h"
 
 /* dst[k] = dequantized element k of one row of K elements starting at `row`. */
 void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst);

@@ -1,0 +1,42 @@
+/* ggml_types.h - the ggml tensor types a GGUF file can hold: numbers, names and block geometry.
+ *
+ * A row of K elements (K a multiple of the type's block size) is K / elems blocks of `bytes` bytes
+ * each (Q4_0 .. Q8_0: 32 elements per block; Q2_K .. Q8_K: 256 per super-block; F32/F16/BF16: 1). */
+#ifndef LMX_FORMATS_GGML_TYPES_H
+#define LMX_FORMATS_GGML_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml type numbers as stored in GGUF files. */
+typedef enum lmx_ggml_type {
+    LMX_GGML_F32 = 0,
+    LMX_GGML_F16 = 1,
+    LMX_GGML_Q4_0 = 2,
+    LMX_GGML_Q4_1 = 3,
+    LMX_GGML_Q5_0 = 6,
+    LMX_GGML_Q5_1 = 7,
+    LMX_GGML_Q8_0 = 8,
+    LMX_GGML_Q8_1 = 9,
+    LMX_GGML_Q2_K = 10,
+    LMX_GGML_Q3_K = 11,
+    LMX_GGML_Q4_K = 12,
+    LMX_GGML_Q5_K = 13,
+    LMX_GGML_Q6_K = 14,
+    LMX_GGML_Q8_K = 15,
+    LMX_GGML_BF16 = 30,
+} lmx_ggml_type;
+
+/* Elements per block and bytes per block; 0 for types this table does not know. */
+int lmx_ggml_block_elems(int type);
+int lmx_ggml_block_bytes(int type);
+/* Elements sharing one scale inside a block (0 for float types and types lmx does not compute). */
+int lmx_ggml_scale_elems(int type);
+/* Bytes of a row of K elements (K a multiple of the block size), or 0 if unknown/misaligned. */
+size_t lmx_ggml_row_bytes(int type, int64_t K);
+/* "Q4_K" etc.; "unknown" otherwise. */
+const char *lmx_ggml_type_name(int type);
+/* 1 for the block-quantized types lmx computes with (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K). */
+int lmx_ggml_is_supported_quant(int type);
+
+#endif
