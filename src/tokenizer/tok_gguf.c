@@ -97,23 +97,6 @@ static const lmx_gguf_kv *numeric_array(const lmx_gguf *g, const char *key, uint
     return kv;
 }
 
-/* The encode key of a byte-level token string: the raw bytes (-1: a character outside the
- * byte-level alphabet, -2: out of memory).  Other vocabularies use the string itself. */
-static int bytelevel_key(const lmx_tokenizer *t, const char *s, size_t n, lmx_tok_buf *out) {
-    out->n = 0;
-    if (lmx_tok_buf_reserve(out, n)) return -2;
-    size_t i = 0;
-    while (i < n) {
-        size_t L = lmx_tok_utf8_len((unsigned char)s[i]);
-        if (i + L > n) return -1;
-        uint32_t cp = lmx_tok_utf8_decode(s + i, &L);
-        if (cp >= 324 || t->cp_byte[cp] < 0) return -1;
-        out->p[out->n++] = (char)t->cp_byte[cp];
-        i += L;
-    }
-    return 0;
-}
-
 /* ---- the pipeline steps, written as the equivalent tokenizer.json sections ----------------- */
 static cJSON *obj_type(const char *type) {
     cJSON *o = cJSON_CreateObject();
@@ -255,7 +238,7 @@ static lmx_status load_vocab(lmx_tokenizer *t, const gguf_vocab *v, lmx_err *err
         if ((st = lmx_tok_set_string(t, (int32_t)i, s.p ? s.p : "", s.n, err))) break;
         if (lmx_tok_smap_put(&t->names, s.p ? s.p : "", s.n, (int32_t)i)) goto nomem;
         int r = 0;
-        if (t->byte_level) r = bytelevel_key(t, s.p ? s.p : "", s.n, &key);
+        if (t->byte_level) r = lmx_tok_enc_key(t, s.p ? s.p : "", s.n, &key);
         if (r == -2) goto nomem;
         if (r == 0 && (t->byte_level ? lmx_tok_smap_put(&t->enc, key.p ? key.p : "", key.n, (int32_t)i)
                                      : lmx_tok_smap_put(&t->enc, s.p ? s.p : "", s.n, (int32_t)i)))
@@ -285,7 +268,7 @@ static lmx_status load_merges(lmx_tokenizer *t, const lmx_gguf_kv *kv, lmx_err *
             break;
         }
         size_t na = (size_t)(sp - a), nb = n - na - 1;
-        int ra = bytelevel_key(t, a, na, &ka), rb = bytelevel_key(t, sp + 1, nb, &kb);
+        int ra = lmx_tok_enc_key(t, a, na, &ka), rb = lmx_tok_enc_key(t, sp + 1, nb, &kb);
         if (ra == -2 || rb == -2) goto nomem;
         int32_t ia = ra ? -1 : lmx_tok_smap_get(&t->enc, ka.p ? ka.p : "", ka.n);
         int32_t ib = rb ? -1 : lmx_tok_smap_get(&t->enc, kb.p ? kb.p : "", kb.n);

@@ -78,6 +78,10 @@ int lmx_tok_is_space(uint32_t cp);
 /* GPT-2 byte-level alphabet: byte b is written as code point byte_cp[b]; cp_byte[cp] undoes it
  * (-1 for code points outside the alphabet, cp < 324). */
 void lmx_tok_bytelevel_tables(uint16_t byte_cp[256], int16_t cp_byte[324]);
+/* The key a vocabulary string is stored under in t->enc: for byte-level vocabularies the raw bytes
+ * its characters stand for, else the string itself.  0, -1 (a character outside the byte-level
+ * alphabet) or -2 (out of memory). */
+int lmx_tok_enc_key(const lmx_tokenizer *t, const char *s, size_t n, lmx_tok_buf *out);
 
 /* ---- pipeline steps ------------------------------------------------------------------------ */
 enum {

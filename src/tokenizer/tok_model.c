@@ -11,7 +11,7 @@
 
 /* The encode key of token string s: the same bytes, or for byte-level vocabularies the raw bytes
  * (returns -1 when s has a character outside the byte-level alphabet). */
-static int enc_key(const lmx_tokenizer *t, const char *s, size_t n, lmx_tok_buf *out) {
+int lmx_tok_enc_key(const lmx_tokenizer *t, const char *s, size_t n, lmx_tok_buf *out) {
     out->n = 0;
     if (!t->byte_level) return lmx_tok_buf_put(out, s, n) ? -2 : 0;
     if (lmx_tok_buf_reserve(out, n)) return -2;
@@ -43,7 +43,7 @@ static lmx_status load_vocab(lmx_tokenizer *t, const cJSON *vocab, lmx_err *err)
             st = lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
             break;
         }
-        int r = enc_key(t, it->string, n, &key);
+        int r = lmx_tok_enc_key(t, it->string, n, &key);
         if (r == -2 || (r == 0 && lmx_tok_smap_put(&t->enc, key.p, key.n, id))) {
             st = lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
             break;
@@ -91,7 +91,7 @@ static lmx_status load_merges(lmx_tokenizer *t, const cJSON *merges, lmx_err *er
             bm += pre;
             nbm -= pre;
         }
-        int ra = enc_key(t, a, na, &ka), rb = enc_key(t, b, nb, &kb);
+        int ra = lmx_tok_enc_key(t, a, na, &ka), rb = lmx_tok_enc_key(t, b, nb, &kb);
         if (ra == -2 || rb == -2) {
             st = lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
             break;
@@ -100,7 +100,7 @@ static lmx_status load_merges(lmx_tokenizer *t, const cJSON *merges, lmx_err *er
         int32_t ib = rb ? -1 : lmx_tok_smap_get(&t->enc, kb.p, kb.n);
         int32_t im = -1;
         if (ia >= 0 && ib >= 0) {
-            if (enc_key(t, bm, nbm, &kb) == -2 || lmx_tok_buf_put(&ka, kb.p, kb.n)) {
+            if (lmx_tok_enc_key(t, bm, nbm, &kb) == -2 || lmx_tok_buf_put(&ka, kb.p, kb.n)) {
                 st = lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
                 break;
             }
