@@ -20,49 +20,12 @@
 
 #include "base/fileio.h"
 #include "check.h"
+#include "test_files.h"
 #include "formats/safetensors.h"
 #include "lmx.h"
 
-static const char *g_fixtures = "../shared/fixtures";
 
 /* ---- files and folders ----------------------------------------------------------------------- */
-
-static char *fixture(const char *model, const char *file) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s/models/%s%s%s", g_fixtures, model, file ? "/" : "", file ? file : "");
-    return strdup(buf);
-}
-
-static char *case_dir(const char *tag) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "/tmp/lmx_errors_%s_XXXXXX", tag);
-    CHECK_MSG(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
-    return strdup(buf);
-}
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char *p = lmx_path_join(path, e->d_name);
-            if (p) remove_tree(p);
-            free(p);
-        }
-        if (d) closedir(d);
-        CHECK(rmdir(path) == 0);
-    } else {
-        CHECK(unlink(path) == 0);
-    }
-}
-
-static void end_case(char *dir) {
-    remove_tree(dir);
-    free(dir);
-}
 
 static void write_bytes(const char *dir, const char *name, const void *data, size_t n) {
     char *path = lmx_path_join(dir, name);
@@ -309,15 +272,6 @@ static void case_bad_config(void) {
 
 /* ---- evaluation errors ----------------------------------------------------------------------- */
 
-static int32_t *ref_ints(const lmx_st_set *s, const char *name, int64_t *n) {
-    const lmx_st_tensor *t = s ? lmx_st_set_find(s, name) : NULL;
-    CHECK_MSG(t && t->dtype == LMX_DTYPE_I32, "reference %s missing or not I32", name);
-    if (!t || t->dtype != LMX_DTYPE_I32) return NULL;
-    int32_t *out = malloc(t->nbytes ? t->nbytes : 1);
-    memcpy(out, t->data, t->nbytes);
-    *n = t->n_elements;
-    return out;
-}
 
 /* Row t of the reference's short_logits within the f32 tolerance of out. */
 static int row_ok(const lmx_st_set *ref, int64_t t, const float *out, int V) {

@@ -25,51 +25,14 @@
 #include "base/fileio.h"
 #include "base/half.h"
 #include "check.h"
+#include "test_files.h"
 #include "formats/safetensors.h"
 #include "lmx.h"
 
-static const char *g_fixtures = "../shared/fixtures";
 
 /* ---- files and folders ----------------------------------------------------------------------- */
 
 /* "<fixtures>/models/<model>[/<file>]" (malloc'ed). */
-static char *fixture(const char *model, const char *file) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s/models/%s%s%s", g_fixtures, model, file ? "/" : "", file ? file : "");
-    return strdup(buf);
-}
-
-static char *case_dir(const char *tag) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "/tmp/lmx_variants_%s_XXXXXX", tag);
-    CHECK_MSG(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
-    return strdup(buf);
-}
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char *p = lmx_path_join(path, e->d_name);
-            if (p) remove_tree(p);
-            free(p);
-        }
-        if (d) closedir(d);
-        CHECK(rmdir(path) == 0);
-    } else {
-        CHECK(unlink(path) == 0);
-    }
-}
-
-static void end_case(char *dir) {
-    remove_tree(dir);
-    free(dir);
-}
-
 static void write_text(const char *dir, const char *name, const char *text) {
     char *path = lmx_path_join(dir, name);
     FILE *fp = fopen(path, "wb");
@@ -209,16 +172,6 @@ static lmx_st_set *open_ref(const char *model) {
     return s;
 }
 
-/* An I32 reference tensor as a fresh array; NULL if absent. */
-static int32_t *ref_ints(const lmx_st_set *s, const char *name, int64_t *n) {
-    const lmx_st_tensor *t = s ? lmx_st_set_find(s, name) : NULL;
-    CHECK_MSG(t && t->dtype == LMX_DTYPE_I32, "reference %s missing or not I32", name);
-    if (!t || t->dtype != LMX_DTYPE_I32) return NULL;
-    int32_t *out = malloc((size_t)(t->n_elements ? t->n_elements : 1) * sizeof *out);
-    memcpy(out, t->data, t->nbytes);
-    *n = t->n_elements;
-    return out;
-}
 
 /* An F32 [rows, V] reference tensor as a fresh array; NULL if absent or of another shape. */
 static float *ref_floats(const lmx_st_set *s, const char *name, int64_t rows, int V) {

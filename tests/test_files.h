@@ -1,0 +1,68 @@
+/* test_files.h - shared helpers of the model tests: fixture paths, scratch directories made per
+ * case and removed after it, and integer tensors of a reference file.  Include after check.h;
+ * a test sets g_fixtures from argv[1] or LMX_FIXTURES. */
+#ifndef LMX_TESTS_TEST_FILES_H
+#define LMX_TESTS_TEST_FILES_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/fileio.h"
+#include "formats/safetensors.h"
+
+static const char *g_fixtures = "../shared/fixtures";
+
+static char *fixture(const char *model, const char *file) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s/models/%s%s%s", g_fixtures, model, file ? "/" : "", file ? file : "");
+    return strdup(buf);
+}
+
+static char *case_dir(const char *tag) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "/tmp/lmx_test_%s_XXXXXX", tag);
+    CHECK_MSG(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
+    return strdup(buf);
+}
+
+static void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char *p = lmx_path_join(path, e->d_name);
+            if (p) remove_tree(p);
+            free(p);
+        }
+        if (d) closedir(d);
+        CHECK(rmdir(path) == 0);
+    } else {
+        CHECK(unlink(path) == 0);
+    }
+}
+
+static void end_case(char *dir) {
+    remove_tree(dir);
+    free(dir);
+}
+
+
+/* An I32 reference tensor as a fresh int32 array (caller frees); a failed check and NULL if absent. */
+static int32_t *ref_ints(const lmx_st_set *s, const char *name, int64_t *n) {
+    const lmx_st_tensor *t = s ? lmx_st_set_find(s, name) : NULL;
+    CHECK_MSG(t && t->dtype == LMX_DTYPE_I32, "reference %s missing or not I32", name);
+    if (!t || t->dtype != LMX_DTYPE_I32) return NULL;
+    int32_t *out = malloc((size_t)(t->n_elements ? t->n_elements : 1) * sizeof *out);
+    if (out && t->n_elements) memcpy(out, t->data, (size_t)t->n_elements * sizeof *out);
+    *n = t->n_elements;
+    return out;
+}
+
+#endif
