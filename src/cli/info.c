@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "lmx.h"
-#include "tokenizer/tokenizer.h"
+#include "text_io.h"
 
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
@@ -64,53 +64,9 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
     return 0;
 }
 
-/* The text mode's tokenizer work: prompt -> ids, and a stream that decodes generated ids in the
- * context of the prompt (so a SentencePiece space after the prompt is kept). */
-typedef struct text_io {
-    lmx_tokenizer *tok;
-    lmx_tok_stream *stream;
-} text_io;
-
-static int text_open(text_io *io, const char *model, const char *prompt, int32_t **ids, int *n) {
-    lmx_err err = {0};
-    size_t count = 0;
-    if (lmx_tok_load(model, &io->tok, &err) != LMX_OK ||
-        lmx_tok_encode(io->tok, prompt, strlen(prompt), 1, ids, &count, &err) != LMX_OK ||
-        lmx_tok_stream_create(io->tok, 1, &io->stream, &err) != LMX_OK) {
-        fprintf(stderr, "lmx: %s\n", err.msg);
-        return -1;
-    }
-    for (size_t i = 0; i < count; i++) { /* context only: the prompt's text is not printed */
-        const char *t;
-        size_t len;
-        lmx_tok_stream_push(io->stream, (*ids)[i], &t, &len, &err);
-    }
-    *n = (int)count;
-    if (count == 0) {
-        fprintf(stderr, "lmx: the prompt encodes to no tokens\n");
-        return -1;
-    }
-    return 0;
-}
-
-static void text_emit(text_io *io, int32_t id, int flush) {
-    lmx_err err = {0};
-    const char *t = NULL;
-    size_t len = 0;
-    if (flush ? lmx_tok_stream_flush(io->stream, &t, &len, &err) : lmx_tok_stream_push(io->stream, id, &t, &len, &err))
-        return;
-    if (len) fwrite(t, 1, len, stdout);
-    fflush(stdout);
-}
-
-static void text_close(text_io *io) {
-    lmx_tok_stream_free(io->stream);
-    lmx_tok_free(io->tok);
-}
-
 int cmd_run(int argc, char **argv) {
     const char *path = NULL, *ids_arg = NULL, *backend = "auto", *prompt = NULL;
-    text_io io = {0};
+    cli_text io = {0};
     int max_tokens = 16, threads = 0, n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -138,8 +94,8 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     int n = 0;
     if (ids_arg && parse_ids(ids_arg, &ids, &n)) return cli_usage_error("run: --prompt-ids wants comma-separated token ids");
-    if (prompt && text_open(&io, path, prompt, &ids, &n) != 0) {
-        text_close(&io);
+    if (prompt && (cli_text_open(&io, path) != 0 || cli_text_encode(&io, prompt, 1, &ids, &n) != 0)) {
+        cli_text_close(&io);
         free(ids);
         return 1;
     }
@@ -172,7 +128,7 @@ int cmd_run(int argc, char **argv) {
         int eos = 0;
         for (int e = 0; e < in.n_eos; e++) eos |= best == in.eos_ids[e];
         if (prompt) {
-            if (!eos) text_emit(&io, best, 0);
+            if (!eos) cli_text_emit(&io, best, 0);
         } else {
             printf("%s%d", g ? " " : "", best);
             fflush(stdout);
@@ -180,14 +136,14 @@ int cmd_run(int argc, char **argv) {
         if (eos || g + 1 == max_tokens) break;
         if (lmx_context_eval(c, &best, 1, logits, 0) != LMX_OK) goto fail;
     }
-    if (prompt) text_emit(&io, 0, 1);
+    if (prompt) cli_text_emit(&io, 0, 1);
     printf("\n");
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "lmx: %s\n", lmx_last_error(m));
 done:
-    text_close(&io);
+    cli_text_close(&io);
     lmx_context_free(c);
     lmx_model_free(m);
     free(logits);

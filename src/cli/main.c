@@ -31,7 +31,8 @@ static void usage(FILE *f) {
             "lmx %s - run language models on CPUs and GPUs\n\n"
             "usage: lmx <command> [options]\n\n"
             "commands:\n"
-            "  run MODEL --prompt-ids IDS   greedy generation from token ids\n"
+            "  run MODEL PROMPT             greedy generation, streamed (--prompt-ids for token ids)\n"
+            "  chat MODEL                   chat with the model's own template (lines on stdin)\n"
             "  info MODEL                   what a model is\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
             "  quantize SRC DST             MLX-layout 4/8-bit copy of a model directory\n"
@@ -58,6 +59,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "check-reference")) return cmd_check_reference(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "template")) return cmd_template(argc - 1, argv + 1);
