@@ -24,6 +24,10 @@ for pair in "$smol:smollm2-135m-instruct-q4_1" "$gemma:gemma-3-270m-q4_k_m"; do
     ran=$((ran + 1))
     "$bin" check-reference "$model" --reference "$ref" --tolerance abs:1.5 || status=1
 done
+# SmolLM2's template (from its GGUF metadata) renders as jinja2/transformers render it.
+if [ -n "$smol" ] && [ -f "$smol" ]; then
+    "$here/template_check.sh" "$bin" "$smol" "$here/data/real/smollm2-135m-instruct.chats.jsonl" || status=1
+fi
 # lmx chat with SmolLM2's own template (from its GGUF metadata) answers a factual question.
 if [ -n "$smol" ] && [ -f "$smol" ]; then
     reply=$(printf 'What is the capital of France?\n' | "$bin" chat "$smol" --max-tokens 32)
