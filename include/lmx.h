@@ -55,8 +55,10 @@ typedef struct lmx_load_params {
 
 lmx_load_params lmx_load_default_params(void);
 
-/* Load a HuggingFace model directory (config.json + *.safetensors).  On success *out owns the
- * model; free it with lmx_model_free.  On failure *out is NULL and lmx_last_error(NULL) says why. */
+/* Load a model: a HuggingFace model directory (config.json + *.safetensors, dense or MLX
+ * affine-quantized) or a single GGUF file.  Weights are memory-mapped and used in their stored
+ * format.  On success *out owns the model; free it with lmx_model_free.  On failure *out is NULL
+ * and lmx_last_error(NULL) says why. */
 lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_model **out);
 void lmx_model_free(lmx_model *m);
 
@@ -68,11 +70,12 @@ const char *lmx_last_error(const lmx_model *m);
 typedef struct lmx_model_info {
     const char *architecture;   /* "llama", "qwen2", "qwen3", "gemma2", "gemma3" (owned by m) */
     const char *backend;        /* "cpu", "cuda" (owned by m) */
-    const char *dtype;          /* stored weight dtype: "bf16", "f16", "f32" (owned by m) */
+    const char *dtype;          /* stored weights: "bf16", "f16", "f32", MLX "q4"/"q8", or the GGUF
+                                   type holding most bytes, e.g. "Q4_K" (owned by m) */
     int n_layers, hidden_size, n_heads, n_kv_heads, head_dim, ffn_size, vocab_size;
     int max_context;            /* max_position_embeddings */
     int64_t n_params;           /* parameters in the bound weights (tied tensors counted once) */
-    int64_t weight_bytes;       /* bytes of weights as stored */
+    int64_t weight_bytes;       /* bytes of weights as stored (scales and biases included) */
     int n_eos;                  /* number of end-of-sequence ids in eos_ids */
     int32_t eos_ids[8];
     int32_t bos_id;             /* -1 when unknown */
