@@ -24,6 +24,12 @@ for pair in "$smol:smollm2-135m-instruct-q4_1" "$gemma:gemma-3-270m-q4_k_m"; do
     ran=$((ran + 1))
     "$bin" check-reference "$model" --reference "$ref" --tolerance abs:1.5 || status=1
 done
+# SmolLM2 against an exact float64 forward pass on gguf-py-dequantized weights
+# (tests/ref/numpy_llama_gguf.py): lmx computes the same math, so the bound is tight.
+if [ -n "$smol" ] && [ -f "$smol" ]; then
+    "$bin" check-reference "$smol" --reference "$here/data/real/smollm2-135m-instruct-q4_1.exact.json" \
+        --tolerance abs:1e-3 || status=1
+fi
 # SmolLM2's template (from its GGUF metadata) renders as jinja2/transformers render it.
 if [ -n "$smol" ] && [ -f "$smol" ]; then
     "$here/template_check.sh" "$bin" "$smol" "$here/data/real/smollm2-135m-instruct.chats.jsonl" || status=1

@@ -77,7 +77,7 @@ int cli_check_topk(lmx_model *m, const char *ref_path, double tol, int n_ctx) {
                 if (K > 1 && num_at(tl, 0) - num_at(tl, 1) > 2 * tol && am != (int)num_at(ti, 0)) mismatch++;
             }
             int ok = worst <= tol && worst_lse <= tol && mismatch == 0;
-            printf("prompt %d (%2d tokens)  max|err| top-k %.4f  logsumexp %.4f  argmax mismatches %d  %s\n", p, T,
+            printf("prompt %d (%2d tokens)  max|err| top-k %.2e  logsumexp %.2e  argmax mismatches %d  %s\n", p, T,
                    worst, worst_lse, mismatch, ok ? "ok" : "FAIL");
             if (!ok) failed = 1;
         }
