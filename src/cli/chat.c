@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "lmx.h"
+#include "generate.h"
 #include "text_io.h"
 #include "tokenizer/chat_template.h"
 
@@ -39,19 +40,17 @@ static void add_message(cJSON *messages, const char *role, const char *content) 
     cJSON_AddItemToArray(messages, m);
 }
 
-/* One assistant turn: render, encode, prefill, decode greedily.  Returns 0, or -1 on an error. */
-static int answer(lmx_model *m, const lmx_model_info *in, cli_text *text, const lmx_chat_template *tpl,
-                  cJSON *messages, const int32_t *stop, int n_stop, int max_tokens, int n_ctx) {
+static void emit_text(int32_t id, int index, void *user) { cli_text_emit(user, id, 0); }
+
+/* One assistant turn: render, encode, generate greedily.  Returns 0, or -1 on an error. */
+static int answer(lmx_model *m, cli_text *text, const lmx_chat_template *tpl, cJSON *messages,
+                  const int32_t *stop, int n_stop, const cli_gen_opts *o) {
     lmx_err err = {0};
     char *prompt = NULL;
     int32_t *ids = NULL;
     int n = 0, rc = -1;
-    float *logits = malloc((size_t)in->vocab_size * sizeof *logits);
-    lmx_context *c = NULL;
-    lmx_context_params cp = lmx_context_default_params();
-    cp.n_ctx = n_ctx;
-    if (!logits || lmx_chat_template_render(tpl, messages, 1, NULL, NULL, &prompt, &err) != LMX_OK) {
-        fprintf(stderr, "lmx: %s\n", logits ? err.msg : "out of memory");
+    if (lmx_chat_template_render(tpl, messages, 1, NULL, NULL, &prompt, &err) != LMX_OK) {
+        fprintf(stderr, "lmx: %s\n", err.msg);
         goto done;
     }
     lmx_tok_info ti;
@@ -59,26 +58,11 @@ static int answer(lmx_model *m, const lmx_model_info *in, cli_text *text, const 
     /* templates that write the BOS token themselves must not get a second one */
     int has_bos = ti.bos_token && *ti.bos_token && !strncmp(prompt, ti.bos_token, strlen(ti.bos_token));
     if (cli_text_encode(text, prompt, !has_bos, &ids, &n) != 0) goto done;
-    if (lmx_context_create(m, &cp, &c) != LMX_OK || lmx_context_eval(c, ids, n, logits, 0) != LMX_OK) goto fail;
-    for (int g = 0; g < max_tokens; g++) {
-        int32_t best = 0;
-        for (int v = 1; v < in->vocab_size; v++)
-            if (logits[v] > logits[best]) best = v;
-        int end = 0;
-        for (int s = 0; s < n_stop; s++) end |= best == stop[s];
-        if (end) break;
-        cli_text_emit(text, best, 0);
-        if (g + 1 < max_tokens && lmx_context_eval(c, &best, 1, logits, 0) != LMX_OK) goto fail;
-    }
+    if (cli_greedy(m, o->n_ctx, ids, n, o->max_tokens, stop, n_stop, 0, emit_text, text) != 0) goto done;
     cli_text_emit(text, 0, 1);
     add_message(messages, "assistant", text->out ? text->out : "");
     rc = 0;
-    goto done;
-fail:
-    fprintf(stderr, "lmx: %s\n", lmx_last_error(m));
 done:
-    lmx_context_free(c);
-    free(logits);
     free(prompt);
     free(ids);
     return rc;
@@ -86,20 +70,19 @@ done:
 
 int cmd_chat(int argc, char **argv) {
     const char *path = NULL, *system = NULL;
-    int max_tokens = 256, threads = 0, n_ctx = 0;
+    cli_gen_opts o = {.backend = "auto", .max_tokens = 256};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int has_val = i + 1 < argc;
         if (!strcmp(a, "--help")) {
-            printf("usage: lmx chat MODEL [--system TEXT] [--max-tokens N] [--ctx N] [--threads N]\n\n"
+            printf("usage: lmx chat MODEL [--system TEXT] [--max-tokens N] [--ctx N] [--threads N] [--backend NAME]\n\n"
                    "Chat with the model's own template: each line on stdin is a user turn, answered greedily\n"
                    "(at most --max-tokens tokens, default 256).  /reset forgets the conversation, /quit ends it.\n");
             return 0;
         }
-        if (!strcmp(a, "--system") && has_val) system = argv[++i];
-        else if (!strcmp(a, "--max-tokens") && has_val) { if (cli_parse_int(argv[++i], &max_tokens)) return cli_usage_error("chat: bad --max-tokens"); }
-        else if (!strcmp(a, "--threads") && has_val) { if (cli_parse_int(argv[++i], &threads)) return cli_usage_error("chat: bad --threads"); }
-        else if (!strcmp(a, "--ctx") && has_val) { if (cli_parse_int(argv[++i], &n_ctx)) return cli_usage_error("chat: bad --ctx"); }
+        int r = cli_parse_gen_opt("chat", argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(a, "--system") && i + 1 < argc) system = argv[++i];
         else if (a[0] == '-') return cli_usage_error("chat: unknown option or missing value: %s", a);
         else if (path) return cli_usage_error("chat: more than one model given");
         else path = a;
@@ -107,7 +90,8 @@ int cmd_chat(int argc, char **argv) {
     if (!path) return cli_usage_error("chat: no model given");
 
     lmx_load_params lp = lmx_load_default_params();
-    lp.n_threads = threads;
+    lp.backend = o.backend;
+    lp.n_threads = o.threads;
     lmx_model *m = NULL;
     lmx_chat_template *tpl = NULL;
     cli_text text = {0};
@@ -145,7 +129,7 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         add_message(messages, "user", line);
-        if (answer(m, &in, &text, tpl, messages, stop, n_stop, max_tokens, n_ctx) != 0) goto done;
+        if (answer(m, &text, tpl, messages, stop, n_stop, &o) != 0) goto done;
         printf("\n");
         fflush(stdout);
     }

@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "lmx.h"
+#include "generate.h"
 #include "text_io.h"
 
 int cmd_info(int argc, char **argv) {
@@ -64,13 +65,19 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
     return 0;
 }
 
+static void emit_id(int32_t id, int index, void *user) {
+    printf("%s%d", index ? " " : "", id);
+    fflush(stdout);
+}
+
+static void emit_text(int32_t id, int index, void *user) { cli_text_emit(user, id, 0); }
+
 int cmd_run(int argc, char **argv) {
-    const char *path = NULL, *ids_arg = NULL, *backend = "auto", *prompt = NULL;
+    const char *path = NULL, *ids_arg = NULL, *prompt = NULL;
+    cli_gen_opts o = {.backend = "auto", .max_tokens = 16};
     cli_text io = {0};
-    int max_tokens = 16, threads = 0, n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int has_val = i + 1 < argc;
         if (!strcmp(a, "--help")) {
             printf("usage: lmx run MODEL PROMPT              [--max-tokens N] [--ctx N] [--threads N] [--backend NAME]\n"
                    "       lmx run MODEL --prompt-ids ID,ID,... [same options]\n\n"
@@ -79,11 +86,10 @@ int cmd_run(int argc, char **argv) {
                    "Stops at an end-of-sequence id or after --max-tokens (default 16).\n");
             return 0;
         }
-        if (!strcmp(a, "--prompt-ids") && has_val) ids_arg = argv[++i];
-        else if (!strcmp(a, "--backend") && has_val) backend = argv[++i];
-        else if (!strcmp(a, "--max-tokens") && has_val) { if (cli_parse_int(argv[++i], &max_tokens)) return cli_usage_error("run: bad --max-tokens"); }
-        else if (!strcmp(a, "--threads") && has_val) { if (cli_parse_int(argv[++i], &threads)) return cli_usage_error("run: bad --threads"); }
-        else if (!strcmp(a, "--ctx") && has_val) { if (cli_parse_int(argv[++i], &n_ctx)) return cli_usage_error("run: bad --ctx"); }
+        int r = cli_parse_gen_opt("run", argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(a, "--prompt-ids") && i + 1 < argc) ids_arg = argv[++i];
         else if (a[0] == '-') return cli_usage_error("run: unknown option or missing value: %s", a);
         else if (!path) path = a;
         else if (!prompt) prompt = a;
@@ -101,52 +107,25 @@ int cmd_run(int argc, char **argv) {
     }
 
     lmx_load_params lp = lmx_load_default_params();
-    lp.backend = backend;
-    lp.n_threads = threads;
+    lp.backend = o.backend;
+    lp.n_threads = o.threads;
     lmx_model *m = NULL;
-    lmx_context *c = NULL;
-    float *logits = NULL;
     int rc = 1;
     if (lmx_model_load(path, &lp, &m) != LMX_OK) {
         fprintf(stderr, "lmx: %s\n", lmx_last_error(NULL));
-        goto done;
-    }
-    lmx_model_info in;
-    lmx_model_get_info(m, &in);
-    lmx_context_params cp = lmx_context_default_params();
-    cp.n_ctx = n_ctx;
-    logits = malloc((size_t)in.vocab_size * sizeof *logits);
-    if (!logits || lmx_context_create(m, &cp, &c) != LMX_OK) {
-        fprintf(stderr, "lmx: %s\n", logits ? lmx_last_error(m) : "out of memory");
-        goto done;
-    }
-    if (lmx_context_eval(c, ids, n, logits, 0) != LMX_OK) goto fail;
-    for (int g = 0; g < max_tokens; g++) {
-        int32_t best = 0;
-        for (int v = 1; v < in.vocab_size; v++)
-            if (logits[v] > logits[best]) best = v;
-        int eos = 0;
-        for (int e = 0; e < in.n_eos; e++) eos |= best == in.eos_ids[e];
-        if (prompt) {
-            if (!eos) cli_text_emit(&io, best, 0);
-        } else {
-            printf("%s%d", g ? " " : "", best);
-            fflush(stdout);
+    } else {
+        lmx_model_info in;
+        lmx_model_get_info(m, &in);
+        /* ids mode prints the end-of-sequence id too; text mode stops before it */
+        if (cli_greedy(m, o.n_ctx, ids, n, o.max_tokens, in.eos_ids, in.n_eos, !prompt,
+                       prompt ? emit_text : emit_id, &io) == 0) {
+            if (prompt) cli_text_emit(&io, 0, 1);
+            printf("\n");
+            rc = 0;
         }
-        if (eos || g + 1 == max_tokens) break;
-        if (lmx_context_eval(c, &best, 1, logits, 0) != LMX_OK) goto fail;
     }
-    if (prompt) cli_text_emit(&io, 0, 1);
-    printf("\n");
-    rc = 0;
-    goto done;
-fail:
-    fprintf(stderr, "lmx: %s\n", lmx_last_error(m));
-done:
     cli_text_close(&io);
-    lmx_context_free(c);
     lmx_model_free(m);
-    free(logits);
     free(ids);
     return rc;
 }
