@@ -14,22 +14,25 @@
 #include "base/fileio.h"
 #include "formats/safetensors.h"
 
-static const char *g_fixtures = "../shared/fixtures";
+/* Each test uses some of these helpers; the rest must not warn. */
+#define TEST_HELPER __attribute__((unused)) static
 
-static char *fixture(const char *model, const char *file) {
+TEST_HELPER const char *g_fixtures = "../shared/fixtures";
+
+TEST_HELPER char *fixture(const char *model, const char *file) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s/models/%s%s%s", g_fixtures, model, file ? "/" : "", file ? file : "");
     return strdup(buf);
 }
 
-static char *case_dir(const char *tag) {
+TEST_HELPER char *case_dir(const char *tag) {
     char buf[256];
     snprintf(buf, sizeof buf, "/tmp/lmx_test_%s_XXXXXX", tag);
     CHECK_MSG(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
     return strdup(buf);
 }
 
-static void remove_tree(const char *path) {
+TEST_HELPER void remove_tree(const char *path) {
     struct stat st;
     if (lstat(path, &st) != 0) return;
     if (S_ISDIR(st.st_mode)) {
@@ -48,14 +51,14 @@ static void remove_tree(const char *path) {
     }
 }
 
-static void end_case(char *dir) {
+TEST_HELPER void end_case(char *dir) {
     remove_tree(dir);
     free(dir);
 }
 
 
 /* An I32 reference tensor as a fresh int32 array (caller frees); a failed check and NULL if absent. */
-static int32_t *ref_ints(const lmx_st_set *s, const char *name, int64_t *n) {
+TEST_HELPER int32_t *ref_ints(const lmx_st_set *s, const char *name, int64_t *n) {
     const lmx_st_tensor *t = s ? lmx_st_set_find(s, name) : NULL;
     CHECK_MSG(t && t->dtype == LMX_DTYPE_I32, "reference %s missing or not I32", name);
     if (!t || t->dtype != LMX_DTYPE_I32) return NULL;

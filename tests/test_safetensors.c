@@ -13,6 +13,7 @@
 
 #include "base/fileio.h"
 #include "check.h"
+#include "test_files.h"
 #include "formats/safetensors.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -98,26 +99,6 @@ static char *sub(const char *tmp, const char *name) {
     char *p = lmx_path_join(tmp, name);
     CHECK(p && mkdir(p, 0700) == 0);
     return p;
-}
-
-/* rm -r for the scratch directory (plain files and directories only). */
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char *p = lmx_path_join(path, e->d_name);
-            if (p) remove_tree(p);
-            free(p);
-        }
-        if (d) closedir(d);
-        CHECK(rmdir(path) == 0);
-    } else {
-        CHECK(unlink(path) == 0);
-    }
 }
 
 /* ---- the fixture model ---------------------------------------------------------------------- */
