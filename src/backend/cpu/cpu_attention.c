@@ -39,14 +39,15 @@ static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int
     int n = n_cached + (t - u0 + 1);
 
     const float *kc = kv->k.data, *vc = kv->v.data;
+    /* cached position c0 + j lives in slot (c0 + j) % cap: consecutive, so step and wrap */
+    int slot0 = n_cached ? c0 % kv->cap : 0;
     const float *kn = (const float *)a->k->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
     const float *vn = (const float *)a->v->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
 
     float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const float *kr = j < n_cached
-                              ? kc + (int64_t)((c0 + j) % (kv->cap > 0 ? kv->cap : 1)) * kstride + (int64_t)kvh * D
-                              : kn + (int64_t)(u0 + j - n_cached) * kstride;
+    for (int j = 0, slot = slot0; j < n; j++, slot = slot + 1 == kv->cap ? 0 : slot + 1) {
+        const float *kr = j < n_cached ? kc + (int64_t)slot * kstride + (int64_t)kvh * D
+                                       : kn + (int64_t)(u0 + j - n_cached) * kstride;
         float s = cb->k.dot_f32(q, kr, D) * a->scale;
         if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
         scores[j] = s;
@@ -59,10 +60,9 @@ static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int
     }
     float inv = (float)(1.0 / sum);
     memset(out, 0, (size_t)D * sizeof(float));
-    for (int j = 0; j < n; j++) {
-        const float *vr = j < n_cached
-                              ? vc + (int64_t)((c0 + j) % (kv->cap > 0 ? kv->cap : 1)) * kstride + (int64_t)kvh * D
-                              : vn + (int64_t)(u0 + j - n_cached) * kstride;
+    for (int j = 0, slot = slot0; j < n; j++, slot = slot + 1 == kv->cap ? 0 : slot + 1) {
+        const float *vr = j < n_cached ? vc + (int64_t)slot * kstride + (int64_t)kvh * D
+                                       : vn + (int64_t)(u0 + j - n_cached) * kstride;
         cb->k.axpy_f32(out, scores[j] * inv, vr, D);
     }
 }
