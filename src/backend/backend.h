@@ -45,7 +45,7 @@ int64_t lmx_tensor_nelem(const lmx_tensor *t);
  * (rotating = 1) keeps cap positions and overwrites the oldest; an unbounded one grows
  * (cap >= every stored position, slot == position). */
 typedef struct lmx_kv_layer {
-    lmx_tensor k, v;         /* [cap, Hk*D] F32 each */
+    lmx_tensor k, v;         /* [cap, Hk*D] each, of the backend's kv_dtype */
     int cap;
     int rotating;
     int window;              /* > 0: query i sees keys j with 0 <= i - j < window; 0: all j <= i */
@@ -87,6 +87,7 @@ typedef struct lmx_backend lmx_backend;
 
 typedef struct lmx_backend_ops {
     const char *name;
+    lmx_dtype kv_dtype;      /* element type of KV cache tensors (F32 on cpu; bf16 on cuda) */
     void (*destroy)(lmx_backend *be);
 
     /* memory */

@@ -61,7 +61,7 @@ lmx_status lmx_context_create(lmx_model *m, const lmx_context_params *params, lm
         kv->cap = window;
         lmx_tensor *ts[2] = {&kv->k, &kv->v};
         for (int i = 0; i < 2; i++) {
-            *ts[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {window, KD}};
+            *ts[i] = (lmx_tensor){.dtype = m->be->ops->kv_dtype, .ndim = 2, .shape = {window, KD}};
             if (m->be->ops->alloc(m->be, ts[i]) != LMX_OK) {
                 lmx_err_set(&m->err, m->be->err.status, "%s", m->be->err.msg);
                 lmx_context_free(c);

@@ -244,6 +244,7 @@ static void cpu_destroy(lmx_backend *be) {
 
 static const lmx_backend_ops cpu_ops = {
     .name = "cpu",
+    .kv_dtype = LMX_DTYPE_F32,
     .destroy = cpu_destroy,
     .upload_weight = cpu_upload_weight,
     .alloc = cpu_alloc,
