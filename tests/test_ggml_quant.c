@@ -7,7 +7,9 @@
  *      reference dot within 1e-5 * sum|x * w|;
  *   4. on random rows of other lengths (odd block counts; float rows whose K is not a multiple of
  *      the SIMD width) at unaligned addresses, both dots agree with a float64 dot of the
- *      dequantized row within the same tolerance.
+ *      dequantized row within the same tolerance;
+ *   5. the SIMD dequantization equals the portable one bit for bit, and the row-range matvec agrees
+ *      with the portable dot, on random blocks of every type (odd block counts, unaligned rows).
  *
  * The data folder is LMX_TESTS_DATA if set, else tests/data next to this source file.
  * Usage: test_ggml_quant [FIXTURES]   (the fixtures argument is not used). */
@@ -204,6 +206,63 @@ static void test_random(int i) {
     }
 }
 
+/* ---- 5. the SIMD kernels against the portable ones on random blocks ---------------------------
+ * lmx_ggml_dequant_row (AVX-512 where present) equals lmx_ggml_dequant_row_portable bit for bit;
+ * lmx_ggml_matvec over a range of rows [n0, n1) of a small matrix equals the portable dot of each
+ * row within 1e-5 * sum|x * w|, and writes nothing outside y[0 .. n1 - n0). */
+static void test_simd_vs_portable(int i) {
+    int t = TYPES[i].type, E = TYPES[i].elems;
+    int nblocks[] = {1, 2, 5, 17, 33};
+    for (size_t bn = 0; bn < sizeof nblocks / sizeof nblocks[0]; bn++) {
+        int64_t K = (int64_t)nblocks[bn] * (E == 1 ? 37 : E); /* float rows: odd K */
+        int N = 7;
+        size_t rb = lmx_ggml_row_bytes(t, K);
+        uint8_t *buf = malloc(rb * N + 3);
+        float *x = malloc((size_t)K * sizeof *x), *w = malloc((size_t)K * sizeof *w), *w2 = malloc((size_t)K * sizeof *w2);
+        float y[7 + 4];
+        if (!buf || !x || !w || !w2) {
+            CHECK(0);
+            free(buf), free(x), free(w), free(w2);
+            return;
+        }
+        uint8_t *mat = buf + 3; /* unaligned */
+        for (size_t k = 0; k < rb * N; k++) mat[k] = (uint8_t)rnd();
+        for (int64_t k = 0; E == 1 && k < K * N; k++) {
+            float v = (float)((int32_t)(rnd() % 2001u) - 1000) / 300.0f;
+            uint16_t h = t == LMX_GGML_F16 ? lmx_f32_to_f16(v) : lmx_f32_to_bf16(v);
+            if (t == LMX_GGML_F32) memcpy(mat + 4 * k, &v, 4);
+            else memcpy(mat + 2 * k, &h, 2);
+        }
+        for (int64_t b = 0; E > 1 && b < (int64_t)nblocks[bn] * N; b++)
+            for (int f = 0; f < 2; f++) {
+                int off = TYPES[i].f16_off[f];
+                if (off < 0) continue;
+                uint16_t h = (uint16_t)((rnd() & 0x83ffu) | ((5u + rnd() % 10u) << 10));
+                memcpy(mat + b * TYPES[i].bytes + off, &h, 2);
+            }
+        for (int64_t k = 0; k < K; k++) x[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 500.0f;
+        int n0 = 1, n1 = N - 1;
+        for (int j = 0; j < 11; j++) y[j] = -12345.0f;
+        lmx_ggml_matvec(t, mat, K, n0, n1, x, y);
+        for (int n = 0; n < N; n++) {
+            const uint8_t *row = mat + (size_t)n * rb;
+            lmx_ggml_dequant_row(t, row, K, w);
+            lmx_ggml_dequant_row_portable(t, row, K, w2);
+            int bad = -1;
+            for (int64_t k = 0; k < K && bad < 0; k++)
+                if (bits(w[k]) != bits(w2[k])) bad = (int)k;
+            CHECK_MSG(bad < 0, "%s K=%lld row %d: dequant[%d] %.9g, portable %.9g", TYPES[i].name, (long long)K, n, bad,
+                      bad < 0 ? 0.0 : w[bad], bad < 0 ? 0.0 : w2[bad]);
+            if (n < n0 || n >= n1) continue;
+            double rel, ref = lmx_ggml_dot_row_portable(t, row, x, K);
+            CHECK_MSG(dot_close(y[n - n0], ref, w2, x, K, &rel), "%s K=%lld row %d: matvec %.9g, portable %.9g (rel %.3g)",
+                      TYPES[i].name, (long long)K, n, y[n - n0], ref, rel);
+        }
+        for (int j = n1 - n0; j < 11; j++) CHECK_MSG(y[j] == -12345.0f, "%s: matvec wrote y[%d]", TYPES[i].name, j);
+        free(buf), free(x), free(w), free(w2);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     char dir[1024];
@@ -215,6 +274,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < N_TYPES; i++) {
         if (x && nx == REF_K * sizeof(float)) test_reference(dir, x, (int)i);
         test_random((int)i);
+        test_simd_vs_portable((int)i);
     }
     free(x);
     return check_summary("test_ggml_quant");

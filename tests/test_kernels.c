@@ -87,6 +87,7 @@ static void test_dispatch(const lmx_cpu_kernels *ks, int nk) {
     for (int i = 0; i < nk; i++) {
         CHECK(ks[i].matmul_f32 && ks[i].matmul_bf16 && ks[i].matmul_f16 && ks[i].dot_f32);
         CHECK(ks[i].bf16_to_f32 && ks[i].f16_to_f32 && ks[i].axpy_f32);
+        CHECK(ks[i].dot_rows_f32 && ks[i].axpy_rows_f32 && ks[i].sumsq_f32);
     }
 }
 
@@ -161,6 +162,50 @@ static void test_dot_axpy(const lmx_cpu_kernels *k, uint64_t *rng) {
         free(y);
         free(y0);
     }
+}
+
+/* dot_rows_f32 / axpy_rows_f32 (attention) and sumsq_f32 (rmsnorm): m rows of n at a stride
+ * larger than n, against double references; canaries after every output. */
+static void test_rows(const lmx_cpu_kernels *k, uint64_t *rng) {
+    static const int ms[] = {1, 3, 15, 16, 17, 33, 100};
+    static const int64_t ns[] = {1, 7, 16, 17, 64, 100, 129, 256};
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int m = ms[mi];
+            const int64_t n = ns[ni], stride = n + 5;
+            float *rows = xmalloc((size_t)(m * stride) * 4), *a = xmalloc((size_t)n * 4);
+            float *out = xmalloc((size_t)(m + 16) * 4), *w = xmalloc((size_t)m * 4);
+            float *y = xmalloc((size_t)(n + 16) * 4), *y0 = xmalloc((size_t)n * 4);
+            for (int64_t i = 0; i < m * stride; i++) rows[i] = rng_unit(rng);
+            for (int64_t i = 0; i < n; i++) a[i] = rng_unit(rng), y[i] = y0[i] = rng_unit(rng);
+            for (int j = 0; j < m; j++) w[j] = rng_unit(rng);
+            set_canary(out, m + 16);
+            set_canary(y + n, 16);
+            k->dot_rows_f32(a, rows, stride, m, n, out);
+            k->axpy_rows_f32(y, w, rows, stride, m, n);
+            int bad = 0;
+            for (int j = 0; j < m; j++) {
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < n; i++)
+                    ref += (double)a[i] * rows[j * stride + i], mag += fabs((double)a[i] * rows[j * stride + i]);
+                bad += !(fabs(out[j] - ref) <= 1e-5 * mag + 1e-7);
+            }
+            for (int j = m; j < m + 16; j++) bad += !is_canary(out[j]);
+            CHECK_MSG(bad == 0, "%s dot_rows m=%d n=%lld: %d wrong", k->isa, m, (long long)n, bad);
+            bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double ref = y0[i], mag = fabs(y0[i]);
+                for (int j = 0; j < m; j++)
+                    ref += (double)w[j] * rows[j * stride + i], mag += fabs((double)w[j] * rows[j * stride + i]);
+                bad += !(fabs(y[i] - ref) <= 1e-5 * mag + 1e-7);
+            }
+            for (int64_t i = n; i < n + 16; i++) bad += !is_canary(y[i]);
+            CHECK_MSG(bad == 0, "%s axpy_rows m=%d n=%lld: %d wrong", k->isa, m, (long long)n, bad);
+            double ss = 0;
+            for (int64_t i = 0; i < n; i++) ss += (double)a[i] * a[i];
+            CHECK_MSG(fabs(k->sumsq_f32(a, n) - ss) <= 1e-12 * ss, "%s sumsq n=%lld", k->isa, (long long)n);
+            free(rows), free(a), free(out), free(w), free(y), free(y0);
+        }
 }
 
 enum { T_F32, T_BF16, T_F16 };
@@ -301,6 +346,7 @@ int main(void) {
         check_conv(ks[i].isa, "bf16_to_f32", ks[i].bf16_to_f32, lmx_bf16_to_f32);
         check_conv(ks[i].isa, "f16_to_f32", ks[i].f16_to_f32, lmx_f16_to_f32);
         test_dot_axpy(&ks[i], &rng);
+        test_rows(&ks[i], &rng);
     }
     test_matmul(ks, nk, &rng);
 

@@ -137,12 +137,28 @@ typedef struct lmx_backend_ops {
 struct lmx_backend {
     const lmx_backend_ops *ops;
     lmx_err err;             /* message of the last failing op */
+    int64_t mem_now;         /* bytes the backend (and the runtime, for its buffers) holds now */
+    int64_t mem_peak;        /* the most held at once */
 };
 
-/* Create a backend by name ("cpu", "auto"); n_threads 0 = all cores. */
+/* Count delta bytes allocated (> 0) or freed (< 0) against be's memory accounting. */
+static inline void lmx_backend_mem(lmx_backend *be, int64_t delta) {
+    be->mem_now += delta;
+    if (be->mem_now > be->mem_peak) be->mem_peak = be->mem_now;
+}
+
+/* Create a backend by name ("cpu", "cuda" where built, "auto": cuda when built and a GPU is
+ * present, else cpu); n_threads 0 = all cores (cpu). */
 lmx_status lmx_backend_create(const char *name, int n_threads, lmx_backend **out, lmx_err *err);
 void lmx_backend_free(lmx_backend *be);
 
 lmx_status lmx_cpu_backend_create(int n_threads, lmx_backend **out, lmx_err *err);
+
+#ifdef LMX_HAVE_CUDA
+/* The cuda backend on the current device (backend/cuda); LMX_ERR_BACKEND without a usable GPU. */
+lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err);
+/* Number of usable CUDA devices (0 when the driver or a GPU is missing). */
+int lmx_cuda_device_count(void);
+#endif
 
 #endif

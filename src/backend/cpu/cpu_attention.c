@@ -1,5 +1,7 @@
 /* cpu_attention.c - causal attention of new query rows over cached and new keys.
  *
+ * Keys and values are read as runs of consecutive rows (dot_rows_f32 / axpy_rows_f32 kernels:
+ * 16 scores per reduction, the output row kept in registers over all values).
  * Work is split over (sequence, query head, block of query rows).  Each query row i = n_past+t
  * sees positions j with j <= i (and i - j < window for sliding layers): first the cached ones
  * still held by the layer's cache (slot j % cap), then the new rows of this call.  Scores are
@@ -38,17 +40,24 @@ static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int
     int n_cached = n_past - c0 > 0 ? n_past - c0 : 0;
     int n = n_cached + (t - u0 + 1);
 
+    /* the keys as up to three runs of consecutive rows: cached slots [slot0, cap), then [0, ..)
+     * after the ring wraps, then the new rows of this call */
     const float *kc = kv->k.data, *vc = kv->v.data;
-    /* cached position c0 + j lives in slot (c0 + j) % cap: consecutive, so step and wrap */
     int slot0 = n_cached ? c0 % kv->cap : 0;
     const float *kn = (const float *)a->k->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
     const float *vn = (const float *)a->v->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
+    int64_t first = n_cached < kv->cap - slot0 ? n_cached : kv->cap - slot0, off[3] = {0, 0, 0};
+    const float *ks[3], *vs[3];
+    int len[3], ns = 0;
+    if (first > 0) ks[ns] = kc, vs[ns] = vc, off[ns] = (int64_t)slot0 * kstride + (int64_t)kvh * D, len[ns++] = (int)first;
+    if (n_cached - first > 0) ks[ns] = kc, vs[ns] = vc, off[ns] = (int64_t)kvh * D, len[ns++] = (int)(n_cached - first);
+    ks[ns] = kn, vs[ns] = vn, off[ns] = (int64_t)u0 * kstride, len[ns++] = t - u0 + 1;
 
+    for (int r = 0, j = 0; r < ns; j += len[r], r++)
+        cb->k.dot_rows_f32(q, ks[r] + off[r], kstride, len[r], D, scores + j);
     float mx = -INFINITY;
-    for (int j = 0, slot = slot0; j < n; j++, slot = slot + 1 == kv->cap ? 0 : slot + 1) {
-        const float *kr = j < n_cached ? kc + (int64_t)slot * kstride + (int64_t)kvh * D
-                                       : kn + (int64_t)(u0 + j - n_cached) * kstride;
-        float s = cb->k.dot_f32(q, kr, D) * a->scale;
+    for (int j = 0; j < n; j++) {
+        float s = scores[j] * a->scale;
         if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
         scores[j] = s;
         if (s > mx) mx = s;
@@ -59,12 +68,10 @@ static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int
         sum += scores[j];
     }
     float inv = (float)(1.0 / sum);
+    for (int j = 0; j < n; j++) scores[j] *= inv;
     memset(out, 0, (size_t)D * sizeof(float));
-    for (int j = 0, slot = slot0; j < n; j++, slot = slot + 1 == kv->cap ? 0 : slot + 1) {
-        const float *vr = j < n_cached ? vc + (int64_t)slot * kstride + (int64_t)kvh * D
-                                       : vn + (int64_t)(u0 + j - n_cached) * kstride;
-        cb->k.axpy_f32(out, scores[j] * inv, vr, D);
-    }
+    for (int r = 0, j = 0; r < ns; j += len[r], r++)
+        cb->k.axpy_rows_f32(out, scores + j, vs[r] + off[r], kstride, len[r], D);
 }
 
 static void attn_task(void *arg, int task, int thread) {
@@ -101,11 +108,13 @@ lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
     int threads = lmx_pool_size(cb->pool);
     for (int t = 0; t < threads && t < CPU_MAX_THREADS; t++) {
         if (cb->attn_scratch_n[t] >= need) continue;
-        float *p = malloc(need * sizeof(float));
+        size_t grow = (need + 1023) / 1024 * 1024; /* in steps, not once per decoded token */
+        float *p = malloc(grow * sizeof(float));
         if (!p) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "attention: out of memory");
+        lmx_backend_mem(be, (int64_t)(grow - cb->attn_scratch_n[t]) * (int64_t)sizeof(float));
         free(cb->attn_scratch[t]);
         cb->attn_scratch[t] = p;
-        cb->attn_scratch_n[t] = need;
+        cb->attn_scratch_n[t] = grow;
     }
     attn_job j = {.cb = cb, .a = a, .row_blocks = (bt->T + ROWS_PER_TASK - 1) / ROWS_PER_TASK};
     lmx_pool_run(cb->pool, bt->B * a->H * j.row_blocks, attn_task, &j);

@@ -4,6 +4,7 @@
  * in 64-byte aligned host memory.  Matmul and attention live in cpu_matmul.c / cpu_attention.c;
  * this file holds the table that ties them together. */
 #include "cpu_backend.h"
+#include "act.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -18,20 +19,29 @@ static lmx_status cpu_upload_weight(lmx_backend *be, lmx_tensor *w) {
     return LMX_OK;
 }
 
-static lmx_status cpu_alloc(lmx_backend *be, lmx_tensor *t) {
+static size_t alloc_bytes(const lmx_tensor *t) {
     size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
     size_t rounded = (bytes + 63) / 64 * 64;
-    if (rounded == 0) rounded = 64;
+    return rounded ? rounded : 64;
+}
+
+static lmx_status cpu_alloc(lmx_backend *be, lmx_tensor *t) {
+    size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
+    size_t rounded = alloc_bytes(t);
     void *p = aligned_alloc(64, rounded);
     if (!p) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: cannot allocate %zu bytes", bytes);
     memset(p, 0, rounded);
     t->data = p;
     t->owned = 1;
+    lmx_backend_mem(be, (int64_t)rounded);
     return LMX_OK;
 }
 
 static void cpu_release(lmx_backend *be, lmx_tensor *t) {
-    if (t->owned) free(t->data);
+    if (t->owned) {
+        free(t->data);
+        lmx_backend_mem(be, -(int64_t)alloc_bytes(t));
+    }
     t->data = NULL;
     t->owned = 0;
 }
@@ -86,6 +96,28 @@ static lmx_status cpu_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
     return LMX_OK;
 }
 
+typedef struct rmsnorm_job {
+    const lmx_cpu_kernels *k;
+    const float *x, *w;
+    float *out;
+    int rows, n, per_task;
+    float eps;
+} rmsnorm_job;
+
+static void rmsnorm_task(void *arg, int task, int thread) {
+    const rmsnorm_job *j = arg;
+    int r0 = task * j->per_task, r1 = r0 + j->per_task < j->rows ? r0 + j->per_task : j->rows;
+    int n = j->n;
+    for (int r = r0; r < r1; r++) {
+        const float *xr = j->x + (int64_t)r * n;
+        float *orow = j->out + (int64_t)r * n;
+        double ss = j->k->sumsq_f32(xr, n);
+        float inv = (float)(1.0 / sqrt(ss / n + j->eps));
+        for (int i = 0; i < n; i++) orow[i] = xr[i] * inv * j->w[i];
+    }
+}
+
+/* Rows are split over the pool when there are several (prefill); one row runs inline. */
 static lmx_status cpu_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
                               const lmx_tensor *w, int rows, int n, float eps, float add_one) {
     cpu_backend *cb = (cpu_backend *)be;
@@ -93,16 +125,13 @@ static lmx_status cpu_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
     if (!wf) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: out of memory in rmsnorm");
     cpu_row_to_f32(cb, wf, w, 0, n);
     for (int i = 0; i < n; i++) wf[i] += add_one;
-    const float *xs = x->data;
-    float *os = out->data;
-    for (int r = 0; r < rows; r++) {
-        const float *xr = xs + (int64_t)r * n;
-        float *orow = os + (int64_t)r * n;
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
-        float inv = (float)(1.0 / sqrt(ss / n + eps));
-        for (int i = 0; i < n; i++) orow[i] = xr[i] * inv * wf[i];
-    }
+    rmsnorm_job j = {.k = &cb->k, .x = x->data, .w = wf, .out = out->data, .rows = rows, .n = n, .eps = eps};
+    int threads = lmx_pool_size(cb->pool);
+    j.per_task = rows >= 8 ? (rows + 2 * threads - 1) / (2 * threads) : rows;
+    if (j.per_task < 1) j.per_task = 1;
+    int tasks = (rows + j.per_task - 1) / j.per_task;
+    if (tasks <= 1) rmsnorm_task(&j, 0, 0);
+    else lmx_pool_run(cb->pool, tasks, rmsnorm_task, &j);
     return LMX_OK;
 }
 
@@ -118,15 +147,47 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+typedef struct glu_job {
+    float *o;
+    const float *g, *u;
+    int64_t n, chunk;
+    lmx_act act;
+    int simd; /* AVX-512 (act.h) */
+} glu_job;
+
+static void glu_task(void *arg, int task, int thread) {
+    const glu_job *j = arg;
+    int64_t i0 = (int64_t)task * j->chunk, i1 = i0 + j->chunk;
+    if (i1 > j->n) i1 = j->n;
+    float *o = j->o;
+    const float *g = j->g, *u = j->u;
+#if defined(LMX_HAVE_X86_SIMD)
+    if (j->simd) {
+        if (j->act == LMX_ACT_SILU) lmx_glu_silu_avx512(o + i0, g + i0, u + i0, i1 - i0);
+        else lmx_glu_gelu_avx512(o + i0, g + i0, u + i0, i1 - i0);
+        return;
+    }
+#endif
+    if (j->act == LMX_ACT_SILU) {
+        for (int64_t i = i0; i < i1; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    } else {
+        for (int64_t i = i0; i < i1; i++) o[i] = gelu_tanh(g[i]) * u[i];
+    }
+}
+
+/* Split over the pool in chunks of at least 4096 elements (decode rows stay on one thread). */
 static lmx_status cpu_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate,
                           const lmx_tensor *up, int64_t n, lmx_act act) {
-    float *o = out->data;
-    const float *g = gate->data, *u = up->data;
-    if (act == LMX_ACT_SILU) {
-        for (int64_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) o[i] = gelu_tanh(g[i]) * u[i];
-    }
+    cpu_backend *cb = (cpu_backend *)be;
+    glu_job j = {.o = out->data, .g = gate->data, .u = up->data, .n = n, .act = act,
+                 .simd = !strcmp(cb->k.isa, "avx512")};
+    int threads = lmx_pool_size(cb->pool);
+    j.chunk = (n + threads - 1) / threads;
+    if (j.chunk < 4096) j.chunk = 4096;
+    j.chunk = (j.chunk + 15) / 16 * 16;
+    int tasks = (int)((n + j.chunk - 1) / j.chunk);
+    if (tasks <= 1) glu_task(&j, 0, 0);
+    else lmx_pool_run(cb->pool, tasks, glu_task, &j);
     return LMX_OK;
 }
 
@@ -136,27 +197,103 @@ static lmx_status cpu_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float c
     return LMX_OK;
 }
 
+typedef struct rope_job {
+    float *x;
+    const lmx_batch *batch;
+    int nh, hd;
+    const lmx_rope *rope;
+    float *tab;  /* cached cos/sin table (cpu_rope_cache), or NULL */
+    int fill;    /* 1: compute the table rows first */
+} rope_job;
+
+/* Task = one row (sequence b, token t) of the batch.  Angles are computed in double and rounded
+ * to float exactly as without the table. */
+static void rope_task(void *arg, int task, int thread) {
+    const rope_job *j = arg;
+    const lmx_batch *batch = j->batch;
+    const lmx_rope *rope = j->rope;
+    int b = task / batch->T, t = task % batch->T;
+    if (t >= batch->n_new[b]) return;
+    int half = rope->rot_dim / 2, nh = j->nh, hd = j->hd;
+    double pos = (double)(batch->n_past[b] + t);
+    float *row = j->x + ((int64_t)b * batch->T + t) * nh * hd;
+    float *tab = j->tab ? j->tab + (int64_t)task * rope->rot_dim : NULL;
+    for (int i = 0; i < half; i++) {
+        float c, s;
+        if (!tab || j->fill) {
+            double ang = pos * rope->inv_freq[i];
+            c = (float)cos(ang) * rope->attn_factor;
+            s = (float)sin(ang) * rope->attn_factor;
+            if (tab) tab[2 * i] = c, tab[2 * i + 1] = s;
+        } else {
+            c = tab[2 * i], s = tab[2 * i + 1];
+        }
+        int a = rope->interleaved ? 2 * i : i, bb = rope->interleaved ? 2 * i + 1 : i + half;
+        for (int h = 0; h < nh; h++) {
+            float *v = row + (int64_t)h * hd;
+            float x1 = v[a], x2 = v[bb];
+            v[a] = x1 * c - x2 * s;
+            v[bb] = x2 * c + x1 * s;
+        }
+    }
+}
+
+/* The cache entry for this call's positions and frequencies: *fill = 0 when it already holds the
+ * table, 1 when the caller must compute it.  NULL (no caching) if memory runs out. */
+static float *rope_table(cpu_backend *cb, const lmx_batch *bt, const lmx_rope *rope, int *fill) {
+    int half = rope->rot_dim / 2, rows = bt->B * bt->T;
+    cpu_rope_cache *e = NULL, *old = &cb->rope[0];
+    cb->rope_clock++;
+    for (int i = 0; i < CPU_ROPE_CACHE; i++) {
+        cpu_rope_cache *c = &cb->rope[i];
+        if (c->used && c->B == bt->B && c->T == bt->T && c->rot_dim == rope->rot_dim &&
+            c->attn_factor == rope->attn_factor && !memcmp(c->inv_freq, rope->inv_freq, (size_t)half * sizeof(float)) &&
+            !memcmp(c->pos, bt->n_past, (size_t)bt->B * sizeof(int)) &&
+            !memcmp(c->pos + bt->B, bt->n_new, (size_t)bt->B * sizeof(int))) {
+            c->stamp = cb->rope_clock;
+            *fill = 0;
+            return c->tab;
+        }
+        if (!c->used || c->stamp < old->stamp) old = c;
+    }
+    e = old;
+    e->used = 0;
+    if (e->rows_alloc < rows * rope->rot_dim || e->n_freq_alloc < half || e->pos_alloc < bt->B) {
+        lmx_backend_mem(&cb->base, -(int64_t)e->bytes);
+        free(e->tab), free(e->inv_freq), free(e->pos);
+        memset(e, 0, sizeof *e);
+        e->tab = malloc((size_t)rows * rope->rot_dim * sizeof(float));
+        e->inv_freq = malloc((size_t)half * sizeof(float));
+        e->pos = malloc((size_t)2 * bt->B * sizeof(int));
+        if (!e->tab || !e->inv_freq || !e->pos) {
+            free(e->tab), free(e->inv_freq), free(e->pos);
+            memset(e, 0, sizeof *e);
+            return NULL;
+        }
+        e->rows_alloc = rows * rope->rot_dim, e->n_freq_alloc = half, e->pos_alloc = bt->B;
+        e->bytes = ((size_t)rows * rope->rot_dim + (size_t)half) * sizeof(float) + (size_t)2 * bt->B * sizeof(int);
+        lmx_backend_mem(&cb->base, (int64_t)e->bytes);
+    }
+    e->B = bt->B, e->T = bt->T, e->rot_dim = rope->rot_dim, e->attn_factor = rope->attn_factor;
+    memcpy(e->inv_freq, rope->inv_freq, (size_t)half * sizeof(float));
+    memcpy(e->pos, bt->n_past, (size_t)bt->B * sizeof(int));
+    memcpy(e->pos + bt->B, bt->n_new, (size_t)bt->B * sizeof(int));
+    e->used = 1, e->stamp = cb->rope_clock;
+    *fill = 1;
+    return e->tab;
+}
+
+/* Prefill (8 rows or more): rows over the pool, cos/sin from the cache; decode rows inline. */
 static lmx_status cpu_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh,
                            int hd, const lmx_rope *rope) {
-    int half = rope->rot_dim / 2;
-    float *xs = x->data;
-    for (int b = 0; b < batch->B; b++) {
-        for (int t = 0; t < batch->n_new[b]; t++) {
-            double pos = (double)(batch->n_past[b] + t);
-            float *row = xs + ((int64_t)b * batch->T + t) * nh * hd;
-            for (int i = 0; i < half; i++) {
-                double ang = pos * rope->inv_freq[i];
-                float c = (float)cos(ang) * rope->attn_factor;
-                float s = (float)sin(ang) * rope->attn_factor;
-                int a = rope->interleaved ? 2 * i : i, b = rope->interleaved ? 2 * i + 1 : i + half;
-                for (int h = 0; h < nh; h++) {
-                    float *v = row + (int64_t)h * hd;
-                    float x1 = v[a], x2 = v[b];
-                    v[a] = x1 * c - x2 * s;
-                    v[b] = x2 * c + x1 * s;
-                }
-            }
-        }
+    cpu_backend *cb = (cpu_backend *)be;
+    rope_job j = {.x = x->data, .batch = batch, .nh = nh, .hd = hd, .rope = rope};
+    int tasks = batch->B * batch->T;
+    if (tasks < 8) {
+        for (int t = 0; t < tasks; t++) rope_task(&j, t, 0);
+    } else {
+        j.tab = rope_table(cb, batch, rope, &j.fill);
+        lmx_pool_run(cb->pool, tasks, rope_task, &j);
     }
     return LMX_OK;
 }
@@ -184,6 +321,7 @@ static lmx_status cpu_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need,
         void *p = realloc(ts[i]->owned ? ts[i]->data : NULL, bytes);
         if (!p) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: cannot grow KV cache to %d positions", cap);
         memset((char *)p + old, 0, bytes - old);
+        lmx_backend_mem(be, ts[i]->owned ? (int64_t)(bytes - old) : (int64_t)bytes);
         ts[i]->data = p;
         ts[i]->owned = 1;
         ts[i]->dtype = LMX_DTYPE_F32;
@@ -224,6 +362,7 @@ float *cpu_scratch(cpu_backend *cb, int slot, size_t n_floats) {
     if (n_floats > cb->scratch_n[slot]) {
         float *p = aligned_alloc(64, (n_floats * sizeof(float) + 63) / 64 * 64);
         if (!p) return NULL;
+        lmx_backend_mem(&cb->base, (int64_t)(n_floats - cb->scratch_n[slot]) * (int64_t)sizeof(float));
         free(cb->scratch[slot]);
         cb->scratch[slot] = p;
         cb->scratch_n[slot] = n_floats;
@@ -239,6 +378,7 @@ static void cpu_destroy(lmx_backend *be) {
     lmx_pool_free(cb->pool);
     for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) free(cb->scratch[i]);
     for (int i = 0; i < CPU_MAX_THREADS; i++) free(cb->attn_scratch[i]);
+    for (int i = 0; i < CPU_ROPE_CACHE; i++) free(cb->rope[i].tab), free(cb->rope[i].inv_freq), free(cb->rope[i].pos);
     free(cb);
 }
 

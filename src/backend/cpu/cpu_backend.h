@@ -13,6 +13,20 @@
                                  2: per-group sums of x for quantized matmul */
 #define CPU_MAX_THREADS 256
 
+/* cos/sin of a rope call's positions, reused by the next calls with the same positions and
+ * frequencies (q and k of every layer): tab[row * rot_dim + 2i (+1)] = cos, sin of angle i. */
+typedef struct cpu_rope_cache {
+    int B, T, rot_dim, n_freq_alloc, rows_alloc, pos_alloc, used;
+    size_t bytes;             /* allocated, as counted by lmx_backend_mem */
+    float attn_factor;
+    int *pos;                 /* [2 * B]: n_past then n_new */
+    float *inv_freq;          /* [rot_dim / 2] */
+    float *tab;
+    unsigned stamp;           /* last use, for replacement */
+} cpu_rope_cache;
+
+#define CPU_ROPE_CACHE 2      /* e.g. Gemma 3's local and global rope */
+
 typedef struct cpu_backend {
     lmx_backend base;         /* first: an lmx_backend* is a cpu_backend* */
     lmx_cpu_kernels k;
@@ -21,6 +35,8 @@ typedef struct cpu_backend {
     float *scratch[CPU_SCRATCH_SLOTS];
     size_t scratch_n[CPU_SCRATCH_SLOTS];
     float *attn_scratch[CPU_MAX_THREADS];  /* per-thread attention scores */
+    cpu_rope_cache rope[CPU_ROPE_CACHE];
+    unsigned rope_clock;
     size_t attn_scratch_n[CPU_MAX_THREADS];
 } cpu_backend;
 

@@ -1,15 +1,20 @@
 /* cpu_matmul.c - out[M, N] = x[M, K] @ w[N, K]^T (+ bias) on the cpu.
  *
  * Few rows (decode, small batches): the SIMD kernels stream each weight row once, split over
- * the thread pool by output rows (quantized weights: the fused dequantizing kernel, once per x
- * row).  Many rows (prefill): blocks of weight rows are widened (or dequantized) to float32 once
- * and multiplied with OpenBLAS sgemm, so conversion costs O(N*K) next to the O(M*N*K) product. */
+ * the thread pool by output rows (GGUF blocks: lmx_ggml_matvec over the task's rows, once per x
+ * row; MLX-quantized: the fused dequantizing kernel).  Many rows (prefill), on AVX-512 CPUs: lmx's
+ * own GEMM (gemm.h) on lmx's pool: x is packed once, each task dequantizes (or widens) its tile of
+ * weight rows once, straight into the packed layout where it can, and multiplies it with every x
+ * row; conversion costs O(N*K) next to the O(M*N*K) product, and no second thread pool competes
+ * for the cores.  Without AVX-512: blocks of rows are widened to float32 by the pool and
+ * multiplied with OpenBLAS sgemm. */
 #include <cblas.h>
 #include <string.h>
 
 #include "cpu_backend.h"
+#include "gemm.h"
 
-#define BLAS_MIN_ROWS 8              /* below this, the streaming kernels win */
+#define BLAS_MIN_ROWS 8              /* below this, the streaming kernels win (GEMM or BLAS) */
 #define BLAS_BLOCK_BYTES (8u << 20)  /* widened weight block for one sgemm call */
 #define ROWS_PER_TASK_MIN 16
 
@@ -21,6 +26,8 @@ typedef struct matmul_job {
     int M;
     int64_t K, N, n_begin, rows_per_task;
     float *widened;                  /* BLAS path: destination of widened rows */
+    float *xp;                       /* GEMM path: packed x, then one weight tile per thread */
+    size_t tile_floats;              /* GEMM path: floats per thread (packed tile + one row) */
     const float *xsum;               /* quantized: [M, K/group] per-group sums of x */
 } matmul_job;
 
@@ -39,13 +46,9 @@ static void matmul_task(void *arg, int task, int thread) {
     int64_t n1 = n0 + j->rows_per_task;
     if (n1 > j->N) n1 = j->N;
     if (n0 >= n1) return;
-    if (j->w->q.ggml_type) { /* GGUF blocks: one fused dot per row and x row */
-        int type = j->w->q.ggml_type;
-        size_t rb = lmx_ggml_row_bytes(type, j->K);
-        for (int64_t n = n0; n < n1; n++) {
-            const char *row = (const char *)j->w->data + (size_t)n * rb;
-            for (int m = 0; m < j->M; m++) j->y[m * j->N + n] = lmx_ggml_dot_row(type, row, j->x + m * j->K, j->K);
-        }
+    if (j->w->q.ggml_type) { /* GGUF blocks: fused dots of the task's rows, per x row */
+        for (int m = 0; m < j->M; m++)
+            lmx_ggml_matvec(j->w->q.ggml_type, j->w->data, j->K, n0, n1, j->x + m * j->K, j->y + m * j->N + n0);
         return;
     }
     if (j->w->q.bits) {
@@ -68,6 +71,55 @@ static void widen_task(void *arg, int task, int thread) {
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* ---- own GEMM (AVX-512): each task dequantizes its tile of weight rows once, then multiplies it
+ * with every x row (gemm.h).  Runs on the lmx pool only. ------------------------------------------ */
+#define GEMM_TILE_BYTES (384u << 10) /* a task's packed weight tile (stays in L2) */
+
+static void pack_x_task(void *arg, int task, int thread) {
+    const matmul_job *j = arg;
+    lmx_gemm_pack_x_avx512(j->x, j->K, j->M, j->K, task, task + 1, j->xp);
+}
+
+static void gemm_task(void *arg, int task, int thread) {
+    const matmul_job *j = arg;
+    int64_t n0 = (int64_t)task * j->rows_per_task, n1 = n0 + j->rows_per_task;
+    if (n1 > j->N) n1 = j->N;
+    if (n0 >= n1) return;
+    int nt = (int)(n1 - n0);
+    float *wp = j->xp + lmx_gemm_xpack_floats(j->M, j->K) + (size_t)thread * j->tile_floats;
+    float *row = wp + lmx_gemm_wpack_floats(nt, j->K);
+    int type = j->w->q.ggml_type;
+    size_t rb = type ? lmx_ggml_row_bytes(type, j->K) : 0;
+    for (int r = 0; r < nt; r++) {
+        int64_t cs;
+        float *slot = lmx_gemm_w_row_slot(wp, j->K, r, nt, &cs);
+        /* GGUF blocks dequantize straight into the packed tile; other weights go through a row */
+        if (type && lmx_ggml_is_supported_quant(type) &&
+            lmx_ggml_dequant_chunks_avx512(type, (const char *)j->w->data + (size_t)(n0 + r) * rb, j->K, slot, cs))
+            continue;
+        cpu_row_to_f32(j->cb, row, j->w, n0 + r, j->K);
+        lmx_gemm_pack_w_row_avx512(row, j->K, r, nt, wp);
+    }
+    lmx_gemm_run_avx512(j->xp, j->M, j->K, wp, nt, j->y + n0, j->N);
+}
+
+static lmx_status matmul_gemm(cpu_backend *cb, matmul_job *j) {
+    int threads = lmx_pool_size(cb->pool);
+    int64_t rows = GEMM_TILE_BYTES / (lmx_gemm_kpad(j->K) * 4) / LMX_GEMM_NR * LMX_GEMM_NR;
+    if (rows < LMX_GEMM_NR) rows = LMX_GEMM_NR;
+    /* at least 4 tasks per thread where the matrix allows, for balance */
+    int64_t balanced = ceil_div(ceil_div(j->N, 4 * threads), LMX_GEMM_NR) * LMX_GEMM_NR;
+    if (balanced < rows) rows = balanced;
+    j->rows_per_task = rows;
+    j->tile_floats = lmx_gemm_wpack_floats((int)rows, j->K) + (size_t)j->K + 16;
+    size_t total = lmx_gemm_xpack_floats(j->M, j->K) + (size_t)threads * j->tile_floats;
+    j->xp = cpu_scratch(cb, 1, total);
+    if (!j->xp) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cpu: out of memory in matmul");
+    lmx_pool_run(cb->pool, (j->M + 15) / 16, pack_x_task, j);
+    lmx_pool_run(cb->pool, (int)ceil_div(j->N, rows), gemm_task, j);
+    return LMX_OK;
+}
 
 static lmx_status matmul_blas(cpu_backend *cb, matmul_job *j) {
     if (j->w->dtype == LMX_DTYPE_F32) {
@@ -109,7 +161,10 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
         for (int m = 0; m < M; m++) lmx_quant_xsum(j.x + m * K, K, w->q.group, xs + m * G);
         j.xsum = xs;
     }
-    if (M >= BLAS_MIN_ROWS) {
+    if (M >= BLAS_MIN_ROWS && !strcmp(cb->k.isa, "avx512")) {
+        lmx_status st = matmul_gemm(cb, &j);
+        if (st != LMX_OK) return st;
+    } else if (M >= BLAS_MIN_ROWS) {
         lmx_status st = matmul_blas(cb, &j);
         if (st != LMX_OK) return st;
     } else {

@@ -211,7 +211,7 @@ static int unpack_block(int type, const uint8_t *b, int8_t *q, float *scale, flo
 }
 
 /* ---- dequantization --------------------------------------------------------------------------- */
-void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst) {
+void lmx_ggml_dequant_row_portable(int type, const void *row, int64_t K, float *dst) {
     type_info ti;
     const type_info *t = find_type(type, &ti);
     const uint8_t *p = (const uint8_t *)row;
@@ -306,6 +306,15 @@ static int have_avx512(void) {
 }
 #endif
 
+void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst) {
+#if defined(LMX_HAVE_X86_SIMD)
+    if (K > 0 && lmx_ggml_is_supported_quant(type) && lmx_ggml_row_bytes(type, K) && have_avx512() &&
+        lmx_ggml_dequant_row_avx512(type, row, K, dst))
+        return;
+#endif
+    lmx_ggml_dequant_row_portable(type, row, K, dst);
+}
+
 float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K) {
 #if defined(LMX_HAVE_X86_SIMD)
     float r;
@@ -314,4 +323,13 @@ float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K) {
         return r;
 #endif
     return lmx_ggml_dot_row_portable(type, row, x, K);
+}
+
+void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
+    size_t rb = lmx_ggml_row_bytes(type, K);
+#if defined(LMX_HAVE_X86_SIMD)
+    if (K > 0 && rb && have_avx512() && lmx_ggml_matvec_avx512(type, w, K, n0, n1, x, y)) return;
+#endif
+    for (int64_t n = n0; n < n1; n++)
+        y[n - n0] = lmx_ggml_dot_row_portable(type, (const char *)w + (size_t)n * rb, x, K);
 }

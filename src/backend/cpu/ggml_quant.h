@@ -20,9 +20,21 @@ void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst);
  * float32 rounding. */
 float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K);
 
+/* y[n - n0] = dot(row n, x) for the rows n in [n0, n1) of a matrix of K-element rows at w (the
+ * decode matvec: CPU dispatch and per-call preparation of x happen once for all the rows). */
+void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
+
 /* The portable dot (the reference the SIMD path is tested against), and the AVX-512 one
  * (ggml_quant_avx512.c): returns 1 and sets *out for the types it handles, else 0. */
 float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64_t K);
 int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out);
+int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
+/* AVX-512 dequantization of the block types (bit-identical to the portable one): 1 if handled. */
+int lmx_ggml_dequant_row_avx512(int type, const void *row, int64_t K, float *dst);
+/* The same values, written as K / 16 chunks of 16 floats: chunk c at dst + c * cs (cs = 16 is the
+ * plain row; a larger cs writes straight into the GEMM's packed weight layout, gemm.h). */
+int lmx_ggml_dequant_chunks_avx512(int type, const void *row, int64_t K, float *dst, int64_t cs);
+/* The portable dequantization (the reference the SIMD one is tested against). */
+void lmx_ggml_dequant_row_portable(int type, const void *row, int64_t K, float *dst);
 
 #endif

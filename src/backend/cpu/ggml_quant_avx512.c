@@ -1,12 +1,8 @@
-/* ggml_quant_avx512.c - AVX-512 dot kernels for GGUF rows (decode path): Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
- * Q4_K Q5_K Q6_K, and F32 / F16 / BF16.  ggml_quant.c calls lmx_ggml_dot_row_avx512 only after
- * checking the CPU; Q2_K and Q3_K stay on the portable kernel.
- *
- * x stays float32: each group of 16 quantized values widens int8 -> int32 -> float and meets x in
- * one fused multiply-add; a (sub-)block's vector sum is scaled once by its float scale.  Offsets
- * (Q4_1/Q5_1 m, Q4_K/Q5_K dmin*m) multiply the sub-block's sum of x, accumulated in a second
- * vector.  The functions carry their own target attribute, so the file builds with or without
- * per-file -mavx512* flags. */
+/* ggml_quant_avx512.c - AVX-512 kernels for GGUF rows: dot products (decode: lmx_ggml_matvec_avx512,
+ * every block type and F32 / F16 / BF16) and dequantization (prefill: lmx_ggml_dequant_row_avx512,
+ * every block type, bit-identical to the portable code).  ggml_quant.c calls them only after
+ * checking the CPU.  The functions carry their own target attribute, so the file builds with or
+ * without per-file -mavx512* flags. */
 #include "ggml_quant.h"
 
 #if defined(LMX_HAVE_X86_SIMD)
@@ -47,154 +43,430 @@ LMX_AVX512 static inline float h2f(const uint8_t *p) {
 /* 16 int8 at p -> 16 floats. */
 LMX_AVX512 static inline __m512 i8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
 
-LMX_AVX512 static float dot_q8_0(const uint8_t *b, const float *x, int64_t nb) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 68, x += 64) {
-        __m512 s0 = _mm512_mul_ps(i8x16(_mm_loadu_si128((const __m128i *)(b + 2))), _mm512_loadu_ps(x));
-        __m512 s1 = _mm512_mul_ps(i8x16(_mm_loadu_si128((const __m128i *)(b + 36))), _mm512_loadu_ps(x + 32));
-        s0 = _mm512_fmadd_ps(i8x16(_mm_loadu_si128((const __m128i *)(b + 18))), _mm512_loadu_ps(x + 16), s0);
-        s1 = _mm512_fmadd_ps(i8x16(_mm_loadu_si128((const __m128i *)(b + 52))), _mm512_loadu_ps(x + 48), s1);
-        acc0 = _mm512_fmadd_ps(s0, _mm512_set1_ps(h2f(b)), acc0);
-        acc1 = _mm512_fmadd_ps(s1, _mm512_set1_ps(h2f(b + 34)), acc1);
-    }
-    if (i < nb) {
-        __m512 s0 = _mm512_mul_ps(i8x16(_mm_loadu_si128((const __m128i *)(b + 2))), _mm512_loadu_ps(x));
-        s0 = _mm512_fmadd_ps(i8x16(_mm_loadu_si128((const __m128i *)(b + 18))), _mm512_loadu_ps(x + 16), s0);
-        acc0 = _mm512_fmadd_ps(s0, _mm512_set1_ps(h2f(b)), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+
+/* ---- dequantization (prefill): every value is scale * q - offset in float32, multiply then
+ * subtract (no fused multiply-add), as the portable lmx_ggml_dequant_row computes it, so the result
+ * is bit-identical to it.  Offsets of 0 are skipped (x - 0 == x); Q4_1 / Q5_1 add m, which equals
+ * subtracting -m exactly. ----------------------------------------------------------------------- */
+
+/* dst[0..15] = scale * float(q[0..15]) - off */
+LMX_AVX512 static inline void emit16(float *dst, __m128i q, float scale, float off) {
+    __m512 v = _mm512_mul_ps(_mm512_set1_ps(scale), i8x16(q));
+    _mm512_storeu_ps(dst, _mm512_sub_ps(v, _mm512_set1_ps(off)));
 }
 
-/* Q4_0 / Q4_1 / Q5_0 / Q5_1 (32 elements a block): 16 bytes of nibbles give elements 0..15 (low)
- * and 16..31 (high); for Q5_x bit j of the 32-bit qh adds 16 to element j.  Two blocks a step, in
- * separate accumulators. */
-typedef struct {
-    int bytes, qs, qh, min, bias; /* block bytes, offsets of qs / qh (-1: none) / m (-1: none) */
-} blk32;
-
-LMX_AVX512 static inline __m512 dot_blk32(const blk32 *f, const uint8_t *b, const float *x, __m512 acc,
-                                          __m512 *acc_m) {
-    const __m128i m4 = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8((char)f->bias);
-    __m128i v = _mm_loadu_si128((const __m128i *)(b + f->qs));
-    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-    if (f->qh >= 0) {
-        uint32_t qh;
-        memcpy(&qh, b + f->qh, 4);
-        const __m128i k16 = _mm_set1_epi8(16);
-        lo = _mm_or_si128(lo, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffffu), k16));
-        hi = _mm_or_si128(hi, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), k16));
-    }
-    lo = _mm_sub_epi8(lo, bias), hi = _mm_sub_epi8(hi, bias);
-    __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-    __m512 s = _mm512_fmadd_ps(i8x16(hi), x1, _mm512_mul_ps(i8x16(lo), x0));
-    if (f->min >= 0) *acc_m = _mm512_fmadd_ps(_mm512_add_ps(x0, x1), _mm512_set1_ps(h2f(b + f->min)), *acc_m);
-    return _mm512_fmadd_ps(s, _mm512_set1_ps(h2f(b)), acc);
+/* Two chunks of 16 (at dst and dst + cs) from 32 int8 with one scale / offset per 16. */
+LMX_AVX512 static inline void emit32(float *dst, int64_t cs, __m256i q, const float *sc, const float *off) {
+    emit16(dst, _mm256_castsi256_si128(q), sc[0], off[0]);
+    emit16(dst + cs, _mm256_extracti128_si256(q, 1), sc[1], off[1]);
 }
 
-LMX_AVX512 static float dot_q32(const blk32 *f, const uint8_t *b, const float *x, int64_t nb) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    __m512 accm0 = _mm512_setzero_ps(), accm1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 2 * f->bytes, x += 64) {
-        acc0 = dot_blk32(f, b, x, acc0, &accm0);
-        acc1 = dot_blk32(f, b + f->bytes, x + 32, acc1, &accm1);
+/* Q2_K / Q3_K: 2-bit field chunk i (32 elements, i = 4h + s) is bits 2s.. of qs[32h ..]; Q3_K adds
+ * bit i of hmask[l] as bit 2 and subtracts 4. */
+LMX_AVX512 static void dequant_q23_k(const uint8_t *b, int64_t nb, float *dst, int64_t cs, int q3) {
+    const __m256i m3 = _mm256_set1_epi8(3), k4 = _mm256_set1_epi8(4);
+    const int bytes = q3 ? 110 : 84;
+    for (int64_t i = 0; i < nb; i++, b += bytes, dst += 16 * cs) {
+        float sc[16], off[16];
+        const uint8_t *qs = q3 ? b + 32 : b + 16;
+        if (q3) {
+            const uint8_t *s = b + 96;
+            float d = h2f(b + 108);
+            for (int j = 0; j < 16; j++) {
+                int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+                int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+                sc[j] = d * (float)((lo | hi << 4) - 32);
+                off[j] = 0.0f;
+            }
+        } else {
+            float d = h2f(b + 80), dmin = h2f(b + 82);
+            for (int j = 0; j < 16; j++) sc[j] = d * (float)(b[j] & 15), off[j] = dmin * (float)(b[j] >> 4);
+        }
+        __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                int c = 4 * h + s;
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), m3);
+                if (q3) {
+                    __mmask32 set = _mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << c)));
+                    q = _mm256_mask_sub_epi8(q, (__mmask32)~set, q, k4);
+                }
+                emit32(dst + 2 * c * cs, cs, q, sc + 2 * c, off + 2 * c);
+            }
+        }
     }
-    if (i < nb) acc0 = dot_blk32(f, b, x, acc0, &accm0);
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(accm0, accm1)));
 }
 
-static const blk32 Q4_0 = {18, 2, -1, -1, 8}, Q4_1 = {20, 4, -1, 2, 0};
-static const blk32 Q5_0 = {22, 6, 2, -1, 16}, Q5_1 = {24, 8, 4, 2, 0};
-
-/* Q4_K / Q5_K: per 32-byte chunk c of qs, low nibbles are sub-block 2c, high nibbles sub-block
- * 2c+1; for Q5_K, bit j of qh[l] adds 16 to element l of sub-block j. */
-LMX_AVX512 static float dot_q45_k(const uint8_t *b, const float *x, int64_t nb, int q5) {
+LMX_AVX512 static void dequant_q45_k(const uint8_t *b, int64_t nb, float *dst, int64_t cs, int q5) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), k16 = _mm256_set1_epi8(16);
     const int bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16;
-    __m512 acc = _mm512_setzero_ps(), acc_m = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, b += bytes, x += 256) {
+    for (int64_t i = 0; i < nb; i++, b += bytes, dst += 16 * cs) {
         float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *s = b + 4;
         __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * c));
             __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
-            if (q5)
-                for (int h = 0; h < 2; h++) {
-                    __mmask32 hb = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c + h))));
-                    nib[h] = _mm256_mask_add_epi8(nib[h], hb, nib[h], k16);
-                }
             for (int h = 0; h < 2; h++) {
                 int j = 2 * c + h, sc, m;
+                if (q5) {
+                    __mmask32 hb = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << j)));
+                    nib[h] = _mm256_mask_add_epi8(nib[h], hb, nib[h], k16);
+                }
                 if (j < 4) {
                     sc = s[j] & 63, m = s[j + 4] & 63;
                 } else {
                     sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
                     m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
                 }
-                const float *xs = x + 32 * j;
-                __m512 x0 = _mm512_loadu_ps(xs), x1 = _mm512_loadu_ps(xs + 16);
-                __m512 q0 = i8x16(_mm256_castsi256_si128(nib[h]));
-                __m512 q1 = i8x16(_mm256_extracti128_si256(nib[h], 1));
-                __m512 t = _mm512_fmadd_ps(q1, x1, _mm512_mul_ps(q0, x0));
-                acc = _mm512_fmadd_ps(t, _mm512_set1_ps(d * (float)sc), acc);
-                acc_m = _mm512_fmadd_ps(_mm512_add_ps(x0, x1), _mm512_set1_ps(dmin * (float)m), acc_m);
+                float scale[2] = {d * (float)sc, d * (float)sc}, off[2] = {dmin * (float)m, dmin * (float)m};
+                emit32(dst + 2 * j * cs, cs, nib[h], scale, off);
             }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_sub_ps(acc, acc_m));
 }
 
-/* Q6_K: for half a (128 elements), 16-element chunk c takes nibble c/4 of ql[64a + 16(c%4) ..] and
- * bits 2(c/2).. of qh[32a + 16(c%2) ..]; chunk c is sub-block 8a + c. */
-LMX_AVX512 static float dot_q6_k(const uint8_t *b, const float *x, int64_t nb) {
-    const __m128i m4 = _mm_set1_epi8(0x0f), m2 = _mm_set1_epi8(0x03), k32 = _mm_set1_epi8(32);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, b += 210, x += 256) {
-        float d = h2f(b + 208);
-        const int8_t *sc = (const int8_t *)(b + 192);
+LMX_AVX512 static void dequant_q6_k(const uint8_t *b, int64_t nb, float *dst, int64_t cs) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; i++, b += 210, dst += 16 * cs) {
+        float d = h2f(b + 208), sc[16], off[16] = {0};
+        for (int j = 0; j < 16; j++) sc[j] = d * (float)(int8_t)b[192 + j];
         for (int a = 0; a < 2; a++) {
-            const uint8_t *ql = b + 64 * a, *qh = b + 128 + 32 * a;
-            __m128i l[4], h[2];
-            for (int c = 0; c < 4; c++) l[c] = _mm_loadu_si128((const __m128i *)(ql + 16 * c));
-            for (int c = 0; c < 2; c++) h[c] = _mm_loadu_si128((const __m128i *)(qh + 16 * c));
-            for (int c = 0; c < 8; c += 2) {
-                __m128i q[2];
-                for (int u = 0; u < 2; u++) {
-                    int cc = c + u;
-                    __m128i lo = cc < 4 ? _mm_and_si128(l[cc], m4)
-                                        : _mm_and_si128(_mm_srli_epi16(l[cc - 4], 4), m4);
-                    __m128i hb = _mm_and_si128(_mm_srl_epi16(h[cc % 2], _mm_cvtsi32_si128(2 * (cc / 2))), m2);
-                    q[u] = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)), k32);
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * a));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * a + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * a));
+            __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int c = 0; c < 4; c++) { /* elements 128a + 32c + l */
+                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2 * c), m3);
+                __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[c], _mm256_slli_epi16(hb, 4)), k32);
+                int s = 8 * a + 2 * c;
+                emit32(dst + (8 * a + 2 * c) * cs, cs, q, sc + s, off + s);
+            }
+        }
+    }
+}
+
+/* ---- dot products (decode) -------------------------------------------------------------------
+ * x stays float32.  Weights become floats exactly: 4- and 5-bit codes through a 16- or 32-entry
+ * table (vpermps / vpermt2ps use only the low index bits, so the nibbles need no masking), 2-, 3-,
+ * 6- and 8-bit codes through int8 -> int32 -> float.  The f16 scales of 16 consecutive blocks are
+ * converted at once into a float array, so each block's scale is one FMA with a broadcast memory
+ * operand.  Offsets (Q4_1 / Q5_1 m, Q2_K / Q4_K / Q5_K dmin * m) multiply per-(sub-)block sums of x
+ * that matvec computes once for all the rows it is given, instead of once per block and row. */
+#define AI static inline __attribute__((always_inline))
+#define XS_MAX 2048 /* (sub-)block sums of x kept on the stack: K up to 65536 (32768 for Q2_K) */
+#define PF_AHEAD 2048 /* software prefetch distance in the weight stream (bytes); +15-25% from DRAM */
+
+/* Prefetch the lines of [p, p + bytes) at PF_AHEAD bytes ahead. */
+LMX_AVX512 AI void prefetch_ahead(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+}
+
+/* out[j] = sum of x[S j .. S j + S) for j < n (S = 16 or 32). */
+LMX_AVX512 static void x_sums(const float *x, int64_t n, int S, float *out) {
+    for (int64_t j = 0; j < n; j++, x += S) {
+        __m512 s = _mm512_loadu_ps(x);
+        if (S == 32) s = _mm512_add_ps(s, _mm512_loadu_ps(x + 16));
+        out[j] = _mm512_reduce_add_ps(s);
+    }
+}
+
+LMX_AVX512 AI __m512 iota16(float from) {
+    return _mm512_add_ps(_mm512_set1_ps(from),
+                         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+/* The 32-bit words at the start of n (<= 16) blocks of `bytes` bytes (0 past n): a gather. */
+LMX_AVX512 AI __m512i words16(const uint8_t *b, int n, int bytes) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(bytes));
+    __mmask16 m = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u);
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, b, 1);
+}
+
+/* The low (hi = 0) or high f16 of each 32-bit word, as floats. */
+LMX_AVX512 AI __m512 halves(__m512i w, int hi) {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hi ? _mm512_srli_epi32(w, 16) : w));
+}
+
+/* Q4_0 Q4_1 Q5_0 Q5_1 Q8_0: the 32 codes of one block as exact floats (q - bias), elements 0..15
+ * in *wl and 16..31 in *wh; t0 / t1 hold the 32 possible values of a 4- / 5-bit code. */
+LMX_AVX512 AI void blk32_vals(int type, const uint8_t *b, __m512 t0, __m512 t1, __m512 *wl, __m512 *wh) {
+    if (type == LMX_GGML_Q8_0) {
+        *wl = i8x16(_mm_loadu_si128((const __m128i *)(b + 2)));
+        *wh = i8x16(_mm_loadu_si128((const __m128i *)(b + 18)));
+        return;
+    }
+    const int qs = type == LMX_GGML_Q4_0 ? 2 : type == LMX_GGML_Q4_1 ? 4 : type == LMX_GGML_Q5_0 ? 6 : 8;
+    __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + qs)));
+    __m512i lo = z, hi = _mm512_srli_epi32(z, 4);
+    if (type == LMX_GGML_Q5_0 || type == LMX_GGML_Q5_1) {
+        uint32_t qh;
+        memcpy(&qh, b + (type == LMX_GGML_Q5_0 ? 2 : 4), 4);
+        const __m512i k16 = _mm512_set1_epi32(16);
+        lo = _mm512_and_si512(lo, _mm512_set1_epi32(15));
+        lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xffffu), lo, k16);
+        hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, k16);
+        *wl = _mm512_permutex2var_ps(t0, lo, t1), *wh = _mm512_permutex2var_ps(t0, hi, t1);
+    } else {
+        *wl = _mm512_permutexvar_ps(lo, t0), *wh = _mm512_permutexvar_ps(hi, t0);
+    }
+}
+
+LMX_AVX512 AI __m512 blk32_dot(int type, const uint8_t *b, const float *x, __m512 t0, __m512 t1) {
+    __m512 wl, wh;
+    blk32_vals(type, b, t0, t1, &wl, &wh);
+    return _mm512_fmadd_ps(wh, _mm512_loadu_ps(x + 16), _mm512_mul_ps(wl, _mm512_loadu_ps(x)));
+}
+
+/* The value tables of blk32_vals: codes 0..31 minus the type's bias. */
+LMX_AVX512 AI void blk32_tables(int type, __m512 *t0, __m512 *t1) {
+    const float bias = type == LMX_GGML_Q4_0 ? -8.0f : type == LMX_GGML_Q5_0 ? -16.0f : 0.0f;
+    *t0 = iota16(bias), *t1 = iota16(bias + 16.0f);
+}
+
+/* value = d * code (+ m for Q4_1 / Q5_1): multiply, then add (= subtract -m), as the portable code */
+LMX_AVX512 AI void dequant_b32(int type, const uint8_t *b, int64_t nb, float *dst, int64_t cs) {
+    const int bytes = type == LMX_GGML_Q8_0 ? 34 : type == LMX_GGML_Q4_0 ? 18 : type == LMX_GGML_Q4_1 ? 20
+                      : type == LMX_GGML_Q5_0 ? 22 : 24;
+    const int has_min = type == LMX_GGML_Q4_1 || type == LMX_GGML_Q5_1;
+    __m512 t0, t1;
+    blk32_tables(type, &t0, &t1);
+    for (int64_t i = 0; i < nb; i++, b += bytes, dst += 2 * cs) {
+        __m512 wl, wh;
+        blk32_vals(type, b, t0, t1, &wl, &wh);
+        const __m512 d = _mm512_set1_ps(h2f(b));
+        __m512 a = _mm512_mul_ps(d, wl), c = _mm512_mul_ps(d, wh);
+        if (has_min) {
+            const __m512 m = _mm512_set1_ps(h2f(b + 2));
+            a = _mm512_add_ps(a, m), c = _mm512_add_ps(c, m);
+        }
+        _mm512_storeu_ps(dst, a);
+        _mm512_storeu_ps(dst + cs, c);
+    }
+}
+
+LMX_AVX512 AI float dot_b32(int type, const uint8_t *b, int64_t nb, const float *x, const float *xs) {
+    const int bytes = type == LMX_GGML_Q8_0 ? 34 : type == LMX_GGML_Q4_0 ? 18 : type == LMX_GGML_Q4_1 ? 20
+                      : type == LMX_GGML_Q5_0 ? 22 : 24;
+    const int has_min = type == LMX_GGML_Q4_1 || type == LMX_GGML_Q5_1;
+    __m512 t0, t1;
+    blk32_tables(type, &t0, &t1);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, accm = acc0;
+    float d[16];
+    for (int64_t i0 = 0; i0 < nb; i0 += 16) {
+        int n = nb - i0 < 16 ? (int)(nb - i0) : 16;
+        const __m512i dm = words16(b, n, bytes); /* d, and m for Q4_1 / Q5_1 */
+        _mm512_storeu_ps(d, halves(dm, 0));
+        if (has_min) {
+            __mmask16 m = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
+            accm = _mm512_fmadd_ps(halves(dm, 1), _mm512_maskz_loadu_ps(m, xs + i0), accm);
+        }
+        int j = 0;
+        for (; j + 2 <= n; j += 2, b += 2 * bytes, x += 64) {
+            _mm_prefetch((const char *)b + PF_AHEAD, _MM_HINT_T0); /* 2 blocks <= 68 bytes */
+            acc0 = _mm512_fmadd_ps(blk32_dot(type, b, x, t0, t1), _mm512_set1_ps(d[j]), acc0);
+            acc1 = _mm512_fmadd_ps(blk32_dot(type, b + bytes, x + 32, t0, t1), _mm512_set1_ps(d[j + 1]), acc1);
+        }
+        if (j < n) {
+            acc0 = _mm512_fmadd_ps(blk32_dot(type, b, x, t0, t1), _mm512_set1_ps(d[j]), acc0);
+            b += bytes, x += 32;
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), accm));
+}
+
+/* Q4_K / Q5_K: sub-block j = 2c + h is nibble h of qs[32c ..]; Q5_K: bit j of qh[l] adds 16. */
+LMX_AVX512 AI float dot_q45k(int q5, const uint8_t *b, int64_t nb, const float *x, const float *xs) {
+    const int bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16;
+    const __m512 t0 = iota16(0.0f), t1 = iota16(16.0f);
+    const __m512i m15 = _mm512_set1_epi32(15), k16 = _mm512_set1_epi32(16);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += bytes, x += 256, xs += 8) {
+        prefetch_ahead(b, bytes);
+        const float d = h2f(b), dmin = h2f(b + 2);
+        const uint8_t *s = b + 4;
+        float sc[8], mn[8];
+        for (int j = 0; j < 4; j++) {
+            sc[j] = d * (float)(s[j] & 63), mn[j] = (float)(s[j + 4] & 63);
+            sc[j + 4] = d * (float)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
+            mn[j + 4] = (float)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+        }
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(mn)), _mm256_loadu_ps(xs), accm);
+        __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * c));
+            __m512i z0 = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(v));
+            __m512i z1 = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1));
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * c + h;
+                __m512i i0 = h ? _mm512_srli_epi32(z0, 4) : z0, i1 = h ? _mm512_srli_epi32(z1, 4) : z1;
+                __m512 w0, w1;
+                if (q5) {
+                    __mmask32 hb = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << j)));
+                    if (!h) i0 = _mm512_and_si512(i0, m15), i1 = _mm512_and_si512(i1, m15);
+                    i0 = _mm512_mask_or_epi32(i0, (__mmask16)hb, i0, k16);
+                    i1 = _mm512_mask_or_epi32(i1, (__mmask16)(hb >> 16), i1, k16);
+                    w0 = _mm512_permutex2var_ps(t0, i0, t1), w1 = _mm512_permutex2var_ps(t0, i1, t1);
+                } else {
+                    w0 = _mm512_permutexvar_ps(i0, t0), w1 = _mm512_permutexvar_ps(i1, t0);
                 }
-                const float *xs = x + 128 * a + 16 * c;
-                __m512 t0 = _mm512_mul_ps(i8x16(q[0]), _mm512_loadu_ps(xs));
-                __m512 t1 = _mm512_mul_ps(i8x16(q[1]), _mm512_loadu_ps(xs + 16));
-                acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(d * (float)sc[8 * a + c]), acc0);
-                acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(d * (float)sc[8 * a + c + 1]), acc1);
+                const float *xj = x + 32 * j;
+                __m512 t = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xj)));
+                if (h) acc1 = _mm512_fmadd_ps(t, _mm512_set1_ps(sc[j]), acc1);
+                else acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps(sc[j]), acc0);
+            }
+        }
+    }
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm_cvtss_f32(r);
+}
+
+/* 32 int8 codes times x[0..31] with one scale per 16: acc += sc[0] * (q[0..15] . x[0..15]) + ... */
+LMX_AVX512 AI void q32_acc(__m256i q, const float *x, const float *sc, __m512 *acc0, __m512 *acc1) {
+    __m512 a = _mm512_mul_ps(i8x16(_mm256_castsi256_si128(q)), _mm512_loadu_ps(x));
+    __m512 c = _mm512_mul_ps(i8x16(_mm256_extracti128_si256(q, 1)), _mm512_loadu_ps(x + 16));
+    *acc0 = _mm512_fmadd_ps(a, _mm512_set1_ps(sc[0]), *acc0);
+    *acc1 = _mm512_fmadd_ps(c, _mm512_set1_ps(sc[1]), *acc1);
+}
+
+LMX_AVX512 static float dot_q6k(const uint8_t *b, int64_t nb, const float *x) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    for (int64_t i = 0; i < nb; i++, b += 210, x += 256) {
+        prefetch_ahead(b, 210);
+        float d = h2f(b + 208), sc[16];
+        for (int j = 0; j < 16; j++) sc[j] = d * (float)(int8_t)b[192 + j];
+        for (int a = 0; a < 2; a++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * a));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * a + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * a));
+            __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int c = 0; c < 4; c++) {
+                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2 * c), m3);
+                __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[c], _mm256_slli_epi16(hb, 4)), k32);
+                q32_acc(q, x + 128 * a + 32 * c, sc + 8 * a + 2 * c, &acc0, &acc1);
             }
         }
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out) {
+/* Q2_K / Q3_K (see dequant_q23_k); Q2_K offsets dmin * m per 16 use the 16-sums xs. */
+LMX_AVX512 AI float dot_q23k(int q3, const uint8_t *b, int64_t nb, const float *x, const float *xs) {
+    const __m256i m3 = _mm256_set1_epi8(3), k4 = _mm256_set1_epi8(4);
+    const int bytes = q3 ? 110 : 84;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, accm = acc0;
+    for (int64_t i = 0; i < nb; i++, b += bytes, x += 256) {
+        prefetch_ahead(b, bytes);
+        float sc[16];
+        const uint8_t *qs = q3 ? b + 32 : b + 16;
+        if (q3) {
+            const uint8_t *s = b + 96;
+            float d = h2f(b + 108);
+            for (int j = 0; j < 16; j++) {
+                int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+                int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+                sc[j] = d * (float)((lo | hi << 4) - 32);
+            }
+        } else {
+            float d = h2f(b + 80), dmin = h2f(b + 82), mn[16];
+            for (int j = 0; j < 16; j++) sc[j] = d * (float)(b[j] & 15), mn[j] = (float)(b[j] >> 4);
+            accm = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_loadu_ps(mn)),
+                                   _mm512_loadu_ps(xs + 16 * i), accm);
+        }
+        __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                int c = 4 * h + s;
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), m3);
+                if (q3) {
+                    __mmask32 set = _mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << c)));
+                    q = _mm256_mask_sub_epi8(q, (__mmask32)~set, q, k4);
+                }
+                q32_acc(q, x + 32 * c, sc + 2 * c, &acc0, &acc1);
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc0, acc1), accm));
+}
+
+/* ---- entry points ----------------------------------------------------------------------------- */
+LMX_AVX512 int lmx_ggml_dequant_chunks_avx512(int type, const void *row, int64_t K, float *dst, int64_t cs) {
     const uint8_t *b = (const uint8_t *)row;
     switch (type) {
-    case LMX_GGML_Q8_0: *out = dot_q8_0(b, x, K / 32); return 1;
-    case LMX_GGML_Q4_0: *out = dot_q32(&Q4_0, b, x, K / 32); return 1;
-    case LMX_GGML_Q4_1: *out = dot_q32(&Q4_1, b, x, K / 32); return 1;
-    case LMX_GGML_Q5_0: *out = dot_q32(&Q5_0, b, x, K / 32); return 1;
-    case LMX_GGML_Q5_1: *out = dot_q32(&Q5_1, b, x, K / 32); return 1;
-    case LMX_GGML_Q4_K: *out = dot_q45_k(b, x, K / 256, 0); return 1;
-    case LMX_GGML_Q5_K: *out = dot_q45_k(b, x, K / 256, 1); return 1;
-    case LMX_GGML_F32:
-    case LMX_GGML_F16:
-    case LMX_GGML_BF16: *out = dot_float(type, b, x, K); return 1;
-    case LMX_GGML_Q6_K: *out = dot_q6_k(b, x, K / 256); return 1;
+    case LMX_GGML_Q8_0: dequant_b32(LMX_GGML_Q8_0, b, K / 32, dst, cs); return 1;
+    case LMX_GGML_Q4_0: dequant_b32(LMX_GGML_Q4_0, b, K / 32, dst, cs); return 1;
+    case LMX_GGML_Q4_1: dequant_b32(LMX_GGML_Q4_1, b, K / 32, dst, cs); return 1;
+    case LMX_GGML_Q5_0: dequant_b32(LMX_GGML_Q5_0, b, K / 32, dst, cs); return 1;
+    case LMX_GGML_Q5_1: dequant_b32(LMX_GGML_Q5_1, b, K / 32, dst, cs); return 1;
+    case LMX_GGML_Q2_K: dequant_q23_k(b, K / 256, dst, cs, 0); return 1;
+    case LMX_GGML_Q3_K: dequant_q23_k(b, K / 256, dst, cs, 1); return 1;
+    case LMX_GGML_Q4_K: dequant_q45_k(b, K / 256, dst, cs, 0); return 1;
+    case LMX_GGML_Q5_K: dequant_q45_k(b, K / 256, dst, cs, 1); return 1;
+    case LMX_GGML_Q6_K: dequant_q6_k(b, K / 256, dst, cs); return 1;
     default: return 0;
     }
+}
+
+LMX_AVX512 int lmx_ggml_dequant_row_avx512(int type, const void *row, int64_t K, float *dst) {
+    return lmx_ggml_dequant_chunks_avx512(type, row, K, dst, 16);
+}
+
+/* Rows [n0, n1) of a matrix of rows of K elements at w: y[n - n0] = row n . x. */
+#define ROWS(expr)                                                                                 \
+    for (int64_t n = n0; n < n1; n++) {                                                            \
+        const uint8_t *b = (const uint8_t *)w + (size_t)n * rb;                                    \
+        y[n - n0] = (expr);                                                                        \
+    }
+
+LMX_AVX512 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
+    const size_t rb = lmx_ggml_row_bytes(type, K);
+    float xs[XS_MAX];
+    if (!rb) return 0;
+    switch (type) { /* offsets: sums of x per 32 (per 16 for Q2_K) */
+    case LMX_GGML_Q4_1:
+    case LMX_GGML_Q5_1:
+    case LMX_GGML_Q4_K:
+    case LMX_GGML_Q5_K:
+        if (K / 32 > XS_MAX) return 0;
+        x_sums(x, K / 32, 32, xs);
+        break;
+    case LMX_GGML_Q2_K:
+        if (K / 16 > XS_MAX) return 0;
+        x_sums(x, K / 16, 16, xs);
+        break;
+    default: break;
+    }
+    switch (type) {
+    case LMX_GGML_Q8_0: ROWS(dot_b32(LMX_GGML_Q8_0, b, K / 32, x, xs)) return 1;
+    case LMX_GGML_Q4_0: ROWS(dot_b32(LMX_GGML_Q4_0, b, K / 32, x, xs)) return 1;
+    case LMX_GGML_Q4_1: ROWS(dot_b32(LMX_GGML_Q4_1, b, K / 32, x, xs)) return 1;
+    case LMX_GGML_Q5_0: ROWS(dot_b32(LMX_GGML_Q5_0, b, K / 32, x, xs)) return 1;
+    case LMX_GGML_Q5_1: ROWS(dot_b32(LMX_GGML_Q5_1, b, K / 32, x, xs)) return 1;
+    case LMX_GGML_Q2_K: ROWS(dot_q23k(0, b, K / 256, x, xs)) return 1;
+    case LMX_GGML_Q3_K: ROWS(dot_q23k(1, b, K / 256, x, xs)) return 1;
+    case LMX_GGML_Q4_K: ROWS(dot_q45k(0, b, K / 256, x, xs)) return 1;
+    case LMX_GGML_Q5_K: ROWS(dot_q45k(1, b, K / 256, x, xs)) return 1;
+    case LMX_GGML_Q6_K: ROWS(dot_q6k(b, K / 256, x)) return 1;
+    case LMX_GGML_F32:
+    case LMX_GGML_F16:
+    case LMX_GGML_BF16: ROWS(dot_float(type, b, x, K)) return 1;
+    default: return 0;
+    }
+}
+
+LMX_AVX512 int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out) {
+    return lmx_ggml_matvec_avx512(type, row, K, 0, 1, x, out);
 }
 #else
 typedef int lmx_ggml_quant_avx512_unused; /* ISO C forbids an empty translation unit */

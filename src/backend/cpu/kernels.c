@@ -104,6 +104,20 @@ static void axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static void dot_rows_f32_scalar(const float *a, const float *rows, int64_t stride, int m, int64_t n, float *out) {
+    for (int j = 0; j < m; j++) out[j] = dot_f32_scalar(a, rows + (int64_t)j * stride, n);
+}
+
+static void axpy_rows_f32_scalar(float *y, const float *w, const float *rows, int64_t stride, int m, int64_t n) {
+    for (int j = 0; j < m; j++) axpy_f32_scalar(y, w[j], rows + (int64_t)j * stride, n);
+}
+
+static double sumsq_f32_scalar(const float *x, int64_t n) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    return ss;
+}
+
 void lmx_cpu_kernels_init_scalar(lmx_cpu_kernels *k) {
     k->isa = "scalar";
     k->matmul_f32 = matmul_f32_scalar;
@@ -113,6 +127,9 @@ void lmx_cpu_kernels_init_scalar(lmx_cpu_kernels *k) {
     k->bf16_to_f32 = bf16_to_f32_scalar;
     k->f16_to_f32 = f16_to_f32_scalar;
     k->axpy_f32 = axpy_f32_scalar;
+    k->dot_rows_f32 = dot_rows_f32_scalar;
+    k->axpy_rows_f32 = axpy_rows_f32_scalar;
+    k->sumsq_f32 = sumsq_f32_scalar;
 }
 
 #if defined(LMX_HAVE_X86_SIMD)

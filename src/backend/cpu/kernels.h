@@ -27,6 +27,12 @@ typedef struct lmx_cpu_kernels {
     void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
     /* y[i] += a * x[i] */
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    /* out[j] = a . rows[j * stride .. + n] for j < m  (attention scores over m keys) */
+    void (*dot_rows_f32)(const float *a, const float *rows, int64_t stride, int m, int64_t n, float *out);
+    /* sum of x[i]^2 accumulated in double (rmsnorm) */
+    double (*sumsq_f32)(const float *x, int64_t n);
+    /* y[i] += sum_j w[j] * rows[j * stride + i] for i < n, j < m  (attention-weighted values) */
+    void (*axpy_rows_f32)(float *y, const float *w, const float *rows, int64_t stride, int m, int64_t n);
 } lmx_cpu_kernels;
 
 /* Fill k with the best kernels this CPU supports.  force_isa: NULL/"" for auto, or "scalar",

@@ -213,6 +213,98 @@ static void axpy_f32_avx512(float *y, float a, const float *x, int64_t n) {
     }
 }
 
+/* Sums of 16 vectors at once: out lane 4L + s = sum of the lanes of in[4s + L] (a transposing
+ * add tree, 4 levels of shuffle + add instead of 16 separate horizontal sums). */
+AI __m512 reduce16(const __m512 in[16]) {
+    __m512 t[8], u[4], w[2];
+    for (int p = 0; p < 8; p++)
+        t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0xee));
+    for (int q = 0; q < 4; q++) /* lane L of u[q]: partial sums of in[4q + L] */
+        u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0xdd));
+    for (int r = 0; r < 2; r++)
+        w[r] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * r], u[2 * r + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * r], u[2 * r + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
+}
+
+/* 16 keys at a time: one accumulator per key over n, then one reduce16 for all 16 scores. */
+static void dot_rows_f32_avx512(const float *a, const float *rows, int64_t stride, int m, int64_t n, float *out) {
+    for (int j0 = 0; j0 < m; j0 += 16) {
+        const int cnt = m - j0 < 16 ? m - j0 : 16;
+        const float *r[16];
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int v = 0; v < 16; v++) { /* input v of reduce16 is key 4 (v % 4) + v / 4 */
+            int key = 4 * (v % 4) + v / 4;
+            r[v] = rows + (int64_t)(j0 + (key < cnt ? key : 0)) * stride;
+            acc[v] = _mm512_setzero_ps();
+        }
+        int64_t k = 0;
+        for (; k + 16 <= n; k += 16) {
+            const __m512 av = _mm512_loadu_ps(a + k);
+#pragma GCC unroll 16
+            for (int v = 0; v < 16; v++) acc[v] = _mm512_fmadd_ps(av, _mm512_loadu_ps(r[v] + k), acc[v]);
+        }
+        if (k < n) {
+            const __mmask16 mk = (__mmask16)((1u << (n - k)) - 1u);
+            const __m512 av = _mm512_maskz_loadu_ps(mk, a + k);
+#pragma GCC unroll 16
+            for (int v = 0; v < 16; v++) acc[v] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mk, r[v] + k), acc[v]);
+        }
+        _mm512_mask_storeu_ps(out + j0, (__mmask16)(cnt == 16 ? 0xffffu : (1u << cnt) - 1u), reduce16(acc));
+    }
+}
+
+/* y[0..n) += sum_j w[j] rows[j]: 4 vectors of y (64 floats) stay in registers while all m rows
+ * are added in; a last partial chunk uses masked loads. */
+static void axpy_rows_f32_avx512(float *y, const float *w, const float *rows, int64_t stride, int m, int64_t n) {
+    int64_t d = 0;
+    for (; d + 64 <= n; d += 64) {
+        __m512 a0 = _mm512_loadu_ps(y + d), a1 = _mm512_loadu_ps(y + d + 16);
+        __m512 a2 = _mm512_loadu_ps(y + d + 32), a3 = _mm512_loadu_ps(y + d + 48);
+        const float *r = rows + d;
+        for (int j = 0; j < m; j++, r += stride) {
+            const __m512 wj = _mm512_set1_ps(w[j]);
+            a0 = _mm512_fmadd_ps(wj, _mm512_loadu_ps(r), a0);
+            a1 = _mm512_fmadd_ps(wj, _mm512_loadu_ps(r + 16), a1);
+            a2 = _mm512_fmadd_ps(wj, _mm512_loadu_ps(r + 32), a2);
+            a3 = _mm512_fmadd_ps(wj, _mm512_loadu_ps(r + 48), a3);
+        }
+        _mm512_storeu_ps(y + d, a0);
+        _mm512_storeu_ps(y + d + 16, a1);
+        _mm512_storeu_ps(y + d + 32, a2);
+        _mm512_storeu_ps(y + d + 48, a3);
+    }
+    for (; d < n; d += 16) {
+        const __mmask16 mk = (__mmask16)(n - d >= 16 ? 0xffffu : (1u << (n - d)) - 1u);
+        __m512 a = _mm512_maskz_loadu_ps(mk, y + d);
+        const float *r = rows + d;
+        for (int j = 0; j < m; j++, r += stride) a = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_maskz_loadu_ps(mk, r), a);
+        _mm512_mask_storeu_ps(y + d, mk, a);
+    }
+}
+
+/* Squares are exact in double, so only the order of the double additions differs from the scalar
+ * loop (4 x 8 partial sums). */
+static double sumsq_f32_avx512(const float *x, int64_t n) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        __m512d c = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 16)), d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 24));
+        s0 = _mm512_fmadd_pd(a, a, s0), s1 = _mm512_fmadd_pd(b, b, s1);
+        s2 = _mm512_fmadd_pd(c, c, s2), s3 = _mm512_fmadd_pd(d, d, s3);
+    }
+    for (; i < n; i += 8) {
+        __mmask8 m = (__mmask8)(n - i >= 8 ? 0xffu : (1u << (n - i)) - 1u);
+        __m512d a = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + i));
+        s0 = _mm512_fmadd_pd(a, a, s0);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
+}
+
 int lmx_cpu_kernels_init_avx512(lmx_cpu_kernels *k) {
     k->isa = "avx512";
     k->matmul_f32 = matmul_f32_avx512;
@@ -222,10 +314,109 @@ int lmx_cpu_kernels_init_avx512(lmx_cpu_kernels *k) {
     k->bf16_to_f32 = bf16_to_f32_avx512;
     k->f16_to_f32 = f16_to_f32_avx512;
     k->axpy_f32 = axpy_f32_avx512;
+    k->dot_rows_f32 = dot_rows_f32_avx512;
+    k->axpy_rows_f32 = axpy_rows_f32_avx512;
+    k->sumsq_f32 = sumsq_f32_avx512;
     return 1;
 }
 
 #else /* !LMX_HAVE_X86_SIMD */
+
+/* Sums of 16 vectors at once: out lane 4L + s = sum of the lanes of in[4s + L] (a transposing
+ * add tree, 4 levels of shuffle + add instead of 16 separate horizontal sums). */
+AI __m512 reduce16(const __m512 in[16]) {
+    __m512 t[8], u[4], w[2];
+    for (int p = 0; p < 8; p++)
+        t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0xee));
+    for (int q = 0; q < 4; q++) /* lane L of u[q]: partial sums of in[4q + L] */
+        u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0xdd));
+    for (int r = 0; r < 2; r++)
+        w[r] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * r], u[2 * r + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * r], u[2 * r + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
+}
+
+/* 16 keys at a time: one accumulator per key over n, then one reduce16 for all 16 scores. */
+static void dot_rows_f32_avx512(const float *a, const float *rows, int64_t stride, int m, int64_t n, float *out) {
+    for (int j0 = 0; j0 < m; j0 += 16) {
+        const int cnt = m - j0 < 16 ? m - j0 : 16;
+        const float *r[16];
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int v = 0; v < 16; v++) { /* input v of reduce16 is key 4 (v % 4) + v / 4 */
+            int key = 4 * (v % 4) + v / 4;
+            r[v] = rows + (int64_t)(j0 + (key < cnt ? key : 0)) * stride;
+            acc[v] = _mm512_setzero_ps();
+        }
+        int64_t k = 0;
+        for (; k + 16 <= n; k += 16) {
+            const __m512 av = _mm512_loadu_ps(a + k);
+#pragma GCC unroll 16
+            for (int v = 0; v < 16; v++) acc[v] = _mm512_fmadd_ps(av, _mm512_loadu_ps(r[v] + k), acc[v]);
+        }
+        if (k < n) {
+            const __mmask16 mk = (__mmask16)((1u << (n - k)) - 1u);
+            const __m512 av = _mm512_maskz_loadu_ps(mk, a + k);
+#pragma GCC unroll 16
+            for (int v = 0; v < 16; v++) acc[v] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mk, r[v] + k), acc[v]);
+        }
+        _mm512_mask_storeu_ps(out + j0, (__mmask16)(cnt == 16 ? 0xffffu : (1u << cnt) - 1u), reduce16(acc));
+    }
+}
+
+/* y[0..n) += sum_j w[j] rows[j]: up to 8 vectors of y (128 floats) stay in registers while all m
+ * rows are added in. */
+static void axpy_rows_f32_avx512(float *y, const float *w, const float *rows, int64_t stride, int m, int64_t n) {
+    for (int64_t d = 0; d < n; d += 128) {
+        __m512 acc[8];
+        __mmask16 mk[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            int64_t left = n - d - 16 * i;
+            mk[i] = (__mmask16)(left >= 16 ? 0xffffu : left > 0 ? (1u << left) - 1u : 0u);
+            acc[i] = _mm512_maskz_loadu_ps(mk[i], y + d + 16 * i);
+        }
+        if (n - d >= 128) {
+            for (int j = 0; j < m; j++) {
+                const __m512 wj = _mm512_set1_ps(w[j]);
+                const float *r = rows + (int64_t)j * stride + d;
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) acc[i] = _mm512_fmadd_ps(wj, _mm512_loadu_ps(r + 16 * i), acc[i]);
+            }
+        } else {
+            for (int j = 0; j < m; j++) {
+                const __m512 wj = _mm512_set1_ps(w[j]);
+                const float *r = rows + (int64_t)j * stride + d;
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    if (mk[i]) acc[i] = _mm512_fmadd_ps(wj, _mm512_maskz_loadu_ps(mk[i], r + 16 * i), acc[i]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) _mm512_mask_storeu_ps(y + d + 16 * i, mk[i], acc[i]);
+    }
+}
+
+/* Squares are exact in double, so only the order of the double additions differs from the scalar
+ * loop (4 x 8 partial sums). */
+static double sumsq_f32_avx512(const float *x, int64_t n) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        __m512d c = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 16)), d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 24));
+        s0 = _mm512_fmadd_pd(a, a, s0), s1 = _mm512_fmadd_pd(b, b, s1);
+        s2 = _mm512_fmadd_pd(c, c, s2), s3 = _mm512_fmadd_pd(d, d, s3);
+    }
+    for (; i < n; i += 8) {
+        __mmask8 m = (__mmask8)(n - i >= 8 ? 0xffu : (1u << (n - i)) - 1u);
+        __m512d a = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + i));
+        s0 = _mm512_fmadd_pd(a, a, s0);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
+}
 
 int lmx_cpu_kernels_init_avx512(lmx_cpu_kernels *k) {
     (void)k;
