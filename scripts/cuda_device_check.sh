@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# cuda_device_check.sh - the CUDA build's checks on a GPU machine: the op tests against the cpu
+# backend, then `lmx check-reference --backend cuda` on every dense, quantized and GGUF fixture
+# (bf16 tolerance), then the other unit tests (pinned to the cpu).  Prints a summary; exits 1 if
+# anything failed.
+# usage: scripts/cuda_device_check.sh BIN_DIR FIXTURES_DIR [--sanitize]
+#   BIN_DIR holds lmx and the test_* programs of a CUDA build (build-cuda, or a copy carried
+#   to the GPU machine with the shared libraries the machine lacks in BIN_DIR/../lib).
+set -u
+bin=$1 fix=$2 san=${3:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+export LD_LIBRARY_PATH="$bin/../lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+fail=0
+run() { echo "\$ $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+run "$bin/test_cuda_ops"
+for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8; do
+    run "$bin/lmx" check-reference "$fix/models/$m" --backend cuda
+done
+for m in llama_bias qwen2_sliding; do run "$bin/lmx" check-reference "$root/tests/data/$m" --backend cuda; done
+for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled; do
+    run "$bin/lmx" check-reference "$root/tests/data/gguf/$m.gguf" --backend cuda \
+        --reference "$fix/models/$m/reference.safetensors"
+done
+for w in 16 40; do
+    run "$bin/lmx" check-reference "$fix/models/qwen3" --backend cuda --ctx $w \
+        --reference "$root/tests/data/qwen3_window$w/reference.safetensors"
+done
+if [ "$san" = "--sanitize" ]; then
+    run compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/lmx" check-reference "$fix/models/gemma3" --backend cuda
+fi
+echo "cuda device check: $([ $fail = 0 ] && echo 'all passed' || echo FAILED)"
+exit $fail

@@ -1,0 +1,522 @@
+/* cuda_attention.cu - causal attention of new query rows over cached (bf16) and new (f32) keys,
+ * and appending new keys/values to the caches.
+ *
+ * Flash-decoding layout: a block of 4 warps takes one query row, one kv head (all of its G query
+ * heads, so each key/value row is loaded once per group) and one split of that row's visible keys.
+ * Each warp walks keys with an online softmax, lanes holding strided dims of q, k, v; the warps'
+ * partial (max, sum, acc) merge in shared memory.  With several splits the block writes its
+ * partial to scratch and a second kernel merges the splits.  Scores never leave registers, so
+ * no T x T matrix exists anywhere.  Query row i = n_past + t sees positions j with j <= i (and
+ * i - j < window): the cached ones still held (slot j % cap), then this call's new rows. */
+#include <math.h>
+
+#include "cuda_internal.h"
+
+#define ATT_SEQ_MAX 48         /* sequences per launch (parameters stay under 4 KB) */
+#define ATT_WARPS 4
+#define ATT_GMAX 8             /* query heads per block */
+#define ATT_DMAX 256
+#define ATT_DPL (ATT_DMAX / 32)
+
+typedef struct att_seq {
+    const __nv_bfloat16 *kc, *vc; /* cache [cap, Hk*D] */
+    int n_past, n_new, cap, rotating, window;
+} att_seq;
+
+typedef struct att_arg {
+    int B, T, H, Hk, D, G, hchunks, splits;
+    float scale, softcap;
+    att_seq s[ATT_SEQ_MAX];
+} att_arg;
+
+/* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
+ * part [rows, H, splits, D + 2] when splits > 1. */
+/* Online-softmax update of GM heads with KB keys (the first nvalid count). */
+template <int DPL, int GM, int KB>
+__device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&acc)[GM][DPL], float (&m)[GM],
+                                           float (&l)[GM], const float (&kf)[KB][DPL], const float (&vf)[KB][DPL],
+                                           int nvalid, float softcap) {
+    float sc[KB][GM];
+#pragma unroll
+    for (int u = 0; u < KB; u++)
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            float x = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) x = fmaf(qr[g][jj], kf[u][jj], x);
+            sc[u][g] = x;
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < KB; u++)
+#pragma unroll
+            for (int g = 0; g < GM; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        float mx = m[g];
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            float x = sc[u][g];
+            if (softcap > 0) x = softcap * tanhf(x / softcap);
+            x = u < nvalid ? x : -INFINITY;
+            sc[u][g] = x;
+            mx = fmaxf(mx, x);
+        }
+        float corr = __expf(m[g] - mx);
+        l[g] *= corr;
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            float pr = __expf(sc[u][g] - mx);
+            l[g] += pr;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
+        }
+        m[g] = mx;
+    }
+}
+
+template <int DPL, int GM, int KB>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__restrict__ q, const float *__restrict__ kn,
+                                                              const float *__restrict__ vn, float *__restrict__ out,
+                                                              float *__restrict__ part, const att_arg a) {
+    __shared__ float sm_m[ATT_WARPS][ATT_GMAX], sm_l[ATT_WARPS][ATT_GMAX];
+    __shared__ float sm_acc[ATT_WARPS][ATT_GMAX][ATT_DMAX];
+    const int split = blockIdx.x, row = blockIdx.z;
+    const int kvh = blockIdx.y / a.hchunks, h0 = kvh * a.G + (blockIdx.y % a.hchunks) * ATT_GMAX;
+    int ng = a.G - (blockIdx.y % a.hchunks) * ATT_GMAX;
+    if (ng > ATT_GMAX) ng = ATT_GMAX;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int b = row / a.T, t = row % a.T, D = a.D;
+    const att_seq S = a.s[b];
+    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
+
+    /* the visible keys of this row: n_cached from the cache, then new rows u0 .. t */
+    int n = 0, n_cached = 0, c0 = 0, u0 = 0;
+    if (t < S.n_new) {
+        int i = S.n_past + t;
+        int lo = S.window > 0 ? i - S.window + 1 : 0;
+        if (lo < 0) lo = 0;
+        int held = S.rotating ? (S.n_past < S.cap ? S.n_past : S.cap) : S.n_past;
+        c0 = S.n_past - held > lo ? S.n_past - held : lo;
+        u0 = lo > S.n_past ? lo - S.n_past : 0;
+        n_cached = S.n_past - c0 > 0 ? S.n_past - c0 : 0;
+        n = n_cached + (t - u0 + 1);
+    }
+    const int chunk = (n + a.splits - 1) / a.splits;
+    const int j0 = split * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
+
+    float qr[GM][DPL], acc[GM][DPL], m[GM], l[GM];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) {
+            int d = lane + 32 * jj;
+            qr[g][jj] = g < ng && d < D ? q[(int64_t)row * HD + (int64_t)(h0 + g) * D + d] * a.scale : 0.0f;
+            acc[g][jj] = 0.0f;
+        }
+    }
+    const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
+    const float *vnb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
+    /* KB keys per warp and step; loads are unconditional (indices clamped) so that all of them are
+     * in flight before the first use.  Cached keys first (bf16), then this call's new rows (f32). */
+    const int jc = n_cached < j1 ? n_cached : j1;
+    for (int jb = j0 + warp * KB; jb < jc; jb += ATT_WARPS * KB) {
+        unsigned short kr[KB][DPL], vr[KB][DPL];
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            const int j = jb + u < jc ? jb + u : jc - 1;
+            const int64_t off = (int64_t)((c0 + j) % S.cap) * KD + (int64_t)kvh * D;
+            const unsigned short *kp = (const unsigned short *)S.kc + off, *vp = (const unsigned short *)S.vc + off;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
+                kr[u][jj] = __ldg(kp + d);
+                vr[u][jj] = __ldg(vp + d);
+            }
+        }
+        float kf[KB][DPL], vf[KB][DPL];
+#pragma unroll
+        for (int u = 0; u < KB; u++)
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                kf[u][jj] = __uint_as_float((unsigned)kr[u][jj] << 16);
+                vf[u][jj] = __uint_as_float((unsigned)vr[u][jj] << 16);
+            }
+        att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, jc - jb, a.softcap);
+    }
+    const int jn0 = j0 > n_cached ? j0 : n_cached;
+    for (int jb = jn0 + warp * KB; jb < j1; jb += ATT_WARPS * KB) {
+        float kf[KB][DPL], vf[KB][DPL];
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            const int j = jb + u < j1 ? jb + u : j1 - 1;
+            const int64_t r = (int64_t)(u0 + j - n_cached) * KD;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
+                kf[u][jj] = __ldg(knb + r + d);
+                vf[u][jj] = __ldg(vnb + r + d);
+            }
+        }
+        att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, j1 - jb, a.softcap);
+    }
+    /* merge the warps */
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        if (lane == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++)
+            if (lane + 32 * jj < ATT_DMAX) sm_acc[warp][g][lane + 32 * jj] = acc[g][jj];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < ng * D; idx += blockDim.x) {
+        int g = idx / D, d = idx % D;
+        float mx = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, sm_m[w][g]);
+        float L = 0.0f, o = 0.0f;
+        if (mx != -INFINITY)
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float c = __expf(sm_m[w][g] - mx);
+                L += sm_l[w][g] * c;
+                o += sm_acc[w][g][d] * c;
+            }
+        int h = h0 + g;
+        if (a.splits == 1) {
+            out[(int64_t)row * HD + (int64_t)h * D + d] = L > 0 ? o / L : 0.0f;
+        } else {
+            float *p = part + (((int64_t)row * a.H + h) * a.splits + split) * (D + 2);
+            p[d] = o;
+            if (d == 0) { p[D] = mx; p[D + 1] = L; }
+        }
+    }
+}
+
+/* out[row, h, :] = merge of the splits' partials (splits <= 64). */
+__global__ void k_attention_merge(float *__restrict__ out, const float *__restrict__ part, int H, int D, int splits) {
+    __shared__ float w[64];
+    __shared__ float tot;
+    const int64_t rh = blockIdx.x; /* row * H + h */
+    const float *p = part + rh * splits * (D + 2);
+    if (threadIdx.x < 32) {
+        float ms[2], ls[2], mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int s = threadIdx.x + 32 * i;
+            ms[i] = s < splits ? p[s * (D + 2) + D] : -INFINITY;
+            ls[i] = s < splits ? p[s * (D + 2) + D + 1] : 0.0f;
+            if (!(ls[i] > 0.0f)) ms[i] = -INFINITY;
+            mx = fmaxf(mx, ms[i]);
+        }
+        mx = cuda_warp_max(mx);
+        float L = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float c = ms[i] == -INFINITY ? 0.0f : __expf(ms[i] - mx);
+            w[threadIdx.x + 32 * i] = c;
+            L += ls[i] * c;
+        }
+        L = cuda_warp_sum(L);
+        if (threadIdx.x == 0) tot = L;
+    }
+    __syncthreads();
+    const float inv = tot > 0 ? 1.0f / tot : 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) o = fmaf(p[s * (D + 2) + d], w[s], o);
+        out[rh * D + d] = o * inv;
+    }
+}
+
+/* ---- prefill: tiles of 64 query rows x 64 keys in shared memory ------------------------------- */
+/* Block = (64 query rows of one sequence, one query head), 256 threads.  Each thread owns a 4x4
+ * patch of the 64x64 score tile and 4 rows x DPT dims of the output; online softmax per row.
+ * Shared: Q [64][D+1], K [64][D+1], V [64][D], P [64][65] (f32). */
+#define PT 64
+template <int DPT>
+__global__ void __launch_bounds__(256) k_attention_tiled(const float *__restrict__ q, const float *__restrict__ kn,
+                                                         const float *__restrict__ vn, float *__restrict__ out,
+                                                         const att_arg a) {
+    extern __shared__ float smem[];
+    constexpr int D = DPT * 16;
+    float *Qs = smem, *Ks = Qs + PT * (D + 1), *Vs = Ks + PT * (D + 1), *Ps = Vs + PT * D;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int t0 = blockIdx.x * PT, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / a.G;
+    const att_seq S = a.s[b];
+    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
+    const int n_past = S.n_past;
+    const int held = S.rotating ? (n_past < S.cap ? n_past : S.cap) : n_past;
+    const int oldest = n_past - held; /* first cached position still held */
+    int tmax = t0 + PT - 1 < S.n_new - 1 ? t0 + PT - 1 : S.n_new - 1;
+    const float *kb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D, *vb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
+
+    for (int i = tid; i < PT * D; i += 256) {
+        int r = i / D, d = i % D;
+        int t = t0 + r;
+        Qs[r * (D + 1) + d] = t < a.T ? q[((int64_t)b * a.T + t) * HD + (int64_t)h * D + d] * a.scale : 0.0f;
+    }
+    float m[4], l[4], acc[4][DPT];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPT; j++) acc[i][j] = 0.0f;
+    }
+    int pmin = oldest, pmax = n_past + tmax;
+    if (S.window > 0 && n_past + t0 - S.window + 1 > pmin) pmin = n_past + t0 - S.window + 1;
+    if (pmin < 0) pmin = 0;
+    for (int p0 = pmin; p0 <= pmax; p0 += PT) {
+        __syncthreads(); /* previous tile fully used */
+        for (int i = tid; i < PT * D; i += 256) {
+            int c = i / D, d = i % D, p = p0 + c;
+            float kv = 0.0f, vv = 0.0f;
+            if (p <= pmax) {
+                if (p < n_past) {
+                    int64_t o = (int64_t)(p % S.cap) * KD + (int64_t)kvh * D + d;
+                    kv = __bfloat162float(S.kc[o]);
+                    vv = __bfloat162float(S.vc[o]);
+                } else {
+                    int64_t o = (int64_t)(p - n_past) * KD + d;
+                    kv = kb[o];
+                    vv = vb[o];
+                }
+            }
+            Ks[c * (D + 1) + d] = kv;
+            Vs[c * D + d] = vv;
+        }
+        __syncthreads();
+        float sc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) sc[i][j] = 0.0f;
+#pragma unroll 4
+        for (int d = 0; d < D; d++) {
+            float qv[4], kv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) qv[i] = Qs[(4 * ty + i) * (D + 1) + d];
+#pragma unroll
+            for (int j = 0; j < 4; j++) kv[j] = Ks[(4 * tx + j) * (D + 1) + d];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) sc[i][j] = fmaf(qv[i], kv[j], sc[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = t0 + 4 * ty + i, pos = n_past + t;
+            const int lo = S.window > 0 ? pos - S.window + 1 : 0;
+            float mx = m[i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int p = p0 + 4 * tx + j;
+                float x = sc[i][j];
+                if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
+                int ok = t < S.n_new && p <= pos && p >= lo && p >= oldest && p <= pmax;
+                x = ok ? x : -INFINITY;
+                sc[i][j] = x;
+                mx = fmaxf(mx, x);
+            }
+#pragma unroll
+            for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float corr = mx == -INFINITY ? 1.0f : __expf(m[i] - mx);
+            float rs = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float pr = mx == -INFINITY ? 0.0f : __expf(sc[i][j] - mx);
+                rs += pr;
+                Ps[(4 * ty + i) * (PT + 1) + 4 * tx + j] = pr;
+            }
+#pragma unroll
+            for (int o = 1; o < 16; o <<= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o);
+            l[i] = l[i] * corr + rs;
+            m[i] = mx;
+#pragma unroll
+            for (int j = 0; j < DPT; j++) acc[i][j] *= corr;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int c = 0; c < PT; c++) {
+            float pv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) pv[i] = Ps[(4 * ty + i) * (PT + 1) + c];
+#pragma unroll
+            for (int j = 0; j < DPT; j++) {
+                float v = Vs[c * D + tx + 16 * j];
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[i][j] = fmaf(pv[i], v, acc[i][j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int t = t0 + 4 * ty + i;
+        if (t >= a.T) continue;
+        float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPT; j++) out[((int64_t)b * a.T + t) * HD + (int64_t)h * D + tx + 16 * j] = acc[i][j] * inv;
+    }
+}
+
+template <int DPT>
+static lmx_status launch_tiled(cuda_backend *cb, dim3 grid, const float *q, const float *k, const float *v, float *o,
+                               const att_arg &a) {
+    constexpr int D = DPT * 16;
+    size_t sm = (size_t)(2 * PT * (D + 1) + PT * D + PT * (PT + 1)) * sizeof(float);
+    cudaFuncSetAttribute(k_attention_tiled<DPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    k_attention_tiled<DPT><<<grid, 256, sm, cb->stream>>>(q, k, v, o, a);
+    return cuda_check_launch(cb, "attention");
+}
+
+template <int DPL>
+static void launch_dpl(int gm, dim3 grid, cudaStream_t st, const float *q, const float *k, const float *v, float *o,
+                       float *part, const att_arg &a) {
+    constexpr int KB = DPL >= 8 ? 2 : DPL >= 4 ? 8 : 8;
+    switch (gm) {
+    case 1: k_attention<DPL, 1, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
+    case 2: k_attention<DPL, 2, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
+    case 4: k_attention<DPL, 4, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
+    default: k_attention<DPL, 8, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
+    }
+}
+
+lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
+    cuda_backend *cb = (cuda_backend *)be;
+    const lmx_batch *bt = args->batch;
+    if (args->H % args->Hk != 0)
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d heads not a multiple of %d kv heads", args->H,
+                           args->Hk);
+    if (args->D > ATT_DMAX)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: attention with head dim %d (at most %d)", args->D,
+                           ATT_DMAX);
+    att_arg a;
+    a.T = bt->T;
+    a.H = args->H;
+    a.Hk = args->Hk;
+    a.D = args->D;
+    a.G = args->H / args->Hk;
+    a.hchunks = (a.G + ATT_GMAX - 1) / ATT_GMAX;
+    a.scale = args->scale;
+    a.softcap = args->softcap;
+    const int64_t HD = (int64_t)a.H * a.D, KD = (int64_t)a.Hk * a.D;
+    for (int b0 = 0; b0 < bt->B; b0 += ATT_SEQ_MAX) {
+        a.B = bt->B - b0 < ATT_SEQ_MAX ? bt->B - b0 : ATT_SEQ_MAX;
+        int max_n = 1;
+        for (int b = 0; b < a.B; b++) {
+            const lmx_kv_layer *kv = args->kv[b0 + b];
+            att_seq *s = &a.s[b];
+            s->kc = (const __nv_bfloat16 *)kv->k.data;
+            s->vc = (const __nv_bfloat16 *)kv->v.data;
+            s->n_past = bt->n_past[b0 + b];
+            s->n_new = bt->n_new[b0 + b];
+            s->cap = kv->cap > 0 ? kv->cap : 1;
+            s->rotating = kv->rotating;
+            s->window = kv->window;
+            int held = kv->rotating ? (s->n_past < kv->cap ? s->n_past : kv->cap) : s->n_past;
+            if (kv->window > 0 && held > kv->window) held = kv->window;
+            if (held + bt->T > max_n) max_n = held + bt->T;
+        }
+        int64_t r0 = (int64_t)b0 * a.T;
+        const float *qp = (const float *)args->q->data + r0 * HD, *kp = (const float *)args->k->data + r0 * KD,
+                    *vp = (const float *)args->v->data + r0 * KD;
+        float *op = (float *)args->out->data + r0 * HD;
+        if (a.T >= 32 && a.D % 16 == 0 && a.D <= 128 && a.D >= 32) { /* prefill */
+            dim3 tg((unsigned)((a.T + PT - 1) / PT), a.H, a.B);
+            lmx_status st = a.D == 32 ? launch_tiled<2>(cb, tg, qp, kp, vp, op, a)
+                            : a.D == 64 ? launch_tiled<4>(cb, tg, qp, kp, vp, op, a)
+                            : a.D == 128 ? launch_tiled<8>(cb, tg, qp, kp, vp, op, a)
+                                         : lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: head dim %d", a.D);
+            if (st == LMX_OK) continue;
+            if (st != LMX_ERR_UNSUPPORTED) return st;
+        }
+        int rows = a.B * a.T;
+        int64_t base = (int64_t)rows * a.Hk * a.hchunks;
+        int splits = (int)((2 * cb->sm_count + base - 1) / base);
+        int max_splits = (max_n + 127) / 128;
+        if (splits > max_splits) splits = max_splits;
+        if (splits > 64) splits = 64;
+        if (splits < 1) splits = 1;
+        a.splits = splits;
+        float *part = NULL;
+        if (splits > 1) {
+            part = (float *)cuda_scratch(cb, CUDA_SCRATCH_ATTN, (size_t)rows * a.H * splits * (a.D + 2) * sizeof(float));
+            if (!part) return be->err.status;
+        }
+        dim3 grid(splits, a.Hk * a.hchunks, rows);
+        int gm = a.G > 4 ? 8 : a.G > 2 ? 4 : a.G;
+        if (a.D <= 64) launch_dpl<2>(gm, grid, cb->stream, qp, kp, vp, op, part, a);
+        else if (a.D <= 128) launch_dpl<4>(gm, grid, cb->stream, qp, kp, vp, op, part, a);
+        else launch_dpl<8>(gm, grid, cb->stream, qp, kp, vp, op, part, a);
+        lmx_status st = cuda_check_launch(cb, "attention");
+        if (st) return st;
+        if (splits > 1) {
+            k_attention_merge<<<(unsigned)(rows * a.H), 128, 0, cb->stream>>>((float *)args->out->data + r0 * HD, part,
+                                                                              a.H, a.D, splits);
+            if ((st = cuda_check_launch(cb, "attention merge"))) return st;
+        }
+    }
+    return LMX_OK;
+}
+
+/* ---- KV append ------------------------------------------------------------------------------ */
+
+typedef struct app_seq {
+    __nv_bfloat16 *kc, *vc;
+    int n_past, n_new, cap, first;
+} app_seq;
+
+typedef struct app_arg {
+    int B, T;
+    int64_t KD;
+    app_seq s[ATT_SEQ_MAX];
+} app_arg;
+
+/* k, v [B*T, KD] f32 rows t in [first, n_new) of each sequence -> cache slot (n_past + t) % cap. */
+__global__ void k_kv_append(const float *__restrict__ k, const float *__restrict__ v, const app_arg a) {
+    const int row = blockIdx.y, b = row / a.T, t = row % a.T;
+    const app_seq S = a.s[b];
+    if (t < S.first || t >= S.n_new) return;
+    int64_t slot = (int64_t)(S.n_past + t) % S.cap;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.KD; i += (int64_t)gridDim.x * blockDim.x) {
+        S.kc[slot * a.KD + i] = __float2bfloat16(k[(int64_t)row * a.KD + i]);
+        S.vc[slot * a.KD + i] = __float2bfloat16(v[(int64_t)row * a.KD + i]);
+    }
+}
+
+lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch, const lmx_tensor *k,
+                          const lmx_tensor *v) {
+    cuda_backend *cb = (cuda_backend *)be;
+    app_arg a;
+    a.T = batch->T;
+    a.KD = k->shape[k->ndim - 1];
+    for (int b0 = 0; b0 < batch->B; b0 += ATT_SEQ_MAX) {
+        a.B = batch->B - b0 < ATT_SEQ_MAX ? batch->B - b0 : ATT_SEQ_MAX;
+        for (int b = 0; b < a.B; b++) {
+            lmx_kv_layer *c = kv[b0 + b];
+            app_seq *s = &a.s[b];
+            s->kc = (__nv_bfloat16 *)c->k.data;
+            s->vc = (__nv_bfloat16 *)c->v.data;
+            s->n_past = batch->n_past[b0 + b];
+            s->n_new = batch->n_new[b0 + b];
+            s->cap = c->cap;
+            s->first = c->rotating && s->n_new > c->cap ? s->n_new - c->cap : 0;
+            if (s->n_new > 0 && !c->rotating && s->n_past + s->n_new > c->cap)
+                return lmx_err_set(&be->err, LMX_ERR_CONTEXT_FULL, "KV cache holds %d positions, need %d", c->cap,
+                                   s->n_past + s->n_new);
+        }
+        unsigned gx = cuda_blocks(a.KD, 256);
+        dim3 grid(gx < 8 ? gx : 8, a.B * a.T);
+        int64_t r0 = (int64_t)b0 * a.T;
+        k_kv_append<<<grid, 256, 0, cb->stream>>>((const float *)k->data + r0 * a.KD, (const float *)v->data + r0 * a.KD,
+                                                  a);
+        lmx_status st = cuda_check_launch(cb, "kv_append");
+        if (st) return st;
+    }
+    return LMX_OK;
+}

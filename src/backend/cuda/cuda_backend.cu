@@ -1,0 +1,295 @@
+/* cuda_backend.cu - the cuda backend: creation, device memory, weight upload, and the ops table.
+ *
+ * Weights are copied once to the device in their stored format (bf16/f16/f32, MLX packed words
+ * with their scales and biases, GGUF blocks).  Activations are f32, KV caches bf16.  The kernels
+ * live in cuda_ops.cu (elementwise, norms, RoPE, embedding), cuda_matmul.cu and cuda_attention.cu. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+lmx_status cuda_fail(cuda_backend *cb, cudaError_t e, const char *what) {
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* allocation failures are not sticky: clear them */
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM,
+                           "cuda: out of GPU memory in %s (%zu of %zu MiB free)", what, free_b >> 20,
+                           total_b >> 20);
+    }
+    return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda: %s in %s", cudaGetErrorString(e), what);
+}
+
+lmx_status cuda_blas_fail(cuda_backend *cb, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_ALLOC_FAILED)
+        return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: cuBLAS out of GPU memory in %s", what);
+    return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda: cuBLAS error %d (%s) in %s", (int)s,
+                       cublasGetStatusString(s), what);
+}
+
+lmx_status cuda_check_launch(cuda_backend *cb, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, what);
+}
+
+void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
+    if (bytes <= cb->scratch_bytes[slot]) return cb->scratch[slot];
+    size_t want = bytes + bytes / 4;
+    if (cb->scratch[slot]) {
+        cudaStreamSynchronize(cb->stream); /* earlier kernels may still read it */
+        cudaFree(cb->scratch[slot]);
+        cb->scratch[slot] = NULL;
+        cb->scratch_bytes[slot] = 0;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        cuda_fail(cb, e, "scratch allocation");
+        return NULL;
+    }
+    cb->scratch[slot] = p;
+    cb->scratch_bytes[slot] = want;
+    return p;
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+size_t cuda_weight_bytes(const lmx_tensor *w) {
+    int64_t N = w->ndim == 2 ? w->shape[0] : 1, K = w->shape[w->ndim - 1];
+    if (w->q.ggml_type) {
+        switch (w->q.ggml_type) {
+        case LMX_GGML_Q8_0: case LMX_GGML_Q4_0: case LMX_GGML_Q4_K: case LMX_GGML_Q6_K:
+            return lmx_ggml_row_bytes(w->q.ggml_type, K) * (size_t)N;
+        default: return 0;
+        }
+    }
+    if (w->q.bits) return (size_t)N * (size_t)(K * w->q.bits / 32) * 4;
+    return (size_t)lmx_tensor_nelem(w) * lmx_dtype_size(w->dtype);
+}
+
+static lmx_status track(cuda_backend *cb, void *p) {
+    if (cb->n_weights == cb->cap_weights) {
+        int cap = cb->cap_weights ? 2 * cb->cap_weights : 256;
+        void **nw = (void **)realloc(cb->weights, (size_t)cap * sizeof *nw);
+        if (!nw) {
+            cudaFree(p);
+            return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
+        }
+        cb->weights = nw;
+        cb->cap_weights = cap;
+    }
+    cb->weights[cb->n_weights++] = p;
+    return LMX_OK;
+}
+
+/* Copy n bytes of host memory to a new tracked device block. */
+static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
+    void *p = NULL;
+    CUDA_TRY(cb, cudaMalloc(&p, n ? n : 16), what);
+    lmx_status st = track(cb, p);
+    if (st) return st;
+    CUDA_TRY(cb, cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, cb->stream), what);
+    *out = p;
+    return LMX_OK;
+}
+
+static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (w->q.ggml_type && !cuda_weight_bytes(w))
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED,
+                           "cuda: GGUF %s weights are not supported (Q8_0, Q4_0, Q4_K, Q6_K are)",
+                           lmx_ggml_type_name(w->q.ggml_type));
+    if (!w->q.ggml_type && !w->q.bits && w->dtype != LMX_DTYPE_F32 && w->dtype != LMX_DTYPE_BF16 &&
+        w->dtype != LMX_DTYPE_F16)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: %s weights are not supported",
+                           lmx_dtype_name(w->dtype));
+    lmx_status st;
+    void *d = NULL;
+    if ((st = upload(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
+    if (w->q.bits) {
+        int64_t N = w->shape[0], G = w->shape[1] / w->q.group;
+        size_t sb = (size_t)N * (size_t)G * lmx_dtype_size(w->q.scale_dtype);
+        void *s = NULL, *b = NULL;
+        if ((st = upload(cb, w->q.scales, sb, &s, "weight upload"))) return st;
+        if ((st = upload(cb, w->q.biases, sb, &b, "weight upload"))) return st;
+        w->q.scales = s;
+        w->q.biases = b;
+    }
+    CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "weight upload"); /* host pages may go away */
+    w->data = d;
+    w->owned = 0; /* freed with the backend */
+    return LMX_OK;
+}
+
+static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
+    cuda_backend *cb = (cuda_backend *)be;
+    size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
+    void *p = NULL;
+    CUDA_TRY(cb, cudaMalloc(&p, bytes ? bytes : 16), "tensor allocation");
+    cudaError_t e = cudaMemsetAsync(p, 0, bytes, cb->stream);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return cuda_fail(cb, e, "tensor allocation");
+    }
+    t->data = p;
+    t->owned = 1;
+    return LMX_OK;
+}
+
+static void cuda_release(lmx_backend *be, lmx_tensor *t) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (t->owned && t->data) {
+        cudaStreamSynchronize(cb->stream);
+        cudaFree(t->data);
+    }
+    t->data = NULL;
+    t->owned = 0;
+}
+
+static lmx_status cuda_write(lmx_backend *be, lmx_tensor *t, size_t off, const void *src, size_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    CUDA_TRY(cb, cudaMemcpyAsync((char *)t->data + off, src, n, cudaMemcpyHostToDevice, cb->stream), "write");
+    CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "write");
+    return LMX_OK;
+}
+
+static lmx_status cuda_read(lmx_backend *be, const lmx_tensor *t, size_t off, void *dst, size_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    CUDA_TRY(cb, cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost, cb->stream), "read");
+    CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "read");
+    return LMX_OK;
+}
+
+/* ---- KV cache growth ------------------------------------------------------------------------ */
+
+#define KV_CHUNK 256
+
+static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (kv->rotating || need <= kv->cap) return LMX_OK;
+    int64_t cap = ((int64_t)need + KV_CHUNK - 1) / KV_CHUNK * KV_CHUNK;
+    int64_t grown = (int64_t)kv->cap + kv->cap / 2;
+    if (grown > cap) cap = (grown + KV_CHUNK - 1) / KV_CHUNK * KV_CHUNK;
+    size_t es = lmx_dtype_size(LMX_DTYPE_BF16);
+    size_t bytes = (size_t)cap * (size_t)row_elems * es;
+    size_t old = (size_t)kv->cap * (size_t)row_elems * es;
+    void *np[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        cudaError_t e = cudaMalloc(&np[i], bytes);
+        if (e != cudaSuccess) {
+            if (i) cudaFree(np[0]);
+            return cuda_fail(cb, e, "KV cache growth");
+        }
+    }
+    lmx_tensor *ts[2] = {&kv->k, &kv->v};
+    for (int i = 0; i < 2; i++) {
+        if (old && ts[i]->data)
+            cudaMemcpyAsync(np[i], ts[i]->data, old, cudaMemcpyDeviceToDevice, cb->stream);
+        cudaMemsetAsync((char *)np[i] + old, 0, bytes - old, cb->stream);
+    }
+    CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "KV cache growth");
+    for (int i = 0; i < 2; i++) {
+        if (ts[i]->owned && ts[i]->data) cudaFree(ts[i]->data);
+        ts[i]->data = np[i];
+        ts[i]->owned = 1;
+        ts[i]->dtype = LMX_DTYPE_BF16;
+        ts[i]->ndim = 2;
+        ts[i]->shape[0] = cap;
+        ts[i]->shape[1] = row_elems;
+    }
+    kv->cap = (int)cap;
+    return LMX_OK;
+}
+
+/* ---- the table ----------------------------------------------------------------------------- */
+
+lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
+                      float scale);
+lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                        int n, float eps, float add_one);
+lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
+lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                    lmx_act act);
+lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap);
+lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
+                     const lmx_rope *rope);
+lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                            int64_t n);
+
+static void cuda_destroy(lmx_backend *be) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (!cb) return;
+    if (cb->stream) cudaStreamSynchronize(cb->stream);
+    for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i]);
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
+        if (cb->scratch[i]) cudaFree(cb->scratch[i]);
+    if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    free(cb->weights);
+    free(cb);
+}
+
+static const lmx_backend_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .kv_dtype = */ LMX_DTYPE_BF16,
+    /* .destroy = */ cuda_destroy,
+    /* .upload_weight = */ cuda_upload_weight,
+    /* .alloc = */ cuda_alloc,
+    /* .release = */ cuda_release,
+    /* .write = */ cuda_write,
+    /* .read = */ cuda_read,
+    /* .embed = */ cuda_embed,
+    /* .rmsnorm = */ cuda_rmsnorm,
+    /* .matmul = */ cuda_matmul,
+    /* .add = */ cuda_add,
+    /* .glu = */ cuda_glu,
+    /* .softcap = */ cuda_softcap,
+    /* .rope = */ cuda_rope,
+    /* .attention = */ cuda_attention,
+    /* .kv_append = */ cuda_kv_append,
+    /* .kv_reserve = */ cuda_kv_reserve,
+    /* .gather_rows = */ cuda_gather_rows,
+};
+
+extern "C" int lmx_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return lmx_err_set(err, LMX_ERR_BACKEND, "cuda: no usable GPU (%s)",
+                           e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+    }
+    cuda_backend *cb = (cuda_backend *)calloc(1, sizeof *cb);
+    if (!cb) return lmx_err_set(err, LMX_ERR_NOMEM, "cuda backend: out of memory");
+    cb->base.ops = &cuda_ops;
+    cudaGetDevice(&cb->device);
+    cudaDeviceGetAttribute(&cb->sm_count, cudaDevAttrMultiProcessorCount, cb->device);
+    if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        lmx_err_set(err, LMX_ERR_BACKEND, "cuda: %s in stream creation", cudaGetErrorString(e));
+        cuda_destroy(&cb->base);
+        return LMX_ERR_BACKEND;
+    }
+    cublasStatus_t s = cublasCreate(&cb->blas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cb->blas = NULL;
+        lmx_err_set(err, LMX_ERR_BACKEND, "cuda: cuBLAS initialisation failed (%s)", cublasGetStatusString(s));
+        cuda_destroy(&cb->base);
+        return LMX_ERR_BACKEND;
+    }
+    cublasSetStream(cb->blas, cb->stream);
+    cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
+    *out = &cb->base;
+    return LMX_OK;
+}

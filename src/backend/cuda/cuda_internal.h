@@ -1,0 +1,93 @@
+/* cuda_internal.h - what the files of the cuda backend share: the backend struct, error
+ * helpers, scratch memory and the dequantizing loaders used by several kernels.
+ *
+ * One cuda_backend owns one stream, one cuBLAS handle, the device memory of every uploaded weight
+ * (freed by destroy) and a few grow-only scratch buffers.  Every op is enqueued on the stream;
+ * only read / write / kv_reserve / scratch growth wait for it.  Host int arrays of an op travel
+ * by value in the kernel's parameters (bounded structs, long batches are split). */
+#ifndef LMX_BACKEND_CUDA_INTERNAL_H
+#define LMX_BACKEND_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../backend.h"
+#include "../../formats/ggml_types.h"
+}
+
+enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS      [M, K] */
+       CUDA_SCRATCH_W,         /* a block of weight rows dequantized to bf16       [n, K] */
+       CUDA_SCRATCH_ATTN,      /* attention split partials                          see attention */
+       CUDA_SCRATCH_SLOTS };
+
+typedef struct cuda_backend {
+    lmx_backend base;
+    int device;
+    int sm_count;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *scratch[CUDA_SCRATCH_SLOTS];
+    size_t scratch_bytes[CUDA_SCRATCH_SLOTS];
+    void **weights;          /* device blocks made by upload_weight, freed by destroy */
+    int n_weights, cap_weights;
+} cuda_backend;
+
+/* Turn a CUDA error into an lmx status with "cuda: <message> in <what>" (NOMEM for allocations). */
+lmx_status cuda_fail(cuda_backend *cb, cudaError_t e, const char *what);
+lmx_status cuda_blas_fail(cuda_backend *cb, cublasStatus_t s, const char *what);
+/* The launch error of the last kernel, if any. */
+lmx_status cuda_check_launch(cuda_backend *cb, const char *what);
+/* A device scratch buffer of at least bytes (grown, contents lost); NULL with err set on failure. */
+void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes);
+
+#define CUDA_TRY(cb, call, what)                            \
+    do {                                                    \
+        cudaError_t e_ = (call);                            \
+        if (e_ != cudaSuccess) return cuda_fail((cb), e_, (what)); \
+    } while (0)
+
+/* ops implemented in the other files */
+lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                       const lmx_tensor *bias, int M);
+lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);
+lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
+                          const lmx_tensor *k, const lmx_tensor *v);
+/* Bytes of weight w's packed data (dense, MLX or GGUF); 0 if the layout is not supported. */
+size_t cuda_weight_bytes(const lmx_tensor *w);
+/* Dequantize rows [n0, n0+rows) of w into dst (bf16 [rows, K]) on the stream. */
+lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
+                                  __nv_bfloat16 *dst);
+/* out[m, :] = row ids[m] of w (any weight format) * scale, as f32. */
+lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, const int32_t *ids,
+                           int M, float scale);
+
+/* ---- device helpers ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ float cuda_ld_f(const float *p) { return __ldg(p); }
+static __device__ __forceinline__ float cuda_ld_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ float cuda_ld_f(const __half *p) { return __half2float(*p); }
+
+/* Element i of a float vector stored as f32 / bf16 / f16. */
+static __device__ __forceinline__ float cuda_elem(const void *p, lmx_dtype t, int64_t i) {
+    if (t == LMX_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (t == LMX_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static __device__ __forceinline__ float cuda_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float cuda_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+#endif

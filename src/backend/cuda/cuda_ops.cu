@@ -1,0 +1,208 @@
+/* cuda_ops.cu - elementwise ops, RMSNorm, RoPE, row gathers and the embedding lookup on the GPU.
+ *
+ * All are memory-bound and small next to the matmuls; each is one launch (long index lists are
+ * split into launches of CUDA_IDS_MAX).  Activations are f32 [rows, n] row-major. */
+#include <math.h>
+
+#include "cuda_internal.h"
+
+#define CUDA_IDS_MAX 512       /* row indices passed by value per launch */
+#define CUDA_SEQ_MAX 64        /* sequences per launch of a batch op */
+#define CUDA_ROPE_MAX 256      /* rot_dim / 2 */
+
+typedef struct ids_arg { int n; int32_t id[CUDA_IDS_MAX]; } ids_arg;
+
+/* ---- elementwise --------------------------------------------------------------------------- */
+
+__global__ void k_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void k_glu(float *o, const float *g, const float *u, int64_t n, int act) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = g[i];
+        a = act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : gelu_tanh(a);
+        o[i] = a * u[i];
+    }
+}
+
+__global__ void k_softcap(float *x, int64_t n, float cap) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+static unsigned ew_grid(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);
+}
+
+lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    k_add<<<ew_grid(n), 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data, n);
+    return cuda_check_launch(cb, "add");
+}
+
+lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                    lmx_act act) {
+    cuda_backend *cb = (cuda_backend *)be;
+    k_glu<<<ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (const float *)gate->data,
+                                              (const float *)up->data, n, (int)act);
+    return cuda_check_launch(cb, "glu");
+}
+
+lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
+    cuda_backend *cb = (cuda_backend *)be;
+    k_softcap<<<ew_grid(n), 256, 0, cb->stream>>>((float *)x->data, n, cap);
+    return cuda_check_launch(cb, "softcap");
+}
+
+/* ---- RMSNorm: out[r] = x[r] / rms(x[r]) * (w + add_one)      x, out [rows, n], w [n] ------- */
+
+/* One warp per row (short rows: per-head Q/K norms). */
+__global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dtype wt, int rows, int n,
+                               float eps, float add_one) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const float *xr = x + (int64_t)row * n;
+    float *orow = out + (int64_t)row * n;
+    float ss = 0;
+    for (int i = lane; i < n; i += 32) ss += xr[i] * xr[i];
+    ss = cuda_warp_sum(ss);
+    float inv = rsqrtf(ss / n + eps);
+    for (int i = lane; i < n; i += 32) orow[i] = xr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+}
+
+/* One block of 256 threads per row. */
+__global__ void k_rmsnorm_block(float *out, const float *x, const void *w, lmx_dtype wt, int n, float eps,
+                                float add_one) {
+    __shared__ float part[8];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *orow = out + (int64_t)blockIdx.x * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = cuda_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
+    float inv = rsqrtf(tot / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+}
+
+lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                        int n, float eps, float add_one) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (w->q.bits || w->q.ggml_type)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm with a quantized weight");
+    if (rows <= 0) return LMX_OK;
+    if (n <= 256)
+        k_rmsnorm_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>((float *)out->data, (const float *)x->data,
+                                                                     w->data, w->dtype, rows, n, eps, add_one);
+    else
+        k_rmsnorm_block<<<rows, 256, 0, cb->stream>>>((float *)out->data, (const float *)x->data, w->data,
+                                                      w->dtype, n, eps, add_one);
+    return cuda_check_launch(cb, "rmsnorm");
+}
+
+/* ---- RoPE ----------------------------------------------------------------------------------- */
+
+typedef struct rope_arg {
+    int B, T, nh, hd, half, interleaved;
+    float attn_factor;
+    int n_past[CUDA_SEQ_MAX], n_new[CUDA_SEQ_MAX];
+    float inv_freq[CUDA_ROPE_MAX];
+} rope_arg;
+
+/* x [B*T, nh*hd] (x already offset to this launch's first sequence): one thread per (row, head, i). */
+__global__ void k_rope(float *x, const rope_arg a) {
+    int64_t total = (int64_t)a.B * a.T * a.nh * a.half;
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
+        int i = (int)(g % a.half);
+        int64_t rh = g / a.half;
+        int h = (int)(rh % a.nh);
+        int64_t row = rh / a.nh;
+        int b = (int)(row / a.T), t = (int)(row % a.T);
+        if (t >= a.n_new[b]) continue;
+        double ang = (double)(a.n_past[b] + t) * (double)a.inv_freq[i];
+        double sd, cd;
+        sincos(ang, &sd, &cd);
+        float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
+        float *v = x + row * (int64_t)a.nh * a.hd + (int64_t)h * a.hd;
+        int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+        float x1 = v[ia], x2 = v[ib];
+        v[ia] = x1 * c - x2 * s;
+        v[ib] = x2 * c + x1 * s;
+    }
+}
+
+lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
+                     const lmx_rope *rope) {
+    cuda_backend *cb = (cuda_backend *)be;
+    int half = rope->rot_dim / 2;
+    if (half > CUDA_ROPE_MAX || rope->rot_dim > hd)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope over %d dims", rope->rot_dim);
+    if (half == 0) return LMX_OK;
+    rope_arg a;
+    a.T = batch->T;
+    a.nh = nh;
+    a.hd = hd;
+    a.half = half;
+    a.interleaved = rope->interleaved;
+    a.attn_factor = rope->attn_factor;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
+    for (int b0 = 0; b0 < batch->B; b0 += CUDA_SEQ_MAX) {
+        a.B = batch->B - b0 < CUDA_SEQ_MAX ? batch->B - b0 : CUDA_SEQ_MAX;
+        for (int b = 0; b < a.B; b++) {
+            a.n_past[b] = batch->n_past[b0 + b];
+            a.n_new[b] = batch->n_new[b0 + b];
+        }
+        int64_t total = (int64_t)a.B * a.T * nh * half;
+        float *base = (float *)x->data + (int64_t)b0 * batch->T * nh * hd;
+        k_rope<<<ew_grid(total), 256, 0, cb->stream>>>(base, a);
+        lmx_status st = cuda_check_launch(cb, "rope");
+        if (st) return st;
+    }
+    return LMX_OK;
+}
+
+/* ---- row gathers ----------------------------------------------------------------------------- */
+
+/* out [R, n] = x[rows[r], :] */
+__global__ void k_gather(float *out, const float *x, const ids_arg r, int64_t n) {
+    const float *src = x + (int64_t)r.id[blockIdx.y] * n;
+    float *dst = out + (int64_t)blockIdx.y * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                            int64_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    ids_arg a;
+    for (int r0 = 0; r0 < R; r0 += CUDA_IDS_MAX) {
+        a.n = R - r0 < CUDA_IDS_MAX ? R - r0 : CUDA_IDS_MAX;
+        for (int i = 0; i < a.n; i++) a.id[i] = rows[r0 + i];
+        dim3 grid(cuda_blocks(n, 256) < 16 ? cuda_blocks(n, 256) : 16, a.n);
+        k_gather<<<grid, 256, 0, cb->stream>>>((float *)out->data + (int64_t)r0 * n, (const float *)x->data, a, n);
+        lmx_status st = cuda_check_launch(cb, "gather_rows");
+        if (st) return st;
+    }
+    return LMX_OK;
+}
+
+lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
+                      float scale) {
+    cuda_backend *cb = (cuda_backend *)be;
+    int64_t V = table->shape[0];
+    for (int m = 0; m < M; m++)
+        if (ids[m] < 0 || ids[m] >= V)
+            return lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "token id %d outside vocabulary [0, %lld)", ids[m],
+                               (long long)V);
+    return cuda_embed_rows(cb, (float *)out->data, table, ids, M, scale);
+}

@@ -1,0 +1,266 @@
+/* bench.c - `lmx bench MODEL [--json]`: load time, prefill and decode speed, batched decode, peak
+ * GPU memory and the achieved weight bandwidth next to the device's measured copy bandwidth.
+ *
+ * Every timed call returns logits to the host, so wall-clock time covers the device work.  Token
+ * ids are random (xorshift); each figure is the median of its repetitions after one warm-up.
+ * Bytes per decoded token = every weight byte except the embedding table (one row is read), plus
+ * the output head (the table itself when tied), plus the KV cache read at that context (bf16 on
+ * cuda, f32 on the cpu).  Achieved bandwidth = bytes per token x tokens/s. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef LMX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "cli.h"
+#include "lmx.h"
+
+typedef struct bench {
+    lmx_model *m;
+    lmx_model_info in;
+    int V, cuda;
+    uint64_t rng;
+    double peak_gpu;      /* bytes in use on the device (total - free), the most seen */
+} bench;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int32_t tok(bench *b) {
+    b->rng ^= b->rng << 13;
+    b->rng ^= b->rng >> 7;
+    b->rng ^= b->rng << 17;
+    return (int32_t)(b->rng % (uint64_t)(b->V > 1000 ? 1000 : b->V)) + (b->V > 2000 ? 500 : 0);
+}
+
+static void sample_gpu_mem(bench *b) {
+#ifdef LMX_HAVE_CUDA
+    size_t fr = 0, tot = 0;
+    if (b->cuda && cudaMemGetInfo(&fr, &tot) == cudaSuccess && (double)(tot - fr) > b->peak_gpu)
+        b->peak_gpu = (double)(tot - fr);
+#else
+    (void)b;
+#endif
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Device-to-device copy bandwidth (read + write bytes per second) of a 1 GiB buffer; 0 on the cpu. */
+static double copy_bandwidth(bench *b) {
+#ifdef LMX_HAVE_CUDA
+    if (!b->cuda) return 0;
+    size_t n = (size_t)1 << 30;
+    void *src = NULL, *dst = NULL;
+    if (cudaMalloc(&src, n) != cudaSuccess || cudaMalloc(&dst, n) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(src);
+        return 0;
+    }
+    cudaMemset(src, 1, n);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float best = 1e30f;
+    for (int i = 0; i < 8; i++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i > 0 && ms < best) best = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(src);
+    cudaFree(dst);
+    return 2.0 * (double)n / (best * 1e-3);
+#else
+    (void)b;
+    return 0;
+#endif
+}
+
+/* Tokens/s of prefilling n tokens into a fresh context (median of reps after a warm-up). */
+static double prefill(bench *b, int n, int reps, float *logits) {
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    lmx_context *c = NULL;
+    double t[8], r = -1;
+    if (!ids || lmx_context_create(b->m, NULL, &c) != LMX_OK) goto done;
+    for (int i = 0; i < n; i++) ids[i] = tok(b);
+    for (int i = 0; i <= reps; i++) {
+        lmx_context_reset(c);
+        double t0 = now_s();
+        if (lmx_context_eval(c, ids, n, logits, 0) != LMX_OK) goto done;
+        if (i > 0) t[i - 1] = now_s() - t0;
+        sample_gpu_mem(b);
+    }
+    r = n / median(t, reps);
+done:
+    lmx_context_free(c);
+    free(ids);
+    return r;
+}
+
+/* Decode tokens/s of one sequence after a prompt of ctx tokens (steps timed one by one). */
+static double decode(bench *b, int ctx, int steps, float *logits) {
+    lmx_context *c = NULL;
+    double r = -1;
+    int n0 = ctx > 0 ? ctx : 1;
+    int32_t *ids = malloc((size_t)n0 * sizeof *ids);
+    double *t = malloc((size_t)steps * sizeof *t);
+    if (!ids || !t || lmx_context_create(b->m, NULL, &c) != LMX_OK) goto done;
+    for (int i = 0; i < n0; i++) ids[i] = tok(b);
+    if (lmx_context_eval(c, ids, n0, logits, 0) != LMX_OK) goto done;
+    int32_t next = tok(b);
+    if (lmx_context_eval(c, &next, 1, logits, 0) != LMX_OK) goto done; /* warm-up */
+    for (int s = 0; s < steps; s++) {
+        next = tok(b);
+        double t0 = now_s();
+        if (lmx_context_eval(c, &next, 1, logits, 0) != LMX_OK) goto done;
+        t[s] = now_s() - t0;
+    }
+    sample_gpu_mem(b);
+    r = 1.0 / median(t, steps);
+done:
+    lmx_context_free(c);
+    free(ids);
+    free(t);
+    return r;
+}
+
+/* Batched decode: B sequences after a 16-token prompt each, tokens/s summed over the batch. */
+static double decode_batch(bench *b, int B, int steps) {
+    const int P = 16;
+    lmx_context **cs = calloc((size_t)B, sizeof *cs);
+    int32_t *ids = malloc((size_t)B * P * sizeof *ids);
+    int *lens = malloc((size_t)B * sizeof *lens);
+    float *logits = malloc((size_t)B * b->V * sizeof *logits);
+    double *t = malloc((size_t)steps * sizeof *t), r = -1;
+    if (!cs || !ids || !lens || !logits || !t) goto done;
+    for (int i = 0; i < B; i++)
+        if (lmx_context_create(b->m, NULL, &cs[i]) != LMX_OK) goto done;
+    for (int i = 0; i < B * P; i++) ids[i] = tok(b);
+    for (int i = 0; i < B; i++) lens[i] = P;
+    if (lmx_eval_batch(b->m, cs, B, ids, lens, P, logits) != LMX_OK) goto done;
+    for (int i = 0; i < B; i++) lens[i] = 1;
+    for (int s = -1; s < steps; s++) {
+        for (int i = 0; i < B; i++) ids[i] = tok(b);
+        double t0 = now_s();
+        if (lmx_eval_batch(b->m, cs, B, ids, lens, 1, logits) != LMX_OK) goto done;
+        if (s >= 0) t[s] = now_s() - t0;
+    }
+    sample_gpu_mem(b);
+    r = B / median(t, steps);
+done:
+    for (int i = 0; cs && i < B; i++) lmx_context_free(cs[i]);
+    free(cs);
+    free(ids);
+    free(lens);
+    free(logits);
+    free(t);
+    return r;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *path = NULL, *backend = "auto";
+    int json = 0, steps = 64, long_ctx = 4096;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help")) {
+            printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--json]\n\n"
+                   "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
+                   "--long-ctx (4096); batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
+                   "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
+                   "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench: bad --steps"); }
+        else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx)) return cli_usage_error("bench: bad --long-ctx"); }
+        else if (a[0] == '-') return cli_usage_error("bench: unknown option or missing value: %s", a);
+        else if (path) return cli_usage_error("bench: more than one model given");
+        else path = a;
+    }
+    if (!path) return cli_usage_error("bench: no model given");
+    bench b = {.rng = 0x2545F4914F6CDD1Dull};
+    lmx_load_params lp = lmx_load_default_params();
+    lp.backend = backend;
+    double t0 = now_s();
+    if (lmx_model_load(path, &lp, &b.m) != LMX_OK) {
+        fprintf(stderr, "lmx: %s\n", lmx_last_error(NULL));
+        return 1;
+    }
+    double load_s = now_s() - t0;
+    lmx_model_get_info(b.m, &b.in);
+    b.V = b.in.vocab_size;
+    b.cuda = !strcmp(b.in.backend, "cuda");
+    sample_gpu_mem(&b);
+    float *logits = malloc((size_t)b.V * sizeof *logits);
+    if (!logits) return 1;
+
+    /* bytes per decoded token */
+    const lmx_model_info *in = &b.in;
+    double C = in->hidden_size, HD = (double)in->n_heads * in->head_dim, KD = (double)in->n_kv_heads * in->head_dim;
+    double layer_params = in->n_layers * (2 * C * HD + 2 * C * KD + 3 * C * in->ffn_size);
+    double embed_params = (double)in->vocab_size * C;
+    double bpp = (double)in->weight_bytes / (double)in->n_params;
+    int untied = in->n_params - layer_params > 1.5 * embed_params;
+    double bytes_tok = (double)in->weight_bytes - (untied ? embed_params * bpp : 0);
+    double kv_bytes_pos = 2.0 * in->n_layers * KD * (b.cuda ? 2 : 4);
+
+    double copy_bw = copy_bandwidth(&b);
+    double pp512 = prefill(&b, 512, 3, logits);
+    double pp2048 = prefill(&b, 2048, 3, logits);
+    double tg0 = decode(&b, 0, steps, logits);
+    double tgL = long_ctx > 0 ? decode(&b, long_ctx, steps / 2 > 8 ? steps / 2 : 8, logits) : 0;
+    int Bs[3] = {1, 8, 32};
+    double bt[3];
+    for (int i = 0; i < 3; i++) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
+    double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
+
+    if (json) {
+        printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", "
+               "\"n_params\": %lld, \"weight_bytes\": %lld, \"bytes_per_token\": %.0f, \"load_s\": %.3f, "
+               "\"prefill512_tok_s\": %.1f, \"prefill2048_tok_s\": %.1f, \"decode_ctx0_tok_s\": %.2f, "
+               "\"decode_ctx%d_tok_s\": %.2f, \"batch1_tok_s\": %.2f, \"batch8_tok_s\": %.2f, "
+               "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
+               "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g}\n",
+               path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
+               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, bt[0], bt[1], bt[2], b.peak_gpu, bw0, bwL,
+               copy_bw);
+    } else {
+        printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
+               in->architecture, in->dtype, in->backend, in->n_params / 1e9, in->weight_bytes / 1e9, bytes_tok / 1e9);
+        printf("load                 %8.2f s\n", load_s);
+        printf("prefill 512          %8.1f tok/s\n", pp512);
+        printf("prefill 2048         %8.1f tok/s\n", pp2048);
+        printf("decode ctx 0         %8.2f tok/s   %7.1f GB/s\n", tg0, bw0 / 1e9);
+        printf("decode ctx %-5d     %8.2f tok/s   %7.1f GB/s\n", long_ctx, tgL, bwL / 1e9);
+        for (int i = 0; i < 3; i++) printf("batch %-2d decode      %8.2f tok/s\n", Bs[i], bt[i]);
+        if (b.cuda) {
+            printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);
+            printf("copy bandwidth       %8.1f GB/s (device to device, read + write)\n", copy_bw / 1e9);
+            if (copy_bw > 0) printf("roofline (ctx 0)     %8.1f %% of copy bandwidth\n", 100 * bw0 / copy_bw);
+        }
+    }
+    free(logits);
+    lmx_model_free(b.m);
+    return 0;
+}

@@ -1,0 +1,369 @@
+/* test_cuda_ops.c - every op of the cuda backend against the cpu backend on random inputs,
+ * including odd sizes, quantized weights, padded batches, GQA, sliding windows, rotating caches
+ * and split attention over long contexts.  Exits 77 (skipped) when lmx is built without CUDA or
+ * no GPU is present. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "base/half.h"
+#include "check.h"
+#include "formats/ggml_types.h"
+
+#ifndef LMX_HAVE_CUDA
+int main(void) {
+    printf("SKIP: lmx built without CUDA\n");
+    return 77;
+}
+#else
+
+static lmx_backend *gpu, *cpu;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+static uint32_t urand(void) {
+    frand();
+    return (uint32_t)(rng >> 17);
+}
+
+/* relative L2 error of a against reference b */
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (!(d == d)) return INFINITY;
+        d2 += d * d;
+        r2 += (double)b[i] * b[i];
+    }
+    return sqrt(d2) / (sqrt(r2) > 1e-30 ? sqrt(r2) : 1.0);
+}
+
+/* an f32 activation [rows, cols] on backend be holding host data (or zeros) */
+static lmx_tensor act(lmx_backend *be, int64_t rows, int64_t cols, const float *data) {
+    lmx_tensor t = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, cols}};
+    CHECK(be->ops->alloc(be, &t) == LMX_OK);
+    if (data) CHECK(be->ops->write(be, &t, 0, data, (size_t)(rows * cols) * 4) == LMX_OK);
+    return t;
+}
+
+static float *fetch(lmx_backend *be, const lmx_tensor *t, int64_t n) {
+    float *h = malloc((size_t)n * 4);
+    CHECK(be->ops->read(be, t, 0, h, (size_t)n * 4) == LMX_OK);
+    return h;
+}
+
+static void compare(const char *what, lmx_tensor *g, lmx_tensor *c, int64_t n, double tol) {
+    float *a = fetch(gpu, g, n), *b = fetch(cpu, c, n);
+    double e = rel_err(a, b, n);
+    CHECK_MSG(e <= tol, "%s: relative error %.3g > %.3g", what, e, tol);
+    free(a);
+    free(b);
+}
+
+/* A weight [N, K] (dtype dense; bits > 0 MLX; gtype > 0 GGUF) uploaded to both backends.  Host
+ * buffers stay alive (the cpu backend aliases them): they are leaked on purpose. */
+typedef struct wpair { lmx_tensor g, c; } wpair;
+
+static void put_f16(uint8_t *p, float v) { uint16_t h = lmx_f32_to_f16(v); memcpy(p, &h, 2); }
+
+static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K) {
+    lmx_tensor t = {.dtype = dt, .ndim = 2, .shape = {N, K}};
+    if (gtype) {
+        size_t rb = lmx_ggml_row_bytes(gtype, K), bb = (size_t)lmx_ggml_block_bytes(gtype);
+        uint8_t *p = malloc(rb * (size_t)N);
+        for (size_t i = 0; i < rb * (size_t)N; i++) p[i] = (uint8_t)urand();
+        for (size_t b = 0; b < rb * (size_t)N / bb; b++) { /* sane f16 scale fields */
+            uint8_t *blk = p + b * bb;
+            if (gtype == LMX_GGML_Q8_0 || gtype == LMX_GGML_Q4_0) put_f16(blk, 0.01f + 0.01f * frand());
+            if (gtype == LMX_GGML_Q4_K) { put_f16(blk, 0.002f * (1.5f + frand())); put_f16(blk + 2, 0.002f * (1.5f + frand())); }
+            if (gtype == LMX_GGML_Q6_K) put_f16(blk + 208, 0.001f * (1.5f + frand()));
+        }
+        t.dtype = LMX_DTYPE_U8;
+        t.data = p;
+        t.q.ggml_type = gtype;
+    } else if (bits) {
+        int64_t W = K * bits / 32, G = K / group;
+        uint32_t *p = malloc((size_t)(N * W) * 4);
+        for (int64_t i = 0; i < N * W; i++) p[i] = urand() ^ (urand() << 15);
+        uint16_t *s = malloc((size_t)(N * G) * 2), *b = malloc((size_t)(N * G) * 2);
+        for (int64_t i = 0; i < N * G; i++) {
+            s[i] = lmx_f32_to_bf16(0.02f * (1.2f + frand()));
+            b[i] = lmx_f32_to_bf16(0.05f * frand());
+        }
+        t.dtype = LMX_DTYPE_U32;
+        t.data = p;
+        t.q = (lmx_quant){.bits = bits, .group = group, .scale_dtype = LMX_DTYPE_BF16, .scales = s, .biases = b};
+    } else {
+        size_t es = lmx_dtype_size(dt);
+        uint8_t *p = malloc((size_t)(N * K) * es);
+        for (int64_t i = 0; i < N * K; i++) {
+            float v = 0.1f * frand();
+            if (dt == LMX_DTYPE_F32) memcpy(p + 4 * i, &v, 4);
+            else { uint16_t h = dt == LMX_DTYPE_BF16 ? lmx_f32_to_bf16(v) : lmx_f32_to_f16(v); memcpy(p + 2 * i, &h, 2); }
+        }
+        t.data = p;
+        if (N == 1) { t.ndim = 1; t.shape[0] = K; t.shape[1] = 0; }
+    }
+    wpair w = {t, t};
+    CHECK(gpu->ops->upload_weight(gpu, &w.g) == LMX_OK);
+    CHECK(cpu->ops->upload_weight(cpu, &w.c) == LMX_OK);
+    return w;
+}
+
+static float *rand_vec(int64_t n, float amp) {
+    float *v = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) v[i] = amp * frand();
+    return v;
+}
+
+static void free_pair(lmx_tensor *g, lmx_tensor *c) {
+    gpu->ops->release(gpu, g);
+    cpu->ops->release(cpu, c);
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+
+static void test_matmul_case(const char *name, lmx_dtype dt, int bits, int group, int gtype, int N, int K, int M,
+                             int with_bias, double tol) {
+    wpair w = make_weight(dt, bits, group, gtype, N, K);
+    wpair b = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, N);
+    float *x = rand_vec((int64_t)M * K, 1.0f);
+    lmx_tensor xg = act(gpu, M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, NULL), yc = act(cpu, M, N, NULL);
+    CHECK(gpu->ops->matmul(gpu, &yg, &xg, &w.g, with_bias ? &b.g : NULL, M) == LMX_OK);
+    CHECK(cpu->ops->matmul(cpu, &yc, &xc, &w.c, with_bias ? &b.c : NULL, M) == LMX_OK);
+    char what[128];
+    snprintf(what, sizeof what, "matmul %s N=%d K=%d M=%d bias=%d", name, N, K, M, with_bias);
+    compare(what, &yg, &yc, (int64_t)M * N, tol);
+    free_pair(&xg, &xc);
+    free_pair(&yg, &yc);
+    free(x);
+}
+
+static void test_matmul(void) {
+    const int Ms[] = {1, 2, 3, 5, 8, 9, 33};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        int M = Ms[i];
+        double t16 = M > 8 ? 2e-2 : 1e-4;
+        test_matmul_case("bf16", LMX_DTYPE_BF16, 0, 0, 0, 37, 256, M, 1, t16);
+        test_matmul_case("bf16", LMX_DTYPE_BF16, 0, 0, 0, 130, 1000, M, 0, t16);
+        test_matmul_case("bf16 odd K", LMX_DTYPE_BF16, 0, 0, 0, 19, 75, M, 1, t16);
+        test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 33, 264, M, 1, M > 8 ? 5e-3 : 1e-4);
+        test_matmul_case("f32", LMX_DTYPE_F32, 0, 0, 0, 21, 100, M, 1, 1e-4);
+        test_matmul_case("f32 odd K", LMX_DTYPE_F32, 0, 0, 0, 9, 77, M, 0, 1e-4);
+    }
+    const int Mq[] = {1, 3, 8, 12, 40};
+    for (size_t i = 0; i < sizeof Mq / sizeof Mq[0]; i++) {
+        int M = Mq[i];
+        double tq = M > 32 ? 2e-2 : 1e-4;
+        test_matmul_case("mlx q4 g64", LMX_DTYPE_U32, 4, 64, 0, 45, 512, M, 1, tq);
+        test_matmul_case("mlx q4 g32", LMX_DTYPE_U32, 4, 32, 0, 17, 96, M, 0, tq);
+        test_matmul_case("mlx q8 g64", LMX_DTYPE_U32, 8, 64, 0, 29, 192, M, 1, tq);
+        test_matmul_case("mlx q2 g32", LMX_DTYPE_U32, 2, 32, 0, 13, 128, M, 0, tq);
+        test_matmul_case("gguf q8_0", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q8_0, 23, 96, M, 0, tq);
+        test_matmul_case("gguf q4_0", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_0, 23, 160, M, 1, tq);
+        test_matmul_case("gguf q4_k", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_K, 11, 512, M, 0, tq);
+        test_matmul_case("gguf q6_k", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q6_K, 11, 256, M, 1, tq);
+    }
+    /* unsupported GGUF types are refused, not computed wrongly */
+    lmx_tensor t = {.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {4, 256}};
+    static uint8_t junk[4 * 256];
+    t.data = junk;
+    t.q.ggml_type = LMX_GGML_Q5_K;
+    CHECK(gpu->ops->upload_weight(gpu, &t) == LMX_ERR_UNSUPPORTED);
+}
+
+/* ---- small ops ------------------------------------------------------------------------------- */
+
+static void test_embed(void) {
+    struct { lmx_dtype dt; int bits, group, gtype; int K; } cases[] = {
+        {LMX_DTYPE_BF16, 0, 0, 0, 100}, {LMX_DTYPE_F32, 0, 0, 0, 33}, {LMX_DTYPE_U32, 4, 64, 0, 128},
+        {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q6_K, 256}, {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_K, 256}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int V = 50, M = 7;
+        wpair w = make_weight(cases[c].dt, cases[c].bits, cases[c].group, cases[c].gtype, V, cases[c].K);
+        int32_t ids[7] = {0, 49, 3, 3, 17, 8, 25};
+        lmx_tensor og = act(gpu, M, cases[c].K, NULL), oc = act(cpu, M, cases[c].K, NULL);
+        CHECK(gpu->ops->embed(gpu, &og, &w.g, ids, M, 1.5f) == LMX_OK);
+        CHECK(cpu->ops->embed(cpu, &oc, &w.c, ids, M, 1.5f) == LMX_OK);
+        compare("embed", &og, &oc, (int64_t)M * cases[c].K, 1e-6);
+        int32_t bad = 50;
+        CHECK(gpu->ops->embed(gpu, &og, &w.g, &bad, 1, 1.0f) == LMX_ERR_INVALID_ARG);
+        free_pair(&og, &oc);
+    }
+}
+
+static void test_elementwise(void) {
+    const int ns[] = {1, 37, 2051};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        int n = ns[i], rows = 5;
+        float *x = rand_vec((int64_t)rows * n, 3.0f), *y = rand_vec((int64_t)rows * n, 3.0f);
+        wpair w = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, n);
+        for (int one = 0; one < 2; one++) {
+            lmx_tensor xg = act(gpu, rows, n, x), xc = act(cpu, rows, n, x);
+            CHECK(gpu->ops->rmsnorm(gpu, &xg, &xg, &w.g, rows, n, 1e-6f, (float)one) == LMX_OK); /* in place */
+            CHECK(cpu->ops->rmsnorm(cpu, &xc, &xc, &w.c, rows, n, 1e-6f, (float)one) == LMX_OK);
+            compare("rmsnorm", &xg, &xc, (int64_t)rows * n, 1e-5);
+            free_pair(&xg, &xc);
+        }
+        int64_t m = (int64_t)rows * n;
+        lmx_tensor xg = act(gpu, rows, n, x), xc = act(cpu, rows, n, x), yg = act(gpu, rows, n, y), yc = act(cpu, rows, n, y);
+        CHECK(gpu->ops->add(gpu, &yg, &xg, m) == LMX_OK && cpu->ops->add(cpu, &yc, &xc, m) == LMX_OK);
+        compare("add", &yg, &yc, m, 1e-6);
+        for (int a = 0; a < 2; a++) {
+            lmx_tensor og = act(gpu, rows, n, NULL), oc = act(cpu, rows, n, NULL);
+            CHECK(gpu->ops->glu(gpu, &og, &xg, &yg, m, (lmx_act)a) == LMX_OK);
+            CHECK(cpu->ops->glu(cpu, &oc, &xc, &yc, m, (lmx_act)a) == LMX_OK);
+            compare(a ? "glu gelu_tanh" : "glu silu", &og, &oc, m, 1e-5);
+            free_pair(&og, &oc);
+        }
+        CHECK(gpu->ops->softcap(gpu, &yg, m, 2.5f) == LMX_OK && cpu->ops->softcap(cpu, &yc, m, 2.5f) == LMX_OK);
+        compare("softcap", &yg, &yc, m, 1e-5);
+        int rows_idx[3] = {4, 0, 2};
+        lmx_tensor gg = act(gpu, 3, n, NULL), gc = act(cpu, 3, n, NULL);
+        CHECK(gpu->ops->gather_rows(gpu, &gg, &yg, rows_idx, 3, n) == LMX_OK);
+        CHECK(cpu->ops->gather_rows(cpu, &gc, &yc, rows_idx, 3, n) == LMX_OK);
+        compare("gather_rows", &gg, &gc, 3 * (int64_t)n, 1e-5);
+        free_pair(&gg, &gc);
+        free_pair(&xg, &xc);
+        free_pair(&yg, &yc);
+        free(x);
+        free(y);
+    }
+}
+
+static void test_rope(void) {
+    int n_past[3] = {0, 7, 3000}, n_new[3] = {5, 2, 4};
+    lmx_batch bt = {.B = 3, .T = 5, .n_past = n_past, .n_new = n_new};
+    for (int inter = 0; inter < 2; inter++)
+        for (int partial = 0; partial < 2; partial++) {
+            int nh = 3, hd = 64, rot = partial ? 32 : 64;
+            float inv[32];
+            for (int i = 0; i < rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot);
+            lmx_rope r = {.rot_dim = rot, .interleaved = inter, .inv_freq = inv, .attn_factor = 1.1f};
+            int64_t n = 15LL * nh * hd;
+            float *x = rand_vec(n, 1.0f);
+            lmx_tensor xg = act(gpu, 15, nh * hd, x), xc = act(cpu, 15, nh * hd, x);
+            CHECK(gpu->ops->rope(gpu, &xg, &bt, nh, hd, &r) == LMX_OK);
+            CHECK(cpu->ops->rope(cpu, &xc, &bt, nh, hd, &r) == LMX_OK);
+            compare("rope", &xg, &xc, n, 1e-5);
+            free_pair(&xg, &xc);
+            free(x);
+        }
+}
+
+/* ---- attention through a sequence of calls ---------------------------------------------------- */
+
+typedef struct attn_case {
+    const char *name;
+    int B, H, Hk, D, window, rotating_cap;
+    float softcap;
+    int steps;           /* calls after the first */
+    int T0, TS;          /* rows of the first call, of each later call */
+} attn_case;
+
+static void run_attn_case(const attn_case *ac) {
+    int B = ac->B, H = ac->H, Hk = ac->Hk, D = ac->D;
+    int64_t KD = (int64_t)Hk * D;
+    lmx_kv_layer kg[8], kc[8];
+    lmx_kv_layer *pg[8], *pc[8];
+    for (int b = 0; b < B; b++) {
+        lmx_kv_layer z = {.window = ac->window, .rotating = ac->rotating_cap > 0, .cap = ac->rotating_cap};
+        kg[b] = kc[b] = z;
+        pg[b] = &kg[b];
+        pc[b] = &kc[b];
+        if (ac->rotating_cap) {
+            kg[b].k = kg[b].v = (lmx_tensor){.dtype = gpu->ops->kv_dtype, .ndim = 2, .shape = {ac->rotating_cap, KD}};
+            kc[b].k = kc[b].v = (lmx_tensor){.dtype = cpu->ops->kv_dtype, .ndim = 2, .shape = {ac->rotating_cap, KD}};
+            CHECK(gpu->ops->alloc(gpu, &kg[b].k) == LMX_OK && gpu->ops->alloc(gpu, &kg[b].v) == LMX_OK);
+            CHECK(cpu->ops->alloc(cpu, &kc[b].k) == LMX_OK && cpu->ops->alloc(cpu, &kc[b].v) == LMX_OK);
+        }
+    }
+    int n_past[8] = {0}, n_new[8];
+    for (int step = 0; step <= ac->steps; step++) {
+        int T = step == 0 ? ac->T0 : ac->TS;
+        for (int b = 0; b < B; b++) n_new[b] = T - (b % 3) * (T > 2 ? T / 3 : 0); /* padded rows */
+        lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
+        int M = B * T;
+        float *q = rand_vec((int64_t)M * H * D, 1.0f), *k = rand_vec((int64_t)M * KD, 1.0f),
+              *v = rand_vec((int64_t)M * KD, 1.0f);
+        lmx_tensor qg = act(gpu, M, H * D, q), qc = act(cpu, M, H * D, q), kg_ = act(gpu, M, KD, k),
+                   kc_ = act(cpu, M, KD, k), vg = act(gpu, M, KD, v), vc = act(cpu, M, KD, v),
+                   og = act(gpu, M, H * D, NULL), oc = act(cpu, M, H * D, NULL);
+        for (int b = 0; b < B; b++) {
+            CHECK(gpu->ops->kv_reserve(gpu, &kg[b], n_past[b] + n_new[b], KD) == LMX_OK);
+            CHECK(cpu->ops->kv_reserve(cpu, &kc[b], n_past[b] + n_new[b], KD) == LMX_OK);
+        }
+        float scale = 1.0f / sqrtf((float)D);
+        lmx_attn_args ag = {.batch = &bt, .out = &og, .q = &qg, .k = &kg_, .v = &vg, .kv = pg, .H = H, .Hk = Hk,
+                            .D = D, .scale = scale, .softcap = ac->softcap};
+        lmx_attn_args acp = ag;
+        acp.out = &oc, acp.q = &qc, acp.k = &kc_, acp.v = &vc, acp.kv = pc;
+        CHECK(gpu->ops->attention(gpu, &ag) == LMX_OK);
+        CHECK(cpu->ops->attention(cpu, &acp) == LMX_OK);
+        CHECK(gpu->ops->kv_append(gpu, pg, &bt, &kg_, &vg) == LMX_OK);
+        CHECK(cpu->ops->kv_append(cpu, pc, &bt, &kc_, &vc) == LMX_OK);
+        char what[160];
+        snprintf(what, sizeof what, "attention %s step %d (T=%d)", ac->name, step, T);
+        /* the cpu caches hold f32, the gpu ones bf16: compare at bf16 precision */
+        compare(what, &og, &oc, (int64_t)M * H * D, step == 0 ? 1e-5 : 1e-2);
+        for (int b = 0; b < B; b++) n_past[b] += n_new[b];
+        free_pair(&qg, &qc);
+        free_pair(&kg_, &kc_);
+        free_pair(&vg, &vc);
+        free_pair(&og, &oc);
+        free(q);
+        free(k);
+        free(v);
+    }
+    for (int b = 0; b < B; b++) {
+        free_pair(&kg[b].k, &kc[b].k);
+        free_pair(&kg[b].v, &kc[b].v);
+    }
+}
+
+static void test_attention(void) {
+    const attn_case cases[] = {
+        {"mha", 1, 2, 2, 32, 0, 0, 0.0f, 3, 7, 1},
+        {"gqa padded batch", 3, 8, 2, 64, 0, 0, 0.0f, 4, 9, 3},
+        {"gqa softcap", 2, 4, 1, 128, 0, 0, 30.0f, 3, 5, 1},
+        {"sliding rotating", 2, 4, 2, 64, 8, 8, 0.0f, 6, 11, 3},
+        {"sliding unbounded", 1, 4, 2, 32, 5, 0, 0.0f, 4, 12, 2},
+        {"long context splits", 1, 16, 4, 128, 0, 0, 0.0f, 3, 700, 1},
+        {"long prefill batch", 2, 6, 3, 80, 0, 0, 0.0f, 1, 300, 2},
+        {"head dim 256", 1, 4, 4, 256, 0, 0, 50.0f, 2, 40, 1},
+        {"many heads per kv", 1, 20, 1, 64, 0, 0, 0.0f, 2, 30, 1},
+        {"tiled sliding rotating", 2, 4, 2, 64, 40, 40, 0.0f, 2, 100, 33},
+        {"tiled softcap gqa", 1, 8, 2, 32, 0, 0, 20.0f, 2, 70, 40},
+        {"tiled chunks", 3, 4, 4, 128, 0, 0, 0.0f, 3, 64, 64},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
+}
+
+int main(void) {
+    lmx_err err = {0};
+    if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
+        printf("SKIP: no usable GPU (%s)\n", err.msg);
+        return 77;
+    }
+    if (lmx_cpu_backend_create(2, &cpu, &err) != LMX_OK) {
+        printf("cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    test_matmul();
+    test_embed();
+    test_elementwise();
+    test_rope();
+    test_attention();
+    lmx_backend_free(gpu);
+    lmx_backend_free(cpu);
+    return check_summary("test_cuda_ops");
+}
+#endif
