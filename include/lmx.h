@@ -48,9 +48,18 @@ const char *lmx_status_str(lmx_status s);
  * ------------------------------------------------------------------------------------------- */
 typedef struct lmx_model lmx_model;
 
+/* Progress of a long call, done in [0, 1]; called from the calling thread. */
+typedef void (*lmx_progress_fn)(float done, void *user);
+
 typedef struct lmx_load_params {
     const char *backend;   /* "auto" (default), "cpu"; "cuda" where built */
     int n_threads;         /* CPU worker threads; 0 = one per online core */
+    int n_ctx;             /* context of the model's generation calls (lmx_generate, lmx_chat,
+                              lmx_batch_generate): 0 (default) = unbounded; > 0 = rotating caches
+                              of n_ctx positions (see lmx_context_params) */
+    uint64_t seed;         /* the sampling seed of calls that do not name one (default 0) */
+    lmx_progress_fn progress; /* NULL, or told how far loading the weights has come */
+    void *progress_user;
 } lmx_load_params;
 
 lmx_load_params lmx_load_default_params(void);
@@ -79,6 +88,10 @@ typedef struct lmx_model_info {
     int n_eos;                  /* number of end-of-sequence ids in eos_ids */
     int32_t eos_ids[8];
     int32_t bos_id;             /* -1 when unknown */
+    int n_ctx;                  /* the generation context (lmx_load_params.n_ctx; 0 = unbounded) */
+    int64_t memory_bytes;       /* memory lmx allocated for m and its contexts now (weights that
+                                   stay memory-mapped are not counted; see weight_bytes) */
+    int64_t peak_memory_bytes;  /* the most it has held at once since loading */
 } lmx_model_info;
 
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out);
@@ -118,6 +131,196 @@ lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float 
  * last_logits: room for B * vocab_size floats; row b gets the logits after token lens[b]-1. */
 lmx_status lmx_eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens,
                           const int *lens, int T, float *last_logits);
+
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling
+ * ------------------------------------------------------------------------------------------- */
+
+/* The sampler chain, applied in this order to the next-token logits:
+ *   1. penalties over the last penalty_last_n tokens (prompt and generated): repetition (a
+ *      positive logit is divided by repeat_penalty, a negative one multiplied), presence (minus
+ *      presence_penalty once per distinct token), frequency (minus frequency_penalty per
+ *      occurrence);
+ *   2. temperature: <= 0 is greedy (the largest logit, the lowest id among equals; the filters
+ *      and the seed are then unused); otherwise the logits are divided by it;
+ *   3. top-k: the top_k largest stay (0: off);
+ *   4. top-p: the smallest set of most likely tokens whose probability reaches top_p (1: off);
+ *   5. min-p: tokens less likely than min_p times the likeliest are dropped (0: off);
+ *   6. a draw from what is left (renormalised) with a generator seeded by seed.
+ * The same seed, parameters and prompt give the same tokens. */
+typedef struct lmx_sampler_params {
+    float temperature;        /* default 0.8 */
+    int top_k;                /* default 40 */
+    float top_p;              /* default 0.95 */
+    float min_p;              /* default 0.05 */
+    float repeat_penalty;     /* default 1 (off) */
+    float presence_penalty;   /* default 0 */
+    float frequency_penalty;  /* default 0 */
+    int penalty_last_n;       /* default 64; -1 = every token so far */
+    int64_t seed;             /* < 0 (default): lmx_load_params.seed */
+} lmx_sampler_params;
+
+lmx_sampler_params lmx_sampler_default_params(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Generation: a prompt in, tokens out, streamed through a callback or pulled one at a time.
+ *
+ * A model runs one generation at a time (one open lmx_stream, or one call of lmx_generate,
+ * lmx_chat, lmx_batch_generate, lmx_classify, lmx_prompt_cache_warm); these calls must not run
+ * concurrently with each other or with lmx_context_eval / lmx_eval_batch on the same model.
+ * lmx_cancel is the one call that may come from another thread meanwhile.
+ *
+ * Prompt cache: the model keeps the KV cache of its last generation.  A new prompt that shares a
+ * prefix of tokens with the last prompt and its generated tokens evaluates only the rest (at
+ * least one token); results are the same as without the cache, and lmx_metrics.cached_tokens
+ * says how many tokens were reused.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum lmx_finish {
+    LMX_FINISH_NONE = 0,      /* still running */
+    LMX_FINISH_EOS,           /* an end-of-sequence token of the model (not emitted) */
+    LMX_FINISH_STOP_TOKEN,    /* one of lmx_gen_params.stop_ids (not emitted) */
+    LMX_FINISH_STOP_STRING,   /* one of stop_strings appeared (it and what follows not emitted) */
+    LMX_FINISH_LENGTH,        /* max_tokens generated */
+    LMX_FINISH_CONTEXT,       /* the context (n_ctx of an unrotating model) is full */
+    LMX_FINISH_CALLBACK,      /* the token callback returned nonzero */
+    LMX_FINISH_CANCELLED,     /* lmx_cancel */
+} lmx_finish;
+
+/* A static name: "none", "eos", "stop_token", "stop_string", "length", "context", "callback",
+ * "cancelled". */
+const char *lmx_finish_str(lmx_finish f);
+
+/* One generated token.  text is what it adds to the output, NUL-terminated, valid until the
+ * next call on the stream (or until the callback returns): often its decoded piece, "" while a
+ * multi-byte character or a possible stop string is incomplete, or several tokens' text at once
+ * when such a hold is released.  The token that completes a stop string carries the text before
+ * the stop string. */
+typedef struct lmx_token {
+    int32_t id;
+    const char *text;
+    size_t text_len;
+    int index;                /* 0 for the first generated token */
+} lmx_token;
+
+/* Return nonzero to stop the generation (finish reason LMX_FINISH_CALLBACK). */
+typedef int (*lmx_token_fn)(const lmx_token *tok, void *user);
+
+typedef struct lmx_gen_params {
+    int max_tokens;                      /* default 256 */
+    lmx_sampler_params sampler;
+    const int32_t *stop_ids;             /* further ids that end the generation */
+    int n_stop_ids;
+    const char *const *stop_strings;     /* texts that end it (matched in the generated text) */
+    int n_stop_strings;
+    int ignore_eos;                      /* 1: the model's EOS ids do not end it */
+    lmx_token_fn on_token;               /* lmx_generate / lmx_chat / lmx_batch_generate call it
+                                            for each token (NULL: none) */
+    void *user;
+    lmx_progress_fn on_prefill;          /* NULL, or told how far the prompt's evaluation is */
+    void *prefill_user;
+} lmx_gen_params;
+
+lmx_gen_params lmx_gen_default_params(void);
+
+/* What a generation produced.  Pointers are owned by the model (or the stream) and stay valid
+ * until the next generation call on the model (or until the stream is freed). */
+typedef struct lmx_result {
+    const char *text;         /* the emitted text, NUL-terminated (stop strings left out) */
+    size_t text_len;
+    const int32_t *ids;       /* the generated ids, the ending EOS / stop id left out */
+    int n_ids;
+    lmx_finish finish;
+    int32_t finish_id;        /* the EOS / stop id that ended it, else -1 */
+} lmx_result;
+
+/* Generate from a text prompt, encoded with the model's tokenizer (its BOS rules applied), or
+ * from token ids; calls params->on_token for each token.  out may be NULL.  Errors:
+ * LMX_ERR_MISSING when the model has no tokenizer (text calls), LMX_ERR_INVALID_ARG for an empty
+ * prompt or a bad id, LMX_ERR_CONTEXT_FULL when the prompt does not fit the context. */
+lmx_status lmx_generate(lmx_model *m, const char *prompt, const lmx_gen_params *params,
+                        lmx_result *out);
+lmx_status lmx_generate_ids(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *params,
+                            lmx_result *out);
+
+/* A chat message: role "system", "user", "assistant" (or any role the template knows). */
+typedef struct lmx_message {
+    const char *role;
+    const char *content;
+} lmx_message;
+
+/* Render messages with the model's chat template (generation prompt on) and generate the
+ * assistant's answer; the model's end-of-turn tokens end it. */
+lmx_status lmx_chat(lmx_model *m, const lmx_message *msgs, int n, const lmx_gen_params *params,
+                    lmx_result *out);
+/* The rendered prompt text of msgs (malloc'ed; the caller frees it). */
+lmx_status lmx_chat_render(lmx_model *m, const lmx_message *msgs, int n, int add_generation_prompt,
+                           char **out);
+
+/* The pull form: open, then lmx_stream_next until it gives NULL.  params->on_token is not
+ * called.  Free with lmx_stream_free (which also ends an unfinished generation). */
+typedef struct lmx_stream lmx_stream;
+
+lmx_status lmx_stream_open(lmx_model *m, const char *prompt, const lmx_gen_params *params,
+                           lmx_stream **out);
+lmx_status lmx_stream_open_ids(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *params,
+                               lmx_stream **out);
+lmx_status lmx_stream_open_chat(lmx_model *m, const lmx_message *msgs, int n,
+                                const lmx_gen_params *params, lmx_stream **out);
+/* *tok: the next token (owned by s, valid until the next call), or NULL when the generation has
+ * finished (lmx_stream_result says why). */
+lmx_status lmx_stream_next(lmx_stream *s, const lmx_token **tok);
+lmx_status lmx_stream_result(const lmx_stream *s, lmx_result *out);
+void lmx_stream_free(lmx_stream *s);
+
+/* Ask the generation running on m to stop at its next token (LMX_FINISH_CANCELLED; a prompt
+ * being evaluated stops at its next chunk).  Safe from any thread; no effect when none runs. */
+void lmx_cancel(lmx_model *m);
+
+/* Evaluate a prompt into the prompt cache (e.g. a fixed system prompt), generating nothing. */
+lmx_status lmx_prompt_cache_warm(lmx_model *m, const char *prompt);
+lmx_status lmx_prompt_cache_warm_ids(lmx_model *m, const int32_t *ids, int n);
+/* Forget the prompt cache. */
+void lmx_prompt_cache_clear(lmx_model *m);
+
+/* ---------------------------------------------------------------------------------------------
+ * Batches
+ * ------------------------------------------------------------------------------------------- */
+
+/* N prompts in one padded forward pass.  next_ids [N] gets each prompt's next token drawn with
+ * sampler (NULL: greedy); logits (NULL, or room for N * vocab_size floats) gets each prompt's
+ * last-position logits.  Uses neither the prompt cache nor the generation context. */
+lmx_status lmx_classify(lmx_model *m, const char *const *prompts, int N,
+                        const lmx_sampler_params *sampler, int32_t *next_ids, float *logits);
+lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
+                            const lmx_sampler_params *sampler, int32_t *next_ids, float *logits);
+
+/* N prompts generated together, each with its own params[i] (stops, sampler, max_tokens,
+ * on_token); results[i] as lmx_result (owned by the model until its next generation call).
+ * Under greedy sampling each result equals generating that prompt alone. */
+lmx_status lmx_batch_generate(lmx_model *m, const char *const *prompts, int N,
+                              const lmx_gen_params *params, lmx_result *results);
+lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, const int *lens,
+                                  int N, const lmx_gen_params *params, lmx_result *results);
+
+/* ---------------------------------------------------------------------------------------------
+ * Metrics of the last generation call (lmx_generate, lmx_chat, a stream, lmx_batch_generate,
+ * lmx_classify, lmx_prompt_cache_warm)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct lmx_metrics {
+    int prompt_tokens;        /* tokens of the prompt(s) */
+    int cached_tokens;        /* of those, reused from the prompt cache */
+    int generated_tokens;
+    double prefill_ms;        /* evaluating the prompt tokens that were not cached */
+    double ttft_ms;           /* from the call to the first token */
+    double decode_ms;         /* from the first token to the last */
+    double prefill_tokens_per_s;
+    double decode_tokens_per_s;
+    int64_t memory_bytes, peak_memory_bytes;   /* as in lmx_model_info */
+} lmx_metrics;
+
+lmx_status lmx_get_metrics(const lmx_model *m, lmx_metrics *out);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,7 @@ if [ -n "$smol" ] && [ -f "$smol" ]; then
 fi
 # lmx chat with SmolLM2's own template (from its GGUF metadata) answers a factual question.
 if [ -n "$smol" ] && [ -f "$smol" ]; then
-    reply=$(printf 'What is the capital of France?\n' | "$bin" chat "$smol" --max-tokens 32)
+    reply=$(printf 'What is the capital of France?\n' | "$bin" chat "$smol" --max-tokens 32 --temp 0)
     if grep -q Paris <<<"$reply"; then echo "ok: chat answers: $reply"; else echo "FAIL: chat answered: $reply"; status=1; fi
 fi
 [ $ran -gt 0 ] || echo "real_models: no real model available (run with 'install')"

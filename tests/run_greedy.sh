@@ -16,7 +16,7 @@ print(",".join(map(str, p)), " ".join(map(str, q[len(p):])))
 PY
 )
 n=$(wc -w <<<"$expected")
-got=$("$bin" run "$dir" --prompt-ids "$prompt" --max-tokens "$n")
+got=$("$bin" run "$dir" --prompt-ids "$prompt" --max-tokens "$n" --temp 0)
 if [ "$got" != "$expected" ]; then
     echo "FAIL $dir"; echo "  expected: $expected"; echo "  got:      $got"; exit 1
 fi

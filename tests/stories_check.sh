@@ -9,7 +9,7 @@ read -r prompt n expected < <(python3 -c '
 import json, sys
 g = json.load(open(sys.argv[1]))["greedy_from_bos"]
 print(",".join(map(str, g["prompt_ids"])), g["steps"], " ".join(map(str, g["generated_ids"])))' "$ref")
-got=$("$bin" run "$fixtures/real/stories260K.gguf" --prompt-ids "$prompt" --max-tokens "$n")
+got=$("$bin" run "$fixtures/real/stories260K.gguf" --prompt-ids "$prompt" --max-tokens "$n" --temp 0)
 if [ "$got" != "$expected" ]; then
     echo "FAIL: greedy tokens differ"; echo "  expected: $expected"; echo "  got:      $got"; exit 1
 fi
@@ -23,7 +23,7 @@ for p in json.load(open(sys.argv[1]))["prompts_llama_cpp_greedy_48_tokens"]:
     print(json.dumps([p["prompt"], p["output"]]))' "$ref" | while read -r row; do
     prompt=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$row")
     expected=$(python3 -c 'import json,sys; p,o=json.loads(sys.argv[1]); assert o.startswith(" "+p); print(o[len(p)+1:])' "$row")
-    got=$("$bin" run "$fixtures/real/stories260K.gguf" "$prompt" --max-tokens 48)
+    got=$("$bin" run "$fixtures/real/stories260K.gguf" "$prompt" --max-tokens 48 --temp 0)
     if [ "$got" != "$expected" ]; then
         echo "FAIL: \"$prompt\""; echo "  expected: $expected"; echo "  got:      $got"; exit 1
     fi

@@ -10,6 +10,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_discover(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* check-reference against a compact top-k JSON reference (check_topk.c); returns the exit code. */
 struct lmx_model;

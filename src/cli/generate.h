@@ -1,4 +1,5 @@
-/* generate.h - what `lmx run` and `lmx chat` share: the model/context options and the greedy loop. */
+/* generate.h - what `lmx run` and `lmx chat` share: the model/sampling options, loading with a
+ * progress bar, streaming tokens to stdout and the --json metrics line. */
 #ifndef LMX_CLI_GENERATE_H
 #define LMX_CLI_GENERATE_H
 
@@ -6,24 +7,35 @@
 
 #include "lmx.h"
 
+#define CLI_MAX_STOP 16
+
 typedef struct cli_gen_opts {
     const char *backend;   /* --backend (default "auto") */
     int threads;           /* --threads (0: all cores) */
     int n_ctx;             /* --ctx (0: unbounded) */
-    int max_tokens;        /* --max-tokens */
+    int json;              /* --json: metrics as one JSON line on stderr */
+    lmx_gen_params gen;    /* --max-tokens, --temp, --top-k, --top-p, --min-p, --repeat-penalty,
+                              --presence-penalty, --frequency-penalty, --seed, --stop */
+    const char *stops[CLI_MAX_STOP];
 } cli_gen_opts;
+
+/* Defaults: backend auto, max_tokens as given, the library's sampler defaults. */
+void cli_gen_opts_init(cli_gen_opts *o, int max_tokens);
 
 /* If argv[*i] is one of the options above, consume it (and its value) and return 1; return 0 when
  * it is not; print a usage error for a bad value and return -1 (the command then exits 2). */
 int cli_parse_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_opts *o);
 
-/* Called for each generated id (index counts from 0). */
-typedef void (*cli_emit_fn)(int32_t id, int index, void *user);
+/* The option lines of --help for the options above. */
+extern const char cli_gen_opts_help[];
 
-/* Prefill ids in a fresh context, then decode greedily up to max_tokens ids.  An id in stop[] ends
- * the generation; it is passed to emit only when emit_stop is set.  0, or -1 after printing the
- * error. */
-int cli_greedy(lmx_model *m, int n_ctx, const int32_t *ids, int n, int max_tokens, const int32_t *stop,
-               int n_stop, int emit_stop, cli_emit_fn emit, void *user);
+/* Load the model with the options (a progress bar on a terminal); NULL after printing the error. */
+lmx_model *cli_load(const char *path, const cli_gen_opts *o);
+
+/* A token callback that writes the token's text to stdout (flushing). */
+int cli_print_token(const lmx_token *t, void *user);
+
+/* With --json, print the last call's metrics and finish reason as one JSON line on stderr. */
+void cli_report(lmx_model *m, const cli_gen_opts *o, const lmx_result *r);
 
 #endif

@@ -31,9 +31,11 @@ static void usage(FILE *f) {
             "lmx %s - run language models on CPUs and GPUs\n\n"
             "usage: lmx <command> [options]\n\n"
             "commands:\n"
-            "  run MODEL PROMPT             greedy generation, streamed (--prompt-ids for token ids)\n"
+            "  run MODEL [PROMPT]           generation, streamed (prompt from stdin; --prompt-ids for ids)\n"
             "  chat MODEL                   chat with the model's own template (lines on stdin)\n"
             "  info MODEL                   what a model is\n"
+            "  discover DIR                 every model under DIR\n"
+            "  bench MODEL                  load, prefill and decode speed\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
             "  quantize SRC DST             MLX-layout 4/8-bit copy of a model directory\n"
             "  tokenize TOKENIZER [TEXT]    token ids of TEXT (--jsonl: one {\"text\"} per line)\n"
@@ -60,6 +62,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(cmd, "discover")) return cmd_discover(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../base/fileio.h"
+#include "../runtime/runtime.h"
 
 static _Thread_local lmx_err thread_err; /* per thread, like errno: for calls with no handle */
 
@@ -16,12 +17,13 @@ const char *lmx_last_error(const lmx_model *m) {
 }
 
 lmx_load_params lmx_load_default_params(void) {
-    lmx_load_params p = {.backend = "auto", .n_threads = 0};
+    lmx_load_params p = {.backend = "auto", .n_threads = 0, .n_ctx = 0, .seed = 0};
     return p;
 }
 
 void lmx_model_free(lmx_model *m) {
     if (!m) return;
+    lmx_runtime_free(m);
     if (m->be) {
         lmx_workspace_free(m->be, &m->ws);
         lmx_backend_free(m->be);
@@ -66,11 +68,19 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
         if ((st = lmx_config_load(path, &m->cfg, &m->err))) goto fail;
         if ((st = lmx_st_set_open_dir(path, &m->weights, &m->err))) goto fail;
     }
+    if (params->n_ctx < 0) {
+        st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "context length %d is negative", params->n_ctx);
+        goto fail;
+    }
     if ((st = lmx_backend_create(params->backend, params->n_threads, &m->be, &m->err))) goto fail;
+    m->progress = params->progress;
+    m->progress_user = params->progress_user;
     if ((st = lmx_model_bind(m))) {
         lmx_err_prefix(&m->err, "%s", path);
         goto fail;
     }
+    m->progress = NULL;
+    if ((st = lmx_runtime_create(m, path, params))) goto fail;
     *out = m;
     return LMX_OK;
 fail:
@@ -99,5 +109,8 @@ lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
     out->n_eos = c->n_eos;
     memcpy(out->eos_ids, c->eos_ids, sizeof out->eos_ids);
     out->bos_id = c->bos_id;
+    out->n_ctx = m->rt ? m->rt->n_ctx : 0;
+    out->memory_bytes = m->be->mem_now;
+    out->peak_memory_bytes = m->be->mem_peak;
     return LMX_OK;
 }

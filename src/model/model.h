@@ -63,6 +63,9 @@ struct lmx_model {
     int quantized;
     int64_t bytes_by_ggml_type[32];  /* GGUF: weight bytes of each block type (for dtype_name) */
     lmx_workspace ws;
+    struct lmx_runtime *rt;      /* generation session (runtime/runtime.h) */
+    lmx_progress_fn progress;    /* loading progress, while lmx_model_load runs */
+    void *progress_user;
 };
 
 /* Bind every weight the architecture needs from m->weights (model/weights.c). */

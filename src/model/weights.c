@@ -257,8 +257,10 @@ lmx_status lmx_model_bind(lmx_model *m) {
 
     if ((st = bind(&b, &m->embed, b.prefix, "embed_tokens.weight", 0, c->vocab, c->hidden))) return st;
     if ((st = bind(&b, &m->final_norm, b.prefix, "norm.weight", 0, c->hidden, -1))) return st;
-    for (int i = 0; i < c->n_layers; i++)
+    for (int i = 0; i < c->n_layers; i++) {
         if ((st = bind_layer(&b, i))) return st;
+        if (m->progress) m->progress((float)(i + 1) / (float)(c->n_layers + 1), m->progress_user);
+    }
     int has_head = lookup(&b, b.head_prefix, "lm_head.weight") != NULL;
     if (c->tie_embeddings == 1 || !has_head) {
         if (c->tie_embeddings == 0)
@@ -268,5 +270,6 @@ lmx_status lmx_model_bind(lmx_model *m) {
     } else if ((st = bind(&b, &m->lm_head, b.head_prefix, "lm_head.weight", 0, c->vocab, c->hidden))) {
         return st;
     }
+    if (m->progress) m->progress(1.0f, m->progress_user);
     return LMX_OK;
 }

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/model.h"
+#include "runtime.h"
 
 #define PREFILL_CHUNK 512
 
@@ -78,6 +78,25 @@ void lmx_context_reset(lmx_context *c) {
 }
 
 int lmx_context_n_past(const lmx_context *c) { return c ? c->n_past : 0; }
+
+/* Position p of a rotating cache lives in slot p % cap until position p + cap overwrites it.
+ * Starting again at n needs positions [n - cap, n): intact iff max(cap, n) >= n_past. */
+int lmx_context_rewind(lmx_context *c, int n) {
+    if (n > c->n_past) return -1;
+    for (int l = 0; l < c->m->cfg.n_layers; l++) {
+        const lmx_kv_layer *kv = &c->kv[l];
+        if (kv->rotating && (kv->cap > n ? kv->cap : n) < c->n_past) return -1;
+    }
+    c->n_past = n;
+    return 0;
+}
+
+int64_t lmx_context_bytes(const lmx_context *c) {
+    int64_t b = 0;
+    for (int l = 0; l < c->m->cfg.n_layers; l++)
+        b += 2 * (lmx_tensor_nelem(&c->kv[l].k) * (int64_t)lmx_dtype_size(c->kv[l].k.dtype));
+    return b;
+}
 
 static lmx_status reserve_rows(lmx_context *c, int n) {
     if (n <= c->rows_cap) return LMX_OK;

@@ -1,0 +1,270 @@
+/* batch.c - several prompts at once: classification (one padded forward pass) and batched
+ * generation (each sequence prefilled alone, then all decoded together, one row each). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+#define CLASSIFY_ROWS 4096   /* padded rows per forward pass; larger batches go in groups */
+
+static lmx_status check_prompts(lmx_model *m, const int32_t *const *prompts, const int *lens, int N) {
+    if (!prompts || !lens || N <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "no prompts");
+    for (int i = 0; i < N; i++) {
+        if (!prompts[i] || lens[i] <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "prompt %d is empty", i);
+        for (int t = 0; t < lens[i]; t++)
+            if (prompts[i][t] < 0 || prompts[i][t] >= m->cfg.vocab)
+                return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "prompt %d: token id %d outside the vocabulary [0, %d)",
+                                   i, prompts[i][t], m->cfg.vocab);
+    }
+    return LMX_OK;
+}
+
+static lmx_status begin(lmx_model *m) {
+    if (!m) return LMX_ERR_INVALID_ARG;
+    if (m->rt->stream.open)
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "a stream is open on this model; free it first");
+    lmx_metrics_begin(m);
+    return lmx_runtime_ready(m);
+}
+
+/* Encode N text prompts into malloc'ed arrays (freed with free_prompts). */
+static lmx_status encode_all(lmx_model *m, const char *const *texts, int N, int32_t ***ids, int **lens) {
+    if (!texts || N <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "no prompts");
+    *ids = calloc((size_t)N, sizeof **ids);
+    *lens = calloc((size_t)N, sizeof **lens);
+    if (!*ids || !*lens) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < N; i++) {
+        lmx_status st = lmx_runtime_encode(m, texts[i], &(*ids)[i], &(*lens)[i]);
+        if (st) return lmx_err_prefix(&m->err, "prompt %d", i);
+    }
+    return LMX_OK;
+}
+
+static void free_prompts(int32_t **ids, int *lens, int N) {
+    for (int i = 0; ids && i < N; i++) free(ids[i]);
+    free(ids);
+    free(lens);
+}
+
+/* ---- classify ------------------------------------------------------------------------------ */
+
+static lmx_status classify_group(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
+                                 float *logits /* [N, V] */) {
+    int T = 0;
+    for (int i = 0; i < N; i++) T = lens[i] > T ? lens[i] : T;
+    int32_t *tokens = calloc((size_t)N * (size_t)T, sizeof *tokens); /* [N, T], right-padded */
+    lmx_context **ctxs = calloc((size_t)N, sizeof *ctxs);
+    lmx_status st = LMX_OK;
+    if (!tokens || !ctxs) st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == LMX_OK && i < N; i++) {
+        memcpy(tokens + (size_t)i * T, prompts[i], (size_t)lens[i] * sizeof *tokens);
+        st = lmx_context_create(m, NULL, &ctxs[i]);
+    }
+    if (st == LMX_OK) st = lmx_eval_batch(m, ctxs, N, tokens, lens, T, logits);
+    for (int i = 0; ctxs && i < N; i++) lmx_context_free(ctxs[i]);
+    free(ctxs);
+    free(tokens);
+    return st;
+}
+
+lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
+                            const lmx_sampler_params *sampler, int32_t *next_ids, float *logits) {
+    lmx_status st = begin(m);
+    if (st || (st = check_prompts(m, prompts, lens, N))) return st;
+    if (!next_ids && !logits) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "neither next_ids nor logits asked for");
+    size_t V = (size_t)m->cfg.vocab;
+    double t0 = lmx_now_ms();
+    lmx_rng rng;
+    if (sampler) lmx_rng_seed(&rng, sampler->seed < 0 ? m->rt->seed : (uint64_t)sampler->seed);
+    int T = 0, total = 0;
+    for (int i = 0; i < N; i++) {
+        T = lens[i] > T ? lens[i] : T;
+        total += lens[i];
+    }
+    int group = CLASSIFY_ROWS / T > 0 ? CLASSIFY_ROWS / T : 1;
+    if (group > N) group = N;
+    float *own = logits ? NULL : malloc((size_t)group * V * sizeof *own);
+    if (!logits && !own) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    for (int i0 = 0; st == LMX_OK && i0 < N; i0 += group) {
+        int n = N - i0 < group ? N - i0 : group;
+        float *out = logits ? logits + (size_t)i0 * V : own;
+        if ((st = classify_group(m, prompts + i0, lens + i0, n, out))) break;
+        for (int i = 0; next_ids && i < n; i++) {
+            float *row = out + (size_t)i * V;
+            if (!sampler) {
+                next_ids[i0 + i] = lmx_argmax(row, (int)V);
+                continue;
+            }
+            float *work = m->rt->logits; /* sampling must not change the returned logits */
+            memcpy(work, row, V * sizeof *work);
+            next_ids[i0 + i] = lmx_sampler_sample(&m->rt->sampler, sampler, &rng, work, prompts[i0 + i], lens[i0 + i]);
+        }
+    }
+    free(own);
+    lmx_metrics *x = &m->rt->metrics;
+    x->prompt_tokens = total;
+    x->prefill_ms = lmx_now_ms() - t0;
+    x->prefill_tokens_per_s = x->prefill_ms > 0 ? total / (x->prefill_ms * 1e-3) : 0;
+    return st;
+}
+
+lmx_status lmx_classify(lmx_model *m, const char *const *prompts, int N, const lmx_sampler_params *sampler,
+                        int32_t *next_ids, float *logits) {
+    if (!m) return LMX_ERR_INVALID_ARG;
+    int32_t **ids = NULL;
+    int *lens = NULL;
+    lmx_status st = encode_all(m, prompts, N, &ids, &lens);
+    if (st == LMX_OK) st = lmx_classify_ids(m, (const int32_t *const *)ids, lens, N, sampler, next_ids, logits);
+    free_prompts(ids, lens, N);
+    return st;
+}
+
+/* ---- batch generation ------------------------------------------------------------------------ */
+
+typedef struct batch_state {
+    lmx_context **ctx;    /* [N] */
+    lmx_buf *hist;        /* [N] int32 ids evaluated in ctx[i] */
+    float *logits;        /* [N, V] */
+    lmx_context **act_ctx;
+    int32_t *act_tok;
+    int *act_idx, *ones;
+} batch_state;
+
+static void batch_state_free(lmx_model *m, batch_state *b, int N) {
+    for (int i = 0; i < N; i++) {
+        if (b->ctx) lmx_context_free(b->ctx[i]);
+        if (b->hist) lmx_buf_free(m->be, &b->hist[i]);
+    }
+    free(b->ctx);
+    free(b->hist);
+    free(b->logits);
+    free(b->act_ctx);
+    free(b->act_tok);
+    free(b->act_idx);
+    free(b->ones);
+}
+
+/* Yield seq i's token to its callback (finishing it when the callback says stop). */
+static void deliver(lmx_gen_seq *g) {
+    if (g->p.on_token && g->p.on_token(&g->tok, g->p.user)) {
+        g->finish = LMX_FINISH_CALLBACK;
+        g->to_eval = -1;
+    }
+}
+
+lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
+                                  const lmx_gen_params *params, lmx_result *results) {
+    lmx_status st = begin(m);
+    if (st || (st = check_prompts(m, prompts, lens, N))) return st;
+    if (!params || !results) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "params or results is NULL");
+    lmx_runtime *rt = m->rt;
+    size_t V = (size_t)m->cfg.vocab;
+    double t0 = lmx_now_ms(), t_first = 0;
+    if (N > rt->n_bseq) {
+        lmx_gen_seq *gs = realloc(rt->bseq, (size_t)N * sizeof *gs);
+        if (!gs) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        memset(gs + rt->n_bseq, 0, (size_t)(N - rt->n_bseq) * sizeof *gs);
+        rt->bseq = gs;
+        rt->n_bseq = N;
+    }
+    batch_state b = {0};
+    b.ctx = calloc((size_t)N, sizeof *b.ctx);
+    b.hist = calloc((size_t)N, sizeof *b.hist);
+    b.logits = malloc((size_t)N * V * sizeof *b.logits);
+    b.act_ctx = malloc((size_t)N * sizeof *b.act_ctx);
+    b.act_tok = malloc((size_t)N * sizeof *b.act_tok);
+    b.act_idx = malloc((size_t)N * sizeof *b.act_idx);
+    b.ones = malloc((size_t)N * sizeof *b.ones);
+    if (!b.ctx || !b.hist || !b.logits || !b.act_ctx || !b.act_tok || !b.act_idx || !b.ones) {
+        batch_state_free(m, &b, N);
+        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    }
+    lmx_tokenizer *tok = lmx_runtime_tokenizer(m);
+    if (!tok) lmx_err_clear(&m->err);
+    lmx_context_params cp = lmx_context_default_params();
+    cp.n_ctx = rt->n_ctx;
+    int limit = rt->n_ctx > 0 ? 0 : m->cfg.max_positions, prompt_total = 0;
+
+    /* prefill each sequence alone (chunked like any prompt), and take its first token */
+    for (int i = 0; st == LMX_OK && i < N; i++) {
+        lmx_gen_seq *g = &rt->bseq[i];
+        prompt_total += lens[i];
+        b.ones[i] = 1;
+        if (limit && lens[i] > limit) {
+            st = lmx_err_set(&m->err, LMX_ERR_CONTEXT_FULL, "prompt %d has %d tokens; the context holds %d", i, lens[i], limit);
+            break;
+        }
+        if ((st = lmx_gen_seq_begin(g, m, &params[i], tok, prompts[i], lens[i], NULL, 0, &m->err)) ||
+            (st = lmx_context_create(m, &cp, &b.ctx[i])) ||
+            (st = lmx_context_eval(b.ctx[i], prompts[i], lens[i], b.logits + (size_t)i * V, 0)))
+            break;
+        if (lmx_buf_append(m->be, &b.hist[i], prompts[i], (size_t)lens[i] * sizeof(int32_t))) {
+            st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+            break;
+        }
+    }
+    double t_prefilled = lmx_now_ms();
+    for (int i = 0; st == LMX_OK && i < N; i++) {
+        lmx_gen_seq *g = &rt->bseq[i];
+        if (lmx_gen_seq_step(g, m, b.logits + (size_t)i * V, (const int32_t *)b.hist[i].data, lens[i])) {
+            if (!t_first) t_first = lmx_now_ms();
+            deliver(g);
+        }
+    }
+
+    /* decode every unfinished sequence together, one row each */
+    while (st == LMX_OK) {
+        int A = 0, cancel = atomic_load(&rt->cancel);
+        for (int i = 0; i < N; i++) {
+            lmx_gen_seq *g = &rt->bseq[i];
+            if (g->to_eval < 0) continue;
+            int full = limit && lmx_context_n_past(b.ctx[i]) >= limit;
+            if (cancel || full) {
+                if (lmx_gen_seq_end(g, m, cancel ? LMX_FINISH_CANCELLED : LMX_FINISH_CONTEXT)) deliver(g);
+                continue;
+            }
+            if (lmx_buf_append(m->be, &b.hist[i], &g->to_eval, sizeof(int32_t))) {
+                st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+                break;
+            }
+            b.act_ctx[A] = b.ctx[i];
+            b.act_tok[A] = g->to_eval;
+            b.act_idx[A++] = i;
+        }
+        if (st || A == 0) break;
+        if ((st = lmx_eval_batch(m, b.act_ctx, A, b.act_tok, b.ones, 1, b.logits))) break;
+        for (int a = 0; a < A; a++) {
+            int i = b.act_idx[a];
+            lmx_gen_seq *g = &rt->bseq[i];
+            g->to_eval = -1;
+            if (lmx_gen_seq_step(g, m, b.logits + (size_t)a * V, (const int32_t *)b.hist[i].data,
+                                 (int)(b.hist[i].len / sizeof(int32_t))))
+                deliver(g);
+        }
+    }
+    int generated = 0;
+    for (int i = 0; i < N; i++) {
+        if (st == LMX_OK) lmx_gen_seq_result(&rt->bseq[i], &results[i]);
+        generated += rt->bseq[i].index;
+    }
+    batch_state_free(m, &b, N);
+    lmx_metrics *x = &rt->metrics;
+    x->prompt_tokens = prompt_total;
+    x->prefill_ms = t_prefilled - t0;
+    x->prefill_tokens_per_s = x->prefill_ms > 0 ? prompt_total / (x->prefill_ms * 1e-3) : 0;
+    lmx_metrics_end(m, generated, t0, t_first, lmx_now_ms());
+    if (generated > N && x->decode_ms > 0) x->decode_tokens_per_s = (generated - N) / (x->decode_ms * 1e-3);
+    return st;
+}
+
+lmx_status lmx_batch_generate(lmx_model *m, const char *const *prompts, int N, const lmx_gen_params *params,
+                              lmx_result *results) {
+    if (!m) return LMX_ERR_INVALID_ARG;
+    int32_t **ids = NULL;
+    int *lens = NULL;
+    lmx_status st = encode_all(m, prompts, N, &ids, &lens);
+    if (st == LMX_OK)
+        st = lmx_batch_generate_ids(m, (const int32_t *const *)ids, lens, N, params, results);
+    free_prompts(ids, lens, N);
+    return st;
+}

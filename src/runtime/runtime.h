@@ -1,0 +1,127 @@
+/* runtime.h - generation on a model (internal): the model's session (prompt cache, tokenizer,
+ * chat template, metrics), one sequence's generation state, and what context.c exposes to them.
+ *
+ *   session.c   the lmx_runtime of a model: lazy tokenizer / template, prompt cache, metrics
+ *   gen_seq.c   one sequence: sampling, stop ids, stop strings, streamed text
+ *   stream.c    lmx_stream_*, lmx_generate*, lmx_chat*, lmx_prompt_cache_*
+ *   batch.c     lmx_classify*, lmx_batch_generate*
+ */
+#ifndef LMX_RUNTIME_RUNTIME_H
+#define LMX_RUNTIME_RUNTIME_H
+
+#include <stdatomic.h>
+
+#include "../model/model.h"
+#include "../tokenizer/chat_template.h"
+#include "../tokenizer/tokenizer.h"
+#include "sampler.h"
+
+/* ---- context.c internals ------------------------------------------------------------------ */
+
+/* Keep only the first n positions of c's caches (the next eval starts at position n).  Returns 0,
+ * or -1 when a rotating cache has already overwritten positions that the new start needs
+ * (the caller then resets instead). */
+int lmx_context_rewind(lmx_context *c, int n);
+/* Bytes the context's caches hold now. */
+int64_t lmx_context_bytes(const lmx_context *c);
+
+/* ---- growable buffers (counted against the backend's memory accounting) -------------------- */
+
+typedef struct lmx_buf {
+    char *data;           /* NUL-terminated when used for text */
+    size_t len, cap;
+} lmx_buf;
+
+/* Make room for need bytes (+1 for a NUL); 0 or -1.  Grows geometrically. */
+int lmx_buf_reserve(lmx_backend *be, lmx_buf *b, size_t need);
+int lmx_buf_append(lmx_backend *be, lmx_buf *b, const void *p, size_t n);
+void lmx_buf_free(lmx_backend *be, lmx_buf *b);
+
+/* ---- one sequence's generation ------------------------------------------------------------- */
+
+typedef struct lmx_gen_seq {
+    lmx_gen_params p;
+    lmx_rng rng;
+    lmx_buf stops;        /* int32 ids that end it: EOS (unless ignored), turn ends, stop_ids */
+    int n_eos;            /* the first n_eos of stops are end-of-sequence ids */
+    lmx_tok_stream *detok;  /* NULL without a tokenizer */
+    lmx_buf text;         /* emitted text */
+    lmx_buf pending;      /* decoded text held back: it may begin a stop string */
+    lmx_buf emit;         /* the text of the token being yielded */
+    lmx_buf ids;          /* int32 generated ids */
+    lmx_token tok;
+    int index;
+    lmx_finish finish;
+    int32_t finish_id;
+    int32_t to_eval;      /* the last yielded id, not yet evaluated (-1: none) */
+} lmx_gen_seq;
+
+/* Start a generation with params p after the prompt ids (whose tail seeds the detokenizer);
+ * extra_stops (n_extra) end it too, like stop_ids.  tok may be NULL (ids only; stop strings then
+ * are an error).  Returns a status, message in *err. */
+lmx_status lmx_gen_seq_begin(lmx_gen_seq *g, lmx_model *m, const lmx_gen_params *p,
+                             lmx_tokenizer *tok, const int32_t *prompt, int n_prompt,
+                             const int32_t *extra_stops, int n_extra, lmx_err *err);
+/* With the next-token logits [V] (modified): sample, apply the stops.  Returns 1 with g->tok to
+ * yield, or 0 when the generation finished with nothing more to yield.  history: the tokens
+ * evaluated so far (for the penalties). */
+int lmx_gen_seq_step(lmx_gen_seq *g, lmx_model *m, float *logits, const int32_t *history, int n_hist);
+/* End the generation now with reason f; returns 1 when held-back text is left to yield (as
+ * g->tok with id -1). */
+int lmx_gen_seq_end(lmx_gen_seq *g, lmx_model *m, lmx_finish f);
+void lmx_gen_seq_result(const lmx_gen_seq *g, lmx_result *out);
+void lmx_gen_seq_free(lmx_gen_seq *g, lmx_backend *be);
+
+/* ---- the model's session --------------------------------------------------------------------- */
+
+struct lmx_stream {
+    lmx_model *m;
+    int open;
+    lmx_gen_seq seq;
+    int started;          /* a token has been yielded (ttft measured) */
+    double t_start, t_first;
+};
+
+typedef struct lmx_runtime {
+    char *path;                  /* where the model came from (tokenizer, template) */
+    int n_ctx;
+    uint64_t seed;
+    atomic_int cancel;
+    lmx_tokenizer *tok;          /* loaded on first use; tok_status says how that went */
+    lmx_status tok_status;
+    lmx_err tok_err;
+    lmx_chat_template *tpl;
+    lmx_context *ctx;            /* the prompt cache: KV of hist */
+    lmx_buf hist;                /* int32 ids evaluated in ctx */
+    float *logits;               /* [V] next-token logits after hist */
+    lmx_sampler sampler;
+    lmx_stream stream;           /* the one generation stream of the model */
+    lmx_metrics metrics;
+    /* batch calls */
+    lmx_gen_seq *bseq;
+    int n_bseq;
+} lmx_runtime;
+
+/* Create / free m->rt (model.c calls these). */
+lmx_status lmx_runtime_create(lmx_model *m, const char *path, const lmx_load_params *p);
+void lmx_runtime_free(lmx_model *m);
+
+/* The model's tokenizer, loaded on first use; NULL with m->err set when there is none. */
+lmx_tokenizer *lmx_runtime_tokenizer(lmx_model *m);
+/* Encode prompt text with the tokenizer's BOS rules (no second BOS when the text has one). */
+lmx_status lmx_runtime_encode(lmx_model *m, const char *text, int32_t **ids, int *n);
+/* Ensure the session context, logits and sampler buffers exist. */
+lmx_status lmx_runtime_ready(lmx_model *m);
+/* Evaluate ids into the session (prompt cache reused), leaving their last logits in rt->logits.
+ * Fills metrics' prompt fields. */
+lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *p);
+/* Evaluate one more token into the session. */
+lmx_status lmx_runtime_decode(lmx_model *m, int32_t id);
+/* 1 when the session's (unrotating) context can take no more tokens. */
+int lmx_runtime_full(const lmx_model *m);
+/* Reset metrics at the start of a call. */
+void lmx_metrics_begin(lmx_model *m);
+void lmx_metrics_end(lmx_model *m, int generated, double t_start, double t_first, double t_end);
+double lmx_now_ms(void);
+
+#endif

@@ -1,0 +1,167 @@
+/* sampler.c - see sampler.h. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- random numbers ------------------------------------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void lmx_rng_seed(lmx_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t lmx_rng_next(lmx_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+double lmx_rng_uniform(lmx_rng *r) { return (double)(lmx_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ---- the chain ----------------------------------------------------------------------------- */
+
+size_t lmx_sampler_bytes(int V) { return (size_t)V * (sizeof(lmx_cand) + sizeof(int32_t)); }
+
+int lmx_sampler_init(lmx_sampler *s, int V) {
+    memset(s, 0, sizeof *s);
+    s->cand = malloc((size_t)V * sizeof *s->cand);
+    s->counts = calloc((size_t)V, sizeof *s->counts);
+    if (!s->cand || !s->counts) {
+        lmx_sampler_free(s);
+        return -1;
+    }
+    s->V = V;
+    return 0;
+}
+
+void lmx_sampler_free(lmx_sampler *s) {
+    free(s->cand);
+    free(s->counts);
+    memset(s, 0, sizeof *s);
+}
+
+int32_t lmx_argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+void lmx_sampler_penalize(lmx_sampler *s, const lmx_sampler_params *p, float *logits,
+                          const int32_t *history, int n_hist) {
+    if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    int last = p->penalty_last_n < 0 || p->penalty_last_n > n_hist ? n_hist : p->penalty_last_n;
+    const int32_t *h = history + (n_hist - last);
+    for (int i = 0; i < last; i++)
+        if (h[i] >= 0 && h[i] < s->V) s->counts[h[i]]++;
+    for (int i = 0; i < last; i++) {
+        int32_t id = h[i];
+        if (id < 0 || id >= s->V || s->counts[id] == 0) continue; /* seen already this call */
+        float l = logits[id];
+        if (p->repeat_penalty != 1.0f) l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
+        l -= p->presence_penalty + p->frequency_penalty * (float)s->counts[id];
+        logits[id] = l;
+        s->counts[id] = 0; /* once per distinct token; leaves counts zeroed */
+    }
+}
+
+static int cand_cmp(const void *a, const void *b) {
+    const lmx_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Gather the tokens whose relative probability exp((l - lmax) / T) is at least thr into cand,
+ * with that value in p; returns how many, and their summed relative probability in *mass. */
+static int gather(lmx_sampler *s, float temperature, const float *logits, float lmax, float thr,
+                  double *mass) {
+    float inv_t = 1.0f / temperature;
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < s->V; i++) {
+        float e = expf((logits[i] - lmax) * inv_t);
+        if (e < thr) continue;
+        s->cand[n++] = (lmx_cand){.id = i, .logit = logits[i] * inv_t, .p = e};
+        sum += e;
+    }
+    *mass = sum;
+    return n;
+}
+
+int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float *logits) {
+    int V = s->V, k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
+    int use_p = p->top_p > 0.0f && p->top_p < 1.0f, use_min = p->min_p > 0.0f;
+    float lmax = logits[lmx_argmax(logits, V)], inv_t = 1.0f / p->temperature;
+    double total = 0; /* relative probability mass of the whole vocabulary */
+    for (int i = 0; i < V; i++) total += expf((logits[i] - lmax) * inv_t);
+
+    /* Only the likeliest tokens can survive: gather those above a threshold, lowering it until
+     * the set provably holds every survivor (min-p gives the exact threshold). */
+    double mass = 0;
+    int n;
+    if (!k && !use_p && !use_min) {
+        n = gather(s, p->temperature, logits, lmax, 0.0f, &mass); /* no filter: every token, in id order */
+    } else {
+        float thr = use_min ? p->min_p : 1e-4f;
+        for (;;) {
+            n = gather(s, p->temperature, logits, lmax, thr, &mass);
+            if (use_min || thr == 0.0f || (k && n >= k) || (!k && use_p && mass >= p->top_p * total)) break;
+            thr = thr > 1e-30f ? thr * 1e-6f : 0.0f;
+        }
+        qsort(s->cand, (size_t)n, sizeof *s->cand, cand_cmp);
+    }
+    if (k && n > k) { /* top-k; later filters see the k renormalised */
+        n = k;
+        total = 0;
+        for (int i = 0; i < n; i++) total += s->cand[i].p;
+    }
+    if (use_p) {
+        double cum = 0;
+        for (int i = 0; i < n; i++) {
+            cum += s->cand[i].p;
+            if (cum >= p->top_p * total) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (use_min) { /* relative probabilities are p / p_max already */
+        int m = 1;
+        while (m < n && s->cand[m].p >= p->min_p) m++;
+        n = m;
+    }
+    double z = 0;
+    for (int i = 0; i < n; i++) z += s->cand[i].p;
+    for (int i = 0; i < n; i++) s->cand[i].p = (float)(s->cand[i].p / z);
+    s->n_cand = n;
+    return n;
+}
+
+int32_t lmx_sampler_sample(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, float *logits,
+                           const int32_t *history, int n_hist) {
+    lmx_sampler_penalize(s, p, logits, history, n_hist);
+    if (!(p->temperature > 0.0f)) return lmx_argmax(logits, s->V);
+    int n = lmx_sampler_filter(s, p, logits);
+    double u = lmx_rng_uniform(rng), cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += s->cand[i].p;
+        if (u < cum) return s->cand[i].id;
+    }
+    return s->cand[n - 1].id; /* rounding left u above the last sum */
+}
