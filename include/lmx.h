@@ -8,9 +8,9 @@
  *   - The library never prints, exits or aborts, and keeps no process-wide mutable state.
  *
  * Thread safety: distinct handles may be used from distinct threads at once.  One lmx_model may be
- * shared by several lmx_context objects, but calls that evaluate (lmx_context_eval, lmx_eval_batch)
- * on contexts of one model must not run concurrently: the model owns the backend's thread pool and
- * scratch memory.
+ * shared by several lmx_context objects, but calls that evaluate (lmx_context_eval, lmx_eval_batch,
+ * and every generation call below) on one model must not run concurrently: the model owns the
+ * backend's thread pool and scratch memory.  lmx_cancel is the exception: any thread, any time.
  */
 #ifndef LMX_H
 #define LMX_H

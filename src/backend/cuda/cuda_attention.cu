@@ -26,6 +26,7 @@ typedef struct att_seq {
 typedef struct att_arg {
     int B, T, H, Hk, D, G, hchunks, splits;
     float scale, softcap;
+    const int *dyn;          /* non-NULL: n_past / n_new from this device array (decode graphs) */
     att_seq s[ATT_SEQ_MAX];
 } att_arg;
 
@@ -90,7 +91,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     if (ng > ATT_GMAX) ng = ATT_GMAX;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = row / a.T, t = row % a.T, D = a.D;
-    const att_seq S = a.s[b];
+    att_seq S = a.s[b];
+    if (a.dyn) {
+        S.n_past = a.dyn[CUDA_DYN_PAST + b];
+        S.n_new = a.dyn[CUDA_DYN_NEW + b];
+    }
     const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
 
     /* the visible keys of this row: n_cached from the cache, then new rows u0 .. t */
@@ -386,6 +391,26 @@ static void launch_dpl(int gm, dim3 grid, cudaStream_t st, const float *q, const
     }
 }
 
+int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
+    const lmx_batch *bt = args->batch;
+    int max_n = 1;
+    for (int b = 0; b < nb; b++) {
+        const lmx_kv_layer *kv = args->kv[b0 + b];
+        int np = bt->n_past[b0 + b];
+        int held = kv->rotating ? (np < kv->cap ? np : kv->cap) : np;
+        if (kv->window > 0 && held > kv->window) held = kv->window;
+        if (held + bt->T > max_n) max_n = held + bt->T;
+    }
+    int hchunks = (args->H / args->Hk + ATT_GMAX - 1) / ATT_GMAX;
+    int64_t base = (int64_t)nb * bt->T * args->Hk * hchunks;
+    int splits = (int)((2 * cb->sm_count + base - 1) / base);
+    int max_splits = (max_n + 127) / 128;
+    if (splits > max_splits) splits = max_splits;
+    if (splits > 64) splits = 64;
+    if (splits < 1) splits = 1;
+    return splits;
+}
+
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     cuda_backend *cb = (cuda_backend *)be;
     const lmx_batch *bt = args->batch;
@@ -404,10 +429,10 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     a.hchunks = (a.G + ATT_GMAX - 1) / ATT_GMAX;
     a.scale = args->scale;
     a.softcap = args->softcap;
+    a.dyn = cb->dyn_on ? cb->dyn : NULL;
     const int64_t HD = (int64_t)a.H * a.D, KD = (int64_t)a.Hk * a.D;
     for (int b0 = 0; b0 < bt->B; b0 += ATT_SEQ_MAX) {
         a.B = bt->B - b0 < ATT_SEQ_MAX ? bt->B - b0 : ATT_SEQ_MAX;
-        int max_n = 1;
         for (int b = 0; b < a.B; b++) {
             const lmx_kv_layer *kv = args->kv[b0 + b];
             att_seq *s = &a.s[b];
@@ -418,9 +443,6 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
             s->cap = kv->cap > 0 ? kv->cap : 1;
             s->rotating = kv->rotating;
             s->window = kv->window;
-            int held = kv->rotating ? (s->n_past < kv->cap ? s->n_past : kv->cap) : s->n_past;
-            if (kv->window > 0 && held > kv->window) held = kv->window;
-            if (held + bt->T > max_n) max_n = held + bt->T;
         }
         int64_t r0 = (int64_t)b0 * a.T;
         const float *qp = (const float *)args->q->data + r0 * HD, *kp = (const float *)args->k->data + r0 * KD,
@@ -436,12 +458,7 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
             if (st != LMX_ERR_UNSUPPORTED) return st;
         }
         int rows = a.B * a.T;
-        int64_t base = (int64_t)rows * a.Hk * a.hchunks;
-        int splits = (int)((2 * cb->sm_count + base - 1) / base);
-        int max_splits = (max_n + 127) / 128;
-        if (splits > max_splits) splits = max_splits;
-        if (splits > 64) splits = 64;
-        if (splits < 1) splits = 1;
+        int splits = cuda_attention_splits(cb, args, b0, a.B);
         a.splits = splits;
         float *part = NULL;
         if (splits > 1) {
@@ -468,19 +485,25 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
 
 typedef struct app_seq {
     __nv_bfloat16 *kc, *vc;
-    int n_past, n_new, cap, first;
+    int n_past, n_new, cap, first, rotating;
 } app_seq;
 
 typedef struct app_arg {
     int B, T;
     int64_t KD;
+    const int *dyn;          /* non-NULL: n_past / n_new from this device array */
     app_seq s[ATT_SEQ_MAX];
 } app_arg;
 
 /* k, v [B*T, KD] f32 rows t in [first, n_new) of each sequence -> cache slot (n_past + t) % cap. */
 __global__ void k_kv_append(const float *__restrict__ k, const float *__restrict__ v, const app_arg a) {
     const int row = blockIdx.y, b = row / a.T, t = row % a.T;
-    const app_seq S = a.s[b];
+    app_seq S = a.s[b];
+    if (a.dyn) {
+        S.n_past = a.dyn[CUDA_DYN_PAST + b];
+        S.n_new = a.dyn[CUDA_DYN_NEW + b];
+        S.first = S.rotating && S.n_new > S.cap ? S.n_new - S.cap : 0;
+    }
     if (t < S.first || t >= S.n_new) return;
     int64_t slot = (int64_t)(S.n_past + t) % S.cap;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.KD; i += (int64_t)gridDim.x * blockDim.x) {
@@ -495,6 +518,7 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
     app_arg a;
     a.T = batch->T;
     a.KD = k->shape[k->ndim - 1];
+    a.dyn = cb->dyn_on ? cb->dyn : NULL;
     for (int b0 = 0; b0 < batch->B; b0 += ATT_SEQ_MAX) {
         a.B = batch->B - b0 < ATT_SEQ_MAX ? batch->B - b0 : ATT_SEQ_MAX;
         for (int b = 0; b < a.B; b++) {
@@ -505,6 +529,7 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
             s->n_past = batch->n_past[b0 + b];
             s->n_new = batch->n_new[b0 + b];
             s->cap = c->cap;
+            s->rotating = c->rotating;
             s->first = c->rotating && s->n_new > c->cap ? s->n_new - c->cap : 0;
             if (s->n_new > 0 && !c->rotating && s->n_past + s->n_new > c->cap)
                 return lmx_err_set(&be->err, LMX_ERR_CONTEXT_FULL, "KV cache holds %d positions, need %d", c->cap,

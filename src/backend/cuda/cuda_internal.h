@@ -24,6 +24,15 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_ATTN,      /* attention split partials                          see attention */
        CUDA_SCRATCH_SLOTS };
 
+/* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
+ * sequence) are recorded op by op; once a step repeats with the same ops and tensors, the backend
+ * replays one captured graph.  The per-step values (token ids, n_past, n_new) then come from a small
+ * device array (dyn, layout below) that is refreshed with one copy before each replay. */
+#define CUDA_G_MAX 8
+enum { CUDA_DYN_IDS = 0, CUDA_DYN_PAST = CUDA_G_MAX, CUDA_DYN_NEW = 2 * CUDA_G_MAX, CUDA_DYN_N = 3 * CUDA_G_MAX };
+
+struct cuda_graph;
+
 typedef struct cuda_backend {
     lmx_backend base;
     int device;
@@ -34,6 +43,9 @@ typedef struct cuda_backend {
     size_t scratch_bytes[CUDA_SCRATCH_SLOTS];
     void **weights;          /* device blocks made by upload_weight, freed by destroy */
     int n_weights, cap_weights;
+    int *dyn;                /* device [CUDA_DYN_N]: this step's ids / n_past / n_new */
+    int dyn_on;              /* 1 while capturing: kernels read the per-step values from dyn */
+    struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
 } cuda_backend;
 
 /* Turn a CUDA error into an lmx status with "cuda: <message> in <what>" (NOMEM for allocations). */
@@ -50,7 +62,17 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes);
         if (e_ != cudaSuccess) return cuda_fail((cb), e_, (what)); \
     } while (0)
 
-/* ops implemented in the other files */
+/* Graph state (cuda_graph.cu).  cuda_graph_flush ends a pending step: replays its graph, or issues
+ * its recorded ops, or captures a freshly recorded step.  Every entry point that is not an op calls
+ * it first.  cuda_graph_drop forgets the graph (scratch memory moved). */
+lmx_status cuda_graph_create(cuda_backend *cb);
+void cuda_graph_destroy(cuda_backend *cb);
+lmx_status cuda_graph_flush(cuda_backend *cb);
+void cuda_graph_drop(cuda_backend *cb);
+/* The split count decode attention uses for sequences [b0, b0+nb) of a (T < 32). */
+int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
+
+/* ops implemented in the other files (the eager versions; cuda_graph.cu wraps them) */
 lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                        const lmx_tensor *bias, int M);
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);

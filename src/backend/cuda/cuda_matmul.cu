@@ -97,8 +97,8 @@ __device__ __forceinline__ float w_elem(const wdesc &d, int64_t n, int64_t k) {
 
 typedef struct emb_ids { int32_t id[512]; } emb_ids;
 
-__global__ void k_embed(float *out, const wdesc d, const emb_ids ids, float scale) {
-    int64_t n = ids.id[blockIdx.y];
+__global__ void k_embed(float *out, const wdesc d, const emb_ids ids, const int *dyn, float scale) {
+    int64_t n = dyn ? dyn[CUDA_DYN_IDS + blockIdx.y] : ids.id[blockIdx.y];
     float *o = out + (int64_t)blockIdx.y * d.K;
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < d.K; k += (int64_t)gridDim.x * blockDim.x)
         o[k] = w_elem(d, n, k) * scale;
@@ -113,7 +113,7 @@ lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, co
         for (int i = 0; i < n; i++) a.id[i] = ids[m0 + i];
         unsigned gx = cuda_blocks(d.K, 256);
         dim3 grid(gx < 32 ? gx : 32, n);
-        k_embed<<<grid, 256, 0, cb->stream>>>(out + (int64_t)m0 * d.K, d, a, scale);
+        k_embed<<<grid, 256, 0, cb->stream>>>(out + (int64_t)m0 * d.K, d, a, cb->dyn_on ? cb->dyn : NULL, scale);
         lmx_status st = cuda_check_launch(cb, "embed");
         if (st) return st;
     }

@@ -117,6 +117,7 @@ typedef struct rope_arg {
     float attn_factor;
     int n_past[CUDA_SEQ_MAX], n_new[CUDA_SEQ_MAX];
     float inv_freq[CUDA_ROPE_MAX];
+    const int *dyn;          /* non-NULL: n_past / n_new from this device array */
 } rope_arg;
 
 /* x [B*T, nh*hd] (x already offset to this launch's first sequence): one thread per (row, head, i). */
@@ -128,8 +129,9 @@ __global__ void k_rope(float *x, const rope_arg a) {
         int h = (int)(rh % a.nh);
         int64_t row = rh / a.nh;
         int b = (int)(row / a.T), t = (int)(row % a.T);
-        if (t >= a.n_new[b]) continue;
-        double ang = (double)(a.n_past[b] + t) * (double)a.inv_freq[i];
+        int np = a.dyn ? a.dyn[CUDA_DYN_PAST + b] : a.n_past[b], nn = a.dyn ? a.dyn[CUDA_DYN_NEW + b] : a.n_new[b];
+        if (t >= nn) continue;
+        double ang = (double)(np + t) * (double)a.inv_freq[i];
         double sd, cd;
         sincos(ang, &sd, &cd);
         float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
@@ -155,6 +157,7 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
     a.half = half;
     a.interleaved = rope->interleaved;
     a.attn_factor = rope->attn_factor;
+    a.dyn = cb->dyn_on ? cb->dyn : NULL;
     for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
     for (int b0 = 0; b0 < batch->B; b0 += CUDA_SEQ_MAX) {
         a.B = batch->B - b0 < CUDA_SEQ_MAX ? batch->B - b0 : CUDA_SEQ_MAX;
