@@ -37,6 +37,7 @@ lmx_status cuda_check_launch(cuda_backend *cb, const char *what) {
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     if (bytes <= cb->scratch_bytes[slot]) return cb->scratch[slot];
     size_t want = bytes + bytes / 4;
+    cuda_graph_drop(cb); /* a captured graph may hold the old buffer */
     if (cb->scratch[slot]) {
         cudaStreamSynchronize(cb->stream); /* earlier kernels may still read it */
         cudaFree(cb->scratch[slot]);
@@ -97,6 +98,8 @@ static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out
 
 static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
     cuda_backend *cb = (cuda_backend *)be;
+    lmx_status gst = cuda_graph_flush(cb);
+    if (gst) return gst;
     if (w->q.ggml_type && !cuda_weight_bytes(w))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED,
                            "cuda: GGUF %s weights are not supported (Q8_0, Q4_0, Q4_K, Q6_K are)",
@@ -125,6 +128,8 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
 
 static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     cuda_backend *cb = (cuda_backend *)be;
+    lmx_status gst = cuda_graph_flush(cb);
+    if (gst) return gst;
     size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
     void *p = NULL;
     CUDA_TRY(cb, cudaMalloc(&p, bytes ? bytes : 16), "tensor allocation");
@@ -140,6 +145,7 @@ static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
 
 static void cuda_release(lmx_backend *be, lmx_tensor *t) {
     cuda_backend *cb = (cuda_backend *)be;
+    cuda_graph_flush(cb); /* a failure stays in be->err */
     if (t->owned && t->data) {
         cudaStreamSynchronize(cb->stream);
         cudaFree(t->data);
@@ -150,6 +156,8 @@ static void cuda_release(lmx_backend *be, lmx_tensor *t) {
 
 static lmx_status cuda_write(lmx_backend *be, lmx_tensor *t, size_t off, const void *src, size_t n) {
     cuda_backend *cb = (cuda_backend *)be;
+    lmx_status gst = cuda_graph_flush(cb);
+    if (gst) return gst;
     CUDA_TRY(cb, cudaMemcpyAsync((char *)t->data + off, src, n, cudaMemcpyHostToDevice, cb->stream), "write");
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "write");
     return LMX_OK;
@@ -157,6 +165,8 @@ static lmx_status cuda_write(lmx_backend *be, lmx_tensor *t, size_t off, const v
 
 static lmx_status cuda_read(lmx_backend *be, const lmx_tensor *t, size_t off, void *dst, size_t n) {
     cuda_backend *cb = (cuda_backend *)be;
+    lmx_status gst = cuda_graph_flush(cb);
+    if (gst) return gst;
     CUDA_TRY(cb, cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost, cb->stream), "read");
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "read");
     return LMX_OK;
@@ -168,6 +178,8 @@ static lmx_status cuda_read(lmx_backend *be, const lmx_tensor *t, size_t off, vo
 
 static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems) {
     cuda_backend *cb = (cuda_backend *)be;
+    lmx_status gst = cuda_graph_flush(cb);
+    if (gst) return gst;
     if (kv->rotating || need <= kv->cap) return LMX_OK;
     int64_t cap = ((int64_t)need + KV_CHUNK - 1) / KV_CHUNK * KV_CHUNK;
     int64_t grown = (int64_t)kv->cap + kv->cap / 2;
@@ -205,23 +217,28 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
 
 /* ---- the table ----------------------------------------------------------------------------- */
 
-lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
-                      float scale);
-lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
-                        int n, float eps, float add_one);
-lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
-lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                    lmx_act act);
-lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap);
-lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
-                     const lmx_rope *rope);
-lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
-                            int64_t n);
+/* the ops, through the decode-graph layer (cuda_graph.cu) */
+lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s);
+lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                           int n, float eps, float add_one);
+lmx_status cuda_op_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                          const lmx_tensor *bias, int M);
+lmx_status cuda_op_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
+lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, const lmx_tensor *u, int64_t n,
+                       lmx_act act);
+lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap);
+lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope);
+lmx_status cuda_op_attention(lmx_backend *be, const lmx_attn_args *a);
+lmx_status cuda_op_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *b, const lmx_tensor *k,
+                             const lmx_tensor *v);
+lmx_status cuda_op_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                               int64_t n);
 
 static void cuda_destroy(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    cuda_graph_destroy(cb);
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i]);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
         if (cb->scratch[i]) cudaFree(cb->scratch[i]);
@@ -240,17 +257,17 @@ static const lmx_backend_ops cuda_ops = {
     /* .release = */ cuda_release,
     /* .write = */ cuda_write,
     /* .read = */ cuda_read,
-    /* .embed = */ cuda_embed,
-    /* .rmsnorm = */ cuda_rmsnorm,
-    /* .matmul = */ cuda_matmul,
-    /* .add = */ cuda_add,
-    /* .glu = */ cuda_glu,
-    /* .softcap = */ cuda_softcap,
-    /* .rope = */ cuda_rope,
-    /* .attention = */ cuda_attention,
-    /* .kv_append = */ cuda_kv_append,
+    /* .embed = */ cuda_op_embed,
+    /* .rmsnorm = */ cuda_op_rmsnorm,
+    /* .matmul = */ cuda_op_matmul,
+    /* .add = */ cuda_op_add,
+    /* .glu = */ cuda_op_glu,
+    /* .softcap = */ cuda_op_softcap,
+    /* .rope = */ cuda_op_rope,
+    /* .attention = */ cuda_op_attention,
+    /* .kv_append = */ cuda_op_kv_append,
     /* .kv_reserve = */ cuda_kv_reserve,
-    /* .gather_rows = */ cuda_gather_rows,
+    /* .gather_rows = */ cuda_op_gather_rows,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
@@ -290,6 +307,11 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     }
     cublasSetStream(cb->blas, cb->stream);
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
+    if (cuda_graph_create(cb) != LMX_OK) {
+        lmx_err_set(err, LMX_ERR_NOMEM, "cuda backend: out of memory");
+        cuda_destroy(&cb->base);
+        return LMX_ERR_NOMEM;
+    }
     *out = &cb->base;
     return LMX_OK;
 }

@@ -4,7 +4,8 @@
  * One cuda_backend owns one stream, one cuBLAS handle, the device memory of every uploaded weight
  * (freed by destroy) and a few grow-only scratch buffers.  Every op is enqueued on the stream;
  * only read / write / kv_reserve / scratch growth wait for it.  Host int arrays of an op travel
- * by value in the kernel's parameters (bounded structs, long batches are split). */
+ * by value in the kernel's parameters (bounded structs, long batches are split), except inside a
+ * captured decode graph, where the per-step ones come from cb->dyn (cuda_graph.cu). */
 #ifndef LMX_BACKEND_CUDA_INTERNAL_H
 #define LMX_BACKEND_CUDA_INTERNAL_H
 
@@ -78,6 +79,18 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
+/* Fused forms used inside decode graphs; LMX_ERR_UNSUPPORTED (nothing launched) when they do not
+ * apply.  n matmuls of one x (dense weights of one dtype and K, M <= 8) as one launch (glu >= 0,
+ * an lmx_act: n = 2, outs[0] = act(outs[0]) * outs[1] as the glu op would leave it); y += p
+ * followed by out = rmsnorm(y) over rows of n (> 256) as one launch. */
+lmx_status cuda_matmul_multi(cuda_backend *cb, int n, lmx_tensor *const *outs, const lmx_tensor *x,
+                             const lmx_tensor *const *ws, const lmx_tensor *const *biases, int M, int glu);
+lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
+                            const lmx_tensor *w, int rows, int n, float eps, float add_one);
+/* Per-head RMSNorm (w[k] NULL: none) then RoPE of nset (1 or 2) tensors x[k] [B*T, nh[k]*hd] in
+ * place, as one launch; positions from cb->dyn (capture only). */
+lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope *rope, int nset, lmx_tensor *const *x,
+                          const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one);
 /* Bytes of weight w's packed data (dense, MLX or GGUF); 0 if the layout is not supported. */
 size_t cuda_weight_bytes(const lmx_tensor *w);
 /* Dequantize rows [n0, n0+rows) of w into dst (bf16 [rows, K]) on the stream. */

@@ -6,6 +6,8 @@
  * vectorised kernels; GGUF blocks and odd shapes use a generic per-element kernel.
  * Many rows (prefill): cuBLAS tensor-core GEMM with bf16 (f16) operands and f32 output; x is
  * narrowed once, quantized weights are dequantized to bf16 in blocks of rows first. */
+#include <string.h>
+
 #include "cuda_internal.h"
 
 #define GEMV_MAX_ROWS 8           /* dense: above this, cuBLAS */
@@ -175,17 +177,40 @@ __device__ __forceinline__ float bias_at(const void *b, lmx_dtype bt, int64_t n)
 
 /* Dense GEMV: each warp computes R consecutive output rows for all MM input rows.
  * x [MM, K] f32, w [N, K] (K % E == 0, rows 16-byte aligned), y [MM, N]. */
-template <typename WT, int MM, int R>
-__global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const WT *__restrict__ w,
-                                              const void *bias, lmx_dtype bt, float *__restrict__ y, int N, int K) {
+/* Up to 3 weights sharing x (fused q/k/v or gate/up in decode graphs): blockIdx.y picks one. */
+typedef struct gemv_seg { const void *w, *bias; float *y; int N; lmx_dtype bt; } gemv_seg;
+typedef struct gemv_segs { gemv_seg s[3]; } gemv_segs;
+
+__device__ __forceinline__ float glu_act(float a, int act) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi); the same arithmetic as k_glu */
+    return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+}
+
+/* PAIR = 1 (R = 2): each warp takes row n of segment 0 (gate) and row n of segment 1 (up) and
+ * writes gate[n] = act(gate . x) * (up . x), up[n] = up . x: the gate/up matvecs and the GLU of
+ * a decode graph in one launch. */
+template <typename WT, int MM, int R, int PAIR = 0>
+__global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const gemv_segs sg, int K, int act = 0) {
+    /* selects of fixed fields: a dynamic index into the parameter struct would copy it to local
+     * memory and slow every GEMV */
+    const int sy = blockIdx.y;
+#define SEG_FIELD(f) (sy == 0 ? sg.s[0].f : sy == 1 ? sg.s[1].f : sg.s[2].f)
+    const WT *__restrict__ w = (const WT *)SEG_FIELD(w);
+    const void *bias = SEG_FIELD(bias);
+    const lmx_dtype bt = SEG_FIELD(bt);
+    float *__restrict__ y = SEG_FIELD(y);
+    const int N = SEG_FIELD(N);
+#undef SEG_FIELD
     constexpr int E = vec_traits<WT>::E;
     const int lane = threadIdx.x % 32;
-    const int n0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * R;
+    const int n0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * (PAIR ? 1 : R);
     if (n0 >= N) return;
     const int nv = K / E;
     const uint4 *wr[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = (const uint4 *)(w + (size_t)(n0 + r < N ? n0 + r : n0) * K);
+    for (int r = 0; r < R; r++)
+        wr[r] = PAIR ? (const uint4 *)((const WT *)(r == 0 ? sg.s[0].w : sg.s[1].w) + (size_t)n0 * K)
+                     : (const uint4 *)(w + (size_t)(n0 + r < N ? n0 + r : n0) * K);
     float acc[R][MM];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -232,13 +257,26 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
                 for (int e = 0; e < E; e++) acc[r][m] = fmaf(wf[e], x[(size_t)m * K + k + e], acc[r][m]);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++)
+    if constexpr (PAIR != 0) {
 #pragma unroll
         for (int m = 0; m < MM; m++) {
-            float s = cuda_warp_sum(acc[r][m]);
-            if (lane == 0 && n0 + r < N) y[(size_t)m * N + n0 + r] = s + bias_at(bias, bt, n0 + r);
+            float sg0 = cuda_warp_sum(acc[0][m]), su = cuda_warp_sum(acc[R - 1][m]);
+            if (lane == 0) {
+                float gv = sg0 + bias_at(sg.s[0].bias, sg.s[0].bt, n0);
+                float uv = su + bias_at(sg.s[1].bias, sg.s[1].bt, n0);
+                sg.s[0].y[(size_t)m * N + n0] = glu_act(gv, act) * uv;
+                sg.s[1].y[(size_t)m * N + n0] = uv;
+            }
         }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < MM; m++) {
+                float s = cuda_warp_sum(acc[r][m]);
+                if (lane == 0 && n0 + r < N) y[(size_t)m * N + n0 + r] = s + bias_at(bias, bt, n0 + r);
+            }
+    }
 }
 
 /* MLX affine GEMV: warp per row; a lane takes 4 packed words (one 16-byte load) at a time, all in
@@ -318,7 +356,56 @@ static void launch_dense(cuda_backend *cb, const float *x, const lmx_tensor *w, 
                          float *y, int N, int K) {
     constexpr int R = MM == 1 ? 1 : 2;
     unsigned grid = cuda_blocks(N, 8 * R);
-    k_gemv<WT, MM, R><<<grid, 256, 0, cb->stream>>>(x, (const WT *)w->data, bias, bt, y, N, K);
+    gemv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    sg.s[0].w = w->data;
+    sg.s[0].bias = bias;
+    sg.s[0].bt = bt;
+    sg.s[0].y = y;
+    sg.s[0].N = N;
+    k_gemv<WT, MM, R><<<grid, 256, 0, cb->stream>>>(x, sg, K);
+}
+
+template <typename WT, int MM>
+static void launch_dense_multi(cuda_backend *cb, const float *x, const gemv_segs &sg, int n, int K) {
+    constexpr int R = MM == 1 ? 1 : 2;
+    unsigned grid = 1;
+    for (int i = 0; i < n; i++)
+        if (cuda_blocks(sg.s[i].N, 8 * R) > grid) grid = cuda_blocks(sg.s[i].N, 8 * R);
+    k_gemv<WT, MM, R><<<dim3(grid, n), 256, 0, cb->stream>>>(x, sg, K);
+}
+
+template <typename WT, int MM>
+static void launch_dense_glu(cuda_backend *cb, const float *x, const gemv_segs &sg, int K, int act) {
+    k_gemv<WT, MM, 2, 1><<<cuda_blocks(sg.s[0].N, 8), 256, 0, cb->stream>>>(x, sg, K, act);
+}
+
+template <typename WT>
+static void dense_glu(cuda_backend *cb, const float *x, const gemv_segs &sg, int K, int M, int act) {
+    switch (M) {
+    case 1: launch_dense_glu<WT, 1>(cb, x, sg, K, act); break;
+    case 2: launch_dense_glu<WT, 2>(cb, x, sg, K, act); break;
+    case 3: launch_dense_glu<WT, 3>(cb, x, sg, K, act); break;
+    case 4: launch_dense_glu<WT, 4>(cb, x, sg, K, act); break;
+    case 5: launch_dense_glu<WT, 5>(cb, x, sg, K, act); break;
+    case 6: launch_dense_glu<WT, 6>(cb, x, sg, K, act); break;
+    case 7: launch_dense_glu<WT, 7>(cb, x, sg, K, act); break;
+    default: launch_dense_glu<WT, 8>(cb, x, sg, K, act); break;
+    }
+}
+
+template <typename WT>
+static void dense_multi(cuda_backend *cb, const float *x, const gemv_segs &sg, int n, int K, int M) {
+    switch (M) {
+    case 1: launch_dense_multi<WT, 1>(cb, x, sg, n, K); break;
+    case 2: launch_dense_multi<WT, 2>(cb, x, sg, n, K); break;
+    case 3: launch_dense_multi<WT, 3>(cb, x, sg, n, K); break;
+    case 4: launch_dense_multi<WT, 4>(cb, x, sg, n, K); break;
+    case 5: launch_dense_multi<WT, 5>(cb, x, sg, n, K); break;
+    case 6: launch_dense_multi<WT, 6>(cb, x, sg, n, K); break;
+    case 7: launch_dense_multi<WT, 7>(cb, x, sg, n, K); break;
+    default: launch_dense_multi<WT, 8>(cb, x, sg, n, K); break;
+    }
 }
 
 template <typename WT>
@@ -410,6 +497,39 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const lmx_tensor
 }
 
 /* ---- the op ------------------------------------------------------------------------------------ */
+
+lmx_status cuda_matmul_multi(cuda_backend *cb, int n, lmx_tensor *const *outs, const lmx_tensor *x,
+                             const lmx_tensor *const *ws, const lmx_tensor *const *biases, int M, int glu) {
+    if (n < 1 || n > 3 || M < 1 || M > GEMV_MAX_ROWS) return LMX_ERR_UNSUPPORTED;
+    lmx_dtype dt = ws[0]->dtype;
+    int K = (int)ws[0]->shape[1];
+    int E = dt == LMX_DTYPE_F32 ? 4 : 8;
+    if (K % E != 0 || (dt != LMX_DTYPE_BF16 && dt != LMX_DTYPE_F16 && dt != LMX_DTYPE_F32)) return LMX_ERR_UNSUPPORTED;
+    gemv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    for (int i = 0; i < n; i++) {
+        const lmx_tensor *w = ws[i];
+        if (w->q.bits || w->q.ggml_type || w->dtype != dt || w->ndim != 2 || (int)w->shape[1] != K)
+            return LMX_ERR_UNSUPPORTED;
+        sg.s[i].w = w->data;
+        sg.s[i].bias = biases[i] ? biases[i]->data : NULL;
+        sg.s[i].bt = biases[i] ? biases[i]->dtype : LMX_DTYPE_F32;
+        sg.s[i].y = (float *)outs[i]->data;
+        sg.s[i].N = (int)w->shape[0];
+    }
+    const float *xs = (const float *)x->data;
+    if (glu >= 0) {
+        if (n != 2 || sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
+        if (dt == LMX_DTYPE_BF16) dense_glu<__nv_bfloat16>(cb, xs, sg, K, M, glu);
+        else if (dt == LMX_DTYPE_F16) dense_glu<__half>(cb, xs, sg, K, M, glu);
+        else dense_glu<float>(cb, xs, sg, K, M, glu);
+        return cuda_check_launch(cb, "matmul + glu");
+    }
+    if (dt == LMX_DTYPE_BF16) dense_multi<__nv_bfloat16>(cb, xs, sg, n, K, M);
+    else if (dt == LMX_DTYPE_F16) dense_multi<__half>(cb, xs, sg, n, K, M);
+    else dense_multi<float>(cb, xs, sg, n, K, M);
+    return cuda_check_launch(cb, "matmul");
+}
 
 lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                        const lmx_tensor *bias, int M) {

@@ -3,6 +3,7 @@
  * All are memory-bound and small next to the matmuls; each is one launch (long index lists are
  * split into launches of CUDA_IDS_MAX).  Activations are f32 [rows, n] row-major. */
 #include <math.h>
+#include <string.h>
 
 #include "cuda_internal.h"
 
@@ -110,6 +111,37 @@ lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, c
     return cuda_check_launch(cb, "rmsnorm");
 }
 
+/* y += p, then out = rmsnorm(y) (the residual add and the next norm of a decode graph): one block
+ * of 256 threads per row, the same reduction order as k_rmsnorm_block. */
+__global__ void k_add_rmsnorm(float *y, const float *p, float *out, const void *w, lmx_dtype wt, int n, float eps,
+                              float add_one) {
+    __shared__ float part[8];
+    float *yr = y + (int64_t)blockIdx.x * n;
+    const float *pr = p + (int64_t)blockIdx.x * n;
+    float *orow = out + (int64_t)blockIdx.x * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = yr[i] + pr[i];
+        yr[i] = v;
+        ss += v * v;
+    }
+    ss = cuda_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
+    float inv = rsqrtf(tot / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+}
+
+lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
+                            const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+    if (w->q.bits || w->q.ggml_type || n <= 256 || rows <= 0) return LMX_ERR_UNSUPPORTED;
+    k_add_rmsnorm<<<rows, 256, 0, cb->stream>>>((float *)y->data, (const float *)p->data, (float *)out->data, w->data,
+                                                w->dtype, n, eps, add_one);
+    return cuda_check_launch(cb, "add + rmsnorm");
+}
+
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
 typedef struct rope_arg {
@@ -172,6 +204,99 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
         if (st) return st;
     }
     return LMX_OK;
+}
+
+/* ---- fused per-head norm + RoPE of q and k (decode graphs) ------------------------------------ */
+
+typedef struct nr_set {
+    float *x;
+    const void *w;           /* norm weight [hd]; NULL: no norm */
+    lmx_dtype wt;
+    int nh;
+    float eps, add_one;
+} nr_set;
+
+typedef struct nr_arg {
+    nr_set s[2];
+    int rows, T, hd, half, interleaved;
+    float attn_factor;
+    const int *dyn;          /* n_past / n_new */
+    float inv_freq[CUDA_ROPE_MAX];
+} nr_arg;
+
+/* One warp per (row, head) of either set: the same arithmetic as k_rmsnorm_warp then k_rope. */
+__global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
+    __shared__ float sm[8][256];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int gw = blockIdx.x * 8 + warp, per0 = a.rows * a.s[0].nh;
+    const int si = gw < per0 ? 0 : 1, idx = si ? gw - per0 : gw;
+#define NR_FIELD(f) (si == 0 ? a.s[0].f : a.s[1].f)
+    const int nh = NR_FIELD(nh);
+    if (si == 1 && idx >= a.rows * nh) return;
+    float *x = NR_FIELD(x);
+    const void *w = NR_FIELD(w);
+    const lmx_dtype wt = NR_FIELD(wt);
+    const float eps = NR_FIELD(eps), add_one = NR_FIELD(add_one);
+#undef NR_FIELD
+    const int row = idx / nh, h = idx % nh, n = a.hd;
+    float *v = x + (int64_t)row * nh * n + (int64_t)h * n;
+    float *t_ = sm[warp];
+    if (w) {
+        float ss = 0;
+        for (int i = lane; i < n; i += 32) ss += v[i] * v[i];
+        ss = cuda_warp_sum(ss);
+        float inv = rsqrtf(ss / n + eps);
+        for (int i = lane; i < n; i += 32) t_[i] = v[i] * inv * (cuda_elem(w, wt, i) + add_one);
+    } else {
+        for (int i = lane; i < n; i += 32) t_[i] = v[i];
+    }
+    __syncwarp();
+    const int b = row / a.T, t = row % a.T;
+    const int np = a.dyn[CUDA_DYN_PAST + b], nn = a.dyn[CUDA_DYN_NEW + b];
+    const int rot = t < nn ? 2 * a.half : 0;
+    for (int i = rot + lane; i < n; i += 32) v[i] = t_[i];
+    if (!rot) return;
+    for (int i = lane; i < a.half; i += 32) {
+        double ang = (double)(np + t) * (double)a.inv_freq[i];
+        double sd, cd;
+        sincos(ang, &sd, &cd);
+        float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
+        int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+        float x1 = t_[ia], x2 = t_[ib];
+        v[ia] = x1 * c - x2 * s;
+        v[ib] = x2 * c + x1 * s;
+    }
+}
+
+lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope *rope, int nset, lmx_tensor *const *x,
+                          const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one) {
+    int half = rope->rot_dim / 2;
+    if (!cb->dyn_on || nset < 1 || nset > 2 || hd > 256 || half < 1 || half > CUDA_ROPE_MAX || rope->rot_dim > hd ||
+        B > CUDA_G_MAX)
+        return LMX_ERR_UNSUPPORTED;
+    nr_arg a;
+    memset(&a, 0, sizeof a);
+    a.rows = B * T;
+    a.T = T;
+    a.hd = hd;
+    a.half = half;
+    a.interleaved = rope->interleaved;
+    a.attn_factor = rope->attn_factor;
+    a.dyn = cb->dyn;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
+    int warps = 0;
+    for (int k = 0; k < nset; k++) {
+        if (w[k] && (w[k]->q.bits || w[k]->q.ggml_type)) return LMX_ERR_UNSUPPORTED;
+        a.s[k].x = (float *)x[k]->data;
+        a.s[k].w = w[k] ? w[k]->data : NULL;
+        a.s[k].wt = w[k] ? w[k]->dtype : LMX_DTYPE_F32;
+        a.s[k].nh = nh[k];
+        a.s[k].eps = eps[k];
+        a.s[k].add_one = add_one[k];
+        warps += a.rows * nh[k];
+    }
+    k_norm_rope<<<cuda_blocks(warps, 8), 256, 0, cb->stream>>>(a);
+    return cuda_check_launch(cb, "norm + rope");
 }
 
 /* ---- row gathers ----------------------------------------------------------------------------- */

@@ -1,0 +1,592 @@
+/* cuda_graph.cu - decode steps replayed as one CUDA graph.
+ *
+ * A decode step is ~18 small launches per layer; launched one by one they cost more than the
+ * weight bytes they stream on small models.  The ops of the table below go through this file:
+ *
+ *   - a step starts at embed and ends at the next entry point that is not an op (read, write, ...)
+ *     or the next embed;
+ *   - a step whose ops all fit a graph (at most CUDA_G_MAX rows, one new row per sequence) runs
+ *     eagerly while its ops are recorded (op kind, tensors, sizes, kv caches, attention splits:
+ *     everything but the per-step token ids, n_past and n_new); at its end the record is captured
+ *     into a graph whose kernels read those per-step values from the device array cb->dyn;
+ *   - the next step compares each op with the record and launches nothing; at its end one small
+ *     copy refreshes cb->dyn and the graph is launched.  On the first op that differs, the matched
+ *     ops are issued eagerly, the graph is dropped and recording goes on from there.
+ *
+ * Pointers in the record are compared, never dereferenced before they matched the live call, so a
+ * freed and reused buffer cannot be replayed stale.  Scratch growth drops the graph (its partials
+ * buffer moves).  LMX_CUDA_GRAPH=0 turns graphs off, =1 keeps them without the fusions (A/B
+ * measurements). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER };
+enum { G_OFF = 0, G_REC, G_REPLAY };
+
+/* One op call; zero-filled before use so that memcmp compares it. */
+typedef struct g_rec {
+    int op, M, B, T, i0, i1, i2, splits, has[4];
+    int64_t n;
+    float f0, f1;
+    lmx_tensor t[4];
+    lmx_rope rope;
+    lmx_kv_layer *kvp[CUDA_G_MAX];
+    void *kd[CUDA_G_MAX], *vd[CUDA_G_MAX];
+    int cap[CUDA_G_MAX], rot[CUDA_G_MAX], win[CUDA_G_MAX], rows[CUDA_G_MAX];
+} g_rec;
+
+typedef struct cuda_graph {
+    int mode, pos;
+    g_rec *rec;
+    int n_rec, cap_rec;
+    cudaGraphExec_t exec;    /* NULL: none */
+    int dyn[CUDA_DYN_N];     /* this step's values, host copy */
+    int have_batch;          /* dyn holds this step's n_past / n_new */
+    int failed;              /* capture failed once: stay eager */
+    int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
+} cuda_graph;
+
+lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
+                      float scale);
+lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                        int n, float eps, float add_one);
+lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
+lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                    lmx_act act);
+lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap);
+lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
+                     const lmx_rope *rope);
+lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                            int64_t n);
+
+lmx_status cuda_graph_create(cuda_backend *cb) {
+    const char *env = getenv("LMX_CUDA_GRAPH");
+    if (env && env[0] == '0') return LMX_OK;
+    if (cudaMalloc((void **)&cb->dyn, CUDA_DYN_N * sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        cb->dyn = NULL;
+        return LMX_OK; /* no graphs */
+    }
+    cb->g = (cuda_graph *)calloc(1, sizeof *cb->g);
+    if (!cb->g) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda backend: out of memory");
+    cb->g->nofuse = env && env[0] == '1';
+    return LMX_OK;
+}
+
+void cuda_graph_drop(cuda_backend *cb) {
+    cuda_graph *g = cb->g;
+    if (g && g->exec) {
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+    }
+}
+
+void cuda_graph_destroy(cuda_backend *cb) {
+    if (cb->g) {
+        cuda_graph_drop(cb);
+        free(cb->g->rec);
+        free(cb->g);
+        cb->g = NULL;
+    }
+    if (cb->dyn) cudaFree(cb->dyn);
+    cb->dyn = NULL;
+}
+
+static void tcopy(lmx_tensor *d, const lmx_tensor *s) {
+    if (!s) return;
+    d->dtype = s->dtype;
+    d->ndim = s->ndim;
+    for (int i = 0; i < 4; i++) d->shape[i] = s->shape[i];
+    d->data = s->data;
+    d->q.ggml_type = s->q.ggml_type;
+    d->q.bits = s->q.bits;
+    d->q.group = s->q.group;
+    d->q.scale_dtype = s->q.scale_dtype;
+    d->q.scales = s->q.scales;
+    d->q.biases = s->q.biases;
+}
+
+static void rec_t(g_rec *r, int i, const lmx_tensor *t) {
+    r->has[i] = t != NULL;
+    tcopy(&r->t[i], t);
+}
+
+static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, const lmx_batch *bt,
+                               lmx_kv_layer *const *kv, const int *rows);
+
+/* Run one recorded op eagerly (or into a capture), its per-step values from the host copy. */
+static lmx_status g_exec(cuda_backend *cb, g_rec *r) {
+    cuda_graph *g = cb->g;
+    lmx_batch bt = {r->B, r->T, g->dyn + CUDA_DYN_PAST, g->dyn + CUDA_DYN_NEW};
+    return g_run_direct(cb, r, g->dyn + CUDA_DYN_IDS, &bt, r->kvp, r->rows);
+}
+
+/* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
+ * gate/up) as one launch, gate/up + GLU as one launch, per-head q/k norm + RoPE as one launch, and a
+ * residual add followed by the norm of its result as one launch.
+ * *used = ops consumed (0: none applied). */
+static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
+    cuda_graph *g = cb->g;
+    g_rec *r = &g->rec[i];
+    *used = 0;
+    if (r->op == G_MATMUL) {
+        int n = 1;
+        while (n < 3 && i + n < g->n_rec) {
+            const g_rec *q = &g->rec[i + n];
+            if (q->op != G_MATMUL || q->M != r->M || q->t[1].data != r->t[1].data) break;
+            int clash = q->t[0].data == r->t[1].data;
+            for (int j = 0; j < n; j++) clash |= q->t[0].data == g->rec[i + j].t[0].data;
+            if (clash) break;
+            n++;
+        }
+        if (n < 2 || r->t[0].data == r->t[1].data) return LMX_OK;
+        lmx_tensor *outs[3];
+        const lmx_tensor *ws[3], *bs[3];
+        for (int j = 0; j < n; j++) {
+            g_rec *q = &g->rec[i + j];
+            outs[j] = &q->t[0];
+            ws[j] = &q->t[2];
+            bs[j] = q->has[3] ? &q->t[3] : NULL;
+        }
+        /* gate, up, then glu(gate = act(gate) * up): one launch */
+        if (n == 2 && i + 2 < g->n_rec) {
+            const g_rec *q = &g->rec[i + 2];
+            if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
+                q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0]) {
+                lmx_status st = cuda_matmul_multi(cb, 2, outs, &r->t[1], ws, bs, r->M, q->i0);
+                if (st != LMX_ERR_UNSUPPORTED) {
+                    *used = 3;
+                    return st;
+                }
+            }
+        }
+        lmx_status st = cuda_matmul_multi(cb, n, outs, &r->t[1], ws, bs, r->M, -1);
+        if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+        *used = n;
+        return st;
+    }
+    if (r->op == G_RMSNORM || r->op == G_ROPE) {
+        /* [norm q, norm k,] rope q, rope k  (norms per head, in place) */
+        int nn = 0;
+        while (nn < 2 && i + nn < g->n_rec && g->rec[i + nn].op == G_RMSNORM) nn++;
+        if (nn == 1) return LMX_OK;
+        int nr = 0;
+        while (nr < 2 && i + nn + nr < g->n_rec && g->rec[i + nn + nr].op == G_ROPE) nr++;
+        if (nr != 2) return LMX_OK;
+        const g_rec *r0 = &g->rec[i + nn], *r1 = &g->rec[i + nn + 1];
+        if (memcmp(&r0->rope, &r1->rope, sizeof r0->rope) || r0->B != r1->B || r0->T != r1->T || r0->i1 != r1->i1 ||
+            r0->t[0].data == r1->t[0].data)
+            return LMX_OK;
+        lmx_tensor *xs[2] = {&g->rec[i + nn].t[0], &g->rec[i + nn + 1].t[0]};
+        int nh[2] = {r0->i0, r1->i0};
+        const lmx_tensor *ws[2] = {NULL, NULL};
+        float eps[2] = {0, 0}, one[2] = {0, 0};
+        for (int k = 0; k < nn; k++) {
+            const g_rec *q = &g->rec[i + k];
+            if (q->t[0].data != xs[k]->data || q->t[1].data != xs[k]->data || q->n != r0->i1 ||
+                (int64_t)q->M != (int64_t)r0->B * r0->T * nh[k])
+                return LMX_OK;
+            ws[k] = &g->rec[i + k].t[2];
+            eps[k] = q->f0;
+            one[k] = q->f1;
+        }
+        lmx_status st = cuda_norm_rope(cb, r0->B, r0->T, r0->i1, &r0->rope, 2, xs, nh, ws, eps, one);
+        if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+        *used = nn + 2;
+        return st;
+    }
+    if (r->op == G_ADD && i + 1 < g->n_rec) {
+        g_rec *q = &g->rec[i + 1];
+        if (q->op != G_RMSNORM || q->t[1].data != r->t[0].data || (int64_t)q->M * q->n != r->n ||
+            q->t[0].data == r->t[0].data || q->t[0].data == r->t[1].data)
+            return LMX_OK;
+        lmx_status st = cuda_add_rmsnorm(cb, &r->t[0], &r->t[1], &q->t[0], &q->t[2], q->M, (int)q->n, q->f0, q->f1);
+        if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+        *used = 2;
+        return st;
+    }
+    return LMX_OK;
+}
+
+/* Capture the recorded step into a graph (nothing runs). */
+static void g_capture(cuda_backend *cb) {
+    cuda_graph *g = cb->g;
+    cuda_graph_drop(cb);
+    if (g->failed || g->n_rec == 0) return;
+    if (cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        g->failed = 1;
+        return;
+    }
+    cb->dyn_on = 1;
+    lmx_status st = LMX_OK;
+    for (int i = 0; i < g->n_rec && st == LMX_OK;) {
+        int used = 0;
+        if (!g->nofuse) st = g_exec_fused(cb, i, &used);
+        if (st == LMX_OK && used == 0) {
+            st = g_exec(cb, &g->rec[i]);
+            used = 1;
+        }
+        i += used;
+    }
+    cb->dyn_on = 0;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+    if (st != LMX_OK || e != cudaSuccess || !graph) {
+        cudaGetLastError();
+        if (graph) cudaGraphDestroy(graph);
+        g->failed = 1;
+        return;
+    }
+    cudaGraphExec_t ex = NULL;
+    e = cudaGraphInstantiate(&ex, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        g->failed = 1;
+        return;
+    }
+    g->exec = ex;
+}
+
+/* Issue the first n recorded ops eagerly (a replay that stopped matching). */
+static lmx_status g_reissue(cuda_backend *cb, int n) {
+    for (int i = 0; i < n; i++) {
+        lmx_status st = g_exec(cb, &cb->g->rec[i]);
+        if (st) return st;
+    }
+    return LMX_OK;
+}
+
+lmx_status cuda_graph_flush(cuda_backend *cb) {
+    cuda_graph *g = cb->g;
+    if (!g) return LMX_OK;
+    lmx_status st = LMX_OK;
+    if (g->mode == G_REPLAY && g->pos > 0) {
+        if (g->pos == g->n_rec && g->exec) {
+            CUDA_TRY(cb, cudaMemcpyAsync(cb->dyn, g->dyn, sizeof g->dyn, cudaMemcpyHostToDevice, cb->stream),
+                     "graph step values");
+            CUDA_TRY(cb, cudaGraphLaunch(g->exec, cb->stream), "graph launch");
+        } else {
+            cuda_graph_drop(cb);
+            st = g_reissue(cb, g->pos);
+        }
+    } else if (g->mode == G_REC) {
+        g_capture(cb);
+    }
+    g->mode = G_OFF;
+    g->pos = 0;
+    return st;
+}
+
+/* Keep this op's per-step values in the host copy; 0 if they contradict the step's earlier ops. */
+static int g_stash(cuda_graph *g, const g_rec *r, const int32_t *ids, const lmx_batch *bt) {
+    if (ids)
+        for (int m = 0; m < r->M; m++) g->dyn[CUDA_DYN_IDS + m] = ids[m];
+    if (bt) {
+        if (g->have_batch) {
+            for (int b = 0; b < bt->B; b++)
+                if (g->dyn[CUDA_DYN_PAST + b] != bt->n_past[b] || g->dyn[CUDA_DYN_NEW + b] != bt->n_new[b]) return 0;
+        } else {
+            for (int b = 0; b < bt->B; b++) {
+                g->dyn[CUDA_DYN_PAST + b] = bt->n_past[b];
+                g->dyn[CUDA_DYN_NEW + b] = bt->n_new[b];
+            }
+            g->have_batch = 1;
+        }
+    }
+    return 1;
+}
+
+static int g_fits(const g_rec *r) {
+    if (r->op == G_EMBED || r->op == G_MATMUL || r->op == G_GATHER) return r->M >= 1 && r->M <= CUDA_G_MAX;
+    if (r->op == G_ROPE || r->op == G_ATTENTION || r->op == G_KV_APPEND)
+        return r->T == 1 && r->B >= 1 && r->B <= CUDA_G_MAX;
+    return 1;
+}
+
+/* The graph side of every op: compare with the record (replay), or record.  *absorbed = 1 when a
+ * replay took the op (nothing to run now). */
+static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, const lmx_batch *bt, int *absorbed) {
+    cuda_graph *g = cb->g;
+    lmx_status st;
+    int fits = g_fits(r);
+    *absorbed = 0;
+    if (r->op == G_EMBED) {
+        if ((st = cuda_graph_flush(cb))) return st;
+        g->have_batch = 0;
+        g->mode = !fits || g->failed ? G_OFF : g->exec ? G_REPLAY : G_REC;
+        if (g->mode == G_REC) g->n_rec = 0;
+    }
+    if (g->mode == G_REPLAY) {
+        if (fits && g->pos < g->n_rec && memcmp(r, &g->rec[g->pos], sizeof *r) == 0 && g_stash(g, r, ids, bt)) {
+            g->pos++;
+            *absorbed = 1;
+            return LMX_OK;
+        }
+        /* the step left the recorded path: run what matched, record from here */
+        cuda_graph_drop(cb);
+        g->mode = G_REC;
+        g->n_rec = g->pos;
+        g->pos = 0;
+        if ((st = g_reissue(cb, g->n_rec))) {
+            g->mode = G_OFF;
+            g->n_rec = 0;
+            return st;
+        }
+    }
+    if (g->mode == G_REC) {
+        if (!fits) {
+            g->mode = G_OFF;
+            g->n_rec = 0;
+        } else {
+            if (g->n_rec == g->cap_rec) {
+                int cap = g->cap_rec ? 2 * g->cap_rec : 1024;
+                g_rec *nr = (g_rec *)realloc(g->rec, (size_t)cap * sizeof *nr);
+                if (!nr) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda graph: out of memory");
+                g->rec = nr;
+                g->cap_rec = cap;
+            }
+            memcpy(&g->rec[g->n_rec++], r, sizeof *r);
+            if (!g_stash(g, r, ids, bt)) { /* inconsistent batches within a step: no graph */
+                g->mode = G_OFF;
+                g->n_rec = 0;
+            }
+        }
+    }
+    return LMX_OK;
+}
+
+/* ---- the wrapped ops --------------------------------------------------------------------------- */
+
+/* Run r now with the caller's per-step values. */
+static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, const lmx_batch *bt,
+                               lmx_kv_layer *const *kv, const int *rows) {
+    lmx_backend *be = &cb->base;
+    switch (c->op) {
+    case G_EMBED: return cuda_embed_rows(cb, (float *)c->t[0].data, &c->t[1], ids, c->M, c->f0);
+    case G_RMSNORM: return cuda_rmsnorm(be, &c->t[0], &c->t[1], &c->t[2], c->M, (int)c->n, c->f0, c->f1);
+    case G_MATMUL: return cuda_matmul(be, &c->t[0], &c->t[1], &c->t[2], c->has[3] ? &c->t[3] : NULL, c->M);
+    case G_ADD: return cuda_add(be, &c->t[0], &c->t[1], c->n);
+    case G_GLU: return cuda_glu(be, &c->t[0], &c->t[1], &c->t[2], c->n, (lmx_act)c->i0);
+    case G_SOFTCAP: return cuda_softcap(be, &c->t[0], c->n, c->f0);
+    case G_ROPE: return cuda_rope(be, &c->t[0], bt, c->i0, c->i1, &c->rope);
+    case G_ATTENTION: {
+        lmx_attn_args a = {bt, &c->t[0], &c->t[1], &c->t[2], &c->t[3], kv, c->i0, c->i1, c->i2, c->f0, c->f1};
+        return cuda_attention(be, &a);
+    }
+    case G_KV_APPEND: return cuda_kv_append(be, kv, bt, &c->t[0], &c->t[1]);
+    case G_GATHER: return cuda_gather_rows(be, &c->t[0], &c->t[1], rows, c->M, c->n);
+    }
+    return lmx_err_set(&be->err, LMX_ERR_BACKEND, "cuda: unknown op %d", c->op);
+}
+
+/* Every op: offered to the graph side when graphs are on, run now unless a replay absorbed it. */
+static lmx_status g_dispatch(cuda_backend *cb, g_rec *r, const int32_t *ids, const lmx_batch *bt,
+                             lmx_kv_layer *const *kv, const int *rows) {
+    if (cb->g) {
+        int absorbed = 0;
+        lmx_status st = g_op(cb, r, ids, bt, &absorbed);
+        if (st || absorbed) return st;
+    }
+    return g_run_direct(cb, r, ids, bt, kv, rows);
+}
+
+static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
+                          float scale) {
+    cuda_backend *cb = (cuda_backend *)be;
+    int64_t V = table->shape[0];
+    for (int m = 0; m < M; m++)
+        if (ids[m] < 0 || ids[m] >= V)
+            return lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "token id %d outside vocabulary [0, %lld)", ids[m],
+                               (long long)V);
+    if (M <= 0) return LMX_OK;
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_EMBED;
+    r.M = M;
+    r.f0 = scale;
+    rec_t(&r, 0, out);
+    rec_t(&r, 1, table);
+    return g_dispatch(cb, &r, ids, NULL, NULL, NULL);
+}
+
+static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                            int n, float eps, float add_one) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_RMSNORM;
+    r.M = rows;
+    r.n = n;
+    r.f0 = eps;
+    r.f1 = add_one;
+    rec_t(&r, 0, out);
+    rec_t(&r, 1, x);
+    rec_t(&r, 2, w);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                           const lmx_tensor *bias, int M) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_MATMUL;
+    r.M = M;
+    rec_t(&r, 0, out);
+    rec_t(&r, 1, x);
+    rec_t(&r, 2, w);
+    rec_t(&r, 3, bias);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_ADD;
+    r.n = n;
+    rec_t(&r, 0, y);
+    rec_t(&r, 1, x);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                        lmx_act act) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_GLU;
+    r.n = n;
+    r.i0 = (int)act;
+    rec_t(&r, 0, out);
+    rec_t(&r, 1, gate);
+    rec_t(&r, 2, up);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_SOFTCAP;
+    r.n = n;
+    r.f0 = cap;
+    rec_t(&r, 0, x);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static void rec_batch(g_rec *r, const lmx_batch *bt) {
+    r->B = bt->B;
+    r->T = bt->T;
+}
+
+static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
+                         const lmx_rope *rope) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_ROPE;
+    rec_batch(&r, batch);
+    r.i0 = nh;
+    r.i1 = hd;
+    r.rope.rot_dim = rope->rot_dim;
+    r.rope.interleaved = rope->interleaved;
+    r.rope.inv_freq = rope->inv_freq;
+    r.rope.attn_factor = rope->attn_factor;
+    rec_t(&r, 0, x);
+    return g_dispatch((cuda_backend *)be, &r, NULL, batch, NULL, NULL);
+}
+
+static void rec_kv(g_rec *r, lmx_kv_layer *const *kv, int B) {
+    if (B > CUDA_G_MAX) return; /* not graphable anyway */
+    for (int b = 0; b < B; b++) {
+        r->kvp[b] = kv[b];
+        r->kd[b] = kv[b]->k.data;
+        r->vd[b] = kv[b]->v.data;
+        r->cap[b] = kv[b]->cap;
+        r->rot[b] = kv[b]->rotating;
+        r->win[b] = kv[b]->window;
+    }
+}
+
+static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
+    cuda_backend *cb = (cuda_backend *)be;
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_ATTENTION;
+    rec_batch(&r, a->batch);
+    r.i0 = a->H;
+    r.i1 = a->Hk;
+    r.i2 = a->D;
+    r.f0 = a->scale;
+    r.f1 = a->softcap;
+    rec_t(&r, 0, a->out);
+    rec_t(&r, 1, a->q);
+    rec_t(&r, 2, a->k);
+    rec_t(&r, 3, a->v);
+    rec_kv(&r, a->kv, a->batch->B);
+    if (a->batch->T < 32 && a->batch->B <= CUDA_G_MAX && a->Hk > 0 && a->H % a->Hk == 0)
+        r.splits = cuda_attention_splits(cb, a, 0, a->batch->B);
+    return g_dispatch(cb, &r, NULL, a->batch, a->kv, NULL);
+}
+
+static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
+                              const lmx_tensor *k, const lmx_tensor *v) {
+    for (int b = 0; b < batch->B; b++) {
+        const lmx_kv_layer *c = kv[b];
+        if (batch->n_new[b] > 0 && !c->rotating && batch->n_past[b] + batch->n_new[b] > c->cap)
+            return lmx_err_set(&be->err, LMX_ERR_CONTEXT_FULL, "KV cache holds %d positions, need %d", c->cap,
+                               batch->n_past[b] + batch->n_new[b]);
+    }
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_KV_APPEND;
+    rec_batch(&r, batch);
+    rec_t(&r, 0, k);
+    rec_t(&r, 1, v);
+    rec_kv(&r, kv, batch->B);
+    return g_dispatch((cuda_backend *)be, &r, NULL, batch, kv, NULL);
+}
+
+static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                                int64_t n) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_GATHER;
+    r.M = R;
+    r.n = n;
+    rec_t(&r, 0, out);
+    rec_t(&r, 1, x);
+    if (R <= CUDA_G_MAX)
+        for (int i = 0; i < R; i++) r.rows[i] = rows[i];
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, rows);
+}
+
+/* The table entries (cuda_backend.cu). */
+lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s) {
+    return w_embed(be, out, t, ids, M, s);
+}
+lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                           int n, float eps, float add_one) {
+    return w_rmsnorm(be, out, x, w, rows, n, eps, add_one);
+}
+lmx_status cuda_op_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                          const lmx_tensor *bias, int M) {
+    return w_matmul(be, out, x, w, bias, M);
+}
+lmx_status cuda_op_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) { return w_add(be, y, x, n); }
+lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, const lmx_tensor *u, int64_t n,
+                       lmx_act act) {
+    return w_glu(be, out, g, u, n, act);
+}
+lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_softcap(be, x, n, cap); }
+lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
+    return w_rope(be, x, b, nh, hd, rope);
+}
+lmx_status cuda_op_attention(lmx_backend *be, const lmx_attn_args *a) { return w_attention(be, a); }
+lmx_status cuda_op_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *b, const lmx_tensor *k,
+                             const lmx_tensor *v) {
+    return w_kv_append(be, kv, b, k, v);
+}
+lmx_status cuda_op_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                               int64_t n) {
+    return w_gather_rows(be, out, x, rows, R, n);
+}
