@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""write_gguf.py - write the weights of a model directory made by make_random_model.py as an F16
+GGUF file that llama.cpp loads, so that llama.cpp is timed on the same weights as lmx.
+
+The vocabulary is a placeholder (llama.cpp's benchmark feeds token ids, never text): "llama"
+(SentencePiece) with <unk>, <s>, </s> and numbered tokens.  Q/K rows are written as stored (a speed
+benchmark does not depend on the RoPE row order).
+
+usage: bench/write_gguf.py MODEL_DIR OUT.gguf      (needs gguf-py on PYTHONPATH, torch, safetensors)
+"""
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+import gguf
+
+
+def main():
+    src, out = sys.argv[1], sys.argv[2]
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    arch = cfg["model_type"]  # "llama" or "qwen3": GGUF uses the same names
+    C, L, H, Hk = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim", C // H)
+    V = cfg["vocab_size"]
+    w = gguf.GGUFWriter(out, arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(C)
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(Hk)
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_file_type(1)  # mostly F16
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + ["t%d" % i for i in range(3, V)])
+    w.add_token_scores([0.0] * V)
+    w.add_token_types([2, 3, 3] + [1] * (V - 3))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    tensors = {}
+    for f in sorted(glob.glob(os.path.join(src, "*.safetensors"))):
+        tensors.update(load_file(f))
+    for name, t in tensors.items():
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gname = "output.weight"
+        else:
+            parts = name.split(".")  # model.layers.N.<module>.weight
+            gname = "blk.%s.%s.weight" % (parts[2], names[".".join(parts[3:-1])])
+        dtype = torch.float32 if t.dim() == 1 else torch.float16  # norms stay f32, as llama.cpp's converter does
+        w.add_tensor(gname, t.to(dtype).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
