@@ -273,6 +273,37 @@ static void case_batch_equals_single(const char *name) {
     free(dir);
 }
 
+/* Twelve sequences (more than the matmul's per-row path takes: the GEMM path) still equal each
+ * prompt alone under greedy decoding. */
+static void case_batch_wide(const char *name) {
+    enum { N = 12 };
+    char *dir = fixture(name, NULL);
+    lmx_model *m = load(dir, 0);
+    int32_t pr[N][8], single[N][20];
+    const int32_t *ps[N];
+    int lens[N], ns[N];
+    lmx_gen_params p[N];
+    for (int i = 0; m && i < N; i++) {
+        lens[i] = 1 + i % 7;
+        for (int t = 0; t < 8; t++) pr[i][t] = (i * 37 + t * 11) % 300 + 1;
+        ps[i] = pr[i];
+        p[i] = greedy(20);
+        p[i].ignore_eos = 1;
+        lmx_result r;
+        CHECK(lmx_generate_ids(m, ps[i], lens[i], &p[i], &r) == LMX_OK);
+        ns[i] = r.n_ids;
+        memcpy(single[i], r.ids, (size_t)r.n_ids * sizeof(int32_t));
+    }
+    if (m) {
+        lmx_result rs[N];
+        CHECK(lmx_batch_generate_ids(m, ps, lens, N, p, rs) == LMX_OK);
+        for (int i = 0; i < N; i++)
+            CHECK_MSG(same_ids(&rs[i], single[i], ns[i]), "%s: batch-of-12 sequence %d differs from alone", name, i);
+    }
+    lmx_model_free(m);
+    free(dir);
+}
+
 /* The prompt cache: a prompt extending the last generation reuses its KV and gives the same
  * result as a cold model. */
 static void case_prompt_cache(const char *name) {
@@ -535,6 +566,8 @@ int main(int argc, char **argv) {
         case_classify(models[i]);
     }
     case_batch_equals_single("qwen3");
+    case_batch_wide("llama");
+    case_batch_wide("gemma3");
     case_prompt_cache("llama");
     case_seeds("llama");
     case_cancel("llama");
