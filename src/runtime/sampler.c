@@ -108,8 +108,9 @@ int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float 
     int V = s->V, k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
     int use_p = p->top_p > 0.0f && p->top_p < 1.0f, use_min = p->min_p > 0.0f;
     float lmax = logits[lmx_argmax(logits, V)], inv_t = 1.0f / p->temperature;
-    double total = 0; /* relative probability mass of the whole vocabulary */
-    for (int i = 0; i < V; i++) total += expf((logits[i] - lmax) * inv_t);
+    double total = 0; /* relative probability mass that top-p measures against */
+    if (use_p && !k) /* only the gathering below needs it up front; with top-k it comes later */
+        for (int i = 0; i < V; i++) total += expf((logits[i] - lmax) * inv_t);
 
     /* Only the likeliest tokens can survive: gather those above a threshold, lowering it until
      * the set provably holds every survivor (min-p gives the exact threshold). */
@@ -130,6 +131,8 @@ int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float 
         n = k;
         total = 0;
         for (int i = 0; i < n; i++) total += s->cand[i].p;
+    } else if (k) {
+        total = mass; /* fewer than k gathered: the threshold fell to 0, every token is here */
     }
     if (use_p) {
         double cum = 0;
