@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""make_random_model.py - write a random-weight bf16 HF model directory with a real model's shapes,
-for `lmx bench` on the GPU machine (torch + safetensors; the weights are drawn on the GPU when
-there is one).  Weights ~ N(0, 0.02), norm weights 1; config.json is written last.
+"""make_random_model.py - write a random-weight HF model directory with a real model's shapes, for
+`lmx bench` on the GPU machine (torch + safetensors; the weights are drawn on the GPU when there is
+one).  Weights ~ N(0, 0.02) in bf16, norm weights 1; config.json is written last.
 
-usage: bench/make_random_model.py {qwen3-0.6b,llama-3.1-8b,gemma-3-1b} OUT_DIR
+With --bits 4 or 8 every projection, the embedding and the output head are stored MLX-quantized
+(affine, group 64: packed uint32 codes + bf16 scales and biases, as mlx-lm writes them), with random
+codes and scales chosen so that the weights again spread over about +-0.02.
+
+usage: bench/make_random_model.py {qwen3-0.6b,llama-3.1-8b,gemma-3-1b} OUT_DIR [--bits 4|8]
 """
+import argparse
 import json
 import os
-import sys
 
 import torch
 from safetensors.torch import save_file
@@ -23,30 +27,45 @@ ARCHS = {
                          max_position_embeddings=131072, hidden_act="silu",
                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "gemma-3-1b": dict(model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+                       num_key_value_heads=1, head_dim=256, intermediate_size=6912, vocab_size=262144,
+                       tie_word_embeddings=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                       rms_norm_eps=1e-6, max_position_embeddings=32768, hidden_activation="gelu_pytorch_tanh",
+                       query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
+                       attn_logit_softcapping=None, final_logit_softcapping=None, rope_scaling=None),
 }
+GROUP = 64
 
 
 def main():
-    arch, out = sys.argv[1], sys.argv[2]
-    cfg = dict(ARCHS[arch], architectures=["X"], torch_dtype="bfloat16")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("arch", choices=sorted(ARCHS))
+    ap.add_argument("out")
+    ap.add_argument("--bits", type=int, choices=(0, 4, 8), default=0)
+    args = ap.parse_args()
+    cfg = dict(ARCHS[args.arch], architectures=["X"], torch_dtype="bfloat16")
+    if args.bits:
+        cfg["quantization"] = {"group_size": GROUP, "bits": args.bits}
+    out = args.out
     os.makedirs(out, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
     C, L, H, Hk, D, F, V = (cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"))
+    gemma = cfg["model_type"].startswith("gemma")
 
     def rnd(*shape):
         return (torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
 
     def ones(n):
-        return torch.ones(n, dtype=torch.bfloat16)
+        return torch.ones(n, dtype=torch.bfloat16) if not gemma else torch.zeros(n, dtype=torch.bfloat16)
 
     shards, cur, index, size = [], {}, {}, 0
 
     def add(name, t):
-        nonlocal cur, size
+        nonlocal size
         cur[name] = t
-        size += t.numel() * 2
+        size += t.numel() * t.element_size()
         if size > (2 << 30):
             flush()
 
@@ -61,24 +80,41 @@ def main():
         shards.append(fn)
         cur, size = {}, 0
 
-    add("model.embed_tokens.weight", rnd(V, C))
+    def weight(prefix, n, k):
+        """A [n, k] matrix under prefix + '.weight', MLX-quantized with --bits."""
+        if not args.bits:
+            add(prefix + ".weight", rnd(n, k))
+            return
+        words = torch.randint(-2**31, 2**31, (n, k * args.bits // 32), generator=gen, device=dev,
+                              dtype=torch.int64).to(torch.int32).view(torch.uint32).cpu()
+        levels = (1 << args.bits) - 1
+        scale = (0.04 / levels) * (1.0 + 0.25 * torch.rand(n, k // GROUP, generator=gen, device=dev))
+        bias = -0.5 * levels * scale + 0.002 * torch.randn(n, k // GROUP, generator=gen, device=dev)
+        add(prefix + ".weight", words)
+        add(prefix + ".scales", scale.to(torch.bfloat16).cpu())
+        add(prefix + ".biases", bias.to(torch.bfloat16).cpu())
+
+    weight("model.embed_tokens", V, C)
     for i in range(L):
         p = "model.layers.%d." % i
         add(p + "input_layernorm.weight", ones(C))
         add(p + "post_attention_layernorm.weight", ones(C))
-        add(p + "self_attn.q_proj.weight", rnd(H * D, C))
-        add(p + "self_attn.k_proj.weight", rnd(Hk * D, C))
-        add(p + "self_attn.v_proj.weight", rnd(Hk * D, C))
-        add(p + "self_attn.o_proj.weight", rnd(C, H * D))
-        if cfg["model_type"] == "qwen3":
+        if gemma:
+            add(p + "pre_feedforward_layernorm.weight", ones(C))
+            add(p + "post_feedforward_layernorm.weight", ones(C))
+        weight(p + "self_attn.q_proj", H * D, C)
+        weight(p + "self_attn.k_proj", Hk * D, C)
+        weight(p + "self_attn.v_proj", Hk * D, C)
+        weight(p + "self_attn.o_proj", C, H * D)
+        if cfg["model_type"] in ("qwen3", "gemma3_text"):
             add(p + "self_attn.q_norm.weight", ones(D))
             add(p + "self_attn.k_norm.weight", ones(D))
-        add(p + "mlp.gate_proj.weight", rnd(F, C))
-        add(p + "mlp.up_proj.weight", rnd(F, C))
-        add(p + "mlp.down_proj.weight", rnd(C, F))
+        weight(p + "mlp.gate_proj", F, C)
+        weight(p + "mlp.up_proj", F, C)
+        weight(p + "mlp.down_proj", C, F)
     add("model.norm.weight", ones(C))
     if not cfg["tie_word_embeddings"]:
-        add("lm_head.weight", rnd(V, C))
+        weight("lm_head", V, C)
     flush()
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": index}, f)

@@ -44,13 +44,15 @@ graph_same "$root/tests/data/gguf/llama.gguf" --max-tokens 40
 # the fixtures are too narrow for the add + rmsnorm fusion (rows > 256): a random-weight Qwen3-0.6B
 # (needs torch) covers it
 if python3 -c "import torch, safetensors" 2>/dev/null; then
-    q06=$(mktemp -d)
-    if python3 "$root/bench/make_random_model.py" qwen3-0.6b "$q06" >/dev/null 2>&1; then
-        graph_same "$q06" --max-tokens 64
-    else
-        echo "FAILED: bench/make_random_model.py qwen3-0.6b"; fail=1
-    fi
-    rm -rf "$q06"
+    for bits in 0 4 8; do   # dense, and MLX 4 / 8 bit (the quantized GEMV fusions at real sizes)
+        q06=$(mktemp -d)
+        if python3 "$root/bench/make_random_model.py" qwen3-0.6b "$q06" --bits $bits >/dev/null 2>&1; then
+            graph_same "$q06" --max-tokens 64
+        else
+            echo "FAILED: bench/make_random_model.py qwen3-0.6b --bits $bits"; fail=1
+        fi
+        rm -rf "$q06"
+    done
 fi
 if [ "$san" = "--sanitize" ]; then
     run compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/lmx" check-reference "$fix/models/gemma3" --backend cuda

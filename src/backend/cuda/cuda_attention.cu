@@ -1,5 +1,6 @@
 /* cuda_attention.cu - causal attention of new query rows over cached (bf16) and new (f32) keys,
- * and appending new keys/values to the caches.
+ * and appending new keys/values to the caches.  Calls of 32 or more rows per sequence (prefill) go
+ * to the tensor-core kernel of cuda_flash.cu; this file's kernel serves decode steps and short calls.
  *
  * Flash-decoding layout: a block of 4 warps takes one query row, one kv head (all of its G query
  * heads, so each key/value row is loaded once per group) and one split of that row's visible keys.
@@ -10,25 +11,12 @@
  * i - j < window): the cached ones still held (slot j % cap), then this call's new rows. */
 #include <math.h>
 
-#include "cuda_internal.h"
+#include "cuda_attention.h"
 
-#define ATT_SEQ_MAX 48         /* sequences per launch (parameters stay under 4 KB) */
 #define ATT_WARPS 4
 #define ATT_GMAX 8             /* query heads per block */
 #define ATT_DMAX 256
 #define ATT_DPL (ATT_DMAX / 32)
-
-typedef struct att_seq {
-    const __nv_bfloat16 *kc, *vc; /* cache [cap, Hk*D] */
-    int n_past, n_new, cap, rotating, window;
-} att_seq;
-
-typedef struct att_arg {
-    int B, T, H, Hk, D, G, hchunks, splits;
-    float scale, softcap;
-    const int *dyn;          /* non-NULL: n_past / n_new from this device array (decode graphs) */
-    att_seq s[ATT_SEQ_MAX];
-} att_arg;
 
 /* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
  * part [rows, H, splits, D + 2] when splits > 1. */
@@ -91,6 +79,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     if (ng > ATT_GMAX) ng = ATT_GMAX;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = row / a.T, t = row % a.T, D = a.D;
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     att_seq S = a.s[b];
     if (a.dyn) {
         S.n_past = a.dyn[CUDA_DYN_PAST + b];
@@ -205,6 +195,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
 __global__ void k_attention_merge(float *__restrict__ out, const float *__restrict__ part, int H, int D, int splits) {
     __shared__ float w[64];
     __shared__ float tot;
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     const int64_t rh = blockIdx.x; /* row * H + h */
     const float *p = part + rh * splits * (D + 2);
     if (threadIdx.x < 32) {
@@ -237,157 +229,15 @@ __global__ void k_attention_merge(float *__restrict__ out, const float *__restri
     }
 }
 
-/* ---- prefill: tiles of 64 query rows x 64 keys in shared memory ------------------------------- */
-/* Block = (64 query rows of one sequence, one query head), 256 threads.  Each thread owns a 4x4
- * patch of the 64x64 score tile and 4 rows x DPT dims of the output; online softmax per row.
- * Shared: Q [64][D+1], K [64][D+1], V [64][D], P [64][65] (f32). */
-#define PT 64
-template <int DPT>
-__global__ void __launch_bounds__(256) k_attention_tiled(const float *__restrict__ q, const float *__restrict__ kn,
-                                                         const float *__restrict__ vn, float *__restrict__ out,
-                                                         const att_arg a) {
-    extern __shared__ float smem[];
-    constexpr int D = DPT * 16;
-    float *Qs = smem, *Ks = Qs + PT * (D + 1), *Vs = Ks + PT * (D + 1), *Ps = Vs + PT * D;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int t0 = blockIdx.x * PT, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / a.G;
-    const att_seq S = a.s[b];
-    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
-    const int n_past = S.n_past;
-    const int held = S.rotating ? (n_past < S.cap ? n_past : S.cap) : n_past;
-    const int oldest = n_past - held; /* first cached position still held */
-    int tmax = t0 + PT - 1 < S.n_new - 1 ? t0 + PT - 1 : S.n_new - 1;
-    const float *kb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D, *vb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
-
-    for (int i = tid; i < PT * D; i += 256) {
-        int r = i / D, d = i % D;
-        int t = t0 + r;
-        Qs[r * (D + 1) + d] = t < a.T ? q[((int64_t)b * a.T + t) * HD + (int64_t)h * D + d] * a.scale : 0.0f;
-    }
-    float m[4], l[4], acc[4][DPT];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DPT; j++) acc[i][j] = 0.0f;
-    }
-    int pmin = oldest, pmax = n_past + tmax;
-    if (S.window > 0 && n_past + t0 - S.window + 1 > pmin) pmin = n_past + t0 - S.window + 1;
-    if (pmin < 0) pmin = 0;
-    for (int p0 = pmin; p0 <= pmax; p0 += PT) {
-        __syncthreads(); /* previous tile fully used */
-        for (int i = tid; i < PT * D; i += 256) {
-            int c = i / D, d = i % D, p = p0 + c;
-            float kv = 0.0f, vv = 0.0f;
-            if (p <= pmax) {
-                if (p < n_past) {
-                    int64_t o = (int64_t)(p % S.cap) * KD + (int64_t)kvh * D + d;
-                    kv = __bfloat162float(S.kc[o]);
-                    vv = __bfloat162float(S.vc[o]);
-                } else {
-                    int64_t o = (int64_t)(p - n_past) * KD + d;
-                    kv = kb[o];
-                    vv = vb[o];
-                }
-            }
-            Ks[c * (D + 1) + d] = kv;
-            Vs[c * D + d] = vv;
-        }
-        __syncthreads();
-        float sc[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) sc[i][j] = 0.0f;
-#pragma unroll 4
-        for (int d = 0; d < D; d++) {
-            float qv[4], kv[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) qv[i] = Qs[(4 * ty + i) * (D + 1) + d];
-#pragma unroll
-            for (int j = 0; j < 4; j++) kv[j] = Ks[(4 * tx + j) * (D + 1) + d];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) sc[i][j] = fmaf(qv[i], kv[j], sc[i][j]);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int t = t0 + 4 * ty + i, pos = n_past + t;
-            const int lo = S.window > 0 ? pos - S.window + 1 : 0;
-            float mx = m[i];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int p = p0 + 4 * tx + j;
-                float x = sc[i][j];
-                if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
-                int ok = t < S.n_new && p <= pos && p >= lo && p >= oldest && p <= pmax;
-                x = ok ? x : -INFINITY;
-                sc[i][j] = x;
-                mx = fmaxf(mx, x);
-            }
-#pragma unroll
-            for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            float corr = mx == -INFINITY ? 1.0f : __expf(m[i] - mx);
-            float rs = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float pr = mx == -INFINITY ? 0.0f : __expf(sc[i][j] - mx);
-                rs += pr;
-                Ps[(4 * ty + i) * (PT + 1) + 4 * tx + j] = pr;
-            }
-#pragma unroll
-            for (int o = 1; o < 16; o <<= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o);
-            l[i] = l[i] * corr + rs;
-            m[i] = mx;
-#pragma unroll
-            for (int j = 0; j < DPT; j++) acc[i][j] *= corr;
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int c = 0; c < PT; c++) {
-            float pv[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) pv[i] = Ps[(4 * ty + i) * (PT + 1) + c];
-#pragma unroll
-            for (int j = 0; j < DPT; j++) {
-                float v = Vs[c * D + tx + 16 * j];
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[i][j] = fmaf(pv[i], v, acc[i][j]);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int t = t0 + 4 * ty + i;
-        if (t >= a.T) continue;
-        float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < DPT; j++) out[((int64_t)b * a.T + t) * HD + (int64_t)h * D + tx + 16 * j] = acc[i][j] * inv;
-    }
-}
-
-template <int DPT>
-static lmx_status launch_tiled(cuda_backend *cb, dim3 grid, const float *q, const float *k, const float *v, float *o,
-                               const att_arg &a) {
-    constexpr int D = DPT * 16;
-    size_t sm = (size_t)(2 * PT * (D + 1) + PT * D + PT * (PT + 1)) * sizeof(float);
-    cudaFuncSetAttribute(k_attention_tiled<DPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    k_attention_tiled<DPT><<<grid, 256, sm, cb->stream>>>(q, k, v, o, a);
-    return cuda_check_launch(cb, "attention");
-}
-
 template <int DPL>
-static void launch_dpl(int gm, dim3 grid, cudaStream_t st, const float *q, const float *k, const float *v, float *o,
+static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
                        float *part, const att_arg &a) {
-    constexpr int KB = DPL >= 8 ? 2 : DPL >= 4 ? 8 : 8;
+    constexpr int KB = DPL >= 8 ? 2 : 8;
     switch (gm) {
-    case 1: k_attention<DPL, 1, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
-    case 2: k_attention<DPL, 2, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
-    case 4: k_attention<DPL, 4, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
-    default: k_attention<DPL, 8, KB><<<grid, ATT_WARPS * 32, 0, st>>>(q, k, v, o, part, a); break;
+    case 1: cuda_launch(cb, k_attention<DPL, 1, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
+    case 2: cuda_launch(cb, k_attention<DPL, 2, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
+    case 4: cuda_launch(cb, k_attention<DPL, 4, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
+    default: cuda_launch(cb, k_attention<DPL, 8, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
     }
 }
 
@@ -448,12 +298,8 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
         const float *qp = (const float *)args->q->data + r0 * HD, *kp = (const float *)args->k->data + r0 * KD,
                     *vp = (const float *)args->v->data + r0 * KD;
         float *op = (float *)args->out->data + r0 * HD;
-        if (a.T >= 32 && a.D % 16 == 0 && a.D <= 128 && a.D >= 32) { /* prefill */
-            dim3 tg((unsigned)((a.T + PT - 1) / PT), a.H, a.B);
-            lmx_status st = a.D == 32 ? launch_tiled<2>(cb, tg, qp, kp, vp, op, a)
-                            : a.D == 64 ? launch_tiled<4>(cb, tg, qp, kp, vp, op, a)
-                            : a.D == 128 ? launch_tiled<8>(cb, tg, qp, kp, vp, op, a)
-                                         : lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: head dim %d", a.D);
+        if (a.T >= 32) { /* prefill: tensor cores */
+            lmx_status st = cuda_flash_attention(cb, a, qp, kp, vp, op);
             if (st == LMX_OK) continue;
             if (st != LMX_ERR_UNSUPPORTED) return st;
         }
@@ -467,14 +313,14 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
         }
         dim3 grid(splits, a.Hk * a.hchunks, rows);
         int gm = a.G > 4 ? 8 : a.G > 2 ? 4 : a.G;
-        if (a.D <= 64) launch_dpl<2>(gm, grid, cb->stream, qp, kp, vp, op, part, a);
-        else if (a.D <= 128) launch_dpl<4>(gm, grid, cb->stream, qp, kp, vp, op, part, a);
-        else launch_dpl<8>(gm, grid, cb->stream, qp, kp, vp, op, part, a);
+        if (a.D <= 64) launch_dpl<2>(cb, gm, grid, qp, kp, vp, op, part, a);
+        else if (a.D <= 128) launch_dpl<4>(cb, gm, grid, qp, kp, vp, op, part, a);
+        else launch_dpl<8>(cb, gm, grid, qp, kp, vp, op, part, a);
         lmx_status st = cuda_check_launch(cb, "attention");
         if (st) return st;
         if (splits > 1) {
-            k_attention_merge<<<(unsigned)(rows * a.H), 128, 0, cb->stream>>>((float *)args->out->data + r0 * HD, part,
-                                                                              a.H, a.D, splits);
+            cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0,
+                        (float *)args->out->data + r0 * HD, (const float *)part, a.H, a.D, splits);
             if ((st = cuda_check_launch(cb, "attention merge"))) return st;
         }
     }
@@ -498,6 +344,8 @@ typedef struct app_arg {
 /* k, v [B*T, KD] f32 rows t in [first, n_new) of each sequence -> cache slot (n_past + t) % cap. */
 __global__ void k_kv_append(const float *__restrict__ k, const float *__restrict__ v, const app_arg a) {
     const int row = blockIdx.y, b = row / a.T, t = row % a.T;
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     app_seq S = a.s[b];
     if (a.dyn) {
         S.n_past = a.dyn[CUDA_DYN_PAST + b];
@@ -538,8 +386,8 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
         unsigned gx = cuda_blocks(a.KD, 256);
         dim3 grid(gx < 8 ? gx : 8, a.B * a.T);
         int64_t r0 = (int64_t)b0 * a.T;
-        k_kv_append<<<grid, 256, 0, cb->stream>>>((const float *)k->data + r0 * a.KD, (const float *)v->data + r0 * a.KD,
-                                                  a);
+        cuda_launch(cb, k_kv_append, grid, dim3(256), 0, (const float *)k->data + r0 * a.KD,
+                    (const float *)v->data + r0 * a.KD, a);
         lmx_status st = cuda_check_launch(cb, "kv_append");
         if (st) return st;
     }

@@ -40,12 +40,14 @@ typedef struct g_rec {
 typedef struct cuda_graph {
     int mode, pos;
     g_rec *rec;
+    unsigned char *skip;     /* [cap_rec]: while capturing, ops already issued inside an earlier fusion */
     int n_rec, cap_rec;
     cudaGraphExec_t exec;    /* NULL: none */
     int dyn[CUDA_DYN_N];     /* this step's values, host copy */
     int have_batch;          /* dyn holds this step's n_past / n_new */
     int failed;              /* capture failed once: stay eager */
     int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
+    int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
 } cuda_graph;
 
 lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
@@ -72,6 +74,10 @@ lmx_status cuda_graph_create(cuda_backend *cb) {
     cb->g = (cuda_graph *)calloc(1, sizeof *cb->g);
     if (!cb->g) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda backend: out of memory");
     cb->g->nofuse = env && env[0] == '1';
+    const char *pdl = getenv("LMX_CUDA_PDL"); /* =0: plain launches (A/B measurements) */
+    int cc = 0;
+    cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, cb->device);
+    cb->g->pdl = cc >= 9 && !(pdl && pdl[0] == '0');
     return LMX_OK;
 }
 
@@ -87,6 +93,7 @@ void cuda_graph_destroy(cuda_backend *cb) {
     if (cb->g) {
         cuda_graph_drop(cb);
         free(cb->g->rec);
+        free(cb->g->skip);
         free(cb->g);
         cb->g = NULL;
     }
@@ -142,11 +149,11 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
             n++;
         }
         if (n < 2 || r->t[0].data == r->t[1].data) return LMX_OK;
-        lmx_tensor *outs[3];
+        float *ys[3];
         const lmx_tensor *ws[3], *bs[3];
         for (int j = 0; j < n; j++) {
             g_rec *q = &g->rec[i + j];
-            outs[j] = &q->t[0];
+            ys[j] = (float *)q->t[0].data;
             ws[j] = &q->t[2];
             bs[j] = q->has[3] ? &q->t[3] : NULL;
         }
@@ -155,14 +162,14 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
             const g_rec *q = &g->rec[i + 2];
             if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
                 q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0]) {
-                lmx_status st = cuda_matmul_multi(cb, 2, outs, &r->t[1], ws, bs, r->M, q->i0);
+                lmx_status st = cuda_gemv(cb, 2, ws, bs, ys, (const float *)r->t[1].data, r->M, q->i0);
                 if (st != LMX_ERR_UNSUPPORTED) {
                     *used = 3;
                     return st;
                 }
             }
         }
-        lmx_status st = cuda_matmul_multi(cb, n, outs, &r->t[1], ws, bs, r->M, -1);
+        lmx_status st = cuda_gemv(cb, n, ws, bs, ys, (const float *)r->t[1].data, r->M, -1);
         if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
         *used = n;
         return st;
@@ -192,8 +199,32 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
             eps[k] = q->f0;
             one[k] = q->f1;
         }
-        lmx_status st = cuda_norm_rope(cb, r0->B, r0->T, r0->i1, &r0->rope, 2, xs, nh, ws, eps, one);
+        /* ... attention, kv_append of the same k and v: the append joins this launch when the slot it
+         * writes is not one the attention reads (an unbounded cache, or a rotating one at least as
+         * long as its window) */
+        const int ia = i + nn + 2, ik = ia + 1;
+        cuda_kv_dst dst;
+        const cuda_kv_dst *app = NULL;
+        if (ik < g->n_rec && g->rec[ia].op == G_ATTENTION && g->rec[ik].op == G_KV_APPEND) {
+            const g_rec *at = &g->rec[ia], *kv = &g->rec[ik];
+            int ok = r0->T == 1 && kv->T == 1 && kv->B == r0->B && at->B == r0->B && kv->t[0].data == xs[1]->data &&
+                     at->t[2].data == kv->t[0].data && at->t[3].data == kv->t[1].data &&
+                     kv->t[0].shape[kv->t[0].ndim - 1] == (int64_t)nh[1] * r0->i1 && kv->t[0].shape[0] == r0->B &&
+                     kv->t[1].shape[kv->t[1].ndim - 1] == (int64_t)nh[1] * r0->i1;
+            memset(&dst, 0, sizeof dst);
+            for (int b = 0; ok && b < kv->B; b++) {
+                ok = kv->kvp[b] == at->kvp[b] && kv->kd[b] && kv->vd[b] && kv->cap[b] > 0 &&
+                     (!kv->rot[b] || (kv->win[b] > 0 && kv->cap[b] >= kv->win[b]));
+                dst.kc[b] = kv->kd[b];
+                dst.vc[b] = kv->vd[b];
+                dst.cap[b] = kv->cap[b];
+            }
+            dst.v = (const float *)kv->t[1].data;
+            if (ok) app = &dst;
+        }
+        lmx_status st = cuda_norm_rope(cb, r0->B, r0->T, r0->i1, &r0->rope, 2, xs, nh, ws, eps, one, app);
         if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+        if (app && st == LMX_OK) g->skip[ik] = 1;
         *used = nn + 2;
         return st;
     }
@@ -221,9 +252,15 @@ static void g_capture(cuda_backend *cb) {
         return;
     }
     cb->dyn_on = 1;
+    cb->pdl = g->pdl;
+    memset(g->skip, 0, (size_t)g->n_rec);
     lmx_status st = LMX_OK;
     for (int i = 0; i < g->n_rec && st == LMX_OK;) {
         int used = 0;
+        if (g->skip[i]) {
+            i++;
+            continue;
+        }
         if (!g->nofuse) st = g_exec_fused(cb, i, &used);
         if (st == LMX_OK && used == 0) {
             st = g_exec(cb, &g->rec[i]);
@@ -232,6 +269,7 @@ static void g_capture(cuda_backend *cb) {
         i += used;
     }
     cb->dyn_on = 0;
+    cb->pdl = 0;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
     if (st != LMX_OK || e != cudaSuccess || !graph) {
@@ -345,8 +383,10 @@ static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, con
             if (g->n_rec == g->cap_rec) {
                 int cap = g->cap_rec ? 2 * g->cap_rec : 1024;
                 g_rec *nr = (g_rec *)realloc(g->rec, (size_t)cap * sizeof *nr);
-                if (!nr) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda graph: out of memory");
-                g->rec = nr;
+                if (nr) g->rec = nr;
+                unsigned char *ns = nr ? (unsigned char *)realloc(g->skip, (size_t)cap) : NULL;
+                if (ns) g->skip = ns;
+                if (!nr || !ns) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda graph: out of memory");
                 g->cap_rec = cap;
             }
             memcpy(&g->rec[g->n_rec++], r, sizeof *r);

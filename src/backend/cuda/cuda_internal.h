@@ -23,6 +23,7 @@ extern "C" {
 enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS      [M, K] */
        CUDA_SCRATCH_W,         /* a block of weight rows dequantized to bf16       [n, K] */
        CUDA_SCRATCH_ATTN,      /* attention split partials                          see attention */
+       CUDA_SCRATCH_KV16,      /* prefill attention: new keys and values as bf16   [2, M, Hk*D] */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -46,6 +47,7 @@ typedef struct cuda_backend {
     int n_weights, cap_weights;
     int *dyn;                /* device [CUDA_DYN_N]: this step's ids / n_past / n_new */
     int dyn_on;              /* 1 while capturing: kernels read the per-step values from dyn */
+    int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
 } cuda_backend;
 
@@ -79,18 +81,32 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
-/* Fused forms used inside decode graphs; LMX_ERR_UNSUPPORTED (nothing launched) when they do not
- * apply.  n matmuls of one x (dense weights of one dtype and K, M <= 8) as one launch (glu >= 0,
- * an lmx_act: n = 2, outs[0] = act(outs[0]) * outs[1] as the glu op would leave it); y += p
- * followed by out = rmsnorm(y) over rows of n (> 256) as one launch. */
-lmx_status cuda_matmul_multi(cuda_backend *cb, int n, lmx_tensor *const *outs, const lmx_tensor *x,
-                             const lmx_tensor *const *ws, const lmx_tensor *const *biases, int M, int glu);
+/* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format
+ * and K as one launch, M <= CUDA_GEMV_ROWS; glu >= 0 (an lmx_act, n = 2): also y_0 = act(y_0) * y_1
+ * as the glu op would leave it.  LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes
+ * the weights (GGUF blocks, 2-bit, odd K, mixed formats); cuda_gemv_any then takes one weight of any
+ * format.  cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one
+ * launch, LMX_ERR_UNSUPPORTED otherwise. */
+#define CUDA_GEMV_ROWS 8
+lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
+                     float *const *ys, const float *x, int M, int glu);
+lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *bias, float *y, const float *x,
+                         int M);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
                             const lmx_tensor *w, int rows, int n, float eps, float add_one);
+/* Where the fused norm + RoPE launch also appends this step's keys (its second tensor, after RoPE)
+ * and values v [B*T, nh[1]*hd] to bf16 caches: row t of sequence b to slot (n_past + t) % cap[b]. */
+typedef struct cuda_kv_dst {
+    const float *v;
+    void *kc[CUDA_G_MAX], *vc[CUDA_G_MAX];
+    int cap[CUDA_G_MAX];
+} cuda_kv_dst;
 /* Per-head RMSNorm (w[k] NULL: none) then RoPE of nset (1 or 2) tensors x[k] [B*T, nh[k]*hd] in
- * place, as one launch; positions from cb->dyn (capture only). */
+ * place, as one launch, and with app (nset 2, B <= CUDA_G_MAX) the kv append of the result;
+ * positions from cb->dyn (capture only). */
 lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope *rope, int nset, lmx_tensor *const *x,
-                          const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one);
+                          const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one,
+                          const cuda_kv_dst *app);
 /* Bytes of weight w's packed data (dense, MLX or GGUF); 0 if the layout is not supported. */
 size_t cuda_weight_bytes(const lmx_tensor *w);
 /* Dequantize rows [n0, n0+rows) of w into dst (bf16 [rows, K]) on the stream. */
@@ -124,5 +140,42 @@ static __device__ __forceinline__ float cuda_warp_max(float v) {
 }
 
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+/* ---- programmatic dependent launch (Hopper) --------------------------------------------------
+ * Inside a decode graph every kernel is launched through cuda_launch with programmatic stream
+ * serialization: it may be scheduled while the kernel before it is still running.  So every kernel
+ * that a graph can hold begins with cuda_pdl_trigger() (its own dependents may launch early) and
+ * calls cuda_pdl_wait() before it reads or writes any memory an earlier kernel writes or reads;
+ * only reads of weights (never written after upload) may come before the wait.  Both are no-ops
+ * when the kernel was launched normally and on GPUs before sm_90. */
+static __device__ __forceinline__ void cuda_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cuda_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* k<<<grid, block, smem, cb->stream>>>(args...), with programmatic serialization while cb->pdl. */
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch(cuda_backend *cb, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                               Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = cb->stream;
+    if (cb->pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
 
 #endif

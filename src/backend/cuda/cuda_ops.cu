@@ -16,6 +16,8 @@ typedef struct ids_arg { int n; int32_t id[CUDA_IDS_MAX]; } ids_arg;
 /* ---- elementwise --------------------------------------------------------------------------- */
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
@@ -26,6 +28,8 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 __global__ void k_glu(float *o, const float *g, const float *u, int64_t n, int act) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a = g[i];
         a = act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : gelu_tanh(a);
@@ -34,6 +38,8 @@ __global__ void k_glu(float *o, const float *g, const float *u, int64_t n, int a
 }
 
 __global__ void k_softcap(float *x, int64_t n, float cap) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = cap * tanhf(x[i] / cap);
 }
@@ -45,21 +51,21 @@ static unsigned ew_grid(int64_t n) {
 
 lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
-    k_add<<<ew_grid(n), 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data, n);
+    cuda_launch(cb, k_add, ew_grid(n), 256, 0, (float *)y->data, (const float *)x->data, n);
     return cuda_check_launch(cb, "add");
 }
 
 lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                     lmx_act act) {
     cuda_backend *cb = (cuda_backend *)be;
-    k_glu<<<ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (const float *)gate->data,
-                                              (const float *)up->data, n, (int)act);
+    cuda_launch(cb, k_glu, ew_grid(n), 256, 0, (float *)out->data, (const float *)gate->data, (const float *)up->data,
+                n, (int)act);
     return cuda_check_launch(cb, "glu");
 }
 
 lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
     cuda_backend *cb = (cuda_backend *)be;
-    k_softcap<<<ew_grid(n), 256, 0, cb->stream>>>((float *)x->data, n, cap);
+    cuda_launch(cb, k_softcap, ew_grid(n), 256, 0, (float *)x->data, n, cap);
     return cuda_check_launch(cb, "softcap");
 }
 
@@ -68,6 +74,8 @@ lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
 /* One warp per row (short rows: per-head Q/K norms). */
 __global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dtype wt, int rows, int n,
                                float eps, float add_one) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const float *xr = x + (int64_t)row * n;
@@ -82,6 +90,8 @@ __global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dt
 /* One block of 256 threads per row. */
 __global__ void k_rmsnorm_block(float *out, const float *x, const void *w, lmx_dtype wt, int n, float eps,
                                 float add_one) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     __shared__ float part[8];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *orow = out + (int64_t)blockIdx.x * n;
@@ -103,11 +113,11 @@ lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, c
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm with a quantized weight");
     if (rows <= 0) return LMX_OK;
     if (n <= 256)
-        k_rmsnorm_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>((float *)out->data, (const float *)x->data,
-                                                                     w->data, w->dtype, rows, n, eps, add_one);
+        cuda_launch(cb, k_rmsnorm_warp, cuda_blocks(rows, 8), 256, 0, (float *)out->data, (const float *)x->data,
+                    (const void *)w->data, w->dtype, rows, n, eps, add_one);
     else
-        k_rmsnorm_block<<<rows, 256, 0, cb->stream>>>((float *)out->data, (const float *)x->data, w->data,
-                                                      w->dtype, n, eps, add_one);
+        cuda_launch(cb, k_rmsnorm_block, rows, 256, 0, (float *)out->data, (const float *)x->data,
+                    (const void *)w->data, w->dtype, n, eps, add_one);
     return cuda_check_launch(cb, "rmsnorm");
 }
 
@@ -115,6 +125,8 @@ lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, c
  * of 256 threads per row, the same reduction order as k_rmsnorm_block. */
 __global__ void k_add_rmsnorm(float *y, const float *p, float *out, const void *w, lmx_dtype wt, int n, float eps,
                               float add_one) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     __shared__ float part[8];
     float *yr = y + (int64_t)blockIdx.x * n;
     const float *pr = p + (int64_t)blockIdx.x * n;
@@ -137,8 +149,8 @@ __global__ void k_add_rmsnorm(float *y, const float *p, float *out, const void *
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
                             const lmx_tensor *w, int rows, int n, float eps, float add_one) {
     if (w->q.bits || w->q.ggml_type || n <= 256 || rows <= 0) return LMX_ERR_UNSUPPORTED;
-    k_add_rmsnorm<<<rows, 256, 0, cb->stream>>>((float *)y->data, (const float *)p->data, (float *)out->data, w->data,
-                                                w->dtype, n, eps, add_one);
+    cuda_launch(cb, k_add_rmsnorm, rows, 256, 0, (float *)y->data, (const float *)p->data, (float *)out->data,
+                (const void *)w->data, w->dtype, n, eps, add_one);
     return cuda_check_launch(cb, "add + rmsnorm");
 }
 
@@ -154,6 +166,8 @@ typedef struct rope_arg {
 
 /* x [B*T, nh*hd] (x already offset to this launch's first sequence): one thread per (row, head, i). */
 __global__ void k_rope(float *x, const rope_arg a) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     int64_t total = (int64_t)a.B * a.T * a.nh * a.half;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
         int i = (int)(g % a.half);
@@ -199,7 +213,7 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
         }
         int64_t total = (int64_t)a.B * a.T * nh * half;
         float *base = (float *)x->data + (int64_t)b0 * batch->T * nh * hd;
-        k_rope<<<ew_grid(total), 256, 0, cb->stream>>>(base, a);
+        cuda_launch(cb, k_rope, ew_grid(total), 256, 0, base, a);
         lmx_status st = cuda_check_launch(cb, "rope");
         if (st) return st;
     }
@@ -218,14 +232,17 @@ typedef struct nr_set {
 
 typedef struct nr_arg {
     nr_set s[2];
-    int rows, T, hd, half, interleaved;
+    int rows, T, hd, half, interleaved, append;
     float attn_factor;
     const int *dyn;          /* n_past / n_new */
     float inv_freq[CUDA_ROPE_MAX];
+    cuda_kv_dst kv;          /* with append: where set 1 (k) and kv.v go */
 } nr_arg;
 
 /* One warp per (row, head) of either set: the same arithmetic as k_rmsnorm_warp then k_rope. */
 __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     __shared__ float sm[8][256];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int gw = blockIdx.x * 8 + warp, per0 = a.rows * a.s[0].nh;
@@ -254,7 +271,19 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     const int b = row / a.T, t = row % a.T;
     const int np = a.dyn[CUDA_DYN_PAST + b], nn = a.dyn[CUDA_DYN_NEW + b];
     const int rot = t < nn ? 2 * a.half : 0;
-    for (int i = rot + lane; i < n; i += 32) v[i] = t_[i];
+    /* the kv append of a key head: its rotated values and the value head of the same row */
+    __nv_bfloat16 *kc = NULL;
+    if (si == 1 && a.append && t < nn) {
+        const int64_t off = (int64_t)((np + t) % a.kv.cap[b]) * nh * n + (int64_t)h * n;
+        kc = (__nv_bfloat16 *)a.kv.kc[b] + off;
+        __nv_bfloat16 *vc = (__nv_bfloat16 *)a.kv.vc[b] + off;
+        const float *vr = a.kv.v + (int64_t)row * nh * n + (int64_t)h * n;
+        for (int i = lane; i < n; i += 32) vc[i] = __float2bfloat16(vr[i]);
+    }
+    for (int i = rot + lane; i < n; i += 32) {
+        v[i] = t_[i];
+        if (kc) kc[i] = __float2bfloat16(t_[i]);
+    }
     if (!rot) return;
     for (int i = lane; i < a.half; i += 32) {
         double ang = (double)(np + t) * (double)a.inv_freq[i];
@@ -263,16 +292,22 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
         float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
         int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
         float x1 = t_[ia], x2 = t_[ib];
-        v[ia] = x1 * c - x2 * s;
-        v[ib] = x2 * c + x1 * s;
+        const float ya = x1 * c - x2 * s, yb = x2 * c + x1 * s;
+        v[ia] = ya;
+        v[ib] = yb;
+        if (kc) {
+            kc[ia] = __float2bfloat16(ya);
+            kc[ib] = __float2bfloat16(yb);
+        }
     }
 }
 
 lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope *rope, int nset, lmx_tensor *const *x,
-                          const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one) {
+                          const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one,
+                          const cuda_kv_dst *app) {
     int half = rope->rot_dim / 2;
     if (!cb->dyn_on || nset < 1 || nset > 2 || hd > 256 || half < 1 || half > CUDA_ROPE_MAX || rope->rot_dim > hd ||
-        B > CUDA_G_MAX)
+        B > CUDA_G_MAX || (app && nset != 2))
         return LMX_ERR_UNSUPPORTED;
     nr_arg a;
     memset(&a, 0, sizeof a);
@@ -284,6 +319,10 @@ lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope
     a.attn_factor = rope->attn_factor;
     a.dyn = cb->dyn;
     for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
+    if (app) {
+        a.append = 1;
+        a.kv = *app;
+    }
     int warps = 0;
     for (int k = 0; k < nset; k++) {
         if (w[k] && (w[k]->q.bits || w[k]->q.ggml_type)) return LMX_ERR_UNSUPPORTED;
@@ -295,7 +334,7 @@ lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope
         a.s[k].add_one = add_one[k];
         warps += a.rows * nh[k];
     }
-    k_norm_rope<<<cuda_blocks(warps, 8), 256, 0, cb->stream>>>(a);
+    cuda_launch(cb, k_norm_rope, cuda_blocks(warps, 8), 256, 0, a);
     return cuda_check_launch(cb, "norm + rope");
 }
 
@@ -303,6 +342,8 @@ lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope
 
 /* out [R, n] = x[rows[r], :] */
 __global__ void k_gather(float *out, const float *x, const ids_arg r, int64_t n) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     const float *src = x + (int64_t)r.id[blockIdx.y] * n;
     float *dst = out + (int64_t)blockIdx.y * n;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -317,7 +358,7 @@ lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
         a.n = R - r0 < CUDA_IDS_MAX ? R - r0 : CUDA_IDS_MAX;
         for (int i = 0; i < a.n; i++) a.id[i] = rows[r0 + i];
         dim3 grid(cuda_blocks(n, 256) < 16 ? cuda_blocks(n, 256) : 16, a.n);
-        k_gather<<<grid, 256, 0, cb->stream>>>((float *)out->data + (int64_t)r0 * n, (const float *)x->data, a, n);
+        cuda_launch(cb, k_gather, grid, 256, 0, (float *)out->data + (int64_t)r0 * n, (const float *)x->data, a, n);
         lmx_status st = cuda_check_launch(cb, "gather_rows");
         if (st) return st;
     }

@@ -1,0 +1,263 @@
+/* cuda_flash.cu - causal prefill attention on the tensor cores (flash-attention style).
+ *
+ * Block = 64 query rows of one sequence and one query head, 4 warps of 16 rows each.  Key/value
+ * tiles of KT positions stream through shared memory (bf16, two stages filled by cp.async while
+ * the previous tile is used); S = Q K^T and O += P V run as bf16 mma.sync m16n8k16 with f32
+ * accumulators; the softmax is online, in registers, per row (FlashAttention-2's layout).  Scores
+ * never leave registers, so no T x T matrix exists.  Cached positions come from the sequence's bf16
+ * KV cache (slot p % cap), this call's new rows from k, v narrowed to bf16 in scratch.  Query row
+ * t (position n_past + t, t < n_new) sees positions p <= n_past + t still held by the cache and,
+ * with a window W, p > n_past + t - W; soft-capping applies to the scaled scores.  Padding rows
+ * (t >= n_new) get zeros.  Operands are bf16 like HF's bf16 attention; accumulation is f32. */
+#include <math.h>
+
+#include "cuda_attention.h"
+
+#define FA_ROWS 64             /* query rows per block */
+#define FA_THREADS 128
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a (16x16, row) * b (16x8, col), bf16 operands, f32 accumulators */
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Shared memory: Q [64][D+8], K [2][KT][D+8], V [2][KT][D+8] (bf16; the 8-element pad puts the
+ * rows of every 8x8 ldmatrix tile in different banks). */
+template <int D, int KT> constexpr size_t flash_smem() { return (size_t)2 * (D + 8) * (FA_ROWS + 4 * KT); }
+
+template <int D, int KT>
+__global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ k16,
+                                                      const __nv_bfloat16 *__restrict__ v16, float *__restrict__ out,
+                                                      const att_arg a) {
+    constexpr int LD = D + 8, NS = KT / 8, ND = D / 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;   /* [64][LD] */
+    __nv_bfloat16 *Ks = Qs + FA_ROWS * LD;            /* [2][KT][LD] */
+    __nv_bfloat16 *Vs = Ks + 2 * KT * LD;             /* [2][KT][LD] */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * FA_ROWS; /* the longest tiles first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / a.G;
+    const att_seq S = a.s[b];
+    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
+    const int n_past = S.n_past, window = S.window;
+    const int held = S.rotating ? (n_past < S.cap ? n_past : S.cap) : n_past;
+    const int tmax = t0 + FA_ROWS - 1 < S.n_new - 1 ? t0 + FA_ROWS - 1 : S.n_new - 1;
+
+    /* Q tile, scaled, as bf16 */
+    for (int i = tid; i < FA_ROWS * D / 4; i += FA_THREADS) {
+        const int r = i / (D / 4), c = (i % (D / 4)) * 4, t = t0 + r;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < a.T) v = __ldg((const float4 *)(q + ((int64_t)b * a.T + t) * HD + (int64_t)h * D + c));
+        uint2 pk = make_uint2(pack_bf16(v.x * a.scale, v.y * a.scale), pack_bf16(v.z * a.scale, v.w * a.scale));
+        *(uint2 *)(Qs + r * LD + c) = pk;
+    }
+
+    /* positions [pmin, pmax] are visible to some row of the tile */
+    int pmin = n_past - held, pmax = n_past + tmax;
+    if (window > 0 && n_past + t0 - window + 1 > pmin) pmin = n_past + t0 - window + 1;
+    if (pmin < 0) pmin = 0;
+    const int ntiles = tmax >= t0 && pmax >= pmin ? (pmax - pmin) / KT + 1 : 0;
+
+    auto load_tile = [&](int p0, int stage) {
+        __nv_bfloat16 *ks = Ks + stage * KT * LD, *vs = Vs + stage * KT * LD;
+        for (int i = tid; i < KT * D / 8; i += FA_THREADS) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+            const int p = p0 + r < pmax ? p0 + r : pmax; /* rows past pmax are masked; keep them finite */
+            const __nv_bfloat16 *kp, *vp;
+            if (p < n_past) {
+                const int64_t o = (int64_t)(p % S.cap) * KD + (int64_t)kvh * D + c;
+                kp = S.kc + o;
+                vp = S.vc + o;
+            } else {
+                const int64_t o = ((int64_t)b * a.T + (p - n_past)) * KD + (int64_t)kvh * D + c;
+                kp = k16 + o;
+                vp = v16 + o;
+            }
+            cp_async16(smem_addr(ks + r * LD + c), kp);
+            cp_async16(smem_addr(vs + r * LD + c), vp);
+        }
+        cp_async_commit();
+    };
+
+    /* this thread's two rows: g and g + 8 of the warp's 16 */
+    const int wrow = t0 + warp * 16;
+    const int pos0 = n_past + wrow + g, pos1 = pos0 + 8;
+    const bool ok0 = wrow + g < S.n_new, ok1 = wrow + g + 8 < S.n_new;
+    const int wlast = n_past + (wrow + 15 < S.n_new - 1 ? wrow + 15 : S.n_new - 1); /* last position of the warp */
+    float o[ND][4], m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+    if (ntiles > 0) load_tile(pmin, 0);
+    for (int it = 0; it < ntiles; it++) {
+        const int p0 = pmin + it * KT;
+        if (it + 1 < ntiles) {
+            load_tile(p0 + KT, (it + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* tile it (and Q) visible to every warp */
+        const __nv_bfloat16 *ks = Ks + (it & 1) * KT * LD, *vs = Vs + (it & 1) * KT * LD;
+        const bool live = wrow < S.n_new && p0 <= wlast && (window <= 0 || p0 + KT - 1 > n_past + wrow - window);
+        if (live) {
+            float s[NS][4];
+#pragma unroll
+            for (int j = 0; j < NS; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t qa[4];
+                ldsm_x4(qa, smem_addr(Qs + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LD + kk * 16 + 8 * (lane / 16)));
+#pragma unroll
+                for (int j = 0; j < NS; j += 2) {
+                    uint32_t kb[4];
+                    ldsm_x4(kb, smem_addr(ks + (8 * j + (lane % 8) + 8 * (lane / 16)) * LD + kk * 16 + 8 * ((lane / 8) % 2)));
+                    mma_bf16(s[j], qa, kb[0], kb[1]);
+                    mma_bf16(s[j + 1], qa, kb[2], kb[3]);
+                }
+            }
+            /* mask, soft-cap, online softmax (rows g and g + 8; a row's 4 threads share it) */
+            float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = e / 2, p = p0 + 8 * j + 2 * tq + (e & 1);
+                    const int pos = row ? pos1 : pos0;
+                    float x = s[j][e];
+                    if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
+                    const bool vis = (row ? ok1 : ok0) && p <= pos && (window <= 0 || p > pos - window);
+                    x = vis ? x : -INFINITY;
+                    s[j][e] = x;
+                    mx[row] = fmaxf(mx[row], x);
+                }
+            float base[2], corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+                corr[r] = __expf(m_r[r] - base[r]);
+                m_r[r] = mx[r];
+                l_r[r] *= corr[r];
+            }
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float pv = __expf(s[j][e] - base[e / 2]);
+                    s[j][e] = pv;
+                    l_r[e / 2] += pv;
+                }
+#pragma unroll
+            for (int j = 0; j < ND; j++) {
+                o[j][0] *= corr[0];
+                o[j][1] *= corr[0];
+                o[j][2] *= corr[1];
+                o[j][3] *= corr[1];
+            }
+            /* O += P V: the score accumulators of two key octets are the A operand of one k-step */
+#pragma unroll
+            for (int kk = 0; kk < KT / 16; kk++) {
+                const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int j = 0; j < ND; j += 2) {
+                    uint32_t vb[4];
+                    ldsm_x4_trans(vb, smem_addr(vs + (16 * kk + (lane % 8) + 8 * ((lane / 8) % 2)) * LD + 8 * j + 8 * (lane / 16)));
+                    mma_bf16(o[j], pa, vb[0], vb[1]);
+                    mma_bf16(o[j + 1], pa, vb[2], vb[3]);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with this stage before it is refilled */
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+        inv[r] = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+    }
+    const int r0 = wrow + g, r1 = r0 + 8;
+    float *o0 = out + ((int64_t)b * a.T + r0) * HD + (int64_t)h * D + 2 * tq;
+    float *o1 = o0 + 8 * HD;
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        if (r0 < a.T) *(float2 *)(o0 + 8 * j) = make_float2(o[j][0] * inv[0], o[j][1] * inv[0]);
+        if (r1 < a.T) *(float2 *)(o1 + 8 * j) = make_float2(o[j][2] * inv[1], o[j][3] * inv[1]);
+    }
+}
+
+__global__ void k_narrow_kv(__nv_bfloat16 *__restrict__ k16, __nv_bfloat16 *__restrict__ v16, const float *__restrict__ k,
+                            const float *__restrict__ v, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        float4 a = __ldg((const float4 *)k + i), c = __ldg((const float4 *)v + i);
+        ((uint2 *)k16)[i] = make_uint2(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w));
+        ((uint2 *)v16)[i] = make_uint2(pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
+    }
+}
+
+template <int D, int KT>
+static lmx_status launch_flash(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                               const __nv_bfloat16 *v16, float *out) {
+    const size_t sm = flash_smem<D, KT>();
+    cudaError_t e = cudaFuncSetAttribute(k_flash<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    if (e != cudaSuccess) return cuda_fail(cb, e, "attention");
+    dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
+    k_flash<D, KT><<<grid, FA_THREADS, sm, cb->stream>>>(q, k16, v16, out, a);
+    return cuda_check_launch(cb, "attention");
+}
+
+lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
+                                float *out) {
+    if (a.D != 32 && a.D != 64 && a.D != 128 && a.D != 256) return LMX_ERR_UNSUPPORTED;
+    const int64_t n = (int64_t)a.B * a.T * a.Hk * a.D; /* elements of k (and of v) */
+    __nv_bfloat16 *k16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_KV16, (size_t)n * 4);
+    if (!k16) return cb->base.err.status;
+    __nv_bfloat16 *v16 = k16 + n;
+    int64_t blocks = (n / 4 + 255) / 256;
+    k_narrow_kv<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, cb->stream>>>(k16, v16, k, v, n / 4);
+    lmx_status st = cuda_check_launch(cb, "attention");
+    if (st) return st;
+    switch (a.D) {
+    case 32: return launch_flash<32, 64>(cb, a, q, k16, v16, out);
+    case 64: return launch_flash<64, 64>(cb, a, q, k16, v16, out);
+    case 128: return launch_flash<128, 64>(cb, a, q, k16, v16, out);
+    default: return launch_flash<256, 32>(cb, a, q, k16, v16, out);
+    }
+}
