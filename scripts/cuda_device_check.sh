@@ -38,6 +38,20 @@ graph_same() {
     if [ "$a" != "$b" ]; then echo "FAILED: graphs change the output of $*"; echo "  off: $a"; echo "  on:  $b"; fail=1; fi
 }
 for m in llama qwen3 gemma2 gemma3 llama_q4 qwen3_q8; do graph_same "$fix/models/$m" --max-tokens 40; done
+# sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws
+# from every logit (LMX_CUDA_TOPK=0): greedy, and seeded top-k / top-p / min-p sampling
+topk_same() {
+    local a b
+    echo "\$ gpu top-k on/off: $*"
+    a=$(LMX_CUDA_TOPK=0 "$bin/lmx" run "$@" --backend cuda --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
+    b=$("$bin/lmx" run "$@" --backend cuda --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
+    if [ "$a" != "$b" ]; then echo "FAILED: gpu top-k changes the output of $*"; echo "  off: $a"; echo "  on:  $b"; fail=1; fi
+}
+for m in llama qwen3 gemma3 llama_q4; do
+    topk_same "$fix/models/$m" --max-tokens 40 --temp 0
+    topk_same "$fix/models/$m" --max-tokens 40 --temp 0.9 --seed 7
+    topk_same "$fix/models/$m" --max-tokens 40 --temp 1.5 --top-k 100 --top-p 0.8 --min-p 0 --seed 3
+done
 graph_same "$root/tests/data/qwen2_sliding" --max-tokens 40
 graph_same "$fix/models/qwen3" --max-tokens 40 --ctx 16
 graph_same "$root/tests/data/gguf/llama.gguf" --max-tokens 40

@@ -351,6 +351,53 @@ static void test_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }
 
+/* ---- top-k --------------------------------------------------------------------------------- */
+
+static const float *g_rowp;
+static int desc_then_index(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    if (g_rowp[i] != g_rowp[j]) return g_rowp[i] > g_rowp[j] ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+/* The k largest of each row (largest first, equal values by lower index) against a host sort, with
+ * many equal values, rows shorter and longer than one slice, and every k up to the maximum. */
+static void test_topk(void) {
+    struct { int R, n, k; float step; } cases[] = {
+        {1, 151936, 40, 0.01f}, {1, 151936, 1, 0.5f}, {3, 262144, 256, 0.25f}, {2, 1000, 7, 0.0f},
+        {5, 300, 256, 1.0f}, {1, 4097, 256, 0.125f}, {8, 128256, 1, 1e-3f}, {2, 50, 1, 0.0f}, {1, 70000, 100, 2.0f}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int R = cases[c].R, n = cases[c].n, k = cases[c].k;
+        int64_t total = (int64_t)R * n;
+        float *x = malloc((size_t)total * 4);
+        for (int64_t i = 0; i < total; i++) /* step 0: all equal; else a coarse grid with many ties */
+            x[i] = cases[c].step > 0 ? (float)(int)(40.0f * frand() / cases[c].step) * cases[c].step : 1.5f;
+        lmx_tensor xg = act(gpu, R, n, x);
+        float *vals = malloc((size_t)R * k * 4);
+        int32_t *idx = malloc((size_t)R * k * 4);
+        CHECK(gpu->ops->topk(gpu, &xg, R, n, k, vals, idx) == LMX_OK);
+        int *order = malloc((size_t)n * sizeof *order), bad = 0;
+        for (int r = 0; r < R; r++) {
+            for (int i = 0; i < n; i++) order[i] = i;
+            g_rowp = x + (int64_t)r * n;
+            qsort(order, (size_t)n, sizeof *order, desc_then_index);
+            for (int i = 0; i < k; i++)
+                bad += idx[(int64_t)r * k + i] != order[i] || vals[(int64_t)r * k + i] != g_rowp[order[i]];
+        }
+        CHECK_MSG(bad == 0, "topk R=%d n=%d k=%d: %d of %d entries differ from the sort", R, n, k, bad, R * k);
+        gpu->ops->release(gpu, &xg);
+        free(x);
+        free(vals);
+        free(idx);
+        free(order);
+    }
+    lmx_tensor xg = act(gpu, 1, 10, NULL);
+    float v[1];
+    int32_t i1[1];
+    CHECK(gpu->ops->topk(gpu, &xg, 1, 10, 11, v, i1) == LMX_ERR_INVALID_ARG);
+    gpu->ops->release(gpu, &xg);
+}
+
 int main(void) {
     lmx_err err = {0};
     if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
@@ -366,6 +413,7 @@ int main(void) {
     test_elementwise();
     test_rope();
     test_attention();
+    test_topk();
     lmx_backend_free(gpu);
     lmx_backend_free(cpu);
     return check_summary("test_cuda_ops");

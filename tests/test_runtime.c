@@ -127,6 +127,80 @@ static void case_sampler_table(void) {
     lmx_sampler_free(&s);
 }
 
+/* ---- sampling from the k best candidates (what the GPU backend returns) ----------------------- */
+
+static const float *g_sort_logits;
+static int by_logit_then_id(const void *a, const void *b) { /* largest first, equal ones by lower id */
+    int i = *(const int *)a, j = *(const int *)b;
+    if (g_sort_logits[i] != g_sort_logits[j]) return g_sort_logits[i] > g_sort_logits[j] ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+/* For random logits (with ties) and random sampler settings, lmx_sampler_sample_topk on the k best
+ * candidates (chosen here by a plain sort) draws the same token as lmx_sampler_sample on all V. */
+static void case_sampler_topk(void) {
+    uint64_t x = 0x1234567887654321ull;
+    const float temps[] = {0.0f, 0.3f, 0.8f, 1.0f, 1.7f};
+    const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.0f};
+    const float min_ps[] = {0.0f, 0.05f, 0.3f};
+    int compared = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int V = 2 + (int)(x % 3000);
+        float *logits = malloc((size_t)V * sizeof *logits), *work = malloc((size_t)V * sizeof *work);
+        int *order = malloc((size_t)V * sizeof *order);
+        for (int i = 0; i < V; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            logits[i] = (float)((int)(x % 64) - 32) * 0.25f; /* steps of 0.25: many equal logits */
+            order[i] = i;
+        }
+        lmx_sampler_params p = lmx_sampler_default_params();
+        p.temperature = temps[trial % 5];
+        p.top_p = top_ps[(trial / 5) % 4];
+        p.min_p = min_ps[(trial / 20) % 3];
+        const int ks[] = {1, 5, 40, 256, V - 1};
+        p.top_k = ks[(trial / 60) % 5];
+        int k = lmx_sampler_topk_need(&p, V);
+        if (k > 0) {
+            g_sort_logits = logits;
+            qsort(order, (size_t)V, sizeof *order, by_logit_then_id);
+            float vals[256];
+            int32_t ids[256];
+            for (int i = 0; i < k; i++) {
+                vals[i] = logits[order[i]];
+                ids[i] = order[i];
+            }
+            lmx_sampler s;
+            CHECK(lmx_sampler_init(&s, V) == 0);
+            lmx_rng r1, r2;
+            lmx_rng_seed(&r1, (uint64_t)trial);
+            r2 = r1;
+            memcpy(work, logits, (size_t)V * sizeof *work);
+            int32_t full = lmx_sampler_sample(&s, &p, &r1, work, NULL, 0);
+            int32_t part = lmx_sampler_sample_topk(&s, &p, &r2, vals, ids, k);
+            CHECK_MSG(full == part, "V=%d temp=%g top_k=%d top_p=%g min_p=%g: %d from all logits, %d from the top %d",
+                      V, p.temperature, p.top_k, p.top_p, p.min_p, full, part, k);
+            CHECK(r1.s[0] == r2.s[0] && r1.s[3] == r2.s[3]); /* the same draws */
+            lmx_sampler_free(&s);
+            compared++;
+        }
+        free(logits);
+        free(work);
+        free(order);
+    }
+    CHECK(compared > 250);
+    /* what needs every logit */
+    lmx_sampler_params p = lmx_sampler_default_params();
+    CHECK(lmx_sampler_topk_need(&p, 1000) == 40);
+    p.repeat_penalty = 1.1f;
+    CHECK(lmx_sampler_topk_need(&p, 1000) == 0);
+    p = lmx_sampler_default_params();
+    p.top_k = 0;
+    CHECK(lmx_sampler_topk_need(&p, 1000) == 0);
+    p.temperature = 0;
+    CHECK(lmx_sampler_topk_need(&p, 1000) == 1);
+}
+
 /* ---- a fixture model --------------------------------------------------------------------- */
 
 static lmx_model *load(const char *path, int n_ctx) {
@@ -560,6 +634,7 @@ int main(int argc, char **argv) {
     if (argc > 1) g_fixtures = argv[1];
     else if (getenv("LMX_FIXTURES")) g_fixtures = getenv("LMX_FIXTURES");
     case_sampler_table();
+    case_sampler_topk();
     const char *models[] = {"llama", "qwen3", "gemma3"};
     for (int i = 0; i < 3; i++) {
         case_greedy_fixture(models[i]);

@@ -88,6 +88,7 @@ typedef struct lmx_backend lmx_backend;
 typedef struct lmx_backend_ops {
     const char *name;
     lmx_dtype kv_dtype;      /* element type of KV cache tensors (F32 on cpu; bf16 on cuda) */
+    int prefill_chunk;       /* rows per forward pass when a long prompt is evaluated in chunks */
     void (*destroy)(lmx_backend *be);
 
     /* memory */
@@ -132,7 +133,13 @@ typedef struct lmx_backend_ops {
     /* out[r, :] = x[rows[r], :]                           x [*, n], out [R, n] */
     lmx_status (*gather_rows)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
                               const int *rows, int R, int64_t n);
+    /* The k largest values of each row of x [R, n] (1 <= k <= min(n, LMX_TOPK_MAX)), largest first,
+     * equal values by lower index, into host vals / idx [R, k]: what sampling needs without reading
+     * whole rows.  Optional (NULL on the cpu); LMX_ERR_UNSUPPORTED when the backend declines. */
+    lmx_status (*topk)(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, float *vals, int32_t *idx);
 } lmx_backend_ops;
+
+#define LMX_TOPK_MAX 256
 
 struct lmx_backend {
     const lmx_backend_ops *ops;

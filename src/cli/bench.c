@@ -3,6 +3,8 @@
  *
  * Every timed call returns logits to the host, so wall-clock time covers the device work.  Token
  * ids are random (xorshift); each figure is the median of its repetitions after one warm-up.
+ * "generate" runs the stream API (sampling included; only the sampler's top-k candidates cross to
+ * the host on a GPU) and reports its decode tokens/s.
  * Bytes per decoded token = every weight byte except the embedding table (one row is read), plus
  * the output head (the table itself when tied), plus the KV cache read at that context (bf16 on
  * cuda, f32 on the cpu).  Achieved bandwidth = bytes per token x tokens/s. */
@@ -144,6 +146,28 @@ done:
     return r;
 }
 
+/* Decode tokens/s of a generation through the stream API (what `lmx run` does: sampling included,
+ * on the GPU when the backend selects the candidates) after a 16-token prompt; temperature 0 is
+ * greedy, else the default sampler (top-k 40, top-p 0.95, min-p 0.05) at that temperature. */
+static double generate(bench *b, int steps, float temperature) {
+    int32_t ids[16];
+    for (int i = 0; i < 16; i++) ids[i] = tok(b);
+    lmx_gen_params gp = lmx_gen_default_params();
+    gp.max_tokens = steps + 1;
+    gp.ignore_eos = 1;
+    gp.sampler.temperature = temperature;
+    gp.sampler.seed = 1;
+    lmx_stream *s = NULL;
+    if (lmx_stream_open_ids(b->m, ids, 16, &gp, &s) != LMX_OK) return -1;
+    const lmx_token *t;
+    int n = 0;
+    while (lmx_stream_next(s, &t) == LMX_OK && t) n++;
+    lmx_stream_free(s);
+    lmx_metrics x;
+    lmx_get_metrics(b->m, &x);
+    return n == steps + 1 ? x.decode_tokens_per_s : -1;
+}
+
 /* Batched decode: B sequences after a 16-token prompt each, tokens/s summed over the batch. */
 static double decode_batch(bench *b, int B, int steps) {
     const int P = 16;
@@ -185,7 +209,8 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--help")) {
             printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--json]\n\n"
                    "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
-                   "--long-ctx (4096); batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
+                   "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
+                   "batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
                    "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
                    "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n");
             return 0;
@@ -230,6 +255,8 @@ int cmd_bench(int argc, char **argv) {
     double pp2048 = prefill(&b, 2048, 3, logits);
     double tg0 = decode(&b, 0, steps, logits);
     double tgL = long_ctx > 0 ? decode(&b, long_ctx, steps / 2 > 8 ? steps / 2 : 8, logits) : 0;
+    generate(&b, 8, 0.0f); /* warm-up */
+    double gen_greedy = generate(&b, steps, 0.0f), gen_sampled = generate(&b, steps, 0.8f);
     int Bs[3] = {1, 8, 32};
     double bt[3];
     for (int i = 0; i < 3; i++) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
@@ -239,11 +266,12 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", "
                "\"n_params\": %lld, \"weight_bytes\": %lld, \"bytes_per_token\": %.0f, \"load_s\": %.3f, "
                "\"prefill512_tok_s\": %.1f, \"prefill2048_tok_s\": %.1f, \"decode_ctx0_tok_s\": %.2f, "
-               "\"decode_ctx%d_tok_s\": %.2f, \"batch1_tok_s\": %.2f, \"batch8_tok_s\": %.2f, "
+               "\"decode_ctx%d_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, \"generate_sampled_tok_s\": %.2f, "
+               "\"batch1_tok_s\": %.2f, \"batch8_tok_s\": %.2f, "
                "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
-               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, bt[0], bt[1], bt[2], b.peak_gpu, bw0, bwL,
+               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, bt[0], bt[1], bt[2], b.peak_gpu, bw0, bwL,
                copy_bw);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
@@ -253,6 +281,8 @@ int cmd_bench(int argc, char **argv) {
         printf("prefill 2048         %8.1f tok/s\n", pp2048);
         printf("decode ctx 0         %8.2f tok/s   %7.1f GB/s\n", tg0, bw0 / 1e9);
         printf("decode ctx %-5d     %8.2f tok/s   %7.1f GB/s\n", long_ctx, tgL, bwL / 1e9);
+        printf("generate, greedy     %8.2f tok/s   (stream API, sampling included)\n", gen_greedy);
+        printf("generate, sampled    %8.2f tok/s   (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)\n", gen_sampled);
         for (int i = 0; i < 3; i++) printf("batch %-2d decode      %8.2f tok/s\n", Bs[i], bt[i]);
         if (b.cuda) {
             printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);

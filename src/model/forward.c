@@ -135,8 +135,8 @@ static lmx_status mlp_block(lmx_model *m, int l, int M) {
     return LMX_OK;
 }
 
-lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt,
-                             const int32_t *tokens, const int *rows, int R, float *logits) {
+static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt, const int32_t *tokens,
+                          const int *rows, int R, const lmx_fwd_out *out) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;
@@ -176,10 +176,36 @@ lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
         if ((st = op->gather_rows(be, &ws->xr, &ws->x, rows, R, c->hidden)) ||
             (st = op->rmsnorm(be, &ws->xr, &ws->xr, &m->final_norm, R, c->hidden, (float)c->eps, m->norm_add_one)) ||
             (st = op->matmul(be, &ws->logits, &ws->xr, &m->lm_head, NULL, R)) ||
-            (c->final_softcap > 0 && (st = op->softcap(be, &ws->logits, (int64_t)R * c->vocab, (float)c->final_softcap))) ||
-            (st = op->read(be, &ws->logits, 0, logits, (size_t)R * c->vocab * sizeof(float)))) {
+            (c->final_softcap > 0 && (st = op->softcap(be, &ws->logits, (int64_t)R * c->vocab, (float)c->final_softcap))))
             return lmx_err_set(&m->err, st, "%s", be->err.msg);
+        if (out->k > 0) {
+            st = op->topk ? op->topk(be, &ws->logits, R, c->vocab, out->k, out->vals, out->ids) : LMX_ERR_UNSUPPORTED;
+            if (st == LMX_ERR_UNSUPPORTED) {
+                lmx_err_clear(&be->err);
+                return LMX_ERR_UNSUPPORTED; /* the caller reads the logits instead (they stay in ws) */
+            }
+        } else {
+            st = op->read(be, &ws->logits, 0, out->logits, (size_t)R * c->vocab * sizeof(float));
         }
+        if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
     }
     return LMX_OK;
+}
+
+lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens,
+                             const int *rows, int R, float *logits) {
+    const lmx_fwd_out out = {.logits = logits};
+    return forward(m, kv, bt, tokens, rows, R, &out);
+}
+
+lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens,
+                                  const int *rows, int R, int k, float *vals, int32_t *ids) {
+    const lmx_fwd_out out = {.k = k, .vals = vals, .ids = ids};
+    return forward(m, kv, bt, tokens, rows, R, &out);
+}
+
+lmx_status lmx_model_read_logits(lmx_model *m, int R, float *logits) {
+    lmx_backend *be = m->be;
+    lmx_status st = be->ops->read(be, &m->ws.logits, 0, logits, (size_t)R * m->cfg.vocab * sizeof(float));
+    return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }

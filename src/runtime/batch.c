@@ -125,6 +125,8 @@ typedef struct batch_state {
     lmx_context **ctx;    /* [N] */
     lmx_buf *hist;        /* [N] int32 ids evaluated in ctx[i] */
     float *logits;        /* [N, V] */
+    float *cvals;         /* [N, LMX_TOPK_MAX]: candidates when the backend selects them */
+    int32_t *cids;
     lmx_context **act_ctx;
     int32_t *act_tok;
     int *act_idx, *ones;
@@ -138,6 +140,8 @@ static void batch_state_free(lmx_model *m, batch_state *b, int N) {
     free(b->ctx);
     free(b->hist);
     free(b->logits);
+    free(b->cvals);
+    free(b->cids);
     free(b->act_ctx);
     free(b->act_tok);
     free(b->act_idx);
@@ -171,11 +175,13 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     b.ctx = calloc((size_t)N, sizeof *b.ctx);
     b.hist = calloc((size_t)N, sizeof *b.hist);
     b.logits = malloc((size_t)N * V * sizeof *b.logits);
+    b.cvals = malloc((size_t)N * LMX_TOPK_MAX * sizeof *b.cvals);
+    b.cids = malloc((size_t)N * LMX_TOPK_MAX * sizeof *b.cids);
     b.act_ctx = malloc((size_t)N * sizeof *b.act_ctx);
     b.act_tok = malloc((size_t)N * sizeof *b.act_tok);
     b.act_idx = malloc((size_t)N * sizeof *b.act_idx);
     b.ones = malloc((size_t)N * sizeof *b.ones);
-    if (!b.ctx || !b.hist || !b.logits || !b.act_ctx || !b.act_tok || !b.act_idx || !b.ones) {
+    if (!b.ctx || !b.hist || !b.logits || !b.cvals || !b.cids || !b.act_ctx || !b.act_tok || !b.act_idx || !b.ones) {
         batch_state_free(m, &b, N);
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     }
@@ -212,9 +218,10 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
         }
     }
 
-    /* decode every unfinished sequence together, one row each */
+    /* decode every unfinished sequence together, one row each; when every one of them samples from
+     * its best candidates, the backend selects the most any needs (K) and only those come back */
     while (st == LMX_OK) {
-        int A = 0, cancel = atomic_load(&rt->cancel);
+        int A = 0, cancel = atomic_load(&rt->cancel), K = 0, all_k = 1;
         for (int i = 0; i < N; i++) {
             lmx_gen_seq *g = &rt->bseq[i];
             if (g->to_eval < 0) continue;
@@ -230,16 +237,23 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
             b.act_ctx[A] = b.ctx[i];
             b.act_tok[A] = g->to_eval;
             b.act_idx[A++] = i;
+            int k = lmx_gen_seq_topk(g, m);
+            all_k &= k > 0;
+            if (k > K) K = k;
         }
         if (st || A == 0) break;
-        if ((st = lmx_eval_batch(m, b.act_ctx, A, b.act_tok, b.ones, 1, b.logits))) break;
+        int got = 0;
+        if (all_k) st = lmx_eval_batch_topk(m, b.act_ctx, A, b.act_tok, b.ones, 1, K, b.cvals, b.cids, b.logits, &got);
+        else st = lmx_eval_batch(m, b.act_ctx, A, b.act_tok, b.ones, 1, b.logits);
+        if (st) break;
         for (int a = 0; a < A; a++) {
             int i = b.act_idx[a];
             lmx_gen_seq *g = &rt->bseq[i];
             g->to_eval = -1;
-            if (lmx_gen_seq_step(g, m, b.logits + (size_t)a * V, (const int32_t *)b.hist[i].data,
-                                 (int)(b.hist[i].len / sizeof(int32_t))))
-                deliver(g);
+            int r = got ? lmx_gen_seq_step_topk(g, m, b.cvals + (size_t)a * K, b.cids + (size_t)a * K, lmx_gen_seq_topk(g, m))
+                        : lmx_gen_seq_step(g, m, b.logits + (size_t)a * V, (const int32_t *)b.hist[i].data,
+                                           (int)(b.hist[i].len / sizeof(int32_t)));
+            if (r) deliver(g);
         }
     }
     int generated = 0;

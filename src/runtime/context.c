@@ -3,13 +3,12 @@
  * Cache policy per layer: a sliding-window layer keeps a rotating cache of `window` positions;
  * a global layer keeps an unbounded cache (grown in chunks by the backend).  With n_ctx > 0
  * every layer keeps at most n_ctx positions in a rotating cache.  Long prompts are evaluated in
- * chunks of PREFILL_CHUNK rows so activation memory stays bounded. */
+ * chunks of the backend's prefill_chunk rows so activation memory stays bounded. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime.h"
 
-#define PREFILL_CHUNK 512
 
 struct lmx_context {
     lmx_model *m;
@@ -107,8 +106,9 @@ static lmx_status reserve_rows(lmx_context *c, int n) {
     return LMX_OK;
 }
 
-lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float *logits,
-                            int all_logits) {
+/* lmx_context_eval, or with k > 0 the last position's k best candidates (see runtime.h). */
+static lmx_status eval(lmx_context *c, const int32_t *tokens, int n, float *logits, int all_logits, int k,
+                       float *vals, int32_t *ids, int *k_out) {
     if (!c) return LMX_ERR_INVALID_ARG;
     lmx_model *m = c->m;
     if (!tokens || n <= 0)
@@ -119,7 +119,8 @@ lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float 
             return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "token id %d at position %d outside the vocabulary [0, %d)",
                                tokens[i], i, V);
     for (int done = 0; done < n;) {
-        int chunk = n - done < PREFILL_CHUNK ? n - done : PREFILL_CHUNK;
+        const int max_chunk = m->be->ops->prefill_chunk > 0 ? m->be->ops->prefill_chunk : 512;
+        int chunk = n - done < max_chunk ? n - done : max_chunk;
         int last = done + chunk == n;
         int R = 0;
         float *dst = NULL;
@@ -136,7 +137,17 @@ lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float 
         int n_past = c->n_past, n_new = chunk;
         lmx_batch bt = {.B = 1, .T = chunk, .n_past = &n_past, .n_new = &n_new};
         lmx_kv_layer *kv = c->kv;
-        st = lmx_model_forward(m, &kv, &bt, tokens + done, c->rows, R, dst);
+        if (k > 0 && last) {
+            c->rows[0] = chunk - 1;
+            st = lmx_model_forward_topk(m, &kv, &bt, tokens + done, c->rows, 1, k, vals, ids);
+            *k_out = k;
+            if (st == LMX_ERR_UNSUPPORTED) { /* the pass ran; its logits instead */
+                *k_out = 0;
+                st = lmx_model_read_logits(m, 1, logits);
+            }
+        } else {
+            st = lmx_model_forward(m, &kv, &bt, tokens + done, c->rows, R, dst);
+        }
         if (st) return st;
         c->n_past += chunk;
         done += chunk;
@@ -144,8 +155,18 @@ lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float 
     return LMX_OK;
 }
 
-lmx_status lmx_eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens,
-                          const int *lens, int T, float *last_logits) {
+lmx_status lmx_context_eval(lmx_context *c, const int32_t *tokens, int n, float *logits, int all_logits) {
+    return eval(c, tokens, n, logits, all_logits, 0, NULL, NULL, NULL);
+}
+
+lmx_status lmx_context_eval_topk(lmx_context *c, const int32_t *tokens, int n, int k, float *vals, int32_t *ids,
+                                 float *logits, int *k_out) {
+    return eval(c, tokens, n, logits, 0, k, vals, ids, k_out);
+}
+
+/* lmx_eval_batch, or with k > 0 each sequence's k best candidates (see runtime.h). */
+static lmx_status eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens, const int *lens,
+                             int T, float *last_logits, int k, float *vals, int32_t *ids, int *k_out) {
     if (!m) return LMX_ERR_INVALID_ARG;
     if (!ctxs || !tokens || !lens || !last_logits || B <= 0 || T <= 0)
         return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "lmx_eval_batch: empty batch or NULL argument");
@@ -177,7 +198,16 @@ lmx_status lmx_eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const i
         kv[b] = ctxs[b]->kv;
     }
     lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = lens};
-    st = lmx_model_forward(m, kv, &bt, tokens, rows, B, last_logits);
+    if (k > 0) {
+        st = lmx_model_forward_topk(m, kv, &bt, tokens, rows, B, k, vals, ids);
+        *k_out = k;
+        if (st == LMX_ERR_UNSUPPORTED) { /* the pass ran; its logits instead */
+            *k_out = 0;
+            st = lmx_model_read_logits(m, B, last_logits);
+        }
+    } else {
+        st = lmx_model_forward(m, kv, &bt, tokens, rows, B, last_logits);
+    }
     if (st == LMX_OK)
         for (int b = 0; b < B; b++) ctxs[b]->n_past += lens[b];
 done:
@@ -185,4 +215,14 @@ done:
     free(rows);
     free(kv);
     return st;
+}
+
+lmx_status lmx_eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens, const int *lens,
+                          int T, float *last_logits) {
+    return eval_batch(m, ctxs, B, tokens, lens, T, last_logits, 0, NULL, NULL, NULL);
+}
+
+lmx_status lmx_eval_batch_topk(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens, const int *lens,
+                               int T, int k, float *vals, int32_t *ids, float *last_logits, int *k_out) {
+    return eval_batch(m, ctxs, B, tokens, lens, T, last_logits, k, vals, ids, k_out);
 }

@@ -138,10 +138,27 @@ int lmx_gen_seq_end(lmx_gen_seq *g, lmx_model *m, lmx_finish f) {
     return 1;
 }
 
+int lmx_gen_seq_topk(const lmx_gen_seq *g, const lmx_model *m) {
+    if (!m->be->ops->topk) return 0;
+    int k = lmx_sampler_topk_need(&g->p.sampler, m->cfg.vocab);
+    return k <= LMX_TOPK_MAX ? k : 0;
+}
+
+/* Yield the sampled id: the stops, the text, the length limit. */
+static int take(lmx_gen_seq *g, lmx_model *m, int32_t id);
+
 int lmx_gen_seq_step(lmx_gen_seq *g, lmx_model *m, float *logits, const int32_t *history, int n_hist) {
-    lmx_backend *be = m->be;
     if (g->finish != LMX_FINISH_NONE) return 0;
-    int32_t id = lmx_sampler_sample(&m->rt->sampler, &g->p.sampler, &g->rng, logits, history, n_hist);
+    return take(g, m, lmx_sampler_sample(&m->rt->sampler, &g->p.sampler, &g->rng, logits, history, n_hist));
+}
+
+int lmx_gen_seq_step_topk(lmx_gen_seq *g, lmx_model *m, const float *vals, const int32_t *ids, int k) {
+    if (g->finish != LMX_FINISH_NONE) return 0;
+    return take(g, m, lmx_sampler_sample_topk(&m->rt->sampler, &g->p.sampler, &g->rng, vals, ids, k));
+}
+
+static int take(lmx_gen_seq *g, lmx_model *m, int32_t id) {
+    lmx_backend *be = m->be;
     const int32_t *stops = (const int32_t *)g->stops.data;
     for (size_t i = 0; i < g->stops.len / sizeof id; i++)
         if (stops[i] == id) {

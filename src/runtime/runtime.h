@@ -24,6 +24,14 @@
 int lmx_context_rewind(lmx_context *c, int n);
 /* Bytes the context's caches hold now. */
 int64_t lmx_context_bytes(const lmx_context *c);
+/* lmx_context_eval for the last position's next-token candidates: the k largest logits (largest
+ * first, equal ones by lower id) in vals / ids [k], *k_out = k.  When the backend cannot select
+ * them (the cpu), the logits [V] land in logits instead and *k_out = 0. */
+lmx_status lmx_context_eval_topk(lmx_context *c, const int32_t *tokens, int n, int k, float *vals, int32_t *ids,
+                                 float *logits, int *k_out);
+/* lmx_eval_batch likewise: vals / ids [B, k], or the logits [B, V] in last_logits with *k_out = 0. */
+lmx_status lmx_eval_batch_topk(lmx_model *m, lmx_context *const *ctxs, int B, const int32_t *tokens, const int *lens,
+                               int T, int k, float *vals, int32_t *ids, float *last_logits, int *k_out);
 
 /* ---- growable buffers (counted against the backend's memory accounting) -------------------- */
 
@@ -66,6 +74,10 @@ lmx_status lmx_gen_seq_begin(lmx_gen_seq *g, lmx_model *m, const lmx_gen_params 
  * yield, or 0 when the generation finished with nothing more to yield.  history: the tokens
  * evaluated so far (for the penalties). */
 int lmx_gen_seq_step(lmx_gen_seq *g, lmx_model *m, float *logits, const int32_t *history, int n_hist);
+/* The same with only the k best candidates (lmx_sampler_sample_topk; k from lmx_gen_seq_topk). */
+int lmx_gen_seq_step_topk(lmx_gen_seq *g, lmx_model *m, const float *vals, const int32_t *ids, int k);
+/* The candidates g's sampler needs when the backend can select them (0: whole logits). */
+int lmx_gen_seq_topk(const lmx_gen_seq *g, const lmx_model *m);
 /* End the generation now with reason f; returns 1 when held-back text is left to yield (as
  * g->tok with id -1). */
 int lmx_gen_seq_end(lmx_gen_seq *g, lmx_model *m, lmx_finish f);
@@ -93,7 +105,10 @@ typedef struct lmx_runtime {
     lmx_chat_template *tpl;
     lmx_context *ctx;            /* the prompt cache: KV of hist */
     lmx_buf hist;                /* int32 ids evaluated in ctx */
-    float *logits;               /* [V] next-token logits after hist */
+    float *logits;               /* [V] next-token logits after hist (when n_cand == 0) */
+    int n_cand;                  /* > 0: the last decode step left only its n_cand best candidates */
+    float cand_vals[LMX_TOPK_MAX];   /* their logits, largest first */
+    int32_t cand_ids[LMX_TOPK_MAX];
     lmx_sampler sampler;
     lmx_stream stream;           /* the one generation stream of the model */
     lmx_metrics metrics;
@@ -115,8 +130,9 @@ lmx_status lmx_runtime_ready(lmx_model *m);
 /* Evaluate ids into the session (prompt cache reused), leaving their last logits in rt->logits.
  * Fills metrics' prompt fields. */
 lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *p);
-/* Evaluate one more token into the session. */
-lmx_status lmx_runtime_decode(lmx_model *m, int32_t id);
+/* Evaluate one more token into the session: its logits into rt->logits, or with k > 0 its k best
+ * candidates into rt->cand_* (rt->n_cand = k) when the backend can select them. */
+lmx_status lmx_runtime_decode(lmx_model *m, int32_t id, int k);
 /* 1 when the session's (unrotating) context can take no more tokens. */
 int lmx_runtime_full(const lmx_model *m);
 /* Reset metrics at the start of a call. */

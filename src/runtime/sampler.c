@@ -104,6 +104,8 @@ static int gather(lmx_sampler *s, float temperature, const float *logits, float 
     return n;
 }
 
+static int finish_chain(lmx_sampler *s, const lmx_sampler_params *p, int n, double total);
+
 int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float *logits) {
     int V = s->V, k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
     int use_p = p->top_p > 0.0f && p->top_p < 1.0f, use_min = p->min_p > 0.0f;
@@ -113,27 +115,32 @@ int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float 
         for (int i = 0; i < V; i++) total += expf((logits[i] - lmax) * inv_t);
 
     /* Only the likeliest tokens can survive: gather those above a threshold, lowering it until
-     * the set provably holds every survivor (min-p gives the exact threshold). */
+     * the set provably holds every survivor (min-p gives the exact threshold), and with top-k all k
+     * candidates, whose mass top-p measures against. */
     double mass = 0;
     int n;
     if (!k && !use_p && !use_min) {
         n = gather(s, p->temperature, logits, lmax, 0.0f, &mass); /* no filter: every token, in id order */
     } else {
-        float thr = use_min ? p->min_p : 1e-4f;
+        float thr = use_min && !k ? p->min_p : 1e-4f;
         for (;;) {
             n = gather(s, p->temperature, logits, lmax, thr, &mass);
-            if (use_min || thr == 0.0f || (k && n >= k) || (!k && use_p && mass >= p->top_p * total)) break;
+            if ((use_min && !k) || thr == 0.0f || (k && n >= k) || (!k && use_p && mass >= p->top_p * total)) break;
             thr = thr > 1e-30f ? thr * 1e-6f : 0.0f;
         }
         qsort(s->cand, (size_t)n, sizeof *s->cand, cand_cmp);
     }
-    if (k && n > k) { /* top-k; later filters see the k renormalised */
-        n = k;
+    if (k) { /* top-k; later filters see the k renormalised (fewer gathered: every token is here) */
+        if (n > k) n = k;
         total = 0;
         for (int i = 0; i < n; i++) total += s->cand[i].p;
-    } else if (k) {
-        total = mass; /* fewer than k gathered: the threshold fell to 0, every token is here */
     }
+    return finish_chain(s, p, n, total);
+}
+
+/* Steps 4-5 over the first n candidates (sorted), total their relative mass; then renormalise. */
+static int finish_chain(lmx_sampler *s, const lmx_sampler_params *p, int n, double total) {
+    int use_p = p->top_p > 0.0f && p->top_p < 1.0f, use_min = p->min_p > 0.0f;
     if (use_p) {
         double cum = 0;
         for (int i = 0; i < n; i++) {
@@ -156,15 +163,38 @@ int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float 
     return n;
 }
 
-int32_t lmx_sampler_sample(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, float *logits,
-                           const int32_t *history, int n_hist) {
-    lmx_sampler_penalize(s, p, logits, history, n_hist);
-    if (!(p->temperature > 0.0f)) return lmx_argmax(logits, s->V);
-    int n = lmx_sampler_filter(s, p, logits);
+/* Step 6 over the first n candidates. */
+static int32_t draw(lmx_sampler *s, lmx_rng *rng, int n) {
     double u = lmx_rng_uniform(rng), cum = 0;
     for (int i = 0; i < n; i++) {
         cum += s->cand[i].p;
         if (u < cum) return s->cand[i].id;
     }
     return s->cand[n - 1].id; /* rounding left u above the last sum */
+}
+
+int32_t lmx_sampler_sample(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, float *logits,
+                           const int32_t *history, int n_hist) {
+    lmx_sampler_penalize(s, p, logits, history, n_hist);
+    if (!(p->temperature > 0.0f)) return lmx_argmax(logits, s->V);
+    return draw(s, rng, lmx_sampler_filter(s, p, logits));
+}
+
+int lmx_sampler_topk_need(const lmx_sampler_params *p, int V) {
+    if (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) return 0;
+    if (!(p->temperature > 0.0f)) return 1;
+    return p->top_k > 0 && p->top_k < V && p->top_k <= LMX_SAMPLER_TOPK_MAX ? p->top_k : 0;
+}
+
+int32_t lmx_sampler_sample_topk(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, const float *vals,
+                                const int32_t *ids, int k) {
+    if (!(p->temperature > 0.0f)) return ids[0];
+    /* the candidates as lmx_sampler_filter gathers them (same arithmetic), then its order */
+    float lmax = vals[0], inv_t = 1.0f / p->temperature;
+    for (int i = 0; i < k; i++)
+        s->cand[i] = (lmx_cand){.id = ids[i], .logit = vals[i] * inv_t, .p = expf((vals[i] - lmax) * inv_t)};
+    qsort(s->cand, (size_t)k, sizeof *s->cand, cand_cmp);
+    double total = 0;
+    for (int i = 0; i < k; i++) total += s->cand[i].p;
+    return draw(s, rng, finish_chain(s, p, k, total));
 }

@@ -61,6 +61,16 @@ int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float 
 int32_t lmx_sampler_sample(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, float *logits,
                            const int32_t *history, int n_hist);
 
+/* Sampling from the k largest logits only (what a GPU backend returns instead of all V):
+ * lmx_sampler_topk_need gives the k the chain needs for p over a vocabulary of V: 1 for greedy,
+ * top_k when top-k is on (top_k < V, at most LMX_SAMPLER_TOPK_MAX), 0 when it needs every logit
+ * (penalties, or top-k off).  lmx_sampler_sample_topk then draws from vals / ids [k] (largest
+ * first, equal logits by lower id) the same token lmx_sampler_sample draws from all V logits. */
+#define LMX_SAMPLER_TOPK_MAX 256
+int lmx_sampler_topk_need(const lmx_sampler_params *p, int V);
+int32_t lmx_sampler_sample_topk(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, const float *vals,
+                                const int32_t *ids, int k);
+
 /* The index of the largest of x[0..n) (the lowest index among equals). */
 int32_t lmx_argmax(const float *x, int n);
 

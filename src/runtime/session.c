@@ -6,7 +6,6 @@
 
 #include "runtime.h"
 
-#define PREFILL_STEP 512   /* rows per eval while prefilling: the cancel / progress granularity */
 
 double lmx_now_ms(void) {
     struct timespec ts;
@@ -173,10 +172,13 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     rt->metrics.prompt_tokens = n;
     rt->metrics.cached_tokens = L;
+    rt->n_cand = 0;
     double t0 = lmx_now_ms();
+    /* rows per eval while prefilling (the cancel / progress granularity): the backend's chunk */
+    const int step = m->be->ops->prefill_chunk > 0 ? m->be->ops->prefill_chunk : 512;
     for (int done = L; done < n;) {
         if (atomic_load(&rt->cancel)) break; /* the caller sees the flag and finishes */
-        int chunk = n - done < PREFILL_STEP ? n - done : PREFILL_STEP;
+        int chunk = n - done < step ? n - done : step;
         st = lmx_context_eval(rt->ctx, ids + done, chunk, rt->logits, 0);
         if (st) {
             lmx_context_reset(rt->ctx); /* a partial chunk may be cached: start clean next time */
@@ -193,15 +195,18 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
     return LMX_OK;
 }
 
-lmx_status lmx_runtime_decode(lmx_model *m, int32_t id) {
+lmx_status lmx_runtime_decode(lmx_model *m, int32_t id, int k) {
     lmx_runtime *rt = m->rt;
     int limit = session_limit(m);
     if (limit && lmx_context_n_past(rt->ctx) >= limit)
         return lmx_err_set(&m->err, LMX_ERR_CONTEXT_FULL, "the context holds %d positions", limit);
     if (lmx_buf_reserve(m->be, &rt->hist, rt->hist.len + sizeof(int32_t)))
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-    lmx_status st = lmx_context_eval(rt->ctx, &id, 1, rt->logits, 0);
+    rt->n_cand = 0;
+    lmx_status st = k > 0 ? lmx_context_eval_topk(rt->ctx, &id, 1, k, rt->cand_vals, rt->cand_ids, rt->logits, &rt->n_cand)
+                          : lmx_context_eval(rt->ctx, &id, 1, rt->logits, 0);
     if (st) {
+        rt->n_cand = 0;
         lmx_context_reset(rt->ctx);
         rt->hist.len = 0;
         return st;

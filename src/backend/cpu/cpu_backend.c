@@ -385,6 +385,8 @@ static void cpu_destroy(lmx_backend *be) {
 static const lmx_backend_ops cpu_ops = {
     .name = "cpu",
     .kv_dtype = LMX_DTYPE_F32,
+    .topk = NULL, /* the logits are on the host already */
+    .prefill_chunk = 512,
     .destroy = cpu_destroy,
     .upload_weight = cpu_upload_weight,
     .alloc = cpu_alloc,

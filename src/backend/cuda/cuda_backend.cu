@@ -147,6 +147,7 @@ static void cuda_release(lmx_backend *be, lmx_tensor *t) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
     if (t->owned && t->data) {
+        cuda_graph_drop(cb); /* a captured graph may use this memory: it is never launched again */
         cudaStreamSynchronize(cb->stream);
         cudaFree(t->data);
     }
@@ -202,6 +203,7 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
         cudaMemsetAsync((char *)np[i] + old, 0, bytes - old, cb->stream);
     }
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "KV cache growth");
+    cuda_graph_drop(cb); /* the old buffers go */
     for (int i = 0; i < 2; i++) {
         if (ts[i]->owned && ts[i]->data) cudaFree(ts[i]->data);
         ts[i]->data = np[i];
@@ -251,6 +253,7 @@ static void cuda_destroy(lmx_backend *be) {
 static const lmx_backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .kv_dtype = */ LMX_DTYPE_BF16,
+    /* .prefill_chunk = */ 2048, /* quantized weights are dequantized once per chunk */
     /* .destroy = */ cuda_destroy,
     /* .upload_weight = */ cuda_upload_weight,
     /* .alloc = */ cuda_alloc,
@@ -268,6 +271,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .kv_append = */ cuda_op_kv_append,
     /* .kv_reserve = */ cuda_kv_reserve,
     /* .gather_rows = */ cuda_op_gather_rows,
+    /* .topk = */ cuda_topk,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
@@ -306,6 +310,11 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
         return LMX_ERR_BACKEND;
     }
     cublasSetStream(cb->blas, cb->stream);
+    const char *tk = getenv("LMX_CUDA_TOPK");
+    cb->topk_off = tk && tk[0] == '0';
+    const char *gv = getenv("LMX_CUDA_GEMV");
+    cb->gemv_variant = gv ? atoi(gv) : 0;
+    cuda_gemv_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {
         lmx_err_set(err, LMX_ERR_NOMEM, "cuda backend: out of memory");

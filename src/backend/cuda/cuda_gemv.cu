@@ -1,19 +1,18 @@
 /* cuda_gemv.cu - y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for few rows (decode): every weight byte is
  * read once, with 16-byte loads, f32 accumulation and the bias fused.
  *
- * A warp takes R consecutive output rows (each x vector it loads serves R rows); lanes stride over
- * the row's 16-byte vectors, the next vectors' loads in flight while the current ones are used.
+ * Dense: a warp takes R consecutive output rows (each x vector it loads serves R rows); lanes stride
+ * over the row's 16-byte vectors, the next vectors' loads in flight while the current ones are used.
+ * Quantized: the same with lanes on consecutive packed words (see k_qgemv).
  * One launch may cover up to 3 weights of the same input (fused q/k/v or gate/up in decode graphs;
  * blockIdx.y picks the weight), and gate/up may end in the GLU (a warp takes row n of both and
  * writes act(gate . x) * (up . x)).  Under programmatic dependent launch a warp loads its first
  * weight vectors before it waits for the kernel that writes x, so weight streaming starts while
  * the previous kernel drains.
  *
- * Formats: dense bf16 / f16 / f32 (K a multiple of the vector), MLX affine 4 and 8 bit (vectors
- * inside one group).  A 4- or 8-bit code q becomes a float without an int-to-float conversion:
- * __byte_perm puts its byte under the exponent of 2^23, and subtracting 2^23 leaves q exactly;
- * then acc += scale * (q . x) + bias * sum(x) per vector.  Everything else (GGUF blocks, 2-bit,
- * odd shapes) takes the generic kernel, one element at a time. */
+ * Formats: dense bf16 / f16 / f32 (K a multiple of the vector), MLX affine 4 and 8 bit (groups of
+ * whole words).  Everything else (GGUF blocks, 2-bit, odd shapes) takes the generic kernel, one
+ * element at a time. */
 #include "cuda_weights.h"
 
 /* ---- weights of one launch ----------------------------------------------------------------- */
@@ -33,6 +32,14 @@ typedef struct gv_segs {
     lmx_dtype sdt;                /* MLX scale / bias dtype */
 } gv_segs;
 
+/* The kernel families by weight format; the folded-in RMSNorm of k_gemv1's input. */
+enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
+typedef struct gv_norm {
+    const void *w;                /* [K]; NULL: none */
+    lmx_dtype wt;
+    float eps, add_one;
+} gv_norm;
+
 /* Segment i by selects of fixed fields: indexing the parameter struct with blockIdx.y would copy
  * it to local memory and slow every GEMV. */
 static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
@@ -45,6 +52,17 @@ static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
 
 static __device__ __forceinline__ float bias_at(const void *b, lmx_dtype bt, int64_t n) {
     return b ? cuda_elem(b, bt, n) : 0.0f;
+}
+
+/* Scales and biases are prefetched raw (a load whose value is used at once would make the prefetch
+ * wait for it) and converted when used. */
+static __device__ __forceinline__ uint32_t raw_at(const void *p, lmx_dtype t, int64_t i) {
+    return t == LMX_DTYPE_F32 ? __ldg((const unsigned *)p + i) : (uint32_t)__ldg((const unsigned short *)p + i);
+}
+static __device__ __forceinline__ float raw_val(uint32_t r, lmx_dtype t) {
+    return t == LMX_DTYPE_BF16  ? __uint_as_float(r << 16)
+           : t == LMX_DTYPE_F16 ? __half2float(__ushort_as_half((unsigned short)r))
+                                : __uint_as_float(r);
 }
 
 static __device__ __forceinline__ float glu_act(float a, int act) {
@@ -199,119 +217,385 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
 }
 
 /* ---- MLX affine 4 / 8 bit --------------------------------------------------------------------- */
+/* A warp takes R rows (for the GLU pair R/2 rows of gate and the same rows of up); lane l takes the
+ * packed words l, l + 32, l + 64, ... of each row, QG_U of them per step, the next step's words (and
+ * their scales and biases) loading while the current ones are used.  Consecutive lanes read
+ * consecutive words and the x values under them, and each x value loaded serves R rows.
+ *
+ * Decoding without int-to-float conversions: a 4-bit code q goes under the exponent of 0.5 into
+ * mantissa bits 16-19 by one byte permute, which reads as 0.5 + q / 256 exactly; per word
+ * d = sum (0.5 + q/256) x, so q . x = 256 d - 128 sum(x).  An 8-bit code goes under 2^23, and
+ * subtracting 2^23 leaves q exactly.  Per word, acc += scale * (q . x) + bias * sum(x). */
 
-/* Code k (byte k of w, 0..255) as an exact float. */
-static __device__ __forceinline__ float code_at(uint32_t w, int k) {
-    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7650u | (unsigned)k)) - 8388608.0f;
+#define QG_U 2   /* words per row and lane in one step */
+
+/* Codes of one word as floats: 4-bit 0.5 + q/256, 8-bit q (element order: bits BITS * e). */
+template <int BITS>
+static __device__ __forceinline__ void decode_word(uint32_t w, float (&q)[32 / BITS]) {
+    if constexpr (BITS == 4) {
+        const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            q[2 * k] = __uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7054u | ((unsigned)k << 8)));
+            q[2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7054u | ((unsigned)k << 8)));
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            q[k] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7650u | (unsigned)k)) - 8388608.0f;
+    }
 }
 
-/* acc[r][m] += scale_r * (q_r . x_m) + bias_r * sum(x_m) over vector v (EV = 128 / BITS elements,
- * MLX order: element j of a word at bits BITS * j). */
-template <int BITS, int MM, int R>
-static __device__ __forceinline__ void quant_dot(const float *__restrict__ x, int K, int v, const uint4 (&q)[R],
-                                                 const float (&sc)[R], const float (&bi)[R], float (&acc)[R][MM]) {
-    constexpr int EV = 128 / BITS;
-    const int k0 = v * EV;
-#pragma unroll
-    for (int m = 0; m < MM; m++) {
-        float xf[EV];
-#pragma unroll
-        for (int e = 0; e < EV; e += 4) {
-            float4 t = __ldg((const float4 *)(x + (size_t)m * K + k0 + e));
-            xf[e] = t.x; xf[e + 1] = t.y; xf[e + 2] = t.z; xf[e + 3] = t.w;
-        }
-        float xs = 0.0f;
-#pragma unroll
-        for (int e = 0; e < EV; e++) xs += xf[e];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-            float d = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if constexpr (BITS == 4) {
-                    const uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        d = fmaf(code_at(lo, k), xf[8 * i + 2 * k], d);
-                        d = fmaf(code_at(hi, k), xf[8 * i + 2 * k + 1], d);
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 4; k++) d = fmaf(code_at(words[i], k), xf[4 * i + k], d);
-                }
-            }
-            acc[r][m] = fmaf(sc[r], d, fmaf(bi[r], xs, acc[r][m]));
-        }
-    }
+template <int R> struct qg_step {
+    uint32_t w[QG_U][R];
+    uint32_t s[QG_U][R], b[QG_U][R]; /* raw scale and bias (raw_at) */
+};
+
+/* Per word or vector: acc += scale * (q . x) + bias * sum(x), with d = sum(code * x) as decode_word
+ * leaves the codes (4-bit: 0.5 + q/256). */
+template <int BITS>
+static __device__ __forceinline__ float qacc(float acc, uint32_t s_raw, uint32_t b_raw, lmx_dtype t, float d, float xs) {
+    const float s = raw_val(s_raw, t), b = raw_val(b_raw, t);
+    if constexpr (BITS == 4) return fmaf(256.0f * s, d, fmaf(fmaf(-128.0f, s, b), xs, acc));
+    return fmaf(s, d, fmaf(b, xs, acc));
 }
 
 template <int BITS, int MM, int R, int PAIR>
 __global__ void __launch_bounds__(256) k_qgemv(const float *__restrict__ x, const gv_segs sg, int K, int act) {
     cuda_pdl_trigger();
+    constexpr int PER = 32 / BITS, RO = PAIR ? R / 2 : R; /* RO output rows per warp */
     const gv_seg S = seg_pick(sg, blockIdx.y);
-    constexpr int EV = 128 / BITS;
     const int lane = threadIdx.x % 32;
-    const int n0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * (PAIR ? 1 : R);
+    const int n0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * RO;
     if (n0 >= S.N) {
         cuda_pdl_wait();
         return;
     }
-    const int nv = K / EV, wpr = K / (32 / BITS), gpr = K / sg.group, vpg = sg.group / EV;
-    const uint4 *wr[R];
-    const void *scp[R], *bip[R];
+    const int wpr = K / PER, gpr = K / sg.group, gw = sg.group / PER; /* words per row, groups, words per group */
+    const uint32_t *wp[R];
+    const void *sp[R], *bp[R];
     int64_t g0[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const int row = PAIR ? n0 : (n0 + r < S.N ? n0 + r : n0);
-        const void *w = PAIR ? (r == 0 ? sg.s[0].w : sg.s[1].w) : S.w;
-        scp[r] = PAIR ? (r == 0 ? sg.s[0].scales : sg.s[1].scales) : S.scales;
-        bip[r] = PAIR ? (r == 0 ? sg.s[0].biases : sg.s[1].biases) : S.biases;
-        wr[r] = (const uint4 *)((const uint32_t *)w + (size_t)row * wpr);
+        const int sel = PAIR && r >= RO;
+        const int n = n0 + (PAIR ? r % RO : r), row = n < S.N ? n : S.N - 1;
+        wp[r] = (const uint32_t *)(PAIR ? sg.s[sel].w : S.w) + (size_t)row * wpr;
+        sp[r] = PAIR ? sg.s[sel].scales : S.scales;
+        bp[r] = PAIR ? sg.s[sel].biases : S.biases;
         g0[r] = (int64_t)row * gpr;
     }
+    auto load = [&](qg_step<R> &st, int j0) {
+#pragma unroll
+        for (int u = 0; u < QG_U; u++) {
+            const int j = j0 + 32 * u < wpr ? j0 + 32 * u : wpr - 1;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                st.w[u][r] = __ldcs(wp[r] + j);
+                st.s[u][r] = raw_at(sp[r], sg.sdt, g0[r] + j / gw);
+                st.b[u][r] = raw_at(bp[r], sg.sdt, g0[r] + j / gw);
+            }
+        }
+    };
     float acc[R][MM];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int m = 0; m < MM; m++) acc[r][m] = 0.0f;
 
+    qg_step<R> cur, nxt;
+    load(cur, lane);
+    cuda_pdl_wait(); /* x is ready */
+    for (int j0 = lane; j0 < wpr; j0 += 32 * QG_U) {
+        const bool more = j0 + 32 * QG_U < wpr;
+        if (more) load(nxt, j0 + 32 * QG_U);
+#pragma unroll
+        for (int u = 0; u < QG_U; u++) {
+            const int j = j0 + 32 * u;
+            if (j >= wpr) break;
+            float xf[MM][PER], xs[MM];
+#pragma unroll
+            for (int m = 0; m < MM; m++) {
+#pragma unroll
+                for (int e = 0; e < PER; e += 4) {
+                    const float4 t = __ldg((const float4 *)(x + (size_t)m * K + (size_t)j * PER + e));
+                    xf[m][e] = t.x; xf[m][e + 1] = t.y; xf[m][e + 2] = t.z; xf[m][e + 3] = t.w;
+                }
+                xs[m] = 0.0f;
+#pragma unroll
+                for (int e = 0; e < PER; e++) xs[m] += xf[m][e];
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float qf[PER];
+                decode_word<BITS>(cur.w[u][r], qf);
+#pragma unroll
+                for (int m = 0; m < MM; m++) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < PER; e++) d = fmaf(qf[e], xf[m][e], d);
+                    acc[r][m] = qacc<BITS>(acc[r][m], cur.s[u][r], cur.b[u][r], sg.sdt, d, xs[m]);
+                }
+            }
+        }
+        if (more) cur = nxt;
+    }
+    if constexpr (PAIR != 0) {
+#pragma unroll
+        for (int o = 0; o < RO; o++)
+#pragma unroll
+            for (int m = 0; m < MM; m++) {
+                float g = cuda_warp_sum(acc[o][m]), u = cuda_warp_sum(acc[o + RO][m]);
+                const int n = n0 + o;
+                if (lane == 0 && n < S.N) {
+                    g += bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                    u += bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                    sg.s[0].y[(size_t)m * S.N + n] = glu_act(g, act) * u;
+                    sg.s[1].y[(size_t)m * S.N + n] = u;
+                }
+            }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < MM; m++) {
+                const float v = cuda_warp_sum(acc[r][m]);
+                if (lane == 0 && n0 + r < S.N) S.y[(size_t)m * S.N + n0 + r] = v + bias_at(S.bias, S.bt, n0 + r);
+            }
+    }
+}
+
+/* ---- one input row (decode, M = 1) ------------------------------------------------------------- */
+/* One kernel for every format.  The block stages x in shared memory, 4 floats of padding after
+ * every 32 so that lanes reading the x under consecutive 16-byte vectors meet no bank conflict;
+ * with NORM it stages rmsnorm(x) instead (the norm op folded in, the arithmetic of k_rmsnorm_block
+ * and k_rmsnorm_warp), and for quantized weights also the sum of every 16 values.  Lane l takes the
+ * 16-byte vectors l, l + 32, ... of each of the warp's R rows, U of them per row and step, the next
+ * step's (and their raw scales and biases) in flight while the current ones are used.  Results are
+ * stored, or go through the GLU (the gate/up pair), or with RESID are added into y (the residual
+ * add folded in: y += W x + b). */
+
+#define G1_PAD(k) ((k) + ((k) >> 5) * 4)
+#define G1_MAX_K 32768   /* the most x values a block stages */
+
+template <int KIND> struct g1 {
+    static constexpr bool Q = KIND == GV_Q4 || KIND == GV_Q8;
+    static constexpr int E = KIND == GV_Q4 ? 32 : KIND == GV_Q8 ? 16 : KIND == GV_F32 ? 4 : 8; /* per vector */
+    static constexpr int BYTES_PER_8 = KIND == GV_Q4 ? 4 : KIND == GV_Q8 ? 8 : KIND == GV_F32 ? 32 : 16;
+    static constexpr int R = 2, U = Q ? 1 : 2; /* rows per warp, vectors per row and step */
+};
+template <int KIND> struct g1_wt { typedef __nv_bfloat16 T; };
+template <> struct g1_wt<GV_F16> { typedef __half T; };
+template <> struct g1_wt<GV_F32> { typedef float T; };
+
+static size_t g1_smem(int kind, int64_t K) {
+    return ((size_t)G1_PAD(K) + (kind == GV_Q4 || kind == GV_Q8 ? (size_t)K / 16 : 0)) * sizeof(float);
+}
+
+/* acc += w . x over one vector; quantized: d = sum(code * x) with the codes decode_word leaves */
+template <int KIND>
+static __device__ __forceinline__ void g1_dot(const uint4 &w, const float *xp, float &acc) {
+    if constexpr (g1<KIND>::Q) {
+        constexpr int BITS = KIND == GV_Q4 ? 4 : 8, PER = 32 / BITS;
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float qf[PER];
+            decode_word<BITS>(words[i], qf);
+#pragma unroll
+            for (int e = 0; e < PER; e += 4) {
+                const float4 t = *(const float4 *)(xp + i * PER + e);
+                acc = fmaf(qf[e], t.x, acc);
+                acc = fmaf(qf[e + 1], t.y, acc);
+                acc = fmaf(qf[e + 2], t.z, acc);
+                acc = fmaf(qf[e + 3], t.w, acc);
+            }
+        }
+    } else {
+        constexpr int E = g1<KIND>::E;
+        float wf[E];
+        vec_traits<typename g1_wt<KIND>::T>::unpack(w, wf);
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            const float4 t = *(const float4 *)(xp + e);
+            acc = fmaf(wf[e], t.x, acc);
+            acc = fmaf(wf[e + 1], t.y, acc);
+            acc = fmaf(wf[e + 2], t.z, acc);
+            acc = fmaf(wf[e + 3], t.w, acc);
+        }
+    }
+}
+
+template <int KIND, int PAIR, int NORM, int RESID>
+__global__ void __launch_bounds__(256, g1<KIND>::Q ? 3 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
+                                               const gv_norm nm) {
+    extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
+    __shared__ float part[8];
+    cuda_pdl_trigger();
+    constexpr bool Q = g1<KIND>::Q;
+    constexpr int E = g1<KIND>::E, R = g1<KIND>::R, U = g1<KIND>::U, RO = PAIR ? R / 2 : R;
+    const gv_seg S = seg_pick(sg, blockIdx.y);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int n0 = (blockIdx.x * (blockDim.x / 32) + warp) * RO;
+    const bool active = n0 < S.N; /* a warp past the end still helps to stage x */
+    const int nv = K / E;
+    const int64_t row_bytes = (int64_t)K * g1<KIND>::BYTES_PER_8 / 8;
+    const int vpg = Q ? sg.group / E : 1, gpr = Q ? K / sg.group : 1;
+    const uint4 *wp[R];
+    const void *sp[R], *bp[R];
+    int64_t gi[R]; /* group of this lane's current vector in row r */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int sel = PAIR && r >= RO;
+        const int n = n0 + (PAIR ? r % RO : r), row = n < S.N ? n : S.N - 1;
+        wp[r] = (const uint4 *)((const char *)(PAIR ? sg.s[sel].w : S.w) + row * row_bytes);
+        sp[r] = PAIR ? sg.s[sel].scales : S.scales;
+        bp[r] = PAIR ? sg.s[sel].biases : S.biases;
+        gi[r] = (int64_t)row * gpr + lane / vpg;
+    }
+    const int gstep = 32 / vpg; /* groups a lane advances per vector step (vpg divides 32) */
+    uint4 cw[U][R];
+    uint32_t cs[U][R], cb[U][R];
+    auto load = [&](uint4 (&w)[U][R], uint32_t (&sc)[U][R], uint32_t (&bi)[U][R], int v) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int vu = v + 32 * u < nv ? v + 32 * u : nv - 1;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[u][r] = __ldcs(wp[r] + vu);
+                if constexpr (Q) {
+                    const int64_t g = gi[r] + (int64_t)((vu - lane) / 32) * gstep;
+                    sc[u][r] = raw_at(sp[r], sg.sdt, g);
+                    bi[u][r] = raw_at(bp[r], sg.sdt, g);
+                }
+            }
+        }
+    };
     int v = lane;
-    bool have = v < nv;
-    uint4 cur[R];
-    float cs[R], cb[R];
-    if (have)
+    if (active && v < nv) load(cw, cs, cb, v);
+    cuda_pdl_wait(); /* x is ready */
+
+    if constexpr (NORM != 0) { /* rmsnorm(x), as the norm kernels compute it */
+        float inv;
+        if (K > 256) {
+            float ss = 0.0f;
+            for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
+            ss = cuda_warp_sum(ss);
+            if (lane == 0) part[warp] = ss;
+            __syncthreads();
+            float tot = 0.0f;
+            for (int i = 0; i < 8; i++) tot += part[i];
+            inv = rsqrtf(tot / K + nm.eps);
+        } else {
+            float ss = 0.0f;
+            for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
+            ss = cuda_warp_sum(ss);
+            inv = rsqrtf(ss / K + nm.eps);
+        }
+        for (int i = tid; i < K; i += 256) xsm[G1_PAD(i)] = x[i] * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
+    } else {
+        for (int i = tid; i < K / 4; i += 256) *(float4 *)(xsm + G1_PAD(4 * i)) = __ldg((const float4 *)x + i);
+    }
+    float *sums = xsm + G1_PAD(K);
+    if constexpr (Q) {
+        __syncthreads();
+        for (int c = tid; c < K / 16; c += 256) {
+            const float *p = xsm + G1_PAD(16 * c);
+            float t = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 16; j++) t += p[j];
+            sums[c] = t;
+        }
+    }
+    __syncthreads();
+    if (!active) return;
+
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (; v < nv; v += 32 * U) {
+        const bool more = v + 32 * U < nv;
+        uint4 nw[U][R];
+        uint32_t ns[U][R], nb[U][R];
+        if (more) load(nw, ns, nb, v + 32 * U);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int vu = v + 32 * u;
+            if (vu >= nv) break;
+            const float *xp = xsm + G1_PAD(vu * E);
+            if constexpr (Q) {
+                const float xsum = KIND == GV_Q4 ? sums[2 * vu] + sums[2 * vu + 1] : sums[vu];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float d = 0.0f;
+                    g1_dot<KIND>(cw[u][r], xp, d);
+                    acc[r] = KIND == GV_Q4 ? qacc<4>(acc[r], cs[u][r], cb[u][r], sg.sdt, d, xsum)
+                                           : qacc<8>(acc[r], cs[u][r], cb[u][r], sg.sdt, d, xsum);
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < R; r++) g1_dot<KIND>(cw[u][r], xp, acc[r]);
+            }
+        }
+        if (more)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    cw[u][r] = nw[u][r];
+                    cs[u][r] = ns[u][r];
+                    cb[u][r] = nb[u][r];
+                }
+    }
+    if constexpr (PAIR != 0) {
+#pragma unroll
+        for (int o = 0; o < RO; o++) {
+            float g = cuda_warp_sum(acc[o]), u = cuda_warp_sum(acc[o + RO]);
+            const int n = n0 + o;
+            if (lane == 0 && n < S.N) {
+                g += bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                u += bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                sg.s[0].y[n] = glu_act(g, act) * u;
+                sg.s[1].y[n] = u;
+            }
+        }
+    } else {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            cur[r] = __ldcs(wr[r] + v);
-            cs[r] = cuda_elem(scp[r], sg.sdt, g0[r] + v / vpg);
-            cb[r] = cuda_elem(bip[r], sg.sdt, g0[r] + v / vpg);
+            const float val = cuda_warp_sum(acc[r]);
+            const int n = n0 + r;
+            if (lane == 0 && n < S.N) {
+                const float o = val + bias_at(S.bias, S.bt, n);
+                S.y[n] = RESID ? S.y[n] + o : o;
+            }
         }
-    cuda_pdl_wait(); /* x is ready */
-    while (have) {
-        const int vn = v + 32;
-        const bool nhave = vn < nv;
-        uint4 nxt[R];
-        float ns[R], nb[R];
-        if (nhave)
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                nxt[r] = __ldcs(wr[r] + vn);
-                ns[r] = cuda_elem(scp[r], sg.sdt, g0[r] + vn / vpg);
-                nb[r] = cuda_elem(bip[r], sg.sdt, g0[r] + vn / vpg);
-            }
-        quant_dot<BITS, MM, R>(x, K, v, cur, cs, cb, acc);
-        if (nhave)
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                cur[r] = nxt[r];
-                cs[r] = ns[r];
-                cb[r] = nb[r];
-            }
-        v = vn;
-        have = nhave;
     }
-    gemv_store<MM, R, PAIR>(sg, S, n0, acc, act);
+}
+
+/* The k_gemv1 instance for (kind, pair, norm, resid); NULL for combinations never launched. */
+typedef void (*g1_fn)(const float *, gv_segs, int, int, gv_norm);
+template <int KIND> static g1_fn g1_pick(int pair, int norm, int resid) {
+    if (pair) return norm ? k_gemv1<KIND, 1, 1, 0> : k_gemv1<KIND, 1, 0, 0>;
+    if (resid) return norm ? (g1_fn)NULL : k_gemv1<KIND, 0, 0, 1>;
+    return norm ? k_gemv1<KIND, 0, 1, 0> : k_gemv1<KIND, 0, 0, 0>;
+}
+static g1_fn g1_kernel(int kind, int pair, int norm, int resid) {
+    switch (kind) {
+    case GV_BF16: return g1_pick<GV_BF16>(pair, norm, resid);
+    case GV_F16: return g1_pick<GV_F16>(pair, norm, resid);
+    case GV_F32: return g1_pick<GV_F32>(pair, norm, resid);
+    case GV_Q4: return g1_pick<GV_Q4>(pair, norm, resid);
+    default: return g1_pick<GV_Q8>(pair, norm, resid);
+    }
+}
+
+void cuda_gemv_init(void) {
+    const int sm = (int)g1_smem(GV_Q4, G1_MAX_K);
+    for (int kind = GV_BF16; kind <= GV_Q8; kind++)
+        for (int c = 0; c < 8; c++) {
+            g1_fn f = g1_kernel(kind, c & 1, (c >> 1) & 1, (c >> 2) & 1);
+            if (f && !((c & 1) && (c >> 2))) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+        }
+    cudaGetLastError();
 }
 
 /* ---- any format, any shape: warp per row, per-element decoding -------------------------------- */
@@ -357,15 +641,13 @@ lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor
 
 /* ---- launch ------------------------------------------------------------------------------------ */
 
-enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
-
 /* The kernel family for weight w, or -1 when no vector kernel takes it. */
 static int gv_kind(const lmx_tensor *w) {
     if (w->ndim != 2 || w->q.ggml_type) return -1;
     const int64_t K = w->shape[1];
     if (w->q.bits) {
-        const int bits = w->q.bits, ev = 128 / (bits ? bits : 1);
-        if ((bits != 4 && bits != 8) || w->q.group % ev || K % w->q.group || K % ev) return -1;
+        const int bits = w->q.bits;
+        if ((bits != 4 && bits != 8) || w->q.group <= 0 || w->q.group % (32 / bits) || K % w->q.group) return -1;
         return bits == 4 ? GV_Q4 : GV_Q8;
     }
     switch (w->dtype) {
@@ -376,43 +658,60 @@ static int gv_kind(const lmx_tensor *w) {
     }
 }
 
+/* Quantized: weight rows per warp (4 for one or two inputs, 2 beyond; for the GLU pair half of them
+ * gate rows, half the same rows of up). */
+template <int MM> constexpr int qg_rows() { return MM <= 2 ? 4 : 2; }
+
 template <int MM>
-static void gv_launch(cuda_backend *cb, int kind, dim3 grid, const float *x, const gv_segs &sg, int K, int glu) {
+static void gv_launch(cuda_backend *cb, int kind, unsigned gx, unsigned gy, const float *x, const gv_segs &sg, int K,
+                      int glu) {
     const int act = glu < 0 ? 0 : glu;
-    /* one row per warp and 4 vectors in flight for M = 1; two rows sharing x for M >= 2 */
-    constexpr int DR = MM == 1 ? 1 : 2, DU = MM == 1 ? 4 : 2;
+    constexpr int QR = qg_rows<MM>();
+    const dim3 grid(gx, gy);
     if (glu >= 0) {
         switch (kind) {
-        case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, 2, DU / 2 ? DU / 2 : 1, 1>, grid, 256, 0, x, sg, K, act); break;
-        case GV_F16: cuda_launch(cb, k_gemv<__half, MM, 2, DU / 2 ? DU / 2 : 1, 1>, grid, 256, 0, x, sg, K, act); break;
-        case GV_F32: cuda_launch(cb, k_gemv<float, MM, 2, DU / 2 ? DU / 2 : 1, 1>, grid, 256, 0, x, sg, K, act); break;
-        case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, 2, 1>, grid, 256, 0, x, sg, K, act); break;
-        default: cuda_launch(cb, k_qgemv<8, MM, 2, 1>, grid, 256, 0, x, sg, K, act); break;
+        case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, 2, 1, 1>, grid, 256, 0, x, sg, K, act); break;
+        case GV_F16: cuda_launch(cb, k_gemv<__half, MM, 2, 1, 1>, grid, 256, 0, x, sg, K, act); break;
+        case GV_F32: cuda_launch(cb, k_gemv<float, MM, 2, 1, 1>, grid, 256, 0, x, sg, K, act); break;
+        case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, QR, 1>, grid, 256, 0, x, sg, K, act); break;
+        default: cuda_launch(cb, k_qgemv<8, MM, QR, 1>, grid, 256, 0, x, sg, K, act); break;
         }
         return;
     }
     switch (kind) {
-    case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, DR, DU, 0>, grid, 256, 0, x, sg, K, act); break;
-    case GV_F16: cuda_launch(cb, k_gemv<__half, MM, DR, DU, 0>, grid, 256, 0, x, sg, K, act); break;
-    case GV_F32: cuda_launch(cb, k_gemv<float, MM, DR, DU, 0>, grid, 256, 0, x, sg, K, act); break;
-    case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, 2, 0>, grid, 256, 0, x, sg, K, act); break;
-    default: cuda_launch(cb, k_qgemv<8, MM, 2, 0>, grid, 256, 0, x, sg, K, act); break;
+    case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, 2, 2, 0>, grid, 256, 0, x, sg, K, act); break;
+    case GV_F16: cuda_launch(cb, k_gemv<__half, MM, 2, 2, 0>, grid, 256, 0, x, sg, K, act); break;
+    case GV_F32: cuda_launch(cb, k_gemv<float, MM, 2, 2, 0>, grid, 256, 0, x, sg, K, act); break;
+    case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, QR, 0>, grid, 256, 0, x, sg, K, act); break;
+    default: cuda_launch(cb, k_qgemv<8, MM, QR, 0>, grid, 256, 0, x, sg, K, act); break;
     }
 }
 
-/* Rows of one block: 8 warps of R rows (1 per warp for the GLU pair and dense M = 1). */
-static int gv_rows_per_block(int kind, int M, int glu) {
-    if (glu >= 0) return 8;
-    if (kind == GV_Q4 || kind == GV_Q8) return 16;
-    return M == 1 ? 8 : 16;
+/* Output rows of one block of 8 warps: k_gemv1 (one_row), or k_gemv / k_qgemv. */
+static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
+    if (one_row) {
+        const int R = kind == GV_Q4 || kind == GV_Q8 ? g1<GV_Q4>::R : g1<GV_BF16>::R;
+        return 8 * (glu >= 0 ? R / 2 : R);
+    }
+    if (kind == GV_Q4 || kind == GV_Q8) return 8 * (M <= 2 ? 4 : 2) / (glu >= 0 ? 2 : 1); /* pair: half gate, half up */
+    return glu >= 0 ? 8 : 16;
 }
 
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
-                     float *const *ys, const float *x, int M, int glu) {
+                     float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
     if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
     const int kind = gv_kind(ws[0]);
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];
+    const int norm = opts && opts->norm_w, resid = opts && opts->resid;
+    int one_row = M == 1 && K <= G1_MAX_K;
+    if (kind == GV_Q4 || kind == GV_Q8) { /* k_gemv1: groups of 1, 2, 4, ... 32 whole vectors */
+        const int e = kind == GV_Q4 ? 32 : 16, g = ws[0]->q.group;
+        if (g % e || 32 % (g / e)) one_row = 0;
+    }
+    if ((norm || resid) && (!one_row || (resid && (glu >= 0 || n != 1 || norm)))) return LMX_ERR_UNSUPPORTED;
+    if (norm && (opts->norm_w->q.bits || opts->norm_w->q.ggml_type || lmx_tensor_nelem(opts->norm_w) != K))
+        return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     sg.group = ws[0]->q.group;
@@ -431,20 +730,33 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         sg.s[i].N = (int)w->shape[0];
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-    const int rpb = gv_rows_per_block(kind, M, glu);
+    const int rpb = gv_rows_per_block(kind, one_row, M, glu);
     unsigned gx = 1;
     for (int i = 0; i < n; i++)
         if (cuda_blocks(sg.s[i].N, rpb) > gx) gx = cuda_blocks(sg.s[i].N, rpb);
-    const dim3 grid(gx, glu >= 0 ? 1 : n);
+    const unsigned gy = glu >= 0 ? 1 : n;
+    if (one_row) {
+        gv_norm nm;
+        memset(&nm, 0, sizeof nm);
+        if (norm) {
+            nm.w = opts->norm_w->data;
+            nm.wt = opts->norm_w->dtype;
+            nm.eps = opts->eps;
+            nm.add_one = opts->add_one;
+        }
+        cuda_launch(cb, g1_kernel(kind, glu >= 0, norm, resid), dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K,
+                    glu < 0 ? 0 : glu, nm);
+        return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
+    }
     switch (M) {
-    case 1: gv_launch<1>(cb, kind, grid, x, sg, (int)K, glu); break;
-    case 2: gv_launch<2>(cb, kind, grid, x, sg, (int)K, glu); break;
-    case 3: gv_launch<3>(cb, kind, grid, x, sg, (int)K, glu); break;
-    case 4: gv_launch<4>(cb, kind, grid, x, sg, (int)K, glu); break;
-    case 5: gv_launch<5>(cb, kind, grid, x, sg, (int)K, glu); break;
-    case 6: gv_launch<6>(cb, kind, grid, x, sg, (int)K, glu); break;
-    case 7: gv_launch<7>(cb, kind, grid, x, sg, (int)K, glu); break;
-    default: gv_launch<8>(cb, kind, grid, x, sg, (int)K, glu); break;
+    case 1: gv_launch<1>(cb, kind, gx, gy, x, sg, (int)K, glu); break; /* K too long to stage */
+    case 2: gv_launch<2>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
+    case 3: gv_launch<3>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
+    case 4: gv_launch<4>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
+    case 5: gv_launch<5>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
+    case 6: gv_launch<6>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
+    case 7: gv_launch<7>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
+    default: gv_launch<8>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
     }
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
 }

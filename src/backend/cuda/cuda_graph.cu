@@ -9,14 +9,19 @@
  *     eagerly while its ops are recorded (op kind, tensors, sizes, kv caches, attention splits:
  *     everything but the per-step token ids, n_past and n_new); at its end the record is captured
  *     into a graph whose kernels read those per-step values from the device array cb->dyn;
- *   - the next step compares each op with the record and launches nothing; at its end one small
- *     copy refreshes cb->dyn and the graph is launched.  On the first op that differs, the matched
+ *   - the next step compares each op with the record and launches nothing; once the step's first
+ *     attention has matched, one small copy refreshes cb->dyn and the graph is launched, and the
+ *     host checks the rest of the step while the GPU runs it.  On an op that differs, the matched
  *     ops are issued eagerly, the graph is dropped and recording goes on from there.
  *
- * Pointers in the record are compared, never dereferenced before they matched the live call, so a
- * freed and reused buffer cannot be replayed stale.  Scratch growth drops the graph (its partials
- * buffer moves).  LMX_CUDA_GRAPH=0 turns graphs off, =1 keeps them without the fusions (A/B
- * measurements). */
+ * Inside the graph every kernel is launched with programmatic dependent launch (Hopper): a kernel
+ * is scheduled while its predecessor drains and starts streaming its weights before it waits for
+ * the predecessor's results (cuda_internal.h).
+ *
+ * Pointers in the record are compared, never dereferenced before they matched the live call, and
+ * every free of device memory (release, KV cache growth, scratch growth) drops the graph first, so a
+ * freed and reused buffer cannot be replayed stale.  LMX_CUDA_GRAPH=0 turns graphs off, =1 keeps
+ * them without the fusions, LMX_CUDA_PDL=0 launches their kernels plainly (A/B measurements). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +50,7 @@ typedef struct cuda_graph {
     cudaGraphExec_t exec;    /* NULL: none */
     int dyn[CUDA_DYN_N];     /* this step's values, host copy */
     int have_batch;          /* dyn holds this step's n_past / n_new */
+    int launched;            /* this step's graph is already running (launched early) */
     int failed;              /* capture failed once: stay eager */
     int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
@@ -84,6 +90,7 @@ lmx_status cuda_graph_create(cuda_backend *cb) {
 void cuda_graph_drop(cuda_backend *cb) {
     cuda_graph *g = cb->g;
     if (g && g->exec) {
+        cudaStreamSynchronize(cb->stream); /* it may be running (launched early) */
         cudaGraphExecDestroy(g->exec);
         g->exec = NULL;
     }
@@ -130,49 +137,131 @@ static lmx_status g_exec(cuda_backend *cb, g_rec *r) {
     return g_run_direct(cb, r, g->dyn + CUDA_DYN_IDS, &bt, r->kvp, r->rows);
 }
 
+/* Whether recorded op r reads p, and whether it overwrites p without reading it. */
+static int g_reads(const g_rec *r, const void *p) {
+    switch (r->op) {
+    case G_EMBED: return r->t[1].data == p;
+    case G_RMSNORM: case G_GLU: return r->t[1].data == p || r->t[2].data == p;
+    case G_MATMUL: case G_ATTENTION: return r->t[1].data == p || r->t[2].data == p || (r->has[3] && r->t[3].data == p);
+    case G_ADD: case G_KV_APPEND: return r->t[0].data == p || r->t[1].data == p;
+    case G_GATHER: return r->t[1].data == p;
+    default: return r->t[0].data == p; /* softcap, rope: in place */
+    }
+}
+static int g_overwrites(const g_rec *r, const void *p) {
+    switch (r->op) {
+    case G_EMBED: case G_RMSNORM: case G_MATMUL: case G_GLU: case G_ATTENTION: case G_GATHER:
+        return r->t[0].data == p && !g_reads(r, p);
+    default: return 0;
+    }
+}
+
+/* 1 when no op after index i reads p before one overwrites it (the rest of the step; the forward pass
+ * writes every temporary before it reads it, so a step never reads the last one's). */
+static int g_dead_after(const cuda_graph *g, int i, const void *p) {
+    for (int j = i + 1; j < g->n_rec; j++) {
+        if (g_reads(&g->rec[j], p)) return 0;
+        if (g_overwrites(&g->rec[j], p)) return 1;
+    }
+    return 1;
+}
+
+/* The matmuls at i sharing one input (1 to 3, none writing what another reads), and with *glu >= 0 the
+ * glu op that follows a pair (gate, up).  Returns how many matmuls. */
+static int g_matmul_group(const cuda_graph *g, int i, int *glu) {
+    const g_rec *r = &g->rec[i];
+    int n = 1;
+    *glu = -1;
+    while (n < 3 && i + n < g->n_rec) {
+        const g_rec *q = &g->rec[i + n];
+        if (q->op != G_MATMUL || q->M != r->M || q->t[1].data != r->t[1].data) break;
+        int clash = q->t[0].data == r->t[1].data;
+        for (int j = 0; j < n; j++) clash |= q->t[0].data == g->rec[i + j].t[0].data;
+        if (clash) break;
+        n++;
+    }
+    if (n == 2 && i + 2 < g->n_rec) {
+        const g_rec *q = &g->rec[i + 2];
+        if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
+            q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0])
+            *glu = q->i0;
+    }
+    return r->t[0].data == r->t[1].data ? 1 : n;
+}
+
+/* The matmul group at i as one launch (opts: what it folds in); *used = ops consumed, 0 when the
+ * launch does not apply. */
+static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const float *x, const cuda_gemv_opts *opts,
+                               int *used) {
+    cuda_graph *g = cb->g;
+    float *ys[3];
+    const lmx_tensor *ws[3], *bs[3];
+    for (int j = 0; j < n; j++) {
+        g_rec *q = &g->rec[i + j];
+        ys[j] = (float *)q->t[0].data;
+        ws[j] = &q->t[2];
+        bs[j] = q->has[3] ? &q->t[3] : NULL;
+    }
+    *used = 0;
+    lmx_status st = LMX_ERR_UNSUPPORTED;
+    if (glu >= 0) st = cuda_gemv(cb, 2, ws, bs, ys, x, g->rec[i].M, glu, opts);
+    if (st == LMX_OK) *used = 3;
+    if (st == LMX_ERR_UNSUPPORTED && (n > 1 || opts)) {
+        st = cuda_gemv(cb, n, ws, bs, ys, x, g->rec[i].M, -1, opts);
+        if (st == LMX_OK) *used = n;
+    }
+    return st == LMX_ERR_UNSUPPORTED ? LMX_OK : st;
+}
+
 /* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
- * gate/up) as one launch, gate/up + GLU as one launch, per-head q/k norm + RoPE as one launch, and a
- * residual add followed by the norm of its result as one launch.
+ * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
+ * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
+ * layer's kv append when it is safe to write the cache before the attention reads it), and a
+ * residual add followed by the norm of its result as one launch.  Each does the arithmetic of the
+ * ops it replaces in the same order, so graphs and eager steps agree bit for bit.
  * *used = ops consumed (0: none applied). */
 static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
     cuda_graph *g = cb->g;
     g_rec *r = &g->rec[i];
     *used = 0;
     if (r->op == G_MATMUL) {
-        int n = 1;
-        while (n < 3 && i + n < g->n_rec) {
-            const g_rec *q = &g->rec[i + n];
-            if (q->op != G_MATMUL || q->M != r->M || q->t[1].data != r->t[1].data) break;
-            int clash = q->t[0].data == r->t[1].data;
-            for (int j = 0; j < n; j++) clash |= q->t[0].data == g->rec[i + j].t[0].data;
-            if (clash) break;
-            n++;
-        }
-        if (n < 2 || r->t[0].data == r->t[1].data) return LMX_OK;
-        float *ys[3];
-        const lmx_tensor *ws[3], *bs[3];
-        for (int j = 0; j < n; j++) {
-            g_rec *q = &g->rec[i + j];
-            ys[j] = (float *)q->t[0].data;
-            ws[j] = &q->t[2];
-            bs[j] = q->has[3] ? &q->t[3] : NULL;
-        }
-        /* gate, up, then glu(gate = act(gate) * up): one launch */
-        if (n == 2 && i + 2 < g->n_rec) {
-            const g_rec *q = &g->rec[i + 2];
-            if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
-                q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0]) {
-                lmx_status st = cuda_gemv(cb, 2, ws, bs, ys, (const float *)r->t[1].data, r->M, q->i0);
-                if (st != LMX_ERR_UNSUPPORTED) {
-                    *used = 3;
-                    return st;
-                }
+        int glu, n = g_matmul_group(g, i, &glu);
+        /* a single matmul whose output only feeds the residual add after it: y += W x + b */
+        const g_rec *a = i + 1 < g->n_rec ? &g->rec[i + 1] : NULL;
+        if (n == 1 && r->M == 1 && a && a->op == G_ADD && a->t[1].data == r->t[0].data && a->t[0].data != r->t[0].data &&
+            a->t[0].data != r->t[1].data && a->n == r->t[2].shape[0] && g_dead_after(g, i + 1, r->t[0].data)) {
+            cuda_gemv_opts o = {NULL, 0.0f, 0.0f, 1};
+            g_rec m = *r;
+            m.t[0] = a->t[0]; /* the sum lands in the add's target */
+            g_rec saved = g->rec[i];
+            g->rec[i] = m;
+            lmx_status st = g_gemv_group(cb, i, 1, -1, (const float *)r->t[1].data, &o, used);
+            g->rec[i] = saved;
+            if (st || *used) {
+                if (*used) *used = 2;
+                return st;
             }
         }
-        lmx_status st = cuda_gemv(cb, n, ws, bs, ys, (const float *)r->t[1].data, r->M, -1);
-        if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
-        *used = n;
-        return st;
+        if (n < 2) return LMX_OK;
+        return g_gemv_group(cb, i, n, glu, (const float *)r->t[1].data, NULL, used);
+    }
+    if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
+        g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {
+        /* a row's norm read only by the matmuls after it: they normalise as they stage x */
+        int glu, n = g_matmul_group(g, i + 1, &glu);
+        const int last = i + n + (glu >= 0 ? 1 : 0);
+        int ok = r->n == g->rec[i + 1].t[2].shape[1] && g_dead_after(g, last, r->t[0].data);
+        for (int j = 1; j <= n; j++) ok &= g->rec[i + j].t[0].data != r->t[1].data;
+        if (ok) {
+            cuda_gemv_opts o = {&r->t[2], r->f0, r->f1, 0};
+            int u = 0;
+            lmx_status st = g_gemv_group(cb, i + 1, n, glu, (const float *)r->t[1].data, &o, &u);
+            if (st) return st;
+            if (u) {
+                *used = 1 + u;
+                return LMX_OK;
+            }
+        }
     }
     if (r->op == G_RMSNORM || r->op == G_ROPE) {
         /* [norm q, norm k,] rope q, rope k  (norms per head, in place) */
@@ -298,15 +387,23 @@ static lmx_status g_reissue(cuda_backend *cb, int n) {
     return LMX_OK;
 }
 
+/* Refresh the step values on the device and launch the graph. */
+static lmx_status g_launch(cuda_backend *cb) {
+    cuda_graph *g = cb->g;
+    CUDA_TRY(cb, cudaMemcpyAsync(cb->dyn, g->dyn, sizeof g->dyn, cudaMemcpyHostToDevice, cb->stream),
+             "graph step values");
+    CUDA_TRY(cb, cudaGraphLaunch(g->exec, cb->stream), "graph launch");
+    g->launched = 1;
+    return LMX_OK;
+}
+
 lmx_status cuda_graph_flush(cuda_backend *cb) {
     cuda_graph *g = cb->g;
     if (!g) return LMX_OK;
     lmx_status st = LMX_OK;
     if (g->mode == G_REPLAY && g->pos > 0) {
         if (g->pos == g->n_rec && g->exec) {
-            CUDA_TRY(cb, cudaMemcpyAsync(cb->dyn, g->dyn, sizeof g->dyn, cudaMemcpyHostToDevice, cb->stream),
-                     "graph step values");
-            CUDA_TRY(cb, cudaGraphLaunch(g->exec, cb->stream), "graph launch");
+            if (!g->launched) st = g_launch(cb);
         } else {
             cuda_graph_drop(cb);
             st = g_reissue(cb, g->pos);
@@ -355,6 +452,7 @@ static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, con
     if (r->op == G_EMBED) {
         if ((st = cuda_graph_flush(cb))) return st;
         g->have_batch = 0;
+        g->launched = 0;
         g->mode = !fits || g->failed ? G_OFF : g->exec ? G_REPLAY : G_REC;
         if (g->mode == G_REC) g->n_rec = 0;
     }
@@ -362,6 +460,12 @@ static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, con
         if (fits && g->pos < g->n_rec && memcmp(r, &g->rec[g->pos], sizeof *r) == 0 && g_stash(g, r, ids, bt)) {
             g->pos++;
             *absorbed = 1;
+            /* From the first attention on, the step's token ids, positions and KV caches are the ones
+             * recorded, and any memory the graph uses is still allocated (frees drop the graph): launch
+             * it now, while the host checks the rest of the step.  A later difference is an attention
+             * split count (the graph's result is the same) or something unforeseen; either way the
+             * matched ops are issued again eagerly and rewrite the same values. */
+            if (r->op == G_ATTENTION && !g->launched) return g_launch(cb);
             return LMX_OK;
         }
         /* the step left the recorded path: run what matched, record from here */

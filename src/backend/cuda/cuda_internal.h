@@ -24,6 +24,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_W,         /* a block of weight rows dequantized to bf16       [n, K] */
        CUDA_SCRATCH_ATTN,      /* attention split partials                          see attention */
        CUDA_SCRATCH_KV16,      /* prefill attention: new keys and values as bf16   [2, M, Hk*D] */
+       CUDA_SCRATCH_TOPK,      /* top-k candidates and results                      see cuda_topk.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -48,6 +49,9 @@ typedef struct cuda_backend {
     int *dyn;                /* device [CUDA_DYN_N]: this step's ids / n_past / n_new */
     int dyn_on;              /* 1 while capturing: kernels read the per-step values from dyn */
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
+    int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
+    int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 = bf16 M = 1 GEMV with 2 rows per warp,
+                                2 = quantized M = 1 GEMV without x staged in shared memory */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
 } cuda_backend;
 
@@ -79,19 +83,30 @@ int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *a, int b0, int 
 lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                        const lmx_tensor *bias, int M);
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);
+lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, float *vals, int32_t *idx);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
 /* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format
  * and K as one launch, M <= CUDA_GEMV_ROWS; glu >= 0 (an lmx_act, n = 2): also y_0 = act(y_0) * y_1
- * as the glu op would leave it.  LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes
- * the weights (GGUF blocks, 2-bit, odd K, mixed formats); cuda_gemv_any then takes one weight of any
- * format.  cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one
- * launch, LMX_ERR_UNSUPPORTED otherwise. */
+ * as the glu op would leave it.  With opts (M = 1 only), the launch also folds in: the RMSNorm of
+ * x (norm_w: W multiplies rmsnorm(x) * (norm_w + add_one), computed as the norm op computes it; x
+ * itself is only read), or the residual add of its result (resid, n = 1: y_0 += W x + b).
+ * LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes the weights (GGUF blocks,
+ * 2-bit, odd K, mixed formats) or the options; cuda_gemv_any then takes one weight of any format.
+ * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
+ * LMX_ERR_UNSUPPORTED otherwise. */
 #define CUDA_GEMV_ROWS 8
+typedef struct cuda_gemv_opts {
+    const lmx_tensor *norm_w;
+    float eps, add_one;
+    int resid;
+} cuda_gemv_opts;
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
-                     float *const *ys, const float *x, int M, int glu);
+                     float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts);
 lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *bias, float *y, const float *x,
                          int M);
+/* Raise the shared memory limits of the GEMV kernels that stage x (once, at backend creation). */
+void cuda_gemv_init(void);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
                             const lmx_tensor *w, int rows, int n, float eps, float add_one);
 /* Where the fused norm + RoPE launch also appends this step's keys (its second tensor, after RoPE)

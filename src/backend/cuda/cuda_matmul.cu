@@ -47,9 +47,39 @@ __global__ void k_dequant_bf16(__nv_bfloat16 *dst, const wdesc d, int64_t n0, in
         dst[i] = __float2bfloat16(w_elem(d, n0 + i / d.K, i % d.K));
 }
 
+/* MLX 4 / 8 bit: a thread per packed word, its 32 / BITS values written as one 16- or 8-byte store. */
+template <int BITS>
+__global__ void k_dequant_mlx_bf16(__nv_bfloat16 *__restrict__ dst, const wdesc d, int64_t n0, int64_t rows) {
+    constexpr int PER = 32 / BITS;
+    const int64_t wpr = d.words_per_row, total = rows * wpr;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = n0 + i / wpr, j = i % wpr;
+        const uint32_t w = __ldcs((const uint32_t *)d.data + n * wpr + j);
+        const int64_t g = n * d.groups_per_row + j * PER / d.group;
+        const float sc = cuda_elem(d.scales, d.sdtype, g), bi = cuda_elem(d.biases, d.sdtype, g);
+        uint32_t out[PER / 2];
+#pragma unroll
+        for (int e = 0; e < PER; e += 2) {
+            const float a = (float)((w >> (BITS * e)) & ((1u << BITS) - 1u)) * sc + bi;
+            const float b = (float)((w >> (BITS * (e + 1))) & ((1u << BITS) - 1u)) * sc + bi;
+            __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+            out[e / 2] = *reinterpret_cast<uint32_t *>(&v);
+        }
+        if constexpr (BITS == 4) *(uint4 *)(dst + i * PER) = make_uint4(out[0], out[1], out[2], out[3]);
+        else *(uint2 *)(dst + i * PER) = make_uint2(out[0], out[1]);
+    }
+}
+
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst) {
     wdesc d = make_wdesc(w);
+    if ((d.bits == 4 || d.bits == 8) && d.group % (32 / d.bits) == 0) {
+        const int64_t words = rows * d.words_per_row, nb = (words + 255) / 256;
+        const unsigned grid = (unsigned)(nb < 16384 ? nb : 16384);
+        if (d.bits == 4) k_dequant_mlx_bf16<4><<<grid, 256, 0, cb->stream>>>(dst, d, n0, rows);
+        else k_dequant_mlx_bf16<8><<<grid, 256, 0, cb->stream>>>(dst, d, n0, rows);
+        return cuda_check_launch(cb, "dequantize");
+    }
     int64_t blocks = (rows * d.K + 255) / 256;
     k_dequant_bf16<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, cb->stream>>>(dst, d, n0, rows);
     return cuda_check_launch(cb, "dequantize");
@@ -130,7 +160,7 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
         for (int m0 = 0; m0 < M; m0 += CUDA_GEMV_ROWS) { /* quantized: each chunk of 8 rows streams w once */
             const int mc = M - m0 < CUDA_GEMV_ROWS ? M - m0 : CUDA_GEMV_ROWS;
             float *ym = y + (size_t)m0 * N;
-            st = cuda_gemv(cb, 1, &w, &bias, &ym, xs + (size_t)m0 * K, mc, -1);
+            st = cuda_gemv(cb, 1, &w, &bias, &ym, xs + (size_t)m0 * K, mc, -1, NULL);
             if (st == LMX_ERR_UNSUPPORTED) st = cuda_gemv_any(cb, w, bias, ym, xs + (size_t)m0 * K, mc);
             if (st) return st;
         }
