@@ -2,8 +2,8 @@
 # cuda_bench.sh - issue 6's benchmark in one call on the GPU machine: random-weight models with real
 # shapes (bench/make_random_model.py, bf16 or MLX 4/8-bit), `lmx bench --json` on each, and the peer
 # engines on the same weights: HF transformers (bench/hf_decode.py, bf16 models) and llama.cpp
-# (llama-bench on the weights written as F16 GGUF and quantized to Q4_0, when $LLAMACPP holds its
-# CUDA build: bin/llama-bench, bin/llama-quantize and gguf-py/; bench/peers_cuda.sh makes one).
+# (llama-bench on the weights written as F16 and as Q4_0 GGUF by bench/write_gguf.py, when $LLAMACPP
+# holds its CUDA build: bin/llama-bench and gguf-py/, as bench/peers_cuda.sh packs them).
 # Everything lands in OUT_DIR; the last thing printed is bench/cuda_summary.py's table.
 #
 # usage: bench/cuda_bench.sh LMX OUT_DIR SPEC...      SPEC = ARCH[:BITS], e.g. qwen3-0.6b llama-3.1-8b:4
@@ -15,6 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 peers=${PEERS-hf llamacpp}
 llcpp=${LLAMACPP:-/tmp/peer}
 mkdir -p "$out" /tmp/lmxb
+nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader >"$out/gpu.txt" 2>&1
 for spec in "$@"; do
     arch=${spec%%:*} bits=0
@@ -43,13 +44,13 @@ for spec in "$@"; do
             if [ -x "$llcpp/bin/llama-bench" ] && [ "$arch" != gemma-3-1b ]; then
                 echo "== $name: llama.cpp"
                 gg=/tmp/lmxb/$name
-                PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$dir" "$gg-f16.gguf" >/dev/null 2>&1 &&
-                    "$llcpp/bin/llama-quantize" "$gg-f16.gguf" "$gg-q4_0.gguf" Q4_0 >/dev/null 2>&1
                 for q in f16 q4_0; do
-                    [ -f "$gg-$q.gguf" ] && "$llcpp/bin/llama-bench" -m "$gg-$q.gguf" -ngl 99 -p 512,2048 -n 128 \
-                        -r 3 -o json >"$out/$name.llamacpp-$q.json" 2>"$out/$name.llamacpp-$q.err"
+                    PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$dir" "$gg-$q.gguf" $q \
+                        >"$out/$name.gguf-$q.log" 2>&1 &&
+                        LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-bench" -m "$gg-$q.gguf" \
+                            -ngl 99 -p 512,2048 -n 128 -r 3 -o json >"$out/$name.llamacpp-$q.json" 2>"$out/$name.llamacpp-$q.err"
+                    rm -f "$gg-$q.gguf"
                 done
-                rm -f "$gg-f16.gguf" "$gg-q4_0.gguf"
             fi ;;
         esac
     fi

@@ -1,33 +1,34 @@
 #!/usr/bin/env bash
-# The peer engines on the GPU machine, on the same random-weight models as `lmx bench`:
-# llama.cpp (built with CUDA from the llama-cpp-python 0.3.36 source distribution, trimmed of docs
-# and non-CUDA backends into .peer/llamacpp-min.tar.xz, which travels with `carry`) and
-# HF transformers (bench/hf_decode.py).
-#   bench/peers_cuda.sh build            # build llama-bench + llama-quantize into /tmp/peer (~5 min;
-#                                        # outside the repo, since a carried .peer replaces its folder)
-#   bench/peers_cuda.sh run MODEL_DIR... # GGUF F16 + Q4_0 of each model, llama-bench pp512/pp2048/tg128
+# peers_cuda.sh - llama.cpp, the peer engine of bench/cuda_bench.sh, built with CUDA from the source
+# in the llama-cpp-python source distribution on PyPI (0.3.36: ggml 0.25.3) and packed to travel to
+# the GPU machine with `carry`.  nvcc compiles for sm_90 without a GPU, so the build runs on the
+# development machine (about 45 minutes on 2 cores; 5 on the GPU machine's 16) and costs no device time.
+#   bench/peers_cuda.sh build    # /tmp/peer/build/bin/llama-bench (static ggml, shared CUDA runtime)
+#   bench/peers_cuda.sh pack     # .devbuild/peer.tar.xz: bin/llama-bench, lib/libgomp.so.1, gguf-py/
+# On the GPU machine: mkdir /tmp/peer && tar xJf .devbuild/peer.tar.xz -C /tmp/peer; cuda_bench.sh
+# finds it there (LLAMACPP=/tmp/peer).  llama-bench needs libnccl.so.2, which PyTorch's wheels carry.
 set -euo pipefail
 peer=/tmp/peer
+ver=0.3.36
 case "$1" in
 build)
-    mkdir -p "$peer/src" && tar xJf .peer/llamacpp-min.tar.xz -C "$peer/src"
-    cmake -S "$peer/src/llama.cpp" -B "$peer/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build "$peer/build" -j16 --target llama-bench llama-quantize 2>&1 | tail -2
+    mkdir -p "$peer/src"
+    python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$peer/sdist"
+    tar xzf "$peer/sdist/llama_cpp_python-$ver.tar.gz" -C "$peer/src"
+    cmake -S "$peer/src/llama_cpp_python-$ver/vendor/llama.cpp" -B "$peer/build" -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$peer/build" -j"$(nproc)" --target llama-bench 2>&1 | tail -2
     ;;
-run)
-    shift
-    export PYTHONPATH=$peer/src/llama.cpp/gguf-py
-    for dir in "$@"; do
-        name=$(basename "$dir")
-        python3 bench/write_gguf.py "$dir" "/tmp/$name-f16.gguf"
-        "$peer/build/bin/llama-quantize" "/tmp/$name-f16.gguf" "/tmp/$name-q4_0.gguf" Q4_0 >/dev/null 2>&1
-        for q in f16 q4_0; do
-            "$peer/build/bin/llama-bench" -m "/tmp/$name-$q.gguf" -ngl 99 -p 512,2048 -n 128 -r 3 2>&1 |
-                grep -E "^\|" | sed "s/^/$name $q /"
-        done
-        rm -f "/tmp/$name-f16.gguf" "/tmp/$name-q4_0.gguf"
-    done
+pack)
+    root=$(cd "$(dirname "$0")/.." && pwd)
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/bin" "$stage/lib" "$root/.devbuild"
+    strip -o "$stage/bin/llama-bench" "$peer/build/bin/llama-bench"
+    cp -L "$(ldd "$peer/build/bin/llama-bench" | awk '/libgomp/ {print $3}')" "$stage/lib/"
+    cp -r "$peer/src/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py" "$stage/"
+    tar cJf "$root/.devbuild/peer.tar.xz" -C "$stage" .
+    ls -la "$root/.devbuild/peer.tar.xz"
     ;;
 esac

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""write_gguf.py - write the weights of a model directory made by make_random_model.py as an F16
-GGUF file that llama.cpp loads, so that llama.cpp is timed on the same weights as lmx.
+"""write_gguf.py - write the weights of a model directory made by make_random_model.py as an F16 (or
+Q4_0) GGUF file that llama.cpp loads, so that llama.cpp is timed on the same weights as lmx.
+Q4_0 blocks come from gguf-py's reference quantizer (numpy), every matrix in Q4_0.
 
 The vocabulary is a placeholder (llama.cpp's benchmark feeds token ids, never text): "llama"
 (SentencePiece) with <unk>, <s>, </s> and numbered tokens.  Q/K rows are written as stored (a speed
 benchmark does not depend on the RoPE row order).
 
-usage: bench/write_gguf.py MODEL_DIR OUT.gguf      (needs gguf-py on PYTHONPATH, torch, safetensors)
+usage: bench/write_gguf.py MODEL_DIR OUT.gguf [q4_0]    (needs gguf-py on PYTHONPATH, torch, safetensors)
 """
 import glob
 import json
@@ -22,6 +23,7 @@ import gguf
 
 def main():
     src, out = sys.argv[1], sys.argv[2]
+    q4 = len(sys.argv) > 3 and sys.argv[3] == "q4_0"
     cfg = json.load(open(os.path.join(src, "config.json")))
     arch = cfg["model_type"]  # "llama" or "qwen3": GGUF uses the same names
     C, L, H, Hk = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -38,7 +40,7 @@ def main():
     w.add_value_length(D)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_file_type(1)  # mostly F16
+    w.add_file_type(2 if q4 else 1)  # mostly Q4_0 / mostly F16
     w.add_tokenizer_model("llama")
     w.add_token_list(["<unk>", "<s>", "</s>"] + ["t%d" % i for i in range(3, V)])
     w.add_token_scores([0.0] * V)
@@ -64,8 +66,13 @@ def main():
         else:
             parts = name.split(".")  # model.layers.N.<module>.weight
             gname = "blk.%s.%s.weight" % (parts[2], names[".".join(parts[3:-1])])
-        dtype = torch.float32 if t.dim() == 1 else torch.float16  # norms stay f32, as llama.cpp's converter does
-        w.add_tensor(gname, t.to(dtype).numpy())
+        if t.dim() == 1:  # norms stay f32, as llama.cpp's converter does
+            w.add_tensor(gname, t.to(torch.float32).numpy())
+        elif q4:
+            qt = gguf.GGMLQuantizationType.Q4_0
+            w.add_tensor(gname, gguf.quants.quantize(t.to(torch.float32).numpy(), qt), raw_dtype=qt)
+        else:
+            w.add_tensor(gname, t.to(torch.float16).numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

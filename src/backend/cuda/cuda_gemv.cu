@@ -24,6 +24,7 @@ typedef struct gv_seg {
     float *y;                     /* [M, N] */
     int N;
     lmx_dtype bt;                 /* of bias */
+    int ks;                       /* k_gemv1: warps sharing each row (K split among them) */
 } gv_seg;
 
 typedef struct gv_segs {
@@ -45,7 +46,7 @@ typedef struct gv_norm {
 static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
     gv_seg r;
 #define PICK(f) r.f = i == 0 ? sg.s[0].f : i == 1 ? sg.s[1].f : sg.s[2].f
-    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt);
+    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks);
 #undef PICK
     return r;
 }
@@ -370,9 +371,11 @@ __global__ void __launch_bounds__(256) k_qgemv(const float *__restrict__ x, cons
  * with NORM it stages rmsnorm(x) instead (the norm op folded in, the arithmetic of k_rmsnorm_block
  * and k_rmsnorm_warp), and for quantized weights also the sum of every 16 values.  Lane l takes the
  * 16-byte vectors l, l + 32, ... of each of the warp's R rows, U of them per row and step, the next
- * step's (and their raw scales and biases) in flight while the current ones are used.  Results are
- * stored, or go through the GLU (the gate/up pair), or with RESID are added into y (the residual
- * add folded in: y += W x + b). */
+ * step's (and their raw scales and biases) in flight while the current ones are used.  When the rows
+ * alone would not fill the GPU, KS warps share each row, warp k taking the vectors 32 k + l,
+ * 32 (KS + k) + l, ...; their sums meet in shared memory (KS depends only on the weight's shape, so
+ * a weight gives the same bits in any launch).  Results are stored, or go through the GLU (the
+ * gate/up pair), or with RESID are added into y (the residual add folded in: y += W x + b). */
 
 #define G1_PAD(k) ((k) + ((k) >> 5) * 4)
 #define G1_MAX_K 32768   /* the most x values a block stages */
@@ -381,7 +384,7 @@ template <int KIND> struct g1 {
     static constexpr bool Q = KIND == GV_Q4 || KIND == GV_Q8;
     static constexpr int E = KIND == GV_Q4 ? 32 : KIND == GV_Q8 ? 16 : KIND == GV_F32 ? 4 : 8; /* per vector */
     static constexpr int BYTES_PER_8 = KIND == GV_Q4 ? 4 : KIND == GV_Q8 ? 8 : KIND == GV_F32 ? 32 : 16;
-    static constexpr int R = 2, U = Q ? 1 : 2; /* rows per warp, vectors per row and step */
+    static constexpr int R = 2, U = 2; /* rows per warp, vectors per row and step */
 };
 template <int KIND> struct g1_wt { typedef __nv_bfloat16 T; };
 template <> struct g1_wt<GV_F16> { typedef __half T; };
@@ -391,86 +394,92 @@ static size_t g1_smem(int kind, int64_t K) {
     return ((size_t)G1_PAD(K) + (kind == GV_Q4 || kind == GV_Q8 ? (size_t)K / 16 : 0)) * sizeof(float);
 }
 
-/* acc += w . x over one vector; quantized: d = sum(code * x) with the codes decode_word leaves */
+/* w . x over one vector (quantized: sum(code * x) with the codes decode_word leaves), in independent
+ * partial sums so that the FMA latency overlaps (one chain per word, or per half vector). */
 template <int KIND>
-static __device__ __forceinline__ void g1_dot(const uint4 &w, const float *xp, float &acc) {
+static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) {
     if constexpr (g1<KIND>::Q) {
         constexpr int BITS = KIND == GV_Q4 ? 4 : 8, PER = 32 / BITS;
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        float d[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float qf[PER];
             decode_word<BITS>(words[i], qf);
+            d[i] = 0.0f;
 #pragma unroll
             for (int e = 0; e < PER; e += 4) {
                 const float4 t = *(const float4 *)(xp + i * PER + e);
-                acc = fmaf(qf[e], t.x, acc);
-                acc = fmaf(qf[e + 1], t.y, acc);
-                acc = fmaf(qf[e + 2], t.z, acc);
-                acc = fmaf(qf[e + 3], t.w, acc);
+                d[i] = fmaf(qf[e], t.x, d[i]);
+                d[i] = fmaf(qf[e + 1], t.y, d[i]);
+                d[i] = fmaf(qf[e + 2], t.z, d[i]);
+                d[i] = fmaf(qf[e + 3], t.w, d[i]);
             }
         }
+        return (d[0] + d[1]) + (d[2] + d[3]);
     } else {
         constexpr int E = g1<KIND>::E;
-        float wf[E];
+        float wf[E], d[2] = {0.0f, 0.0f};
         vec_traits<typename g1_wt<KIND>::T>::unpack(w, wf);
 #pragma unroll
         for (int e = 0; e < E; e += 4) {
             const float4 t = *(const float4 *)(xp + e);
-            acc = fmaf(wf[e], t.x, acc);
-            acc = fmaf(wf[e + 1], t.y, acc);
-            acc = fmaf(wf[e + 2], t.z, acc);
-            acc = fmaf(wf[e + 3], t.w, acc);
+            float &a = d[(e / 4) & 1];
+            a = fmaf(wf[e], t.x, a);
+            a = fmaf(wf[e + 1], t.y, a);
+            a = fmaf(wf[e + 2], t.z, a);
+            a = fmaf(wf[e + 3], t.w, a);
         }
+        return d[0] + d[1];
     }
 }
 
 template <int KIND, int PAIR, int NORM, int RESID>
-__global__ void __launch_bounds__(256, g1<KIND>::Q ? 3 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
+__global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                const gv_norm nm) {
     extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
     __shared__ float part[8];
-    cuda_pdl_trigger();
     constexpr bool Q = g1<KIND>::Q;
     constexpr int E = g1<KIND>::E, R = g1<KIND>::R, U = g1<KIND>::U, RO = PAIR ? R / 2 : R;
+    __shared__ float red[8][R];
+    cuda_pdl_trigger();
     const gv_seg S = seg_pick(sg, blockIdx.y);
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int n0 = (blockIdx.x * (blockDim.x / 32) + warp) * RO;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
+    const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
     const bool active = n0 < S.N; /* a warp past the end still helps to stage x */
-    const int nv = K / E;
+    const int nv = K / E, vstride = 32 * KS; /* a warp's vectors: 32 kslice + lane + vstride * i */
     const int64_t row_bytes = (int64_t)K * g1<KIND>::BYTES_PER_8 / 8;
-    const int vpg = Q ? sg.group / E : 1, gpr = Q ? K / sg.group : 1;
+    const int vpg = Q ? sg.group / E : 1, gpr = Q ? K / sg.group : 1, lvpg = __ffs(vpg) - 1;
+    /* row r: weight row n0 + r (the pair: rows n0 + r % RO of gate, then of up), clamped at the end */
     const uint4 *wp[R];
-    const void *sp[R], *bp[R];
-    int64_t gi[R]; /* group of this lane's current vector in row r */
+    int gi[R]; /* first group of row r */
+    const void *sp[2] = {PAIR ? sg.s[0].scales : S.scales, PAIR ? sg.s[1].scales : S.scales};
+    const void *bp[2] = {PAIR ? sg.s[0].biases : S.biases, PAIR ? sg.s[1].biases : S.biases};
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int sel = PAIR && r >= RO;
         const int n = n0 + (PAIR ? r % RO : r), row = n < S.N ? n : S.N - 1;
         wp[r] = (const uint4 *)((const char *)(PAIR ? sg.s[sel].w : S.w) + row * row_bytes);
-        sp[r] = PAIR ? sg.s[sel].scales : S.scales;
-        bp[r] = PAIR ? sg.s[sel].biases : S.biases;
-        gi[r] = (int64_t)row * gpr + lane / vpg;
+        gi[r] = row * gpr;
     }
-    const int gstep = 32 / vpg; /* groups a lane advances per vector step (vpg divides 32) */
     uint4 cw[U][R];
     uint32_t cs[U][R], cb[U][R];
     auto load = [&](uint4 (&w)[U][R], uint32_t (&sc)[U][R], uint32_t (&bi)[U][R], int v) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int vu = v + 32 * u < nv ? v + 32 * u : nv - 1;
+            const int vu = v + vstride * u < nv ? v + vstride * u : nv - 1;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 w[u][r] = __ldcs(wp[r] + vu);
                 if constexpr (Q) {
-                    const int64_t g = gi[r] + (int64_t)((vu - lane) / 32) * gstep;
-                    sc[u][r] = raw_at(sp[r], sg.sdt, g);
-                    bi[u][r] = raw_at(bp[r], sg.sdt, g);
+                    const int sel = PAIR && r >= RO, g = gi[r] + (vu >> lvpg);
+                    sc[u][r] = raw_at(sp[sel], sg.sdt, g);
+                    bi[u][r] = raw_at(bp[sel], sg.sdt, g);
                 }
             }
         }
     };
-    int v = lane;
+    int v = 32 * kslice + lane;
     if (active && v < nv) load(cw, cs, cb, v);
     cuda_pdl_wait(); /* x is ready */
 
@@ -507,33 +516,31 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 3 : 4) k_gemv1(const float 
         }
     }
     __syncthreads();
-    if (!active) return;
 
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (; v < nv; v += 32 * U) {
-        const bool more = v + 32 * U < nv;
+    for (; active && v < nv; v += vstride * U) {
+        const bool more = v + vstride * U < nv;
         uint4 nw[U][R];
         uint32_t ns[U][R], nb[U][R];
-        if (more) load(nw, ns, nb, v + 32 * U);
+        if (more) load(nw, ns, nb, v + vstride * U);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int vu = v + 32 * u;
+            const int vu = v + vstride * u;
             if (vu >= nv) break;
             const float *xp = xsm + G1_PAD(vu * E);
             if constexpr (Q) {
                 const float xsum = KIND == GV_Q4 ? sums[2 * vu] + sums[2 * vu + 1] : sums[vu];
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    float d = 0.0f;
-                    g1_dot<KIND>(cw[u][r], xp, d);
+                    const float d = g1_dot<KIND>(cw[u][r], xp);
                     acc[r] = KIND == GV_Q4 ? qacc<4>(acc[r], cs[u][r], cb[u][r], sg.sdt, d, xsum)
                                            : qacc<8>(acc[r], cs[u][r], cb[u][r], sg.sdt, d, xsum);
                 }
             } else {
 #pragma unroll
-                for (int r = 0; r < R; r++) g1_dot<KIND>(cw[u][r], xp, acc[r]);
+                for (int r = 0; r < R; r++) acc[r] += g1_dot<KIND>(cw[u][r], xp);
             }
         }
         if (more)
@@ -546,14 +553,29 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 3 : 4) k_gemv1(const float 
                     cb[u][r] = nb[u][r];
                 }
     }
+    /* the sums of each row: lanes, then the KS warps sharing it (in order) */
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = cuda_warp_sum(acc[r]);
+    if (KS > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++) red[warp][r] = acc[r];
+        __syncthreads();
+        if (kslice != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            acc[r] = red[warp][r];
+            for (int k = 1; k < KS; k++) acc[r] += red[warp + k][r];
+        }
+    }
+    if (lane != 0 || !active) return;
     if constexpr (PAIR != 0) {
 #pragma unroll
         for (int o = 0; o < RO; o++) {
-            float g = cuda_warp_sum(acc[o]), u = cuda_warp_sum(acc[o + RO]);
             const int n = n0 + o;
-            if (lane == 0 && n < S.N) {
-                g += bias_at(sg.s[0].bias, sg.s[0].bt, n);
-                u += bias_at(sg.s[1].bias, sg.s[1].bt, n);
+            if (n < S.N) {
+                const float g = acc[o] + bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                const float u = acc[o + RO] + bias_at(sg.s[1].bias, sg.s[1].bt, n);
                 sg.s[0].y[n] = glu_act(g, act) * u;
                 sg.s[1].y[n] = u;
             }
@@ -561,14 +583,25 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 3 : 4) k_gemv1(const float 
     } else {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const float val = cuda_warp_sum(acc[r]);
             const int n = n0 + r;
-            if (lane == 0 && n < S.N) {
-                const float o = val + bias_at(S.bias, S.bt, n);
+            if (n < S.N) {
+                const float o = acc[r] + bias_at(S.bias, S.bt, n);
                 S.y[n] = RESID ? S.y[n] + o : o;
             }
         }
     }
+}
+
+/* Warps sharing each row of an N x K weight: the fewest (1, 2, 4, 8) that give two blocks per
+ * multiprocessor, keeping two steps of vectors per warp.  A function of the shape alone. */
+static int g1_split(const cuda_backend *cb, int kind, int N, int K, int pair) {
+    const int Q = kind == GV_Q4 || kind == GV_Q8;
+    const int E = kind == GV_Q4 ? 32 : kind == GV_Q8 ? 16 : kind == GV_F32 ? 4 : 8;
+    const int U = Q ? g1<GV_Q4>::U : g1<GV_BF16>::U, R = g1<GV_BF16>::R, RO = pair ? R / 2 : R;
+    const int blocks = (N + 8 * RO - 1) / (8 * RO), nv = K / E;
+    int ks = 1;
+    while (ks < 8 && blocks * ks < 2 * cb->sm_count && nv >= 2 * 32 * U * 2 * ks) ks *= 2;
+    return ks;
 }
 
 /* The k_gemv1 instance for (kind, pair, norm, resid); NULL for combinations never launched. */
@@ -704,7 +737,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];
     const int norm = opts && opts->norm_w, resid = opts && opts->resid;
-    int one_row = M == 1 && K <= G1_MAX_K;
+    int one_row = M == 1 && K <= G1_MAX_K && cb->gemv_variant != 1;
     if (kind == GV_Q4 || kind == GV_Q8) { /* k_gemv1: groups of 1, 2, 4, ... 32 whole vectors */
         const int e = kind == GV_Q4 ? 32 : 16, g = ws[0]->q.group;
         if (g % e || 32 % (g / e)) one_row = 0;
@@ -732,8 +765,11 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
     unsigned gx = 1;
-    for (int i = 0; i < n; i++)
-        if (cuda_blocks(sg.s[i].N, rpb) > gx) gx = cuda_blocks(sg.s[i].N, rpb);
+    for (int i = 0; i < n; i++) {
+        sg.s[i].ks = one_row ? g1_split(cb, kind, sg.s[i].N, (int)K, glu >= 0) : 1;
+        const unsigned b = cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
+        if (b > gx) gx = b;
+    }
     const unsigned gy = glu >= 0 ? 1 : n;
     if (one_row) {
         gv_norm nm;

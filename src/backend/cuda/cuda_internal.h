@@ -50,8 +50,7 @@ typedef struct cuda_backend {
     int dyn_on;              /* 1 while capturing: kernels read the per-step values from dyn */
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
-    int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 = bf16 M = 1 GEMV with 2 rows per warp,
-                                2 = quantized M = 1 GEMV without x staged in shared memory */
+    int gemv_variant;        /* LMX_CUDA_GEMV=1 (A/B measurements): no k_gemv1 (nor what it folds in) */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
 } cuda_backend;
 
