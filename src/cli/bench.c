@@ -218,7 +218,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench: bad --steps"); }
-        else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx)) return cli_usage_error("bench: bad --long-ctx"); }
+        else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx) || long_ctx < 0) return cli_usage_error("bench: bad --long-ctx"); }
         else if (a[0] == '-') return cli_usage_error("bench: unknown option or missing value: %s", a);
         else if (path) return cli_usage_error("bench: more than one model given");
         else path = a;
@@ -266,7 +266,8 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", "
                "\"n_params\": %lld, \"weight_bytes\": %lld, \"bytes_per_token\": %.0f, \"load_s\": %.3f, "
                "\"prefill512_tok_s\": %.1f, \"prefill2048_tok_s\": %.1f, \"decode_ctx0_tok_s\": %.2f, "
-               "\"decode_ctx%d_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, \"generate_sampled_tok_s\": %.2f, "
+               "\"long_ctx\": %d, \"decode_long_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, "
+               "\"generate_sampled_tok_s\": %.2f, "
                "\"batch1_tok_s\": %.2f, \"batch8_tok_s\": %.2f, "
                "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g}\n",

@@ -1,9 +1,13 @@
 /* cuda_gemv.cu - y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for few rows (decode): every weight byte is
  * read once, with 16-byte loads, f32 accumulation and the bias fused.
  *
- * Dense: a warp takes R consecutive output rows (each x vector it loads serves R rows); lanes stride
- * over the row's 16-byte vectors, the next vectors' loads in flight while the current ones are used.
- * Quantized: the same with lanes on consecutive packed words (see k_qgemv).
+ * Three kernel families:
+ *   k_gemv1  one input row (the decode step of one sequence), every vector format: x staged in
+ *            shared memory, optionally as the RMSNorm of x (the norm op folded in), the result
+ *            optionally added into the residual (the add op folded in); see its section;
+ *   k_gemv   dense, 2 to 8 input rows (batched decode): a warp takes R consecutive output rows (each
+ *            x vector it loads serves R rows), lanes stride over the rows' 16-byte vectors;
+ *   k_qgemv  MLX 4 / 8 bit, 2 to 8 input rows: the same with lanes on consecutive packed words.
  * One launch may cover up to 3 weights of the same input (fused q/k/v or gate/up in decode graphs;
  * blockIdx.y picks the weight), and gate/up may end in the GLU (a warp takes row n of both and
  * writes act(gate . x) * (up . x)).  Under programmatic dependent launch a warp loads its first
@@ -11,8 +15,8 @@
  * the previous kernel drains.
  *
  * Formats: dense bf16 / f16 / f32 (K a multiple of the vector), MLX affine 4 and 8 bit (groups of
- * whole words).  Everything else (GGUF blocks, 2-bit, odd shapes) takes the generic kernel, one
- * element at a time. */
+ * whole words).  Everything else (GGUF blocks, 2-bit, odd shapes) takes k_gemv_any, one element at
+ * a time. */
 #include "cuda_weights.h"
 
 /* ---- weights of one launch ----------------------------------------------------------------- */
