@@ -15,6 +15,10 @@ run() { echo "\$ $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 run "$bin/test_cuda_ops"
+# the runtime tests (generation, stops, seeds, prompt cache, classify, batch generation equal to each
+# sequence alone, no allocation per token) on the cuda backend, with decode graphs and without
+[ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda "$bin/test_runtime" "$fix"
+[ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda LMX_CUDA_GRAPH=0 "$bin/test_runtime" "$fix"
 for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8; do
     run "$bin/lmx" check-reference "$fix/models/$m" --backend cuda
 done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # pack_for_device.sh - what a CUDA build needs on the GPU machine (the `device` tool's, which has the
 # CUDA runtime and cuBLAS but none of the Debian libraries lmx links), packed into one file that
-# travels with `carry`: the lmx command, test_cuda_ops, the shared objects the machine lacks, and the
-# fixture models the device check reads.  Unpack there with `tar xJf .devbuild/pack.tar.xz -C /tmp/d`;
+# travels with `carry`: the lmx command, test_cuda_ops and test_runtime, the shared objects the
+# machine lacks, and the fixture models the device check reads.  Unpack there with `tar xJf .devbuild/pack.tar.xz -C /tmp/d`;
 # then /tmp/d/bin/lmx runs with LD_LIBRARY_PATH=/tmp/d/lib, and /tmp/d/fixtures is the fixtures folder.
 # usage: scripts/pack_for_device.sh BUILD_DIR [FIXTURES_DIR]        (writes .devbuild/pack.tar.xz)
 set -euo pipefail
@@ -12,11 +12,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/fixtures/models" "$root/.devbuild"
-for b in lmx test_cuda_ops; do strip -o "$stage/bin/$b" "$build/$b"; done
+for b in lmx test_cuda_ops test_runtime; do strip -o "$stage/bin/$b" "$build/$b"; done
 ldd "$build/lmx" | awk '/=> \// {print $3}' | grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc|libgcc_s|libcublas' |
     while read -r so; do cp -L "$so" "$stage/lib/"; done
 for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8; do
     cp -r "$fix/models/$m" "$stage/fixtures/models/"
 done
+mkdir -p "$stage/fixtures/real" && cp "$fix/real/stories260K.gguf" "$stage/fixtures/real/"
 tar cJf "$root/.devbuild/pack.tar.xz" -C "$stage" .
 ls -la "$root/.devbuild/pack.tar.xz"

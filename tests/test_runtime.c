@@ -205,7 +205,7 @@ static void case_sampler_topk(void) {
 
 static lmx_model *load(const char *path, int n_ctx) {
     lmx_load_params lp = lmx_load_default_params();
-    lp.backend = "cpu";
+    lp.backend = getenv("LMX_TEST_BACKEND") ? getenv("LMX_TEST_BACKEND") : "cpu"; /* cuda on a GPU machine */
     lp.n_ctx = n_ctx;
     lmx_model *m = NULL;
     CHECK_MSG(lmx_model_load(path, &lp, &m) == LMX_OK, "%s: %s", path, lmx_last_error(NULL));
@@ -288,14 +288,30 @@ static void case_classify(const char *name) {
         int32_t next[8];
         CHECK_MSG(lmx_classify_ids(m, rows, lens, N, NULL, next, logits) == LMX_OK, "%s", lmx_last_error(m));
         const float *w = want->data;
+        /* float32 compute (the cpu): every logit within 2e-3; bf16 compute (a GPU backend): the
+         * fixtures' bf16 criterion, relative L2 error per row within 2e-2 and the same argmax where
+         * the reference margin exceeds 0.1 */
+        const char *be = getenv("LMX_TEST_BACKEND");
+        const int f32 = !be || !strcmp(be, "cpu");
         double worst = 0;
-        for (int i = 0; i < N * V; i++) worst = fmax(worst, fabs(logits[i] - w[i]));
-        CHECK_MSG(worst < 2e-3, "%s: classify logits differ from the reference by %g", name, worst);
         for (int i = 0; i < N; i++) {
-            int32_t best = 0;
+            double d2 = 0, r2 = 0, dmax = 0;
+            for (int v = 0; v < V; v++) {
+                double d = (double)logits[(size_t)i * V + v] - w[(size_t)i * V + v];
+                d2 += d * d;
+                r2 += (double)w[(size_t)i * V + v] * w[(size_t)i * V + v];
+                dmax = fmax(dmax, fabs(d));
+            }
+            worst = fmax(worst, f32 ? dmax : sqrt(d2 / r2));
+        }
+        CHECK_MSG(worst < (f32 ? 2e-3 : 2e-2), "%s: classify logits differ from the reference by %g", name, worst);
+        for (int i = 0; i < N; i++) {
+            int32_t best = 0, second = -1;
             for (int v = 1; v < V; v++)
                 if (w[(size_t)i * V + v] > w[(size_t)i * V + best]) best = v;
-            CHECK(next[i] == best);
+            for (int v = 0; v < V; v++)
+                if (v != best && (second < 0 || w[(size_t)i * V + v] > w[(size_t)i * V + second])) second = v;
+            if (f32 || w[(size_t)i * V + best] - w[(size_t)i * V + second] > 0.1) CHECK(next[i] == best);
         }
         free(logits);
     }

@@ -75,22 +75,27 @@ static __device__ __forceinline__ float glu_act(float a, int act) {
     return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
 }
 
-/* The results of one warp: R rows x MM inputs, reduced over the lanes. */
+/* The results of one warp: R rows x MM inputs, reduced over the lanes (the GLU pair: rows
+ * n0 .. n0 + R/2 of gate in acc[0 .. R/2), the same rows of up after them). */
 template <int MM, int R, int PAIR>
 static __device__ __forceinline__ void gemv_store(const gv_segs &sg, const gv_seg &S, int n0, float (&acc)[R][MM],
                                                   int act) {
     const int lane = threadIdx.x % 32;
     if constexpr (PAIR != 0) {
+        constexpr int RO = R / 2;
 #pragma unroll
-        for (int m = 0; m < MM; m++) {
-            float g = cuda_warp_sum(acc[0][m]), u = cuda_warp_sum(acc[R - 1][m]);
-            if (lane == 0) {
-                g += bias_at(sg.s[0].bias, sg.s[0].bt, n0);
-                u += bias_at(sg.s[1].bias, sg.s[1].bt, n0);
-                sg.s[0].y[(size_t)m * S.N + n0] = glu_act(g, act) * u;
-                sg.s[1].y[(size_t)m * S.N + n0] = u;
+        for (int o = 0; o < RO; o++)
+#pragma unroll
+            for (int m = 0; m < MM; m++) {
+                float g = cuda_warp_sum(acc[o][m]), u = cuda_warp_sum(acc[o + RO][m]);
+                const int n = n0 + o;
+                if (lane == 0 && n < S.N) {
+                    g += bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                    u += bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                    sg.s[0].y[(size_t)m * S.N + n] = glu_act(g, act) * u;
+                    sg.s[1].y[(size_t)m * S.N + n] = u;
+                }
             }
-        }
     } else {
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -344,29 +349,7 @@ __global__ void __launch_bounds__(256) k_qgemv(const float *__restrict__ x, cons
         }
         if (more) cur = nxt;
     }
-    if constexpr (PAIR != 0) {
-#pragma unroll
-        for (int o = 0; o < RO; o++)
-#pragma unroll
-            for (int m = 0; m < MM; m++) {
-                float g = cuda_warp_sum(acc[o][m]), u = cuda_warp_sum(acc[o + RO][m]);
-                const int n = n0 + o;
-                if (lane == 0 && n < S.N) {
-                    g += bias_at(sg.s[0].bias, sg.s[0].bt, n);
-                    u += bias_at(sg.s[1].bias, sg.s[1].bt, n);
-                    sg.s[0].y[(size_t)m * S.N + n] = glu_act(g, act) * u;
-                    sg.s[1].y[(size_t)m * S.N + n] = u;
-                }
-            }
-    } else {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int m = 0; m < MM; m++) {
-                const float v = cuda_warp_sum(acc[r][m]);
-                if (lane == 0 && n0 + r < S.N) S.y[(size_t)m * S.N + n0 + r] = v + bias_at(S.bias, S.bt, n0 + r);
-            }
-    }
+    gemv_store<MM, R, PAIR>(sg, S, n0, acc, act);
 }
 
 /* ---- one input row (decode, M = 1) ------------------------------------------------------------- */
