@@ -281,7 +281,7 @@ int cmd_bench(int argc, char **argv) {
         printf("prefill 512          %8.1f tok/s\n", pp512);
         printf("prefill 2048         %8.1f tok/s\n", pp2048);
         printf("decode ctx 0         %8.2f tok/s   %7.1f GB/s\n", tg0, bw0 / 1e9);
-        printf("decode ctx %-5d     %8.2f tok/s   %7.1f GB/s\n", long_ctx, tgL, bwL / 1e9);
+        if (long_ctx > 0) printf("decode ctx %-5d     %8.2f tok/s   %7.1f GB/s\n", long_ctx, tgL, bwL / 1e9);
         printf("generate, greedy     %8.2f tok/s   (stream API, sampling included)\n", gen_greedy);
         printf("generate, sampled    %8.2f tok/s   (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)\n", gen_sampled);
         for (int i = 0; i < 3; i++) printf("batch %-2d decode      %8.2f tok/s\n", Bs[i], bt[i]);

@@ -189,16 +189,16 @@ static int g_matmul_group(const cuda_graph *g, int i, int *glu) {
     return r->t[0].data == r->t[1].data ? 1 : n;
 }
 
-/* The matmul group at i as one launch (opts: what it folds in); *used = ops consumed, 0 when the
- * launch does not apply. */
+/* The matmul group at i as one launch (opts: what it folds in; y0: where the first result goes
+ * instead of its op's output, or NULL); *used = ops consumed, 0 when the launch does not apply. */
 static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const float *x, const cuda_gemv_opts *opts,
-                               int *used) {
+                               float *y0, int *used) {
     cuda_graph *g = cb->g;
     float *ys[3];
     const lmx_tensor *ws[3], *bs[3];
     for (int j = 0; j < n; j++) {
         g_rec *q = &g->rec[i + j];
-        ys[j] = (float *)q->t[0].data;
+        ys[j] = j == 0 && y0 ? y0 : (float *)q->t[0].data;
         ws[j] = &q->t[2];
         bs[j] = q->has[3] ? &q->t[3] : NULL;
     }
@@ -231,19 +231,14 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
         if (n == 1 && r->M == 1 && a && a->op == G_ADD && a->t[1].data == r->t[0].data && a->t[0].data != r->t[0].data &&
             a->t[0].data != r->t[1].data && a->n == r->t[2].shape[0] && g_dead_after(g, i + 1, r->t[0].data)) {
             cuda_gemv_opts o = {NULL, 0.0f, 0.0f, 1};
-            g_rec m = *r;
-            m.t[0] = a->t[0]; /* the sum lands in the add's target */
-            g_rec saved = g->rec[i];
-            g->rec[i] = m;
-            lmx_status st = g_gemv_group(cb, i, 1, -1, (const float *)r->t[1].data, &o, used);
-            g->rec[i] = saved;
+            lmx_status st = g_gemv_group(cb, i, 1, -1, (const float *)r->t[1].data, &o, (float *)a->t[0].data, used);
             if (st || *used) {
                 if (*used) *used = 2;
                 return st;
             }
         }
         if (n < 2) return LMX_OK;
-        return g_gemv_group(cb, i, n, glu, (const float *)r->t[1].data, NULL, used);
+        return g_gemv_group(cb, i, n, glu, (const float *)r->t[1].data, NULL, NULL, used);
     }
     if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
         g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {
@@ -255,7 +250,7 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
         if (ok) {
             cuda_gemv_opts o = {&r->t[2], r->f0, r->f1, 0};
             int u = 0;
-            lmx_status st = g_gemv_group(cb, i + 1, n, glu, (const float *)r->t[1].data, &o, &u);
+            lmx_status st = g_gemv_group(cb, i + 1, n, glu, (const float *)r->t[1].data, &o, NULL, &u);
             if (st) return st;
             if (u) {
                 *used = 1 + u;
