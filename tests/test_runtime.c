@@ -160,7 +160,7 @@ static void case_sampler_topk(void) {
         p.min_p = min_ps[(trial / 20) % 3];
         const int ks[] = {1, 5, 40, 256, V - 1};
         p.top_k = ks[(trial / 60) % 5];
-        int k = lmx_sampler_topk_need(&p, V);
+        int k = lmx_sampler_topk_need(&p, V, 256);
         if (k > 0) {
             g_sort_logits = logits;
             qsort(order, (size_t)V, sizeof *order, by_logit_then_id);
@@ -191,14 +191,14 @@ static void case_sampler_topk(void) {
     CHECK(compared > 250);
     /* what needs every logit */
     lmx_sampler_params p = lmx_sampler_default_params();
-    CHECK(lmx_sampler_topk_need(&p, 1000) == 40);
+    CHECK(lmx_sampler_topk_need(&p, 1000, 256) == 40);
     p.repeat_penalty = 1.1f;
-    CHECK(lmx_sampler_topk_need(&p, 1000) == 0);
+    CHECK(lmx_sampler_topk_need(&p, 1000, 256) == 0);
     p = lmx_sampler_default_params();
     p.top_k = 0;
-    CHECK(lmx_sampler_topk_need(&p, 1000) == 0);
+    CHECK(lmx_sampler_topk_need(&p, 1000, 256) == 0);
     p.temperature = 0;
-    CHECK(lmx_sampler_topk_need(&p, 1000) == 1);
+    CHECK(lmx_sampler_topk_need(&p, 1000, 256) == 1);
 }
 
 /* ---- a fixture model --------------------------------------------------------------------- */

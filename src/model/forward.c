@@ -135,8 +135,18 @@ static lmx_status mlp_block(lmx_model *m, int l, int M) {
     return LMX_OK;
 }
 
+/* What the pass leaves on the host for its R rows: logits [R, V], or with k > 0 the k best of each
+ * row in vals / ids [R, k] (*k_out = k), the logits when the backend cannot select them (*k_out = 0). */
+typedef struct fwd_out {
+    float *logits;
+    int k;
+    float *vals;
+    int32_t *ids;
+    int *k_out;
+} fwd_out;
+
 static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt, const int32_t *tokens,
-                          const int *rows, int R, const lmx_fwd_out *out) {
+                          const int *rows, int R, const fwd_out *out) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;
@@ -178,13 +188,13 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_b
             (st = op->matmul(be, &ws->logits, &ws->xr, &m->lm_head, NULL, R)) ||
             (c->final_softcap > 0 && (st = op->softcap(be, &ws->logits, (int64_t)R * c->vocab, (float)c->final_softcap))))
             return lmx_err_set(&m->err, st, "%s", be->err.msg);
+        st = LMX_ERR_UNSUPPORTED;
         if (out->k > 0) {
-            st = op->topk ? op->topk(be, &ws->logits, R, c->vocab, out->k, out->vals, out->ids) : LMX_ERR_UNSUPPORTED;
-            if (st == LMX_ERR_UNSUPPORTED) {
-                lmx_err_clear(&be->err);
-                return LMX_ERR_UNSUPPORTED; /* the caller reads the logits instead (they stay in ws) */
-            }
-        } else {
+            if (op->topk) st = op->topk(be, &ws->logits, R, c->vocab, out->k, out->vals, out->ids);
+            *out->k_out = st == LMX_OK ? out->k : 0;
+        }
+        if (st == LMX_ERR_UNSUPPORTED) { /* whole rows: asked for, or the backend declined to select */
+            lmx_err_clear(&be->err);
             st = op->read(be, &ws->logits, 0, out->logits, (size_t)R * c->vocab * sizeof(float));
         }
         if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
@@ -194,18 +204,12 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_b
 
 lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens,
                              const int *rows, int R, float *logits) {
-    const lmx_fwd_out out = {.logits = logits};
+    const fwd_out out = {.logits = logits};
     return forward(m, kv, bt, tokens, rows, R, &out);
 }
 
 lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens,
-                                  const int *rows, int R, int k, float *vals, int32_t *ids) {
-    const lmx_fwd_out out = {.k = k, .vals = vals, .ids = ids};
+                                  const int *rows, int R, int k, float *vals, int32_t *ids, float *logits, int *k_out) {
+    const fwd_out out = {.logits = logits, .k = k, .vals = vals, .ids = ids, .k_out = k_out};
     return forward(m, kv, bt, tokens, rows, R, &out);
-}
-
-lmx_status lmx_model_read_logits(lmx_model *m, int R, float *logits) {
-    lmx_backend *be = m->be;
-    lmx_status st = be->ops->read(be, &m->ws.logits, 0, logits, (size_t)R * m->cfg.vocab * sizeof(float));
-    return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }

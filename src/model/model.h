@@ -77,19 +77,12 @@ lmx_status lmx_model_bind(lmx_model *m);
 lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *batch,
                              const int32_t *tokens, const int *rows, int R, float *logits);
 /* The same pass, returning only the k largest logits of each row (largest first, equal ones by
- * lower id) in vals / ids [R, k], selected by the backend (on the GPU: k values cross to the host
- * instead of V).  LMX_ERR_UNSUPPORTED, with no error recorded, when the backend cannot select them:
- * the pass has run and lmx_model_read_logits gives its logits. */
-typedef struct lmx_fwd_out {
-    float *logits;
-    int k;
-    float *vals;
-    int32_t *ids;
-} lmx_fwd_out;
+ * lower id) in vals / ids [R, k] with *k_out = k, selected by the backend (on the GPU: k values
+ * cross to the host instead of V); when the backend cannot select them (the cpu), the rows' logits
+ * [R, V] land in logits instead and *k_out = 0. */
 lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *batch,
-                                  const int32_t *tokens, const int *rows, int R, int k, float *vals, int32_t *ids);
-/* The logits [R, V] of the last forward pass's rows. */
-lmx_status lmx_model_read_logits(lmx_model *m, int R, float *logits);
+                                  const int32_t *tokens, const int *rows, int R, int k, float *vals, int32_t *ids,
+                                  float *logits, int *k_out);
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
 

@@ -237,9 +237,8 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
             b.act_ctx[A] = b.ctx[i];
             b.act_tok[A] = g->to_eval;
             b.act_idx[A++] = i;
-            int k = lmx_gen_seq_topk(g, m);
-            all_k &= k > 0;
-            if (k > K) K = k;
+            all_k &= g->topk > 0;
+            if (g->topk > K) K = g->topk;
         }
         if (st || A == 0) break;
         int got = 0;
@@ -250,7 +249,7 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
             int i = b.act_idx[a];
             lmx_gen_seq *g = &rt->bseq[i];
             g->to_eval = -1;
-            int r = got ? lmx_gen_seq_step_topk(g, m, b.cvals + (size_t)a * K, b.cids + (size_t)a * K, lmx_gen_seq_topk(g, m))
+            int r = got ? lmx_gen_seq_step_topk(g, m, b.cvals + (size_t)a * K, b.cids + (size_t)a * K)
                         : lmx_gen_seq_step(g, m, b.logits + (size_t)a * V, (const int32_t *)b.hist[i].data,
                                            (int)(b.hist[i].len / sizeof(int32_t)));
             if (r) deliver(g);

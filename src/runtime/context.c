@@ -106,7 +106,8 @@ static lmx_status reserve_rows(lmx_context *c, int n) {
     return LMX_OK;
 }
 
-/* lmx_context_eval, or with k > 0 the last position's k best candidates (see runtime.h). */
+/* lmx_context_eval, or with k > 0 the last position's k best candidates (see runtime.h; logits is
+ * then where the row goes when the backend cannot select them). */
 static lmx_status eval(lmx_context *c, const int32_t *tokens, int n, float *logits, int all_logits, int k,
                        float *vals, int32_t *ids, int *k_out) {
     if (!c) return LMX_ERR_INVALID_ARG;
@@ -119,7 +120,7 @@ static lmx_status eval(lmx_context *c, const int32_t *tokens, int n, float *logi
             return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "token id %d at position %d outside the vocabulary [0, %d)",
                                tokens[i], i, V);
     for (int done = 0; done < n;) {
-        const int max_chunk = m->be->ops->prefill_chunk > 0 ? m->be->ops->prefill_chunk : 512;
+        const int max_chunk = lmx_prefill_chunk(m);
         int chunk = n - done < max_chunk ? n - done : max_chunk;
         int last = done + chunk == n;
         int R = 0;
@@ -137,17 +138,8 @@ static lmx_status eval(lmx_context *c, const int32_t *tokens, int n, float *logi
         int n_past = c->n_past, n_new = chunk;
         lmx_batch bt = {.B = 1, .T = chunk, .n_past = &n_past, .n_new = &n_new};
         lmx_kv_layer *kv = c->kv;
-        if (k > 0 && last) {
-            c->rows[0] = chunk - 1;
-            st = lmx_model_forward_topk(m, &kv, &bt, tokens + done, c->rows, 1, k, vals, ids);
-            *k_out = k;
-            if (st == LMX_ERR_UNSUPPORTED) { /* the pass ran; its logits instead */
-                *k_out = 0;
-                st = lmx_model_read_logits(m, 1, logits);
-            }
-        } else {
-            st = lmx_model_forward(m, &kv, &bt, tokens + done, c->rows, R, dst);
-        }
+        st = k > 0 && last ? lmx_model_forward_topk(m, &kv, &bt, tokens + done, c->rows, 1, k, vals, ids, dst, k_out)
+                           : lmx_model_forward(m, &kv, &bt, tokens + done, c->rows, R, dst);
         if (st) return st;
         c->n_past += chunk;
         done += chunk;
@@ -198,16 +190,8 @@ static lmx_status eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, cons
         kv[b] = ctxs[b]->kv;
     }
     lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = lens};
-    if (k > 0) {
-        st = lmx_model_forward_topk(m, kv, &bt, tokens, rows, B, k, vals, ids);
-        *k_out = k;
-        if (st == LMX_ERR_UNSUPPORTED) { /* the pass ran; its logits instead */
-            *k_out = 0;
-            st = lmx_model_read_logits(m, B, last_logits);
-        }
-    } else {
-        st = lmx_model_forward(m, kv, &bt, tokens, rows, B, last_logits);
-    }
+    st = k > 0 ? lmx_model_forward_topk(m, kv, &bt, tokens, rows, B, k, vals, ids, last_logits, k_out)
+               : lmx_model_forward(m, kv, &bt, tokens, rows, B, last_logits);
     if (st == LMX_OK)
         for (int b = 0; b < B; b++) ctxs[b]->n_past += lens[b];
 done:

@@ -40,6 +40,7 @@ lmx_status lmx_gen_seq_begin(lmx_gen_seq *g, lmx_model *m, const lmx_gen_params 
         return lmx_err_set(err, LMX_ERR_INVALID_ARG, "sampler: top_k, top_p, min_p or repeat_penalty out of range");
 
     g->p = *p;
+    g->topk = be->ops->topk ? lmx_sampler_topk_need(sp, m->cfg.vocab, LMX_TOPK_MAX) : 0;
     lmx_rng_seed(&g->rng, sp->seed < 0 ? m->rt->seed : (uint64_t)sp->seed);
     g->stops.len = g->text.len = g->pending.len = g->emit.len = g->ids.len = 0;
     g->index = 0;
@@ -138,12 +139,6 @@ int lmx_gen_seq_end(lmx_gen_seq *g, lmx_model *m, lmx_finish f) {
     return 1;
 }
 
-int lmx_gen_seq_topk(const lmx_gen_seq *g, const lmx_model *m) {
-    if (!m->be->ops->topk) return 0;
-    int k = lmx_sampler_topk_need(&g->p.sampler, m->cfg.vocab);
-    return k <= LMX_TOPK_MAX ? k : 0;
-}
-
 /* Yield the sampled id: the stops, the text, the length limit. */
 static int take(lmx_gen_seq *g, lmx_model *m, int32_t id);
 
@@ -152,9 +147,9 @@ int lmx_gen_seq_step(lmx_gen_seq *g, lmx_model *m, float *logits, const int32_t 
     return take(g, m, lmx_sampler_sample(&m->rt->sampler, &g->p.sampler, &g->rng, logits, history, n_hist));
 }
 
-int lmx_gen_seq_step_topk(lmx_gen_seq *g, lmx_model *m, const float *vals, const int32_t *ids, int k) {
+int lmx_gen_seq_step_topk(lmx_gen_seq *g, lmx_model *m, const float *vals, const int32_t *ids) {
     if (g->finish != LMX_FINISH_NONE) return 0;
-    return take(g, m, lmx_sampler_sample_topk(&m->rt->sampler, &g->p.sampler, &g->rng, vals, ids, k));
+    return take(g, m, lmx_sampler_sample_topk(&m->rt->sampler, &g->p.sampler, &g->rng, vals, ids, g->topk));
 }
 
 static int take(lmx_gen_seq *g, lmx_model *m, int32_t id) {

@@ -18,6 +18,11 @@
 
 /* ---- context.c internals ------------------------------------------------------------------ */
 
+/* Rows per forward pass when a prompt is evaluated in chunks (the backend's choice). */
+static inline int lmx_prefill_chunk(const lmx_model *m) {
+    return m->be->ops->prefill_chunk > 0 ? m->be->ops->prefill_chunk : 512;
+}
+
 /* Keep only the first n positions of c's caches (the next eval starts at position n).  Returns 0,
  * or -1 when a rotating cache has already overwritten positions that the new start needs
  * (the caller then resets instead). */
@@ -58,6 +63,8 @@ typedef struct lmx_gen_seq {
     lmx_buf emit;         /* the text of the token being yielded */
     lmx_buf ids;          /* int32 generated ids */
     lmx_token tok;
+    int topk;             /* candidates the sampler needs per token from a backend that selects them
+                             (0: whole logit rows), fixed for the generation */
     int index;
     lmx_finish finish;
     int32_t finish_id;
@@ -74,10 +81,8 @@ lmx_status lmx_gen_seq_begin(lmx_gen_seq *g, lmx_model *m, const lmx_gen_params 
  * yield, or 0 when the generation finished with nothing more to yield.  history: the tokens
  * evaluated so far (for the penalties). */
 int lmx_gen_seq_step(lmx_gen_seq *g, lmx_model *m, float *logits, const int32_t *history, int n_hist);
-/* The same with only the k best candidates (lmx_sampler_sample_topk; k from lmx_gen_seq_topk). */
-int lmx_gen_seq_step_topk(lmx_gen_seq *g, lmx_model *m, const float *vals, const int32_t *ids, int k);
-/* The candidates g's sampler needs when the backend can select them (0: whole logits). */
-int lmx_gen_seq_topk(const lmx_gen_seq *g, const lmx_model *m);
+/* The same from g->topk best candidates, vals / ids largest first (lmx_sampler_sample_topk). */
+int lmx_gen_seq_step_topk(lmx_gen_seq *g, lmx_model *m, const float *vals, const int32_t *ids);
 /* End the generation now with reason f; returns 1 when held-back text is left to yield (as
  * g->tok with id -1). */
 int lmx_gen_seq_end(lmx_gen_seq *g, lmx_model *m, lmx_finish f);

@@ -180,10 +180,10 @@ int32_t lmx_sampler_sample(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng 
     return draw(s, rng, lmx_sampler_filter(s, p, logits));
 }
 
-int lmx_sampler_topk_need(const lmx_sampler_params *p, int V) {
+int lmx_sampler_topk_need(const lmx_sampler_params *p, int V, int kmax) {
     if (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) return 0;
     if (!(p->temperature > 0.0f)) return 1;
-    return p->top_k > 0 && p->top_k < V && p->top_k <= LMX_SAMPLER_TOPK_MAX ? p->top_k : 0;
+    return p->top_k > 0 && p->top_k < V && p->top_k <= kmax ? p->top_k : 0;
 }
 
 int32_t lmx_sampler_sample_topk(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, const float *vals,

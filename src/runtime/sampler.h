@@ -63,11 +63,10 @@ int32_t lmx_sampler_sample(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng 
 
 /* Sampling from the k largest logits only (what a GPU backend returns instead of all V):
  * lmx_sampler_topk_need gives the k the chain needs for p over a vocabulary of V: 1 for greedy,
- * top_k when top-k is on (top_k < V, at most LMX_SAMPLER_TOPK_MAX), 0 when it needs every logit
- * (penalties, or top-k off).  lmx_sampler_sample_topk then draws from vals / ids [k] (largest
- * first, equal logits by lower id) the same token lmx_sampler_sample draws from all V logits. */
-#define LMX_SAMPLER_TOPK_MAX 256
-int lmx_sampler_topk_need(const lmx_sampler_params *p, int V);
+ * top_k when top-k is on (top_k < V, at most kmax), 0 when it needs every logit (penalties, top-k
+ * off, or more than kmax).  lmx_sampler_sample_topk then draws from vals / ids [k] (largest first,
+ * equal logits by lower id) the same token lmx_sampler_sample draws from all V logits. */
+int lmx_sampler_topk_need(const lmx_sampler_params *p, int V, int kmax);
 int32_t lmx_sampler_sample_topk(lmx_sampler *s, const lmx_sampler_params *p, lmx_rng *rng, const float *vals,
                                 const int32_t *ids, int k);
 

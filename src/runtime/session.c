@@ -174,8 +174,7 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
     rt->metrics.cached_tokens = L;
     rt->n_cand = 0;
     double t0 = lmx_now_ms();
-    /* rows per eval while prefilling (the cancel / progress granularity): the backend's chunk */
-    const int step = m->be->ops->prefill_chunk > 0 ? m->be->ops->prefill_chunk : 512;
+    const int step = lmx_prefill_chunk(m); /* rows per eval: the cancel / progress granularity */
     for (int done = L; done < n;) {
         if (atomic_load(&rt->cancel)) break; /* the caller sees the flag and finishes */
         int chunk = n - done < step ? n - done : step;

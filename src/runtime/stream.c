@@ -94,7 +94,7 @@ lmx_status lmx_stream_next(lmx_stream *s, const lmx_token **tok) {
             r = lmx_gen_seq_end(g, m, LMX_FINISH_CONTEXT);
         } else {
             if (g->to_eval >= 0) {
-                lmx_status st = lmx_runtime_decode(m, g->to_eval, lmx_gen_seq_topk(g, m));
+                lmx_status st = lmx_runtime_decode(m, g->to_eval, g->topk);
                 if (st) {
                     g->finish = LMX_FINISH_NONE;
                     g->to_eval = -1;
@@ -103,7 +103,7 @@ lmx_status lmx_stream_next(lmx_stream *s, const lmx_token **tok) {
                 }
                 g->to_eval = -1;
             }
-            r = rt->n_cand > 0 ? lmx_gen_seq_step_topk(g, m, rt->cand_vals, rt->cand_ids, rt->n_cand)
+            r = rt->n_cand > 0 ? lmx_gen_seq_step_topk(g, m, rt->cand_vals, rt->cand_ids)
                                : lmx_gen_seq_step(g, m, rt->logits, (const int32_t *)rt->hist.data,
                                                   (int)(rt->hist.len / sizeof(int32_t)));
         }
