@@ -223,15 +223,6 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
     }
 }
 
-__global__ void k_narrow_kv(__nv_bfloat16 *__restrict__ k16, __nv_bfloat16 *__restrict__ v16, const float *__restrict__ k,
-                            const float *__restrict__ v, int64_t n4) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
-        float4 a = __ldg((const float4 *)k + i), c = __ldg((const float4 *)v + i);
-        ((uint2 *)k16)[i] = make_uint2(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w));
-        ((uint2 *)v16)[i] = make_uint2(pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
-    }
-}
-
 template <int D, int KT>
 static lmx_status launch_flash(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
                                const __nv_bfloat16 *v16, float *out) {
@@ -250,10 +241,8 @@ lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float 
     __nv_bfloat16 *k16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_KV16, (size_t)n * 4);
     if (!k16) return cb->base.err.status;
     __nv_bfloat16 *v16 = k16 + n;
-    int64_t blocks = (n / 4 + 255) / 256;
-    k_narrow_kv<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, cb->stream>>>(k16, v16, k, v, n / 4);
-    lmx_status st = cuda_check_launch(cb, "attention");
-    if (st) return st;
+    lmx_status st;
+    if ((st = cuda_narrow_bf16(cb, k16, k, n)) || (st = cuda_narrow_bf16(cb, v16, v, n))) return st;
     switch (a.D) {
     case 32: return launch_flash<32, 64>(cb, a, q, k16, v16, out);
     case 64: return launch_flash<64, 64>(cb, a, q, k16, v16, out);

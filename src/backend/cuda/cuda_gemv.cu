@@ -579,13 +579,14 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
     }
 }
 
-/* Warps sharing each row of an N x K weight: the fewest (1, 2, 4, 8) that give two blocks per
- * multiprocessor, keeping two steps of vectors per warp.  A function of the shape alone. */
-static int g1_split(const cuda_backend *cb, int kind, int N, int K, int pair) {
+/* Warps sharing each row of an N x K weight whose unsplit blocks take rpb rows: the fewest (1, 2,
+ * 4, 8) that give two blocks per multiprocessor, keeping two steps of vectors per warp.  A function
+ * of the shape alone. */
+static int g1_split(const cuda_backend *cb, int kind, int N, int K, int rpb) {
     const int Q = kind == GV_Q4 || kind == GV_Q8;
     const int E = kind == GV_Q4 ? 32 : kind == GV_Q8 ? 16 : kind == GV_F32 ? 4 : 8;
-    const int U = Q ? g1<GV_Q4>::U : g1<GV_BF16>::U, R = g1<GV_BF16>::R, RO = pair ? R / 2 : R;
-    const int blocks = (N + 8 * RO - 1) / (8 * RO), nv = K / E;
+    const int U = Q ? g1<GV_Q4>::U : g1<GV_BF16>::U;
+    const int blocks = (int)cuda_blocks(N, rpb), nv = K / E;
     int ks = 1;
     while (ks < 8 && blocks * ks < 2 * cb->sm_count && nv >= 2 * 32 * U * 2 * ks) ks *= 2;
     return ks;
@@ -753,7 +754,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
     unsigned gx = 1;
     for (int i = 0; i < n; i++) {
-        sg.s[i].ks = one_row ? g1_split(cb, kind, sg.s[i].N, (int)K, glu >= 0) : 1;
+        sg.s[i].ks = one_row ? g1_split(cb, kind, sg.s[i].N, (int)K, rpb) : 1;
         const unsigned b = cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
         if (b > gx) gx = b;
     }

@@ -106,6 +106,11 @@ static unsigned grid_for(int64_t n) {
     return (unsigned)(b < 16384 ? (b ? b : 1) : 16384);
 }
 
+lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n) {
+    k_narrow_bf16<<<grid_for(n), 256, 0, cb->stream>>>(dst, src, n);
+    return cuda_check_launch(cb, "narrow to bf16");
+}
+
 /* y[:, n0:n0+nb] = x16 [M, K] @ w16[nb, K]^T with f32 output (ldc N). */
 static lmx_status gemm16(cuda_backend *cb, const void *x16, const void *w16, cudaDataType t, float *y, int M,
                          int nb, int K, int N) {
@@ -127,9 +132,13 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const lmx_tensor
     int f16 = !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_F16;
     void *x16 = cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * K * 2);
     if (!x16) return cb->base.err.status;
-    if (f16) k_narrow_f16<<<grid_for((int64_t)M * K), 256, 0, cb->stream>>>((__half *)x16, x, (int64_t)M * K);
-    else k_narrow_bf16<<<grid_for((int64_t)M * K), 256, 0, cb->stream>>>((__nv_bfloat16 *)x16, x, (int64_t)M * K);
-    if ((st = cuda_check_launch(cb, "matmul"))) return st;
+    if (f16) {
+        k_narrow_f16<<<grid_for((int64_t)M * K), 256, 0, cb->stream>>>((__half *)x16, x, (int64_t)M * K);
+        st = cuda_check_launch(cb, "matmul");
+    } else {
+        st = cuda_narrow_bf16(cb, (__nv_bfloat16 *)x16, x, (int64_t)M * K);
+    }
+    if (st) return st;
     if (!w->q.bits && !w->q.ggml_type)
         return gemm16(cb, x16, w->data, f16 ? CUDA_R_16F : CUDA_R_16BF, y, M, N, K, N);
     int64_t block = DEQUANT_BLOCK_BYTES / ((int64_t)K * 2);

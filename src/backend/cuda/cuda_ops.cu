@@ -232,11 +232,11 @@ typedef struct nr_set {
 
 typedef struct nr_arg {
     nr_set s[2];
-    int rows, T, hd, half, interleaved, append;
+    int rows, T, hd, half, interleaved;
     float attn_factor;
     const int *dyn;          /* n_past / n_new */
     float inv_freq[CUDA_ROPE_MAX];
-    cuda_kv_dst kv;          /* with append: where set 1 (k) and kv.v go */
+    cuda_kv_dst kv;          /* kv.v non-NULL: append set 1 (k) and kv.v to these caches */
 } nr_arg;
 
 /* One warp per (row, head) of either set: the same arithmetic as k_rmsnorm_warp then k_rope. */
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     const int rot = t < nn ? 2 * a.half : 0;
     /* the kv append of a key head: its rotated values and the value head of the same row */
     __nv_bfloat16 *kc = NULL;
-    if (si == 1 && a.append && t < nn) {
+    if (si == 1 && a.kv.v && t < nn) {
         const int64_t off = (int64_t)((np + t) % a.kv.cap[b]) * nh * n + (int64_t)h * n;
         kc = (__nv_bfloat16 *)a.kv.kc[b] + off;
         __nv_bfloat16 *vc = (__nv_bfloat16 *)a.kv.vc[b] + off;
@@ -319,10 +319,7 @@ lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope
     a.attn_factor = rope->attn_factor;
     a.dyn = cb->dyn;
     for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
-    if (app) {
-        a.append = 1;
-        a.kv = *app;
-    }
+    if (app) a.kv = *app;
     int warps = 0;
     for (int k = 0; k < nset; k++) {
         if (w[k] && (w[k]->q.bits || w[k]->q.ggml_type)) return LMX_ERR_UNSUPPORTED;
