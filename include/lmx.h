@@ -60,6 +60,9 @@ typedef struct lmx_load_params {
     uint64_t seed;         /* the sampling seed of calls that do not name one (default 0) */
     lmx_progress_fn progress; /* NULL, or told how far loading the weights has come */
     void *progress_user;
+    const char *adapter;   /* NULL, or a LoRA adapter (see lmx_adapter_load) loaded with the model
+                              and applied to every request that names no other: the model's
+                              default adapter */
 } lmx_load_params;
 
 lmx_load_params lmx_load_default_params(void);
@@ -97,6 +100,49 @@ typedef struct lmx_model_info {
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out);
 
 /* ---------------------------------------------------------------------------------------------
+ * LoRA adapters, applied unmerged: every adapted projection computes W x + scale * B (A x).
+ *
+ * Several adapters may be loaded on one model; each request (a context, a generation, each entry
+ * of a batch, each prompt of lmx_classify) names its own or none, and one batch mixes them.  Where
+ * a request names none (NULL), the model's default adapter applies (lmx_load_params.adapter or
+ * lmx_model_set_adapter; none unless set); LMX_NO_ADAPTER asks for the base model alone.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct lmx_adapter lmx_adapter;
+
+#define LMX_NO_ADAPTER ((lmx_adapter *)(uintptr_t)1)
+
+/* Load an adapter for m: an HF PEFT folder (adapter_config.json + adapter_model.safetensors),
+ * an mlx-lm folder (adapter_config.json + adapters.safetensors), or one .safetensors file of
+ * either with adapter_config.json beside it (mlx-lm's numbered checkpoints).  Weights in f32, f16
+ * or bf16, on any base (dense, MLX-quantized, GGUF; the base stays as stored).  What lmx does not
+ * apply (DoRA, modules_to_save, embedding or lm_head adapters) and what does not fit m (a shape,
+ * a layer, a rank, NaN values, another architecture) fails with a message naming the field or
+ * tensor (lmx_last_error(m)); m stays usable.  The adapter belongs to m: free it with
+ * lmx_adapter_free before m, or lmx_model_free frees it. */
+lmx_status lmx_adapter_load(lmx_model *m, const char *path, lmx_adapter **out);
+/* Free a; requests still naming it (a context, the default) fail until they name another. */
+void lmx_adapter_free(lmx_adapter *a);
+
+typedef struct lmx_adapter_info {
+    const char *format;         /* "peft" or "mlx" (static) */
+    const char *path;           /* as loaded (owned by a) */
+    int rank;                   /* the largest rank of its projections */
+    float scale;                /* of its first projection (alpha / r, alpha / sqrt(r) with
+                                   rsLoRA, or mlx-lm's scale) */
+    int scales_differ;          /* 1 when projections have different scales (rank/alpha patterns) */
+    const char *targets;        /* adapted projections, e.g. "q_proj,v_proj" (owned by a) */
+    int first_layer, last_layer;/* adapted layers */
+    int n_modules;              /* adapted (layer, projection) pairs */
+    int64_t n_params;           /* sum of r * (in + out) */
+} lmx_adapter_info;
+
+lmx_status lmx_adapter_get_info(const lmx_adapter *a, lmx_adapter_info *out);
+
+/* The model's default adapter (NULL or LMX_NO_ADAPTER: none); it must belong to m.  Contexts
+ * created afterwards start with it. */
+lmx_status lmx_model_set_adapter(lmx_model *m, lmx_adapter *a);
+
+/* ---------------------------------------------------------------------------------------------
  * Contexts: one sequence's state (its KV cache) on a model
  * ------------------------------------------------------------------------------------------- */
 typedef struct lmx_context lmx_context;
@@ -115,6 +161,11 @@ void lmx_context_free(lmx_context *c);
 
 /* Forget every cached position; the next eval starts at position 0. */
 void lmx_context_reset(lmx_context *c);
+
+/* The adapter c evaluates with (a context starts with the model's default): NULL = the model's
+ * default, LMX_NO_ADAPTER = none.  Switching to another adapter forgets the cached positions
+ * (they were computed under the old one).  lmx_eval_batch applies each context's own adapter. */
+lmx_status lmx_context_set_adapter(lmx_context *c, lmx_adapter *a);
 
 /* Number of positions evaluated so far. */
 int lmx_context_n_past(const lmx_context *c);
@@ -174,7 +225,8 @@ lmx_sampler_params lmx_sampler_default_params(void);
  * Prompt cache: the model keeps the KV cache of its last generation.  A new prompt that shares a
  * prefix of tokens with the last prompt and its generated tokens evaluates only the rest (at
  * least one token); results are the same as without the cache, and lmx_metrics.cached_tokens
- * says how many tokens were reused.
+ * says how many tokens were reused.  A generation under another adapter than the cached one's
+ * reuses nothing.
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum lmx_finish {
@@ -220,6 +272,7 @@ typedef struct lmx_gen_params {
     void *user;
     lmx_progress_fn on_prefill;          /* NULL, or told how far the prompt's evaluation is */
     void *prefill_user;
+    lmx_adapter *adapter;                /* NULL: the model's default; LMX_NO_ADAPTER: none */
 } lmx_gen_params;
 
 lmx_gen_params lmx_gen_default_params(void);
@@ -288,16 +341,19 @@ void lmx_prompt_cache_clear(lmx_model *m);
  * Batches
  * ------------------------------------------------------------------------------------------- */
 
-/* N prompts in one padded forward pass.  next_ids [N] gets each prompt's next token drawn with
- * sampler (NULL: greedy); logits (NULL, or room for N * vocab_size floats) gets each prompt's
- * last-position logits.  Uses neither the prompt cache nor the generation context. */
-lmx_status lmx_classify(lmx_model *m, const char *const *prompts, int N,
+/* N prompts in one padded forward pass.  adapters: NULL (every prompt under the model's default
+ * adapter) or [N], prompt i's adapter (NULL entries: the default; LMX_NO_ADAPTER: none).
+ * next_ids [N] gets each prompt's next token drawn with sampler (NULL: greedy); logits (NULL, or
+ * room for N * vocab_size floats) gets each prompt's last-position logits.  Uses neither the
+ * prompt cache nor the generation context. */
+lmx_status lmx_classify(lmx_model *m, const char *const *prompts, int N, lmx_adapter *const *adapters,
                         const lmx_sampler_params *sampler, int32_t *next_ids, float *logits);
 lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
-                            const lmx_sampler_params *sampler, int32_t *next_ids, float *logits);
+                            lmx_adapter *const *adapters, const lmx_sampler_params *sampler,
+                            int32_t *next_ids, float *logits);
 
 /* N prompts generated together, each with its own params[i] (stops, sampler, max_tokens,
- * on_token); results[i] as lmx_result (owned by the model until its next generation call).
+ * on_token, adapter: one decode batch mixes adapters); results[i] as lmx_result (owned by the model until its next generation call).
  * Under greedy sampling each result equals generating that prompt alone. */
 lmx_status lmx_batch_generate(lmx_model *m, const char *const *prompts, int N,
                               const lmx_gen_params *params, lmx_result *results);

@@ -286,7 +286,7 @@ static void case_classify(const char *name) {
         for (int i = 0; i < N; i++) rows[i] = prompts + (size_t)i * T;
         float *logits = malloc((size_t)N * V * sizeof *logits);
         int32_t next[8];
-        CHECK_MSG(lmx_classify_ids(m, rows, lens, N, NULL, next, logits) == LMX_OK, "%s", lmx_last_error(m));
+        CHECK_MSG(lmx_classify_ids(m, rows, lens, N, NULL, NULL, next, logits) == LMX_OK, "%s", lmx_last_error(m));
         const float *w = want->data;
         /* float32 compute (the cpu): every logit within 2e-3; bf16 compute (a GPU backend): the
          * fixtures' bf16 criterion, relative L2 error per row within 2e-2 and the same argmax where

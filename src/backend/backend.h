@@ -83,6 +83,13 @@ typedef struct lmx_attn_args {
     float softcap;           /* > 0: scores = softcap * tanh(scores / softcap) */
 } lmx_attn_args;
 
+/* One LoRA pair of one projection: the projection's output gains scale * B (A x).
+ * a [r, K] and b [N, r], f32 in backend memory (K, N: the adapted weight's in, out). */
+typedef struct lmx_lora_pair {
+    lmx_tensor a, b;
+    float scale;
+} lmx_lora_pair;
+
 typedef struct lmx_backend lmx_backend;
 
 typedef struct lmx_backend_ops {
@@ -113,6 +120,11 @@ typedef struct lmx_backend_ops {
     /* out[m, :] = x[m, :] @ w^T + bias                    x [M, K], w [N, K], out [M, N] */
     lmx_status (*matmul)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
                          const lmx_tensor *w, const lmx_tensor *bias, int M);
+    /* Unmerged LoRA over a batch of B sequences of T rows (M = B*T), each with its own pair or none:
+     *   y[b*T + t, :] += p->scale * (x[b*T + t, :] @ p->a^T) @ p->b^T   with p = pairs[b] != NULL
+     * x [M, K], y [M, N]; rows of sequences without a pair are left alone.  pairs: host [B]. */
+    lmx_status (*lora)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                       const lmx_lora_pair *const *pairs);
     /* y += x, n elements */
     lmx_status (*add)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
     /* out = act(gate) * up, n elements */

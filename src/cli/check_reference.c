@@ -220,24 +220,26 @@ done:
 }
 
 int cmd_check_reference(int argc, char **argv) {
-    const char *dir = NULL, *backend = "auto", *tol = NULL, *ref_path = NULL;
+    const char *dir = NULL, *backend = "auto", *tol = NULL, *ref_path = NULL, *adapter = NULL;
     int threads = 0, n_ctx = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
         if (!strcmp(a, "--help")) {
             printf("usage: lmx check-reference MODEL_DIR [--reference FILE] [--backend NAME] [--threads N] [--ctx N]\n"
-                   "                           [--tolerance f32|bf16|rel:X]\n\n"
+                   "                           [--tolerance f32|bf16|rel:X] [--adapter DIR]\n\n"
                    "Compares lmx's logits with MODEL_DIR/reference.safetensors (or FILE): prefill of each\n"
                    "sequence, prompt prefill plus cached decode, and the right-padded batch.  Prints the max\n"
                    "error of each check; exits 1 if any exceeds its tolerance (f32 on the cpu, bf16 on GPUs)\n"
                    "or if the reference holds nothing to check.  --ctx N evaluates with every layer's cache\n"
-                   "bounded to N positions (the reference must be computed that way).\n");
+                   "bounded to N positions (the reference must be computed that way).  --adapter DIR applies a\n"
+                   "LoRA adapter (PEFT or mlx-lm) unmerged; the reference must include it.\n");
             return 0;
         }
         if (!strcmp(a, "--backend") && has_val) backend = argv[++i];
         else if (!strcmp(a, "--reference") && has_val) ref_path = argv[++i];
         else if (!strcmp(a, "--tolerance") && has_val) tol = argv[++i];
+        else if (!strcmp(a, "--adapter") && has_val) adapter = argv[++i];
         else if (!strcmp(a, "--threads") && has_val) { if (cli_parse_int(argv[++i], &threads)) return cli_usage_error("check-reference: bad --threads"); }
         else if (!strcmp(a, "--ctx") && has_val) { if (cli_parse_int(argv[++i], &n_ctx)) return cli_usage_error("check-reference: bad --ctx"); }
         else if (a[0] == '-') return cli_usage_error("check-reference: unknown option or missing value: %s", a);
@@ -254,6 +256,7 @@ int cmd_check_reference(int argc, char **argv) {
     lmx_load_params lp = lmx_load_default_params();
     lp.backend = backend;
     lp.n_threads = threads;
+    lp.adapter = adapter;
     if (lmx_model_load(dir, &lp, &k.m) != LMX_OK) {
         fprintf(stderr, "lmx: %s\n", lmx_last_error(NULL));
         return 1;
@@ -287,8 +290,9 @@ int cmd_check_reference(int argc, char **argv) {
         return 1;
     }
     k.ref = ref;
-    printf("%s: %s, %d layers, %s weights, %s backend, %s tolerance\n", dir, in.architecture, in.n_layers,
-           in.dtype, in.backend, tol ? tol : k.tol == TOL_F32 ? "f32" : "bf16");
+    printf("%s: %s, %d layers, %s weights, %s backend, %s tolerance%s%s\n", dir, in.architecture, in.n_layers,
+           in.dtype, in.backend, tol ? tol : k.tol == TOL_F32 ? "f32" : "bf16", adapter ? ", adapter " : "",
+           adapter ? adapter : "");
     check_sequence(&k, "short");
     check_sequence(&k, "long");
     check_batch(&k);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapter.h"
 #include "model.h"
 
 /* The bias to pass to matmul: NULL when the checkpoint has none. */
@@ -41,6 +42,7 @@ void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
         if (all[i]->data) be->ops->release(be, all[i]);
     free(ws->ids);
     free(ws->kv);
+    free(ws->lora);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -53,8 +55,10 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
     if (B > ws->max_batch) {
         lmx_kv_layer **kv = realloc(ws->kv, (size_t)B * sizeof *kv);
-        if (!kv) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-        ws->kv = kv;
+        if (kv) ws->kv = kv;
+        const lmx_lora_pair **lora = kv ? realloc(ws->lora, (size_t)B * sizeof *lora) : NULL;
+        if (lora) ws->lora = lora;
+        if (!kv || !lora) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         ws->max_batch = B;
     }
     if (M > ws->max_rows) {
@@ -81,7 +85,25 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     return LMX_OK;
 }
 
-static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_all,
+/* After projection p's matmul y = x W^T of layer l: y += s B (A x) for each sequence whose adapter
+ * adapts it (none: nothing runs). */
+static lmx_status lora(lmx_model *m, const lmx_adapter *const *ad, int l, lmx_proj p, lmx_tensor *y,
+                       const lmx_tensor *x, const lmx_batch *bt) {
+    if (!ad) return LMX_OK;
+    lmx_backend *be = m->be;
+    int any = 0;
+    for (int b = 0; b < bt->B; b++) {
+        m->ws.lora[b] = ad[b] ? lmx_adapter_pair(ad[b], l, p) : NULL;
+        any |= m->ws.lora[b] != NULL;
+    }
+    if (!any) return LMX_OK;
+    if (!be->ops->lora)
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend does not apply LoRA adapters", be->ops->name);
+    TRY(be->ops->lora(be, y, x, bt->B, bt->T, m->ws.lora));
+    return LMX_OK;
+}
+
+static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad,
                                   lmx_kv_layer **kv, const lmx_batch *bt, int M) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
@@ -95,6 +117,10 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     TRY(op->matmul(be, &ws->q, &ws->xn, &L->wq, bias(&L->bq), M));
     TRY(op->matmul(be, &ws->k, &ws->xn, &L->wk, bias(&L->bk), M));
     TRY(op->matmul(be, &ws->v, &ws->xn, &L->wv, bias(&L->bv), M));
+    lmx_status st;
+    if ((st = lora(m, ad, l, LMX_PROJ_Q, &ws->q, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_K, &ws->k, &ws->xn, bt)) ||
+        (st = lora(m, ad, l, LMX_PROJ_V, &ws->v, &ws->xn, bt)))
+        return st;
     if (m->traits.qk_norm) {
         TRY(op->rmsnorm(be, &ws->q, &ws->q, &L->q_norm, M * H, D, (float)c->eps, one));
         TRY(op->rmsnorm(be, &ws->k, &ws->k, &L->k_norm, M * Hk, D, (float)c->eps, one));
@@ -110,13 +136,14 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     TRY(op->kv_append(be, kv, bt, &ws->k, &ws->v));
 
     TRY(op->matmul(be, &ws->proj, &ws->att, &L->wo, bias(&L->bo), M));
+    if ((st = lora(m, ad, l, LMX_PROJ_O, &ws->proj, &ws->att, bt))) return st;
     if (L->post_attn_norm.data)
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, (float)c->eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
     return LMX_OK;
 }
 
-static lmx_status mlp_block(lmx_model *m, int l, int M) {
+static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, const lmx_batch *bt, int M) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     lmx_workspace *ws = &m->ws;
@@ -127,8 +154,12 @@ static lmx_status mlp_block(lmx_model *m, int l, int M) {
     TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, c->hidden, (float)c->eps, one));
     TRY(op->matmul(be, &ws->gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
     TRY(op->matmul(be, &ws->up, &ws->xn, &L->w_up, bias(&L->b_up), M));
+    lmx_status st;
+    if ((st = lora(m, ad, l, LMX_PROJ_GATE, &ws->gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &ws->up, &ws->xn, bt)))
+        return st;
     TRY(op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)M * c->ffn, c->act));
     TRY(op->matmul(be, &ws->proj, &ws->gate, &L->w_down, bias(&L->b_down), M));
+    if ((st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &ws->gate, bt))) return st;
     if (L->post_ffn_norm.data)
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm, M, c->hidden, (float)c->eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
@@ -145,7 +176,8 @@ typedef struct fwd_out {
     int *k_out;
 } fwd_out;
 
-static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt, const int32_t *tokens,
+static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
+                          const int32_t *tokens,
                           const int *rows, int R, const fwd_out *out) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
@@ -178,8 +210,8 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_b
         return lmx_err_set(&m->err, st, "%s", be->err.msg);
     }
     for (int l = 0; l < c->n_layers; l++) {
-        if ((st = attention_block(m, l, kv_all, kv, bt, M))) return st;
-        if ((st = mlp_block(m, l, M))) return st;
+        if ((st = attention_block(m, l, kv_all, ad, kv, bt, M))) return st;
+        if ((st = mlp_block(m, l, ad, bt, M))) return st;
     }
     if (R > 0) {
         lmx_workspace *ws = &m->ws;
@@ -202,14 +234,15 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_b
     return LMX_OK;
 }
 
-lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens,
-                             const int *rows, int R, float *logits) {
+lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_adapter *const *ad, const lmx_batch *bt,
+                             const int32_t *tokens, const int *rows, int R, float *logits) {
     const fwd_out out = {.logits = logits};
-    return forward(m, kv, bt, tokens, rows, R, &out);
+    return forward(m, kv, ad, bt, tokens, rows, R, &out);
 }
 
-lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens,
-                                  const int *rows, int R, int k, float *vals, int32_t *ids, float *logits, int *k_out) {
+lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const lmx_adapter *const *ad,
+                                  const lmx_batch *bt, const int32_t *tokens, const int *rows, int R, int k, float *vals,
+                                  int32_t *ids, float *logits, int *k_out) {
     const fwd_out out = {.logits = logits, .k = k, .vals = vals, .ids = ids, .k_out = k_out};
-    return forward(m, kv, bt, tokens, rows, R, &out);
+    return forward(m, kv, ad, bt, tokens, rows, R, &out);
 }

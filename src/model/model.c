@@ -1,5 +1,6 @@
 /* model.c - lmx_model_load / lmx_model_free / info, and the per-thread error of handle-less calls. */
 #include "model.h"
+#include "adapter.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ lmx_load_params lmx_load_default_params(void) {
 void lmx_model_free(lmx_model *m) {
     if (!m) return;
     lmx_runtime_free(m);
+    lmx_adapters_free_all(m);
     if (m->be) {
         lmx_workspace_free(m->be, &m->ws);
         lmx_backend_free(m->be);
@@ -81,6 +83,14 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
     }
     m->progress = NULL;
     if ((st = lmx_runtime_create(m, path, params))) goto fail;
+    if (params->adapter) {
+        lmx_adapter *a = NULL;
+        if ((st = lmx_adapter_load(m, params->adapter, &a))) {
+            lmx_err_prefix(&m->err, "adapter");
+            goto fail;
+        }
+        m->default_adapter = a->id;
+    }
     *out = m;
     return LMX_OK;
 fail:

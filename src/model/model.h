@@ -40,6 +40,7 @@ typedef struct lmx_workspace {
     int max_batch;
     int32_t *ids;                /* host [max_rows]: token ids with padding replaced */
     lmx_kv_layer **kv;           /* host [max_batch]: one layer's cache of each sequence */
+    const lmx_lora_pair **lora;  /* host [max_batch]: one projection's LoRA pair of each sequence */
 } lmx_workspace;
 
 struct lmx_model {
@@ -63,6 +64,10 @@ struct lmx_model {
     int quantized;
     int64_t bytes_by_ggml_type[32];  /* GGUF: weight bytes of each block type (for dtype_name) */
     lmx_workspace ws;
+    struct lmx_adapter **adapters;   /* [n_adapters] loaded on this model (model/adapter.c) */
+    int n_adapters, cap_adapters;
+    unsigned adapter_seq;        /* the last adapter id handed out */
+    unsigned default_adapter;    /* id of the adapter requests get when they name none; 0: none */
     struct lmx_runtime *rt;      /* generation session (runtime/runtime.h) */
     lmx_progress_fn progress;    /* loading progress, while lmx_model_load runs */
     void *progress_user;
@@ -72,15 +77,16 @@ struct lmx_model {
 lmx_status lmx_model_bind(lmx_model *m);
 
 /* The forward pass over a padded batch (model/forward.c).  tokens [B*T] (padding ignored);
- * kv[b] is the n_layers caches of sequence b; rows[R] picks the rows whose logits land in
- * logits [R, V] on the host. */
-lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *batch,
-                             const int32_t *tokens, const int *rows, int R, float *logits);
+ * kv[b] is the n_layers caches of sequence b; ad: NULL, or [B] the adapter of each sequence (NULL
+ * entries: none); rows[R] picks the rows whose logits land in logits [R, V] on the host. */
+lmx_status lmx_model_forward(lmx_model *m, lmx_kv_layer *const *kv, const struct lmx_adapter *const *ad,
+                             const lmx_batch *batch, const int32_t *tokens, const int *rows, int R, float *logits);
 /* The same pass, returning only the k largest logits of each row (largest first, equal ones by
  * lower id) in vals / ids [R, k] with *k_out = k, selected by the backend (on the GPU: k values
  * cross to the host instead of V); when the backend cannot select them (the cpu), the rows' logits
  * [R, V] land in logits instead and *k_out = 0. */
-lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *batch,
+lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const struct lmx_adapter *const *ad,
+                                  const lmx_batch *batch,
                                   const int32_t *tokens, const int *rows, int R, int k, float *vals, int32_t *ids,
                                   float *logits, int *k_out);
 

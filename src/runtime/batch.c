@@ -49,7 +49,7 @@ static void free_prompts(int32_t **ids, int *lens, int N) {
 /* ---- classify ------------------------------------------------------------------------------ */
 
 static lmx_status classify_group(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
-                                 float *logits /* [N, V] */) {
+                                 lmx_adapter *const *adapters, float *logits /* [N, V] */) {
     int T = 0;
     for (int i = 0; i < N; i++) T = lens[i] > T ? lens[i] : T;
     int32_t *tokens = calloc((size_t)N * (size_t)T, sizeof *tokens); /* [N, T], right-padded */
@@ -59,6 +59,7 @@ static lmx_status classify_group(lmx_model *m, const int32_t *const *prompts, co
     for (int i = 0; st == LMX_OK && i < N; i++) {
         memcpy(tokens + (size_t)i * T, prompts[i], (size_t)lens[i] * sizeof *tokens);
         st = lmx_context_create(m, NULL, &ctxs[i]);
+        if (st == LMX_OK && adapters) st = lmx_context_set_adapter(ctxs[i], adapters[i]);
     }
     if (st == LMX_OK) st = lmx_eval_batch(m, ctxs, N, tokens, lens, T, logits);
     for (int i = 0; ctxs && i < N; i++) lmx_context_free(ctxs[i]);
@@ -68,7 +69,8 @@ static lmx_status classify_group(lmx_model *m, const int32_t *const *prompts, co
 }
 
 lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const int *lens, int N,
-                            const lmx_sampler_params *sampler, int32_t *next_ids, float *logits) {
+                            lmx_adapter *const *adapters, const lmx_sampler_params *sampler, int32_t *next_ids,
+                            float *logits) {
     lmx_status st = begin(m);
     if (st || (st = check_prompts(m, prompts, lens, N))) return st;
     if (!next_ids && !logits) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "neither next_ids nor logits asked for");
@@ -88,7 +90,7 @@ lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const i
     for (int i0 = 0; st == LMX_OK && i0 < N; i0 += group) {
         int n = N - i0 < group ? N - i0 : group;
         float *out = logits ? logits + (size_t)i0 * V : own;
-        if ((st = classify_group(m, prompts + i0, lens + i0, n, out))) break;
+        if ((st = classify_group(m, prompts + i0, lens + i0, n, adapters ? adapters + i0 : NULL, out))) break;
         for (int i = 0; next_ids && i < n; i++) {
             float *row = out + (size_t)i * V;
             if (!sampler) {
@@ -108,13 +110,13 @@ lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const i
     return st;
 }
 
-lmx_status lmx_classify(lmx_model *m, const char *const *prompts, int N, const lmx_sampler_params *sampler,
-                        int32_t *next_ids, float *logits) {
+lmx_status lmx_classify(lmx_model *m, const char *const *prompts, int N, lmx_adapter *const *adapters,
+                        const lmx_sampler_params *sampler, int32_t *next_ids, float *logits) {
     if (!m) return LMX_ERR_INVALID_ARG;
     int32_t **ids = NULL;
     int *lens = NULL;
     lmx_status st = encode_all(m, prompts, N, &ids, &lens);
-    if (st == LMX_OK) st = lmx_classify_ids(m, (const int32_t *const *)ids, lens, N, sampler, next_ids, logits);
+    if (st == LMX_OK) st = lmx_classify_ids(m, (const int32_t *const *)ids, lens, N, adapters, sampler, next_ids, logits);
     free_prompts(ids, lens, N);
     return st;
 }
@@ -201,7 +203,7 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
             break;
         }
         if ((st = lmx_gen_seq_begin(g, m, &params[i], tok, prompts[i], lens[i], NULL, 0, &m->err)) ||
-            (st = lmx_context_create(m, &cp, &b.ctx[i])) ||
+            (st = lmx_context_create(m, &cp, &b.ctx[i])) || (st = lmx_context_set_adapter(b.ctx[i], params[i].adapter)) ||
             (st = lmx_context_eval(b.ctx[i], prompts[i], lens[i], b.logits + (size_t)i * V, 0)))
             break;
         if (lmx_buf_append(m->be, &b.hist[i], prompts[i], (size_t)lens[i] * sizeof(int32_t))) {

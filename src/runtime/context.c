@@ -8,12 +8,14 @@
 #include <string.h>
 
 #include "runtime.h"
+#include "../model/adapter.h"
 
 
 struct lmx_context {
     lmx_model *m;
     lmx_kv_layer *kv;     /* [n_layers] */
     int n_past;
+    unsigned adapter;     /* id of the adapter it evaluates with (0: none) */
     int *rows;            /* [rows_cap]: logit rows requested from the forward pass */
     int rows_cap;
 };
@@ -49,6 +51,7 @@ lmx_status lmx_context_create(lmx_model *m, const lmx_context_params *params, lm
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     }
     c->m = m;
+    c->adapter = m->default_adapter;
     int64_t KD = (int64_t)m->cfg.n_kv_heads * m->head_dim;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         lmx_kv_layer *kv = &c->kv[l];
@@ -77,6 +80,26 @@ void lmx_context_reset(lmx_context *c) {
 }
 
 int lmx_context_n_past(const lmx_context *c) { return c ? c->n_past : 0; }
+
+lmx_status lmx_context_set_adapter(lmx_context *c, lmx_adapter *a) {
+    if (!c) return LMX_ERR_INVALID_ARG;
+    unsigned id;
+    lmx_status st = lmx_adapter_resolve(c->m, a, &id);
+    if (st) return st;
+    if (id != c->adapter) c->n_past = 0; /* its cache was computed under the other adapter */
+    c->adapter = id;
+    return LMX_OK;
+}
+
+unsigned lmx_context_adapter(const lmx_context *c) { return c->adapter; }
+
+/* The adapter of c for the forward pass: *a NULL for none; an error when it has been freed. */
+static lmx_status context_adapter(const lmx_context *c, const lmx_adapter **a) {
+    *a = lmx_adapter_by_id(c->m, c->adapter);
+    if (c->adapter && !*a)
+        return lmx_err_set(&c->m->err, LMX_ERR_INVALID_ARG, "the context's adapter has been freed; set another");
+    return LMX_OK;
+}
 
 /* Position p of a rotating cache lives in slot p % cap until position p + cap overwrites it.
  * Starting again at n needs positions [n - cap, n): intact iff max(cap, n) >= n_past. */
@@ -119,6 +142,9 @@ static lmx_status eval(lmx_context *c, const int32_t *tokens, int n, float *logi
         if (tokens[i] < 0 || tokens[i] >= V)
             return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "token id %d at position %d outside the vocabulary [0, %d)",
                                tokens[i], i, V);
+    const lmx_adapter *ad;
+    lmx_status ast = context_adapter(c, &ad);
+    if (ast) return ast;
     for (int done = 0; done < n;) {
         const int max_chunk = lmx_prefill_chunk(m);
         int chunk = n - done < max_chunk ? n - done : max_chunk;
@@ -138,8 +164,9 @@ static lmx_status eval(lmx_context *c, const int32_t *tokens, int n, float *logi
         int n_past = c->n_past, n_new = chunk;
         lmx_batch bt = {.B = 1, .T = chunk, .n_past = &n_past, .n_new = &n_new};
         lmx_kv_layer *kv = c->kv;
-        st = k > 0 && last ? lmx_model_forward_topk(m, &kv, &bt, tokens + done, c->rows, 1, k, vals, ids, dst, k_out)
-                           : lmx_model_forward(m, &kv, &bt, tokens + done, c->rows, R, dst);
+        const lmx_adapter *const *ads = ad ? &ad : NULL;
+        st = k > 0 && last ? lmx_model_forward_topk(m, &kv, ads, &bt, tokens + done, c->rows, 1, k, vals, ids, dst, k_out)
+                           : lmx_model_forward(m, &kv, ads, &bt, tokens + done, c->rows, R, dst);
         if (st) return st;
         c->n_past += chunk;
         done += chunk;
@@ -166,7 +193,9 @@ static lmx_status eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, cons
     int *n_past = malloc((size_t)B * sizeof *n_past);
     int *rows = malloc((size_t)B * sizeof *rows);
     lmx_kv_layer **kv = malloc((size_t)B * sizeof *kv);
-    if (!n_past || !rows || !kv) {
+    const lmx_adapter **ad = malloc((size_t)B * sizeof *ad);
+    int any_adapter = 0;
+    if (!n_past || !rows || !kv || !ad) {
         st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -188,16 +217,20 @@ static lmx_status eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, cons
         n_past[b] = ctxs[b]->n_past;
         rows[b] = b * T + lens[b] - 1;
         kv[b] = ctxs[b]->kv;
+        if ((st = context_adapter(ctxs[b], &ad[b]))) goto done;
+        any_adapter |= ad[b] != NULL;
     }
     lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = lens};
-    st = k > 0 ? lmx_model_forward_topk(m, kv, &bt, tokens, rows, B, k, vals, ids, last_logits, k_out)
-               : lmx_model_forward(m, kv, &bt, tokens, rows, B, last_logits);
+    const lmx_adapter *const *ads = any_adapter ? ad : NULL;
+    st = k > 0 ? lmx_model_forward_topk(m, kv, ads, &bt, tokens, rows, B, k, vals, ids, last_logits, k_out)
+               : lmx_model_forward(m, kv, ads, &bt, tokens, rows, B, last_logits);
     if (st == LMX_OK)
         for (int b = 0; b < B; b++) ctxs[b]->n_past += lens[b];
 done:
     free(n_past);
     free(rows);
     free(kv);
+    free(ad);
     return st;
 }
 

@@ -27,6 +27,8 @@ static inline int lmx_prefill_chunk(const lmx_model *m) {
  * or -1 when a rotating cache has already overwritten positions that the new start needs
  * (the caller then resets instead). */
 int lmx_context_rewind(lmx_context *c, int n);
+/* The id of the adapter c evaluates with (0: none). */
+unsigned lmx_context_adapter(const lmx_context *c);
 /* Bytes the context's caches hold now. */
 int64_t lmx_context_bytes(const lmx_context *c);
 /* lmx_context_eval for the last position's next-token candidates: the k largest logits (largest

@@ -396,6 +396,7 @@ static const lmx_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .lora = cpu_lora,
     .add = cpu_add,
     .glu = cpu_glu,
     .softcap = cpu_softcap,

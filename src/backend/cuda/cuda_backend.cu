@@ -223,6 +223,8 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s);
 lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                            int n, float eps, float add_one);
+lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                        const lmx_lora_pair *const *pairs);
 lmx_status cuda_op_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                           const lmx_tensor *bias, int M);
 lmx_status cuda_op_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
@@ -263,6 +265,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .embed = */ cuda_op_embed,
     /* .rmsnorm = */ cuda_op_rmsnorm,
     /* .matmul = */ cuda_op_matmul,
+    /* .lora = */ cuda_op_lora,
     /* .add = */ cuda_op_add,
     /* .glu = */ cuda_op_glu,
     /* .softcap = */ cuda_op_softcap,

@@ -27,7 +27,7 @@
 
 #include "cuda_internal.h"
 
-enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER };
+enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA };
 enum { G_OFF = 0, G_REC, G_REPLAY };
 
 /* One op call; zero-filled before use so that memcmp compares it. */
@@ -40,6 +40,7 @@ typedef struct g_rec {
     lmx_kv_layer *kvp[CUDA_G_MAX];
     void *kd[CUDA_G_MAX], *vd[CUDA_G_MAX];
     int cap[CUDA_G_MAX], rot[CUDA_G_MAX], win[CUDA_G_MAX], rows[CUDA_G_MAX];
+    lmx_lora_pair lora[CUDA_G_MAX];   /* G_LORA: each sequence's pair (a.data NULL: none) */
 } g_rec;
 
 typedef struct cuda_graph {
@@ -143,7 +144,7 @@ static int g_reads(const g_rec *r, const void *p) {
     case G_EMBED: return r->t[1].data == p;
     case G_RMSNORM: case G_GLU: return r->t[1].data == p || r->t[2].data == p;
     case G_MATMUL: case G_ATTENTION: return r->t[1].data == p || r->t[2].data == p || (r->has[3] && r->t[3].data == p);
-    case G_ADD: case G_KV_APPEND: return r->t[0].data == p || r->t[1].data == p;
+    case G_ADD: case G_KV_APPEND: case G_LORA: return r->t[0].data == p || r->t[1].data == p;
     case G_GATHER: return r->t[1].data == p;
     default: return r->t[0].data == p; /* softcap, rope: in place */
     }
@@ -432,7 +433,7 @@ static int g_stash(cuda_graph *g, const g_rec *r, const int32_t *ids, const lmx_
 
 static int g_fits(const g_rec *r) {
     if (r->op == G_EMBED || r->op == G_MATMUL || r->op == G_GATHER) return r->M >= 1 && r->M <= CUDA_G_MAX;
-    if (r->op == G_ROPE || r->op == G_ATTENTION || r->op == G_KV_APPEND)
+    if (r->op == G_ROPE || r->op == G_ATTENTION || r->op == G_KV_APPEND || r->op == G_LORA)
         return r->T == 1 && r->B >= 1 && r->B <= CUDA_G_MAX;
     return 1;
 }
@@ -518,6 +519,11 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
     }
     case G_KV_APPEND: return cuda_kv_append(be, kv, bt, &c->t[0], &c->t[1]);
     case G_GATHER: return cuda_gather_rows(be, &c->t[0], &c->t[1], rows, c->M, c->n);
+    case G_LORA: {
+        const lmx_lora_pair *pairs[CUDA_G_MAX];
+        for (int b = 0; b < c->B; b++) pairs[b] = c->lora[b].a.data ? &c->lora[b] : NULL;
+        return cuda_lora(be, &c->t[0], &c->t[1], c->B, c->T, pairs);
+    }
     }
     return lmx_err_set(&be->err, LMX_ERR_BACKEND, "cuda: unknown op %d", c->op);
 }
@@ -699,7 +705,36 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
     return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, rows);
 }
 
+static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                         const lmx_lora_pair *const *pairs) {
+    cuda_backend *cb = (cuda_backend *)be;
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_LORA;
+    r.M = B * T;
+    r.B = B;
+    r.T = T;
+    if (B > CUDA_G_MAX || T != 1) { /* never graphed (the record cannot hold the pairs): leave graph mode */
+        int absorbed = 0;
+        lmx_status st = cb->g ? g_op(cb, &r, NULL, NULL, &absorbed) : LMX_OK;
+        return st ? st : cuda_lora(be, y, x, B, T, pairs);
+    }
+    rec_t(&r, 0, y);
+    rec_t(&r, 1, x);
+    for (int b = 0; b < B; b++)
+        if (pairs[b]) {
+            tcopy(&r.lora[b].a, &pairs[b]->a);
+            tcopy(&r.lora[b].b, &pairs[b]->b);
+            r.lora[b].scale = pairs[b]->scale;
+        }
+    return g_dispatch(cb, &r, NULL, NULL, NULL, NULL);
+}
+
 /* The table entries (cuda_backend.cu). */
+lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                        const lmx_lora_pair *const *pairs) {
+    return w_lora(be, y, x, B, T, pairs);
+}
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s) {
     return w_embed(be, out, t, ids, M, s);
 }

@@ -25,6 +25,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_ATTN,      /* attention split partials                          see attention */
        CUDA_SCRATCH_KV16,      /* prefill attention: new keys and values as bf16   [2, M, Hk*D] */
        CUDA_SCRATCH_TOPK,      /* top-k candidates and results                      see cuda_topk.cu */
+       CUDA_SCRATCH_LORA,      /* LoRA shrink results                               [M, r] */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -83,6 +84,13 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
                        const lmx_tensor *bias, int M);
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);
 lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, float *vals, int32_t *idx);
+/* LoRA (cuda_lora.cu): the backend op, and its decode form for B <= CUDA_LORA_SEQS single rows
+ * (y [B, N] += scale_b * B_b (A_b x[b]) for each b with pairs[b] != NULL). */
+#define CUDA_LORA_SEQS CUDA_G_MAX
+lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                     const lmx_lora_pair *const *pairs);
+lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
+                            const lmx_lora_pair *const *pairs);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
 /* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format

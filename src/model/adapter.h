@@ -1,0 +1,37 @@
+/* adapter.h - LoRA adapters bound to a model (the public lmx_adapter).
+ *
+ * An adapter keeps, for each (layer, projection) it modifies, one lmx_lora_pair in the model's
+ * backend: A [r, K] and B [N, r] in f32 (K, N: the projection's in and out), and its scale.  The
+ * forward pass gives each sequence's pair to the backend's lora op after the projection's matmul.
+ * A model owns its adapters; contexts and requests refer to them by id, so a freed adapter is
+ * noticed instead of read. */
+#ifndef LMX_MODEL_ADAPTER_H
+#define LMX_MODEL_ADAPTER_H
+
+#include "../formats/lora_file.h"
+#include "model.h"
+
+struct lmx_adapter {
+    lmx_model *m;
+    unsigned id;                 /* > 0, unique on m */
+    lmx_lora_pair *pairs;        /* [n_layers * LMX_PROJ_N]; a.data NULL where not adapted */
+    lmx_adapter_info info;
+    char *path;
+    char targets[96];            /* "q_proj,v_proj" */
+};
+
+/* The pair of (layer, projection), or NULL when a does not adapt it. */
+static inline const lmx_lora_pair *lmx_adapter_pair(const lmx_adapter *a, int layer, lmx_proj p) {
+    const lmx_lora_pair *q = &a->pairs[layer * LMX_PROJ_N + p];
+    return q->a.data ? q : NULL;
+}
+
+/* The live adapter of m with this id; NULL for id 0 or a freed adapter. */
+lmx_adapter *lmx_adapter_by_id(const lmx_model *m, unsigned id);
+/* The adapter a request's choice stands for: NULL -> the model's default, LMX_NO_ADAPTER -> none
+ * (*id = 0).  LMX_ERR_INVALID_ARG (message in m->err) when a belongs to another model. */
+lmx_status lmx_adapter_resolve(lmx_model *m, lmx_adapter *a, unsigned *id);
+/* Free every adapter of m (lmx_model_free). */
+void lmx_adapters_free_all(lmx_model *m);
+
+#endif
