@@ -27,6 +27,8 @@ typedef struct bench {
     int V, cuda;
     uint64_t rng;
     double peak_gpu;      /* bytes in use on the device (total - free), the most seen */
+    lmx_adapter *ad[4];   /* --adapter: the first is the model's default; batches take them in turn */
+    int n_ad;
 } bench;
 
 static double now_s(void) {
@@ -178,7 +180,9 @@ static double decode_batch(bench *b, int B, int steps) {
     double *t = malloc((size_t)steps * sizeof *t), r = -1;
     if (!cs || !ids || !lens || !logits || !t) goto done;
     for (int i = 0; i < B; i++)
-        if (lmx_context_create(b->m, NULL, &cs[i]) != LMX_OK) goto done;
+        if (lmx_context_create(b->m, NULL, &cs[i]) != LMX_OK ||
+            (b->n_ad > 1 && lmx_context_set_adapter(cs[i], b->ad[i % b->n_ad]) != LMX_OK))
+            goto done;
     for (int i = 0; i < B * P; i++) ids[i] = tok(b);
     for (int i = 0; i < B; i++) lens[i] = P;
     if (lmx_eval_batch(b->m, cs, B, ids, lens, P, logits) != LMX_OK) goto done;
@@ -202,21 +206,27 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *path = NULL, *backend = "auto";
-    int json = 0, steps = 64, long_ctx = 4096;
+    const char *path = NULL, *backend = "auto", *adapters[4];
+    int json = 0, steps = 64, long_ctx = 4096, n_adapters = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) {
-            printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--json]\n\n"
+            printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--adapter DIR]... [--json]\n\n"
                    "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
                    "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
                    "batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
                    "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
-                   "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n");
+                   "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n"
+                   "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
+                   "several, the sequences of a batch take them in turn (one batch mixes them).\n");
             return 0;
         }
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(a, "--adapter") && i + 1 < argc) {
+            if (n_adapters == 4) return cli_usage_error("bench: at most 4 adapters");
+            adapters[n_adapters++] = argv[++i];
+        }
         else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench: bad --steps"); }
         else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx) || long_ctx < 0) return cli_usage_error("bench: bad --long-ctx"); }
         else if (a[0] == '-') return cli_usage_error("bench: unknown option or missing value: %s", a);
@@ -233,6 +243,13 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     double load_s = now_s() - t0;
+    for (int i = 0; i < n_adapters; i++)
+        if (lmx_adapter_load(b.m, adapters[i], &b.ad[b.n_ad++]) != LMX_OK) {
+            fprintf(stderr, "lmx: %s: %s\n", adapters[i], lmx_last_error(b.m));
+            lmx_model_free(b.m);
+            return 1;
+        }
+    if (b.n_ad) lmx_model_set_adapter(b.m, b.ad[0]);
     lmx_model_get_info(b.m, &b.in);
     b.V = b.in.vocab_size;
     b.cuda = !strcmp(b.in.backend, "cuda");
@@ -270,13 +287,14 @@ int cmd_bench(int argc, char **argv) {
                "\"generate_sampled_tok_s\": %.2f, "
                "\"batch1_tok_s\": %.2f, \"batch8_tok_s\": %.2f, "
                "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
-               "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g}\n",
+               "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
                bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, bt[0], bt[1], bt[2], b.peak_gpu, bw0, bwL,
-               copy_bw);
+               copy_bw, b.n_ad);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
                in->architecture, in->dtype, in->backend, in->n_params / 1e9, in->weight_bytes / 1e9, bytes_tok / 1e9);
+        if (b.n_ad) printf("adapters             %d (LoRA, unmerged; batches mix them)\n", b.n_ad);
         printf("load                 %8.2f s\n", load_s);
         printf("prefill 512          %8.1f tok/s\n", pp512);
         printf("prefill 2048         %8.1f tok/s\n", pp2048);

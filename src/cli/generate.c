@@ -29,6 +29,7 @@ const char cli_gen_opts_help[] =
     "  --ctx N                keep at most N positions (rotating caches); 0 = unbounded\n"
     "  --threads N            CPU threads (default: all cores)\n"
     "  --backend NAME         auto, cpu or cuda (default auto)\n"
+    "  --adapter DIR          apply a LoRA adapter (PEFT or mlx-lm folder) unmerged\n"
     "  --json                 print the metrics as one JSON line on stderr\n";
 
 static int parse_float(const char *s, float *out) {
@@ -52,7 +53,7 @@ int cli_parse_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_op
               : !strcmp(a, "--min-p") ? &sp->min_p : !strcmp(a, "--repeat-penalty") ? &sp->repeat_penalty
               : !strcmp(a, "--presence-penalty") ? &sp->presence_penalty
               : !strcmp(a, "--frequency-penalty") ? &sp->frequency_penalty : NULL;
-    int is_str = !strcmp(a, "--backend") || !strcmp(a, "--stop") || !strcmp(a, "--seed");
+    int is_str = !strcmp(a, "--backend") || !strcmp(a, "--stop") || !strcmp(a, "--seed") || !strcmp(a, "--adapter");
     if (!ip && !fp && !is_str) return 0;
     if (*i + 1 >= argc) {
         cli_usage_error("%s: %s needs a value", cmd, a);
@@ -64,6 +65,7 @@ int cli_parse_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_op
         return -1;
     }
     if (!strcmp(a, "--backend")) o->backend = v;
+    if (!strcmp(a, "--adapter")) o->adapter = v;
     if (!strcmp(a, "--seed")) {
         char *end;
         long long s = strtoll(v, &end, 10);
@@ -99,6 +101,7 @@ lmx_model *cli_load(const char *path, const cli_gen_opts *o) {
     lp.backend = o->backend;
     lp.n_threads = o->threads;
     lp.n_ctx = o->n_ctx;
+    lp.adapter = o->adapter;
     if (isatty(STDERR_FILENO)) {
         lp.progress = progress_bar;
         lp.progress_user = "loading";

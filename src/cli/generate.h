@@ -11,6 +11,7 @@
 
 typedef struct cli_gen_opts {
     const char *backend;   /* --backend (default "auto") */
+    const char *adapter;   /* --adapter (NULL: none) */
     int threads;           /* --threads (0: all cores) */
     int n_ctx;             /* --ctx (0: unbounded) */
     int json;              /* --json: metrics as one JSON line on stderr */

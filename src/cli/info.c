@@ -7,11 +7,17 @@
 #include "lmx.h"
 
 int cmd_info(int argc, char **argv) {
-    const char *path = NULL;
+    const char *path = NULL, *adapter = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: lmx info MODEL\n\nPrint the architecture, sizes and weight dtype of a model directory.\n");
+            printf("usage: lmx info MODEL [--adapter DIR]\n\nPrint the architecture, sizes and weight dtype of a model "
+                   "directory;\nwith --adapter, also the LoRA adapter's format, rank, targets, scale and parameters.\n");
             return 0;
+        }
+        if (!strcmp(argv[i], "--adapter")) {
+            if (i + 1 >= argc) return cli_usage_error("info: --adapter needs a value");
+            adapter = argv[++i];
+            continue;
         }
         if (argv[i][0] == '-') return cli_usage_error("info: unknown option %s", argv[i]);
         if (path) return cli_usage_error("info: more than one model given");
@@ -34,6 +40,19 @@ int cmd_info(int argc, char **argv) {
            in.architecture, in.backend, in.dtype, (long long)in.n_params, (long long)in.weight_bytes,
            in.n_layers, in.hidden_size, in.n_heads, in.n_kv_heads, in.head_dim, in.ffn_size,
            in.vocab_size, in.max_context, (long long)in.memory_bytes);
+    if (adapter) {
+        lmx_adapter *a = NULL;
+        lmx_adapter_info ai;
+        if (lmx_adapter_load(m, adapter, &a) != LMX_OK || lmx_adapter_get_info(a, &ai) != LMX_OK) {
+            fprintf(stderr, "lmx: %s\n", lmx_last_error(m));
+            lmx_model_free(m);
+            return 1;
+        }
+        printf("adapter       %s (%s)\nrank          %d\nscale         %g%s\ntargets       %s\n"
+               "layers        %d..%d (%d projections)\nadapter params %lld\n",
+               ai.path, ai.format, ai.rank, ai.scale, ai.scales_differ ? " (first; others differ)" : "", ai.targets,
+               ai.first_layer, ai.last_layer, ai.n_modules, (long long)ai.n_params);
+    }
     lmx_model_free(m);
     return 0;
 }
