@@ -27,6 +27,25 @@ for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled; do
     run "$bin/lmx" check-reference "$root/tests/data/gguf/$m.gguf" --backend cuda \
         --reference "$fix/models/$m/reference.safetensors"
 done
+# LoRA adapters (PEFT and mlx-lm layouts) unmerged, on the dense fixtures and their GGUF copies
+for m in llama qwen3; do
+    for fmt in peft mlx; do
+        run "$bin/lmx" check-reference "$fix/models/$m" --backend cuda --adapter "$fix/models/${m}_lora/${fmt}_adapter" \
+            --reference "$fix/models/${m}_lora/reference.safetensors"
+    done
+    run "$bin/lmx" check-reference "$root/tests/data/gguf/$m.gguf" --backend cuda \
+        --adapter "$fix/models/${m}_lora/peft_adapter" --reference "$fix/models/${m}_lora/reference.safetensors"
+done
+for m in llama qwen3; do   # and on quantized bases (tests/data/lora: float64 numpy references)
+    for base in q4 q8 gguf_q8_0 gguf_q4_0; do
+        b=$fix/models/${m}_$base
+        case $base in gguf_*) b=$root/tests/data/lora/${m}_$base/${m}_${base#gguf_}.gguf ;; esac
+        run "$bin/lmx" check-reference "$b" --backend cuda --adapter "$fix/models/${m}_lora/peft_adapter" \
+            --reference "$root/tests/data/lora/${m}_$base/reference.safetensors"
+    done
+done
+[ -x "$bin/test_adapter" ] && run env LMX_TEST_BACKEND=cuda "$bin/test_adapter" "$fix"
+[ -x "$bin/test_adapter" ] && run env LMX_TEST_BACKEND=cuda LMX_CUDA_GRAPH=0 "$bin/test_adapter" "$fix"
 for w in 16 40; do
     run "$bin/lmx" check-reference "$fix/models/qwen3" --backend cuda --ctx $w \
         --reference "$root/tests/data/qwen3_window$w/reference.safetensors"
@@ -42,6 +61,7 @@ graph_same() {
     if [ "$a" != "$b" ]; then echo "FAILED: graphs change the output of $*"; echo "  off: $a"; echo "  on:  $b"; fail=1; fi
 }
 for m in llama qwen3 gemma2 gemma3 llama_q4 qwen3_q8; do graph_same "$fix/models/$m" --max-tokens 40; done
+for m in llama qwen3; do graph_same "$fix/models/$m" --max-tokens 40 --adapter "$fix/models/${m}_lora/peft_adapter"; done
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws
 # from every logit (LMX_CUDA_TOPK=0): greedy, and seeded top-k / top-p / min-p sampling
 topk_same() {
@@ -66,6 +86,9 @@ if python3 -c "import torch, safetensors" 2>/dev/null; then
         q06=$(mktemp -d)
         if python3 "$root/bench/make_random_model.py" qwen3-0.6b "$q06" --bits $bits >/dev/null 2>&1; then
             graph_same "$q06" --max-tokens 64
+            if [ $bits = 0 ] && python3 "$root/bench/make_random_adapter.py" "$q06" "$q06/lora" >/dev/null 2>&1; then
+                graph_same "$q06" --max-tokens 64 --adapter "$q06/lora"
+            fi
         else
             echo "FAILED: bench/make_random_model.py qwen3-0.6b --bits $bits"; fail=1
         fi

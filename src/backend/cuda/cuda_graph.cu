@@ -214,19 +214,74 @@ static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const fl
     return st == LMX_ERR_UNSUPPORTED ? LMX_OK : st;
 }
 
+/* LoRA after a matmul group (i: its first matmul, n matmuls): the LORA records right after it that
+ * apply to its outputs from its input, and with gate/up the GLU after them.  Returns how many LORA
+ * records (0: none), their projections' matmul index in mi[], *glu the GLU's act or -1. */
+static int g_lora_after(const cuda_graph *g, int i, int n, int mi[3], int *glu) {
+    const g_rec *r = &g->rec[i];
+    int nl = 0;
+    *glu = -1;
+    while (nl < n && i + n + nl < g->n_rec) {
+        const g_rec *q = &g->rec[i + n + nl];
+        if (q->op != G_LORA || q->t[1].data != r->t[1].data || q->B != r->M || q->T != 1) break;
+        int k = -1;
+        for (int j = 0; j < n; j++)
+            if (q->t[0].data == g->rec[i + j].t[0].data) k = j;
+        for (int j = 0; j < nl; j++)
+            if (mi[j] == k) k = -1;
+        if (k < 0) break;
+        mi[nl++] = k;
+    }
+    if (nl == 2 && n == 2 && i + 4 < g->n_rec) {
+        const g_rec *q = &g->rec[i + 4];
+        if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
+            q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0])
+            *glu = q->i0;
+    }
+    return nl;
+}
+
+/* The matmul group at i followed by its LoRA records (and GLU): the group as one GEMV launch (or its
+ * matmuls one by one), then every LoRA of it as one shrink and one expand launch (with the GLU). */
+static lmx_status g_exec_lora_group(cuda_backend *cb, int i, int n, int nl, const int mi[3], int glu, int *used) {
+    cuda_graph *g = cb->g;
+    int u = 0;
+    lmx_status st = n > 1 ? g_gemv_group(cb, i, n, -1, (const float *)g->rec[i].t[1].data, NULL, NULL, &u) : LMX_OK;
+    for (int j = 0; st == LMX_OK && u == 0 && j < n; j++) st = g_exec(cb, &g->rec[i + j]);
+    if (st) return st;
+    float *ys[3];
+    int Ns[3];
+    const lmx_lora_pair *pp[3][CUDA_G_MAX];
+    const lmx_lora_pair *const *pairs[3] = {pp[0], pp[1], pp[2]};
+    for (int k = 0; k < nl; k++) {
+        g_rec *q = &g->rec[i + n + k];
+        ys[k] = (float *)q->t[0].data;
+        Ns[k] = (int)g->rec[i + mi[k]].t[2].shape[0];
+        for (int b = 0; b < q->B; b++) pp[k][b] = q->lora[b].a.data ? &q->lora[b] : NULL;
+    }
+    const g_rec *r = &g->rec[i];
+    st = cuda_lora_group(cb, nl, ys, Ns, (const float *)r->t[1].data, r->t[2].shape[1], r->M, pairs, glu);
+    *used = n + nl + (glu >= 0 ? 1 : 0);
+    return st;
+}
+
 /* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
  * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
  * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
  * layer's kv append when it is safe to write the cache before the attention reads it), and a
  * residual add followed by the norm of its result as one launch.  Each does the arithmetic of the
- * ops it replaces in the same order, so graphs and eager steps agree bit for bit.
+ * ops it replaces in the same order, so graphs and eager steps agree bit for bit.  With LoRA records
+ * after a matmul group, the group's LoRAs run as one shrink and one expand launch after it (the
+ * expand also doing gate/up's GLU), and the norm before the group stays a launch of its own.
  * *used = ops consumed (0: none applied). */
 static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
     cuda_graph *g = cb->g;
     g_rec *r = &g->rec[i];
     *used = 0;
     if (r->op == G_MATMUL) {
-        int glu, n = g_matmul_group(g, i, &glu);
+        int glu, n = g_matmul_group(g, i, &glu), mi[3], lglu;
+        int nl = g_lora_after(g, i, n, mi, &lglu);
+        if (nl > 0) return g_exec_lora_group(cb, i, n, nl, mi, lglu, used);
         /* a single matmul whose output only feeds the residual add after it: y += W x + b */
         const g_rec *a = i + 1 < g->n_rec ? &g->rec[i + 1] : NULL;
         if (n == 1 && r->M == 1 && a && a->op == G_ADD && a->t[1].data == r->t[0].data && a->t[0].data != r->t[0].data &&

@@ -91,6 +91,11 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
                      const lmx_lora_pair *const *pairs);
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs);
+/* np (1..3) projections of one input x [n, K] (n <= CUDA_LORA_SEQS) as one shrink and one expand
+ * launch: ys[p] [n, Ns[p]] += pairs[p][m] applied to row m; glu >= 0 (np = 2): then
+ * ys[0] = act(ys[0]) * ys[1] as the glu op leaves it.  The same arithmetic as cuda_lora_decode. */
+lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int *Ns, const float *x, int64_t K, int n,
+                           const lmx_lora_pair *const *const *pairs, int glu);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
 /* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format

@@ -1,80 +1,148 @@
 /* cuda_lora.cu - unmerged LoRA on the GPU: y += scale * B (A x) per sequence (backend.h, lora).
  *
  * Decode (one row per sequence, at most CUDA_LORA_SEQS sequences, inside the decode graph): two
- * launches in the spirit of Punica's SGMV, each sequence with its own pair or none:
- *   shrink  t[m, j] = scale_m * (A_m[j, :] . x[m, :])      one warp per (row, j), 16-byte loads
- *   expand  y[m, n] += B_m[n, :] . t[m, :]                  one thread per (row, output)
+ * launches in the spirit of Punica's SGMV, each sequence with its own pair or none, for up to three
+ * projections of one input at once (q/k/v, gate/up; cuda_graph.cu groups them):
+ *   shrink  t[p, m, j] = scale * (A_pm[j, :] . x[m, :])     one warp per (projection, row, j)
+ *   expand  y_p[m, n] += B_pm[n, :] . t[p, m, :]             one thread per (row, output)
+ * and for gate/up the GLU that follows (as the glu op computes it).
  * Prefill (many rows per sequence): the rows of consecutive sequences sharing a pair form one
  * segment, and each segment is two f32 cuBLAS GEMMs (t = x A^T, y += s t B^T).
  * The pairs' A and B are f32 [r, K] and [N, r] in device memory; t lives in a scratch slot. */
 #include "cuda_internal.h"
 
-typedef struct lora_seqs {
-    const float *a[CUDA_LORA_SEQS];  /* [r, K] or NULL: the sequence has no pair */
+/* One launch's LoRA work: np (1..3) projections of one input x [n, K] (n <= CUDA_LORA_SEQS rows, one
+ * per sequence), each with a pair per row or none.  Passed by value; fields indexed only through
+ * unrolled selects (a run-time index into a kernel parameter would copy it to local memory). */
+typedef struct lora_proj {
+    const float *a[CUDA_LORA_SEQS];  /* [r, K], or NULL: the row has no pair */
     const float *b[CUDA_LORA_SEQS];  /* [N, r] */
     float scale[CUDA_LORA_SEQS];
     int r[CUDA_LORA_SEQS];
-    int n, rmax;
-} lora_seqs;
+    float *y;                        /* [n, N] */
+    int N;
+} lora_proj;
 
-__global__ void k_lora_shrink(const float *x, float *t, int64_t K, lora_seqs s) {
+typedef struct lora_grp {
+    lora_proj p[3];
+    const float *x;                  /* [n, K] */
+    float *t;                        /* [np, n, rmax] shrink results */
+    int64_t K;
+    int np, n, rmax;
+    int glu;                         /* >= 0 (an lmx_act, np = 2): then y0 = act(y0) * y1 as the glu op */
+} lora_grp;
+
+template <typename T> static __device__ __forceinline__ T pick(const T (&v)[CUDA_LORA_SEQS], int i) {
+    T r = v[0];
+#pragma unroll
+    for (int k = 1; k < CUDA_LORA_SEQS; k++)
+        if (i == k) r = v[k];
+    return r;
+}
+static __device__ __forceinline__ const lora_proj &proj_of(const lora_grp &g, int i) {
+    return i == 0 ? g.p[0] : i == 1 ? g.p[1] : g.p[2];
+}
+
+/* t[p, m, j] = scale * (A[j, :] . x[m, :]): one warp per (projection, row, j) */
+__global__ void k_lora_shrink(const lora_grp g) {
     cuda_pdl_trigger();
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    int m = warp / s.rmax, j = warp % s.rmax;
-    if (m >= s.n) return;
-    const float *A = s.a[m];
-    if (!A || j >= s.r[m]) return;
-    const float *arow = A + (int64_t)j * K;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    const int p = warp / (g.n * g.rmax), m = warp / g.rmax % g.n, j = warp % g.rmax;
+    if (p >= g.np) return;
+    const lora_proj &P = proj_of(g, p);
+    const float *A = pick(P.a, m);
+    if (!A || j >= pick(P.r, m)) return;
+    const float *arow = A + (int64_t)j * g.K;
     cuda_pdl_wait();
-    const float *xr = x + (int64_t)m * K;
+    const float *xr = g.x + (int64_t)m * g.K;
     float acc = 0.0f;
-    if ((K & 3) == 0) {
+    if ((g.K & 3) == 0) {
         const float4 *a4 = (const float4 *)arow, *x4 = (const float4 *)xr;
-        for (int64_t k = lane; k < K / 4; k += 32) {
+        for (int64_t k = lane; k < g.K / 4; k += 32) {
             float4 av = __ldg(a4 + k), xv = x4[k];
             acc += av.x * xv.x + av.y * xv.y + av.z * xv.z + av.w * xv.w;
         }
     } else {
-        for (int64_t k = lane; k < K; k += 32) acc += __ldg(arow + k) * xr[k];
+        for (int64_t k = lane; k < g.K; k += 32) acc += __ldg(arow + k) * xr[k];
     }
     acc = cuda_warp_sum(acc);
-    if (lane == 0) t[m * s.rmax + j] = s.scale[m] * acc;
+    if (lane == 0) g.t[(p * g.n + m) * g.rmax + j] = pick(P.scale, m) * acc;
 }
 
-__global__ void k_lora_expand(const float *t, float *y, int64_t N, lora_seqs s) {
-    cuda_pdl_trigger();
-    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    int m = (int)(i / N);
-    int64_t n = i % N;
-    if (m >= s.n || !s.b[m]) return;
-    const float *brow = s.b[m] + n * s.r[m];
-    cuda_pdl_wait();
-    const float *tm = t + m * s.rmax;
+/* B[n, :] . t[p, m, :] of projection p, row m, output n (0 when the row has no pair) */
+static __device__ __forceinline__ float lora_term(const lora_grp &g, const lora_proj &P, int p, int m, int64_t n) {
+    const float *B = pick(P.b, m);
+    if (!B) return 0.0f;
+    const int r = pick(P.r, m);
+    const float *brow = B + n * r, *tm = g.t + (p * g.n + m) * g.rmax;
     float acc = 0.0f;
-    for (int j = 0; j < s.r[m]; j++) acc += __ldg(brow + j) * tm[j];
-    y[m * N + n] += acc;
+    for (int j = 0; j < r; j++) acc += __ldg(brow + j) * tm[j];
+    return acc;
+}
+
+static __device__ __forceinline__ float lora_act(float a, int act) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi): the glu op's arithmetic */
+    return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+}
+
+/* y_p[m, n] += B . t (blockIdx.y = p), or with glu both projections and then the GLU */
+__global__ void k_lora_expand(const lora_grp g) {
+    cuda_pdl_trigger();
+    const int p = blockIdx.y;
+    const lora_proj &P = proj_of(g, p);
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int m = (int)(i / P.N);
+    const int64_t n = i % P.N;
+    if (m >= g.n) return;
+    cuda_pdl_wait();
+    if (g.glu >= 0) {
+        float *yg = g.p[0].y + (int64_t)m * P.N + n, *yu = g.p[1].y + (int64_t)m * P.N + n;
+        const float gv = *yg + lora_term(g, g.p[0], 0, m, n), uv = *yu + lora_term(g, g.p[1], 1, m, n);
+        *yu = uv;
+        *yg = lora_act(gv, g.glu) * uv;
+        return;
+    }
+    P.y[(int64_t)m * P.N + n] += lora_term(g, P, p, m, n);
+}
+
+lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int *Ns, const float *x, int64_t K, int n,
+                           const lmx_lora_pair *const *const *pairs, int glu) {
+    lora_grp g;
+    memset(&g, 0, sizeof g);
+    g.np = np;
+    g.n = n;
+    g.x = x;
+    g.K = K;
+    g.rmax = 1;
+    g.glu = glu;
+    int Nmax = 0;
+    for (int p = 0; p < np; p++) {
+        g.p[p].y = ys[p];
+        g.p[p].N = Ns[p];
+        if (Ns[p] > Nmax) Nmax = Ns[p];
+        for (int m = 0; m < n; m++) {
+            const lmx_lora_pair *q = pairs[p][m];
+            if (!q) continue;
+            g.p[p].a[m] = (const float *)q->a.data;
+            g.p[p].b[m] = (const float *)q->b.data;
+            g.p[p].scale[m] = q->scale;
+            g.p[p].r[m] = (int)q->a.shape[0];
+            if (g.p[p].r[m] > g.rmax) g.rmax = g.p[p].r[m];
+        }
+    }
+    g.t = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)np * n * g.rmax * sizeof(float));
+    if (!g.t) return cb->base.err.status;
+    const int warps = np * n * g.rmax;
+    cuda_launch(cb, k_lora_shrink, cuda_blocks((int64_t)warps * 32, 128), 128, 0, g);
+    dim3 grid(cuda_blocks((int64_t)n * Nmax, 256), glu >= 0 ? 1 : np);
+    cuda_launch(cb, k_lora_expand, grid, 256, 0, g);
+    return cuda_check_launch(cb, "lora");
 }
 
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs) {
-    lora_seqs s;
-    memset(&s, 0, sizeof s);
-    s.n = B;
-    s.rmax = 1;
-    for (int b = 0; b < B; b++) {
-        if (!pairs[b]) continue;
-        s.a[b] = (const float *)pairs[b]->a.data;
-        s.b[b] = (const float *)pairs[b]->b.data;
-        s.scale[b] = pairs[b]->scale;
-        s.r[b] = (int)pairs[b]->a.shape[0];
-        if (s.r[b] > s.rmax) s.rmax = s.r[b];
-    }
-    float *t = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)B * s.rmax * sizeof(float));
-    if (!t) return cb->base.err.status;
-    int warps = B * s.rmax;
-    cuda_launch(cb, k_lora_shrink, cuda_blocks((int64_t)warps * 32, 256), 256, 0, x, t, K, s);
-    cuda_launch(cb, k_lora_expand, cuda_blocks((int64_t)B * N, 256), 256, 0, (const float *)t, y, N, s);
-    return cuda_check_launch(cb, "lora");
+    int Ni = (int)N;
+    return cuda_lora_group(cb, 1, &y, &Ni, x, K, B, &pairs, -1);
 }
 
 /* rows [r0, r0 + rows) share pair p: two f32 GEMMs (cuBLAS is column-major: a row-major [M, K] is
