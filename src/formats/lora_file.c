@@ -317,8 +317,9 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
     for (int i = 0; i < f->n; i++) {
         lmx_lora_entry *e = &f->e[i];
         if (!e->a || !e->b)
-            return lmx_err_set(err, LMX_ERR_MISSING, "%s: %s.%s of layer %d has %s but no %s", short_file(file),
-                               "layers", proj_modules[e->proj], e->layer, e->a ? "A" : "B", e->a ? "B" : "A");
+            return lmx_err_set(err, LMX_ERR_MISSING, "%s: tensor \"%s\" (%s of layer %d) has no %s beside it",
+                               short_file(file), (e->a ? e->a : e->b)->name, proj_modules[e->proj], e->layer,
+                               e->a ? "B" : "A");
         /* rank: A's [r, in] / lora_a's [in, r] against B's and the configuration */
         int64_t ra = e->transposed ? e->a->shape[1] : e->a->shape[0];
         int64_t rb = e->transposed ? e->b->shape[0] : e->b->shape[1];

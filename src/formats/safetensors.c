@@ -214,9 +214,9 @@ static lmx_status st_build(lmx_st_file *f, const cJSON *root, const unsigned cha
             pool += strlen(c->string) + 1;
             continue;
         }
-        if (meta || !cJSON_IsObject(c))
+        if (meta || !(cJSON_IsObject(c) || cJSON_IsNull(c)))
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: bad or repeated __metadata__", path);
-        meta = c;
+        meta = c; /* null (as mlx writes it when there is none): no metadata */
         for (const cJSON *m = c->child; m; m = m->next) {
             if (!cJSON_IsString(m))
                 return lmx_err_set(err, LMX_ERR_FORMAT, "%s: __metadata__ entry '%s' not a string",

@@ -32,6 +32,9 @@ lmx_adapter *lmx_adapter_by_id(const lmx_model *m, unsigned id) {
 
 lmx_status lmx_adapter_resolve(lmx_model *m, lmx_adapter *a, unsigned *id) {
     if (a == LMX_NO_ADAPTER) *id = 0;
+    else if (!a && m->default_adapter && !lmx_adapter_by_id(m, m->default_adapter))
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the model's default adapter has been freed; set another "
+                           "(lmx_model_set_adapter) or name one");
     else if (!a) *id = m->default_adapter;
     else if (a->m != m) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the adapter belongs to another model");
     else *id = a->id;
@@ -113,8 +116,8 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
     const char *file = f->weights_path;
     char family[32];
     if (f->base_class[0] && arch_mismatch(m, f->base_class, family, sizeof family))
-        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the adapter was trained for %s (%s); this model is %s",
-                           f->base_class, family, lmx_arch_name(m->cfg.arch));
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "adapter_config.json: auto_mapping.base_model_class is %s (%s); "
+                           "this model is %s", f->base_class, family, lmx_arch_name(m->cfg.arch));
     int nl = m->cfg.n_layers;
     a->pairs = calloc((size_t)nl * LMX_PROJ_N, sizeof *a->pairs);
     if (!a->pairs) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
@@ -219,8 +222,7 @@ void lmx_adapter_free(lmx_adapter *a) {
             m->adapters[i] = m->adapters[--m->n_adapters];
             break;
         }
-    if (m->default_adapter == a->id) m->default_adapter = 0;
-    adapter_destroy(a);
+    adapter_destroy(a); /* a default naming it stays, and fails, until another is set */
 }
 
 void lmx_adapters_free_all(lmx_model *m) {

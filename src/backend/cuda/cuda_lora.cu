@@ -3,7 +3,7 @@
  * Decode (one row per sequence, at most CUDA_LORA_SEQS sequences, inside the decode graph): two
  * launches in the spirit of Punica's SGMV, each sequence with its own pair or none, for up to three
  * projections of one input at once (q/k/v, gate/up; cuda_graph.cu groups them):
- *   shrink  t[p, m, j] = scale * (A_pm[j, :] . x[m, :])     one warp per (projection, row, j)
+ *   shrink  t[p, m, j] = scale * (A_pm[j, :] . x[m, :])     one block per (projection, row, j)
  *   expand  y_p[m, n] += B_pm[n, :] . t[p, m, :]             one thread per (row, output)
  * and for gate/up the GLU that follows (as the glu op computes it).
  * Prefill (many rows per sequence): the rows of consecutive sequences sharing a pair form one
@@ -43,30 +43,56 @@ static __device__ __forceinline__ const lora_proj &proj_of(const lora_grp &g, in
     return i == 0 ? g.p[0] : i == 1 ? g.p[1] : g.p[2];
 }
 
-/* t[p, m, j] = scale * (A[j, :] . x[m, :]): one warp per (projection, row, j) */
-__global__ void k_lora_shrink(const lora_grp g) {
+/* t[p, m, j] = scale * (A[j, :] . x[m, :]): one block per (projection, row, j), its threads striding
+ * over K with 16-byte loads, LORA_UNROLL in flight each (one warp alone would wait on each load). */
+#define LORA_SHRINK_THREADS 128
+#define LORA_UNROLL 4
+__global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_grp g) {
     cuda_pdl_trigger();
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int p = warp / (g.n * g.rmax), m = warp / g.rmax % g.n, j = warp % g.rmax;
-    if (p >= g.np) return;
+    const int blk = blockIdx.x, p = blk / (g.n * g.rmax), m = blk / g.rmax % g.n, j = blk % g.rmax;
     const lora_proj &P = proj_of(g, p);
     const float *A = pick(P.a, m);
-    if (!A || j >= pick(P.r, m)) return;
+    if (p >= g.np || !A || j >= pick(P.r, m)) {
+        cuda_pdl_wait(); /* a block ends only after its predecessor (cuda_internal.h) */
+        return;
+    }
     const float *arow = A + (int64_t)j * g.K;
-    cuda_pdl_wait();
     const float *xr = g.x + (int64_t)m * g.K;
     float acc = 0.0f;
     if ((g.K & 3) == 0) {
         const float4 *a4 = (const float4 *)arow, *x4 = (const float4 *)xr;
-        for (int64_t k = lane; k < g.K / 4; k += 32) {
-            float4 av = __ldg(a4 + k), xv = x4[k];
-            acc += av.x * xv.x + av.y * xv.y + av.z * xv.z + av.w * xv.w;
+        const int64_t nv = g.K / 4;
+        int64_t k = threadIdx.x;
+        float4 av[LORA_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LORA_UNROLL; u++)
+            av[u] = k + u * LORA_SHRINK_THREADS < nv ? __ldg(a4 + k + u * LORA_SHRINK_THREADS) : make_float4(0, 0, 0, 0);
+        cuda_pdl_wait();
+        for (; k < nv; k += LORA_UNROLL * LORA_SHRINK_THREADS) {
+#pragma unroll
+            for (int u = 0; u < LORA_UNROLL; u++) {
+                const int64_t kk = k + u * LORA_SHRINK_THREADS;
+                if (kk < nv) {
+                    const float4 xv = x4[kk];
+                    acc += av[u].x * xv.x + av[u].y * xv.y + av[u].z * xv.z + av[u].w * xv.w;
+                }
+                const int64_t kn = kk + LORA_UNROLL * LORA_SHRINK_THREADS;
+                av[u] = kn < nv ? __ldg(a4 + kn) : make_float4(0, 0, 0, 0);
+            }
         }
     } else {
-        for (int64_t k = lane; k < g.K; k += 32) acc += __ldg(arow + k) * xr[k];
+        cuda_pdl_wait();
+        for (int64_t k = threadIdx.x; k < g.K; k += LORA_SHRINK_THREADS) acc += __ldg(arow + k) * xr[k];
     }
+    __shared__ float part[LORA_SHRINK_THREADS / 32];
     acc = cuda_warp_sum(acc);
-    if (lane == 0) g.t[(p * g.n + m) * g.rmax + j] = pick(P.scale, m) * acc;
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int w = 0; w < LORA_SHRINK_THREADS / 32; w++) sum += part[w];
+        g.t[(p * g.n + m) * g.rmax + j] = pick(P.scale, m) * sum;
+    }
 }
 
 /* B[n, :] . t[p, m, :] of projection p, row m, output n (0 when the row has no pair) */
@@ -76,7 +102,13 @@ static __device__ __forceinline__ float lora_term(const lora_grp &g, const lora_
     const int r = pick(P.r, m);
     const float *brow = B + n * r, *tm = g.t + (p * g.n + m) * g.rmax;
     float acc = 0.0f;
-    for (int j = 0; j < r; j++) acc += __ldg(brow + j) * tm[j];
+    int j = 0;
+    if ((r & 3) == 0) /* the rows of B are 16-byte aligned: r * 4 bytes, a multiple of 16 */
+        for (; j < r; j += 4) {
+            const float4 b4 = __ldg((const float4 *)(brow + j));
+            acc += b4.x * tm[j] + b4.y * tm[j + 1] + b4.z * tm[j + 2] + b4.w * tm[j + 3];
+        }
+    for (; j < r; j++) acc += __ldg(brow + j) * tm[j];
     return acc;
 }
 
@@ -93,8 +125,8 @@ __global__ void k_lora_expand(const lora_grp g) {
     const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const int m = (int)(i / P.N);
     const int64_t n = i % P.N;
-    if (m >= g.n) return;
     cuda_pdl_wait();
+    if (m >= g.n) return;
     if (g.glu >= 0) {
         float *yg = g.p[0].y + (int64_t)m * P.N + n, *yu = g.p[1].y + (int64_t)m * P.N + n;
         const float gv = *yg + lora_term(g, g.p[0], 0, m, n), uv = *yu + lora_term(g, g.p[1], 1, m, n);
@@ -132,8 +164,7 @@ lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int
     }
     g.t = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)np * n * g.rmax * sizeof(float));
     if (!g.t) return cb->base.err.status;
-    const int warps = np * n * g.rmax;
-    cuda_launch(cb, k_lora_shrink, cuda_blocks((int64_t)warps * 32, 128), 128, 0, g);
+    cuda_launch(cb, k_lora_shrink, (unsigned)(np * n * g.rmax), LORA_SHRINK_THREADS, 0, g);
     dim3 grid(cuda_blocks((int64_t)n * Nmax, 256), glu >= 0 ? 1 : np);
     cuda_launch(cb, k_lora_expand, grid, 256, 0, g);
     return cuda_check_launch(cb, "lora");
@@ -170,8 +201,15 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "cuda lora: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
     }
-    if (T == 1 && B <= CUDA_LORA_SEQS)
-        return cuda_lora_decode(cb, (float *)y->data, (const float *)x->data, K, N, B, pairs);
+    if (T == 1) { /* one row per sequence: the decode kernels, CUDA_LORA_SEQS rows a launch pair */
+        for (int b0 = 0; b0 < B; b0 += CUDA_LORA_SEQS) {
+            const int nb = B - b0 < CUDA_LORA_SEQS ? B - b0 : CUDA_LORA_SEQS;
+            lmx_status st = cuda_lora_decode(cb, (float *)y->data + (int64_t)b0 * N, (const float *)x->data + (int64_t)b0 * K,
+                                             K, N, nb, pairs + b0);
+            if (st) return st;
+        }
+        return LMX_OK;
+    }
     int64_t seg_max = 0;
     for (int b0 = 0; b0 < B;) {
         int b1 = b0 + 1;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# lora_bench.sh - LoRA decode cost on the GPU machine: a random-weight model with a real shape
+# (bench/make_random_model.py), four random rank-R adapters on all seven projections
+# (bench/make_random_adapter.py), and `lmx bench --json` with no adapter, one adapter, and the four
+# mixed in every batch (batch 8 and 32: sequence i takes adapter i % 4).  Summary table last.
+# usage: bench/lora_bench.sh LMX OUT_DIR [SPEC] [RANK]     (SPEC default llama-3.1-8b, RANK 16)
+set -u
+lmx=$1 out=$2 spec=${3:-llama-3.1-8b} rank=${4:-16}
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=/tmp/lmxb/$spec
+mkdir -p "$out" /tmp/lmxb
+[ -f "$dir/config.json" ] || python3 "$root/bench/make_random_model.py" "$spec" "$dir" >"$out/make.log" 2>&1 ||
+    { echo "make_random_model failed"; tail -3 "$out/make.log"; exit 1; }
+for s in 1 2 3 4; do
+    [ -f "$dir-lora$s/adapter_config.json" ] ||
+        python3 "$root/bench/make_random_adapter.py" "$dir" "$dir-lora$s" --rank "$rank" --seed $s >>"$out/make.log" 2>&1
+done
+steps=32
+run() { # name, extra args
+    local name=$1; shift
+    echo "== $name"
+    "$lmx" bench "$dir" --steps $steps --long-ctx 0 --json "$@" >"$out/$name.json" 2>"$out/$name.err" ||
+        { echo "$name failed"; tail -3 "$out/$name.err"; }
+}
+run base
+run lora1 --adapter "$dir-lora1"
+run lora4 --adapter "$dir-lora1" --adapter "$dir-lora2" --adapter "$dir-lora3" --adapter "$dir-lora4"
+python3 - "$out" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+rows = []
+for name in ("base", "lora1", "lora4"):
+    try: rows.append((name, json.load(open(os.path.join(out, name + ".json")))))
+    except Exception as e: print(name, "missing", e)
+keys = ["prefill2048_tok_s", "decode_ctx0_tok_s", "generate_greedy_tok_s", "batch1_tok_s", "batch8_tok_s", "batch32_tok_s"]
+print("%-8s" % "" + "".join("%24s" % k for k in keys))
+base = dict(rows[0][1]) if rows and rows[0][0] == "base" else None
+for name, d in rows:
+    print("%-8s" % name + "".join("%24s" % ("%.1f%s" % (d[k], "" if not base or name == "base" else " (%+.1f%%)" % (100 * (d[k] / base[k] - 1))))
+                                   for k in keys))
+PY
