@@ -31,6 +31,11 @@
 
 static const char *g_backend = "cpu";
 
+/* An absolute logit tolerance of the cpu (float32 throughout) as it applies on the backend under test:
+ * on a GPU, activations go through bf16 (the prefill GEMMs), so two batch shapes of one computation
+ * differ by ~1e-2 there. */
+static double tol(double cpu_tol) { return strcmp(g_backend, "cpu") == 0 ? cpu_tol : 0.1; }
+
 /* Ten prompt ids (the llama and qwen3 fixtures have 320 tokens) for checks on logits and generation. */
 static const int32_t k_tok[] = {1, 17, 42, 99, 5, 230, 64, 7, 150, 300};
 #define N_TOK ((int)(sizeof k_tok / sizeof k_tok[0]))
@@ -668,7 +673,7 @@ static void check_logits_equal(lmx_model *m, lmx_adapter *x, lmx_adapter *y, dou
 static void check_logits_differ(lmx_model *m, lmx_adapter *x, lmx_adapter *y, const char *label) {
     float *lx = tok_logits(m, x), *ly = tok_logits(m, y);
     double d = max_diff(lx, ly, (size_t)N_TOK * (size_t)vocab(m));
-    CHECK_MSG(d > 1e-3 && d < INFINITY, "%s: logits differ by only %g", label, d);
+    CHECK_MSG(d > 10 * tol(1e-4) && d < INFINITY, "%s: logits differ by only %g", label, d);
     free(lx);
     free(ly);
 }
@@ -700,7 +705,7 @@ static void case_info(void) {
     CHECK_MSG(im.n_modules == 7 * mi.n_layers && im.n_params == st_elements(mlx_st), "mlx n_modules %d n_params %lld",
               im.n_modules, (long long)im.n_params);
     /* the same adapter in two layouts */
-    check_logits_equal(m, ap, am, 1e-4, "PEFT vs mlx-lm layout of the fixture adapter");
+    check_logits_equal(m, ap, am, tol(1e-4), "PEFT vs mlx-lm layout of the fixture adapter");
     check_logits_differ(m, ap, LMX_NO_ADAPTER, "fixture adapter vs none");
 
     lmx_adapter_info dummy;
@@ -718,7 +723,7 @@ static void case_info(void) {
     lmx_adapter_info irs = adapter_info(rs), i16 = adapter_info(a16);
     CHECK_MSG(irs.scale == 4.0f && irs.scales_differ == 0, "rsLoRA scale %g, want 8/sqrt(4) = 4", irs.scale);
     CHECK_MSG(i16.scale == 4.0f, "lora_alpha 16 scale %g", i16.scale);
-    check_logits_equal(m, rs, a16, 1e-5, "rsLoRA vs lora_alpha 16");
+    check_logits_equal(m, rs, a16, tol(1e-5), "rsLoRA vs lora_alpha 16");
     check_logits_differ(m, rs, ap, "rsLoRA vs plain");
 
     /* alpha_pattern {"q_proj": 16}: q_proj at scale 4 == q_proj's B doubled at scale 2 */
@@ -729,7 +734,7 @@ static void case_info(void) {
     CHECK_MSG(iaq.scales_differ == 1, "alpha_pattern: scales_differ %d", iaq.scales_differ);
     CHECK_MSG(iaq.scale == 4.0f, "alpha_pattern: first projection (layer 0 q_proj) scale %g, want 16/4", iaq.scale);
     CHECK(adapter_info(q2).scales_differ == 0);
-    check_logits_equal(m, aq, q2, 1e-5, "alpha_pattern q_proj 16 vs q_proj B doubled");
+    check_logits_equal(m, aq, q2, tol(1e-5), "alpha_pattern q_proj 16 vs q_proj B doubled");
     check_logits_differ(m, aq, ap, "alpha_pattern vs plain");
 
     /* an alpha_pattern key naming one module by path: layer 1's q_proj only */
@@ -740,7 +745,7 @@ static void case_info(void) {
     lmx_adapter_info ia1 = adapter_info(a1q);
     CHECK_MSG(ia1.scales_differ == 1 && ia1.scale == 2.0f, "alpha_pattern layer 1: scale %g differ %d", ia1.scale,
               ia1.scales_differ);
-    check_logits_equal(m, a1q, q12, 1e-5, "alpha_pattern layers.1 q_proj 16 vs its B doubled");
+    check_logits_equal(m, a1q, q12, tol(1e-5), "alpha_pattern layers.1 q_proj 16 vs its B doubled");
 
     /* rank_pattern {"v_proj": 2} with rank-2 v_proj tensors: loads, v_proj at alpha / 2 */
     char *d_rp = peft_variant(dir, "rank_v2", wt_v_rank2, "rank_pattern", "{\"v_proj\": 2}");
@@ -976,10 +981,10 @@ static void case_mixed_batch(const char *model, const char *cls, int min_changed
             int32_t nid;
             CHECK(lmx_classify_ids(m, &prompts[i], &lens[i], 1, &ads[i], NULL, &nid, one) == LMX_OK);
             double d = max_diff(row, one, (size_t)V);
-            CHECK_MSG(d <= 1e-4, "classify prompt %d: batch vs alone differ by %g", i, d);
+            CHECK_MSG(d <= tol(1e-4), "classify prompt %d: batch vs alone differ by %g", i, d);
             double dn = max_diff(row, none + (size_t)i * V, (size_t)V);
-            if (ads[i] == LMX_NO_ADAPTER) CHECK_MSG(dn <= 1e-4, "classify prompt %d without adapter: %g", i, dn);
-            else CHECK_MSG(dn > 1e-3, "classify prompt %d: the adapter changes the logits by only %g", i, dn);
+            if (ads[i] == LMX_NO_ADAPTER) CHECK_MSG(dn <= tol(1e-4), "classify prompt %d without adapter: %g", i, dn);
+            else CHECK_MSG(dn > 10 * tol(1e-4), "classify prompt %d: the adapter changes the logits by only %g", i, dn);
         }
     }
     free(all);
@@ -1199,6 +1204,17 @@ static int row_close(const lmx_st_tensor *r, int64_t t, const float *out, int V,
         if (e > e_max) e_max = e;
     }
     *err = e_max;
+    if (strcmp(g_backend, "cpu") != 0) { /* the fixtures' bf16 criterion: relative L2 error <= 2e-2 */
+        double num = 0, den = 0;
+        for (int v = 0; v < V; v++) {
+            float x;
+            memcpy(&x, (const char *)r->data + ((size_t)t * V + v) * 4, 4);
+            num += ((double)out[v] - x) * ((double)out[v] - x);
+            den += (double)x * x;
+        }
+        *err = sqrt(num / (den > 0 ? den : 1));
+        return *err <= 2e-2;
+    }
     return e_max <= 2e-3 + 1e-3 * max_ref;
 }
 

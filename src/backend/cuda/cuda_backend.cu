@@ -140,6 +140,7 @@ static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     }
     t->data = p;
     t->owned = 1;
+    lmx_backend_mem(be, (int64_t)bytes);
     return LMX_OK;
 }
 
@@ -150,6 +151,7 @@ static void cuda_release(lmx_backend *be, lmx_tensor *t) {
         cuda_graph_drop(cb); /* a captured graph may use this memory: it is never launched again */
         cudaStreamSynchronize(cb->stream);
         cudaFree(t->data);
+        lmx_backend_mem(be, -(int64_t)((size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype)));
     }
     t->data = NULL;
     t->owned = 0;
@@ -205,6 +207,7 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "KV cache growth");
     cuda_graph_drop(cb); /* the old buffers go */
     for (int i = 0; i < 2; i++) {
+        lmx_backend_mem(&cb->base, ts[i]->owned && ts[i]->data ? (int64_t)(bytes - old) : (int64_t)bytes);
         if (ts[i]->owned && ts[i]->data) cudaFree(ts[i]->data);
         ts[i]->data = np[i];
         ts[i]->owned = 1;
@@ -248,6 +251,9 @@ static void cuda_destroy(lmx_backend *be) {
         if (cb->scratch[i]) cudaFree(cb->scratch[i]);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
+    if (cb->side) cudaStreamDestroy(cb->side);
+    if (cb->fork) cudaEventDestroy(cb->fork);
+    if (cb->join) cudaEventDestroy(cb->join);
     free(cb->weights);
     free(cb);
 }
@@ -313,6 +319,15 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
         return LMX_ERR_BACKEND;
     }
     cublasSetStream(cb->blas, cb->stream);
+    if (cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&cb->fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&cb->join, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError(); /* graphs then run LoRA's shrink in line */
+        if (cb->side) cudaStreamDestroy(cb->side);
+        if (cb->fork) cudaEventDestroy(cb->fork);
+        cb->side = NULL;
+        cb->fork = NULL;
+    }
     const char *tk = getenv("LMX_CUDA_TOPK");
     cb->topk_off = tk && tk[0] == '0';
     const char *gv = getenv("LMX_CUDA_GEMV");

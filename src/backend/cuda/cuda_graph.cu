@@ -245,10 +245,6 @@ static int g_lora_after(const cuda_graph *g, int i, int n, int mi[3], int *glu) 
  * matmuls one by one), then every LoRA of it as one shrink and one expand launch (with the GLU). */
 static lmx_status g_exec_lora_group(cuda_backend *cb, int i, int n, int nl, const int mi[3], int glu, int *used) {
     cuda_graph *g = cb->g;
-    int u = 0;
-    lmx_status st = n > 1 ? g_gemv_group(cb, i, n, -1, (const float *)g->rec[i].t[1].data, NULL, NULL, &u) : LMX_OK;
-    for (int j = 0; st == LMX_OK && u == 0 && j < n; j++) st = g_exec(cb, &g->rec[i + j]);
-    if (st) return st;
     float *ys[3];
     int Ns[3];
     const lmx_lora_pair *pp[3][CUDA_G_MAX];
@@ -260,7 +256,14 @@ static lmx_status g_exec_lora_group(cuda_backend *cb, int i, int n, int nl, cons
         for (int b = 0; b < q->B; b++) pp[k][b] = q->lora[b].a.data ? &q->lora[b] : NULL;
     }
     const g_rec *r = &g->rec[i];
-    st = cuda_lora_group(cb, nl, ys, Ns, (const float *)r->t[1].data, r->t[2].shape[1], r->M, pairs, glu);
+    const float *x = (const float *)r->t[1].data;
+    const int64_t K = r->t[2].shape[1];
+    const int side = cb->side != NULL; /* the shrink beside the GEMV, the expand after both */
+    lmx_status st = side ? cuda_lora_group(cb, nl, ys, Ns, x, K, r->M, pairs, glu, 1) : LMX_OK;
+    int u = 0;
+    if (st == LMX_OK && n > 1) st = g_gemv_group(cb, i, n, -1, x, NULL, NULL, &u);
+    for (int j = 0; st == LMX_OK && u == 0 && j < n; j++) st = g_exec(cb, &g->rec[i + j]);
+    if (st == LMX_OK) st = cuda_lora_group(cb, nl, ys, Ns, x, K, r->M, pairs, glu, side ? 2 : 0);
     *used = n + nl + (glu >= 0 ? 1 : 0);
     return st;
 }

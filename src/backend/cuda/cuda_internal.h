@@ -53,6 +53,8 @@ typedef struct cuda_backend {
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
     int gemv_variant;        /* LMX_CUDA_GEMV=1 (A/B measurements): no k_gemv1 (nor what it folds in) */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
+    cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
+    cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
 } cuda_backend;
 
 /* Turn a CUDA error into an lmx status with "cuda: <message> in <what>" (NOMEM for allocations). */
@@ -84,18 +86,21 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
                        const lmx_tensor *bias, int M);
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *a);
 lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, float *vals, int32_t *idx);
-/* LoRA (cuda_lora.cu): the backend op, and its decode form for B <= CUDA_LORA_SEQS single rows
+/* LoRA (cuda_lora.cu): the backend op, and its decode form for B single rows
  * (y [B, N] += scale_b * B_b (A_b x[b]) for each b with pairs[b] != NULL). */
-#define CUDA_LORA_SEQS CUDA_G_MAX
 lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                      const lmx_lora_pair *const *pairs);
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs);
-/* np (1..3) projections of one input x [n, K] (n <= CUDA_LORA_SEQS) as one shrink and one expand
- * launch: ys[p] [n, Ns[p]] += pairs[p][m] applied to row m; glu >= 0 (np = 2): then
- * ys[0] = act(ys[0]) * ys[1] as the glu op leaves it.  The same arithmetic as cuda_lora_decode. */
+
+/* np (1..3) projections of one input x [n, K] as one shrink and one expand launch (per 64 rows and 8
+ * distinct adapters): ys[p] [n, Ns[p]] += pairs[p][m] applied to row m; glu >= 0 (np = 2): then
+ * ys[0] = act(ys[0]) * ys[1] as the glu op leaves it.  The same arithmetic as cuda_lora_decode.
+ * stage 0: both launches; in a decode graph (n <= 64, cb->side set) stage 1 forks the shrink onto
+ * cb->side, beside what the main stream runs next (the group's GEMV), and stage 2 (the same
+ * arguments) joins it and launches the expand. */
 lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int *Ns, const float *x, int64_t K, int n,
-                           const lmx_lora_pair *const *const *pairs, int glu);
+                           const lmx_lora_pair *const *const *pairs, int glu, int stage);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
 /* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format

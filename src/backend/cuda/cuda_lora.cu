@@ -1,46 +1,55 @@
 /* cuda_lora.cu - unmerged LoRA on the GPU: y += scale * B (A x) per sequence (backend.h, lora).
  *
- * Decode (one row per sequence, at most CUDA_LORA_SEQS sequences, inside the decode graph): two
- * launches in the spirit of Punica's SGMV, each sequence with its own pair or none, for up to three
- * projections of one input at once (q/k/v, gate/up; cuda_graph.cu groups them):
+ * Decode (one row per sequence; inside the decode graph too): two launches in the spirit of Punica's
+ * SGMV for up to 64 rows, each row with its own adapter or none (up to 8 distinct ones a launch), for
+ * up to three projections of one input at once (q/k/v, gate/up; cuda_graph.cu groups them):
  *   shrink  t[p, m, j] = scale * (A_pm[j, :] . x[m, :])     one block per (projection, row, j)
  *   expand  y_p[m, n] += B_pm[n, :] . t[p, m, :]             one thread per (row, output)
- * and for gate/up the GLU that follows (as the glu op computes it).
+ * and for gate/up the GLU that follows (as the glu op computes it).  In a decode graph the shrink runs on
+ * a side branch beside the group's GEMV, so only the expand lengthens the chain of launches.
  * Prefill (many rows per sequence): the rows of consecutive sequences sharing a pair form one
  * segment, and each segment is two f32 cuBLAS GEMMs (t = x A^T, y += s t B^T).
  * The pairs' A and B are f32 [r, K] and [N, r] in device memory; t lives in a scratch slot. */
 #include "cuda_internal.h"
 
-/* One launch's LoRA work: np (1..3) projections of one input x [n, K] (n <= CUDA_LORA_SEQS rows, one
- * per sequence), each with a pair per row or none.  Passed by value; fields indexed only through
- * unrolled selects (a run-time index into a kernel parameter would copy it to local memory). */
+/* One launch's LoRA work: np (1..3) projections of one input x [n, K], n <= CUDA_LORA_ROWS rows (one
+ * per sequence), each row using one of at most CUDA_LORA_SLOTS slots (a slot: one pair per
+ * projection, i.e. one adapter) or none.  Passed by value; fields indexed only through unrolled
+ * selects (a run-time index into a kernel parameter would copy it to local memory). */
+#define CUDA_LORA_SLOTS 8
+#define CUDA_LORA_ROWS 64
+#define LORA_NONE 15u
 typedef struct lora_proj {
-    const float *a[CUDA_LORA_SEQS];  /* [r, K], or NULL: the row has no pair */
-    const float *b[CUDA_LORA_SEQS];  /* [N, r] */
-    float scale[CUDA_LORA_SEQS];
-    int r[CUDA_LORA_SEQS];
-    float *y;                        /* [n, N] */
+    const float *a[CUDA_LORA_SLOTS];  /* [r, K], or NULL: the slot does not adapt this projection */
+    const float *b[CUDA_LORA_SLOTS];  /* [N, r] */
+    float scale[CUDA_LORA_SLOTS];
+    int r[CUDA_LORA_SLOTS];
+    float *y;                         /* [n, N] */
     int N;
 } lora_proj;
 
 typedef struct lora_grp {
     lora_proj p[3];
-    const float *x;                  /* [n, K] */
-    float *t;                        /* [np, n, rmax] shrink results */
+    uint32_t slot[CUDA_LORA_ROWS / 8]; /* 4 bits per row: its slot, LORA_NONE: no pair */
+    const float *x;                    /* [n, K] */
+    float *t;                          /* [np, n, rmax] shrink results */
     int64_t K;
     int np, n, rmax;
-    int glu;                         /* >= 0 (an lmx_act, np = 2): then y0 = act(y0) * y1 as the glu op */
+    int glu;                           /* >= 0 (an lmx_act, np = 2): then y0 = act(y0) * y1 as the glu op */
 } lora_grp;
 
-template <typename T> static __device__ __forceinline__ T pick(const T (&v)[CUDA_LORA_SEQS], int i) {
+template <typename T, int N> static __device__ __forceinline__ T pick(const T (&v)[N], unsigned i) {
     T r = v[0];
 #pragma unroll
-    for (int k = 1; k < CUDA_LORA_SEQS; k++)
-        if (i == k) r = v[k];
+    for (int k = 1; k < N; k++)
+        if (i == (unsigned)k) r = v[k];
     return r;
 }
 static __device__ __forceinline__ const lora_proj &proj_of(const lora_grp &g, int i) {
     return i == 0 ? g.p[0] : i == 1 ? g.p[1] : g.p[2];
+}
+static __device__ __forceinline__ unsigned slot_of(const lora_grp &g, int m) {
+    return pick(g.slot, (unsigned)m >> 3) >> ((m & 7) * 4) & 15u;
 }
 
 /* t[p, m, j] = scale * (A[j, :] . x[m, :]): one block per (projection, row, j), its threads striding
@@ -51,8 +60,9 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_
     cuda_pdl_trigger();
     const int blk = blockIdx.x, p = blk / (g.n * g.rmax), m = blk / g.rmax % g.n, j = blk % g.rmax;
     const lora_proj &P = proj_of(g, p);
-    const float *A = pick(P.a, m);
-    if (p >= g.np || !A || j >= pick(P.r, m)) {
+    const unsigned sl = slot_of(g, m);
+    const float *A = sl == LORA_NONE ? NULL : pick(P.a, sl);
+    if (p >= g.np || !A || j >= pick(P.r, sl)) {
         cuda_pdl_wait(); /* a block ends only after its predecessor (cuda_internal.h) */
         return;
     }
@@ -91,15 +101,16 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_
     if (threadIdx.x == 0) {
         float sum = 0.0f;
         for (int w = 0; w < LORA_SHRINK_THREADS / 32; w++) sum += part[w];
-        g.t[(p * g.n + m) * g.rmax + j] = pick(P.scale, m) * sum;
+        g.t[(p * g.n + m) * g.rmax + j] = pick(P.scale, sl) * sum;
     }
 }
 
 /* B[n, :] . t[p, m, :] of projection p, row m, output n (0 when the row has no pair) */
 static __device__ __forceinline__ float lora_term(const lora_grp &g, const lora_proj &P, int p, int m, int64_t n) {
-    const float *B = pick(P.b, m);
+    const unsigned sl = slot_of(g, m);
+    const float *B = sl == LORA_NONE ? NULL : pick(P.b, sl);
     if (!B) return 0.0f;
-    const int r = pick(P.r, m);
+    const int r = pick(P.r, sl);
     const float *brow = B + n * r, *tm = g.t + (p * g.n + m) * g.rmax;
     float acc = 0.0f;
     int j = 0;
@@ -137,43 +148,88 @@ __global__ void k_lora_expand(const lora_grp g) {
     P.y[(int64_t)m * P.N + n] += lora_term(g, P, p, m, n);
 }
 
+/* Rows [0, n) in launches of at most CUDA_LORA_ROWS rows and CUDA_LORA_SLOTS distinct pair sets. */
 lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int *Ns, const float *x, int64_t K, int n,
-                           const lmx_lora_pair *const *const *pairs, int glu) {
-    lora_grp g;
-    memset(&g, 0, sizeof g);
-    g.np = np;
-    g.n = n;
-    g.x = x;
-    g.K = K;
-    g.rmax = 1;
-    g.glu = glu;
-    int Nmax = 0;
+                           const lmx_lora_pair *const *const *pairs, int glu, int stage) {
+    if (stage && (!cb->side || n > CUDA_LORA_ROWS))
+        return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda lora: staged launch without a side stream");
+    int Nmax = 0, rmax = 1;
     for (int p = 0; p < np; p++) {
-        g.p[p].y = ys[p];
-        g.p[p].N = Ns[p];
         if (Ns[p] > Nmax) Nmax = Ns[p];
-        for (int m = 0; m < n; m++) {
-            const lmx_lora_pair *q = pairs[p][m];
-            if (!q) continue;
-            g.p[p].a[m] = (const float *)q->a.data;
-            g.p[p].b[m] = (const float *)q->b.data;
-            g.p[p].scale[m] = q->scale;
-            g.p[p].r[m] = (int)q->a.shape[0];
-            if (g.p[p].r[m] > g.rmax) g.rmax = g.p[p].r[m];
-        }
+        for (int m = 0; m < n; m++)
+            if (pairs[p][m] && pairs[p][m]->a.shape[0] > rmax) rmax = (int)pairs[p][m]->a.shape[0];
     }
-    g.t = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)np * n * g.rmax * sizeof(float));
-    if (!g.t) return cb->base.err.status;
-    cuda_launch(cb, k_lora_shrink, (unsigned)(np * n * g.rmax), LORA_SHRINK_THREADS, 0, g);
-    dim3 grid(cuda_blocks((int64_t)n * Nmax, 256), glu >= 0 ? 1 : np);
-    cuda_launch(cb, k_lora_expand, grid, 256, 0, g);
+    int rows = n < CUDA_LORA_ROWS ? n : CUDA_LORA_ROWS;
+    float *t = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)np * rows * rmax * sizeof(float));
+    if (!t) return cb->base.err.status;
+    for (int m0 = 0; m0 < n;) {
+        lora_grp g;
+        memset(&g, 0, sizeof g);
+        g.np = np;
+        g.x = x + (int64_t)m0 * K;
+        g.t = t;
+        g.K = K;
+        g.rmax = rmax;
+        g.glu = glu;
+        int slot_row[CUDA_LORA_SLOTS], ns = 0, m = m0;
+        for (; m < n && m - m0 < CUDA_LORA_ROWS; m++) { /* a row's slot: the first row with its pairs */
+            unsigned sl = LORA_NONE;
+            int any = 0;
+            for (int p = 0; p < np; p++) any |= pairs[p][m] != NULL;
+            for (int k = 0; any && k < ns && sl == LORA_NONE; k++) {
+                int same = 1;
+                for (int p = 0; p < np; p++) same &= pairs[p][m] == pairs[p][slot_row[k]];
+                if (same) sl = (unsigned)k;
+            }
+            if (any && sl == LORA_NONE) {
+                if (ns == CUDA_LORA_SLOTS) break; /* the next launch takes it */
+                slot_row[ns] = m;
+                sl = (unsigned)ns++;
+                for (int p = 0; p < np; p++) {
+                    const lmx_lora_pair *q = pairs[p][m];
+                    if (!q) continue;
+                    g.p[p].a[sl] = (const float *)q->a.data;
+                    g.p[p].b[sl] = (const float *)q->b.data;
+                    g.p[p].scale[sl] = q->scale;
+                    g.p[p].r[sl] = (int)q->a.shape[0];
+                }
+            }
+            g.slot[(m - m0) >> 3] |= sl << (((m - m0) & 7) * 4);
+        }
+        g.n = m - m0;
+        for (int p = 0; p < np; p++) {
+            g.p[p].y = ys[p] + (int64_t)m0 * Ns[p];
+            g.p[p].N = Ns[p];
+        }
+        if (ns > 0 && stage == 1) { /* the shrink beside the main stream */
+            cudaStream_t main = cb->stream;
+            int pdl = cb->pdl;
+            CUDA_TRY(cb, cudaEventRecord(cb->fork, main), "lora fork");
+            CUDA_TRY(cb, cudaStreamWaitEvent(cb->side, cb->fork, 0), "lora fork");
+            cb->stream = cb->side;
+            cb->pdl = 0;
+            cuda_launch(cb, k_lora_shrink, (unsigned)(np * g.n * rmax), LORA_SHRINK_THREADS, 0, g);
+            cudaError_t e = cudaEventRecord(cb->join, cb->side);
+            cb->stream = main;
+            cb->pdl = pdl;
+            if (e != cudaSuccess) return cuda_fail(cb, e, "lora fork");
+        } else if (ns > 0 && stage == 0) {
+            cuda_launch(cb, k_lora_shrink, (unsigned)(np * g.n * rmax), LORA_SHRINK_THREADS, 0, g);
+        }
+        if (ns > 0 && stage == 2) CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, cb->join, 0), "lora join");
+        if (stage != 1 && (ns > 0 || glu >= 0)) { /* with no row adapted, still the GLU the group promised */
+            dim3 grid(cuda_blocks((int64_t)g.n * Nmax, 256), glu >= 0 ? 1 : np);
+            cuda_launch(cb, k_lora_expand, grid, 256, 0, g);
+        }
+        m0 = m;
+    }
     return cuda_check_launch(cb, "lora");
 }
 
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs) {
     int Ni = (int)N;
-    return cuda_lora_group(cb, 1, &y, &Ni, x, K, B, &pairs, -1);
+    return cuda_lora_group(cb, 1, &y, &Ni, x, K, B, &pairs, -1, 0);
 }
 
 /* rows [r0, r0 + rows) share pair p: two f32 GEMMs (cuBLAS is column-major: a row-major [M, K] is
@@ -201,15 +257,7 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "cuda lora: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
     }
-    if (T == 1) { /* one row per sequence: the decode kernels, CUDA_LORA_SEQS rows a launch pair */
-        for (int b0 = 0; b0 < B; b0 += CUDA_LORA_SEQS) {
-            const int nb = B - b0 < CUDA_LORA_SEQS ? B - b0 : CUDA_LORA_SEQS;
-            lmx_status st = cuda_lora_decode(cb, (float *)y->data + (int64_t)b0 * N, (const float *)x->data + (int64_t)b0 * K,
-                                             K, N, nb, pairs + b0);
-            if (st) return st;
-        }
-        return LMX_OK;
-    }
+    if (T == 1) return cuda_lora_decode(cb, (float *)y->data, (const float *)x->data, K, N, B, pairs);
     int64_t seg_max = 0;
     for (int b0 = 0; b0 < B;) {
         int b1 = b0 + 1;
