@@ -30,6 +30,29 @@ if [ -n "$smol" ] && [ -f "$smol" ]; then
     "$bin" check-reference "$smol" --reference "$here/data/real/smollm2-135m-instruct-q4_1.exact.json" \
         --tolerance abs:1e-3 || status=1
 fi
+# A real LoRA adapter on Gemma 3 270M: PEFT, r=8, alpha=16 on q_proj/v_proj (shared/fixtures/real/adapters),
+# against HF transformers + peft loading the same GGUF (gguf_file=, dequantized to float32; made by
+# tests/ref/make_adapter_reference.py).  Both sides compute in float32 on the same dequantized weights:
+# measured max|err| 6.9e-5 with the adapter (1.5e-4 for the base model alone), so the bound is 1e-3.
+# The adapter moves those logits by 1.7 to 20 (the reference's "adapter_effect"), so the same check
+# without --adapter must fail; and an mlx-lm adapter for Qwen2.5 (layers 20-23, 896 wide) must be refused
+# on Gemma with an error naming the tensor.
+adapters=${LMX_FIXTURES:-$(cd "$here/../.." && pwd)/shared/fixtures}/real/adapters
+if [ -n "$gemma" ] && [ -f "$gemma" ] && [ -d "$adapters" ]; then
+    ref=$here/data/real/gemma-3-270m-it-peft-lora.reference.json
+    "$bin" check-reference "$gemma" --adapter "$adapters/gemma-3-270m-it-peft-lora" --reference "$ref" \
+        --backend cpu --tolerance abs:1e-3 || status=1
+    rc=0
+    "$bin" check-reference "$gemma" --reference "$ref" --backend cpu --tolerance abs:1e-3 >/dev/null || rc=$?
+    if [ $rc = 1 ]; then echo "ok: without the adapter the check fails"
+    else echo "FAIL: without the adapter check-reference exited $rc (expected 1)"; status=1; fi
+    rc=0
+    err=$("$bin" check-reference "$gemma" --adapter "$adapters/qwen2.5-0.5b-instruct-mlx-lora" --reference "$ref" \
+        --backend cpu --tolerance abs:1e-3 2>&1 >/dev/null) || rc=$?
+    if [ $rc = 1 ] && grep -q 'model\.layers\.' <<<"$err"; then echo "ok: Qwen2.5 adapter refused: $err"
+    else echo "FAIL: Qwen2.5 adapter on Gemma: exit $rc, stderr: $err"; status=1; fi
+elif [ -n "$gemma" ] && [ -f "$gemma" ]; then echo "skip: $adapters is not there"
+fi
 # SmolLM2's template (from its GGUF metadata) renders as jinja2/transformers render it.
 if [ -n "$smol" ] && [ -f "$smol" ]; then
     "$here/template_check.sh" "$bin" "$smol" "$here/data/real/smollm2-135m-instruct.chats.jsonl" || status=1

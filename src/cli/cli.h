@@ -9,6 +9,7 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_fuse(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -38,6 +38,7 @@ static void usage(FILE *f) {
             "  bench MODEL                  load, prefill and decode speed\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
             "  quantize SRC DST             MLX-layout 4/8-bit copy of a model directory\n"
+            "  fuse BASE ADAPTER OUT        merge a LoRA adapter into a copy of a model directory\n"
             "  tokenize TOKENIZER [TEXT]    token ids of TEXT (--jsonl: one {\"text\"} per line)\n"
             "  template TOKENIZER           render chat templates of {\"messages\"} lines on stdin\n\n"
             "`lmx <command> --help` describes each command.\n",
@@ -65,6 +66,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "discover")) return cmd_discover(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "fuse")) return cmd_fuse(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "template")) return cmd_template(argc - 1, argv + 1);
     return cli_usage_error("unknown command \"%s\"", cmd);

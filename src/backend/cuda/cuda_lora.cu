@@ -8,7 +8,7 @@
  * and for gate/up the GLU that follows (as the glu op computes it).  In a decode graph the shrink runs on
  * a side branch beside the group's GEMV, so only the expand lengthens the chain of launches.
  * Prefill (many rows per sequence): the rows of consecutive sequences sharing a pair form one
- * segment, and each segment is two f32 cuBLAS GEMMs (t = x A^T, y += s t B^T).
+ * segment, and each segment is two cuBLAS GEMMs in TF32 (t = x A^T, y += s t B^T).
  * The pairs' A and B are f32 [r, K] and [N, r] in device memory; t lives in a scratch slot. */
 #include "cuda_internal.h"
 
@@ -232,17 +232,20 @@ lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t 
     return cuda_lora_group(cb, 1, &y, &Ni, x, K, B, &pairs, -1, 0);
 }
 
-/* rows [r0, r0 + rows) share pair p: two f32 GEMMs (cuBLAS is column-major: a row-major [M, K] is
- * its K x M). */
+/* rows [r0, r0 + rows) share pair p: two GEMMs on the tensor cores in TF32 with f32 accumulation
+ * (the low-rank delta is small next to the base output, so TF32's 10-bit mantissa costs nothing at the
+ * bf16 criterion); cuBLAS is column-major: a row-major [M, K] is its K x M. */
 static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int64_t r0,
                                int64_t rows, const lmx_lora_pair *p, float *t) {
     int r = (int)p->a.shape[0];
     const float one = 1.0f, zero = 0.0f, s = p->scale;
-    cublasStatus_t st = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)rows, (int)K, &one,
-                                    (const float *)p->a.data, (int)K, x + r0 * K, (int)K, &zero, t, r);
+    cublasStatus_t st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)rows, (int)K, &one, p->a.data, CUDA_R_32F,
+                                     (int)K, x + r0 * K, CUDA_R_32F, (int)K, &zero, t, CUDA_R_32F, r,
+                                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, r, &s, (const float *)p->b.data, r, t, r,
-                         &one, y + r0 * N, (int)N);
+        st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, r, &s, p->b.data, CUDA_R_32F, r, t,
+                          CUDA_R_32F, r, &one, y + r0 * N, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F_FAST_TF32,
+                          CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, st, "lora gemm");
 }
 
