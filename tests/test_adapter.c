@@ -32,9 +32,11 @@
 static const char *g_backend = "cpu";
 
 /* An absolute logit tolerance of the cpu (float32 throughout) as it applies on the backend under test:
- * on a GPU, activations go through bf16 (the prefill GEMMs), so two batch shapes of one computation
- * differ by ~1e-2 there. */
-static double tol(double cpu_tol) { return strcmp(g_backend, "cpu") == 0 ? cpu_tol : 0.1; }
+ * on a GPU, activations go through bf16 (the prefill GEMMs) and LoRA's prefill GEMMs through TF32, so
+ * two batch shapes of one computation differ by up to ~0.15 there (logits up to ~60: 0.25%). */
+static double tol(double cpu_tol) { return strcmp(g_backend, "cpu") == 0 ? cpu_tol : 0.3; }
+/* How much an adapter must move the logits to count as applied: far above either backend's noise. */
+static double tol_differ(void) { return strcmp(g_backend, "cpu") == 0 ? 1e-3 : 1.0; }
 
 /* Ten prompt ids (the llama and qwen3 fixtures have 320 tokens) for checks on logits and generation. */
 static const int32_t k_tok[] = {1, 17, 42, 99, 5, 230, 64, 7, 150, 300};
@@ -673,7 +675,7 @@ static void check_logits_equal(lmx_model *m, lmx_adapter *x, lmx_adapter *y, dou
 static void check_logits_differ(lmx_model *m, lmx_adapter *x, lmx_adapter *y, const char *label) {
     float *lx = tok_logits(m, x), *ly = tok_logits(m, y);
     double d = max_diff(lx, ly, (size_t)N_TOK * (size_t)vocab(m));
-    CHECK_MSG(d > 10 * tol(1e-4) && d < INFINITY, "%s: logits differ by only %g", label, d);
+    CHECK_MSG(d > tol_differ() && d < INFINITY, "%s: logits differ by only %g", label, d);
     free(lx);
     free(ly);
 }
@@ -984,7 +986,7 @@ static void case_mixed_batch(const char *model, const char *cls, int min_changed
             CHECK_MSG(d <= tol(1e-4), "classify prompt %d: batch vs alone differ by %g", i, d);
             double dn = max_diff(row, none + (size_t)i * V, (size_t)V);
             if (ads[i] == LMX_NO_ADAPTER) CHECK_MSG(dn <= tol(1e-4), "classify prompt %d without adapter: %g", i, dn);
-            else CHECK_MSG(dn > 10 * tol(1e-4), "classify prompt %d: the adapter changes the logits by only %g", i, dn);
+            else CHECK_MSG(dn > tol_differ(), "classify prompt %d: the adapter changes the logits by only %g", i, dn);
         }
     }
     free(all);
