@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/quant.h"
 #include "base/half.h"
 #include "check.h"
@@ -53,7 +54,9 @@ static void run_case(int bits, int group, lmx_dtype sdt, int64_t N, int64_t K) {
     CHECK_MSG(exact, "dequant_row bits %d group %d", bits, group);
 
     lmx_quant_xsum(x, K, group, xsum);
-    lmx_qmatvec_fn fns[2] = {lmx_qmatvec_scalar, lmx_qmatvec_avx512()};
+    lmx_cpu_kernels k; /* the AVX-512 kernel only where this CPU runs it */
+    lmx_cpu_kernels_init(&k, NULL);
+    lmx_qmatvec_fn fns[2] = {lmx_qmatvec_scalar, strcmp(k.isa, "avx512") == 0 ? lmx_qmatvec_avx512() : NULL};
     for (int f = 0; f < 2; f++) {
         if (!fns[f]) continue;
         int64_t n0 = N > 3 ? 1 : 0, n1 = N > 3 ? N - 1 : N;

@@ -3,6 +3,7 @@
 #include "lora_file.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
@@ -336,6 +337,17 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
 }
 
 /* ---- open ----------------------------------------------------------------------------------------- */
+
+int lmx_lora_arch_mismatch(const lmx_lora_file *f, const char *arch, char *family, size_t cap) {
+    const char *cls = f->base_class, *x = strstr(cls, "For");
+    if (!cls[0] || !x || x == cls || (size_t)(x - cls) >= cap) return 0;
+    for (size_t i = 0; i < (size_t)(x - cls); i++) family[i] = (char)tolower((unsigned char)cls[i]);
+    family[x - cls] = 0;
+    static const char *const known[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(family, known[i]) == 0) return strcmp(family, arch) != 0;
+    return 0;
+}
 
 void lmx_lora_file_close(lmx_lora_file *f) {
     if (!f) return;

@@ -54,6 +54,9 @@ typedef struct lmx_lora_file {
 } lmx_lora_file;
 
 lmx_status lmx_lora_file_open(const char *path, lmx_lora_file *out, lmx_err *err);
+/* 1 when f's PEFT base class names a family lmx knows ("LlamaForCausalLM" -> "llama", into family)
+ * other than arch (a base model's architecture name); 0 otherwise (no class, an unknown family). */
+int lmx_lora_arch_mismatch(const lmx_lora_file *f, const char *arch, char *family, size_t cap);
 void lmx_lora_file_close(lmx_lora_file *f);
 
 #endif

@@ -2,7 +2,6 @@
  * widen it to f32 in the LoRA pair layout (A [r, K], B [N, r]), and hand it to the backend. */
 #include "adapter.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,18 +85,6 @@ static lmx_status widen(const lmx_model *m, const lmx_lora_entry *e, int64_t K, 
     return LMX_OK;
 }
 
-/* "LlamaForCausalLM" -> "llama": the family a PEFT base class names, when it is one lmx knows. */
-static int arch_mismatch(const lmx_model *m, const char *cls, char *family, size_t cap) {
-    const char *f = strstr(cls, "For");
-    if (!f || f == cls || (size_t)(f - cls) >= cap) return 0;
-    for (size_t i = 0; i < (size_t)(f - cls); i++) family[i] = (char)tolower((unsigned char)cls[i]);
-    family[f - cls] = 0;
-    static const char *const known[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(family, known[i]) == 0) return strcmp(family, lmx_arch_name(m->cfg.arch)) != 0;
-    return 0;
-}
-
 static void release_pairs(lmx_model *m, lmx_adapter *a) {
     for (int i = 0; a->pairs && i < m->cfg.n_layers * LMX_PROJ_N; i++) {
         if (a->pairs[i].a.data) m->be->ops->release(m->be, &a->pairs[i].a);
@@ -115,7 +102,7 @@ static lmx_status upload(lmx_model *m, lmx_tensor *t, int64_t d0, int64_t d1, co
 static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
     const char *file = f->weights_path;
     char family[32];
-    if (f->base_class[0] && arch_mismatch(m, f->base_class, family, sizeof family))
+    if (lmx_lora_arch_mismatch(f, lmx_arch_name(m->cfg.arch), family, sizeof family))
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "adapter_config.json: auto_mapping.base_model_class is %s (%s); "
                            "this model is %s", f->base_class, family, lmx_arch_name(m->cfg.arch));
     int nl = m->cfg.n_layers;

@@ -170,18 +170,6 @@ static void dequant_row(const qweight *q, int64_t n, float *out) {
 
 /* ---- checking the adapter against the base -------------------------------------------------------- */
 
-/* "LlamaForCausalLM" names family "llama"; 1 when that is a family lmx knows and not the base's. */
-static int arch_mismatch(const fuser *f, char *family, size_t cap) {
-    const char *cls = f->lf.base_class, *x = strstr(cls, "For");
-    if (!cls[0] || f->cfg.arch == LMX_ARCH_UNKNOWN || !x || x == cls || (size_t)(x - cls) >= cap) return 0;
-    for (size_t i = 0; i < (size_t)(x - cls); i++) family[i] = (char)tolower((unsigned char)cls[i]);
-    family[x - cls] = 0;
-    static const char *const known[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(family, known[i]) == 0) return strcmp(family, lmx_arch_name(f->cfg.arch)) != 0;
-    return 0;
-}
-
 static lmx_status check_entry(fuser *f, const lmx_lora_entry *e, target *t) {
     const char *file = f->lf.weights_path;
     int nl = f->cfg.n_layers;
@@ -471,7 +459,8 @@ lmx_status lmx_fuse_dir(const char *base, const char *adapter, const char *out, 
     if (st == LMX_OK) st = open_base(&f);
     if (st == LMX_OK) st = lmx_lora_file_open(adapter, &f.lf, err);
     char family[32];
-    if (st == LMX_OK && arch_mismatch(&f, family, sizeof family))
+    if (st == LMX_OK && f.cfg.arch != LMX_ARCH_UNKNOWN &&
+        lmx_lora_arch_mismatch(&f.lf, lmx_arch_name(f.cfg.arch), family, sizeof family))
         st = lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: the adapter was trained for %s (%s); the base is %s", adapter,
                          f.lf.base_class, family, lmx_arch_name(f.cfg.arch));
     if (st == LMX_OK && !(f.t = calloc((size_t)f.lf.n + 1, sizeof *f.t))) st = lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
