@@ -8,6 +8,8 @@
  *   x  += post_attn_norm(a Wo^T)                        (post norm: gemma only)
  *   x  += post_ffn_norm(down(act(gate(h')) * up(h')))   h' = ffn_norm(x)
  * then logits = final_norm(x) lm_head^T (soft-capped for gemma2) on the requested rows.
+ * With adapters, each of the seven projections' outputs gains its sequence's LoRA term s B (A x)
+ * (the backend's lora op, right after the matmul; model/adapter.h).
  * The model code only calls backend ops; it never touches tensor memory. */
 #include <math.h>
 #include <stdlib.h>
