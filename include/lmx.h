@@ -353,8 +353,9 @@ lmx_status lmx_classify_ids(lmx_model *m, const int32_t *const *prompts, const i
                             int32_t *next_ids, float *logits);
 
 /* N prompts generated together, each with its own params[i] (stops, sampler, max_tokens,
- * on_token, adapter: one decode batch mixes adapters); results[i] as lmx_result (owned by the model until its next generation call).
- * Under greedy sampling each result equals generating that prompt alone. */
+ * on_token, adapter: one decode batch mixes adapters); results[i] as lmx_result (owned by the
+ * model until its next generation call).  Under greedy sampling each result equals generating
+ * that prompt alone. */
 lmx_status lmx_batch_generate(lmx_model *m, const char *const *prompts, int N,
                               const lmx_gen_params *params, lmx_result *results);
 lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, const int *lens,
