@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -109,6 +110,17 @@ lmx_status lmx_read_file(const char *path, char **out, size_t *out_size, lmx_err
 int lmx_is_file(const char *path) {
     struct stat st;
     return path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+lmx_status lmx_write_file(const char *path, const void *data, size_t n, lmx_err *err) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(data, 1, n, fp) != n || fclose(fp) != 0) {
+        int e = errno;
+        if (fp) fclose(fp);
+        unlink(path);
+        return lmx_err_set(err, LMX_ERR_IO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return LMX_OK;
 }
 
 int lmx_is_dir(const char *path) {

@@ -17,6 +17,9 @@ void lmx_mmap_close(lmx_mmap *m);
 /* Read a whole file into a malloc'ed, NUL-terminated buffer the caller frees. */
 lmx_status lmx_read_file(const char *path, char **out, size_t *out_size, lmx_err *err);
 
+/* Write n bytes to path (created or truncated); on failure no partial file is left (LMX_ERR_IO). */
+lmx_status lmx_write_file(const char *path, const void *data, size_t n, lmx_err *err);
+
 /* 1 when path exists and is a regular file / a directory. */
 int lmx_is_file(const char *path);
 int lmx_is_dir(const char *path);

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dtype.h"
+
 static inline float lmx_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -66,6 +68,22 @@ static inline uint16_t lmx_f32_to_f16(float f) {
     uint32_t rem = man & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
     return (uint16_t)h;
+}
+
+/* Element i of float data stored as bf16, f16 or (any other dtype) f32, at any alignment (tensors
+ * in a safetensors file need not be aligned). */
+static inline float lmx_float_at(const void *data, lmx_dtype t, int64_t i) {
+    const char *p = data;
+    uint16_t h;
+    switch (t) {
+    case LMX_DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return lmx_bf16_to_f32(h);
+    case LMX_DTYPE_F16: memcpy(&h, p + 2 * i, 2); return lmx_f16_to_f32(h);
+    default: {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    }
 }
 
 #endif

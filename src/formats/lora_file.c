@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../base/fileio.h"
+#include "../base/half.h"
 
 static const char *const proj_modules[LMX_PROJ_N] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
@@ -337,6 +338,23 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
 }
 
 /* ---- open ----------------------------------------------------------------------------------------- */
+
+lmx_status lmx_lora_widen(const lmx_lora_entry *e, int64_t K, int64_t N, int rope_heads, float *A, float *B,
+                          lmx_err *err) {
+    const int64_t r = e->rank, D = rope_heads > 0 ? N / rope_heads : 0;
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t k = 0; k < K; k++) A[i * K + k] = lmx_float_at(e->a->data, e->a->dtype, e->transposed ? k * r + i : i * K + k);
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t src = D ? (n / D) * D + (n % 2) * (D / 2) + (n % D) / 2 : n;
+        for (int64_t i = 0; i < r; i++)
+            B[n * r + i] = lmx_float_at(e->b->data, e->b->dtype, e->transposed ? i * N + src : src * r + i);
+    }
+    for (int64_t i = 0; i < r * K; i++)
+        if (!isfinite(A[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor \"%s\" holds NaN or infinite values", e->a->name);
+    for (int64_t i = 0; i < N * r; i++)
+        if (!isfinite(B[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor \"%s\" holds NaN or infinite values", e->b->name);
+    return LMX_OK;
+}
 
 int lmx_lora_arch_mismatch(const lmx_lora_file *f, const char *arch, char *family, size_t cap) {
     const char *cls = f->base_class, *x = strstr(cls, "For");

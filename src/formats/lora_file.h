@@ -54,6 +54,12 @@ typedef struct lmx_lora_file {
 } lmx_lora_file;
 
 lmx_status lmx_lora_file_open(const char *path, lmx_lora_file *out, lmx_err *err);
+/* Widen entry e of a projection [N, K] into f32 A [r, K] and B [N, r] (PEFT's layout; mlx-lm's
+ * transposed one turned back).  rope_heads > 0: B's rows go to llama.cpp's interleaved-RoPE order of
+ * that many heads (a GGUF llama's q/k: its row h*D + 2i + j is HF row h*D + j*D/2 + i).  NaN or
+ * infinite values are LMX_ERR_FORMAT naming the tensor. */
+lmx_status lmx_lora_widen(const lmx_lora_entry *e, int64_t K, int64_t N, int rope_heads, float *A, float *B,
+                          lmx_err *err);
 /* 1 when f's PEFT base class names a family lmx knows ("LlamaForCausalLM" -> "llama", into family)
  * other than arch (a base model's architecture name); 0 otherwise (no class, an unknown family). */
 int lmx_lora_arch_mismatch(const lmx_lora_file *f, const char *arch, char *family, size_t cap);

@@ -48,29 +48,13 @@ static int is_quantizable(const lmx_st_tensor *t, int group) {
     return role && fp && t->ndim == 2 && t->shape[1] % group == 0;
 }
 
-static float widen(const lmx_st_tensor *t, int64_t i) {
-    const char *p = t->data;
-    uint16_t h;
-    switch (t->dtype) {
-    case LMX_DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return lmx_bf16_to_f32(h);
-    case LMX_DTYPE_F16: memcpy(&h, p + 2 * i, 2); return lmx_f16_to_f32(h);
-    default: { float f; memcpy(&f, p + 4 * i, 4); return f; }
-    }
-}
-
 static lmx_status copy_file(const char *from, const char *to, lmx_err *err) {
     char *buf = NULL;
     size_t n = 0;
     lmx_status st = lmx_read_file(from, &buf, &n, err);
-    if (st) return st;
-    FILE *f = fopen(to, "wb");
-    if (!f || fwrite(buf, 1, n, f) != n || fclose(f) != 0) {
-        if (f) fclose(f);
-        free(buf);
-        return lmx_err_set(err, LMX_ERR_IO, "%s: cannot write: %s", to, strerror(errno));
-    }
+    if (st == LMX_OK) st = lmx_write_file(to, buf, n, err);
     free(buf);
-    return LMX_OK;
+    return st;
 }
 
 /* config.json with "quantization" (and HF's "quantization_config") added. */
@@ -95,11 +79,7 @@ static lmx_status write_config(const char *src, const char *dst, int bits, int g
         cJSON_AddItemToObject(root, keys[i], q);
     }
     json = cJSON_Print(root);
-    FILE *f = json ? fopen(out, "wb") : NULL;
-    if (!f || fputs(json, f) < 0 || fclose(f) != 0) {
-        if (f) fclose(f);
-        st = lmx_err_set(err, LMX_ERR_IO, "%s: cannot write", out);
-    }
+    st = json ? lmx_write_file(out, json, strlen(json), err) : lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
 done:
     cJSON_Delete(root);
     free(json);
@@ -186,7 +166,7 @@ lmx_status lmx_quantize_dir(const char *src, const char *dst, int bits, int grou
         snprintf(sname, base_len + 8, "%.*s.scales", (int)base_len, t->name);
         snprintf(bname, base_len + 8, "%.*s.biases", (int)base_len, t->name);
         for (int64_t r0 = 0; r0 < N; r0++) {
-            for (int64_t k = 0; k < K; k++) row[k] = widen(t, r0 * K + k);
+            for (int64_t k = 0; k < K; k++) row[k] = lmx_float_at(t->data, t->dtype, r0 * K + k);
             lmx_quantize_row(row, K, bits, group, packed + r0 * W, sc + r0 * G, bi + r0 * G);
         }
         items[ni++] = (lmx_st_write_item){.name = t->name, .dtype = LMX_DTYPE_U32, .ndim = 2, .shape = {N, W}, .data = packed};

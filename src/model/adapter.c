@@ -2,12 +2,10 @@
  * widen it to f32 in the LoRA pair layout (A [r, K], B [N, r]), and hand it to the backend. */
 #include "adapter.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../base/half.h"
 
 #define ADAPTER_RANK_MAX 1024
 
@@ -37,51 +35,6 @@ lmx_status lmx_adapter_resolve(lmx_model *m, lmx_adapter *a, unsigned *id) {
     else if (!a) *id = m->default_adapter;
     else if (a->m != m) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the adapter belongs to another model");
     else *id = a->id;
-    return LMX_OK;
-}
-
-/* Element (i, j) of a 2-D f32/f16/bf16 tensor of row length cols. */
-static float elem(const lmx_st_tensor *t, int64_t i, int64_t j) {
-    int64_t k = i * t->shape[1] + j;
-    switch (t->dtype) {
-    case LMX_DTYPE_F32: {
-        float v;
-        memcpy(&v, (const char *)t->data + 4 * k, 4);
-        return v;
-    }
-    case LMX_DTYPE_F16: {
-        uint16_t h;
-        memcpy(&h, (const char *)t->data + 2 * k, 2);
-        return lmx_f16_to_f32(h);
-    }
-    default: {
-        uint16_t h;
-        memcpy(&h, (const char *)t->data + 2 * k, 2);
-        return lmx_bf16_to_f32(h);
-    }
-    }
-}
-
-/* Widen one entry into host f32 A [r, K] and B [N, r] (transposing the mlx-lm layout, permuting
- * B's rows where the GGUF base keeps q/k rows in interleaved-RoPE order). */
-static lmx_status widen(const lmx_model *m, const lmx_lora_entry *e, int64_t K, int64_t N, float *A, float *B,
-                        lmx_err *err) {
-    int r = e->rank;
-    for (int64_t i = 0; i < r; i++)
-        for (int64_t k = 0; k < K; k++) A[i * K + k] = e->transposed ? elem(e->a, k, i) : elem(e->a, i, k);
-    int heads = 0;
-    if (m->interleaved_rope && (e->proj == LMX_PROJ_Q || e->proj == LMX_PROJ_K))
-        heads = e->proj == LMX_PROJ_Q ? m->cfg.n_heads : m->cfg.n_kv_heads;
-    int64_t D = heads ? N / heads : 0;
-    for (int64_t n = 0; n < N; n++) {
-        int64_t src = n; /* GGUF row h*D + 2i + j holds HF row h*D + j*D/2 + i */
-        if (heads) src = (n / D) * D + (n % 2) * (D / 2) + (n % D) / 2;
-        for (int64_t i = 0; i < r; i++) B[n * r + i] = e->transposed ? elem(e->b, i, src) : elem(e->b, src, i);
-    }
-    for (int64_t i = 0; i < (int64_t)r * K; i++)
-        if (!isfinite(A[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor \"%s\" holds NaN or infinite values", e->a->name);
-    for (int64_t i = 0; i < N * (int64_t)r; i++)
-        if (!isfinite(B[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor \"%s\" holds NaN or infinite values", e->b->name);
     return LMX_OK;
 }
 
@@ -133,7 +86,11 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
                                (long long)(aK != K ? e->a->shape[1] : e->b->shape[1]), lmx_proj_module(e->proj), e->layer,
                                (long long)K, (long long)N);
         float *A = malloc((size_t)(r * K) * sizeof *A), *B = malloc((size_t)(N * r) * sizeof *B);
-        lmx_status st = A && B ? widen(m, e, K, N, A, B, &m->err) : lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        int rope_heads = !m->interleaved_rope                                 ? 0
+                         : e->proj == LMX_PROJ_Q ? m->cfg.n_heads
+                         : e->proj == LMX_PROJ_K ? m->cfg.n_kv_heads : 0;
+        lmx_status st = A && B ? lmx_lora_widen(e, K, N, rope_heads, A, B, &m->err)
+                               : lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         if (st) lmx_err_prefix(&m->err, "%s", file);
         lmx_lora_pair *p = &a->pairs[e->layer * LMX_PROJ_N + e->proj];
         if (st == LMX_OK) st = upload(m, &p->a, r, K, A);

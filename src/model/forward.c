@@ -179,8 +179,7 @@ typedef struct fwd_out {
 } fwd_out;
 
 static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
-                          const int32_t *tokens,
-                          const int *rows, int R, const fwd_out *out) {
+                          const int32_t *tokens, const int *rows, int R, const fwd_out *out) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;

@@ -6,7 +6,6 @@
 #include "fuse.h"
 
 #include <cjson/cJSON.h>
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -70,21 +69,6 @@ static const char *base_name(const char *path) {
 }
 
 static int is_float(lmx_dtype t) { return t == LMX_DTYPE_F32 || t == LMX_DTYPE_F16 || t == LMX_DTYPE_BF16; }
-
-/* Element i of f32/f16/bf16 data (safetensors data may be unaligned: memcpy). */
-static float widen(lmx_dtype dt, const void *data, int64_t i) {
-    const char *p = data;
-    uint16_t h;
-    switch (dt) {
-    case LMX_DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return lmx_bf16_to_f32(h);
-    case LMX_DTYPE_F16: memcpy(&h, p + 2 * i, 2); return lmx_f16_to_f32(h);
-    default: {
-        float v;
-        memcpy(&v, p + 4 * i, 4);
-        return v;
-    }
-    }
-}
 
 /* ---- the base's tensors ----------------------------------------------------------------------- */
 
@@ -158,8 +142,8 @@ static void dequant_row(const qweight *q, int64_t n, float *out) {
     int64_t W = q->K / per, G = q->K / q->group;
     const char *words = (const char *)q->w->data + 4 * n * W;
     for (int64_t g = 0; g < G; g++) {
-        float s = widen(q->scales->dtype, q->scales->data, n * G + g);
-        float b = widen(q->biases->dtype, q->biases->data, n * G + g);
+        float s = lmx_float_at(q->scales->data, q->scales->dtype, n * G + g);
+        float b = lmx_float_at(q->biases->data, q->biases->dtype, n * G + g);
         for (int64_t k = g * q->group; k < (g + 1) * q->group; k++) {
             uint32_t word;
             memcpy(&word, words + 4 * (k / per), 4);
@@ -225,27 +209,6 @@ static void *keep(fuser *f, size_t bytes) {
     return p;
 }
 
-/* Widen an entry to f32 A [r, K] and B [N, r] (transposing mlx-lm's lora_a [K, r], lora_b [r, N]). */
-static lmx_status widen_pair(const fuser *f, const target *t, float *A, float *B) {
-    const lmx_lora_entry *e = t->e;
-    int64_t r = e->rank, K = t->K, N = t->N;
-    for (int64_t i = 0; i < r; i++)
-        for (int64_t k = 0; k < K; k++)
-            A[i * K + k] = widen(e->a->dtype, e->a->data, e->transposed ? k * r + i : i * K + k);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t i = 0; i < r; i++)
-            B[n * r + i] = widen(e->b->dtype, e->b->data, e->transposed ? i * N + n : n * r + i);
-    for (int64_t i = 0; i < r * K; i++)
-        if (!isfinite(A[i]))
-            return lmx_err_set(f->err, LMX_ERR_FORMAT, "%s: tensor \"%s\" holds NaN or infinite values", f->lf.weights_path,
-                               e->a->name);
-    for (int64_t i = 0; i < N * r; i++)
-        if (!isfinite(B[i]))
-            return lmx_err_set(f->err, LMX_ERR_FORMAT, "%s: tensor \"%s\" holds NaN or infinite values", f->lf.weights_path,
-                               e->b->name);
-    return LMX_OK;
-}
-
 /* Write weight w (merged with t's adapter when t != NULL, else a quantized weight dequantized):
  * a quantized base weight stays quantized (same bits and group) unless dequantizing; everything
  * else becomes bf16.  Appends one item, or three (weight, scales, biases). */
@@ -270,11 +233,14 @@ static lmx_status emit_weight(fuser *f, const lmx_st_tensor *w, const target *t)
         st = lmx_err_set(f->err, LMX_ERR_NOMEM, "out of memory merging \"%s\"", w->name);
         goto done;
     }
-    if (t && (st = widen_pair(f, t, A, B))) goto done;
+    if (t && (st = lmx_lora_widen(t->e, K, N, 0, A, B, f->err))) {
+        lmx_err_prefix(f->err, "%s", f->lf.weights_path);
+        goto done;
+    }
     for (int64_t n = 0; n < N; n++) {
         if (quant) dequant_row(&q, n, row);
         else
-            for (int64_t k = 0; k < K; k++) row[k] = widen(w->dtype, w->data, n * K + k);
+            for (int64_t k = 0; k < K; k++) row[k] = lmx_float_at(w->data, w->dtype, n * K + k);
         if (r > 0) { /* row n of W + scale * B A, accumulated in float64 */
             memset(acc, 0, (size_t)K * sizeof *acc);
             for (int64_t i = 0; i < r; i++) {
@@ -346,16 +312,6 @@ static const char *const side_files[] = {"generation_config.json", "tokenizer.js
                                          "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json"};
 #define N_SIDE_FILES (sizeof side_files / sizeof side_files[0])
 
-static lmx_status write_bytes(const char *path, const char *data, size_t n, lmx_err *err) {
-    FILE *fp = fopen(path, "wb");
-    if (!fp || fwrite(data, 1, n, fp) != n || fclose(fp) != 0) {
-        if (fp) fclose(fp);
-        unlink(path);
-        return lmx_err_set(err, LMX_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    }
-    return LMX_OK;
-}
-
 /* out must be absent or an empty directory; *absent says whether it must be made. */
 static lmx_status check_out(const char *out, int *absent, lmx_err *err) {
     struct stat sb;
@@ -372,7 +328,7 @@ static lmx_status check_out(const char *out, int *absent, lmx_err *err) {
 
 /* config.json: as read, or without the quantization entries when every weight left dense. */
 static lmx_status write_config(fuser *f, const char *path) {
-    if (!(f->dequantize && f->any_quantized)) return write_bytes(path, f->config_text, f->config_len, f->err);
+    if (!(f->dequantize && f->any_quantized)) return lmx_write_file(path, f->config_text, f->config_len, f->err);
     cJSON *text = cJSON_GetObjectItemCaseSensitive(f->config, "text_config");
     static const char *const keys[2] = {"quantization", "quantization_config"};
     for (int i = 0; i < 2; i++) {
@@ -380,7 +336,7 @@ static lmx_status write_config(fuser *f, const char *path) {
         if (cJSON_IsObject(text)) cJSON_DeleteItemFromObjectCaseSensitive(text, keys[i]);
     }
     char *json = cJSON_Print(f->config);
-    lmx_status st = json ? write_bytes(path, json, strlen(json), f->err) : lmx_err_set(f->err, LMX_ERR_NOMEM, "out of memory");
+    lmx_status st = json ? lmx_write_file(path, json, strlen(json), f->err) : lmx_err_set(f->err, LMX_ERR_NOMEM, "out of memory");
     free(json);
     return st;
 }
@@ -405,7 +361,7 @@ static lmx_status write_out(fuser *f, const char *out) {
         size_t n = 0;
         if (!from || !to) st = lmx_err_set(f->err, LMX_ERR_NOMEM, "out of memory");
         else if (lmx_is_file(from) && (st = lmx_read_file(from, &data, &n, f->err)) == LMX_OK &&
-                 (st = write_bytes(to, data, n, f->err)) == LMX_OK)
+                 (st = lmx_write_file(to, data, n, f->err)) == LMX_OK)
             written[nw++] = to, to = NULL;
         free(data);
         free(from);

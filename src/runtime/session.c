@@ -5,7 +5,6 @@
 #include <time.h>
 
 #include "runtime.h"
-#include "../model/adapter.h"
 
 
 double lmx_now_ms(void) {
@@ -158,14 +157,10 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
         return lmx_err_set(&m->err, LMX_ERR_CONTEXT_FULL, "the prompt has %d tokens; the context holds %d", n, limit);
     lmx_status st = lmx_runtime_ready(m);
     if (st) return st;
-    unsigned adapter; /* KV cached under another adapter is never reused */
-    if ((st = lmx_adapter_resolve(m, p ? p->adapter : NULL, &adapter))) return st;
-    if (adapter != lmx_context_adapter(rt->ctx)) {
-        rt->hist.len = 0;
-        lmx_context_reset(rt->ctx);
-        if ((st = lmx_context_set_adapter(rt->ctx, adapter ? lmx_adapter_by_id(m, adapter) : LMX_NO_ADAPTER)))
-            return st;
-    }
+    /* KV cached under another adapter is never reused: switching forgets the cached positions */
+    unsigned cached_under = lmx_context_adapter(rt->ctx);
+    if ((st = lmx_context_set_adapter(rt->ctx, p ? p->adapter : NULL))) return st;
+    if (lmx_context_adapter(rt->ctx) != cached_under) rt->hist.len = 0;
 
     /* the prompt cache: the longest common prefix, leaving at least one token to evaluate */
     const int32_t *hist = (const int32_t *)rt->hist.data;
