@@ -57,6 +57,27 @@ TEST_HELPER void end_case(char *dir) {
 }
 
 
+/* Write n bytes to path (a failed check if that fails). */
+TEST_HELPER void write_file(const char *path, const void *data, size_t n) {
+    lmx_err err = {0};
+    CHECK_MSG(lmx_write_file(path, data, n, &err) == LMX_OK, "%s", err.msg);
+}
+
+/* A call that must fail: status got == want, its out-parameter cleared (out_null), a message msg
+ * holding w1 and w2 (either may be NULL).  Returns 1 when the call did fail (whether as wanted or
+ * not), 0 when it succeeded. */
+TEST_HELPER int check_failed(const char *label, lmx_status got, lmx_status want, int out_null, const char *msg,
+                             const char *w1, const char *w2) {
+    CHECK_MSG(got == want, "%s: got \"%s\" (%s), want \"%s\"", label, lmx_status_str(got), msg, lmx_status_str(want));
+    if (got == LMX_OK) return 0;
+    CHECK_MSG(out_null, "%s: *out not cleared on failure", label);
+    CHECK_MSG(msg && *msg, "%s: no message", label);
+    if (w1) CHECK_CONTAINS(msg, w1);
+    if (w2) CHECK_CONTAINS(msg, w2);
+    if (getenv("LMX_TEST_VERBOSE")) printf("  %-34s %-18s %s\n", label, lmx_status_str(got), msg);
+    return 1;
+}
+
 /* An I32 reference tensor as a fresh int32 array (caller frees); a failed check and NULL if absent. */
 TEST_HELPER int32_t *ref_ints(const lmx_st_set *s, const char *name, int64_t *n) {
     const lmx_st_tensor *t = s ? lmx_st_set_find(s, name) : NULL;

@@ -123,17 +123,7 @@ static void expect_load_fail(const char *label, const char *dir, const char *bac
     lmx_load_params lp = lmx_load_default_params();
     if (backend) lp.backend = backend;
     lmx_status s = lmx_model_load(dir, &lp, &m);
-    const char *msg = lmx_last_error(NULL);
-    CHECK_MSG(s == want, "%s: got \"%s\" (%s), want \"%s\"", label, lmx_status_str(s), msg, lmx_status_str(want));
-    if (s == LMX_OK) {
-        lmx_model_free(m);
-        return;
-    }
-    CHECK_MSG(m == NULL, "%s: *out not cleared on failure", label);
-    CHECK_MSG(msg && *msg, "%s: no message", label);
-    if (w1) CHECK_CONTAINS(msg, w1);
-    if (w2) CHECK_CONTAINS(msg, w2);
-    if (getenv("LMX_TEST_VERBOSE")) printf("  %-28s %-18s %s\n", label, lmx_status_str(s), msg);
+    if (!check_failed(label, s, want, m == NULL, lmx_last_error(NULL), w1, w2)) lmx_model_free(m);
 }
 
 /* A folder holding llama's config (edited by edit) and weights (rewritten by fn, or copied). */

@@ -18,14 +18,6 @@
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static void put_file(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    CHECK_MSG(fp != NULL, "cannot create %s", path);
-    if (!fp) return;
-    CHECK(n == 0 || fwrite(data, 1, n, fp) == n);
-    CHECK(fclose(fp) == 0);
-}
-
 /* A hand-made file: header length hlen (or strlen(json) when hlen < 0), json, data_len bytes. */
 static void put_raw(const char *dir, const char *name, const char *json, long long hlen,
                     size_t data_len) {
@@ -37,7 +29,7 @@ static void put_raw(const char *dir, const char *name, const char *json, long lo
     memset(buf + 8 + jl, 0xab, data_len);
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    put_file(path, buf, n);
+    write_file(path, buf, n);
     free(buf);
 }
 
@@ -240,10 +232,10 @@ static void test_malformed(const char *tmp) {
 
     char path[1024];
     snprintf(path, sizeof path, "%s/empty.safetensors", tmp);
-    put_file(path, NULL, 0);
+    write_file(path, NULL, 0);
     expect_open_fail(tmp, "empty.safetensors", LMX_ERR_FORMAT, NULL, NULL);
     snprintf(path, sizeof path, "%s/short.safetensors", tmp);
-    put_file(path, "\x02\0\0\0\0", 5);
+    write_file(path, "\x02\0\0\0\0", 5);
     expect_open_fail(tmp, "short.safetensors", LMX_ERR_FORMAT, NULL, NULL);
     expect_open_fail(tmp, "no_such.safetensors", LMX_ERR_IO, NULL, NULL);
 
@@ -346,7 +338,7 @@ static void test_malformed(const char *tmp) {
 static void put_index(const char *dir, const char *json) {
     char path[1024];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    put_file(path, json, strlen(json));
+    write_file(path, json, strlen(json));
 }
 
 static void test_dirs(const char *tmp) {
@@ -364,7 +356,7 @@ static void test_dirs(const char *tmp) {
     put_st(plain, "adapter_model.safetensors", x, 1);
     char notes[1024];
     snprintf(notes, sizeof notes, "%s/notes.txt", plain);
-    put_file(notes, "hi", 2);
+    write_file(notes, "hi", 2);
     lmx_status s = lmx_st_set_open_dir(plain, &set, &err);
     CHECK_MSG(s == LMX_OK, "%s", err.msg);
     if (s == LMX_OK) {

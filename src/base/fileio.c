@@ -114,7 +114,7 @@ int lmx_is_file(const char *path) {
 
 lmx_status lmx_write_file(const char *path, const void *data, size_t n, lmx_err *err) {
     FILE *fp = fopen(path, "wb");
-    if (!fp || fwrite(data, 1, n, fp) != n || fclose(fp) != 0) {
+    if (!fp || (n && fwrite(data, 1, n, fp) != n) || fclose(fp) != 0) {
         int e = errno;
         if (fp) fclose(fp);
         unlink(path);
