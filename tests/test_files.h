@@ -5,6 +5,7 @@
 #define LMX_TESTS_TEST_FILES_H
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/fileio.h"
+#include "base/half.h"
 #include "formats/safetensors.h"
 
 /* Each test uses some of these helpers; the rest must not warn. */
@@ -76,6 +78,19 @@ TEST_HELPER int check_failed(const char *label, lmx_status got, lmx_status want,
     if (w2) CHECK_CONTAINS(msg, w2);
     if (getenv("LMX_TEST_VERBOSE")) printf("  %-34s %-18s %s\n", label, lmx_status_str(got), msg);
     return 1;
+}
+
+/* max |out - ref| / (2e-3 + 1e-3 max|ref|) over a row of V logits: <= 1 within the fixtures' f32
+ * tolerance (NaN counts as infinite).  ref: V f32 values at any alignment (a reference file's data). */
+TEST_HELPER double f32_tol_ratio(const float *out, const void *ref, int V) {
+    double max_ref = 0, max_err = 0;
+    for (int v = 0; v < V; v++) {
+        double x = lmx_float_at(ref, LMX_DTYPE_F32, v), e = fabs((double)out[v] - x);
+        if (!(e == e)) e = INFINITY;
+        if (fabs(x) > max_ref) max_ref = fabs(x);
+        if (e > max_err) max_err = e;
+    }
+    return max_err / (2e-3 + 1e-3 * max_ref);
 }
 
 /* An I32 reference tensor as a fresh int32 array (caller frees); a failed check and NULL if absent. */

@@ -184,24 +184,12 @@ static float *ref_floats(const lmx_st_set *s, const char *name, int64_t rows, in
     return out;
 }
 
-/* max |out - ref| / (2e-3 + 1e-3 max|ref|): <= 1 within the f32 tolerance (NaN is infinite). */
-static double f32_ratio(const float *out, const float *ref, int V) {
-    double max_ref = 0, max_err = 0;
-    for (int v = 0; v < V; v++) {
-        double e = fabs((double)out[v] - ref[v]);
-        if (!(e == e)) e = INFINITY;
-        if (fabs(ref[v]) > max_ref) max_ref = fabs(ref[v]);
-        if (e > max_err) max_err = e;
-    }
-    return max_err / (2e-3 + 1e-3 * max_ref);
-}
-
 /* Worst f32 ratio over rows (a row-major [rows, V] pair). */
 static double worst_ratio(const float *out, const float *ref, int rows, int V, int *at) {
     double worst = 0;
     *at = -1;
     for (int t = 0; t < rows; t++) {
-        double r = f32_ratio(out + (size_t)t * V, ref + (size_t)t * V, V);
+        double r = f32_tol_ratio(out + (size_t)t * V, ref + (size_t)t * V, V);
         if (!(r <= worst)) { worst = r; *at = t; }
     }
     return worst;
@@ -501,7 +489,7 @@ static void case_n_ctx(const char *model) {
             lmx_status s = lmx_context_eval(c, &seq[t], 1, out, 0);
             CHECK_MSG(s == LMX_OK, "%s decode at %lld: %s", label, (long long)t, lmx_last_error(m));
             if (s != LMX_OK) break;
-            double r = f32_ratio(out, want + t * V, V);
+            double r = f32_tol_ratio(out, want + t * V, V);
             if (!(r <= decode)) decode = r;
         }
         CHECK_MSG(decode <= 1.0, "%s prompt+decode: err/tol %.3f", label, decode);
