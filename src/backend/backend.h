@@ -90,6 +90,14 @@ typedef struct lmx_lora_pair {
     float scale;
 } lmx_lora_pair;
 
+#define LMX_LORA_RANK_MAX 1024   /* adapters of larger rank are refused at load */
+
+/* Whether p is a pair the lora op takes for a projection of K inputs and N outputs. */
+static inline int lmx_lora_pair_fits(const lmx_lora_pair *p, int64_t K, int64_t N) {
+    return p->a.dtype == LMX_DTYPE_F32 && p->b.dtype == LMX_DTYPE_F32 && p->a.shape[1] == K && p->b.shape[0] == N &&
+           p->b.shape[1] == p->a.shape[0] && p->a.shape[0] <= LMX_LORA_RANK_MAX;
+}
+
 typedef struct lmx_backend lmx_backend;
 
 typedef struct lmx_backend_ops {

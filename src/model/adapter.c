@@ -7,8 +7,6 @@
 #include <string.h>
 
 
-#define ADAPTER_RANK_MAX 1024
-
 static lmx_tensor *proj_weight(lmx_layer *L, lmx_proj p) {
     switch (p) {
     case LMX_PROJ_Q: return &L->wq;
@@ -72,9 +70,9 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
         if (f->num_layers > 0 && e->layer < nl - f->num_layers)
             return lmx_err_set(&m->err, LMX_ERR_FORMAT, "%s: tensor \"%s\" is for layer %d, outside the last num_layers = %d "
                                "of the model's %d", file, e->a->name, e->layer, f->num_layers, nl);
-        if (e->rank > ADAPTER_RANK_MAX)
+        if (e->rank > LMX_LORA_RANK_MAX)
             return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: rank %d of \"%s\" is above lmx's limit %d", file, e->rank,
-                               e->a->name, ADAPTER_RANK_MAX);
+                               e->a->name, LMX_LORA_RANK_MAX);
         const lmx_tensor *w = proj_weight(&m->layers[e->layer], e->proj);
         int64_t N = w->shape[0], K = w->shape[1], r = e->rank;
         int64_t aK = e->transposed ? e->a->shape[0] : e->a->shape[1];

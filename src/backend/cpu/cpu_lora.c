@@ -5,8 +5,6 @@
  * step's single row is split over its outputs instead, after one shrink. */
 #include "cpu_backend.h"
 
-#define LORA_RANK_MAX 1024    /* the adapter loader refuses larger ranks */
-
 typedef struct lora_job {
     const cpu_backend *cb;
     const float *x;           /* [M, K] */
@@ -37,7 +35,7 @@ static void expand(const lmx_lora_pair *p, const float *t, float *y, int64_t n0,
 
 static void rows_task(void *arg, int task, int thread) {
     const lora_job *j = arg;
-    float t[LORA_RANK_MAX];
+    float t[LMX_LORA_RANK_MAX];
     int m1 = (task + 1) * j->rows_per_task < j->M ? (task + 1) * j->rows_per_task : j->M;
     for (int m = task * j->rows_per_task; m < m1; m++) {
         const lmx_lora_pair *p = j->pairs[m / j->T];
@@ -60,15 +58,14 @@ lmx_status cpu_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, 
     int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];
-        if (p && (p->a.dtype != LMX_DTYPE_F32 || p->b.dtype != LMX_DTYPE_F32 || p->a.shape[1] != K ||
-                  p->b.shape[0] != N || p->b.shape[1] != p->a.shape[0] || p->a.shape[0] > LORA_RANK_MAX))
+        if (p && !lmx_lora_pair_fits(p, K, N))
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "cpu lora: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
     }
     int threads = lmx_pool_size(cb->pool);
     lora_job j = {.cb = cb, .x = x->data, .y = y->data, .K = K, .N = N, .M = M, .T = T, .pairs = pairs};
     if (M == 1) { /* one row: shrink once, expand split over the outputs */
-        float t[LORA_RANK_MAX];
+        float t[LMX_LORA_RANK_MAX];
         if (!pairs[0]) return LMX_OK;
         shrink(cb, pairs[0], j.x, K, t);
         j.t1 = t;

@@ -255,8 +255,7 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
     int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];
-        if (p && (p->a.dtype != LMX_DTYPE_F32 || p->b.dtype != LMX_DTYPE_F32 || p->a.shape[1] != K ||
-                  p->b.shape[0] != N || p->b.shape[1] != p->a.shape[0]))
+        if (p && !lmx_lora_pair_fits(p, K, N))
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "cuda lora: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
     }
