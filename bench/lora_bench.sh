@@ -3,6 +3,9 @@
 # (bench/make_random_model.py), four random rank-R adapters on all seven projections
 # (bench/make_random_adapter.py), and `lmx bench --json` with no adapter, one adapter, and the four
 # mixed in every batch (batch 8 and 32: sequence i takes adapter i % 4).  Summary table last.
+# With llama.cpp's CUDA build in $LLAMACPP (default /tmp/peer: bin/llama-batched-bench, gguf-py/; see
+# bench/peers_cuda.sh), also llama.cpp on the same weights (F16 GGUF, bench/write_gguf.py) with no adapter
+# and with adapter 1 (bench/write_lora_gguf.py, `--lora`): llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32.
 # usage: bench/lora_bench.sh LMX OUT_DIR [SPEC] [RANK]     (SPEC default llama-3.1-8b, RANK 16)
 set -u
 lmx=$1 out=$2 spec=${3:-llama-3.1-8b} rank=${4:-16}
@@ -25,6 +28,22 @@ run() { # name, extra args
 run base
 run lora1 --adapter "$dir-lora1"
 run lora4 --adapter "$dir-lora1" --adapter "$dir-lora2" --adapter "$dir-lora3" --adapter "$dir-lora4"
+llcpp=${LLAMACPP:-/tmp/peer}
+if [ -x "$llcpp/bin/llama-batched-bench" ]; then
+    nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
+    gg=/tmp/lmxb/$spec-f16.gguf
+    [ -f "$gg" ] || PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$dir" "$gg" >>"$out/make.log" 2>&1
+    PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_lora_gguf.py" "$dir-lora1" "$dir-lora1.gguf" >>"$out/make.log" 2>&1
+    for v in base lora1; do
+        echo "== llama.cpp $v"
+        la=()
+        [ $v = lora1 ] && la=(--lora "$dir-lora1.gguf")
+        LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-batched-bench" -m "$gg" "${la[@]}" \
+            -ngl 99 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$out/llamacpp-$v.txt" 2>"$out/llamacpp-$v.err" ||
+            { echo "llama.cpp $v failed"; tail -3 "$out/llamacpp-$v.err"; }
+        grep '^|' "$out/llamacpp-$v.txt"
+    done
+fi
 python3 - "$out" <<'PY'
 import json, sys, os
 out = sys.argv[1]

@@ -29,6 +29,8 @@ typedef struct gv_seg {
     int N;
     lmx_dtype bt;                 /* of bias */
     int ks;                       /* k_gemv1: warps sharing each row (K split among them) */
+    const float *lb, *lt;         /* k_gemv1: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
+    int lr;
 } gv_seg;
 
 typedef struct gv_segs {
@@ -37,20 +39,15 @@ typedef struct gv_segs {
     lmx_dtype sdt;                /* MLX scale / bias dtype */
 } gv_segs;
 
-/* The kernel families by weight format; the folded-in RMSNorm of k_gemv1's input. */
+/* The kernel families by weight format. */
 enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
-typedef struct gv_norm {
-    const void *w;                /* [K]; NULL: none */
-    lmx_dtype wt;
-    float eps, add_one;
-} gv_norm;
 
 /* Segment i by selects of fixed fields: indexing the parameter struct with blockIdx.y would copy
  * it to local memory and slow every GEMV. */
 static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
     gv_seg r;
 #define PICK(f) r.f = i == 0 ? sg.s[0].f : i == 1 ? sg.s[1].f : sg.s[2].f
-    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks);
+    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks); PICK(lb); PICK(lt); PICK(lr);
 #undef PICK
     return r;
 }
@@ -421,9 +418,15 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
     }
 }
 
-template <int KIND, int PAIR, int NORM, int RESID>
+/* seg s's LoRA expand term for output n (LORA instances; lane 0 at the end, B and t read then: holding
+ * them across the main loop, in registers or shared memory, or a wider sum measured slower) */
+static __device__ __forceinline__ float g1_lora_term(const gv_seg &s, int n) {
+    return s.lb ? cuda_lora_dot(s.lb + (int64_t)n * s.lr, s.lt, s.lr) : 0.0f;
+}
+
+template <int KIND, int PAIR, int NORM, int RESID, int LORA>
 __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
-                                               const gv_norm nm) {
+                                               const cuda_row_norm nm) {
     extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
     __shared__ float part[8];
     constexpr bool Q = g1<KIND>::Q;
@@ -471,22 +474,7 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
     cuda_pdl_wait(); /* x is ready */
 
     if constexpr (NORM != 0) { /* rmsnorm(x), as the norm kernels compute it */
-        float inv;
-        if (K > 256) {
-            float ss = 0.0f;
-            for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
-            ss = cuda_warp_sum(ss);
-            if (lane == 0) part[warp] = ss;
-            __syncthreads();
-            float tot = 0.0f;
-            for (int i = 0; i < 8; i++) tot += part[i];
-            inv = rsqrtf(tot / K + nm.eps);
-        } else {
-            float ss = 0.0f;
-            for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
-            ss = cuda_warp_sum(ss);
-            inv = rsqrtf(ss / K + nm.eps);
-        }
+        const float inv = cuda_rms_inv256(x, K, nm.eps, part);
         for (int i = tid; i < K; i += 256) xsm[G1_PAD(i)] = x[i] * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
     } else {
         for (int i = tid; i < K / 4; i += 256) *(float4 *)(xsm + G1_PAD(4 * i)) = __ldg((const float4 *)x + i);
@@ -561,8 +549,12 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
         for (int o = 0; o < RO; o++) {
             const int n = n0 + o;
             if (n < S.N) {
-                const float g = acc[o] + bias_at(sg.s[0].bias, sg.s[0].bt, n);
-                const float u = acc[o + RO] + bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                float g = acc[o] + bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                float u = acc[o + RO] + bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                if constexpr (LORA != 0) { /* as the lora op then adds to each, before the GLU */
+                    if (sg.s[0].lb) g = g + g1_lora_term(sg.s[0], n);
+                    if (sg.s[1].lb) u = u + g1_lora_term(sg.s[1], n);
+                }
                 sg.s[0].y[n] = glu_act(g, act) * u;
                 sg.s[1].y[n] = u;
             }
@@ -572,7 +564,9 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
         for (int r = 0; r < R; r++) {
             const int n = n0 + r;
             if (n < S.N) {
-                const float o = acc[r] + bias_at(S.bias, S.bt, n);
+                float o = acc[r] + bias_at(S.bias, S.bt, n);
+                if constexpr (LORA != 0)
+                    if (S.lb) o = o + g1_lora_term(S, n);
                 S.y[n] = RESID ? S.y[n] + o : o;
             }
         }
@@ -592,29 +586,32 @@ static int g1_split(const cuda_backend *cb, int kind, int N, int K, int rpb) {
     return ks;
 }
 
-/* The k_gemv1 instance for (kind, pair, norm, resid); NULL for combinations never launched. */
-typedef void (*g1_fn)(const float *, gv_segs, int, int, gv_norm);
-template <int KIND> static g1_fn g1_pick(int pair, int norm, int resid) {
-    if (pair) return norm ? k_gemv1<KIND, 1, 1, 0> : k_gemv1<KIND, 1, 0, 0>;
-    if (resid) return norm ? (g1_fn)NULL : k_gemv1<KIND, 0, 0, 1>;
-    return norm ? k_gemv1<KIND, 0, 1, 0> : k_gemv1<KIND, 0, 0, 0>;
+/* The k_gemv1 instance for (kind, pair, norm, resid, lora); NULL for combinations never launched. */
+typedef void (*g1_fn)(const float *, gv_segs, int, int, cuda_row_norm);
+template <int KIND, int LORA> static g1_fn g1_pick(int pair, int norm, int resid) {
+    if (pair) return resid ? (g1_fn)NULL : norm ? k_gemv1<KIND, 1, 1, 0, LORA> : k_gemv1<KIND, 1, 0, 0, LORA>;
+    if (resid) return norm ? (g1_fn)NULL : k_gemv1<KIND, 0, 0, 1, LORA>;
+    return norm ? k_gemv1<KIND, 0, 1, 0, LORA> : k_gemv1<KIND, 0, 0, 0, LORA>;
 }
-static g1_fn g1_kernel(int kind, int pair, int norm, int resid) {
+template <int KIND> static g1_fn g1_pick(int pair, int norm, int resid, int lora) {
+    return lora ? g1_pick<KIND, 1>(pair, norm, resid) : g1_pick<KIND, 0>(pair, norm, resid);
+}
+static g1_fn g1_kernel(int kind, int pair, int norm, int resid, int lora) {
     switch (kind) {
-    case GV_BF16: return g1_pick<GV_BF16>(pair, norm, resid);
-    case GV_F16: return g1_pick<GV_F16>(pair, norm, resid);
-    case GV_F32: return g1_pick<GV_F32>(pair, norm, resid);
-    case GV_Q4: return g1_pick<GV_Q4>(pair, norm, resid);
-    default: return g1_pick<GV_Q8>(pair, norm, resid);
+    case GV_BF16: return g1_pick<GV_BF16>(pair, norm, resid, lora);
+    case GV_F16: return g1_pick<GV_F16>(pair, norm, resid, lora);
+    case GV_F32: return g1_pick<GV_F32>(pair, norm, resid, lora);
+    case GV_Q4: return g1_pick<GV_Q4>(pair, norm, resid, lora);
+    default: return g1_pick<GV_Q8>(pair, norm, resid, lora);
     }
 }
 
 void cuda_gemv_init(void) {
     const int sm = (int)g1_smem(GV_Q4, G1_MAX_K);
     for (int kind = GV_BF16; kind <= GV_Q8; kind++)
-        for (int c = 0; c < 8; c++) {
-            g1_fn f = g1_kernel(kind, c & 1, (c >> 1) & 1, (c >> 2) & 1);
-            if (f && !((c & 1) && (c >> 2))) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+        for (int c = 0; c < 16; c++) {
+            g1_fn f = g1_kernel(kind, c & 1, (c >> 1) & 1, (c >> 2) & 1, (c >> 3) & 1);
+            if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
         }
     cudaGetLastError();
 }
@@ -718,6 +715,16 @@ static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
     return glu >= 0 ? 8 : 16;
 }
 
+int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
+    const int kind = gv_kind(w);
+    if (kind < 0 || M != 1 || w->shape[1] > G1_MAX_K || cb->gemv_variant == 1) return 0;
+    if (kind == GV_Q4 || kind == GV_Q8) { /* k_gemv1: groups of 1, 2, 4, ... 32 whole vectors */
+        const int e = kind == GV_Q4 ? 32 : 16, g = w->q.group;
+        if (g % e || 32 % (g / e)) return 0;
+    }
+    return 1;
+}
+
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
     if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
@@ -725,12 +732,9 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];
     const int norm = opts && opts->norm_w, resid = opts && opts->resid;
-    int one_row = M == 1 && K <= G1_MAX_K && cb->gemv_variant != 1;
-    if (kind == GV_Q4 || kind == GV_Q8) { /* k_gemv1: groups of 1, 2, 4, ... 32 whole vectors */
-        const int e = kind == GV_Q4 ? 32 : 16, g = ws[0]->q.group;
-        if (g % e || 32 % (g / e)) one_row = 0;
-    }
-    if ((norm || resid) && (!one_row || (resid && (glu >= 0 || n != 1 || norm)))) return LMX_ERR_UNSUPPORTED;
+    const int lora = opts && (opts->lora_b[0] || opts->lora_b[1] || opts->lora_b[2]);
+    const int one_row = cuda_gemv_one_row(cb, ws[0], M);
+    if ((norm || resid || lora) && (!one_row || (resid && (glu >= 0 || n != 1 || norm)))) return LMX_ERR_UNSUPPORTED;
     if (norm && (opts->norm_w->q.bits || opts->norm_w->q.ggml_type || lmx_tensor_nelem(opts->norm_w) != K))
         return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
@@ -749,6 +753,11 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         sg.s[i].bt = biases[i] ? biases[i]->dtype : LMX_DTYPE_F32;
         sg.s[i].y = ys[i];
         sg.s[i].N = (int)w->shape[0];
+        if (lora) {
+            sg.s[i].lb = opts->lora_b[i];
+            sg.s[i].lt = opts->lora_t[i];
+            sg.s[i].lr = opts->lora_r[i];
+        }
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
@@ -760,7 +769,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     }
     const unsigned gy = glu >= 0 ? 1 : n;
     if (one_row) {
-        gv_norm nm;
+        cuda_row_norm nm;
         memset(&nm, 0, sizeof nm);
         if (norm) {
             nm.w = opts->norm_w->data;
@@ -768,7 +777,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
             nm.eps = opts->eps;
             nm.add_one = opts->add_one;
         }
-        cuda_launch(cb, g1_kernel(kind, glu >= 0, norm, resid), dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K,
+        cuda_launch(cb, g1_kernel(kind, glu >= 0, norm, resid, lora), dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K,
                     glu < 0 ? 0 : glu, nm);
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }

@@ -268,14 +268,91 @@ static lmx_status g_exec_lora_group(cuda_backend *cb, int i, int n, int nl, cons
     return st;
 }
 
+/* The residual add at j folded into the single matmul at i (its output only feeds that add): y += W x + b.
+ * Returns the add's output, or NULL. */
+static float *g_resid_into(const cuda_graph *g, int i, int j) {
+    const g_rec *r = &g->rec[i], *a = j < g->n_rec ? &g->rec[j] : NULL;
+    if (r->M == 1 && a && a->op == G_ADD && a->t[1].data == r->t[0].data && a->t[0].data != r->t[0].data &&
+        a->t[0].data != r->t[1].data && a->n == r->t[2].shape[0] && g_dead_after(g, j, r->t[0].data))
+        return (float *)a->t[0].data;
+    return NULL;
+}
+
+/* One row's matmul group at i (n matmuls) with its nl LoRA records after it (mi, glu: g_lora_after) and
+ * with nrm the RMSNorm record before it, or NULL: the pairs' shrink as one launch (the norm folded in),
+ * then the group as one GEMV launch that folds in each expand, the norm, the GLU, and for a single
+ * matmul the residual add after it.  *used: ops consumed from i (0: it does not apply). */
+static lmx_status g_exec_lora_row(cuda_backend *cb, int i, int n, int nl, const int mi[3], int glu, const g_rec *nrm,
+                                  int *used) {
+    cuda_graph *g = cb->g;
+    const g_rec *r = &g->rec[i];
+    const int last = i + n + nl + (glu >= 0 ? 1 : 0); /* the first op after the group */
+    *used = 0;
+    if (r->M != 1 || !cuda_gemv_one_row(cb, &r->t[2], 1)) return LMX_OK;
+    if (nrm && (nrm->n != r->t[2].shape[1] || !g_dead_after(g, last - 1, nrm->t[0].data))) return LMX_OK;
+    for (int j = 0; nrm && j < n; j++)
+        if (g->rec[i + j].t[0].data == nrm->t[1].data) return LMX_OK;
+    float *resid = n == 1 && glu < 0 && !nrm ? g_resid_into(g, i, last) : NULL;
+    const lmx_lora_pair *pairs[3] = {NULL, NULL, NULL};
+    int any = 0;
+    for (int k = 0; k < nl; k++) {
+        const g_rec *q = &g->rec[i + n + k];
+        pairs[k] = q->lora[0].a.data ? &q->lora[0] : NULL;
+        any |= pairs[k] != NULL;
+    }
+    cuda_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    cuda_row_norm rn;
+    memset(&rn, 0, sizeof rn);
+    if (nrm) {
+        o.norm_w = &nrm->t[2];
+        o.eps = rn.eps = nrm->f0;
+        o.add_one = rn.add_one = nrm->f1;
+        rn.w = nrm->t[2].data;
+        rn.wt = nrm->t[2].dtype;
+        if (nrm->t[2].q.bits || nrm->t[2].q.ggml_type) return LMX_OK;
+    }
+    o.resid = resid != NULL;
+    const float *x = (const float *)(nrm ? nrm->t[1].data : r->t[1].data);
+    if (any) {
+        float *t;
+        int rmax;
+        lmx_status st = cuda_lora_shrink_row(cb, nl, pairs, x, r->t[2].shape[1], &rn, &t, &rmax);
+        if (st) return st;
+        for (int k = 0; k < nl; k++)
+            if (pairs[k]) {
+                o.lora_b[mi[k]] = (const float *)pairs[k]->b.data;
+                o.lora_t[mi[k]] = t + k * rmax;
+                o.lora_r[mi[k]] = (int)pairs[k]->a.shape[0];
+            }
+    }
+    float *ys[3];
+    const lmx_tensor *ws[3], *bs[3];
+    for (int j = 0; j < n; j++) {
+        const g_rec *q = &g->rec[i + j];
+        ys[j] = j == 0 && resid ? resid : (float *)q->t[0].data;
+        ws[j] = &q->t[2];
+        bs[j] = q->has[3] ? &q->t[3] : NULL;
+    }
+    const int plain = !nrm && !resid && !any;
+    lmx_status st = cuda_gemv(cb, n, ws, bs, ys, x, 1, glu, plain ? NULL : &o);
+    if (st == LMX_ERR_UNSUPPORTED && any) /* the shrink is in the graph: the graph fails, never a wrong step */
+        return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda graph: a LoRA GEMV the check allowed declined");
+    if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+    if (st == LMX_OK) *used = last - i + (resid ? 1 : 0);
+    return st;
+}
+
 /* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
  * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
  * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
  * layer's kv append when it is safe to write the cache before the attention reads it), and a
  * residual add followed by the norm of its result as one launch.  Each does the arithmetic of the
  * ops it replaces in the same order, so graphs and eager steps agree bit for bit.  With LoRA records
- * after a matmul group, the group's LoRAs run as one shrink and one expand launch after it (the
- * expand also doing gate/up's GLU), and the norm before the group stays a launch of its own.
+ * after a matmul group: for one row, the pairs' shrink (with the group's norm) and then the group's GEMV
+ * with the expands folded in (g_exec_lora_row); for several, the group's launch and then one shrink (on
+ * a side branch beside it) and one expand launch, which also does gate/up's GLU, the norm before the
+ * group a launch of its own (g_exec_lora_group).
  * *used = ops consumed (0: none applied). */
 static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
     cuda_graph *g = cb->g;
@@ -284,13 +361,18 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
     if (r->op == G_MATMUL) {
         int glu, n = g_matmul_group(g, i, &glu), mi[3], lglu;
         int nl = g_lora_after(g, i, n, mi, &lglu);
-        if (nl > 0) return g_exec_lora_group(cb, i, n, nl, mi, lglu, used);
+        if (nl > 0) {
+            lmx_status st = g_exec_lora_row(cb, i, n, nl, mi, lglu, NULL, used);
+            if (st || *used) return st;
+            return g_exec_lora_group(cb, i, n, nl, mi, lglu, used);
+        }
         /* a single matmul whose output only feeds the residual add after it: y += W x + b */
-        const g_rec *a = i + 1 < g->n_rec ? &g->rec[i + 1] : NULL;
-        if (n == 1 && r->M == 1 && a && a->op == G_ADD && a->t[1].data == r->t[0].data && a->t[0].data != r->t[0].data &&
-            a->t[0].data != r->t[1].data && a->n == r->t[2].shape[0] && g_dead_after(g, i + 1, r->t[0].data)) {
-            cuda_gemv_opts o = {NULL, 0.0f, 0.0f, 1};
-            lmx_status st = g_gemv_group(cb, i, 1, -1, (const float *)r->t[1].data, &o, (float *)a->t[0].data, used);
+        float *resid = n == 1 ? g_resid_into(g, i, i + 1) : NULL;
+        if (resid) {
+            cuda_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.resid = 1;
+            lmx_status st = g_gemv_group(cb, i, 1, -1, (const float *)r->t[1].data, &o, resid, used);
             if (st || *used) {
                 if (*used) *used = 2;
                 return st;
@@ -301,13 +383,25 @@ static lmx_status g_exec_fused(cuda_backend *cb, int i, int *used) {
     }
     if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
         g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {
-        /* a row's norm read only by the matmuls after it: they normalise as they stage x */
-        int glu, n = g_matmul_group(g, i + 1, &glu);
+        /* a row's norm read only by the matmuls after it: they normalise as they stage x (with LoRA
+         * after them, the shrink too) */
+        int glu, n = g_matmul_group(g, i + 1, &glu), mi[3], lglu;
+        int nl = g_lora_after(g, i + 1, n, mi, &lglu);
+        if (nl > 0) {
+            int u = 0;
+            lmx_status st = g_exec_lora_row(cb, i + 1, n, nl, mi, lglu, r, &u);
+            if (u) *used = 1 + u;
+            return st;
+        }
         const int last = i + n + (glu >= 0 ? 1 : 0);
         int ok = r->n == g->rec[i + 1].t[2].shape[1] && g_dead_after(g, last, r->t[0].data);
         for (int j = 1; j <= n; j++) ok &= g->rec[i + j].t[0].data != r->t[1].data;
         if (ok) {
-            cuda_gemv_opts o = {&r->t[2], r->f0, r->f1, 0};
+            cuda_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.norm_w = &r->t[2];
+            o.eps = r->f0;
+            o.add_one = r->f1;
             int u = 0;
             lmx_status st = g_gemv_group(cb, i + 1, n, glu, (const float *)r->t[1].data, &o, NULL, &u);
             if (st) return st;

@@ -26,6 +26,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_KV16,      /* prefill attention: new keys and values as bf16   [2, M, Hk*D] */
        CUDA_SCRATCH_TOPK,      /* top-k candidates and results                      see cuda_topk.cu */
        CUDA_SCRATCH_LORA,      /* LoRA shrink results                               [M, r] */
+       CUDA_SCRATCH_LORA_SUM,  /* LoRA shrink tickets and partial sums              see cuda_lora.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -101,13 +102,26 @@ lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t 
  * arguments) joins it and launches the expand. */
 lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int *Ns, const float *x, int64_t K, int n,
                            const lmx_lora_pair *const *const *pairs, int glu, int stage);
+/* The RMSNorm a kernel applies to the row it reads (w NULL: none): x * inv_rms(x) * (w + add_one). */
+typedef struct cuda_row_norm {
+    const void *w;   /* [K] */
+    lmx_dtype wt;
+    float eps, add_one;
+} cuda_row_norm;
+/* One row x [K] (with norm->w: its RMSNorm, as the norm op computes it): t[p, :r_p] = scale_p A_p x
+ * for the np (1..3) pairs (NULL: none) as one launch; *t (f32 [np, *rmax], scratch) holds them for the
+ * GEMV that folds in the expands (cuda_gemv_opts.lora_*).  The same arithmetic as cuda_lora_group. */
+lmx_status cuda_lora_shrink_row(cuda_backend *cb, int np, const lmx_lora_pair *const *pairs, const float *x,
+                                int64_t K, const cuda_row_norm *norm, float **t, int *rmax);
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
 /* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format
  * and K as one launch, M <= CUDA_GEMV_ROWS; glu >= 0 (an lmx_act, n = 2): also y_0 = act(y_0) * y_1
  * as the glu op would leave it.  With opts (M = 1 only), the launch also folds in: the RMSNorm of
  * x (norm_w: W multiplies rmsnorm(x) * (norm_w + add_one), computed as the norm op computes it; x
- * itself is only read), or the residual add of its result (resid, n = 1: y_0 += W x + b).
+ * itself is only read), or the residual add of its result (resid, n = 1: y_0 += W x + b), and LoRA
+ * expands (lora_b / lora_t: y_i += B_i t_i after the bias, before the GLU or the residual add, as the
+ * lora op would add them).
  * LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes the weights (GGUF blocks,
  * 2-bit, odd K, mixed formats) or the options; cuda_gemv_any then takes one weight of any format.
  * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
@@ -117,7 +131,13 @@ typedef struct cuda_gemv_opts {
     const lmx_tensor *norm_w;
     float eps, add_one;
     int resid;
+    /* LoRA expands folded in (weight i; lora_b[i] NULL: none): y_i[n] += B_i[n, :] . t_i, with
+     * B_i f32 [N_i, lora_r[i]] and t_i [lora_r[i]] the scaled shrink (cuda_lora_shrink_row) */
+    const float *lora_b[3], *lora_t[3];
+    int lora_r[3];
 } cuda_gemv_opts;
+/* 1 when cuda_gemv takes weight w for M rows with its one-row kernel (what opts need). */
+int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M);
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts);
 lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *bias, float *y, const float *x,
@@ -171,6 +191,42 @@ static __device__ __forceinline__ float cuda_warp_sum(float v) {
 static __device__ __forceinline__ float cuda_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* 1 / rms(x[0..K)) + eps folded in, by a block of 256 threads (part: 8 floats of shared memory), in the
+ * reduction order of the rmsnorm op's kernels. */
+static __device__ __forceinline__ float cuda_rms_inv256(const float *x, int K, float eps, float *part) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    float ss = 0.0f;
+    if (K > 256) {
+        for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
+        ss = cuda_warp_sum(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int i = 0; i < 8; i++) tot += part[i];
+        return rsqrtf(tot / K + eps);
+    }
+    for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
+    ss = cuda_warp_sum(ss);
+    return rsqrtf(ss / K + eps);
+}
+
+/* B[n, :] . t over rank r: LoRA's expand term for one output, one fixed chain of fused multiply-adds
+ * (the expand kernel and the GEMVs that fold it in agree bit for bit). */
+static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const float *t, int r) {
+    float acc = 0.0f;
+    int j = 0;
+    if ((r & 3) == 0) /* the rows of B are 16-byte aligned: r * 4 bytes, a multiple of 16 */
+        for (; j < r; j += 4) {
+            const float4 b4 = __ldg((const float4 *)(brow + j));
+            acc = __fmaf_rn(b4.x, t[j], acc);
+            acc = __fmaf_rn(b4.y, t[j + 1], acc);
+            acc = __fmaf_rn(b4.z, t[j + 2], acc);
+            acc = __fmaf_rn(b4.w, t[j + 3], acc);
+        }
+    for (; j < r; j++) acc = __fmaf_rn(__ldg(brow + j), t[j], acc);
+    return acc;
 }
 
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }

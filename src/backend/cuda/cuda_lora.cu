@@ -3,10 +3,13 @@
  * Decode (one row per sequence; inside the decode graph too): two launches in the spirit of Punica's
  * SGMV for up to 64 rows, each row with its own adapter or none (up to 8 distinct ones a launch), for
  * up to three projections of one input at once (q/k/v, gate/up; cuda_graph.cu groups them):
- *   shrink  t[p, m, j] = scale * (A_pm[j, :] . x[m, :])     one block per (projection, row, j)
+ *   shrink  t[p, m, j] = scale * (A_pm[j, :] . x[m, :])     one block per (projection, row, j, K chunk)
  *   expand  y_p[m, n] += B_pm[n, :] . t[p, m, :]             one thread per (row, output)
- * and for gate/up the GLU that follows (as the glu op computes it).  In a decode graph the shrink runs on
- * a side branch beside the group's GEMV, so only the expand lengthens the chain of launches.
+ * and for gate/up the GLU that follows (as the glu op computes it).  In a decode graph of several rows the
+ * shrink runs on a side branch beside the group's GEMV, so only the expand lengthens the chain of launches.
+ * A graph of one row (cuda_graph.cu, g_exec_lora_row) instead folds the group's RMSNorm into the shrink
+ * (cuda_lora_shrink_row) and the expand into the group's GEMV (cuda_gemv_opts.lora_*), keeping the
+ * GEMV's norm, GLU and residual folds: one extra launch per group.
  * Prefill (many rows per sequence): the rows of consecutive sequences sharing a pair form one
  * segment, and each segment is two cuBLAS GEMMs in TF32 (t = x A^T, y += s t B^T).
  * The pairs' A and B are f32 [r, K] and [N, r] in device memory; t lives in a scratch slot. */
@@ -33,8 +36,10 @@ typedef struct lora_grp {
     uint32_t slot[CUDA_LORA_ROWS / 8]; /* 4 bits per row: its slot, LORA_NONE: no pair */
     const float *x;                    /* [n, K] */
     float *t;                          /* [np, n, rmax] shrink results */
+    float *part;                       /* [np, n, rmax, chunks] their partial sums (chunks > 1) */
+    int *ticket;                       /* [np, n, rmax] chunks done, 0 between launches */
     int64_t K;
-    int np, n, rmax;
+    int np, n, rmax, chunks;
     int glu;                           /* >= 0 (an lmx_act, np = 2): then y0 = act(y0) * y1 as the glu op */
 } lora_grp;
 
@@ -52,13 +57,21 @@ static __device__ __forceinline__ unsigned slot_of(const lora_grp &g, int m) {
     return pick(g.slot, (unsigned)m >> 3) >> ((m & 7) * 4) & 15u;
 }
 
-/* t[p, m, j] = scale * (A[j, :] . x[m, :]): one block per (projection, row, j), its threads striding
- * over K with 16-byte loads, LORA_UNROLL in flight each (one warp alone would wait on each load). */
-#define LORA_SHRINK_THREADS 128
+/* t[p, m, j] = scale * (A[j, :] . x[m, :]): one block per (projection, row, j, chunk of K), its threads
+ * striding over the chunk with 16-byte loads, LORA_UNROLL in flight each, all issued before the wait for
+ * x (a chunk is one such round: LORA_CHUNK vectors).  With several chunks each block leaves its partial
+ * sum and the last block of a (p, m, j) to finish (a ticket counter, reset for the next launch) adds them
+ * in chunk order: the same bits whichever block finishes last.  NORM: x is the row's RMSNorm (n = 1),
+ * computed by each block as the norm op computes it. */
+#define LORA_SHRINK_THREADS 256
 #define LORA_UNROLL 4
-__global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_grp g) {
+#define LORA_CHUNK (LORA_UNROLL * LORA_SHRINK_THREADS)
+template <int NORM>
+__global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_grp g, const cuda_row_norm nm) {
+    __shared__ float part[LORA_SHRINK_THREADS / 32];
     cuda_pdl_trigger();
-    const int blk = blockIdx.x, p = blk / (g.n * g.rmax), m = blk / g.rmax % g.n, j = blk % g.rmax;
+    const int S = g.chunks, blk = blockIdx.x / S, c = blockIdx.x % S;
+    const int p = blk / (g.n * g.rmax), m = blk / g.rmax % g.n, j = blk % g.rmax;
     const lora_proj &P = proj_of(g, p);
     const unsigned sl = slot_of(g, m);
     const float *A = sl == LORA_NONE ? NULL : pick(P.a, sl);
@@ -71,38 +84,62 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_
     float acc = 0.0f;
     if ((g.K & 3) == 0) {
         const float4 *a4 = (const float4 *)arow, *x4 = (const float4 *)xr;
-        const int64_t nv = g.K / 4;
-        int64_t k = threadIdx.x;
+        const int64_t nv = g.K / 4, k0 = (int64_t)c * LORA_CHUNK + threadIdx.x;
         float4 av[LORA_UNROLL];
 #pragma unroll
         for (int u = 0; u < LORA_UNROLL; u++)
-            av[u] = k + u * LORA_SHRINK_THREADS < nv ? __ldg(a4 + k + u * LORA_SHRINK_THREADS) : make_float4(0, 0, 0, 0);
+            av[u] = k0 + u * LORA_SHRINK_THREADS < nv ? __ldg(a4 + k0 + u * LORA_SHRINK_THREADS) : make_float4(0, 0, 0, 0);
         cuda_pdl_wait();
-        for (; k < nv; k += LORA_UNROLL * LORA_SHRINK_THREADS) {
+        float4 xs[LORA_UNROLL]; /* loaded before the norm's pass over x, so that both are in flight at once */
 #pragma unroll
-            for (int u = 0; u < LORA_UNROLL; u++) {
-                const int64_t kk = k + u * LORA_SHRINK_THREADS;
-                if (kk < nv) {
-                    const float4 xv = x4[kk];
-                    acc += av[u].x * xv.x + av[u].y * xv.y + av[u].z * xv.z + av[u].w * xv.w;
+        for (int u = 0; u < LORA_UNROLL; u++)
+            xs[u] = k0 + u * LORA_SHRINK_THREADS < nv ? x4[k0 + u * LORA_SHRINK_THREADS] : make_float4(0, 0, 0, 0);
+        const float inv = NORM ? cuda_rms_inv256(xr, (int)g.K, nm.eps, part) : 1.0f;
+#pragma unroll
+        for (int u = 0; u < LORA_UNROLL; u++) {
+            const int64_t kk = k0 + u * LORA_SHRINK_THREADS;
+            if (kk < nv) {
+                float4 xv = xs[u];
+                if (NORM) { /* the norm op's arithmetic, element by element */
+                    xv.x = xv.x * inv * (cuda_elem(nm.w, nm.wt, 4 * kk) + nm.add_one);
+                    xv.y = xv.y * inv * (cuda_elem(nm.w, nm.wt, 4 * kk + 1) + nm.add_one);
+                    xv.z = xv.z * inv * (cuda_elem(nm.w, nm.wt, 4 * kk + 2) + nm.add_one);
+                    xv.w = xv.w * inv * (cuda_elem(nm.w, nm.wt, 4 * kk + 3) + nm.add_one);
                 }
-                const int64_t kn = kk + LORA_UNROLL * LORA_SHRINK_THREADS;
-                av[u] = kn < nv ? __ldg(a4 + kn) : make_float4(0, 0, 0, 0);
+                acc = __fmaf_rn(av[u].x, xv.x, acc);
+                acc = __fmaf_rn(av[u].y, xv.y, acc);
+                acc = __fmaf_rn(av[u].z, xv.z, acc);
+                acc = __fmaf_rn(av[u].w, xv.w, acc);
             }
         }
-    } else {
+    } else { /* one chunk (lora_shrink_launch) */
         cuda_pdl_wait();
-        for (int64_t k = threadIdx.x; k < g.K; k += LORA_SHRINK_THREADS) acc += __ldg(arow + k) * xr[k];
+        const float inv = NORM ? cuda_rms_inv256(xr, (int)g.K, nm.eps, part) : 1.0f;
+        for (int64_t k = threadIdx.x; k < g.K; k += LORA_SHRINK_THREADS) {
+            const float xv = NORM ? xr[k] * inv * (cuda_elem(nm.w, nm.wt, k) + nm.add_one) : xr[k];
+            acc = __fmaf_rn(__ldg(arow + k), xv, acc);
+        }
     }
-    __shared__ float part[LORA_SHRINK_THREADS / 32];
+    __syncthreads(); /* part is free again (the norm's partial sums) */
     acc = cuda_warp_sum(acc);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int w = 0; w < LORA_SHRINK_THREADS / 32; w++) sum += part[w];
-        g.t[(p * g.n + m) * g.rmax + j] = pick(P.scale, sl) * sum;
+    if (threadIdx.x != 0) return;
+    float sum = 0.0f;
+    for (int w = 0; w < LORA_SHRINK_THREADS / 32; w++) sum += part[w];
+    const int i = (p * g.n + m) * g.rmax + j;
+    if (S == 1) {
+        g.t[i] = pick(P.scale, sl) * sum;
+        return;
     }
+    g.part[(int64_t)i * S + c] = sum;
+    __threadfence();
+    if (atomicAdd(g.ticket + i, 1) != S - 1) return;
+    __threadfence();
+    float tot = 0.0f;
+    for (int k = 0; k < S; k++) tot += __ldcg(g.part + (int64_t)i * S + k);
+    g.t[i] = pick(P.scale, sl) * tot;
+    g.ticket[i] = 0;
 }
 
 /* B[n, :] . t[p, m, :] of projection p, row m, output n (0 when the row has no pair) */
@@ -111,16 +148,7 @@ static __device__ __forceinline__ float lora_term(const lora_grp &g, const lora_
     const float *B = sl == LORA_NONE ? NULL : pick(P.b, sl);
     if (!B) return 0.0f;
     const int r = pick(P.r, sl);
-    const float *brow = B + n * r, *tm = g.t + (p * g.n + m) * g.rmax;
-    float acc = 0.0f;
-    int j = 0;
-    if ((r & 3) == 0) /* the rows of B are 16-byte aligned: r * 4 bytes, a multiple of 16 */
-        for (; j < r; j += 4) {
-            const float4 b4 = __ldg((const float4 *)(brow + j));
-            acc += b4.x * tm[j] + b4.y * tm[j + 1] + b4.z * tm[j + 2] + b4.w * tm[j + 3];
-        }
-    for (; j < r; j++) acc += __ldg(brow + j) * tm[j];
-    return acc;
+    return cuda_lora_dot(B + n * r, g.t + (p * g.n + m) * g.rmax, r);
 }
 
 static __device__ __forceinline__ float lora_act(float a, int act) {
@@ -148,6 +176,35 @@ __global__ void k_lora_expand(const lora_grp g) {
     P.y[(int64_t)m * P.N + n] += lora_term(g, P, p, m, n);
 }
 
+/* The shrink results' scratch: t [3, CUDA_LORA_ROWS, rmax], the most any launch of rank <= rmax writes
+ * (one size for every group, so a graph capture never grows it). */
+static float *lora_t_scratch(cuda_backend *cb, int rmax) {
+    return (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)3 * CUDA_LORA_ROWS * rmax * sizeof(float));
+}
+
+/* Launch g's shrink (g.t set): its chunks of K, and with more than one the tickets and partial sums
+ * (their own scratch, zeroed whenever it is new so that every ticket starts at 0). */
+static lmx_status lora_shrink_launch(cuda_backend *cb, lora_grp &g, const cuda_row_norm *nm) {
+    g.chunks = g.K & 3 ? 1 : (int)((g.K / 4 + LORA_CHUNK - 1) / LORA_CHUNK);
+    if (g.chunks > 1) {
+        const size_t cells = (size_t)3 * CUDA_LORA_ROWS * g.rmax;
+        const void *old = cb->scratch[CUDA_SCRATCH_LORA_SUM];
+        const size_t old_bytes = cb->scratch_bytes[CUDA_SCRATCH_LORA_SUM];
+        char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_LORA_SUM, cells * (sizeof(int) + g.chunks * sizeof(float)));
+        if (!buf) return cb->base.err.status;
+        if (buf != old || cb->scratch_bytes[CUDA_SCRATCH_LORA_SUM] != old_bytes)
+            CUDA_TRY(cb, cudaMemsetAsync(buf, 0, cb->scratch_bytes[CUDA_SCRATCH_LORA_SUM], cb->stream), "lora tickets");
+        g.ticket = (int *)buf;
+        g.part = (float *)(buf + cells * sizeof(int));
+    }
+    const unsigned blocks = (unsigned)(g.np * g.n * g.rmax * g.chunks);
+    if (nm && nm->w)
+        cuda_launch(cb, k_lora_shrink<1>, blocks, LORA_SHRINK_THREADS, 0, g, *nm);
+    else
+        cuda_launch(cb, k_lora_shrink<0>, blocks, LORA_SHRINK_THREADS, 0, g, cuda_row_norm{});
+    return LMX_OK;
+}
+
 /* Rows [0, n) in launches of at most CUDA_LORA_ROWS rows and CUDA_LORA_SLOTS distinct pair sets. */
 lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int *Ns, const float *x, int64_t K, int n,
                            const lmx_lora_pair *const *const *pairs, int glu, int stage) {
@@ -159,8 +216,7 @@ lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int
         for (int m = 0; m < n; m++)
             if (pairs[p][m] && pairs[p][m]->a.shape[0] > rmax) rmax = (int)pairs[p][m]->a.shape[0];
     }
-    int rows = n < CUDA_LORA_ROWS ? n : CUDA_LORA_ROWS;
-    float *t = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)np * rows * rmax * sizeof(float));
+    float *t = lora_t_scratch(cb, rmax);
     if (!t) return cb->base.err.status;
     for (int m0 = 0; m0 < n;) {
         lora_grp g;
@@ -208,13 +264,15 @@ lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int
             CUDA_TRY(cb, cudaStreamWaitEvent(cb->side, cb->fork, 0), "lora fork");
             cb->stream = cb->side;
             cb->pdl = 0;
-            cuda_launch(cb, k_lora_shrink, (unsigned)(np * g.n * rmax), LORA_SHRINK_THREADS, 0, g);
-            cudaError_t e = cudaEventRecord(cb->join, cb->side);
+            lmx_status st = lora_shrink_launch(cb, g, NULL);
+            cudaError_t e = st ? cudaSuccess : cudaEventRecord(cb->join, cb->side);
             cb->stream = main;
             cb->pdl = pdl;
+            if (st) return st;
             if (e != cudaSuccess) return cuda_fail(cb, e, "lora fork");
         } else if (ns > 0 && stage == 0) {
-            cuda_launch(cb, k_lora_shrink, (unsigned)(np * g.n * rmax), LORA_SHRINK_THREADS, 0, g);
+            lmx_status st = lora_shrink_launch(cb, g, NULL);
+            if (st) return st;
         }
         if (ns > 0 && stage == 2) CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, cb->join, 0), "lora join");
         if (stage != 1 && (ns > 0 || glu >= 0)) { /* with no row adapted, still the GLU the group promised */
@@ -224,6 +282,34 @@ lmx_status cuda_lora_group(cuda_backend *cb, int np, float *const *ys, const int
         m0 = m;
     }
     return cuda_check_launch(cb, "lora");
+}
+
+lmx_status cuda_lora_shrink_row(cuda_backend *cb, int np, const lmx_lora_pair *const *pairs, const float *x,
+                                int64_t K, const cuda_row_norm *norm, float **t, int *rmax) {
+    lora_grp g;
+    memset(&g, 0, sizeof g);
+    g.np = np;
+    g.n = 1;
+    g.x = x;
+    g.K = K;
+    g.rmax = 1;
+    g.glu = -1;
+    g.slot[0] = 0; /* the row's slot: 0 */
+    for (int p = 0; p < np; p++) {
+        const lmx_lora_pair *q = pairs[p];
+        if (!q) continue;
+        g.p[p].a[0] = (const float *)q->a.data;
+        g.p[p].scale[0] = q->scale;
+        g.p[p].r[0] = (int)q->a.shape[0];
+        if (g.p[p].r[0] > g.rmax) g.rmax = g.p[p].r[0];
+    }
+    g.t = lora_t_scratch(cb, g.rmax);
+    if (!g.t) return cb->base.err.status;
+    lmx_status st = lora_shrink_launch(cb, g, norm);
+    if (st) return st;
+    *t = g.t;
+    *rmax = g.rmax;
+    return cuda_check_launch(cb, "lora shrink");
 }
 
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
