@@ -63,6 +63,10 @@ typedef struct lmx_load_params {
     const char *adapter;   /* NULL, or a LoRA adapter (see lmx_adapter_load) loaded with the model
                               and applied to every request that names no other: the model's
                               default adapter */
+    int64_t memory_limit;  /* > 0: a hard limit in bytes on the model's memory (see lmx_memory_info);
+                              0 (default): none */
+    int64_t cache_limit;   /* > 0: the most bytes the prompt cache and scratch buffers may keep
+                              between calls (see lmx_model_set_cache_limit); 0 (default): no limit */
 } lmx_load_params;
 
 lmx_load_params lmx_load_default_params(void);
@@ -98,6 +102,62 @@ typedef struct lmx_model_info {
 } lmx_model_info;
 
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory controls
+ *
+ * A model's memory is what its backend holds for it: weights used in place from the mapped files
+ * (cpu) or copied to the device (cuda), activations, KV caches, scratch buffers and the session's
+ * buffers.  With a memory limit, an allocation that would take the model past it fails with
+ * LMX_ERR_NOMEM and "out of memory: limit N bytes, would need M bytes" instead of allocating; a
+ * model whose weights alone pass the limit fails in lmx_model_load before any weight is copied.
+ * The model stays usable after such a failure (lmx_model_clear_cache may make room).
+ * These calls must not run during a generation or an eval on m.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct lmx_memory_info {
+    int64_t active_bytes;   /* allocated now (the cached bytes included; mapped weights not) */
+    int64_t peak_bytes;     /* the most active at once since loading or lmx_model_reset_peak_memory */
+    int64_t cached_bytes;   /* of active, what lmx_model_clear_cache would free now: the prompt
+                               cache's KV and the backend's scratch buffers */
+    int64_t mapped_bytes;   /* weights read in place from mapped files (cpu), counted by the limit */
+    int64_t limit_bytes;    /* the memory limit (0: none): mapped + active may not pass it */
+    int64_t cache_limit_bytes; /* the cache limit (0: none) */
+} lmx_memory_info;
+
+lmx_status lmx_model_get_memory(const lmx_model *m, lmx_memory_info *out);
+/* Set the memory limit (0: none).  A limit below what m holds now makes later allocations fail
+ * until memory is freed; nothing held is dropped. */
+lmx_status lmx_model_set_memory_limit(lmx_model *m, int64_t bytes);
+/* Set the cache limit (0: none): at the end of each generation call, scratch buffers and then the
+ * prompt cache are dropped while cached_bytes is above it.  Applies at once. */
+lmx_status lmx_model_set_cache_limit(lmx_model *m, int64_t bytes);
+/* Drop the prompt cache (its KV memory too) and the backend's scratch buffers now. */
+void lmx_model_clear_cache(lmx_model *m);
+/* Let peak_bytes start again from active_bytes. */
+void lmx_model_reset_peak_memory(lmx_model *m);
+
+/* ---------------------------------------------------------------------------------------------
+ * Devices: what each backend built into lmx can run on
+ * ------------------------------------------------------------------------------------------- */
+typedef struct lmx_device_info {
+    char backend[16];        /* "cpu", "cuda" */
+    int index;               /* the device's index within its backend */
+    char name[256];          /* "AMD EPYC 9654 96-Core Processor", "NVIDIA H100 80GB HBM3" */
+    int64_t total_memory;    /* bytes (host RAM for the cpu, device memory for cuda) */
+    int64_t free_memory;     /* bytes available now */
+    int cc_major, cc_minor;  /* cuda compute capability (0 on the cpu) */
+    int sm_count;            /* cuda multiprocessors (0 on the cpu) */
+    int cores;               /* cpu: online cores (0 for cuda) */
+    char features[256];      /* cpu: instruction sets, space-separated ("avx2 fma avx512f ..."),
+                                then "kernels=<isa>", the one lmx's kernels use */
+    char driver_version[64]; /* cuda: the driver's CUDA version ("12.8"); cpu: the OS kernel */
+    char runtime_version[64];/* cuda: the CUDA runtime lmx was linked with; cpu: the C library */
+} lmx_device_info;
+
+/* The devices of every backend built in: the cpu first, then each cuda device.  Fills up to cap
+ * entries of out (out may be NULL when cap is 0); *n gets how many there are.  A backend without
+ * a usable device lists none (no error).  On failure lmx_last_error(NULL) says why. */
+lmx_status lmx_devices(lmx_device_info *out, int cap, int *n);
 
 /* ---------------------------------------------------------------------------------------------
  * LoRA adapters, applied unmerged: every adapted projection computes W x + scale * B (A x).

@@ -91,7 +91,7 @@ static void test_dispatch(const lmx_cpu_kernels *ks, int nk) {
     }
 }
 
-typedef void (*conv_fn)(float *dst, const uint16_t *src, int64_t n);
+typedef void (*conv_fn)(float *dst, const void *src, int64_t n);
 
 static void check_conv(const char *isa, const char *what, conv_fn fn, float (*ref)(uint16_t)) {
     /* all patterns in one call */

@@ -1,5 +1,6 @@
 /* backend.c - picking a backend by name ("auto" may be pinned with the LMX_BACKEND variable). */
 #include "backend.h"
+#include "../formats/ggml_types.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,16 @@ int64_t lmx_tensor_nelem(const lmx_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;
+}
+
+int64_t lmx_weight_bytes(const lmx_tensor *w) {
+    int64_t N = w->ndim == 2 ? w->shape[0] : 1, K = w->ndim > 0 ? w->shape[w->ndim - 1] : 1;
+    if (w->q.ggml_type) return (int64_t)lmx_ggml_row_bytes(w->q.ggml_type, K) * N;
+    if (w->q.bits) {
+        int64_t groups = w->q.group > 0 ? K / w->q.group : 0;
+        return N * (K * w->q.bits / 32) * 4 + 2 * N * groups * (int64_t)lmx_dtype_size(w->q.scale_dtype);
+    }
+    return lmx_tensor_nelem(w) * (int64_t)lmx_dtype_size(w->dtype);
 }
 
 lmx_status lmx_backend_create(const char *name, int n_threads, lmx_backend **out, lmx_err *err) {

@@ -28,7 +28,9 @@ typedef struct lmx_quant {
 } lmx_quant;
 
 /* A tensor in backend memory.  data is a host pointer on the cpu backend, a device pointer on
- * cuda.  Weights keep their stored dtype (quantized ones stay packed: dtype U32, shape the
+ * cuda.  A cpu weight (data, q.scales, q.biases) aliases its file at any alignment, so cpu kernels read
+ * weights through lmx_load_* (base/half.h) or unaligned vector loads; cuda copies them to aligned
+ * device memory.  Weights keep their stored dtype (quantized ones stay packed: dtype U32, shape the
  * logical [N, K], q says how); activations are F32. */
 typedef struct lmx_tensor {
     lmx_dtype dtype;
@@ -157,6 +159,10 @@ typedef struct lmx_backend_ops {
      * equal values by lower index, into host vals / idx [R, k]: what sampling needs without reading
      * whole rows.  Optional (NULL on the cpu); LMX_ERR_UNSUPPORTED when the backend declines. */
     lmx_status (*topk)(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, float *vals, int32_t *idx);
+    /* Free the scratch buffers the backend keeps between ops (they grow again on demand). */
+    void (*trim)(lmx_backend *be);
+    /* Bytes of those scratch buffers now (part of mem_now). */
+    int64_t (*cached_bytes)(const lmx_backend *be);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256
@@ -166,6 +172,8 @@ struct lmx_backend {
     lmx_err err;             /* message of the last failing op */
     int64_t mem_now;         /* bytes the backend (and the runtime, for its buffers) holds now */
     int64_t mem_peak;        /* the most held at once */
+    int64_t mem_mapped;      /* bytes of weights used in place from mapped files (cpu) */
+    int64_t mem_limit;       /* > 0: mem_mapped + mem_now may not pass it (lmx_backend_mem_check) */
 };
 
 /* Count delta bytes allocated (> 0) or freed (< 0) against be's memory accounting. */
@@ -173,6 +181,18 @@ static inline void lmx_backend_mem(lmx_backend *be, int64_t delta) {
     be->mem_now += delta;
     if (be->mem_now > be->mem_peak) be->mem_peak = be->mem_now;
 }
+
+/* Whether delta more bytes fit be's memory limit: LMX_OK, or LMX_ERR_NOMEM with "out of memory:
+ * limit N bytes, would need M bytes" in be->err.  Every allocation asks before it allocates. */
+static inline lmx_status lmx_backend_mem_check(lmx_backend *be, int64_t delta) {
+    int64_t need = be->mem_mapped + be->mem_now + delta;
+    if (be->mem_limit <= 0 || delta <= 0 || need <= be->mem_limit) return LMX_OK;
+    return lmx_err_set(&be->err, LMX_ERR_NOMEM, "out of memory: limit %lld bytes, would need %lld bytes",
+                       (long long)be->mem_limit, (long long)need);
+}
+
+/* Bytes a weight occupies as stored (data, plus scales and biases when MLX-quantized). */
+int64_t lmx_weight_bytes(const lmx_tensor *w);
 
 /* Create a backend by name ("cpu", "cuda" where built, "auto": cuda when built and a GPU is
  * present, else cpu); n_threads 0 = all cores (cpu). */
@@ -186,6 +206,8 @@ lmx_status lmx_cpu_backend_create(int n_threads, lmx_backend **out, lmx_err *err
 lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err);
 /* Number of usable CUDA devices (0 when the driver or a GPU is missing). */
 int lmx_cuda_device_count(void);
+/* Name, memory, compute capability, SMs and driver / runtime versions of CUDA device i. */
+lmx_status lmx_cuda_device_info(int i, lmx_device_info *out, lmx_err *err);
 #endif
 
 #endif

@@ -70,6 +70,28 @@ static inline uint16_t lmx_f32_to_f16(float f) {
     return (uint16_t)h;
 }
 
+/* Loads from any address.  Tensors in a safetensors file sit wherever the file puts them (the format
+ * has no alignment: a header of any length, tensors of any size back to back), and the cpu backend
+ * uses them in place, so every read of stored weights goes through these (one plain load where the
+ * CPU allows unaligned access, as x86 and ARMv8 do). */
+static inline uint16_t lmx_load_u16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint32_t lmx_load_u32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline float lmx_load_f32(const void *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 /* Element i of float data stored as bf16, f16 or (any other dtype) f32, at any alignment (tensors
  * in a safetensors file need not be aligned). */
 static inline float lmx_float_at(const void *data, lmx_dtype t, int64_t i) {

@@ -13,6 +13,7 @@ int cmd_fuse(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_devices(int argc, char **argv);
 /* check-reference against a compact top-k JSON reference (check_topk.c); returns the exit code. */
 struct lmx_model;
 int cli_check_topk(struct lmx_model *m, const char *ref_path, double tol, int n_ctx);

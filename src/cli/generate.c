@@ -28,7 +28,7 @@ const char cli_gen_opts_help[] =
     "  --stop TEXT            stop when TEXT appears (not printed; repeatable)\n"
     "  --ctx N                keep at most N positions (rotating caches); 0 = unbounded\n"
     "  --threads N            CPU threads (default: all cores)\n"
-    "  --backend NAME         auto, cpu or cuda (default auto)\n"
+    "  --backend NAME         auto, cpu, cuda or mlx_lm (mlx-lm in a Python child; default auto)\n"
     "  --adapter DIR          apply a LoRA adapter (PEFT or mlx-lm folder) unmerged\n"
     "  --json                 print the metrics as one JSON line on stderr\n";
 

@@ -35,6 +35,7 @@ static void usage(FILE *f) {
             "  chat MODEL                   chat with the model's own template (lines on stdin)\n"
             "  info MODEL                   what a model is\n"
             "  discover DIR                 every model under DIR\n"
+            "  devices                      the CPU and GPUs lmx can use, their memory and features\n"
             "  bench MODEL                  load, prefill and decode speed\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
             "  quantize SRC DST             MLX-layout 4/8-bit copy of a model directory\n"
@@ -64,6 +65,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "discover")) return cmd_discover(argc - 1, argv + 1);
+    if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "fuse")) return cmd_fuse(argc - 1, argv + 1);

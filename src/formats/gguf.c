@@ -73,16 +73,16 @@ static lmx_status read_value(cursor *c, lmx_gguf_kv *kv, const char *path, lmx_e
         kv->elem_type = (lmx_gguf_vtype)u32(c);
         kv->count = u64(c);
         if (kv->elem_type == LMX_GGUF_ARRAY || kv->elem_type >= LMX_GGUF_VTYPE_COUNT)
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key \"%s\": unsupported array element type %d", path,
-                               kv->key, (int)kv->elem_type);
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key %s: unsupported array element type %d", path,
+                               LMX_QUOTED(kv->key), (int)kv->elem_type);
     } else {
         kv->elem_type = kv->type;
     }
     if (kv->type >= LMX_GGUF_VTYPE_COUNT)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key \"%s\": unknown value type %d", path, kv->key, (int)kv->type);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key %s: unknown value type %d", path, LMX_QUOTED(kv->key), (int)kv->type);
     if (kv->elem_type == LMX_GGUF_STRING) {
         if (kv->count > (uint64_t)(c->end - c->p) / 8) /* each string needs at least its length */
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key \"%s\": %llu strings exceed the file", path, kv->key,
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key %s: %llu strings exceed the file", path, LMX_QUOTED(kv->key),
                                (unsigned long long)kv->count);
         kv->strs = malloc((size_t)(kv->count ? kv->count : 1) * sizeof *kv->strs);
         if (!kv->strs) return lmx_err_set(err, LMX_ERR_NOMEM, "%s: out of memory", path);
@@ -93,12 +93,13 @@ static lmx_status read_value(cursor *c, lmx_gguf_kv *kv, const char *path, lmx_e
         kv->data = c->p;
         take(c, NULL, (size_t)kv->count * es);
     }
-    if (c->bad) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key \"%s\": value runs past the end of the file", path, kv->key);
+    if (c->bad) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: key %s: value runs past the end of the file", path, LMX_QUOTED(kv->key));
     return LMX_OK;
 }
 
 static lmx_status parse(lmx_gguf *g, lmx_err *err) {
     const char *path = g->path;
+    if (!g->map.data) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: not a GGUF file (empty)", path);
     cursor c = {g->map.data, (const unsigned char *)g->map.data + g->map.size, 0};
     uint32_t magic = u32(&c), version = u32(&c);
     if (c.bad || magic != GGUF_MAGIC) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: not a GGUF file (bad magic)", path);
@@ -143,7 +144,7 @@ static lmx_status parse(lmx_gguf *g, lmx_err *err) {
         uint32_t nd = u32(&c);
         if (nd == 0 || nd > GGUF_MAX_DIMS) {
             free(offsets);
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\" has %u dimensions", path, t->name, nd);
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s has %u dimensions", path, LMX_QUOTED(t->name), nd);
         }
         t->n_dims = (int)nd;
         uint64_t n = 1;
@@ -157,17 +158,17 @@ static lmx_status parse(lmx_gguf *g, lmx_err *err) {
         offsets[i] = u64(&c);
         if (c.bad) {
             free(offsets);
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\": truncated or absurd dimensions", path, t->name);
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s: truncated or absurd dimensions", path, LMX_QUOTED(t->name));
         }
         int be = lmx_ggml_block_elems(t->type), bb = lmx_ggml_block_bytes(t->type);
         if (!be) {
             free(offsets);
-            return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor \"%s\" has unknown ggml type %d", path, t->name, t->type);
+            return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor %s has unknown ggml type %d", path, LMX_QUOTED(t->name), t->type);
         }
         if (t->ne[0] % be) {
             free(offsets);
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\": row of %lld is not a whole number of %d-element blocks",
-                               path, t->name, (long long)t->ne[0], be);
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s: row of %lld is not a whole number of %d-element blocks",
+                               path, LMX_QUOTED(t->name), (long long)t->ne[0], be);
         }
         t->nbytes = (size_t)(n / (uint64_t)be * (uint64_t)bb);
     }
@@ -178,8 +179,8 @@ static lmx_status parse(lmx_gguf *g, lmx_err *err) {
         uint64_t off = offsets[i];
         if (off % alignment || data_start + off > g->map.size || t->nbytes > g->map.size - data_start - off) {
             free(offsets);
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\": data [%llu, +%zu) is misaligned or outside the file",
-                               path, t->name, (unsigned long long)off, t->nbytes);
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s: data [%llu, +%zu) is misaligned or outside the file",
+                               path, LMX_QUOTED(t->name), (unsigned long long)off, t->nbytes);
         }
         t->data = (const unsigned char *)g->map.data + data_start + offsets[i];
     }
@@ -247,29 +248,37 @@ const lmx_gguf_tensor *lmx_gguf_find_tensor(const lmx_gguf *g, const char *name)
     return NULL;
 }
 
+/* d as an int64, saturated (NaN: 0): a plain cast of an out-of-range float is undefined. */
+static int64_t sat_int64(double d) {
+    if (!(d == d)) return 0;
+    if (d >= 9223372036854775807.0) return INT64_MAX;
+    if (d <= -9223372036854775807.0) return INT64_MIN;
+    return (int64_t)d;
+}
+
 /* Element i of numeric data of type t. */
 static int numeric(lmx_gguf_vtype t, const void *data, uint64_t i, double *d, int64_t *n) {
     const unsigned char *p = data;
     switch (t) {
-#define CASE(T, CT)                                         \
+#define CASE(T, CT, TO_INT)                                 \
     case T: {                                               \
         CT v;                                               \
         memcpy(&v, p + i * sizeof(CT), sizeof(CT));         \
         *d = (double)v;                                     \
-        *n = (int64_t)v;                                    \
+        *n = TO_INT(v);                                     \
         return 1;                                           \
     }
-        CASE(LMX_GGUF_U8, uint8_t)
-        CASE(LMX_GGUF_I8, int8_t)
-        CASE(LMX_GGUF_U16, uint16_t)
-        CASE(LMX_GGUF_I16, int16_t)
-        CASE(LMX_GGUF_U32, uint32_t)
-        CASE(LMX_GGUF_I32, int32_t)
-        CASE(LMX_GGUF_U64, uint64_t)
-        CASE(LMX_GGUF_I64, int64_t)
-        CASE(LMX_GGUF_F32, float)
-        CASE(LMX_GGUF_F64, double)
-        CASE(LMX_GGUF_BOOL, uint8_t)
+        CASE(LMX_GGUF_U8, uint8_t, (int64_t))
+        CASE(LMX_GGUF_I8, int8_t, (int64_t))
+        CASE(LMX_GGUF_U16, uint16_t, (int64_t))
+        CASE(LMX_GGUF_I16, int16_t, (int64_t))
+        CASE(LMX_GGUF_U32, uint32_t, (int64_t))
+        CASE(LMX_GGUF_I32, int32_t, (int64_t))
+        CASE(LMX_GGUF_U64, uint64_t, (int64_t))
+        CASE(LMX_GGUF_I64, int64_t, (int64_t))
+        CASE(LMX_GGUF_F32, float, sat_int64)
+        CASE(LMX_GGUF_F64, double, sat_int64)
+        CASE(LMX_GGUF_BOOL, uint8_t, (int64_t))
 #undef CASE
     default: return 0;
     }

@@ -48,8 +48,9 @@ static int regex_match(const char *wrap, const char *pattern, const char *subjec
     if (!re) {
         PCRE2_UCHAR msg[128];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        lmx_err_set(err, LMX_ERR_FORMAT, "adapter_config.json: %s \"%.100s\" is not a regular expression lmx reads (%s)",
-                    field, pattern, (const char *)msg);
+        char q[128];
+        lmx_err_set(err, LMX_ERR_FORMAT, "adapter_config.json: %s %s is not a regular expression lmx reads (%s)",
+                    field, lmx_quote_str(q, sizeof q, pattern), (const char *)msg);
         return -1;
     }
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
@@ -72,12 +73,12 @@ static int truthy(const cJSON *o, const char *key) {
 static lmx_status get_int(const cJSON *o, const char *key, int dflt, int *out, const char *where, lmx_err *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!is_set(v)) {
-        if (dflt == INT32_MIN) return lmx_err_set(err, LMX_ERR_MISSING, "%s: no \"%s\"", where, key);
+        if (dflt == INT32_MIN) return lmx_err_set(err, LMX_ERR_MISSING, "%s: no %s", where, LMX_QUOTED(key));
         *out = dflt;
         return LMX_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 1e9)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" is not an integer", where, key);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: %s is not an integer", where, LMX_QUOTED(key));
     *out = (int)v->valuedouble;
     return LMX_OK;
 }
@@ -88,14 +89,14 @@ static lmx_status pattern_value(const cJSON *dict, const char *field, const char
                                 lmx_err *err) {
     *found = 0;
     if (!is_set(dict)) return LMX_OK;
-    if (!cJSON_IsObject(dict)) return lmx_err_set(err, LMX_ERR_FORMAT, "adapter_config.json: \"%s\" is not an object", field);
+    if (!cJSON_IsObject(dict)) return lmx_err_set(err, LMX_ERR_FORMAT, "adapter_config.json: %s is not an object", LMX_QUOTED(field));
     for (const cJSON *e = dict->child; e; e = e->next) {
         int m = regex_match("^(?:.*\\.)?(?:%s)$", e->string, key, field, err);
         if (m < 0) return err->status;
         if (m) {
             if (!cJSON_IsNumber(e) || e->valuedouble <= 0)
-                return lmx_err_set(err, LMX_ERR_FORMAT, "adapter_config.json: %s[\"%.100s\"] is not a positive number",
-                                   field, e->string);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "adapter_config.json: %s[%s] is not a positive number",
+                                   field, LMX_QUOTED(e->string));
             *v = e->valuedouble;
             *found = 1;
             return LMX_OK;
@@ -141,7 +142,7 @@ static lmx_status unsupported_tensor(const lmx_st_tensor *t, const char *file, l
                       : strstr(n, "lm_head")                                     ? "an lm_head adapter (not supported)"
                       : strstr(n, "bias")                                        ? "a LoRA bias (not supported)"
                       : "not a LoRA matrix of a decoder layer's q/k/v/o/gate/up/down projection";
-    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor \"%s\" is %s", short_file(file), n, why);
+    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor %s is %s", short_file(file), LMX_QUOTED(n), why);
 }
 
 /* ---- PEFT -------------------------------------------------------------------------------------- */
@@ -156,17 +157,17 @@ static lmx_status peft_config(const cJSON *root, peft_cfg *c, lmx_lora_file *f, 
     const char *W = "adapter_config.json";
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (LORA)", W,
-                           cJSON_IsString(type) ? type->valuestring : "?");
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: peft_type %s is not supported (LORA)", W,
+                           cJSON_IsString(type) ? LMX_QUOTED(type->valuestring) : "?");
     static const char *const refused[] = {"use_dora", "modules_to_save", "lora_bias", "fan_in_fan_out",
                                           "layer_replication", "trainable_token_indices", "use_qalora",
                                           "target_parameters", "alora_invocation_tokens", "use_bdlora"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (truthy(root, refused[i]))
-            return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: \"%s\" is set; lmx does not support it", W, refused[i]);
+            return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: %s is set; lmx does not support it", W, LMX_QUOTED(refused[i]));
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "bias");
     if (cJSON_IsString(bias) && strcmp(bias->valuestring, "none") != 0)
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: \"bias\": \"%s\" is not supported (\"none\")", W, bias->valuestring);
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: \"bias\": %s is not supported (\"none\")", W, LMX_QUOTED(bias->valuestring));
     lmx_status st = get_int(root, "r", INT32_MIN, &c->r, W, err);
     if (st) return st;
     if (c->r <= 0) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"r\" is %d", W, c->r);
@@ -190,10 +191,10 @@ static lmx_status peft_config(const cJSON *root, peft_cfg *c, lmx_lora_file *f, 
             if (!known) {
                 const char *s = t->valuestring;
                 if (strstr(s, "embed") || strstr(s, "lm_head"))
-                    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: target_modules names \"%s\": adapters on "
-                                       "embeddings or the lm head are not supported", W, s);
-                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: target_modules names \"%.100s\", which is no projection "
-                                   "lmx adapts (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)", W, s);
+                    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: target_modules names %s: adapters on "
+                                       "embeddings or the lm head are not supported", W, LMX_QUOTED(s));
+                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: target_modules names %s, which is no projection "
+                                   "lmx adapts (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)", W, LMX_QUOTED(s));
             }
         }
     } else if (is_set(c->targets) && !cJSON_IsString(c->targets)) {
@@ -223,9 +224,9 @@ static lmx_status peft_targeted(const peft_cfg *c, const char *key, int *yes, lm
 
 static int layer_listed(const cJSON *layers, int l) {
     if (!is_set(layers)) return 1;
-    if (cJSON_IsNumber(layers)) return (int)layers->valuedouble == l;
+    if (cJSON_IsNumber(layers)) return layers->valuedouble == l;
     for (const cJSON *v = layers->child; v; v = v->next)
-        if (cJSON_IsNumber(v) && (int)v->valuedouble == l) return 1;
+        if (cJSON_IsNumber(v) && v->valuedouble == l) return 1;
     return 0;
 }
 
@@ -269,16 +270,16 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
             else return unsupported_tensor(t, file, err);
         }
         if (t->dtype != LMX_DTYPE_F32 && t->dtype != LMX_DTYPE_F16 && t->dtype != LMX_DTYPE_BF16)
-            return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor \"%s\" is %s (f32, f16 or bf16)", short_file(file),
-                               t->name, lmx_dtype_name(t->dtype));
+            return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor %s is %s (f32, f16 or bf16)", short_file(file),
+                               LMX_QUOTED(t->name), lmx_dtype_name(t->dtype));
         if (t->ndim != 2)
-            return lmx_err_set(err, LMX_ERR_SHAPE, "%s: tensor \"%s\" has %d dimensions, not 2", short_file(file), t->name,
+            return lmx_err_set(err, LMX_ERR_SHAPE, "%s: tensor %s has %d dimensions, not 2", short_file(file), LMX_QUOTED(t->name),
                                t->ndim);
         lmx_lora_entry *e = entry_for(f, layer, proj);
         const lmx_st_tensor **slot = is_a ? &e->a : &e->b;
         if (*slot)
-            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: two tensors for %s of layer %d (\"%s\", \"%s\")", short_file(file),
-                               is_a ? "A" : "B", layer, (*slot)->name, t->name);
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: two tensors for %s of layer %d (%s, %s)", short_file(file),
+                               is_a ? "A" : "B", layer, LMX_QUOTED((*slot)->name), LMX_QUOTED(t->name));
         *slot = t;
         e->transposed = f->format == LMX_LORA_MLX;
         if (f->format == LMX_LORA_PEFT && is_a) { /* targets, layers and patterns apply per module */
@@ -291,11 +292,11 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
             lmx_status st = peft_targeted(pc, mod, &yes, err);
             if (st) return st;
             if (!yes)
-                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\" adapts %s, which target_modules does not name",
-                                   short_file(file), t->name, mod);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s adapts %s, which target_modules does not name",
+                                   short_file(file), LMX_QUOTED(t->name), mod);
             if (!layer_listed(pc->layers, layer))
-                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\" is for layer %d, which layers_to_transform "
-                                   "leaves out", short_file(file), t->name, layer);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s is for layer %d, which layers_to_transform "
+                                   "leaves out", short_file(file), LMX_QUOTED(t->name), layer);
             double r = pc->r, alpha = pc->alpha;
             int found;
             if ((st = pattern_value(pc->rank_pattern, "rank_pattern", mod, &r, &found, err)) ||
@@ -309,8 +310,8 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
                 for (const cJSON *k = mlx_keys->child; k; k = k->next)
                     listed |= cJSON_IsString(k) && strcmp(k->valuestring, proj_modules[proj]) == 0;
                 if (!listed)
-                    return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor \"%s\" adapts %s, which lora_parameters.keys "
-                                       "does not name", short_file(file), t->name, proj_modules[proj]);
+                    return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s adapts %s, which lora_parameters.keys "
+                                       "does not name", short_file(file), LMX_QUOTED(t->name), proj_modules[proj]);
             }
             e->rank = mlx_rank;
             e->scale = mlx_scale;
@@ -319,18 +320,18 @@ static lmx_status collect(lmx_lora_file *f, const peft_cfg *pc, int mlx_rank, fl
     for (int i = 0; i < f->n; i++) {
         lmx_lora_entry *e = &f->e[i];
         if (!e->a || !e->b)
-            return lmx_err_set(err, LMX_ERR_MISSING, "%s: tensor \"%s\" (%s of layer %d) has no %s beside it",
-                               short_file(file), (e->a ? e->a : e->b)->name, proj_modules[e->proj], e->layer,
+            return lmx_err_set(err, LMX_ERR_MISSING, "%s: tensor %s (%s of layer %d) has no %s beside it",
+                               short_file(file), LMX_QUOTED((e->a ? e->a : e->b)->name), proj_modules[e->proj], e->layer,
                                e->a ? "B" : "A");
         /* rank: A's [r, in] / lora_a's [in, r] against B's and the configuration */
         int64_t ra = e->transposed ? e->a->shape[1] : e->a->shape[0];
         int64_t rb = e->transposed ? e->b->shape[0] : e->b->shape[1];
         if (ra != rb)
-            return lmx_err_set(err, LMX_ERR_SHAPE, "%s: A/B rank mismatch: \"%s\" has rank %lld, \"%s\" rank %lld",
-                               short_file(file), e->a->name, (long long)ra, e->b->name, (long long)rb);
+            return lmx_err_set(err, LMX_ERR_SHAPE, "%s: A/B rank mismatch: %s has rank %lld, %s rank %lld",
+                               short_file(file), LMX_QUOTED(e->a->name), (long long)ra, LMX_QUOTED(e->b->name), (long long)rb);
         if (ra != e->rank)
-            return lmx_err_set(err, LMX_ERR_SHAPE, "%s: \"%s\" has rank %lld; adapter_config.json says %d",
-                               short_file(file), e->a->name, (long long)ra, e->rank);
+            return lmx_err_set(err, LMX_ERR_SHAPE, "%s: %s has rank %lld; adapter_config.json says %d",
+                               short_file(file), LMX_QUOTED(e->a->name), (long long)ra, e->rank);
     }
     if (f->n == 0) return lmx_err_set(err, LMX_ERR_MISSING, "%s holds no LoRA tensors", short_file(file));
     qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_entry);
@@ -350,9 +351,9 @@ lmx_status lmx_lora_widen(const lmx_lora_entry *e, int64_t K, int64_t N, int rop
             B[n * r + i] = lmx_float_at(e->b->data, e->b->dtype, e->transposed ? i * N + src : src * r + i);
     }
     for (int64_t i = 0; i < r * K; i++)
-        if (!isfinite(A[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor \"%s\" holds NaN or infinite values", e->a->name);
+        if (!isfinite(A[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor %s holds NaN or infinite values", LMX_QUOTED(e->a->name));
     for (int64_t i = 0; i < N * r; i++)
-        if (!isfinite(B[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor \"%s\" holds NaN or infinite values", e->b->name);
+        if (!isfinite(B[i])) return lmx_err_set(err, LMX_ERR_FORMAT, "tensor %s holds NaN or infinite values", LMX_QUOTED(e->b->name));
     return LMX_OK;
 }
 
@@ -380,8 +381,8 @@ static lmx_status mlx_config(const cJSON *root, int *rank, float *scale, const c
     const char *W = "adapter_config.json";
     const cJSON *ft = cJSON_GetObjectItemCaseSensitive(root, "fine_tune_type");
     if (is_set(ft) && (!cJSON_IsString(ft) || strcmp(ft->valuestring, "lora") != 0))
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: fine_tune_type \"%s\" is not supported (lora)", W,
-                           cJSON_IsString(ft) ? ft->valuestring : "?");
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: fine_tune_type %s is not supported (lora)", W,
+                           cJSON_IsString(ft) ? LMX_QUOTED(ft->valuestring) : "?");
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_dora")))
         return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: \"use_dora\" is set; lmx does not support DoRA", W);
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "lora_parameters");
@@ -399,9 +400,9 @@ static lmx_status mlx_config(const cJSON *root, int *rank, float *scale, const c
             int known = 0;
             for (int p = 0; p < LMX_PROJ_N && cJSON_IsString(k); p++) known |= strcmp(k->valuestring, proj_modules[p]) == 0;
             if (!known)
-                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: lora_parameters.keys names \"%.100s\", which is no "
+                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: lora_parameters.keys names %s, which is no "
                                    "projection lmx adapts (self_attn.q_proj ... mlp.down_proj)", W,
-                                   cJSON_IsString(k) ? k->valuestring : "?");
+                                   cJSON_IsString(k) ? LMX_QUOTED(k->valuestring) : "?");
         }
     }
     return get_int(root, "num_layers", 16, num_layers, W, err); /* mlx-lm's default */

@@ -160,7 +160,7 @@ lmx_status lmx_quantize_dir(const char *src, const char *dst, int bits, int grou
         names[nn++] = sname;
         names[nn++] = bname;
         if (!packed || !sc || !bi || !r || !sname || !bname) {
-            st = lmx_err_set(err, LMX_ERR_NOMEM, "quantize: out of memory at %s", t->name);
+            st = lmx_err_set(err, LMX_ERR_NOMEM, "quantize: out of memory at %s", LMX_QUOTED(t->name));
             break;
         }
         snprintf(sname, base_len + 8, "%.*s.scales", (int)base_len, t->name);

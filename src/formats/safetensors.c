@@ -129,7 +129,7 @@ static char *pool_add(char **w, const char *s) {
     return p;
 }
 
-/* "<path>: tensor '<name>': <detail>" in err; returns code. */
+/* "<path>: tensor "<name>": <detail>" in err (the name quoted with LMX_QUOTED); returns code. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 5, 6)))
 #endif
@@ -140,7 +140,7 @@ static lmx_status tensor_err(lmx_err *err, lmx_status code, const char *path, co
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
-    return lmx_err_set(err, code, "%s: tensor '%s': %.300s", path, name, detail);
+    return lmx_err_set(err, code, "%s: tensor %s: %.300s", path, LMX_QUOTED(name), detail);
 }
 
 /* Fill t (name already set) from its header entry e; range gets its data offsets. */
@@ -156,8 +156,7 @@ static lmx_status parse_entry(const char *path, const cJSON *e, lmx_st_tensor *t
     const cJSON *dt = v[0], *sh = v[1], *off = v[2];
     if (!cJSON_IsString(dt)) return tensor_err(err, LMX_ERR_FORMAT, path, nm, "dtype not a string");
     if (lmx_dtype_from_safetensors(dt->valuestring, &t->dtype) != 0)
-        return tensor_err(err, LMX_ERR_UNSUPPORTED, path, nm, "unsupported dtype \"%.40s\"",
-                          dt->valuestring);
+        return tensor_err(err, LMX_ERR_UNSUPPORTED, path, nm, "unsupported dtype %s", LMX_QUOTED(dt->valuestring));
     if (!cJSON_IsArray(sh)) return tensor_err(err, LMX_ERR_FORMAT, path, nm, "shape not an array");
     int nd = cJSON_GetArraySize(sh), k = 0;
     if (nd > LMX_ST_MAX_DIMS)
@@ -219,8 +218,8 @@ static lmx_status st_build(lmx_st_file *f, const cJSON *root, const unsigned cha
         meta = c; /* null (as mlx writes it when there is none): no metadata */
         for (const cJSON *m = c->child; m; m = m->next) {
             if (!cJSON_IsString(m))
-                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: __metadata__ entry '%s' not a string",
-                                   path, m->string);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: __metadata__ entry %s not a string",
+                                   path, LMX_QUOTED(m->string));
             n_meta++;
             pool += strlen(m->string) + strlen(m->valuestring) + 2;
         }
@@ -247,7 +246,7 @@ static lmx_status st_build(lmx_st_file *f, const cJSON *root, const unsigned cha
         if (st != LMX_OK) goto done;
         ranges[f->n].idx = f->n;
         if (hash_insert(&f->index, f->n) != SIZE_MAX)
-            GOTO_ERR(LMX_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", path, t->name);
+            GOTO_ERR(LMX_ERR_FORMAT, "%s: tensor %s appears twice in the header", path, LMX_QUOTED(t->name));
         f->n++;
     }
     /* Sorted by begin, each non-empty range must start at or after the furthest end so far. */
@@ -256,9 +255,9 @@ static lmx_status st_build(lmx_st_file *f, const cJSON *root, const unsigned cha
     for (const st_range *r = ranges; r < ranges + n; r++) {
         if (r->begin == r->end) continue;
         if (far && r->begin < far->end)
-            GOTO_ERR(LMX_ERR_FORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
-                     path, f->tensors[far->idx].name, (unsigned long long)far->begin,
-                     (unsigned long long)far->end, f->tensors[r->idx].name,
+            GOTO_ERR(LMX_ERR_FORMAT, "%s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap",
+                     path, LMX_QUOTED(f->tensors[far->idx].name), (unsigned long long)far->begin,
+                     (unsigned long long)far->end, LMX_QUOTED(f->tensors[r->idx].name),
                      (unsigned long long)r->begin, (unsigned long long)r->end);
         if (!far || r->end > far->end) far = r;
     }
@@ -381,8 +380,8 @@ static lmx_status set_build(lmx_st_set *s, const char *where, lmx_err *err) {
             s->tensors[s->n] = s->files[i]->tensors[j];
             size_t dup = hash_insert(&s->index, s->n);
             if (dup != SIZE_MAX)
-                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor '%s' is in both %s and %s",
-                                   where, t->name, s->tensors[dup].file, t->file);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s is in both %s and %s",
+                                   where, LMX_QUOTED(t->name), s->tensors[dup].file, t->file);
             s->total_bytes += t->nbytes;
         }
     }
@@ -472,8 +471,8 @@ static lmx_status open_indexed(lmx_st_set *s, const char *dir, const char *ipath
     for (const cJSON *c = wm->child; c; c = c->next) {
         const char *sh = cJSON_IsString(c) ? c->valuestring : "(not a string)";
         if (!cJSON_IsString(c) || !sh[0] || strchr(sh, '/') || strstr(sh, ".."))
-            GOTO_ERR(LMX_ERR_FORMAT, "%s: tensor '%s': shard '%s' is not a plain file name", ipath,
-                     c->string, sh);
+            GOTO_ERR(LMX_ERR_FORMAT, "%s: tensor %s: shard %s is not a plain file name", ipath,
+                     LMX_QUOTED(c->string), LMX_QUOTED(sh));
         shards[n_shards++] = sh;
     }
     qsort(shards, n_shards, sizeof *shards, cmp_str);
@@ -487,14 +486,14 @@ static lmx_status open_indexed(lmx_st_set *s, const char *dir, const char *ipath
         int present = file_in(dir, shards[i]);
         if (present < 0) GOTO_ERR(LMX_ERR_NOMEM, "%s: out of memory", ipath);
         if (!present)
-            GOTO_ERR(LMX_ERR_MISSING, "%s: shard '%s' is missing from %s", ipath, shards[i], dir);
+            GOTO_ERR(LMX_ERR_MISSING, "%s: shard %s is missing from %s", ipath, LMX_QUOTED(shards[i]), dir);
         if ((st = set_add_file(s, dir, shards[i], err)) != LMX_OK) goto done;
     }
     for (const cJSON *c = wm->child; c; c = c->next) {
         const char **k = bsearch(&c->valuestring, shards, n_shards, sizeof *shards, cmp_str);
         if (!k || !lmx_st_find(s->files[k - shards], c->string))
-            GOTO_ERR(LMX_ERR_MISSING, "%s: tensor '%s' is not in its shard '%s'", ipath, c->string,
-                     c->valuestring);
+            GOTO_ERR(LMX_ERR_MISSING, "%s: tensor %s is not in its shard %s", ipath, LMX_QUOTED(c->string),
+                     LMX_QUOTED(c->valuestring));
     }
 done:
     free(shards);
@@ -609,8 +608,8 @@ static lmx_status build_header(const char *path, const lmx_st_write_item *items,
         const lmx_st_write_item *it = &items[i];
         int64_t nb = item_bytes(it);
         if (nb < 0 || nb > (int64_t)ST_MAX_EXACT - off || hash_insert(&seen, i) != SIZE_MAX)
-            GOTO_ERR(LMX_ERR_INVALID_ARG, "%s: tensor '%s': bad name, dtype, shape or data, or "
-                     "given twice", path, it->name ? it->name : "(null)");
+            GOTO_ERR(LMX_ERR_INVALID_ARG, "%s: tensor %s: bad name, dtype, shape or data, or "
+                     "given twice", path, it->name ? LMX_QUOTED(it->name) : "(null)");
         char dt[8] = {0};  /* "bf16" -> "BF16" */
         const char *lower = lmx_dtype_name(it->dtype);
         for (size_t k = 0; k < sizeof dt - 1 && lower[k]; k++)

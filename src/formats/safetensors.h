@@ -24,7 +24,8 @@ typedef struct lmx_st_tensor {
     int ndim;
     int64_t shape[LMX_ST_MAX_DIMS];   /* row-major: shape[ndim-1] varies fastest */
     int64_t n_elements;
-    const void *data;                 /* points into the read-only mapping */
+    const void *data;                 /* points into the read-only mapping, at any alignment (the
+                                         format aligns nothing): read it with lmx_load_* / lmx_float_at */
     size_t nbytes;
     const char *file;                 /* path of the file holding it (owned by the file / set) */
 } lmx_st_tensor;

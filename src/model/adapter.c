@@ -65,21 +65,21 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
     for (int i = 0; i < f->n; i++) {
         const lmx_lora_entry *e = &f->e[i];
         if (e->layer >= nl)
-            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "%s: tensor \"%s\" is for layer %d; the model has %d layers", file,
-                               e->a->name, e->layer, nl);
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "%s: tensor %s is for layer %d; the model has %d layers", file,
+                               LMX_QUOTED(e->a->name), e->layer, nl);
         if (f->num_layers > 0 && e->layer < nl - f->num_layers)
-            return lmx_err_set(&m->err, LMX_ERR_FORMAT, "%s: tensor \"%s\" is for layer %d, outside the last num_layers = %d "
-                               "of the model's %d", file, e->a->name, e->layer, f->num_layers, nl);
+            return lmx_err_set(&m->err, LMX_ERR_FORMAT, "%s: tensor %s is for layer %d, outside the last num_layers = %d "
+                               "of the model's %d", file, LMX_QUOTED(e->a->name), e->layer, f->num_layers, nl);
         if (e->rank > LMX_LORA_RANK_MAX)
-            return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: rank %d of \"%s\" is above lmx's limit %d", file, e->rank,
-                               e->a->name, LMX_LORA_RANK_MAX);
+            return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: rank %d of %s is above lmx's limit %d", file, e->rank,
+                               LMX_QUOTED(e->a->name), LMX_LORA_RANK_MAX);
         const lmx_tensor *w = proj_weight(&m->layers[e->layer], e->proj);
         int64_t N = w->shape[0], K = w->shape[1], r = e->rank;
         int64_t aK = e->transposed ? e->a->shape[0] : e->a->shape[1];
         int64_t bN = e->transposed ? e->b->shape[1] : e->b->shape[0];
         if (aK != K || bN != N)
-            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "%s: tensor \"%s\" is [%lld, %lld]: it does not fit %s of layer %d "
-                               "(%lld inputs, %lld outputs)", file, aK != K ? e->a->name : e->b->name,
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "%s: tensor %s is [%lld, %lld]: it does not fit %s of layer %d "
+                               "(%lld inputs, %lld outputs)", file, aK != K ? LMX_QUOTED(e->a->name) : LMX_QUOTED(e->b->name),
                                (long long)(aK != K ? e->a->shape[0] : e->b->shape[0]),
                                (long long)(aK != K ? e->a->shape[1] : e->b->shape[1]), lmx_proj_module(e->proj), e->layer,
                                (long long)K, (long long)N);
@@ -124,6 +124,9 @@ lmx_status lmx_adapter_load(lmx_model *m, const char *path, lmx_adapter **out) {
     if (!m || !out) return LMX_ERR_INVALID_ARG;
     *out = NULL;
     lmx_err_clear(&m->err);
+    if (m->bridge) /* mlx-lm applies its adapter itself */
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the mlx_lm backend takes an adapter at load only "
+                                                          "(lmx_load_params.adapter, an mlx-lm adapter folder)");
     if (m->n_adapters == m->cap_adapters) {
         int cap = m->cap_adapters ? 2 * m->cap_adapters : 4;
         lmx_adapter **na = realloc(m->adapters, (size_t)cap * sizeof *na);

@@ -41,12 +41,12 @@ static lmx_status get_int(const cfg_src *s, const char *key, int *out, int requi
                           const char *path, lmx_err *err) {
     const cJSON *v = get(s, key);
     if (!is_set(v)) {
-        if (required) return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing \"%s\"", path, key);
+        if (required) return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing %s", path, LMX_QUOTED(key));
         return LMX_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
         v->valuedouble > 1e9)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: %s must be a non-negative integer", path, LMX_QUOTED(key));
     *out = (int)v->valuedouble;
     return LMX_OK;
 }
@@ -56,7 +56,7 @@ static lmx_status get_num(const cfg_src *s, const char *key, double *out, const 
     const cJSON *v = get(s, key);
     if (!is_set(v)) return LMX_OK;
     if (!cJSON_IsNumber(v))
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" must be a number", path, key);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: %s must be a number", path, LMX_QUOTED(key));
     *out = v->valuedouble;
     return LMX_OK;
 }
@@ -94,8 +94,8 @@ static lmx_status parse_rope(const cJSON *o, double theta_default, lmx_rope_cfg 
         if (rc->high_freq_factor <= rc->low_freq_factor)
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: llama3 RoPE needs high_freq_factor > low_freq_factor", path);
     } else {
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE type \"%s\" is not supported (default, linear, llama3)",
-                           path, type);
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE type %s is not supported (default, linear, llama3)",
+                           path, LMX_QUOTED(type));
     }
     if (!(rc->factor > 0) || !(rc->theta > 0))
         return lmx_err_set(err, LMX_ERR_FORMAT, "%s: RoPE theta and factor must be positive", path);
@@ -169,8 +169,8 @@ static lmx_status parse_layer_types(const cfg_src *s, lmx_config *c, const char 
             if (!cJSON_IsString(t)) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: layer_types[%d] is not a string", path, i);
             if (strcmp(t->valuestring, "sliding_attention") == 0) c->layer_sliding[i] = 1;
             else if (strcmp(t->valuestring, "full_attention") != 0)
-                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: layer type \"%s\" is not supported", path,
-                                   t->valuestring);
+                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: layer type %s is not supported", path,
+                                   LMX_QUOTED(t->valuestring));
         }
     } else if (c->arch == LMX_ARCH_GEMMA2) {
         for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i % 2 == 0);
@@ -218,8 +218,8 @@ static lmx_status parse_arch(const cfg_src *s, lmx_config *c, const char *path, 
             return LMX_OK;
         }
     return lmx_err_set(err, LMX_ERR_UNSUPPORTED,
-                       "%s: unknown model_type \"%s\" (supported: llama, qwen2, qwen3, gemma2, gemma3, gemma3_text)",
-                       path, mt->valuestring);
+                       "%s: unknown model_type %s (supported: llama, qwen2, qwen3, gemma2, gemma3, gemma3_text)",
+                       path, LMX_QUOTED(mt->valuestring));
 }
 
 static lmx_status parse_act(const cfg_src *s, lmx_config *c, const char *path, lmx_err *err) {
@@ -231,7 +231,7 @@ static lmx_status parse_act(const cfg_src *s, lmx_config *c, const char *path, l
     else if (strcmp(name, "gelu_pytorch_tanh") == 0 || strcmp(name, "gelu_new") == 0 ||
              strcmp(name, "gelu_fast") == 0 || (gemma && strcmp(name, "gelu") == 0))
         c->act = LMX_ACT_GELU_TANH;
-    else return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: activation \"%s\" is not supported", path, name);
+    else return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: activation %s is not supported", path, LMX_QUOTED(name));
     return LMX_OK;
 }
 

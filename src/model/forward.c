@@ -68,6 +68,7 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
         int32_t *ids = realloc(ws->ids, (size_t)rows * sizeof *ids);
         if (!ids) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         ws->ids = ids;
+        ws->max_rows = 0; /* until every buffer has grown: a failure (a memory limit) leaves some freed */
         TRY(ws_tensor(be, &ws->x, rows, C));
         TRY(ws_tensor(be, &ws->xn, rows, C));
         TRY(ws_tensor(be, &ws->q, rows, HD));
@@ -80,6 +81,7 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
         ws->max_rows = rows;
     }
     if (R > ws->max_out_rows) {
+        ws->max_out_rows = 0;
         TRY(ws_tensor(be, &ws->xr, R, C));
         TRY(ws_tensor(be, &ws->logits, R, c->vocab));
         ws->max_out_rows = R;

@@ -103,7 +103,7 @@ static int config_bits(const fuser *f, const char *name, int *bits) {
         const cJSON *b = cJSON_IsObject(m) ? cJSON_GetObjectItemCaseSensitive(m, "bits") : NULL;
         if (!cJSON_IsNumber(b)) b = cJSON_GetObjectItemCaseSensitive(q, "bits");
         if (cJSON_IsNumber(b)) {
-            *bits = (int)b->valuedouble;
+            *bits = b->valueint; /* saturated by cJSON */
             return 1;
         }
     }
@@ -117,16 +117,16 @@ static lmx_status quant_layout(const fuser *f, const lmx_st_tensor *t, qweight *
     q->biases = sibling(f, t->name, "biases");
     int bits;
     if (!config_bits(f, t->name, &bits))
-        return lmx_err_set(f->err, LMX_ERR_MISSING, "%s/config.json: no \"quantization\" bits for the quantized tensor \"%s\"",
-                           f->base, t->name);
+        return lmx_err_set(f->err, LMX_ERR_MISSING, "%s/config.json: no \"quantization\" bits for the quantized tensor %s",
+                           f->base, LMX_QUOTED(t->name));
     if (bits != 2 && bits != 4 && bits != 8)
-        return lmx_err_set(f->err, LMX_ERR_UNSUPPORTED, "quantized tensor \"%s\": %d-bit weights are not supported (2, 4, 8)",
-                           t->name, bits);
+        return lmx_err_set(f->err, LMX_ERR_UNSUPPORTED, "quantized tensor %s: %d-bit weights are not supported (2, 4, 8)",
+                           LMX_QUOTED(t->name), bits);
     const lmx_st_tensor *s = q->scales, *b = q->biases;
     if (t->ndim != 2 || s->ndim != 2 || b->ndim != 2 || s->shape[0] != t->shape[0] || b->shape[0] != t->shape[0] ||
         s->shape[1] != b->shape[1] || s->shape[1] <= 0 || !is_float(s->dtype) || !is_float(b->dtype) ||
         (t->shape[1] * 32 / bits) % s->shape[1] != 0)
-        return lmx_err_set(f->err, LMX_ERR_SHAPE, "scales/biases of quantized tensor \"%s\" in %s do not match it", t->name,
+        return lmx_err_set(f->err, LMX_ERR_SHAPE, "scales/biases of quantized tensor %s in %s do not match it", LMX_QUOTED(t->name),
                            t->file);
     q->bits = bits;
     q->N = t->shape[0];
@@ -159,17 +159,17 @@ static lmx_status check_entry(fuser *f, const lmx_lora_entry *e, target *t) {
     int nl = f->cfg.n_layers;
     t->e = e;
     if (e->layer >= nl)
-        return lmx_err_set(f->err, LMX_ERR_SHAPE, "%s: tensor \"%s\" is for layer %d; the model has %d layers", file,
-                           e->a->name, e->layer, nl);
+        return lmx_err_set(f->err, LMX_ERR_SHAPE, "%s: tensor %s is for layer %d; the model has %d layers", file,
+                           LMX_QUOTED(e->a->name), e->layer, nl);
     if (f->lf.num_layers > 0 && e->layer < nl - f->lf.num_layers)
-        return lmx_err_set(f->err, LMX_ERR_FORMAT, "%s: tensor \"%s\" is for layer %d, outside the last num_layers = %d "
-                           "of the model's %d", file, e->a->name, e->layer, f->lf.num_layers, nl);
+        return lmx_err_set(f->err, LMX_ERR_FORMAT, "%s: tensor %s is for layer %d, outside the last num_layers = %d "
+                           "of the model's %d", file, LMX_QUOTED(e->a->name), e->layer, f->lf.num_layers, nl);
     char name[512];
     snprintf(name, sizeof name, "%slayers.%d.%s.weight", f->prefix, e->layer, lmx_proj_module(e->proj));
     t->w = lmx_st_set_find(f->set, name);
     if (!t->w)
-        return lmx_err_set(f->err, LMX_ERR_MISSING, "%s: tensor \"%s\" adapts \"%s\", which the base does not have", file,
-                           e->a->name, name);
+        return lmx_err_set(f->err, LMX_ERR_MISSING, "%s: tensor %s adapts %s, which the base does not have", file,
+                           LMX_QUOTED(e->a->name), LMX_QUOTED(name));
     const lmx_st_tensor *w = t->w;
     if (is_quantized(f, w)) {
         lmx_status st = quant_layout(f, w, &t->q);
@@ -181,15 +181,15 @@ static lmx_status check_entry(fuser *f, const lmx_lora_entry *e, target *t) {
         t->N = w->shape[0];
         t->K = w->shape[1];
     } else {
-        return lmx_err_set(f->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s is %s with %d dimensions: lmx merges into 2-D "
-                           "f32, f16, bf16 or MLX-quantized weights", w->name, w->file, lmx_dtype_name(w->dtype), w->ndim);
+        return lmx_err_set(f->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s is %s with %d dimensions: lmx merges into 2-D "
+                           "f32, f16, bf16 or MLX-quantized weights", LMX_QUOTED(w->name), w->file, lmx_dtype_name(w->dtype), w->ndim);
     }
     int64_t aK = e->transposed ? e->a->shape[0] : e->a->shape[1];
     int64_t bN = e->transposed ? e->b->shape[1] : e->b->shape[0];
     if (aK != t->K || bN != t->N) {
         const lmx_st_tensor *bad = aK != t->K ? e->a : e->b;
-        return lmx_err_set(f->err, LMX_ERR_SHAPE, "%s: tensor \"%s\" is [%lld, %lld]: it does not fit \"%s\" (%lld inputs, "
-                           "%lld outputs)", file, bad->name, (long long)bad->shape[0], (long long)bad->shape[1], name,
+        return lmx_err_set(f->err, LMX_ERR_SHAPE, "%s: tensor %s is [%lld, %lld]: it does not fit %s (%lld inputs, "
+                           "%lld outputs)", file, LMX_QUOTED(bad->name), (long long)bad->shape[0], (long long)bad->shape[1], LMX_QUOTED(name),
                            (long long)t->K, (long long)t->N);
     }
     return LMX_OK;
@@ -230,7 +230,7 @@ static lmx_status emit_weight(fuser *f, const lmx_st_tensor *w, const target *t)
     uint16_t *sc = requant ? keep(f, (size_t)(N * G) * 2) : NULL, *bi = requant ? keep(f, (size_t)(N * G) * 2) : NULL;
     uint16_t *dense = requant ? NULL : keep(f, (size_t)(N * K) * 2);
     if (!A || !B || !row || !acc || (requant ? !packed || !sc || !bi : !dense)) {
-        st = lmx_err_set(f->err, LMX_ERR_NOMEM, "out of memory merging \"%s\"", w->name);
+        st = lmx_err_set(f->err, LMX_ERR_NOMEM, "out of memory merging %s", LMX_QUOTED(w->name));
         goto done;
     }
     if (t && (st = lmx_lora_widen(t->e, K, N, 0, A, B, f->err))) {

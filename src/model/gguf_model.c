@@ -56,8 +56,8 @@ static lmx_status config_from_metadata(const lmx_gguf *g, const char *arch, lmx_
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strcmp(arch, known[i].name)) c->arch = known[i].arch;
     if (c->arch == LMX_ARCH_UNKNOWN)
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: unknown GGUF architecture \"%s\" (supported: llama, qwen2, qwen3, gemma2, gemma3)",
-                           path, arch);
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: unknown GGUF architecture %s (supported: llama, qwen2, qwen3, gemma2, gemma3)",
+                           path, LMX_QUOTED(arch));
     snprintf(c->model_type, sizeof c->model_type, "%s", arch);
     struct { const char *suffix; int *dst; int required; } ints[] = {
         {"block_count", &c->n_layers, 1},          {"embedding_length", &c->hidden, 1},
@@ -69,10 +69,10 @@ static lmx_status config_from_metadata(const lmx_gguf *g, const char *arch, lmx_
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (lmx_gguf_get_int(g, KEY(ints[i].suffix), &v)) {
             if (v < 0 || v > 1000000000)
-                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" = %lld is out of range", path, key, (long long)v);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: %s = %lld is out of range", path, LMX_QUOTED(key), (long long)v);
             *ints[i].dst = (int)v;
         } else if (ints[i].required) {
-            return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing metadata \"%s\"", path, key);
+            return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing metadata %s", path, LMX_QUOTED(key));
         }
     }
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
@@ -86,7 +86,7 @@ static lmx_status config_from_metadata(const lmx_gguf *g, const char *arch, lmx_
     char *scaling = lmx_gguf_get_string(g, KEY("rope.scaling.type"));
     if (scaling && strcmp(scaling, "none")) {
         if (strcmp(scaling, "linear")) {
-            lmx_status st = lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE scaling \"%s\" is not supported", path, scaling);
+            lmx_status st = lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE scaling %s is not supported", path, LMX_QUOTED(scaling));
             free(scaling);
             return st;
         }

@@ -13,7 +13,8 @@ typedef struct lmx_gguf_weights {
     lmx_st_tensor *t;        /* [n] HF name and [out, in] shape; data in the mapping */
     int *block_type;         /* [n] ggml block-quantized type, or 0 for F32/F16/BF16 */
     char **names;            /* [n] owned HF names */
-    const float *rope_freqs; /* llama3-style per-frequency divisors ("rope_freqs.weight"), or NULL */
+    const void *rope_freqs;  /* llama3-style per-frequency divisors ("rope_freqs.weight", f32 at any
+                                address: read with lmx_float_at), or NULL */
     int64_t n_rope_freqs;
 } lmx_gguf_weights;
 

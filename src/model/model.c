@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../base/fileio.h"
+#include "../runtime/bridge.h"
 #include "../runtime/runtime.h"
 
 static _Thread_local lmx_err thread_err; /* per thread, like errno: for calls with no handle */
@@ -24,6 +25,7 @@ lmx_load_params lmx_load_default_params(void) {
 
 void lmx_model_free(lmx_model *m) {
     if (!m) return;
+    lmx_bridge_free(m->bridge);
     lmx_runtime_free(m);
     lmx_adapters_free_all(m);
     if (m->be) {
@@ -49,6 +51,7 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
     *out = NULL;
     lmx_load_params dp = lmx_load_default_params();
     if (!params) params = &dp;
+    if (params->backend && !strcmp(params->backend, LMX_BRIDGE_BACKEND)) return lmx_bridge_model_load(path, params, out);
     lmx_model *m = calloc(1, sizeof *m);
     if (!m) {
         st = lmx_err_set(&err, LMX_ERR_NOMEM, "out of memory");
@@ -74,7 +77,22 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
         st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "context length %d is negative", params->n_ctx);
         goto fail;
     }
+    if (params->memory_limit < 0 || params->cache_limit < 0) {
+        st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "a negative %s limit",
+                         params->memory_limit < 0 ? "memory" : "cache");
+        goto fail;
+    }
     if ((st = lmx_backend_create(params->backend, params->n_threads, &m->be, &m->err))) goto fail;
+    m->be->mem_limit = params->memory_limit;
+    if (params->memory_limit > 0) { /* a model that cannot fit fails before any weight is copied */
+        int64_t need = m->weights ? (int64_t)lmx_st_set_total_bytes(m->weights) : 0;
+        for (size_t i = 0; i < m->gguf.n; i++) need += (int64_t)m->gguf.t[i].nbytes;
+        if (need > params->memory_limit) {
+            st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory: limit %lld bytes, would need %lld bytes for "
+                             "the weights of %s", (long long)params->memory_limit, (long long)need, path);
+            goto fail;
+        }
+    }
     m->progress = params->progress;
     m->progress_user = params->progress_user;
     if ((st = lmx_model_bind(m))) {
@@ -102,6 +120,7 @@ fail:
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
     if (!m || !out) return LMX_ERR_INVALID_ARG;
     memset(out, 0, sizeof *out);
+    if (m->bridge) return lmx_bridge_get_info(m, out);
     const lmx_config *c = &m->cfg;
     out->architecture = lmx_arch_name(c->arch);
     out->backend = m->be->ops->name;

@@ -69,6 +69,7 @@ struct lmx_model {
     unsigned adapter_seq;        /* the last adapter id handed out */
     unsigned default_adapter;    /* id of the adapter requests get when they name none; 0: none */
     struct lmx_runtime *rt;      /* generation session (runtime/runtime.h) */
+    struct lmx_bridge *bridge;   /* backend mlx_lm: generation runs in a child process (runtime/bridge.h) */
     lmx_progress_fn progress;    /* loading progress, while lmx_model_load runs */
     void *progress_user;
 };

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/half.h"
 #include "../formats/ggml_types.h"
 #include "model.h"
 
@@ -33,7 +34,7 @@ static lmx_status bind_quantized(binder *b, lmx_tensor *t, const char *prefix, c
     char base[400];
     size_t len = strlen(name);
     if (len < 7 || strcmp(name + len - 7, ".weight") != 0 || len - 7 >= sizeof base)
-        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: u32 is not a weight dtype", st->name, st->file);
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: u32 is not a weight dtype", LMX_QUOTED(st->name), st->file);
     memcpy(base, name, len - 7);
     base[len - 7] = 0;
     char sname[420], bname[420];
@@ -41,23 +42,23 @@ static lmx_status bind_quantized(binder *b, lmx_tensor *t, const char *prefix, c
     snprintf(bname, sizeof bname, "%s.biases", base);
     const lmx_st_tensor *sc = lookup(b, prefix, sname), *bi = lookup(b, prefix, bname);
     if (!sc || !bi)
-        return lmx_err_set(&m->err, LMX_ERR_MISSING, "quantized tensor \"%s\" in %s has no \"%s%s\"", st->name,
+        return lmx_err_set(&m->err, LMX_ERR_MISSING, "quantized tensor %s in %s has no \"%s%s\"", LMX_QUOTED(st->name),
                            st->file, prefix, sc ? bname : sname);
     int64_t packed = st->ndim == 2 ? st->shape[1] : -1;
     int64_t groups = sc->ndim == 2 ? sc->shape[1] : -1;
     int bits = packed > 0 && (32 * packed) % d1 == 0 ? (int)(32 * packed / d1) : 0;
     int group = groups > 0 && d1 % groups == 0 ? (int)(d1 / groups) : 0;
     if (st->ndim != 2 || st->shape[0] != d0 || bits == 0)
-        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "quantized tensor \"%s\" in %s has shape [%lld, %lld], which packs no "
-                           "whole bit width of [%lld, %lld]", st->name, st->file, (long long)st->shape[0],
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "quantized tensor %s in %s has shape [%lld, %lld], which packs no "
+                           "whole bit width of [%lld, %lld]", LMX_QUOTED(st->name), st->file, (long long)st->shape[0],
                            (long long)packed, (long long)d0, (long long)d1);
     if (bits != 2 && bits != 4 && bits != 8)
-        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "quantized tensor \"%s\": %d-bit weights are not supported "
-                           "(2, 4, 8)", st->name, bits);
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "quantized tensor %s: %d-bit weights are not supported "
+                           "(2, 4, 8)", LMX_QUOTED(st->name), bits);
     if (sc->shape[0] != d0 || group == 0 || group % 8 || bi->ndim != 2 || bi->shape[0] != d0 ||
         bi->shape[1] != groups || sc->dtype != bi->dtype || !is_float(sc->dtype))
-        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "scales/biases of quantized tensor \"%s\" in %s do not match it",
-                           st->name, st->file);
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "scales/biases of quantized tensor %s in %s do not match it",
+                           LMX_QUOTED(st->name), st->file);
     memset(t, 0, sizeof *t);
     t->dtype = LMX_DTYPE_U32;
     t->ndim = 2;
@@ -80,12 +81,12 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
                               int64_t d1) {
     lmx_model *m = b->m;
     if (!lmx_ggml_is_supported_quant(type))
-        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: GGUF type %s is not supported",
-                           st->name, st->file, lmx_ggml_type_name(type));
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: GGUF type %s is not supported",
+                           LMX_QUOTED(st->name), st->file, lmx_ggml_type_name(type));
     if (d1 < 0 || st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1 ||
         lmx_ggml_row_bytes(type, d1) * (size_t)d0 != st->nbytes)
-        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor \"%s\" in %s has shape [%lld, %lld] (%s), expected [%lld, %lld]",
-                           st->name, st->file, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%lld, %lld] (%s), expected [%lld, %lld]",
+                           LMX_QUOTED(st->name), st->file, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
                            lmx_ggml_type_name(type), (long long)d0, (long long)d1);
     memset(t, 0, sizeof *t);
     t->dtype = LMX_DTYPE_U8;
@@ -121,17 +122,17 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
     int block = m->gguf.file ? m->gguf.block_type[st - m->gguf.t] : 0;
     if (block) return bind_blocks(b, t, st, block, d0, d1);
     if (st->dtype != LMX_DTYPE_F32 && st->dtype != LMX_DTYPE_F16 && st->dtype != LMX_DTYPE_BF16)
-        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor \"%s\" in %s: dtype %s is not supported for weights",
-                           st->name, st->file, lmx_dtype_name(st->dtype));
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: dtype %s is not supported for weights",
+                           LMX_QUOTED(st->name), st->file, lmx_dtype_name(st->dtype));
     int want_dims = d1 >= 0 ? 2 : 1;
     if (st->ndim != want_dims || (d0 >= 0 && st->shape[0] != d0) || (d1 >= 0 && st->shape[1] != d1)) {
         char got[64] = "";
         for (int i = 0; i < st->ndim && i < 4; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)st->shape[i]);
         if (d1 >= 0)
-            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor \"%s\" in %s has shape [%s], expected [%lld, %lld]",
-                               st->name, st->file, got, (long long)d0, (long long)d1);
-        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor \"%s\" in %s has shape [%s], expected [%lld]", st->name,
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%lld, %lld]",
+                               LMX_QUOTED(st->name), st->file, got, (long long)d0, (long long)d1);
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%lld]", LMX_QUOTED(st->name),
                            st->file, got, (long long)d0);
     }
     memset(t, 0, sizeof *t);
@@ -252,7 +253,7 @@ lmx_status lmx_model_bind(lmx_model *m) {
         if (m->gguf.n_rope_freqs != D / 2)
             return lmx_err_set(&m->err, LMX_ERR_SHAPE, "rope_freqs has %lld entries, expected %d",
                                (long long)m->gguf.n_rope_freqs, D / 2);
-        for (int i = 0; i < D / 2; i++) m->inv_freq[i] /= m->gguf.rope_freqs[i];
+        for (int i = 0; i < D / 2; i++) m->inv_freq[i] /= lmx_float_at(m->gguf.rope_freqs, LMX_DTYPE_F32, i);
     }
 
     if ((st = bind(&b, &m->embed, b.prefix, "embed_tokens.weight", 0, c->vocab, c->hidden))) return st;

@@ -268,6 +268,7 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     x->prefill_ms = t_prefilled - t0;
     x->prefill_tokens_per_s = x->prefill_ms > 0 ? prompt_total / (x->prefill_ms * 1e-3) : 0;
     lmx_metrics_end(m, generated, t0, t_first, lmx_now_ms());
+    lmx_runtime_trim(m);
     if (generated > N && x->decode_ms > 0) x->decode_tokens_per_s = (generated - N) / (x->decode_ms * 1e-3);
     return st;
 }

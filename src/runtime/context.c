@@ -40,6 +40,8 @@ void lmx_context_free(lmx_context *c) {
 lmx_status lmx_context_create(lmx_model *m, const lmx_context_params *params, lmx_context **out) {
     if (!m || !out) return LMX_ERR_INVALID_ARG;
     *out = NULL;
+    if (m->bridge) /* mlx-lm keeps its own caches; only the generation calls reach it */
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the mlx_lm backend has no contexts: use the generation calls");
     lmx_context_params dp = lmx_context_default_params();
     if (!params) params = &dp;
     if (params->n_ctx < 0)

@@ -122,6 +122,7 @@ typedef struct lmx_runtime {
     /* batch calls */
     lmx_gen_seq *bseq;
     int n_bseq;
+    int64_t cache_limit;         /* > 0: the most the prompt cache and scratch keep between calls */
 } lmx_runtime;
 
 /* Create / free m->rt (model.c calls these). */
@@ -142,6 +143,9 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
 lmx_status lmx_runtime_decode(lmx_model *m, int32_t id, int k);
 /* 1 when the session's (unrotating) context can take no more tokens. */
 int lmx_runtime_full(const lmx_model *m);
+/* At the end of a generation call: drop scratch, then the prompt cache, while they hold more than
+ * the cache limit (memory.c). */
+void lmx_runtime_trim(lmx_model *m);
 /* Reset metrics at the start of a call. */
 void lmx_metrics_begin(lmx_model *m);
 void lmx_metrics_end(lmx_model *m, int generated, double t_start, double t_first, double t_end);

@@ -20,7 +20,10 @@ int lmx_buf_reserve(lmx_backend *be, lmx_buf *b, size_t need) {
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need + 1) cap *= 2;
     char *p = realloc(b->data, cap);
-    if (!p) return -1;
+    if (!p) {
+        lmx_err_set(&be->err, LMX_ERR_NOMEM, "out of memory (%zu bytes)", cap);
+        return -1;
+    }
     lmx_backend_mem(be, (int64_t)(cap - b->cap));
     b->data = p;
     b->cap = cap;
@@ -51,6 +54,7 @@ lmx_status lmx_runtime_create(lmx_model *m, const char *path, const lmx_load_par
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     }
     rt->n_ctx = p->n_ctx;
+    rt->cache_limit = p->cache_limit;
     rt->seed = p->seed;
     atomic_init(&rt->cancel, 0);
     rt->stream.m = m;
@@ -128,6 +132,8 @@ lmx_status lmx_runtime_ready(lmx_model *m) {
         if (st) return st;
     }
     if (!rt->logits) {
+        if (lmx_backend_mem_check(m->be, (int64_t)((size_t)V * sizeof(float)) + (int64_t)lmx_sampler_bytes(V)))
+            return lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
         if (!(rt->logits = malloc((size_t)V * sizeof(float))))
             return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         lmx_backend_mem(m->be, (int64_t)((size_t)V * sizeof(float)));
@@ -137,6 +143,24 @@ lmx_status lmx_runtime_ready(lmx_model *m) {
         lmx_backend_mem(m->be, (int64_t)lmx_sampler_bytes(V));
     }
     return LMX_OK;
+}
+
+/* Room for need bytes of history ids, within the memory limit (the session's other buffers, a few
+ * hundred bytes of text per generation, are counted but not refused: a started generation never
+ * loses text); 0, or -1 with m->err set. */
+static int hist_reserve(lmx_model *m, size_t need) {
+    lmx_buf *b = &m->rt->hist;
+    size_t cap = b->cap ? b->cap : 64; /* as lmx_buf_reserve grows it */
+    while (cap < need + 1) cap *= 2;
+    if (need + 1 > b->cap && lmx_backend_mem_check(m->be, (int64_t)(cap - b->cap))) {
+        lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
+        return -1;
+    }
+    if (lmx_buf_reserve(m->be, b, need)) {
+        lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
+        return -1;
+    }
+    return 0;
 }
 
 /* The most positions a session may hold: unbounded caches stop at the model's trained length. */
@@ -172,8 +196,7 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
     }
     rt->hist.len = (size_t)L * sizeof(int32_t);
     size_t more = p ? (size_t)(p->max_tokens < (1 << 16) ? p->max_tokens : (1 << 16)) : 0;
-    if (lmx_buf_reserve(m->be, &rt->hist, ((size_t)n + more) * sizeof(int32_t)))
-        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    if (hist_reserve(m, ((size_t)n + more) * sizeof(int32_t))) return m->err.status;
     rt->metrics.prompt_tokens = n;
     rt->metrics.cached_tokens = L;
     rt->n_cand = 0;
@@ -203,8 +226,7 @@ lmx_status lmx_runtime_decode(lmx_model *m, int32_t id, int k) {
     int limit = session_limit(m);
     if (limit && lmx_context_n_past(rt->ctx) >= limit)
         return lmx_err_set(&m->err, LMX_ERR_CONTEXT_FULL, "the context holds %d positions", limit);
-    if (lmx_buf_reserve(m->be, &rt->hist, rt->hist.len + sizeof(int32_t)))
-        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    if (hist_reserve(m, rt->hist.len + sizeof(int32_t))) return m->err.status;
     rt->n_cand = 0;
     lmx_status st = k > 0 ? lmx_context_eval_topk(rt->ctx, &id, 1, k, rt->cand_vals, rt->cand_ids, rt->logits, &rt->n_cand)
                           : lmx_context_eval(rt->ctx, &id, 1, rt->logits, 0);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bridge.h"
 #include "runtime.h"
 
 lmx_sampler_params lmx_sampler_default_params(void) {
@@ -63,6 +64,7 @@ lmx_status lmx_stream_open_ids(lmx_model *m, const int32_t *ids, int n, const lm
     lmx_status st = begin_call(m, out);
     if (st) return st;
     if (!out) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "out is NULL");
+    if (m->bridge) return lmx_bridge_stream_open(m, NULL, ids, NULL, n, p, out);
     return open_ids(m, ids, n, p, NULL, 0, lmx_now_ms(), out);
 }
 
@@ -70,6 +72,10 @@ lmx_status lmx_stream_open(lmx_model *m, const char *prompt, const lmx_gen_param
     lmx_status st = begin_call(m, out);
     if (st) return st;
     if (!out) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "out is NULL");
+    if (m->bridge) {
+        if (!prompt) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the prompt is NULL");
+        return lmx_bridge_stream_open(m, prompt, NULL, NULL, 0, p, out);
+    }
     double t0 = lmx_now_ms();
     int32_t *ids;
     int n;
@@ -86,6 +92,7 @@ lmx_status lmx_stream_next(lmx_stream *s, const lmx_token **tok) {
     lmx_runtime *rt = m->rt;
     lmx_gen_seq *g = &s->seq;
     if (!s->open) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the stream is not open");
+    if (m->bridge) return lmx_bridge_stream_next(s, tok);
     int r = 0;
     if (g->finish == LMX_FINISH_NONE) {
         if (atomic_load(&rt->cancel)) {
@@ -127,7 +134,9 @@ lmx_status lmx_stream_result(const lmx_stream *s, lmx_result *out) {
 void lmx_stream_free(lmx_stream *s) {
     if (!s) return;
     if (s->seq.finish == LMX_FINISH_NONE) s->seq.finish = LMX_FINISH_CALLBACK;
+    if (s->m->bridge) lmx_bridge_stream_stop(s); /* the child drops the rest of the request */
     s->open = 0; /* the buffers stay with the model for the next generation */
+    lmx_runtime_trim(s->m);
 }
 
 /* Drive an open stream to its end, calling the token callback; close it. */
@@ -207,6 +216,10 @@ lmx_status lmx_stream_open_chat(lmx_model *m, const lmx_message *msgs, int n, co
     lmx_status st = begin_call(m, out);
     if (st) return st;
     if (!out) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "out is NULL");
+    if (m->bridge) {
+        if (!msgs) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "no messages");
+        return lmx_bridge_stream_open(m, NULL, NULL, msgs, n, p, out);
+    }
     double t0 = lmx_now_ms();
     char *prompt = NULL;
     int32_t *ids = NULL, turn_ends[8];
@@ -235,6 +248,7 @@ lmx_status lmx_prompt_cache_warm_ids(lmx_model *m, const int32_t *ids, int n) {
     if (st) return st;
     /* evaluate all n tokens: a later prompt extending them reuses every one */
     if ((st = lmx_runtime_prefill(m, ids, n, NULL))) return st;
+    lmx_runtime_trim(m);
     return LMX_OK;
 }
 
@@ -246,5 +260,6 @@ lmx_status lmx_prompt_cache_warm(lmx_model *m, const char *prompt) {
     if ((st = lmx_runtime_encode(m, prompt, &ids, &n))) return st;
     st = lmx_runtime_prefill(m, ids, n, NULL);
     free(ids);
+    if (st == LMX_OK) lmx_runtime_trim(m);
     return st;
 }

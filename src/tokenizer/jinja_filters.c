@@ -6,7 +6,8 @@
  * rejectattr replace reverse round safe select selectattr sort string sum title tojson trim
  * unique upper.  Tests: boolean callable defined divisibleby eq equalto even false float ge gt in
  * integer iterable le lower lt mapping ne none number odd sameas sequence string true undefined
- * upper, and the operator spellings == != < <= > >=. */
+ * upper, and the operator spellings == != < <= > >=.  On empty sequences, false values and ties they
+ * answer as jinja2 3.1 does (tests/test_jinja_empty.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,16 @@
 #include "jinja_internal.h"
 
 /* ---- argument helpers ------------------------------------------------------------------------- */
+/* s as Python's repr() writes it (quoted, escaped, one line), for a message; in the arena. */
+static const char *repr_of(jj_render *r, jj_str s) {
+    jj_buf b = {0};
+    jj_write_repr(&b, jj_strv(s.p, s.n));
+    int f = b.failed;
+    jj_str d = jj_str_dup(r->a, b.p ? b.p : "", b.n, &f);
+    jj_buf_free(&b);
+    return f ? "''" : d.p;
+}
+
 /* The argument at position pos or named name; NULL when absent. */
 static const jj_val *arg(int n, const jj_val *args, const char *const *kw, int pos, const char *name) {
     int p = 0;
@@ -109,7 +120,25 @@ static int sort_list(jj_render *r, const jj_node *at, jj_list *l, const jj_val *
             size_t t = ix[j]; ix[j] = ix[j - 1]; ix[j - 1] = t;
         }
     for (size_t i = 0; i < n; i++) tmp[i] = l->v[ix[i]];
-    memcpy(l->v, tmp, n * sizeof *tmp);
+    if (n) memcpy(l->v, tmp, n * sizeof *tmp); /* an empty list has no storage (v NULL) */
+    return 0;
+}
+
+/* min/max as Python's: the first item whose key no later key beats (strictly less for min, strictly
+ * greater for max), so ties keep the earliest item; jinja2's undefined for an empty sequence. */
+static int min_max(jj_render *r, const jj_node *at, const jj_list *l, const jj_val *keys, int cs, int is_max,
+                   jj_val *out) {
+    if (!l->n) {
+        *out = jj_undef("No aggregated item, sequence was empty.");
+        return 0;
+    }
+    size_t best = 0;
+    for (size_t i = 1; i < l->n; i++) {
+        int c;
+        if (sort_cmp(r, at, keys[i], keys[best], cs, &c)) return -1;
+        if (is_max ? c > 0 : c < 0) best = i;
+    }
+    *out = l->v[best];
     return 0;
 }
 
@@ -177,10 +206,20 @@ int jj_test(jj_render *r, const jj_node *at, const char *t, jj_val v, int n, con
     return 0;
 }
 
+/* The result of map/select/reject/selectattr/rejectattr on a false value (empty, none, undefined, 0):
+ * jinja2 checks nothing (neither the value's type nor the arguments) and yields nothing. */
+static int empty_list(jj_render *r, jj_val *out) {
+    jj_list *l = jj_list_new(r->a, 0);
+    if (!l) return jj_oom(r);
+    *out = list_val(l);
+    return 0;
+}
+
 /* select/reject/selectattr/rejectattr: keep items whose (attribute's) test result is want. */
 static int select_items(jj_render *r, const jj_node *at, jj_val v, int n, const jj_val *args,
                         int by_attr, int want, jj_val *out) {
     jj_list *src, *l;
+    if (!jj_truthy(v)) return empty_list(r, out);
     if (jj_iterate(r, at, v, &src) || !(l = jj_list_new(r->a, src->n))) return r->err->status ? -1 : jj_oom(r);
     int k = 0;
     jj_str path = {"", 0};
@@ -193,7 +232,7 @@ static int select_items(jj_render *r, const jj_node *at, jj_val v, int n, const 
     if (k < n) {
         if (args[k].t != JJ_STR) return jj_fail(r, at, "the test name must be a string");
         snprintf(tname, sizeof tname, "%.*s", (int)args[k].u.s.n, args[k].u.s.p);
-        if (!jj_test_exists(tname)) return jj_fail(r, at, "no test named '%s'", tname);
+        if (!jj_test_exists(tname)) return jj_fail(r, at, "no test named %s", repr_of(r, args[k].u.s));
         k++;
     }
     for (size_t i = 0; i < src->n; i++) {
@@ -430,6 +469,7 @@ int jj_filter(jj_render *r, const jj_node *at, const char *f, jj_val v, int n,
     if (!strcmp(f, "selectattr") || !strcmp(f, "rejectattr"))
         return select_items(r, at, v, n, args, 1, f[0] == 's', out);
 
+    if (!strcmp(f, "map") && !jj_truthy(v)) return empty_list(r, out);
     /* the rest iterate over v */
     if (jj_iterate(r, at, v, &l)) return -1;
     if (!strcmp(f, "list")) {
@@ -470,7 +510,7 @@ int jj_filter(jj_render *r, const jj_node *at, const char *f, jj_val v, int n,
         if (!attr) {
             if (n < 1 || args[0].t != JJ_STR) return jj_fail(r, at, "map needs a filter name or attribute=");
             snprintf(fname, sizeof fname, "%.*s", (int)args[0].u.s.n, args[0].u.s.p);
-            if (!jj_filter_exists(fname)) return jj_fail(r, at, "no filter named '%s'", fname);
+            if (!jj_filter_exists(fname)) return jj_fail(r, at, "no filter named %s", repr_of(r, args[0].u.s));
         } else if (attr->t != JJ_STR) return jj_fail(r, at, "map: attribute must be a string");
         for (size_t i = 0; i < l->n; i++) {
             jj_val x = l->v[i];
@@ -485,6 +525,8 @@ int jj_filter(jj_render *r, const jj_node *at, const char *f, jj_val v, int n,
     }
     if (!strcmp(f, "sum")) {
         const jj_val *attr = arg(n, args, kw, 0, "attribute"), *start = arg(n, args, kw, 1, "start");
+        if (start && start->t == JJ_STR) /* Python's sum refuses a string start, even for no items */
+            return jj_fail(r, at, "sum() can't sum strings [use ''.join(seq) instead]");
         jj_val acc = start ? *start : jj_int(0);
         for (size_t i = 0; i < l->n; i++) {
             jj_val x = l->v[i];
@@ -540,11 +582,8 @@ int jj_filter(jj_render *r, const jj_node *at, const char *f, jj_val v, int n,
         *out = list_val(u);
         return 0;
     }
+    if (is_min || is_max) return min_max(r, at, nl, keys, cs, is_max, out);
     if (sort_list(r, at, nl, keys, cs, rev)) return -1;
-    if (is_min || is_max) {
-        *out = nl->n ? nl->v[is_min ? 0 : nl->n - 1] : jj_undef("No aggregated item, sequence was empty.");
-        return 0;
-    }
     *out = list_val(nl);
     return 0;
 }

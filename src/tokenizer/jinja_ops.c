@@ -216,11 +216,12 @@ int jj_binop(jj_render *r, const jj_node *at, int op, jj_val x, jj_val y, jj_val
 
 /* ---- attribute and item access ---------------------------------------------------------------- */
 static jj_val missing(jj_render *r, jj_val obj, const char *name) {
-    char tmp[200];
-    int f = 0;
-    size_t k = (size_t)snprintf(tmp, sizeof tmp, "'%s' has no attribute '%s'", jj_type_name(obj), name);
-    if (k >= sizeof tmp) k = sizeof tmp - 1;
-    jj_str m = jj_str_dup(r->a, tmp, k, &f);
+    jj_buf b = {0};
+    jj_buf_printf(&b, "'%s' has no attribute ", jj_type_name(obj));
+    jj_write_repr(&b, jj_strv(name, strlen(name))); /* as jinja2 words it: the name's repr(), escaped */
+    int f = b.failed;
+    jj_str m = jj_str_dup(r->a, b.p ? b.p : "", b.n < 200 ? b.n : 200, &f);
+    jj_buf_free(&b);
     return jj_undef(f ? "value is undefined" : m.p);
 }
 

@@ -64,9 +64,8 @@ static void *fail(parser *P, const char *what) {
         lmx_err_set(P->err, LMX_ERR_FORMAT, "template syntax error at line %d, column %d: %s, got %s",
                     t->line, t->col, what, d);
     else
-        lmx_err_set(P->err, LMX_ERR_FORMAT,
-                    "template syntax error at line %d, column %d: %s, got '%.*s'", t->line, t->col,
-                    what, (int)t->s.n, t->s.p);
+        lmx_err_set(P->err, LMX_ERR_FORMAT, "template syntax error at line %d, column %d: %s, got %s", t->line,
+                    t->col, what, LMX_QUOTED_N(t->s.p, t->s.n));
     return NULL;
 }
 

@@ -162,7 +162,8 @@ static lmx_status gpt2_pretokenizer(lmx_tokenizer *t, const char *pre, lmx_err *
         }
     if (pre && i == n) {
         char buf[200];
-        snprintf(buf, sizeof buf, "GGUF tokenizer.ggml.pre \"%.120s\" is not known to lmx: split with the GPT-2 regex", pre);
+        snprintf(buf, sizeof buf, "GGUF tokenizer.ggml.pre %s is not known to lmx: split with the GPT-2 regex",
+                 LMX_QUOTED(pre));
         if (!(t->note = dup_bytes(buf, strlen(buf)))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
     }
     cJSON *j = NULL;
@@ -263,8 +264,8 @@ static lmx_status load_merges(lmx_tokenizer *t, const lmx_gguf_kv *kv, lmx_err *
         size_t n = kv->strs[r].len;
         const char *sp = n > 1 ? memchr(a + 1, ' ', n - 1) : NULL;
         if (!sp) {
-            st = lmx_err_set(err, LMX_ERR_FORMAT, "tokenizer.ggml.merges[%llu]: no space in \"%.*s\"",
-                             (unsigned long long)r, (int)(n > 40 ? 40 : n), a);
+            st = lmx_err_set(err, LMX_ERR_FORMAT, "tokenizer.ggml.merges[%llu]: no space in %s",
+                             (unsigned long long)r, LMX_QUOTED_N(a, n));
             break;
         }
         size_t na = (size_t)(sp - a), nb = n - na - 1;
@@ -278,8 +279,8 @@ static lmx_status load_merges(lmx_tokenizer *t, const lmx_gguf_kv *kv, lmx_err *
             im = lmx_tok_smap_get(&t->enc, ka.p, ka.n);
         }
         if (im < 0) {
-            st = lmx_err_set(err, LMX_ERR_FORMAT, "tokenizer.ggml.merges[%llu]: \"%.*s\" is not a merge of two tokens into a token",
-                             (unsigned long long)r, (int)(n > 40 ? 40 : n), a);
+            st = lmx_err_set(err, LMX_ERR_FORMAT, "tokenizer.ggml.merges[%llu]: %s is not a merge of two tokens into a token",
+                             (unsigned long long)r, LMX_QUOTED_N(a, n));
             break;
         }
         uint64_t k = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib, old;
@@ -448,8 +449,8 @@ static lmx_status build(lmx_tokenizer *t, const lmx_gguf *g, lmx_err *err) {
     gguf_vocab v = {0};
     if (ms->len == 5 && !memcmp(ms->s, "llama", 5)) v.spm = 1;
     else if (!(ms->len == 4 && !memcmp(ms->s, "gpt2", 4)))
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "tokenizer.ggml.model \"%.*s\" (lmx reads \"llama\" and \"gpt2\")",
-                           (int)(ms->len > 40 ? 40 : ms->len), ms->s);
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "tokenizer.ggml.model %s (lmx reads \"llama\" and \"gpt2\")",
+                           LMX_QUOTED_N(ms->s, ms->len));
     v.tokens = lmx_gguf_find_kv(g, "tokenizer.ggml.tokens");
     if (!v.tokens) return lmx_err_set(err, LMX_ERR_MISSING, "no tokenizer.ggml.tokens");
     if (v.tokens->type != LMX_GGUF_ARRAY || v.tokens->elem_type != LMX_GGUF_STRING || !v.tokens->count)

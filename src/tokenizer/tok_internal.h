@@ -65,7 +65,9 @@ void lmx_tok_map64_free(lmx_tok_map64 *m);
 int lmx_tok_utf8_valid(const char *s, size_t n);
 /* Length of the UTF-8 sequence starting at s[0] (1 for an invalid lead byte). */
 size_t lmx_tok_utf8_len(unsigned char c);
-/* Decode the code point at s (valid UTF-8 assumed); stores its length. */
+/* Decode the code point at s; stores its length.  A byte that starts no sequence, or a lead byte
+ * whose continuation bytes are missing (cut by a NUL or another character), gives U+FFFD and length
+ * 1, read no further than the first byte that does not continue the sequence. */
 uint32_t lmx_tok_utf8_decode(const char *s, size_t *len);
 size_t lmx_tok_utf8_encode(uint32_t cp, char *out);
 /* Append s to out, each maximal invalid subpart replaced by U+FFFD (Rust's from_utf8_lossy). */

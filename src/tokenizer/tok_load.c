@@ -61,7 +61,7 @@ static lmx_status load_added(lmx_tokenizer *t, const cJSON *arr, lmx_err *err) {
             break;
         }
         lmx_tok_added *a = &t->added[t->n_added];
-        a->id = (int32_t)id->valuedouble;
+        a->id = id->valueint; /* saturated by cJSON */
         a->lstrip = (uint8_t)jflag(it, "lstrip");
         a->rstrip = (uint8_t)jflag(it, "rstrip");
         a->single_word = (uint8_t)jflag(it, "single_word");

@@ -36,7 +36,7 @@ static lmx_status load_vocab(lmx_tokenizer *t, const cJSON *vocab, lmx_err *err)
             st = lmx_err_set(err, LMX_ERR_FORMAT, "model.vocab: bad entry");
             break;
         }
-        int32_t id = (int32_t)it->valuedouble;
+        int32_t id = it->valueint; /* saturated by cJSON: no undefined float-to-int cast */
         size_t n = strlen(it->string);
         if ((st = lmx_tok_set_string(t, id, it->string, n, err))) break;
         if (lmx_tok_smap_put(&t->names, it->string, n, id)) {
@@ -68,7 +68,7 @@ static lmx_status load_merges(lmx_tokenizer *t, const cJSON *merges, lmx_err *er
             a = it->valuestring;
             const char *sp = strchr(a, ' ');
             if (!sp) {
-                st = lmx_err_set(err, LMX_ERR_FORMAT, "model.merges[%u]: no space in \"%s\"", rank, a);
+                st = lmx_err_set(err, LMX_ERR_FORMAT, "model.merges[%u]: no space in %s", rank, LMX_QUOTED(a));
                 break;
             }
             na = (size_t)(sp - a);
@@ -107,8 +107,8 @@ static lmx_status load_merges(lmx_tokenizer *t, const cJSON *merges, lmx_err *er
             im = lmx_tok_smap_get(&t->enc, ka.p, ka.n);
         }
         if (ia < 0 || ib < 0 || im < 0) {
-            st = lmx_err_set(err, LMX_ERR_FORMAT, "model.merges[%u]: \"%.*s\" + \"%.*s\" not in the vocabulary",
-                             rank, (int)(na > 40 ? 40 : na), a, (int)(nb > 40 ? 40 : nb), b);
+            st = lmx_err_set(err, LMX_ERR_FORMAT, "model.merges[%u]: %s + %s not in the vocabulary", rank,
+                             LMX_QUOTED_N(a, na), LMX_QUOTED_N(b, nb));
             break;
         }
         uint64_t k = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
@@ -137,7 +137,7 @@ lmx_status lmx_tok_load_bpe(lmx_tokenizer *t, const cJSON *model, lmx_err *err) 
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE"))
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "model type \"%s\" (only BPE)", type->valuestring);
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "model type %s (only BPE)", LMX_QUOTED(type->valuestring));
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
         return lmx_err_set(err, LMX_ERR_FORMAT, "model: no vocab object or merges array (not BPE?)");
     t->byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));

@@ -14,8 +14,9 @@ lmx_status lmx_tok_regex_compile(const char *pat, size_t len, pcre2_code **out, 
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "regex \"%.*s\" at %zu: %s",
-                           (int)(len > 80 ? 80 : len), pat, (size_t)eo, (const char *)msg);
+        char q[160];
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "regex %s at %zu: %s", lmx_quote(q, sizeof q, pat, len),
+                           (size_t)eo, (const char *)msg);
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);   /* without JIT, pcre2_match interprets */
     *out = re;
@@ -127,7 +128,7 @@ lmx_status lmx_tok_parse_normalizer(lmx_tokenizer *t, const cJSON *j, lmx_err *e
         n->right = jbool(j, "strip_right", 1);
         return LMX_OK;
     }
-    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "normalizer type \"%s\"", type);
+    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "normalizer type %s", LMX_QUOTED(type));
 }
 
 /* ---- pre-tokenizers ------------------------------------------------------------------------ */
@@ -174,7 +175,7 @@ lmx_status lmx_tok_parse_pretokenizer(lmx_tokenizer *t, const cJSON *j, lmx_err 
         else if (!strcmp(b, "MergedWithPrevious")) behavior = LMX_TOK_SPLIT_PREV;
         else if (!strcmp(b, "MergedWithNext")) behavior = LMX_TOK_SPLIT_NEXT;
         else if (!strcmp(b, "Contiguous")) behavior = LMX_TOK_SPLIT_CONTIGUOUS;
-        else return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "Split behavior \"%s\"", b);
+        else return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "Split behavior %s", LMX_QUOTED(b));
         lmx_tok_pre *p = new_pre(t, LMX_TOK_PRE_SPLIT);
         if (!p) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
         p->behavior = behavior;
@@ -205,7 +206,7 @@ lmx_status lmx_tok_parse_pretokenizer(lmx_tokenizer *t, const cJSON *j, lmx_err 
     if (!strcmp(type, "Whitespace")) return regex_split(t, "\\w+|[^\\w\\s]+", LMX_TOK_SPLIT_REMOVED, 1, err);
     if (!strcmp(type, "Punctuation"))
         return regex_split(t, "[\\p{P}!-/:-@\\[-`{-~]", LMX_TOK_SPLIT_ISOLATED, 0, err);
-    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "pre_tokenizer type \"%s\"", type);
+    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "pre_tokenizer type %s", LMX_QUOTED(type));
 }
 
 /* ---- decoders ------------------------------------------------------------------------------ */
@@ -266,7 +267,7 @@ lmx_status lmx_tok_parse_decoder(lmx_tokenizer *t, const cJSON *j, lmx_err *err)
         d->prepend_scheme = prepend_scheme(j);
         return LMX_OK;
     } else
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "decoder type \"%s\"", type);
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "decoder type %s", LMX_QUOTED(type));
     return d ? LMX_OK : lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
 }
 
@@ -284,7 +285,7 @@ static lmx_status add_ids(int32_t **arr, size_t *n, const int32_t *ids, size_t k
 /* ["[CLS]", 101] -> 101 */
 static int32_t pair_id(const cJSON *p) {
     const cJSON *id = cJSON_GetArrayItem(p, 1);
-    return cJSON_IsNumber(id) ? (int32_t)id->valuedouble : -1;
+    return cJSON_IsNumber(id) ? id->valueint : -1; /* saturated by cJSON */
 }
 
 lmx_status lmx_tok_parse_postprocessor(lmx_tokenizer *t, const cJSON *j, lmx_err *err) {
@@ -321,9 +322,9 @@ lmx_status lmx_tok_parse_postprocessor(lmx_tokenizer *t, const cJSON *j, lmx_err
             const cJSON *sp = cJSON_GetObjectItemCaseSensitive(specials, name);
             const cJSON *ids = cJSON_GetObjectItemCaseSensitive(sp, "ids"), *x;
             if (!cJSON_IsArray(ids))
-                return lmx_err_set(err, LMX_ERR_FORMAT, "TemplateProcessing: no ids for \"%s\"", name);
+                return lmx_err_set(err, LMX_ERR_FORMAT, "TemplateProcessing: no ids for %s", LMX_QUOTED(name));
             cJSON_ArrayForEach(x, ids) {
-                int32_t v = (int32_t)x->valuedouble;
+                int32_t v = x->valueint; /* saturated by cJSON */
                 lmx_status st = seen_seq ? add_ids(&t->post_post, &t->n_post_post, &v, 1, err)
                                          : add_ids(&t->post_pre, &t->n_post_pre, &v, 1, err);
                 if (st) return st;
@@ -331,7 +332,7 @@ lmx_status lmx_tok_parse_postprocessor(lmx_tokenizer *t, const cJSON *j, lmx_err
         }
         return LMX_OK;
     }
-    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "post_processor type \"%s\"", type);
+    return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "post_processor type %s", LMX_QUOTED(type));
 }
 
 void lmx_tok_steps_free(lmx_tokenizer *t) {

@@ -101,15 +101,16 @@ size_t lmx_tok_utf8_incomplete_tail(const char *str, size_t n) {
 
 uint32_t lmx_tok_utf8_decode(const char *str, size_t *len) {
     const unsigned char *s = (const unsigned char *)str;
-    if (s[0] < 0x80) { *len = 1; return s[0]; }
-    if (s[0] < 0xE0) { *len = 2; return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F); }
-    if (s[0] < 0xF0) {
-        *len = 3;
-        return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
+    size_t L = lmx_tok_utf8_len(s[0]);
+    *len = 1;
+    if (L == 1) return s[0] < 0x80 ? s[0] : 0xFFFD; /* ASCII, or a byte that leads nothing */
+    uint32_t cp = s[0] & (0x7Fu >> L);
+    for (size_t i = 1; i < L; i++) { /* stops at the first byte that does not continue (a NUL too) */
+        if ((s[i] & 0xC0) != 0x80) return 0xFFFD;
+        cp = (cp << 6) | (s[i] & 0x3Fu);
     }
-    *len = 4;
-    return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-           ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
+    *len = L;
+    return cp;
 }
 
 size_t lmx_tok_utf8_encode(uint32_t cp, char *out) {

@@ -109,6 +109,8 @@ lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
     for (int t = 0; t < threads && t < CPU_MAX_THREADS; t++) {
         if (cb->attn_scratch_n[t] >= need) continue;
         size_t grow = (need + 1023) / 1024 * 1024; /* in steps, not once per decoded token */
+        lmx_status st = lmx_backend_mem_check(be, (int64_t)(grow - cb->attn_scratch_n[t]) * (int64_t)sizeof(float));
+        if (st) return lmx_err_prefix(&be->err, "attention");
         float *p = malloc(grow * sizeof(float));
         if (!p) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "attention: out of memory");
         lmx_backend_mem(be, (int64_t)(grow - cb->attn_scratch_n[t]) * (int64_t)sizeof(float));

@@ -15,6 +15,10 @@
 /* ---- memory -------------------------------------------------------------------------------- */
 
 static lmx_status cpu_upload_weight(lmx_backend *be, lmx_tensor *w) {
+    int64_t bytes = lmx_weight_bytes(w); /* used in place, but counted against the limit */
+    lmx_status st = lmx_backend_mem_check(be, bytes);
+    if (st) return st;
+    be->mem_mapped += bytes;
     w->owned = 0; /* the mapping outlives the model's use of it */
     return LMX_OK;
 }
@@ -28,6 +32,8 @@ static size_t alloc_bytes(const lmx_tensor *t) {
 static lmx_status cpu_alloc(lmx_backend *be, lmx_tensor *t) {
     size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
     size_t rounded = alloc_bytes(t);
+    lmx_status st = lmx_backend_mem_check(be, (int64_t)rounded);
+    if (st) return st;
     void *p = aligned_alloc(64, rounded);
     if (!p) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: cannot allocate %zu bytes", bytes);
     memset(p, 0, rounded);
@@ -70,10 +76,11 @@ void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int6
         lmx_ggml_dequant_row(w->q.ggml_type, (const char *)w->data + (size_t)row * rb, n, dst);
         return;
     }
+    const char *src = w->data; /* at any alignment (kernels.h) */
     switch (w->dtype) {
-    case LMX_DTYPE_F32: memcpy(dst, (const float *)w->data + row * n, (size_t)n * 4); break;
-    case LMX_DTYPE_BF16: cb->k.bf16_to_f32(dst, (const uint16_t *)w->data + row * n, n); break;
-    case LMX_DTYPE_F16: cb->k.f16_to_f32(dst, (const uint16_t *)w->data + row * n, n); break;
+    case LMX_DTYPE_F32: memcpy(dst, src + row * n * 4, (size_t)n * 4); break;
+    case LMX_DTYPE_BF16: cb->k.bf16_to_f32(dst, src + row * n * 2, n); break;
+    case LMX_DTYPE_F16: cb->k.f16_to_f32(dst, src + row * n * 2, n); break;
     default: memset(dst, 0, (size_t)n * 4); break;
     }
 }
@@ -122,7 +129,7 @@ static lmx_status cpu_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
                               const lmx_tensor *w, int rows, int n, float eps, float add_one) {
     cpu_backend *cb = (cpu_backend *)be;
     float *wf = cpu_scratch(cb, 0, (size_t)n);
-    if (!wf) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: out of memory in rmsnorm");
+    if (!wf) return lmx_err_prefix(&be->err, "rmsnorm");
     cpu_row_to_f32(cb, wf, w, 0, n);
     for (int i = 0; i < n; i++) wf[i] += add_one;
     rmsnorm_job j = {.k = &cb->k, .x = x->data, .w = wf, .out = out->data, .rows = rows, .n = n, .eps = eps};
@@ -262,6 +269,9 @@ static float *rope_table(cpu_backend *cb, const lmx_batch *bt, const lmx_rope *r
         lmx_backend_mem(&cb->base, -(int64_t)e->bytes);
         free(e->tab), free(e->inv_freq), free(e->pos);
         memset(e, 0, sizeof *e);
+        size_t want = ((size_t)rows * rope->rot_dim + (size_t)half) * sizeof(float) + (size_t)2 * bt->B * sizeof(int);
+        if (cb->base.mem_limit > 0 && cb->base.mem_mapped + cb->base.mem_now + (int64_t)want > cb->base.mem_limit)
+            return NULL; /* over the memory limit: no table, the angles are computed in place */
         e->tab = malloc((size_t)rows * rope->rot_dim * sizeof(float));
         e->inv_freq = malloc((size_t)half * sizeof(float));
         e->pos = malloc((size_t)2 * bt->B * sizeof(int));
@@ -316,6 +326,8 @@ static lmx_status cpu_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need,
     int cap = (need + KV_CHUNK - 1) / KV_CHUNK * KV_CHUNK;
     size_t bytes = (size_t)cap * (size_t)row_elems * sizeof(float);
     size_t old = (size_t)kv->cap * (size_t)row_elems * sizeof(float);
+    lmx_status st = lmx_backend_mem_check(be, 2 * (int64_t)(bytes - (kv->k.owned ? old : 0)));
+    if (st) return lmx_err_prefix(&be->err, "KV cache of %d positions", cap);
     lmx_tensor *ts[2] = {&kv->k, &kv->v};
     for (int i = 0; i < 2; i++) {
         void *p = realloc(ts[i]->owned ? ts[i]->data : NULL, bytes);
@@ -360,14 +372,41 @@ static lmx_status cpu_kv_append(lmx_backend *be, lmx_kv_layer *const *kv,
 
 float *cpu_scratch(cpu_backend *cb, int slot, size_t n_floats) {
     if (n_floats > cb->scratch_n[slot]) {
+        if (lmx_backend_mem_check(&cb->base, (int64_t)(n_floats - cb->scratch_n[slot]) * (int64_t)sizeof(float)))
+            return NULL; /* be->err says why */
         float *p = aligned_alloc(64, (n_floats * sizeof(float) + 63) / 64 * 64);
-        if (!p) return NULL;
+        if (!p) {
+            lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cpu: cannot allocate %zu bytes of scratch", n_floats * sizeof(float));
+            return NULL;
+        }
         lmx_backend_mem(&cb->base, (int64_t)(n_floats - cb->scratch_n[slot]) * (int64_t)sizeof(float));
         free(cb->scratch[slot]);
         cb->scratch[slot] = p;
         cb->scratch_n[slot] = n_floats;
     }
     return cb->scratch[slot];
+}
+
+static int64_t cpu_cached_bytes(const lmx_backend *be) {
+    const cpu_backend *cb = (const cpu_backend *)be;
+    int64_t n = 0;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) n += (int64_t)cb->scratch_n[i] * (int64_t)sizeof(float);
+    for (int i = 0; i < CPU_MAX_THREADS; i++) n += (int64_t)cb->attn_scratch_n[i] * (int64_t)sizeof(float);
+    for (int i = 0; i < CPU_ROPE_CACHE; i++) n += (int64_t)cb->rope[i].bytes;
+    return n;
+}
+
+static void cpu_trim(lmx_backend *be) {
+    cpu_backend *cb = (cpu_backend *)be;
+    lmx_backend_mem(be, -cpu_cached_bytes(be));
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) free(cb->scratch[i]), cb->scratch[i] = NULL, cb->scratch_n[i] = 0;
+    for (int i = 0; i < CPU_MAX_THREADS; i++)
+        free(cb->attn_scratch[i]), cb->attn_scratch[i] = NULL, cb->attn_scratch_n[i] = 0;
+    for (int i = 0; i < CPU_ROPE_CACHE; i++) {
+        cpu_rope_cache *e = &cb->rope[i];
+        free(e->tab), free(e->inv_freq), free(e->pos);
+        memset(e, 0, sizeof *e);
+    }
 }
 
 /* ---- the table --------------------------------------------------------------------------- */
@@ -405,6 +444,8 @@ static const lmx_backend_ops cpu_ops = {
     .kv_append = cpu_kv_append,
     .kv_reserve = cpu_kv_reserve,
     .gather_rows = cpu_gather_rows,
+    .trim = cpu_trim,
+    .cached_bytes = cpu_cached_bytes,
 };
 
 lmx_status lmx_cpu_backend_create(int n_threads, lmx_backend **out, lmx_err *err) {

@@ -115,14 +115,14 @@ static lmx_status matmul_gemm(cpu_backend *cb, matmul_job *j) {
     j->tile_floats = lmx_gemm_wpack_floats((int)rows, j->K) + (size_t)j->K + 16;
     size_t total = lmx_gemm_xpack_floats(j->M, j->K) + (size_t)threads * j->tile_floats;
     j->xp = cpu_scratch(cb, 1, total);
-    if (!j->xp) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cpu: out of memory in matmul");
+    if (!j->xp) return lmx_err_prefix(&cb->base.err, "matmul");
     lmx_pool_run(cb->pool, (j->M + 15) / 16, pack_x_task, j);
     lmx_pool_run(cb->pool, (int)ceil_div(j->N, rows), gemm_task, j);
     return LMX_OK;
 }
 
 static lmx_status matmul_blas(cpu_backend *cb, matmul_job *j) {
-    if (j->w->dtype == LMX_DTYPE_F32) {
+    if (j->w->dtype == LMX_DTYPE_F32 && ((uintptr_t)j->w->data & 3) == 0) { /* else widened: any address */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, (int)j->N, (int)j->K, 1.0f,
                     j->x, (int)j->K, j->w->data, (int)j->K, 0.0f, j->y, (int)j->N);
         return LMX_OK;
@@ -131,7 +131,7 @@ static lmx_status matmul_blas(cpu_backend *cb, matmul_job *j) {
     if (block < 16) block = 16;
     if (block > j->N) block = j->N;
     j->widened = cpu_scratch(cb, 1, (size_t)(block * j->K));
-    if (!j->widened) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cpu: out of memory in matmul");
+    if (!j->widened) return lmx_err_prefix(&cb->base.err, "matmul");
     int threads = lmx_pool_size(cb->pool);
     for (int64_t n0 = 0; n0 < j->N; n0 += block) {
         int64_t nb = j->N - n0 < block ? j->N - n0 : block;
@@ -157,7 +157,7 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
     if (w->q.bits && M < BLAS_MIN_ROWS) {
         int64_t G = K / w->q.group;
         float *xs = cpu_scratch(cb, 2, (size_t)(M * G));
-        if (!xs) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: out of memory in matmul");
+        if (!xs) return lmx_err_prefix(&be->err, "matmul");
         for (int m = 0; m < M; m++) lmx_quant_xsum(j.x + m * K, K, w->q.group, xs + m * G);
         j.xsum = xs;
     }
@@ -176,7 +176,7 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
     }
     if (bias) {
         float *bf = cpu_scratch(cb, 0, (size_t)N);
-        if (!bf) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cpu: out of memory in matmul");
+        if (!bf) return lmx_err_prefix(&be->err, "matmul");
         cpu_row_to_f32(cb, bf, bias, 0, N);
         float *y = out->data;
         for (int m = 0; m < M; m++)

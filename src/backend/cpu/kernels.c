@@ -27,14 +27,13 @@ static inline float sum8(const float *a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
+/* Weight rows may sit at any address (kernels.h): read through lmx_load_*. */
 static inline void widen_chunk(int wt, float *dst, const void *row, int64_t k0, int64_t n) {
-    if (wt == W_BF16) {
-        const uint16_t *s = (const uint16_t *)row + k0;
-        for (int64_t i = 0; i < n; i++) dst[i] = lmx_bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = (const uint16_t *)row + k0;
-        for (int64_t i = 0; i < n; i++) dst[i] = lmx_f16_to_f32(s[i]);
-    }
+    const char *s = (const char *)row + 2 * k0;
+    if (wt == W_BF16)
+        for (int64_t i = 0; i < n; i++) dst[i] = lmx_bf16_to_f32(lmx_load_u16(s + 2 * i));
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = lmx_f16_to_f32(lmx_load_u16(s + 2 * i));
 }
 
 static inline void matmul_scalar(int wt, const float *x, int64_t ldx, int M, int64_t K,
@@ -50,8 +49,10 @@ static inline void matmul_scalar(int wt, const float *x, int64_t ldx, int M, int
             for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
                 const int64_t kc = K - k0 < CHUNK ? K - k0 : CHUNK;
                 const float *wc = buf;
-                if (wt == W_F32)
+                if (wt == W_F32 && ((uintptr_t)row & 3) == 0)
                     wc = (const float *)row + k0;
+                else if (wt == W_F32)
+                    memcpy(buf, (const char *)row + 4 * k0, (size_t)kc * 4);
                 else
                     widen_chunk(wt, buf, row, k0, kc);
                 for (int i = 0; i < mb; i++) {
@@ -92,12 +93,12 @@ static float dot_f32_scalar(const float *a, const float *b, int64_t n) {
     return sum8(acc);
 }
 
-static void bf16_to_f32_scalar(float *dst, const uint16_t *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = lmx_bf16_to_f32(src[i]);
+static void bf16_to_f32_scalar(float *dst, const void *src, int64_t n) {
+    widen_chunk(W_BF16, dst, src, 0, n);
 }
 
-static void f16_to_f32_scalar(float *dst, const uint16_t *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = lmx_f16_to_f32(src[i]);
+static void f16_to_f32_scalar(float *dst, const void *src, int64_t n) {
+    widen_chunk(W_F16, dst, src, 0, n);
 }
 
 static void axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {

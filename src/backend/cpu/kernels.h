@@ -15,6 +15,8 @@
 typedef void (*lmx_matmul_rows_fn)(const float *x, int64_t ldx, int M, int64_t K,
                                    const void *w, int64_t n0, int64_t n1,
                                    float *y, int64_t ldy);
+/* Stored weights (w of the matmuls, src of the widenings) may sit at any address: they point into
+ * a mapped file, whose format need not align them.  x, y and dst are the caller's float arrays. */
 
 typedef struct lmx_cpu_kernels {
     const char *isa;                  /* "avx512", "avx2" or "scalar" */
@@ -22,9 +24,9 @@ typedef struct lmx_cpu_kernels {
     lmx_matmul_rows_fn matmul_bf16;   /* w is uint16_t bf16 */
     lmx_matmul_rows_fn matmul_f16;    /* w is uint16_t IEEE half */
     float (*dot_f32)(const float *a, const float *b, int64_t n);
-    /* dst[i] = widen(src[i]) */
-    void (*bf16_to_f32)(float *dst, const uint16_t *src, int64_t n);
-    void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
+    /* dst[i] = widen(src[i]), src n bf16 / f16 values at any address */
+    void (*bf16_to_f32)(float *dst, const void *src, int64_t n);
+    void (*f16_to_f32)(float *dst, const void *src, int64_t n);
     /* y[i] += a * x[i] */
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     /* out[j] = a . rows[j * stride .. + n] for j < m  (attention scores over m keys) */

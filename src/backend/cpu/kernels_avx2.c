@@ -31,10 +31,11 @@ AI __m256 wload(int wt, const char *row, int64_t k) {
     return _mm256_cvtph_ps(h);
 }
 
+/* Weight rows may sit at any address (kernels.h): unaligned vector loads above, lmx_load_* here. */
 AI float wscalar(int wt, const char *row, int64_t k) {
-    if (wt == W_F32) return ((const float *)row)[k];
-    if (wt == W_BF16) return lmx_bf16_to_f32(((const uint16_t *)row)[k]);
-    return lmx_f16_to_f32(((const uint16_t *)row)[k]);
+    if (wt == W_F32) return lmx_load_f32(row + 4 * k);
+    if (wt == W_BF16) return lmx_bf16_to_f32(lmx_load_u16(row + 2 * k));
+    return lmx_f16_to_f32(lmx_load_u16(row + 2 * k));
 }
 
 AI float hsum(__m256 v) {
@@ -177,7 +178,7 @@ static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
+static void bf16_to_f32_avx2(float *dst, const void *src, int64_t n) {
     const char *s = (const char *)src;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -185,10 +186,10 @@ static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
         _mm256_storeu_ps(dst + i + 8, wload(W_BF16, s, i + 8));
     }
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, wload(W_BF16, s, i));
-    for (; i < n; i++) dst[i] = lmx_bf16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = wscalar(W_BF16, s, i);
 }
 
-static void f16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
+static void f16_to_f32_avx2(float *dst, const void *src, int64_t n) {
     const char *s = (const char *)src;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -196,7 +197,7 @@ static void f16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
         _mm256_storeu_ps(dst + i + 8, wload(W_F16, s, i + 8));
     }
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, wload(W_F16, s, i));
-    for (; i < n; i++) dst[i] = lmx_f16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = wscalar(W_F16, s, i);
 }
 
 static void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {

@@ -163,7 +163,7 @@ static float dot_f32_avx512(const float *a, const float *b, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-static void bf16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n) {
+static void bf16_to_f32_avx512(float *dst, const void *src, int64_t n) {
     const char *s = (const char *)src;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -177,7 +177,7 @@ static void bf16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n) {
     }
 }
 
-static void f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n) {
+static void f16_to_f32_avx512(float *dst, const void *src, int64_t n) {
     const char *s = (const char *)src;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {

@@ -5,24 +5,20 @@
 
 #include "../../base/half.h"
 
+/* Weights, scales and biases point into the mapped file at any alignment (see lmx_load_u32). */
 float lmx_quant_param(const lmx_tensor *w, const void *params, int64_t row, int64_t g) {
-    int64_t i = row * (w->shape[1] / w->q.group) + g;
-    switch (w->q.scale_dtype) {
-    case LMX_DTYPE_BF16: return lmx_bf16_to_f32(((const uint16_t *)params)[i]);
-    case LMX_DTYPE_F16: return lmx_f16_to_f32(((const uint16_t *)params)[i]);
-    default: return ((const float *)params)[i];
-    }
+    return lmx_float_at(params, w->q.scale_dtype, row * (w->shape[1] / w->q.group) + g);
 }
 
 void lmx_dequant_row(const lmx_tensor *w, int64_t row, float *dst) {
     int bits = w->q.bits, per = 32 / bits, group = w->q.group;
     int64_t K = w->shape[1];
     uint32_t mask = (1u << bits) - 1u;
-    const uint32_t *wr = (const uint32_t *)w->data + row * (K / per);
+    const unsigned char *wr = (const unsigned char *)w->data + row * (K / per) * 4;
     for (int64_t g = 0; g < K / group; g++) {
         float s = lmx_quant_param(w, w->q.scales, row, g), b = lmx_quant_param(w, w->q.biases, row, g);
         for (int64_t k = g * group; k < (g + 1) * group; k++)
-            dst[k] = (float)((wr[k / per] >> ((k % per) * bits)) & mask) * s + b;
+            dst[k] = (float)((lmx_load_u32(wr + 4 * (k / per)) >> ((k % per) * bits)) & mask) * s + b;
     }
 }
 
@@ -40,12 +36,12 @@ void lmx_qmatvec_scalar(const float *x, const float *xsum, const lmx_tensor *w, 
     int64_t K = w->shape[1], G = K / group;
     uint32_t mask = (1u << bits) - 1u;
     for (int64_t n = n0; n < n1; n++) {
-        const uint32_t *wr = (const uint32_t *)w->data + n * (K / per);
+        const unsigned char *wr = (const unsigned char *)w->data + n * (K / per) * 4;
         float acc = 0;
         for (int64_t g = 0; g < G; g++) {
             float d = 0;
             for (int64_t k = g * group; k < (g + 1) * group; k++)
-                d += (float)((wr[k / per] >> ((k % per) * bits)) & mask) * x[k];
+                d += (float)((lmx_load_u32(wr + 4 * (k / per)) >> ((k % per) * bits)) & mask) * x[k];
             acc += lmx_quant_param(w, w->q.scales, n, g) * d + lmx_quant_param(w, w->q.biases, n, g) * xsum[g];
         }
         y[n] = acc;

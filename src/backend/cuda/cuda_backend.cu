@@ -3,6 +3,7 @@
  * Weights are copied once to the device in their stored format (bf16/f16/f32, MLX packed words
  * with their scales and biases, GGUF blocks).  Activations are f32, KV caches bf16.  The kernels
  * live in cuda_ops.cu (elementwise, norms, RoPE, embedding), cuda_matmul.cu and cuda_attention.cu. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,10 +38,15 @@ lmx_status cuda_check_launch(cuda_backend *cb, const char *what) {
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     if (bytes <= cb->scratch_bytes[slot]) return cb->scratch[slot];
     size_t want = bytes + bytes / 4;
+    if (lmx_backend_mem_check(&cb->base, (int64_t)want - (int64_t)cb->scratch_bytes[slot]) != LMX_OK) {
+        want = bytes; /* without the headroom, if that fits */
+        if (lmx_backend_mem_check(&cb->base, (int64_t)want - (int64_t)cb->scratch_bytes[slot]) != LMX_OK) return NULL;
+    }
     cuda_graph_drop(cb); /* a captured graph may hold the old buffer */
     if (cb->scratch[slot]) {
         cudaStreamSynchronize(cb->stream); /* earlier kernels may still read it */
         cudaFree(cb->scratch[slot]);
+        lmx_backend_mem(&cb->base, -(int64_t)cb->scratch_bytes[slot]);
         cb->scratch[slot] = NULL;
         cb->scratch_bytes[slot] = 0;
     }
@@ -50,9 +56,32 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
         cuda_fail(cb, e, "scratch allocation");
         return NULL;
     }
+    lmx_backend_mem(&cb->base, (int64_t)want);
     cb->scratch[slot] = p;
     cb->scratch_bytes[slot] = want;
     return p;
+}
+
+static int64_t cuda_cached_bytes(const lmx_backend *be) {
+    const cuda_backend *cb = (const cuda_backend *)be;
+    int64_t n = 0;
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) n += (int64_t)cb->scratch_bytes[i];
+    return n;
+}
+
+/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them). */
+static void cuda_trim(lmx_backend *be) {
+    cuda_backend *cb = (cuda_backend *)be;
+    cuda_graph_flush(cb); /* a failure stays in be->err */
+    cuda_graph_drop(cb);  /* a captured graph may use the buffers */
+    cudaStreamSynchronize(cb->stream);
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) {
+        if (!cb->scratch[i]) continue;
+        cudaFree(cb->scratch[i]);
+        lmx_backend_mem(be, -(int64_t)cb->scratch_bytes[i]);
+        cb->scratch[i] = NULL;
+        cb->scratch_bytes[i] = 0;
+    }
 }
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -85,12 +114,18 @@ static lmx_status track(cuda_backend *cb, void *p) {
     return LMX_OK;
 }
 
-/* Copy n bytes of host memory to a new tracked device block. */
+/* Copy n bytes of host memory to a new tracked device block.  src may sit at any address (a tensor of
+ * a mapped safetensors file need not be aligned): the copy is bytewise, and the device block from
+ * cudaMalloc is 256-byte aligned, so the kernels' word and vector loads never see the file's layout.
+ * Weights, scales and biases each get their own block for that reason. */
 static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
     void *p = NULL;
-    CUDA_TRY(cb, cudaMalloc(&p, n ? n : 16), what);
-    lmx_status st = track(cb, p);
+    lmx_status st = lmx_backend_mem_check(&cb->base, (int64_t)(n ? n : 16));
     if (st) return st;
+    CUDA_TRY(cb, cudaMalloc(&p, n ? n : 16), what);
+    st = track(cb, p);
+    if (st) return st;
+    lmx_backend_mem(&cb->base, (int64_t)(n ? n : 16)); /* freed with the backend */
     CUDA_TRY(cb, cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, cb->stream), what);
     *out = p;
     return LMX_OK;
@@ -131,6 +166,8 @@ static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     lmx_status gst = cuda_graph_flush(cb);
     if (gst) return gst;
     size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
+    lmx_status st = lmx_backend_mem_check(be, (int64_t)bytes);
+    if (st) return st;
     void *p = NULL;
     CUDA_TRY(cb, cudaMalloc(&p, bytes ? bytes : 16), "tensor allocation");
     cudaError_t e = cudaMemsetAsync(p, 0, bytes, cb->stream);
@@ -190,6 +227,8 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
     size_t es = lmx_dtype_size(LMX_DTYPE_BF16);
     size_t bytes = (size_t)cap * (size_t)row_elems * es;
     size_t old = (size_t)kv->cap * (size_t)row_elems * es;
+    lmx_status st = lmx_backend_mem_check(be, 2 * (int64_t)(bytes - (kv->k.owned && kv->k.data ? old : 0)));
+    if (st) return lmx_err_prefix(&be->err, "KV cache of %d positions", (int)cap);
     void *np[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
         cudaError_t e = cudaMalloc(&np[i], bytes);
@@ -281,6 +320,8 @@ static const lmx_backend_ops cuda_ops = {
     /* .kv_reserve = */ cuda_kv_reserve,
     /* .gather_rows = */ cuda_op_gather_rows,
     /* .topk = */ cuda_topk,
+    /* .trim = */ cuda_trim,
+    /* .cached_bytes = */ cuda_cached_bytes,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
@@ -290,6 +331,39 @@ extern "C" int lmx_cuda_device_count(void) {
         return 0;
     }
     return n;
+}
+
+static void cuda_version(char *dst, size_t cap, int v) { /* 12080 -> "12.8" */
+    snprintf(dst, cap, "%d.%d", v / 1000, (v % 1000) / 10);
+}
+
+extern "C" lmx_status lmx_cuda_device_info(int i, lmx_device_info *out, lmx_err *err) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->backend, sizeof out->backend, "cuda");
+    out->index = i;
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, i);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return lmx_err_set(err, LMX_ERR_BACKEND, "cuda: device %d: %s", i, cudaGetErrorString(e));
+    }
+    snprintf(out->name, sizeof out->name, "%s", p.name);
+    out->total_memory = (int64_t)p.totalGlobalMem;
+    out->cc_major = p.major;
+    out->cc_minor = p.minor;
+    out->sm_count = p.multiProcessorCount;
+    int prev = 0; /* free memory is the current device's: switch, then switch back */
+    size_t free_b = 0, total_b = 0;
+    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(i) == cudaSuccess &&
+        cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+        out->free_memory = (int64_t)free_b;
+    cudaSetDevice(prev);
+    cudaGetLastError();
+    int v = 0;
+    if (cudaDriverGetVersion(&v) == cudaSuccess) cuda_version(out->driver_version, sizeof out->driver_version, v);
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess) cuda_version(out->runtime_version, sizeof out->runtime_version, v);
+    cudaGetLastError();
+    return LMX_OK;
 }
 
 extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
