@@ -163,6 +163,8 @@ typedef struct lmx_backend_ops {
     void (*trim)(lmx_backend *be);
     /* Bytes of those scratch buffers now (part of mem_now). */
     int64_t (*cached_bytes)(const lmx_backend *be);
+    /* Training: the backward ops (backward.h); NULL when the backend cannot train. */
+    const struct lmx_backward_ops *backward;
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

@@ -4,6 +4,7 @@
 #define LMX_CLI_CLI_H
 
 int cmd_check_reference(int argc, char **argv);
+int cmd_check_train(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

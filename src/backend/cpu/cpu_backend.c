@@ -3,6 +3,7 @@
  * Weights are aliased from the mmapped files (zero copy, stored dtype).  Activations are float32
  * in 64-byte aligned host memory.  Matmul and attention live in cpu_matmul.c / cpu_attention.c;
  * this file holds the table that ties them together. */
+#include "../backward.h"
 #include "cpu_backend.h"
 #include "act.h"
 
@@ -423,6 +424,7 @@ static void cpu_destroy(lmx_backend *be) {
 
 static const lmx_backend_ops cpu_ops = {
     .name = "cpu",
+    .backward = &lmx_cpu_backward,
     .kv_dtype = LMX_DTYPE_F32,
     .topk = NULL, /* the logits are on the host already */
     .prefill_chunk = 512,

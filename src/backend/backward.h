@@ -1,0 +1,51 @@
+/* backward.h - the backward ops a backend implements for training (the LoRA fine-tuning issue).
+ *
+ * Each op is the vector-Jacobian product of one forward op of backend.h: given the gradient of the
+ * loss with respect to the op's output (dy), it ADDS the gradients with respect to the op's inputs
+ * into the d* tensors (a value read by several ops collects a sum), reading what the forward op read
+ * (saved by the caller when the forward pass overwrote it).  Frozen weights get no gradient: matmul's
+ * and rmsnorm's weights, embeddings; LoRA's A and B do.  Shapes and letters as in backend.h; every
+ * tensor f32 in backend memory except frozen weights, which keep their stored format (dense, MLX or
+ * GGUF: dequantized on the fly, never copied whole).
+ *
+ * Training runs each sequence from position 0 with no cache: attention_bwd takes the batch's own
+ * keys and values (n_past must be 0) and recomputes the probabilities row by row, never holding a
+ * T x T matrix. */
+#ifndef LMX_BACKEND_BACKWARD_H
+#define LMX_BACKEND_BACKWARD_H
+
+#include "backend.h"
+
+typedef struct lmx_backward_ops {
+    /* y = rmsnorm(x) * (w + add_one)                  dx += dy . dy/dx          x, dy, dx [rows, n] */
+    lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
+                              const lmx_tensor *w, int rows, int n, float eps, float add_one);
+    /* y = x W^T + b                                   dx += dy W                dy [M, N], dx [M, K] */
+    lmx_status (*matmul_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M);
+    /* y += s B (A x) per sequence (lora op): dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy (A x)^T,
+     * with da[b] / db[b] the gradients of pairs[b]'s a / b ([r, K] / [N, r]; pairs of one adapter share
+     * them), NULL where pairs[b] is NULL.  dx may be NULL (the input needs no gradient). */
+    lmx_status (*lora_bwd)(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
+                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs);
+    /* y = act(gate) * up                              dgate, dup += ...         n elements each */
+    lmx_status (*glu_bwd)(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
+                          const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act);
+    /* y = cap tanh(x / cap), given y                  dx += dy (1 - (y/cap)^2)  n elements */
+    lmx_status (*softcap_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *y, int64_t n,
+                              float cap);
+    /* y = rope(x)                                     dx += R^T dy              dy, dx [M, nh*hd] */
+    lmx_status (*rope_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *batch, int nh,
+                           int hd, const lmx_rope *rope);
+    /* out = attention(q, k, v) of lmx_attn_args a with n_past 0 and a->kv ignored (each sequence's
+     * window: windows[b], 0 for none): dq, dk, dv += ...; dout [M, H*D] */
+    lmx_status (*attention_bwd)(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
+                                const lmx_attn_args *a, const int *windows);
+    /* out[r] = x[rows[r]]                             dx[rows[r]] += dout[r]    dout [R, n] */
+    lmx_status (*gather_rows_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dout, const int *rows, int R,
+                                  int64_t n);
+} lmx_backward_ops;
+
+/* The cpu backend's backward ops (backend/cpu/cpu_backward.c; its ops table's backward). */
+extern const lmx_backward_ops lmx_cpu_backward;
+
+#endif

@@ -1,0 +1,254 @@
+/* cpu_backward.c - the cpu backend's backward ops (backward.h): vector-Jacobian products of the
+ * forward ops, accumulated into the input gradients.
+ *
+ * Matrix products go through OpenBLAS sgemm: a frozen weight is widened a tile of rows at a time
+ * (cpu_row_to_f32: dense, MLX or GGUF), never whole.  Element-wise ops and attention are plain loops;
+ * attention recomputes each query row's probabilities from q and k (one row of scores at a time).
+ * Each op's working memory is allocated per call and counted against the backend's memory. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backward.h"
+#include "cpu_backend.h"
+
+#define BWD_TILE_ROWS 64 /* weight rows widened at once in matmul_bwd */
+
+/* n floats of working memory, counted against be's memory (limit included); NULL with be->err set. */
+static float *work(lmx_backend *be, size_t n, const char *what) {
+    if (lmx_backend_mem_check(be, (int64_t)(n * sizeof(float)))) {
+        lmx_err_prefix(&be->err, what);
+        return NULL;
+    }
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        lmx_err_set(&be->err, LMX_ERR_NOMEM, "%s: out of memory", what);
+        return NULL;
+    }
+    lmx_backend_mem(be, (int64_t)(n * sizeof(float)));
+    return p;
+}
+static void work_free(lmx_backend *be, float *p, size_t n) {
+    if (!p) return;
+    free(p);
+    lmx_backend_mem(be, -(int64_t)(n * sizeof(float)));
+}
+
+static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
+                                  const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+    float *g = work(be, (size_t)n, "rmsnorm backward");
+    if (!g) return be->err.status;
+    cpu_row_to_f32((const cpu_backend *)be, g, w, 0, n);
+    for (int i = 0; i < n; i++) g[i] += add_one;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = (const float *)x->data + (int64_t)r * n, *dyr = (const float *)dy->data + (int64_t)r * n;
+        float *dxr = (float *)dx->data + (int64_t)r * n;
+        double ss = 0, dot = 0;
+        for (int i = 0; i < n; i++) {
+            ss += (double)xr[i] * xr[i];
+            dot += (double)dyr[i] * g[i] * xr[i];
+        }
+        /* y_i = x_i inv g_i with inv = (ss/n + eps)^-1/2: dx_i = inv g_i dy_i - x_i inv^3 dot / n */
+        const double inv = 1.0 / sqrt(ss / n + eps), c = inv * inv * inv * dot / n;
+        for (int i = 0; i < n; i++) dxr[i] += (float)(inv * g[i] * dyr[i] - xr[i] * c);
+    }
+    work_free(be, g, (size_t)n);
+    return LMX_OK;
+}
+
+static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M) {
+    const int64_t N = w->shape[0], K = w->shape[1];
+    const int64_t rows = N < BWD_TILE_ROWS ? N : BWD_TILE_ROWS;
+    float *tile = work(be, (size_t)(rows * K), "matmul backward");
+    if (!tile) return be->err.status;
+    for (int64_t n0 = 0; n0 < N; n0 += rows) { /* dx += dy[:, n0:n1] W[n0:n1, :] */
+        const int64_t nb = N - n0 < rows ? N - n0 : rows;
+        for (int64_t r = 0; r < nb; r++) cpu_row_to_f32((const cpu_backend *)be, tile + r * K, w, n0 + r, K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)K, (int)nb, 1.0f, (const float *)dy->data + n0,
+                    (int)N, tile, (int)K, 1.0f, (float *)dx->data, (int)K);
+    }
+    work_free(be, tile, (size_t)(rows * K));
+    return LMX_OK;
+}
+
+static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
+                               const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs) {
+    const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
+    for (int b = 0; b < B; b++) {
+        const lmx_lora_pair *p = pairs[b];
+        if (!p) continue;
+        if (!lmx_lora_pair_fits(p, K, N))
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]", b,
+                               (long long)K, (long long)N);
+        const int r = (int)p->a.shape[0];
+        const float *A = p->a.data, *Bm = p->b.data, *xs = (const float *)x->data + (int64_t)b * T * K;
+        const float *dys = (const float *)dy->data + (int64_t)b * T * N;
+        float *t = work(be, (size_t)2 * T * r, "lora backward");
+        if (!t) return be->err.status;
+        float *u = t + (size_t)T * r;
+        /* t = x A^T [T, r], u = s dy B [T, r] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, r, (int)K, 1.0f, xs, (int)K, A, (int)K, 0.0f, t, r);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, (int)N, p->scale, dys, (int)N, Bm, r, 0.0f, u, r);
+        /* dB += s dy^T t [N, r]; dA += u^T x [r, K]; dx += u A [T, K] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, r, T, p->scale, dys, (int)N, t, r, 1.0f,
+                    (float *)db[b]->data, r);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, (int)K, T, 1.0f, u, r, xs, (int)K, 1.0f,
+                    (float *)da[b]->data, (int)K);
+        if (dx)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, (int)K, r, 1.0f, u, r, A, (int)K, 1.0f,
+                        (float *)dx->data + (int64_t)b * T * K, (int)K);
+        work_free(be, t, (size_t)2 * T * r);
+    }
+    return LMX_OK;
+}
+
+static lmx_status cpu_glu_bwd(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
+                              const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
+    const float *g = gate->data, *u = up->data, *d = dy->data;
+    float *dg = dgate->data, *du = dup->data;
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        float a, da; /* act(x) and its derivative */
+        if (act == LMX_ACT_SILU) {
+            const float sg = 1.0f / (1.0f + expf(-x));
+            a = x * sg;
+            da = sg * (1.0f + x * (1.0f - sg));
+        } else {
+            const float th = tanhf(k * (x + 0.044715f * x * x * x));
+            a = 0.5f * x * (1.0f + th);
+            da = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+        }
+        dg[i] += d[i] * u[i] * da;
+        du[i] += d[i] * a;
+    }
+    return LMX_OK;
+}
+
+static lmx_status cpu_softcap_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *y, int64_t n,
+                                  float cap) {
+    const float *yy = y->data, *d = dy->data;
+    float *o = dx->data;
+    for (int64_t i = 0; i < n; i++) {
+        const float t = yy[i] / cap;
+        o[i] += d[i] * (1.0f - t * t);
+    }
+    return LMX_OK;
+}
+
+/* The forward rotation is y_a = x_a c - x_b s, y_b = x_b c + x_a s (c, s with attn_factor, as cpu_rope
+ * computes them); its transpose takes dy back. */
+static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *bt, int nh,
+                               int hd, const lmx_rope *rope) {
+    const int half = rope->rot_dim / 2;
+    for (int b = 0; b < bt->B; b++)
+        for (int t = 0; t < bt->n_new[b]; t++) {
+            const int64_t row = ((int64_t)b * bt->T + t) * nh * hd;
+            const float *d = (const float *)dy->data + row;
+            float *o = (float *)dx->data + row;
+            const double pos = (double)(bt->n_past[b] + t);
+            for (int i = 0; i < half; i++) {
+                const double ang = pos * rope->inv_freq[i];
+                const float c = (float)cos(ang) * rope->attn_factor, s = (float)sin(ang) * rope->attn_factor;
+                const int ia = rope->interleaved ? 2 * i : i, ib = rope->interleaved ? 2 * i + 1 : i + half;
+                for (int h = 0; h < nh; h++) {
+                    const float ya = d[h * hd + ia], yb = d[h * hd + ib];
+                    o[h * hd + ia] += ya * c + yb * s;
+                    o[h * hd + ib] += yb * c - ya * s;
+                }
+            }
+            for (int h = 0; h < nh; h++) /* dims past rot_dim pass through */
+                for (int i = rope->rot_dim; i < hd; i++) o[h * hd + i] += d[h * hd + i];
+        }
+    return LMX_OK;
+}
+
+static float dotf(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv,
+                                    const lmx_tensor *dout, const lmx_attn_args *a, const int *windows) {
+    const lmx_batch *bt = a->batch;
+    const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
+    if (Hk <= 0 || H % Hk)
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention backward: %d heads not a multiple of %d kv heads", H, Hk);
+    for (int b = 0; b < bt->B; b++)
+        if (bt->n_past[b] != 0)
+            return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "attention backward: sequence %d starts at position %d, not 0",
+                               b, bt->n_past[b]);
+    float *p = work(be, (size_t)2 * T, "attention backward");
+    if (!p) return be->err.status;
+    float *dp = p + T;
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D;
+    for (int b = 0; b < bt->B; b++)
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / (H / Hk), W = windows ? windows[b] : 0;
+            const int64_t base = (int64_t)b * T;
+            for (int t = 0; t < bt->n_new[b]; t++) {
+                const float *q = (const float *)a->q->data + (base + t) * qs + (int64_t)h * D;
+                const float *go = (const float *)dout->data + (base + t) * qs + (int64_t)h * D;
+                float *gq = (float *)dq->data + (base + t) * qs + (int64_t)h * D;
+                const int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0, n = t - lo + 1;
+                float mx = -INFINITY;
+                for (int j = 0; j < n; j++) { /* the forward's scores and softmax */
+                    const float *k = (const float *)a->k->data + (base + lo + j) * ks + (int64_t)kvh * D;
+                    float s = dotf(q, k, D) * a->scale;
+                    if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+                    p[j] = s;
+                    if (s > mx) mx = s;
+                }
+                double sum = 0;
+                for (int j = 0; j < n; j++) sum += p[j] = expf(p[j] - mx);
+                double dsum = 0; /* sum_j p_j dp_j */
+                for (int j = 0; j < n; j++) {
+                    const float *v = (const float *)a->v->data + (base + lo + j) * ks + (int64_t)kvh * D;
+                    p[j] = (float)(p[j] / sum);
+                    dp[j] = dotf(go, v, D);
+                    dsum += (double)p[j] * dp[j];
+                }
+                for (int j = 0; j < n; j++) {
+                    const int64_t kr = (base + lo + j) * ks + (int64_t)kvh * D;
+                    const float *k = (const float *)a->k->data + kr;
+                    float *gk = (float *)dk->data + kr, *gv = (float *)dv->data + kr;
+                    float ds = p[j] * (float)(dp[j] - dsum); /* d loss / d (capped score) */
+                    if (a->softcap > 0) {
+                        const float s = a->softcap * tanhf(dotf(q, k, D) * a->scale / a->softcap) / a->softcap;
+                        ds *= 1.0f - s * s;
+                    }
+                    ds *= a->scale;
+                    for (int i = 0; i < D; i++) {
+                        gq[i] += ds * k[i];
+                        gk[i] += ds * q[i];
+                        gv[i] += p[j] * go[i];
+                    }
+                }
+            }
+        }
+    work_free(be, p, (size_t)2 * T);
+    return LMX_OK;
+}
+
+static lmx_status cpu_gather_rows_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dout, const int *rows, int R,
+                                      int64_t n) {
+    for (int r = 0; r < R; r++) {
+        float *o = (float *)dx->data + (int64_t)rows[r] * n;
+        const float *d = (const float *)dout->data + (int64_t)r * n;
+        for (int64_t i = 0; i < n; i++) o[i] += d[i];
+    }
+    return LMX_OK;
+}
+
+const lmx_backward_ops lmx_cpu_backward = {
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .matmul_bwd = cpu_matmul_bwd,
+    .lora_bwd = cpu_lora_bwd,
+    .glu_bwd = cpu_glu_bwd,
+    .softcap_bwd = cpu_softcap_bwd,
+    .rope_bwd = cpu_rope_bwd,
+    .attention_bwd = cpu_attention_bwd,
+    .gather_rows_bwd = cpu_gather_rows_bwd,
+};

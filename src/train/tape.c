@@ -1,0 +1,550 @@
+/* tape.c - the recording backend of tape.h.
+ *
+ * Vars: one per buffer version ([rows, cols] as written, whether it depends on a watched pair, its
+ * gradient once backward reaches it).  bufs maps each buffer to its current var.  Records: what
+ * backward needs of one op, with copies of the inputs it reads (made by alloc + add on the inner
+ * backend, so any backend's memory works). */
+#include "tape.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { T_RMSNORM = 1, T_MATMUL, T_LORA, T_ADD, T_GLU, T_SOFTCAP, T_ROPE, T_ATTENTION, T_GATHER };
+
+typedef struct tape_var {
+    int64_t rows, cols;
+    int requires;                /* depends on a watched pair */
+    lmx_tensor grad;             /* f32 [rows, cols]; data NULL until backward reaches it */
+} tape_var;
+
+typedef struct tape_rec {
+    int op;
+    int out, in[3];              /* var ids; -1: none (a constant) */
+    lmx_tensor saved[3];         /* copies of what the backward op reads */
+    const lmx_tensor *w;         /* rmsnorm / matmul weight (the model's) */
+    int rows, n, M, nh, hd, R;
+    int64_t count;
+    float eps, one, cap;
+    lmx_act act;
+    lmx_rope rope;
+    lmx_batch bt;                /* n_past / n_new point into ints */
+    int *ints;                   /* owned: batch n_past[B], n_new[B], windows[B]; gather rows[R] */
+    const lmx_lora_pair **pairs; /* owned [B] */
+    lmx_attn_args attn;
+} tape_rec;
+
+typedef struct tape_watch {
+    const void *a;               /* the pair's a.data */
+    lmx_tensor *da, *db;
+} tape_watch;
+
+typedef struct tape_buf {
+    const void *data;
+    int var;
+} tape_buf;
+
+struct lmx_tape {
+    lmx_backend base;            /* first: the recording backend */
+    lmx_backend_ops ops;
+    lmx_backend *in;
+    const lmx_backward_ops *bwd;
+    tape_var *vars;
+    int n_vars, cap_vars;
+    tape_buf *bufs;
+    int n_bufs, cap_bufs;
+    tape_rec *recs;
+    int n_recs, cap_recs;
+    tape_watch *watches;
+    int n_watches, cap_watches;
+};
+
+#define TAPE(be) ((lmx_tape *)(be))
+
+static lmx_status grow(void **p, int *cap, int need, size_t size) {
+    if (need <= *cap) return LMX_OK;
+    int c = *cap ? *cap * 2 : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q) return LMX_ERR_NOMEM;
+    *p = q;
+    *cap = c;
+    return LMX_OK;
+}
+
+/* inner's error, as the tape's */
+static lmx_status pass(lmx_tape *t, lmx_status st) {
+    if (st) lmx_err_set(&t->base.err, st, "%s", t->in->err.msg);
+    return st;
+}
+static lmx_status nomem(lmx_tape *t) { return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: out of memory"); }
+
+/* ---- vars and buffers ---------------------------------------------------------------------------- */
+
+static int var_of(const lmx_tape *t, const void *data) {
+    for (int i = t->n_bufs - 1; i >= 0; i--)
+        if (t->bufs[i].data == data) return t->bufs[i].var;
+    return -1;
+}
+static int requires(const lmx_tape *t, int v) { return v >= 0 && t->vars[v].requires; }
+
+/* A new version of buffer data ([rows, cols]); its var id, or -1 when out of memory. */
+static int new_var(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int req) {
+    if (grow((void **)&t->vars, &t->cap_vars, t->n_vars + 1, sizeof *t->vars)) return -1;
+    tape_var *v = &t->vars[t->n_vars];
+    memset(v, 0, sizeof *v);
+    v->rows = rows, v->cols = cols, v->requires = req;
+    for (int i = 0; i < t->n_bufs; i++)
+        if (t->bufs[i].data == data) {
+            t->bufs[i].var = t->n_vars;
+            return t->n_vars++;
+        }
+    if (grow((void **)&t->bufs, &t->cap_bufs, t->n_bufs + 1, sizeof *t->bufs)) return -1;
+    t->bufs[t->n_bufs++] = (tape_buf){data, t->n_vars};
+    return t->n_vars++;
+}
+
+/* A copy of the first rows * cols floats of x, in inner's memory. */
+static lmx_status save(lmx_tape *t, lmx_tensor *dst, const lmx_tensor *x, int64_t rows, int64_t cols) {
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, cols}};
+    lmx_status st = t->in->ops->alloc(t->in, dst);
+    if (!st) st = t->in->ops->add(t->in, dst, x, rows * cols);
+    return pass(t, st);
+}
+
+static tape_rec *new_rec(lmx_tape *t, int op) {
+    if (grow((void **)&t->recs, &t->cap_recs, t->n_recs + 1, sizeof *t->recs)) return NULL;
+    tape_rec *r = &t->recs[t->n_recs++];
+    memset(r, 0, sizeof *r);
+    r->op = op;
+    r->out = r->in[0] = r->in[1] = r->in[2] = -1;
+    return r;
+}
+
+static const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair *p) {
+    for (int i = 0; p && i < t->n_watches; i++)
+        if (t->watches[i].a == p->a.data) return &t->watches[i];
+    return NULL;
+}
+
+/* ---- recorded ops ----------------------------------------------------------------------------- */
+
+static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
+                          float scale) {
+    lmx_tape *t = TAPE(be);
+    lmx_status st = pass(t, t->in->ops->embed(t->in, out, table, ids, M, scale));
+    if (!st && new_var(t, out->data, M, table->shape[1], 0) < 0) st = nomem(t);
+    return st;
+}
+
+static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
+                            float eps, float add_one) {
+    lmx_tape *t = TAPE(be);
+    const int vx = var_of(t, x->data);
+    tape_rec *r = NULL;
+    if (requires(t, vx)) {
+        if (!(r = new_rec(t, T_RMSNORM))) return nomem(t);
+        lmx_status st = save(t, &r->saved[0], x, rows, n);
+        if (st) return st;
+        r->in[0] = vx, r->w = w, r->rows = rows, r->n = n, r->eps = eps, r->one = add_one;
+    }
+    lmx_status st = pass(t, t->in->ops->rmsnorm(t->in, out, x, w, rows, n, eps, add_one));
+    if (st) return st;
+    const int v = new_var(t, out->data, rows, n, r != NULL);
+    if (v < 0) return nomem(t);
+    if (r) r->out = v;
+    return LMX_OK;
+}
+
+static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                           const lmx_tensor *bias, int M) {
+    lmx_tape *t = TAPE(be);
+    const int vx = var_of(t, x->data);
+    lmx_status st = pass(t, t->in->ops->matmul(t->in, out, x, w, bias, M));
+    if (st) return st;
+    const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
+    if (v < 0) return nomem(t);
+    if (req) {
+        tape_rec *r = new_rec(t, T_MATMUL);
+        if (!r) return nomem(t);
+        r->in[0] = vx, r->out = v, r->w = w, r->M = M;
+    }
+    return LMX_OK;
+}
+
+static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                         const lmx_lora_pair *const *pairs) {
+    lmx_tape *t = TAPE(be);
+    int watched = 0, frozen = 0;
+    for (int b = 0; b < B; b++)
+        if (pairs[b]) watch_of(t, pairs[b]) ? watched++ : frozen++;
+    const int vy = var_of(t, y->data), vx = var_of(t, x->data);
+    if (watched && frozen)
+        return lmx_err_set(&t->base.err, LMX_ERR_UNSUPPORTED, "training: a batch mixes trained and frozen adapters");
+    if (frozen && requires(t, vx))
+        return lmx_err_set(&t->base.err, LMX_ERR_UNSUPPORTED, "training: a frozen adapter after a trained one");
+    const int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
+    tape_rec *r = NULL;
+    if (watched || requires(t, vy)) {
+        if (!(r = new_rec(t, T_LORA))) return nomem(t);
+        r->pairs = malloc((size_t)B * sizeof *r->pairs);
+        if (!r->pairs) return nomem(t);
+        for (int b = 0; b < B; b++) r->pairs[b] = pairs[b];
+        lmx_status st = watched ? save(t, &r->saved[0], x, (int64_t)B * T, K) : LMX_OK;
+        if (st) return st;
+        r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
+    }
+    lmx_status st = pass(t, t->in->ops->lora(t->in, y, x, B, T, pairs));
+    if (st) return st;
+    if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
+    const int v = new_var(t, y->data, (int64_t)B * T, N, 1);
+    if (v < 0) return nomem(t);
+    r->out = v;
+    if (!watched) r->op = T_ADD, r->in[1] = -1; /* no pair trained: the gradient passes through */
+    return LMX_OK;
+}
+
+static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
+    lmx_tape *t = TAPE(be);
+    const int vy = var_of(t, y->data), vx = var_of(t, x->data);
+    lmx_status st = pass(t, t->in->ops->add(t->in, y, x, n));
+    if (st) return st;
+    const int req = requires(t, vy) || requires(t, vx);
+    const int64_t cols = vy >= 0 && t->vars[vy].cols ? t->vars[vy].cols : vx >= 0 ? t->vars[vx].cols : n;
+    const int v = new_var(t, y->data, cols ? n / cols : 1, cols ? cols : n, req);
+    if (v < 0) return nomem(t);
+    if (req) {
+        tape_rec *r = new_rec(t, T_ADD);
+        if (!r) return nomem(t);
+        r->in[0] = vy, r->in[1] = vx, r->out = v, r->count = n;
+    }
+    return LMX_OK;
+}
+
+static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                        lmx_act act) {
+    lmx_tape *t = TAPE(be);
+    const int vg = var_of(t, gate->data), vu = var_of(t, up->data);
+    const int req = requires(t, vg) || requires(t, vu);
+    const int64_t cols = vg >= 0 && t->vars[vg].cols ? t->vars[vg].cols : n;
+    tape_rec *r = NULL;
+    if (req) {
+        if (!(r = new_rec(t, T_GLU))) return nomem(t);
+        lmx_status st = save(t, &r->saved[0], gate, n / cols, cols);
+        if (!st) st = save(t, &r->saved[1], up, n / cols, cols);
+        if (st) return st;
+        r->in[0] = vg, r->in[1] = vu, r->count = n, r->act = act;
+    }
+    lmx_status st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
+    if (st) return st;
+    const int v = new_var(t, out->data, n / cols, cols, req);
+    if (v < 0) return nomem(t);
+    if (r) r->out = v;
+    return LMX_OK;
+}
+
+static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
+    lmx_tape *t = TAPE(be);
+    const int vx = var_of(t, x->data);
+    lmx_status st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
+    if (st) return st;
+    const int req = requires(t, vx);
+    const int64_t cols = vx >= 0 && t->vars[vx].cols ? t->vars[vx].cols : n;
+    const int v = new_var(t, x->data, n / cols, cols, req);
+    if (v < 0) return nomem(t);
+    if (req) {
+        tape_rec *r = new_rec(t, T_SOFTCAP);
+        if (!r) return nomem(t);
+        if ((st = save(t, &r->saved[0], x, n / cols, cols))) return st; /* the output */
+        r->in[0] = vx, r->out = v, r->count = n, r->cap = cap;
+    }
+    return LMX_OK;
+}
+
+/* r->bt with copies of the batch's arrays, and room for B more ints (windows) */
+static lmx_status keep_batch(lmx_tape *t, tape_rec *r, const lmx_batch *bt) {
+    r->ints = malloc((size_t)3 * bt->B * sizeof *r->ints);
+    if (!r->ints) return nomem(t);
+    memcpy(r->ints, bt->n_past, (size_t)bt->B * sizeof *r->ints);
+    memcpy(r->ints + bt->B, bt->n_new, (size_t)bt->B * sizeof *r->ints);
+    r->bt = (lmx_batch){.B = bt->B, .T = bt->T, .n_past = r->ints, .n_new = r->ints + bt->B};
+    return LMX_OK;
+}
+
+static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, int nh, int hd, const lmx_rope *rope) {
+    lmx_tape *t = TAPE(be);
+    const int vx = var_of(t, x->data);
+    lmx_status st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
+    if (st) return st;
+    const int req = requires(t, vx);
+    const int v = new_var(t, x->data, (int64_t)bt->B * bt->T, (int64_t)nh * hd, req);
+    if (v < 0) return nomem(t);
+    if (req) {
+        tape_rec *r = new_rec(t, T_ROPE);
+        if (!r) return nomem(t);
+        if ((st = keep_batch(t, r, bt))) return st;
+        r->in[0] = vx, r->out = v, r->nh = nh, r->hd = hd, r->rope = *rope;
+    }
+    return LMX_OK;
+}
+
+static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
+    lmx_tape *t = TAPE(be);
+    const int vq = var_of(t, a->q->data), vk = var_of(t, a->k->data), vv = var_of(t, a->v->data);
+    const int req = requires(t, vq) || requires(t, vk) || requires(t, vv);
+    const int64_t M = (int64_t)a->batch->B * a->batch->T;
+    tape_rec *r = NULL;
+    if (req) {
+        if (!(r = new_rec(t, T_ATTENTION))) return nomem(t);
+        lmx_status st = keep_batch(t, r, a->batch);
+        if (!st) st = save(t, &r->saved[0], a->q, M, (int64_t)a->H * a->D);
+        if (!st) st = save(t, &r->saved[1], a->k, M, (int64_t)a->Hk * a->D);
+        if (!st) st = save(t, &r->saved[2], a->v, M, (int64_t)a->Hk * a->D);
+        if (st) return st;
+        for (int b = 0; b < a->batch->B; b++) r->ints[2 * a->batch->B + b] = a->kv[b]->window;
+        r->attn = *a;
+        r->attn.batch = &r->bt;
+        r->attn.q = &r->saved[0], r->attn.k = &r->saved[1], r->attn.v = &r->saved[2];
+        r->attn.out = NULL, r->attn.kv = NULL;
+        r->in[0] = vq, r->in[1] = vk, r->in[2] = vv;
+    }
+    lmx_status st = pass(t, t->in->ops->attention(t->in, a));
+    if (st) return st;
+    const int v = new_var(t, a->out->data, M, (int64_t)a->H * a->D, req);
+    if (v < 0) return nomem(t);
+    if (r) r->out = v;
+    return LMX_OK;
+}
+
+static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
+                                int64_t n) {
+    lmx_tape *t = TAPE(be);
+    const int vx = var_of(t, x->data);
+    lmx_status st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
+    if (st) return st;
+    const int req = requires(t, vx), v = new_var(t, out->data, R, n, req);
+    if (v < 0) return nomem(t);
+    if (req) {
+        tape_rec *r = new_rec(t, T_GATHER);
+        if (!r || !(r->ints = malloc((size_t)(R ? R : 1) * sizeof *r->ints))) return nomem(t);
+        memcpy(r->ints, rows, (size_t)R * sizeof *rows);
+        r->in[0] = vx, r->out = v, r->R = R, r->count = n;
+    }
+    return LMX_OK;
+}
+
+/* ---- forwarded as they are ---------------------------------------------------------------------- */
+
+static lmx_status w_upload(lmx_backend *be, lmx_tensor *w) { return pass(TAPE(be), TAPE(be)->in->ops->upload_weight(TAPE(be)->in, w)); }
+static lmx_status w_alloc(lmx_backend *be, lmx_tensor *x) {
+    lmx_tape *t = TAPE(be);
+    lmx_status st = pass(t, t->in->ops->alloc(t->in, x));
+    if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t); /* a fresh buffer: no stale version */
+    return st;
+}
+static void w_release(lmx_backend *be, lmx_tensor *x) { TAPE(be)->in->ops->release(TAPE(be)->in, x); }
+static lmx_status w_write(lmx_backend *be, lmx_tensor *x, size_t off, const void *src, size_t n) {
+    lmx_tape *t = TAPE(be);
+    lmx_status st = pass(t, t->in->ops->write(t->in, x, off, src, n));
+    if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t);
+    return st;
+}
+static lmx_status w_read(lmx_backend *be, const lmx_tensor *x, size_t off, void *dst, size_t n) {
+    return pass(TAPE(be), TAPE(be)->in->ops->read(TAPE(be)->in, x, off, dst, n));
+}
+static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *bt, const lmx_tensor *k,
+                              const lmx_tensor *v) {
+    return pass(TAPE(be), TAPE(be)->in->ops->kv_append(TAPE(be)->in, kv, bt, k, v));
+}
+static lmx_status w_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems) {
+    return pass(TAPE(be), TAPE(be)->in->ops->kv_reserve(TAPE(be)->in, kv, need, row_elems));
+}
+static void w_trim(lmx_backend *be) {
+    if (TAPE(be)->in->ops->trim) TAPE(be)->in->ops->trim(TAPE(be)->in);
+}
+static int64_t w_cached(const lmx_backend *be) {
+    const lmx_backend *in = ((const lmx_tape *)be)->in;
+    return in->ops->cached_bytes ? in->ops->cached_bytes(in) : 0;
+}
+static void w_destroy(lmx_backend *be) { (void)be; /* lmx_tape_free owns it */ }
+
+/* ---- public ------------------------------------------------------------------------------------- */
+
+lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_tape **out, lmx_err *err) {
+    *out = NULL;
+    if (!inner || !bwd)
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "the %s backend has no backward ops: it cannot train",
+                           inner ? inner->ops->name : "(none)");
+    lmx_tape *t = calloc(1, sizeof *t);
+    if (!t) return lmx_err_set(err, LMX_ERR_NOMEM, "tape: out of memory");
+    t->in = inner;
+    t->bwd = bwd;
+    t->ops = *inner->ops;
+    t->ops.destroy = w_destroy;
+    t->ops.upload_weight = w_upload;
+    t->ops.alloc = w_alloc;
+    t->ops.release = w_release;
+    t->ops.write = w_write;
+    t->ops.read = w_read;
+    t->ops.embed = w_embed;
+    t->ops.rmsnorm = w_rmsnorm;
+    t->ops.matmul = w_matmul;
+    t->ops.lora = w_lora;
+    t->ops.add = w_add;
+    t->ops.glu = w_glu;
+    t->ops.softcap = w_softcap;
+    t->ops.rope = w_rope;
+    t->ops.attention = w_attention;
+    t->ops.kv_append = w_kv_append;
+    t->ops.kv_reserve = w_kv_reserve;
+    t->ops.gather_rows = w_gather_rows;
+    t->ops.topk = NULL; /* whole logits: the loss reads them */
+    t->ops.trim = w_trim;
+    t->ops.cached_bytes = w_cached;
+    t->base.ops = &t->ops;
+    *out = t;
+    return LMX_OK;
+}
+
+lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
+
+lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db) {
+    if (grow((void **)&t->watches, &t->cap_watches, t->n_watches + 1, sizeof *t->watches)) return nomem(t);
+    t->watches[t->n_watches++] = (tape_watch){p->a.data, da, db};
+    return LMX_OK;
+}
+
+void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
+
+void lmx_tape_reset(lmx_tape *t) {
+    for (int i = 0; i < t->n_recs; i++) {
+        tape_rec *r = &t->recs[i];
+        for (int k = 0; k < 3; k++)
+            if (r->saved[k].data) t->in->ops->release(t->in, &r->saved[k]);
+        free(r->ints);
+        free(r->pairs);
+    }
+    for (int i = 0; i < t->n_vars; i++)
+        if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);
+    t->n_recs = t->n_vars = t->n_bufs = 0;
+}
+
+void lmx_tape_free(lmx_tape *t) {
+    if (!t) return;
+    lmx_tape_reset(t);
+    free(t->vars);
+    free(t->bufs);
+    free(t->recs);
+    free(t->watches);
+    free(t);
+}
+
+/* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
+static lmx_tensor *grad_of(lmx_tape *t, int v) {
+    tape_var *x = &t->vars[v];
+    if (!x->grad.data) {
+        x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
+        if (pass(t, t->in->ops->alloc(t->in, &x->grad))) return NULL;
+    }
+    return &x->grad;
+}
+/* grad_of(v) when v needs a gradient, else NULL with *skip = 1 */
+#define GRAD(v, dst)                                          \
+    do {                                                      \
+        dst = NULL;                                           \
+        if (requires(t, (v)) && !(dst = grad_of(t, (v)))) return t->base.err.status; \
+    } while (0)
+
+static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
+    lmx_backend *in = t->in;
+    const lmx_backward_ops *bw = t->bwd;
+    lmx_tensor *g0, *g1, *g2;
+    switch (r->op) {
+    case T_RMSNORM:
+        GRAD(r->in[0], g0);
+        return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &r->saved[0], r->w, r->rows, r->n, r->eps, r->one)) : LMX_OK;
+    case T_MATMUL:
+        GRAD(r->in[0], g0);
+        return g0 ? pass(t, bw->matmul_bwd(in, g0, dy, r->w, r->M)) : LMX_OK;
+    case T_LORA: {
+        GRAD(r->in[0], g0);
+        GRAD(r->in[1], g1);
+        lmx_status st = g0 ? pass(t, in->ops->add(in, g0, dy, lmx_tensor_nelem(dy))) : LMX_OK;
+        if (st) return st;
+        lmx_tensor **da = malloc((size_t)r->bt.B * 2 * sizeof *da);
+        if (!da) return nomem(t);
+        lmx_tensor **db = da + r->bt.B;
+        for (int b = 0; b < r->bt.B; b++) {
+            const tape_watch *w = watch_of(t, r->pairs[b]);
+            da[b] = w ? w->da : NULL, db[b] = w ? w->db : NULL;
+        }
+        st = pass(t, bw->lora_bwd(in, g1, da, db, dy, &r->saved[0], r->bt.B, r->bt.T, r->pairs));
+        free(da);
+        return st;
+    }
+    case T_ADD:
+        GRAD(r->in[0], g0);
+        GRAD(r->in[1], g1);
+        if (g0 && pass(t, in->ops->add(in, g0, dy, lmx_tensor_nelem(g0)))) return t->base.err.status;
+        if (g1 && pass(t, in->ops->add(in, g1, dy, lmx_tensor_nelem(g1)))) return t->base.err.status;
+        return LMX_OK;
+    case T_GLU: {
+        GRAD(r->in[0], g0);
+        GRAD(r->in[1], g1);
+        lmx_tensor sink = {0}; /* one side needs no gradient: it still gets one, thrown away */
+        if (!g0 || !g1) {
+            sink = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {r->count}};
+            if (pass(t, in->ops->alloc(in, &sink))) return t->base.err.status;
+        }
+        lmx_status st = pass(t, bw->glu_bwd(in, g0 ? g0 : &sink, g1 ? g1 : &sink, dy, &r->saved[0], &r->saved[1],
+                                            r->count, r->act));
+        if (sink.data) in->ops->release(in, &sink);
+        return st;
+    }
+    case T_SOFTCAP:
+        GRAD(r->in[0], g0);
+        return g0 ? pass(t, bw->softcap_bwd(in, g0, dy, &r->saved[0], r->count, r->cap)) : LMX_OK;
+    case T_ROPE:
+        GRAD(r->in[0], g0);
+        return g0 ? pass(t, bw->rope_bwd(in, g0, dy, &r->bt, r->nh, r->hd, &r->rope)) : LMX_OK;
+    case T_ATTENTION: {
+        GRAD(r->in[0], g0);
+        GRAD(r->in[1], g1);
+        GRAD(r->in[2], g2);
+        lmx_tensor sink[3] = {{0}};
+        lmx_tensor *gs[3] = {g0, g1, g2};
+        for (int k = 0; k < 3; k++)
+            if (!gs[k]) {
+                sink[k] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {r->saved[k].shape[0], r->saved[k].shape[1]}};
+                if (pass(t, in->ops->alloc(in, &sink[k]))) return t->base.err.status;
+                gs[k] = &sink[k];
+            }
+        lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &r->attn, r->ints + 2 * r->bt.B));
+        for (int k = 0; k < 3; k++)
+            if (sink[k].data) in->ops->release(in, &sink[k]);
+        return st;
+    }
+    case T_GATHER:
+        GRAD(r->in[0], g0);
+        return g0 ? pass(t, bw->gather_rows_bwd(in, g0, dy, r->ints, r->R, r->count)) : LMX_OK;
+    }
+    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: unknown record %d", r->op);
+}
+
+lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n) {
+    const int vy = var_of(t, y->data);
+    if (vy < 0 || !t->vars[vy].requires)
+        return lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: the output does not depend on a trained parameter");
+    if (t->vars[vy].rows * t->vars[vy].cols != n)
+        return lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: gradient of %lld values for an output of %lld",
+                           (long long)n, (long long)(t->vars[vy].rows * t->vars[vy].cols));
+    lmx_tensor *g = grad_of(t, vy);
+    if (!g) return t->base.err.status;
+    lmx_status st = pass(t, t->in->ops->write(t->in, g, 0, dy, (size_t)n * sizeof(float)));
+    for (int i = t->n_recs - 1; i >= 0 && !st; i--) {
+        tape_rec *r = &t->recs[i];
+        if (r->out < 0 || !t->vars[r->out].grad.data) continue; /* nothing flows back through it */
+        st = backward_rec(t, r, &t->vars[r->out].grad);
+        t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
+    }
+    return st;
+}

@@ -1,0 +1,36 @@
+/* tape.h - reverse-mode autodiff over the one forward pass: a recording backend.
+ *
+ * A tape wraps a real backend (its "inner" one) in a backend of its own.  Running the model's forward
+ * pass on the tape's backend runs every op on the inner backend and, for the ops that lie on a path
+ * from a trainable LoRA pair to the output, appends a record: the op, its parameters, and copies of
+ * the inputs its backward op reads (the forward pass reuses its buffers, so they would be gone).
+ * lmx_tape_backward then walks the records in reverse, calling the inner backend's backward ops
+ * (backward.h), and leaves the gradients of the watched pairs' A and B in the tensors given to
+ * lmx_tape_watch.  Inference never builds a tape and pays nothing for it.
+ *
+ * Values are tracked per buffer version: every write to a buffer (in-place ops included) makes a new
+ * version, so a buffer that layer after layer reuses carries each layer's gradient separately.  Only
+ * versions that depend on a watched pair need a gradient; everything else is run and forgotten. */
+#ifndef LMX_TRAIN_TAPE_H
+#define LMX_TRAIN_TAPE_H
+
+#include "../backend/backward.h"
+
+typedef struct lmx_tape lmx_tape;
+
+/* A tape over inner, whose backward ops are bwd (the inner backend's). */
+lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_tape **out, lmx_err *err);
+void lmx_tape_free(lmx_tape *t);
+/* The backend to run the forward pass on (owned by the tape; its memory and errors are inner's). */
+lmx_backend *lmx_tape_backend(lmx_tape *t);
+/* Pair p (in inner's memory) is trainable: the gradients of its a and b accumulate into da, db
+ * (f32, p's shapes, zeroed by the caller).  Watches stay until lmx_tape_clear_watches. */
+lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db);
+void lmx_tape_clear_watches(lmx_tape *t);
+/* Start a new record (the previous one, its saved copies and gradients are dropped). */
+void lmx_tape_reset(lmx_tape *t);
+/* Backpropagate from y (a buffer the recorded pass wrote last, e.g. the logits) whose gradient is
+ * dy (host, y's element count n): each watched pair's da, db gain dL/dA, dL/dB. */
+lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n);
+
+#endif

@@ -1,0 +1,210 @@
+/* train.c - the loss, its gradients through the tape, and AdamW (train.h).
+ *
+ * A training pass runs the model's own forward pass (model/forward.c) on the tape's backend over B
+ * sequences from position 0, with fresh caches that nothing else sees, and asks for every row's
+ * logits.  The loss and its gradient with respect to the logits are computed on the host in double,
+ * then the tape takes the gradient back to every pair's A and B. */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static lmx_status fail(lmx_trainer *tr, lmx_status st, const char *msg) {
+    return lmx_err_set(&tr->err, st, "%s", msg);
+}
+
+void lmx_trainer_free(lmx_trainer *tr) {
+    if (!tr) return;
+    lmx_backend *be = tr->m->be;
+    for (int i = 0; i < 2 * tr->n; i++) {
+        if (tr->grad && tr->grad[i].data) be->ops->release(be, &tr->grad[i]);
+        if (tr->m1) free(tr->m1[i]);
+        if (tr->m2) free(tr->m2[i]);
+    }
+    free(tr->grad);
+    free(tr->m1);
+    free(tr->m2);
+    free(tr->pairs);
+    lmx_tape_free(tr->tape);
+    free(tr);
+}
+
+lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, lmx_err *err) {
+    *out = NULL;
+    lmx_trainer *tr = calloc(1, sizeof *tr);
+    if (!tr) return lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
+    tr->m = m;
+    tr->ad = ad;
+    lmx_backend *be = m->be;
+    lmx_status st = lmx_tape_create(be, be->ops->backward, &tr->tape, err);
+    if (st) {
+        free(tr);
+        return st;
+    }
+    const int total = m->cfg.n_layers * LMX_PROJ_N;
+    tr->pairs = calloc((size_t)total, sizeof *tr->pairs);
+    tr->grad = calloc((size_t)2 * total, sizeof *tr->grad);
+    tr->m1 = calloc((size_t)2 * total, sizeof *tr->m1);
+    tr->m2 = calloc((size_t)2 * total, sizeof *tr->m2);
+    if (!tr->pairs || !tr->grad || !tr->m1 || !tr->m2) st = lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
+    for (int i = 0; i < total && !st; i++) {
+        lmx_lora_pair *p = &ad->pairs[i];
+        if (!p->a.data) continue;
+        const int k = tr->n++;
+        tr->pairs[k] = p;
+        for (int j = 0; j < 2 && !st; j++) {
+            const lmx_tensor *src = j ? &p->b : &p->a;
+            lmx_tensor *g = &tr->grad[2 * k + j];
+            *g = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {src->shape[0], src->shape[1]}};
+            const size_t n = (size_t)lmx_tensor_nelem(src);
+            if ((st = be->ops->alloc(be, g))) st = lmx_err_set(err, st, "%s", be->err.msg);
+            else if (!(tr->m1[2 * k + j] = calloc(n, sizeof(float))) || !(tr->m2[2 * k + j] = calloc(n, sizeof(float))))
+                st = lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
+        }
+        if (!st) st = lmx_tape_watch(tr->tape, p, &tr->grad[2 * k], &tr->grad[2 * k + 1]);
+    }
+    if (!st && tr->n == 0) st = lmx_err_set(err, LMX_ERR_INVALID_ARG, "trainer: the adapter adapts nothing");
+    if (st) {
+        lmx_trainer_free(tr);
+        return st;
+    }
+    *out = tr;
+    return LMX_OK;
+}
+
+/* Fresh caches for B sequences (a layer's window as a context of unbounded length has it). */
+static lmx_kv_layer *kv_new(const lmx_model *m, int B) {
+    lmx_kv_layer *kv = calloc((size_t)B * m->cfg.n_layers, sizeof *kv);
+    for (int i = 0; kv && i < B * m->cfg.n_layers; i++) {
+        const int l = i % m->cfg.n_layers;
+        kv[i].window = m->layers[l].sliding ? m->cfg.sliding_window : 0;
+    }
+    return kv;
+}
+static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
+    for (int i = 0; kv && i < n; i++) {
+        if (kv[i].k.data) be->ops->release(be, &kv[i].k);
+        if (kv[i].v.data) be->ops->release(be, &kv[i].v);
+    }
+    free(kv);
+}
+
+lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
+                            int T, int grad, double *loss) {
+    lmx_model *m = tr->m;
+    lmx_backend *inner = m->be;
+    const int L = m->cfg.n_layers, V = m->cfg.vocab, M = B * T;
+    if (B <= 0 || T <= 0) return fail(tr, LMX_ERR_INVALID_ARG, "training batch: no tokens");
+    for (int i = 0; i < M; i++)
+        if (targets[i] < 0 || targets[i] >= V)
+            return lmx_err_set(&tr->err, LMX_ERR_INVALID_ARG, "training batch: target %d outside the vocabulary [0, %d)",
+                               targets[i], V);
+    int *n_past = calloc((size_t)B, sizeof *n_past), *n_new = malloc((size_t)B * sizeof *n_new);
+    int *rows = malloc((size_t)M * sizeof *rows);
+    float *logits = malloc((size_t)M * V * sizeof *logits);
+    const lmx_adapter **ads = malloc((size_t)B * sizeof *ads);
+    lmx_kv_layer *kv = kv_new(m, B);
+    lmx_kv_layer **kvs = malloc((size_t)B * sizeof *kvs);
+    lmx_status st = LMX_OK;
+    if (!n_past || !n_new || !rows || !logits || !ads || !kv || !kvs) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+    for (int b = 0; !st && b < B; b++) n_new[b] = T, ads[b] = tr->ad, kvs[b] = kv + (size_t)b * L;
+    for (int i = 0; !st && i < M; i++) rows[i] = i;
+    if (!st) {
+        lmx_tape_reset(tr->tape);
+        const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
+        m->be = lmx_tape_backend(tr->tape); /* the one forward pass, recorded */
+        st = lmx_model_forward(m, kvs, ads, &bt, inputs, rows, M, logits);
+        m->be = inner;
+        if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
+    }
+    double sum = 0, wsum = 0;
+    for (int i = 0; !st && i < M; i++) {
+        const float w = mask ? mask[i] : 1.0f;
+        if (w == 0.0f) continue;
+        const float *z = logits + (size_t)i * V;
+        float mx = z[0];
+        for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double se = 0;
+        for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
+        sum += w * (log(se) + mx - z[targets[i]]);
+        wsum += w;
+    }
+    if (!st && wsum <= 0) st = fail(tr, LMX_ERR_INVALID_ARG, "training batch: the mask selects no position");
+    if (!st) *loss = sum / wsum;
+    if (!st && grad) {
+        /* dloss/dz = w/wsum (softmax(z) - onehot(target)), computed in place over the logits */
+        for (int i = 0; i < M; i++) {
+            float *z = logits + (size_t)i * V;
+            const float w = mask ? mask[i] : 1.0f;
+            if (w == 0.0f) {
+                memset(z, 0, (size_t)V * sizeof *z);
+                continue;
+            }
+            float mx = z[0];
+            for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            double se = 0;
+            for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
+            for (int v = 0; v < V; v++) z[v] = (float)(w / wsum * (exp((double)z[v] - mx) / se - (v == targets[i])));
+        }
+        for (int i = 0; i < 2 * tr->n && !st; i++) { /* set, not accumulate */
+            lmx_tensor *g = &tr->grad[i];
+            float *zero = calloc((size_t)lmx_tensor_nelem(g), sizeof(float));
+            st = zero ? inner->ops->write(inner, g, 0, zero, (size_t)lmx_tensor_nelem(g) * sizeof(float)) : LMX_ERR_NOMEM;
+            free(zero);
+            if (st) lmx_err_set(&tr->err, st, "trainer: clearing the gradients");
+        }
+        if (!st && (st = lmx_tape_backward(tr->tape, &m->ws.logits, logits, (int64_t)M * V)))
+            lmx_err_set(&tr->err, st, "%s", lmx_tape_backend(tr->tape)->err.msg);
+    }
+    lmx_tape_reset(tr->tape);
+    kv_free(inner, kv, B * L);
+    free(kvs);
+    free(ads);
+    free(logits);
+    free(rows);
+    free(n_new);
+    free(n_past);
+    return st;
+}
+
+lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm) {
+    lmx_backend *be = tr->m->be;
+    lmx_status st = LMX_OK;
+    float **g = calloc((size_t)2 * tr->n, sizeof *g), **p = calloc((size_t)2 * tr->n, sizeof *p);
+    if (!g || !p) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+    double ss = 0;
+    for (int i = 0; i < 2 * tr->n && !st; i++) { /* read gradients and parameters to the host */
+        const lmx_tensor *par = i & 1 ? &tr->pairs[i / 2]->b : &tr->pairs[i / 2]->a;
+        const size_t n = (size_t)lmx_tensor_nelem(par);
+        g[i] = malloc(n * sizeof(float)), p[i] = malloc(n * sizeof(float));
+        if (!g[i] || !p[i]) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+        else if ((st = be->ops->read(be, &tr->grad[i], 0, g[i], n * sizeof(float))) ||
+                 (st = be->ops->read(be, par, 0, p[i], n * sizeof(float))))
+            lmx_err_set(&tr->err, st, "%s", be->err.msg);
+        for (size_t k = 0; !st && k < n; k++) ss += (double)g[i][k] * g[i][k];
+    }
+    const double norm = sqrt(ss);
+    if (gnorm) *gnorm = norm;
+    const double clip = opt->clip_grad_norm > 0 && norm > opt->clip_grad_norm ? opt->clip_grad_norm / (norm + 1e-6) : 1.0;
+    if (!st) tr->step++;
+    const double bc1 = 1.0 - pow(opt->beta1, (double)tr->step), bc2 = 1.0 - pow(opt->beta2, (double)tr->step);
+    for (int i = 0; i < 2 * tr->n && !st; i++) {
+        lmx_tensor *par = i & 1 ? &tr->pairs[i / 2]->b : &tr->pairs[i / 2]->a;
+        const size_t n = (size_t)lmx_tensor_nelem(par);
+        float *m1 = tr->m1[i], *m2 = tr->m2[i];
+        for (size_t k = 0; k < n; k++) { /* PyTorch's AdamW, one element at a time */
+            const double gk = g[i][k] * clip;
+            double pk = p[i][k] * (1.0 - opt->lr * opt->weight_decay);
+            m1[k] = (float)(opt->beta1 * m1[k] + (1.0 - opt->beta1) * gk);
+            m2[k] = (float)(opt->beta2 * m2[k] + (1.0 - opt->beta2) * gk * gk);
+            pk -= opt->lr / bc1 * m1[k] / (sqrt(m2[k]) / sqrt(bc2) + opt->eps);
+            p[i][k] = (float)pk;
+        }
+        if ((st = be->ops->write(be, par, 0, p[i], n * sizeof(float)))) lmx_err_set(&tr->err, st, "%s", be->err.msg);
+    }
+    for (int i = 0; g && p && i < 2 * tr->n; i++) free(g[i]), free(p[i]);
+    free(g);
+    free(p);
+    return st;
+}

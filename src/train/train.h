@@ -1,0 +1,42 @@
+/* train.h - LoRA training over the one forward pass: the loss and its gradients through a tape
+ * (train/tape.h), and AdamW.
+ *
+ * The trained parameters are an adapter's pairs (model/adapter.h), updated in place, so the adapter
+ * serves inference as soon as a step ends.  A trainer owns the tape, the gradients (one f32 A and B
+ * per pair) and the optimizer state. */
+#ifndef LMX_TRAIN_TRAIN_H
+#define LMX_TRAIN_TRAIN_H
+
+#include "../model/adapter.h"
+#include "tape.h"
+
+typedef struct lmx_adamw {
+    double lr, beta1, beta2, eps, weight_decay;
+    double clip_grad_norm;       /* > 0: scale the gradients to at most this global L2 norm */
+} lmx_adamw;
+
+typedef struct lmx_trainer {
+    lmx_model *m;
+    lmx_adapter *ad;
+    lmx_tape *tape;
+    int n;                       /* trained pairs */
+    lmx_lora_pair **pairs;       /* [n] the adapter's pairs, in (layer, projection) order */
+    lmx_tensor *grad;            /* [2n]: dA, dB of pair i at 2i, 2i+1 (backend memory) */
+    float **m1, **m2;            /* [2n] AdamW moments (host, element counts of the grads) */
+    int64_t step;                /* AdamW steps taken */
+    lmx_err err;
+} lmx_trainer;
+
+/* A trainer of adapter ad's pairs on model m (m's backend must have backward ops). */
+lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, lmx_err *err);
+void lmx_trainer_free(lmx_trainer *tr);
+/* The masked cross-entropy loss of B sequences of T tokens: mean over positions with mask > 0
+ * (weighted by mask) of -log softmax(logits)[target]; with grad, the gradients of every pair are
+ * set (not accumulated) to the loss's.  inputs, targets [B*T]; mask [B*T] or NULL (all 1). */
+lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
+                            int T, int grad, double *loss);
+/* One AdamW step from the current gradients (PyTorch's AdamW: decoupled weight decay, bias
+ * correction); *gnorm the global gradient norm before clipping (may be NULL). */
+lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm);
+
+#endif
