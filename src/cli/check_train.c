@@ -171,7 +171,7 @@ int cmd_check_train(int argc, char **argv) {
            opt.weight_decay);
     for (int s = 0; s < nloss && ok; s++) {
         double loss = 0;
-        if (lmx_trainer_loss(tr, in, tg, mask, B, T, 1, &loss)) {
+        if (lmx_trainer_loss(tr, in, tg, mask, B, T, 1.0, 0, &loss)) {
             fprintf(stderr, "check-train: %s\n", tr->err.msg);
             ok = 0;
             break;

@@ -5,6 +5,8 @@
 
 int cmd_check_reference(int argc, char **argv);
 int cmd_check_train(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -39,6 +39,8 @@ static void usage(FILE *f) {
             "  bench MODEL                  load, prefill and decode speed\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
             "  check-train BASE LORA_DIR    LoRA training steps against LORA_DIR/train_reference.*\n"
+            "  train MODEL --data DIR       LoRA fine-tuning on DIR/train.jsonl (lmx train --help)\n"
+            "  eval MODEL --data FILE       loss and perplexity on a JSON Lines file [--adapter DIR]\n"
             "  quantize SRC DST             MLX-layout 4/8-bit copy of a model directory\n"
             "  fuse BASE ADAPTER OUT        merge a LoRA adapter into a copy of a model directory\n"
             "  tokenize TOKENIZER [TEXT]    token ids of TEXT (--jsonl: one {\"text\"} per line)\n"
@@ -63,6 +65,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "check-reference")) return cmd_check_reference(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-train")) return cmd_check_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);

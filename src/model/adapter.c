@@ -7,7 +7,7 @@
 #include <string.h>
 
 
-static lmx_tensor *proj_weight(lmx_layer *L, lmx_proj p) {
+const lmx_tensor *lmx_proj_weight(const lmx_layer *L, lmx_proj p) {
     switch (p) {
     case LMX_PROJ_Q: return &L->wq;
     case LMX_PROJ_K: return &L->wk;
@@ -73,7 +73,7 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
         if (e->rank > LMX_LORA_RANK_MAX)
             return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: rank %d of %s is above lmx's limit %d", file, e->rank,
                                LMX_QUOTED(e->a->name), LMX_LORA_RANK_MAX);
-        const lmx_tensor *w = proj_weight(&m->layers[e->layer], e->proj);
+        const lmx_tensor *w = lmx_proj_weight(&m->layers[e->layer], e->proj);
         int64_t N = w->shape[0], K = w->shape[1], r = e->rank;
         int64_t aK = e->transposed ? e->a->shape[0] : e->a->shape[1];
         int64_t bN = e->transposed ? e->b->shape[1] : e->b->shape[0];

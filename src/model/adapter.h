@@ -26,6 +26,28 @@ static inline const lmx_lora_pair *lmx_adapter_pair(const lmx_adapter *a, int la
     return q->a.data ? q : NULL;
 }
 
+/* Projection p's weight of layer L ([N, K]: its outputs and inputs). */
+const lmx_tensor *lmx_proj_weight(const lmx_layer *L, lmx_proj p);
+
+/* A new adapter (adapter_new.c): rank, alpha (scale alpha / rank, alpha / sqrt(rank) with rsLoRA),
+ * the projections of targets (bit p: lmx_proj p) on the last num_layers layers (0: all). */
+typedef struct lmx_lora_spec {
+    int rank;
+    double alpha;
+    int use_rslora;
+    unsigned targets;
+    int num_layers;
+    uint64_t seed;               /* of A's initialisation */
+} lmx_lora_spec;
+/* A new adapter on m initialised as PEFT does (A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0), owned by m as
+ * loaded ones are. */
+lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *spec, lmx_adapter **out);
+/* Write a into dir in HF PEFT's layout (adapter_config.json, adapter_model.safetensors) or mlx-lm's
+ * (adapter_config.json, adapters.safetensors: the last layers only); spec gives alpha, rsLoRA and
+ * the targets the config names.  GGUF llama q/k rows go back to HF order. */
+lmx_status lmx_adapter_save(const lmx_adapter *a, const char *dir, lmx_lora_format fmt, const lmx_lora_spec *spec,
+                            lmx_err *err);
+
 /* The live adapter of m with this id; NULL for id 0 or a freed adapter. */
 lmx_adapter *lmx_adapter_by_id(const lmx_model *m, unsigned id);
 /* The adapter a request's choice stands for: NULL -> the model's default, LMX_NO_ADAPTER -> none

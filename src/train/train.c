@@ -91,7 +91,7 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
 }
 
 lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
-                            int T, int grad, double *loss) {
+                            int T, double grad_weight, int accumulate, double *loss) {
     lmx_model *m = tr->m;
     lmx_backend *inner = m->be;
     const int L = m->cfg.n_layers, V = m->cfg.vocab, M = B * T;
@@ -132,7 +132,7 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     }
     if (!st && wsum <= 0) st = fail(tr, LMX_ERR_INVALID_ARG, "training batch: the mask selects no position");
     if (!st) *loss = sum / wsum;
-    if (!st && grad) {
+    if (!st && grad_weight != 0) {
         /* dloss/dz = w/wsum (softmax(z) - onehot(target)), computed in place over the logits */
         for (int i = 0; i < M; i++) {
             float *z = logits + (size_t)i * V;
@@ -145,9 +145,10 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
             for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
             double se = 0;
             for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
-            for (int v = 0; v < V; v++) z[v] = (float)(w / wsum * (exp((double)z[v] - mx) / se - (v == targets[i])));
+            const double c = grad_weight * w / wsum;
+            for (int v = 0; v < V; v++) z[v] = (float)(c * (exp((double)z[v] - mx) / se - (v == targets[i])));
         }
-        for (int i = 0; i < 2 * tr->n && !st; i++) { /* set, not accumulate */
+        for (int i = 0; i < 2 * tr->n && !st && !accumulate; i++) { /* set, not accumulate */
             lmx_tensor *g = &tr->grad[i];
             float *zero = calloc((size_t)lmx_tensor_nelem(g), sizeof(float));
             st = zero ? inner->ops->write(inner, g, 0, zero, (size_t)lmx_tensor_nelem(g) * sizeof(float)) : LMX_ERR_NOMEM;

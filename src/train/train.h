@@ -31,10 +31,11 @@ typedef struct lmx_trainer {
 lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, lmx_err *err);
 void lmx_trainer_free(lmx_trainer *tr);
 /* The masked cross-entropy loss of B sequences of T tokens: mean over positions with mask > 0
- * (weighted by mask) of -log softmax(logits)[target]; with grad, the gradients of every pair are
- * set (not accumulated) to the loss's.  inputs, targets [B*T]; mask [B*T] or NULL (all 1). */
+ * (weighted by mask) of -log softmax(logits)[target].  With grad_weight != 0 the gradients of every
+ * pair become those of grad_weight * loss, or gain them with accumulate (gradient accumulation).
+ * inputs, targets [B*T]; mask [B*T] or NULL (all 1). */
 lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
-                            int T, int grad, double *loss);
+                            int T, double grad_weight, int accumulate, double *loss);
 /* One AdamW step from the current gradients (PyTorch's AdamW: decoupled weight decay, bias
  * correction); *gnorm the global gradient norm before clipping (may be NULL). */
 lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm);

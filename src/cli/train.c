@@ -1,0 +1,362 @@
+/* train.c - `lmx train MODEL --data DIR`: LoRA fine-tuning (train/train.h) on mlx-lm's data layout
+ * (DIR/train.jsonl, optional DIR/valid.jsonl; train/data.h), and `lmx eval`: loss and perplexity.
+ *
+ * Each step takes batch-size examples (an epoch is a shuffled pass; a batch's examples are of similar
+ * length: the epoch order sorts each window of 8 batches by length), pads them to the longest, and
+ * trains on next-token prediction (inputs ids[:-1], targets ids[1:]; with --mask-prompt only the
+ * completion's).  Progress goes to stderr, one line per step; OUT/metrics.csv keeps every step; the
+ * adapter is written to OUT/peft (HF PEFT) and OUT/mlx (mlx-lm) at the end and every --save-every. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../base/fileio.h"
+#include "../train/data.h"
+#include "../train/train.h"
+#include "cli.h"
+#include "lmx.h"
+
+typedef struct train_opts {
+    const char *model, *data, *out, *backend, *schedule;
+    int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
+    unsigned targets;
+    double alpha, lr, wd, clip;
+    uint64_t seed;
+} train_opts;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_targets(const char *s, unsigned *out) {
+    static const char *names[LMX_PROJ_N] = {"q", "k", "v", "o", "gate", "up", "down"};
+    *out = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int found = 0;
+        for (int p = 0; p < LMX_PROJ_N; p++)
+            if (!strcmp(tok, names[p]) || !strcmp(tok, lmx_proj_short((lmx_proj)p))) *out |= 1u << p, found = 1;
+        if (!found) return 0;
+    }
+    return *out != 0;
+}
+
+/* learning rate of step s (0-based) */
+static double lr_at(const train_opts *o, int s) {
+    if (o->warmup > 0 && s < o->warmup) return o->lr * (s + 1) / o->warmup;
+    const double f = o->iters > o->warmup ? (double)(s - o->warmup) / (o->iters - o->warmup) : 0.0;
+    if (!strcmp(o->schedule, "cosine")) return o->lr * 0.5 * (1.0 + cos(M_PI * f));
+    if (!strcmp(o->schedule, "linear")) return o->lr * (1.0 - f);
+    return o->lr;
+}
+
+/* The padded batch of examples idx[0..B): inputs, targets, mask [B, T]; T = longest - 1. */
+static int make_batch(const lmx_train_set *set, const int *idx, int B, int mask_prompt, int32_t **in, int32_t **tg,
+                      float **mask) {
+    int T = 1;
+    for (int b = 0; b < B; b++) T = set->ex[idx[b]].n - 1 > T ? set->ex[idx[b]].n - 1 : T;
+    const size_t n = (size_t)(unsigned)B * (unsigned)T;
+    *in = calloc(n, sizeof **in), *tg = calloc(n, sizeof **tg), *mask = calloc(n, sizeof **mask);
+    if (!*in || !*tg || !*mask) return 0;
+    for (int b = 0; b < B; b++) {
+        const lmx_train_example *e = &set->ex[idx[b]];
+        for (int t = 0; t < e->n - 1; t++) {
+            (*in)[b * T + t] = e->ids[t];
+            (*tg)[b * T + t] = e->ids[t + 1];
+            (*mask)[b * T + t] = !mask_prompt || t + 1 >= e->n_prompt ? 1.0f : 0.0f;
+        }
+    }
+    return T;
+}
+
+/* mean loss over a whole set, batch by batch (token-weighted) */
+static lmx_status set_loss(lmx_trainer *tr, const lmx_train_set *set, int B, int mask_prompt, double *loss, double *tokens) {
+    double sum = 0, n = 0;
+    int *idx = malloc((size_t)B * sizeof *idx);
+    lmx_status st = idx ? LMX_OK : LMX_ERR_NOMEM;
+    for (int i0 = 0; i0 < set->n && !st; i0 += B) {
+        const int nb = set->n - i0 < B ? set->n - i0 : B;
+        for (int b = 0; b < nb; b++) idx[b] = i0 + b;
+        int32_t *in, *tg;
+        float *mk;
+        const int T = make_batch(set, idx, nb, mask_prompt, &in, &tg, &mk);
+        double l = 0, w = 0;
+        for (int i = 0; i < nb * T; i++) w += mk[i];
+        if (w > 0) st = lmx_trainer_loss(tr, in, tg, mk, nb, T, 0.0, 0, &l);
+        sum += l * w, n += w;
+        free(in), free(tg), free(mk);
+    }
+    free(idx);
+    *loss = n > 0 ? sum / n : 0, *tokens = n;
+    return st;
+}
+
+static void shuffle(int *a, int n, uint64_t *rng) {
+    for (int i = n - 1; i > 0; i--) {
+        *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
+        const int j = (int)(*rng % (uint64_t)(i + 1)), t = a[i];
+        a[i] = a[j], a[j] = t;
+    }
+}
+
+static const lmx_train_set *g_sort_set; /* qsort's context (this command only, single-threaded) */
+static int by_len(const void *x, const void *y) {
+    return g_sort_set->ex[*(const int *)x].n - g_sort_set->ex[*(const int *)y].n;
+}
+
+static int save_adapter(const lmx_adapter *ad, const train_opts *o, const lmx_lora_spec *spec, const char *sub) {
+    mkdir(o->out, 0777);
+    char *dir = lmx_path_join(o->out, sub), *peft = lmx_path_join(dir, "peft"), *mlx = lmx_path_join(dir, "mlx");
+    lmx_err err = {0};
+    mkdir(dir, 0777);
+    int ok = !lmx_adapter_save(ad, peft, LMX_LORA_PEFT, spec, &err);
+    if (ok && lmx_adapter_save(ad, mlx, LMX_LORA_MLX, spec, &err)) {
+        if (err.status != LMX_ERR_UNSUPPORTED) ok = 0;
+        else fprintf(stderr, "train: no mlx-lm copy: %s\n", err.msg);
+    }
+    if (!ok) fprintf(stderr, "train: saving the adapter: %s\n", err.msg);
+    free(dir), free(peft), free(mlx);
+    return ok;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_opts o = {.out = "adapters", .backend = "cpu", .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
+                    .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .targets = (1u << LMX_PROJ_N) - 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (!strcmp(a, name) && v && ++i)
+        if (OPT("--data")) o.data = v;
+        else if (OPT("--adapter-out")) o.out = v;
+        else if (OPT("--backend")) o.backend = v;
+        else if (OPT("--rank")) o.rank = atoi(v);
+        else if (OPT("--alpha")) o.alpha = atof(v);
+        else if (OPT("--targets")) {
+            if (!parse_targets(v, &o.targets)) {
+                fprintf(stderr, "train: --targets %s: use q,k,v,o,gate,up,down\n", v);
+                return 2;
+            }
+        } else if (OPT("--num-layers")) o.num_layers = atoi(v);
+        else if (OPT("--lr")) o.lr = atof(v);
+        else if (OPT("--schedule")) o.schedule = v;
+        else if (OPT("--warmup")) o.warmup = atoi(v);
+        else if (OPT("--weight-decay")) o.wd = atof(v);
+        else if (OPT("--clip-grad-norm")) o.clip = atof(v);
+        else if (OPT("--iters")) o.iters = atoi(v);
+        else if (OPT("--batch-size")) o.batch = atoi(v);
+        else if (OPT("--grad-accum")) o.accum = atoi(v);
+        else if (OPT("--max-seq-length")) o.max_len = atoi(v);
+        else if (OPT("--save-every")) o.save_every = atoi(v);
+        else if (OPT("--eval-every")) o.eval_every = atoi(v);
+        else if (OPT("--seed")) o.seed = strtoull(v, NULL, 10);
+        else if (OPT("--threads")) o.threads = atoi(v);
+        else if (!strcmp(a, "--mask-prompt")) o.mask_prompt = 1;
+        else if (!strcmp(a, "--skip-bad")) o.skip_bad = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: lmx train MODEL --data DIR [--adapter-out DIR] [--rank 8] [--alpha 16] [--targets q,k,v,o,gate,up,down]\n"
+                   "         [--num-layers N] [--lr 1e-4] [--schedule constant|linear|cosine] [--warmup N] [--weight-decay X]\n"
+                   "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
+                   "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
+                   "  DIR/train.jsonl (and DIR/valid.jsonl): {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"} lines\n");
+            return 0;
+        } else if (!o.model && a[0] != '-') o.model = a;
+        else {
+            fprintf(stderr, "train: unknown or incomplete option %s (lmx train --help)\n", a);
+            return 2;
+        }
+#undef OPT
+    }
+    if (!o.model || !o.data || o.rank <= 0 || o.iters <= 0 || o.batch <= 0 || o.accum <= 0 || o.lr <= 0 ||
+        (strcmp(o.schedule, "constant") && strcmp(o.schedule, "linear") && strcmp(o.schedule, "cosine"))) {
+        fprintf(stderr, "usage: lmx train MODEL --data DIR [options] (lmx train --help)\n");
+        return 2;
+    }
+    lmx_load_params lp = lmx_load_default_params();
+    lp.backend = o.backend;
+    lp.n_threads = o.threads;
+    lmx_model *m = NULL;
+    lmx_adapter *ad = NULL;
+    lmx_trainer *tr = NULL;
+    lmx_train_set train = {0}, valid = {0};
+    lmx_err err = {0};
+    int rc = 1, have_valid = 0;
+    FILE *csv = NULL;
+    char *tpath = lmx_path_join(o.data, "train.jsonl"), *vpath = lmx_path_join(o.data, "valid.jsonl");
+    char *cpath = lmx_path_join(o.out, "metrics.csv");
+    const lmx_lora_spec spec = {.rank = o.rank, .alpha = o.alpha, .targets = o.targets, .num_layers = o.num_layers,
+                                .seed = o.seed};
+    if (lmx_model_load(o.model, &lp, &m)) {
+        fprintf(stderr, "train: %s\n", lmx_last_error(m));
+        goto done;
+    }
+    if (lmx_train_set_load(m, tpath, o.mask_prompt, o.max_len, o.skip_bad, &train, &err)) {
+        fprintf(stderr, "train: %s\n", err.msg);
+        goto done;
+    }
+    if (lmx_is_file(vpath)) {
+        if (lmx_train_set_load(m, vpath, o.mask_prompt, o.max_len, o.skip_bad, &valid, &err)) {
+            fprintf(stderr, "train: %s\n", err.msg);
+            goto done;
+        }
+        have_valid = 1;
+    }
+    if (lmx_adapter_create(m, &spec, &ad) || lmx_trainer_create(m, ad, &tr, &err)) {
+        fprintf(stderr, "train: %s\n", ad ? err.msg : lmx_last_error(m));
+        goto done;
+    }
+    mkdir(o.out, 0777);
+    if (!(csv = fopen(cpath, "w"))) {
+        fprintf(stderr, "train: cannot write %s\n", cpath);
+        goto done;
+    }
+    fprintf(csv, "step,loss,lr,tokens,tokens_per_s,grad_norm,valid_loss\n");
+    lmx_adapter_info info;
+    lmx_adapter_get_info(ad, &info);
+    fprintf(stderr, "train: %d examples (%d skipped), %s%d valid; rank %d alpha %g on %s, %lld parameters; %d steps of %d x %d\n",
+            train.n, train.skipped, have_valid ? "" : "no valid.jsonl, ", valid.n, o.rank, o.alpha, info.targets,
+            (long long)info.n_params, o.iters, o.batch, o.accum);
+    int *order = malloc((size_t)train.n * sizeof *order), pos = train.n;
+    uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
+    const lmx_adamw opt = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = o.wd, .clip_grad_norm = o.clip};
+    double t0 = now_s(), tokens_all = 0, best = INFINITY;
+    int ok = order != NULL;
+    for (int s = 0; s < o.iters && ok; s++) {
+        double loss_sum = 0, toks = 0, ts = now_s();
+        for (int a = 0; a < o.accum && ok; a++) {
+            int idx[4096];
+            const int B = o.batch < 4096 ? o.batch : 4096;
+            for (int b = 0; b < B; b++) {
+                if (pos == train.n) { /* a new epoch: shuffled, each window of 8 batches sorted by length */
+                    for (int i = 0; i < train.n; i++) order[i] = i;
+                    shuffle(order, train.n, &rng);
+                    g_sort_set = &train;
+                    for (int w = 0; w < train.n; w += 8 * B)
+                        qsort(order + w, (size_t)(train.n - w < 8 * B ? train.n - w : 8 * B), sizeof *order, by_len);
+                    pos = 0;
+                }
+                idx[b] = order[pos++];
+            }
+            int32_t *in, *tg;
+            float *mk;
+            const int T = make_batch(&train, idx, B, o.mask_prompt, &in, &tg, &mk);
+            double l = 0, w = 0;
+            for (int i = 0; i < B * T; i++) w += mk[i];
+            if (lmx_trainer_loss(tr, in, tg, mk, B, T, 1.0 / o.accum, a > 0, &l)) {
+                fprintf(stderr, "train: step %d: %s\n", s, tr->err.msg);
+                ok = 0;
+            }
+            loss_sum += l / o.accum, toks += w;
+            free(in), free(tg), free(mk);
+        }
+        if (!ok) break;
+        lmx_adamw so = opt;
+        so.lr = lr_at(&o, s);
+        double gnorm = 0;
+        if (lmx_trainer_adamw(tr, &so, &gnorm)) {
+            fprintf(stderr, "train: step %d: %s\n", s, tr->err.msg);
+            break;
+        }
+        tokens_all += toks;
+        const double dt = now_s() - ts, el = now_s() - t0, eta = el / (s + 1) * (o.iters - s - 1);
+        double vloss = NAN, vt;
+        if (have_valid && ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || s + 1 == o.iters)) {
+            if (set_loss(tr, &valid, o.batch, o.mask_prompt, &vloss, &vt)) {
+                fprintf(stderr, "train: validation: %s\n", tr->err.msg);
+                break;
+            }
+            if (vloss < best) {
+                best = vloss;
+                ok = save_adapter(ad, &o, &spec, "best");
+            }
+        }
+        lmx_memory_info mi = {0};
+        lmx_model_get_memory(m, &mi);
+        fprintf(stderr, "step %d/%d  loss %.4f  lr %.3g  %.0f tok/s  grad norm %.3g  mem %.0f MiB  eta %.0fs%s",
+                s + 1, o.iters, loss_sum, so.lr, toks / dt, gnorm, mi.peak_bytes / 1048576.0, eta, isnan(vloss) ? "\n" : "");
+        if (!isnan(vloss)) fprintf(stderr, "  valid loss %.4f (ppl %.2f)\n", vloss, exp(vloss));
+        fprintf(csv, "%d,%.6f,%.6g,%.0f,%.1f,%.6g,", s + 1, loss_sum, so.lr, toks, toks / dt, gnorm);
+        if (!isnan(vloss)) fprintf(csv, "%.6f", vloss);
+        fprintf(csv, "\n");
+        fflush(csv);
+        if (o.save_every > 0 && (s + 1) % o.save_every == 0 && ok) {
+            char sub[32];
+            snprintf(sub, sizeof sub, "step%07d", s + 1);
+            ok = save_adapter(ad, &o, &spec, sub);
+        }
+        if (s + 1 == o.iters && ok) ok = save_adapter(ad, &o, &spec, ".");
+    }
+    free(order);
+    if (ok) {
+        fprintf(stderr, "train: done, %.0f tokens in %.1fs; adapter in %s/peft and %s/mlx\n", tokens_all, now_s() - t0,
+                o.out, o.out);
+        rc = 0;
+    }
+done:
+    if (csv) fclose(csv);
+    lmx_trainer_free(tr);
+    lmx_train_set_free(&train);
+    lmx_train_set_free(&valid);
+    if (m) lmx_model_free(m);
+    free(tpath), free(vpath), free(cpath);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *adapter = NULL, *data = NULL, *backend = "cpu";
+    int mask_prompt = 0, batch = 4;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--adapter") && i + 1 < argc) adapter = argv[++i];
+        else if (!strcmp(argv[i], "--data") && i + 1 < argc) data = argv[++i];
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--batch-size") && i + 1 < argc) batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mask-prompt")) mask_prompt = 1;
+        else if (!model && argv[i][0] != '-') model = argv[i];
+        else {
+            fprintf(stderr, "usage: lmx eval MODEL --data FILE.jsonl [--adapter DIR] [--mask-prompt] [--batch-size N]\n");
+            return 2;
+        }
+    }
+    if (!model || !data || batch <= 0) {
+        fprintf(stderr, "usage: lmx eval MODEL --data FILE.jsonl [--adapter DIR] [--mask-prompt] [--batch-size N]\n");
+        return 2;
+    }
+    lmx_load_params lp = lmx_load_default_params();
+    lp.backend = backend;
+    lmx_model *m = NULL;
+    lmx_adapter *ad = NULL;
+    lmx_trainer *tr = NULL;
+    lmx_train_set set = {0};
+    lmx_err err = {0};
+    int rc = 1;
+    if (lmx_model_load(model, &lp, &m)) {
+        fprintf(stderr, "eval: %s\n", lmx_last_error(m));
+        goto done;
+    }
+    /* without an adapter: a rank-1 one with B = 0 adds nothing and lets the trainer run the pass */
+    const lmx_lora_spec none = {.rank = 1, .alpha = 1, .targets = 1u << LMX_PROJ_Q};
+    if ((adapter ? lmx_adapter_load(m, adapter, &ad) : lmx_adapter_create(m, &none, &ad))) {
+        fprintf(stderr, "eval: %s\n", lmx_last_error(m));
+        goto done;
+    }
+    if (lmx_train_set_load(m, data, mask_prompt, 0, 0, &set, &err) || lmx_trainer_create(m, ad, &tr, &err)) {
+        fprintf(stderr, "eval: %s\n", err.msg);
+        goto done;
+    }
+    double loss, toks;
+    if (set_loss(tr, &set, batch, mask_prompt, &loss, &toks)) {
+        fprintf(stderr, "eval: %s\n", tr->err.msg);
+        goto done;
+    }
+    printf("%s: %d examples, %.0f tokens: loss %.4f, perplexity %.3f\n", data, set.n, toks, loss, exp(loss));
+    rc = 0;
+done:
+    lmx_trainer_free(tr);
+    lmx_train_set_free(&set);
+    if (m) lmx_model_free(m);
+    return rc;
+}

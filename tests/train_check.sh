@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# train_check.sh - `lmx train` and `lmx eval` end to end on the llama fixture with a byte-level tokenizer
+# (tests/data/bridge): a prompt/completion dataset of invented facts, written here.  Checks that the
+# loss falls (the trained adapter's validation loss under a quarter of the base model's), that the
+# adapter written in PEFT and in mlx-lm layout loads back with the same validation loss that training
+# reported, that metrics.csv has every step, and that bad data fails with the file and line (or is
+# skipped with --skip-bad).  With mlx-lm installed: adapters cross between lmx and mlx-lm both ways with
+# equal losses (tests/ref/mlx_adapter_loss.py).
+# usage: tests/train_check.sh LMX FIXTURES
+set -u
+lmx=$1 fix=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+mkdir -p "$tmp/model" "$tmp/data" "$tmp/bad"
+for f in "$fix"/models/llama/*; do ln -s "$f" "$tmp/model/"; done
+cp "$root"/tests/data/bridge/tokenizer.json "$root"/tests/data/bridge/tokenizer_config.json "$tmp/model/"
+names=(Zor Kel Mip Tav Rux Bel Quo Dax) colors=(red blue green gold)
+for i in $(seq 0 63); do
+    n=$((i * 5 % 8))
+    echo "{\"prompt\": \"color of ${names[$n]}?\", \"completion\": \"${colors[$((n % 4))]}\"}"
+done >"$tmp/data/train.jsonl"
+for n in 0 1 2 3 4 5 6 7; do echo "{\"prompt\": \"color of ${names[$n]}?\", \"completion\": \"${colors[$((n % 4))]}\"}"; done >"$tmp/data/valid.jsonl"
+
+"$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/out" --iters 30 --batch-size 8 --lr 1e-2 --rank 4 \
+    --mask-prompt --eval-every 10 2>"$tmp/train.log" || { echo "FAIL: lmx train"; tail -3 "$tmp/train.log"; exit 1; }
+trained=$(grep -o 'valid loss [0-9.]*' "$tmp/train.log" | tail -1 | cut -d' ' -f3)
+base=$("$lmx" eval "$tmp/model" --data "$tmp/data/valid.jsonl" --mask-prompt | grep -o 'loss [0-9.]*' | cut -d' ' -f2)
+echo "validation loss: base $base, trained $trained"
+awk -v b="$base" -v t="$trained" 'BEGIN { exit !(t < b / 4) }' || { echo "FAIL: the loss did not fall"; fail=1; }
+for fmt in peft mlx; do
+    l=$("$lmx" eval "$tmp/model" --data "$tmp/data/valid.jsonl" --mask-prompt --adapter "$tmp/out/$fmt" | grep -o 'loss [0-9.]*' | cut -d' ' -f2)
+    echo "reloaded $fmt adapter: validation loss $l"
+    [ "$l" = "$trained" ] || { echo "FAIL: the $fmt adapter reloads with loss $l, training ended at $trained"; fail=1; }
+done
+[ "$(wc -l <"$tmp/out/metrics.csv")" = 31 ] || { echo "FAIL: metrics.csv has $(wc -l <"$tmp/out/metrics.csv") lines"; fail=1; }
+[ -f "$tmp/out/best/peft/adapter_model.safetensors" ] || { echo "FAIL: no best checkpoint"; fail=1; }
+
+# mlx-lm (when installed, as test_bridge finds it): the adapter lmx wrote in mlx-lm's layout gives mlx-lm the
+# loss lmx computes, and an adapter `mlx_lm lora` trains gives lmx the loss mlx-lm computes (both in f32)
+py=${LMX_PYTHON:-$HOME/.cache/lmx/mlx-lm-venv/bin/python}
+if "$py" -c 'import mlx_lm' 2>/dev/null; then
+    for n in Zor Kel Mip; do echo "{\"text\": \"color of $n? red\"}"; done >"$tmp/text.jsonl"
+    "$py" -m mlx_lm lora --model "$tmp/model" --train --data "$tmp/data" --iters 5 --batch-size 4 --num-layers 2 \
+        --learning-rate 1e-2 --adapter-path "$tmp/mlx_trained" >"$tmp/mlx_lora.log" 2>&1 ||
+        { echo "FAIL: mlx_lm lora"; tail -3 "$tmp/mlx_lora.log"; fail=1; }
+    for ad in "$tmp/out/mlx" "$tmp/mlx_trained"; do
+        want=$("$py" "$root/tests/ref/mlx_adapter_loss.py" "$tmp/model" "$ad" "$tmp/text.jsonl" 2>"$tmp/mlx_loss.err")
+        got=$("$lmx" eval "$tmp/model" --data "$tmp/text.jsonl" --adapter "$ad" | grep -o 'loss [0-9.]*' | cut -d' ' -f2)
+        echo "adapter $(basename "$ad"): mlx-lm loss $want, lmx loss $got"
+        awk -v a="$want" -v b="$got" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-4 * (1 + a)) }' ||
+            { echo "FAIL: mlx-lm and lmx disagree on $ad"; tail -2 "$tmp/mlx_loss.err"; fail=1; }
+    done
+else
+    echo "skip: no python with mlx-lm ($py): the mlx-lm interoperability checks did not run"
+fi
+
+# bad data: an error with file and line, or skipped and counted
+cp "$tmp/data/valid.jsonl" "$tmp/bad/train.jsonl"
+printf '{"prompt": "x"\n{"completion": "only"}\n' >>"$tmp/bad/train.jsonl"
+if "$lmx" train "$tmp/model" --data "$tmp/bad" --adapter-out "$tmp/out2" --iters 1 2>"$tmp/bad.log"; then
+    echo "FAIL: bad data accepted"; fail=1
+fi
+grep -q 'train.jsonl:9: not a JSON object' "$tmp/bad.log" || { echo "FAIL: bad data message: $(cat "$tmp/bad.log")"; fail=1; }
+"$lmx" train "$tmp/model" --data "$tmp/bad" --adapter-out "$tmp/out2" --iters 1 --skip-bad 2>"$tmp/skip.log" ||
+    { echo "FAIL: --skip-bad"; tail -2 "$tmp/skip.log"; fail=1; }
+grep -q '(2 skipped)' "$tmp/skip.log" || { echo "FAIL: skipped count: $(head -1 "$tmp/skip.log")"; fail=1; }
+[ $fail = 0 ] && echo "train_check: all passed"
+exit $fail
