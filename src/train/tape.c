@@ -30,7 +30,7 @@ typedef struct tape_rec {
     lmx_batch bt;                /* n_past / n_new point into ints */
     int *ints;                   /* owned: batch n_past[B], n_new[B], windows[B]; gather rows[R] */
     const lmx_lora_pair **pairs; /* owned [B] */
-    lmx_attn_args attn;
+    lmx_attn_args attn;          /* H, Hk, D, scale, softcap (no pointers: records move) */
 } tape_rec;
 
 typedef struct tape_watch {
@@ -301,10 +301,8 @@ static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
         if (!st) st = save(t, &r->saved[2], a->v, M, (int64_t)a->Hk * a->D);
         if (st) return st;
         for (int b = 0; b < a->batch->B; b++) r->ints[2 * a->batch->B + b] = a->kv[b]->window;
-        r->attn = *a;
-        r->attn.batch = &r->bt;
-        r->attn.q = &r->saved[0], r->attn.k = &r->saved[1], r->attn.v = &r->saved[2];
-        r->attn.out = NULL, r->attn.kv = NULL;
+        r->attn = *a; /* its pointers are set at backward: records move as the tape grows */
+        r->attn.batch = NULL, r->attn.q = r->attn.k = r->attn.v = NULL, r->attn.out = NULL, r->attn.kv = NULL;
         r->in[0] = vq, r->in[1] = vk, r->in[2] = vv;
     }
     lmx_status st = pass(t, t->in->ops->attention(t->in, a));
@@ -518,7 +516,9 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
                 if (pass(t, in->ops->alloc(in, &sink[k]))) return t->base.err.status;
                 gs[k] = &sink[k];
             }
-        lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &r->attn, r->ints + 2 * r->bt.B));
+        lmx_attn_args a = r->attn;
+        a.batch = &r->bt, a.q = &r->saved[0], a.k = &r->saved[1], a.v = &r->saved[2];
+        lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &a, r->ints + 2 * r->bt.B));
         for (int k = 0; k < 3; k++)
             if (sink[k].data) in->ops->release(in, &sink[k]);
         return st;
