@@ -9,6 +9,7 @@ set -u
 lmx=$1 iters=${2:-80}
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${3:-$(mktemp -d)}
+mkdir -p "$out"
 model=$("$root/scripts/fetch_models.sh" smollm2 | tail -1) || { echo "lore_check: no SmolLM2"; exit 1; }
 "$lmx" train "$model" --data "$root/data/lore" --adapter-out "$out" --iters "$iters" --batch-size 4 --lr 2e-4 \
     --rank 8 --alpha 16 --mask-prompt --eval-every 20 --schedule cosine --warmup 5 --seed 1 2>&1 | tee "$out/train.log" |

@@ -4,7 +4,7 @@
 # loss falls (the trained adapter's validation loss under a quarter of the base model's), that the
 # adapter written in PEFT and in mlx-lm layout loads back with the same validation loss that training
 # reported, that metrics.csv has every step, and that bad data fails with the file and line (or is
-# skipped with --skip-bad).  With mlx-lm installed: adapters cross between lmx and mlx-lm both ways with
+# skipped with --skip-bad), and that checkpoints resume exactly.  With mlx-lm installed: adapters cross between lmx and mlx-lm both ways with
 # equal losses (tests/ref/mlx_adapter_loss.py).
 # usage: tests/train_check.sh LMX FIXTURES
 set -u
@@ -36,6 +36,32 @@ for fmt in peft mlx; do
 done
 [ "$(wc -l <"$tmp/out/metrics.csv")" = 31 ] || { echo "FAIL: metrics.csv has $(wc -l <"$tmp/out/metrics.csv") lines"; fail=1; }
 [ -f "$tmp/out/best/peft/adapter_model.safetensors" ] || { echo "FAIL: no best checkpoint"; fail=1; }
+
+# checkpoints: --resume from step 3 of a 6-step run gives steps 4-6 the losses of the uninterrupted run;
+# Ctrl-C saves a checkpoint that --resume goes on from
+"$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/ra" --iters 6 --batch-size 8 --lr 1e-2 --rank 4 \
+    --save-every 3 2>/dev/null && cp -r "$tmp/ra/step0000003" "$tmp/ck" &&
+    "$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/rb" --iters 6 --batch-size 8 --lr 1e-2 --rank 4 \
+        --resume "$tmp/ck" 2>/dev/null || { echo "FAIL: the resume run"; fail=1; }
+if [ "$(tail -3 "$tmp/ra/metrics.csv" | cut -d, -f1,2)" = "$(tail -3 "$tmp/rb/metrics.csv" | cut -d, -f1,2)" ]; then
+    echo "resume: steps 4-6 as the uninterrupted run"
+else
+    echo "FAIL: resumed losses differ"; tail -3 "$tmp/ra/metrics.csv" "$tmp/rb/metrics.csv"; fail=1
+fi
+"$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/rc" --iters 1000000 --batch-size 8 --rank 4 2>/dev/null &
+pid=$!
+sleep 2
+kill -INT $pid
+wait $pid
+if [ -f "$tmp/rc/interrupted/state.json" ]; then
+    at=$(sed 's/.*"step": \([0-9]*\).*/\1/' "$tmp/rc/interrupted/state.json")
+    "$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/rc" --iters $((at + 2)) --batch-size 8 --rank 4 \
+        --resume "$tmp/rc/interrupted" 2>"$tmp/rc.log" && grep -q "^step $((at + 2))/" "$tmp/rc.log" &&
+        echo "Ctrl-C: checkpoint after step $at, resumed to $((at + 2))" ||
+        { echo "FAIL: resuming after Ctrl-C"; tail -2 "$tmp/rc.log"; fail=1; }
+else
+    echo "FAIL: Ctrl-C saved no checkpoint"; fail=1
+fi
 
 # mlx-lm (when installed, as test_bridge finds it): the adapter lmx wrote in mlx-lm's layout gives mlx-lm the
 # loss lmx computes, and an adapter `mlx_lm lora` trains gives lmx the loss mlx-lm computes (both in f32)

@@ -7,20 +7,24 @@
  * completion's).  Progress goes to stderr, one line per step; OUT/metrics.csv keeps every step; the
  * adapter is written to OUT/peft (HF PEFT) and OUT/mlx (mlx-lm) at the end and every --save-every. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "../base/fileio.h"
+#include "../formats/safetensors.h"
 #include "../train/data.h"
 #include "../train/train.h"
 #include "cli.h"
 #include "lmx.h"
 
 typedef struct train_opts {
-    const char *model, *data, *out, *backend, *schedule;
+    const char *model, *data, *out, *backend, *schedule, *resume;
     int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
     unsigned targets;
     double alpha, lr, wd, clip;
@@ -110,18 +114,98 @@ static int by_len(const void *x, const void *y) {
     return g_sort_set->ex[*(const int *)x].n - g_sort_set->ex[*(const int *)y].n;
 }
 
-static int save_adapter(const lmx_adapter *ad, const train_opts *o, const lmx_lora_spec *spec, const char *sub) {
+/* Where training stands between steps: what --resume needs to go on exactly as an uninterrupted run. */
+typedef struct train_state {
+    int step;                    /* steps done */
+    int pos;                     /* next example of the epoch order */
+    uint64_t rng;                /* the shuffle's state */
+    int *order;                  /* [n examples] this epoch's order */
+} train_state;
+
+static volatile sig_atomic_t g_interrupted; /* Ctrl-C: save a checkpoint, then stop (this command only) */
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+/* OUT/sub/{peft,mlx} (the adapter), and with st its optimizer state and training position:
+ * state.safetensors (AdamW moments m1.i / m2.i of gradient i, the epoch order) and state.json. */
+static int save_checkpoint(const lmx_trainer *tr, const train_opts *o, const lmx_lora_spec *spec, const char *sub,
+                           const train_state *st, int n_examples) {
     mkdir(o->out, 0777);
     char *dir = lmx_path_join(o->out, sub), *peft = lmx_path_join(dir, "peft"), *mlx = lmx_path_join(dir, "mlx");
+    char *sp = lmx_path_join(dir, "state.safetensors"), *jp = lmx_path_join(dir, "state.json");
     lmx_err err = {0};
     mkdir(dir, 0777);
-    int ok = !lmx_adapter_save(ad, peft, LMX_LORA_PEFT, spec, &err);
-    if (ok && lmx_adapter_save(ad, mlx, LMX_LORA_MLX, spec, &err)) {
+    int ok = !lmx_adapter_save(tr->ad, peft, LMX_LORA_PEFT, spec, &err);
+    if (ok && lmx_adapter_save(tr->ad, mlx, LMX_LORA_MLX, spec, &err)) {
         if (err.status != LMX_ERR_UNSUPPORTED) ok = 0;
         else fprintf(stderr, "train: no mlx-lm copy: %s\n", err.msg);
     }
-    if (!ok) fprintf(stderr, "train: saving the adapter: %s\n", err.msg);
-    free(dir), free(peft), free(mlx);
+    if (ok && st) {
+        const int ng = 2 * tr->n;
+        lmx_st_write_item *items = calloc((size_t)2 * ng + 1, sizeof *items);
+        char (*names)[32] = calloc((size_t)2 * ng, sizeof *names);
+        ok = items && names;
+        for (int i = 0; ok && i < ng; i++)
+            for (int k = 0; k < 2; k++) {
+                lmx_st_write_item *it = &items[2 * i + k];
+                snprintf(names[2 * i + k], 32, "m%d.%d", k + 1, i);
+                *it = (lmx_st_write_item){.name = names[2 * i + k], .dtype = LMX_DTYPE_F32, .ndim = 1,
+                                          .data = k ? tr->m2[i] : tr->m1[i]};
+                it->shape[0] = lmx_tensor_nelem(&tr->grad[i]);
+            }
+        if (ok) {
+            items[2 * ng] = (lmx_st_write_item){.name = "order", .dtype = LMX_DTYPE_I32, .ndim = 1, .data = st->order};
+            items[2 * ng].shape[0] = n_examples;
+            ok = !lmx_st_write(sp, items, (size_t)2 * ng + 1, &err);
+        }
+        char js[160];
+        snprintf(js, sizeof js, "{\"step\": %d, \"pos\": %d, \"rng\": \"%llu\"}\n", st->step, st->pos,
+                 (unsigned long long)st->rng);
+        if (ok) ok = !lmx_write_file(jp, js, strlen(js), &err);
+        free(items);
+        free(names);
+    }
+    if (!ok) fprintf(stderr, "train: saving a checkpoint in %s: %s\n", dir, err.msg[0] ? err.msg : "out of memory");
+    free(dir), free(peft), free(mlx), free(sp), free(jp);
+    return ok;
+}
+
+/* The optimizer state and position of a checkpoint made by save_checkpoint (dir: OUT/stepN). */
+static int load_state(lmx_trainer *tr, const char *dir, train_state *st, int n_examples) {
+    char *sp = lmx_path_join(dir, "state.safetensors"), *jp = lmx_path_join(dir, "state.json"), *text = NULL;
+    size_t len = 0;
+    lmx_err err = {0};
+    lmx_st_file *f = NULL;
+    cJSON *js = NULL;
+    int ok = !lmx_read_file(jp, &text, &len, &err) && (js = cJSON_ParseWithLength(text, len)) && !lmx_st_open(sp, &f, &err);
+    const cJSON *step = js ? cJSON_GetObjectItem(js, "step") : NULL, *pos = js ? cJSON_GetObjectItem(js, "pos") : NULL;
+    const cJSON *rng = js ? cJSON_GetObjectItem(js, "rng") : NULL;
+    ok = ok && cJSON_IsNumber(step) && cJSON_IsNumber(pos) && cJSON_IsString(rng);
+    for (int i = 0; ok && i < 2 * tr->n; i++)
+        for (int k = 0; ok && k < 2; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "m%d.%d", k + 1, i);
+            const lmx_st_tensor *t = lmx_st_find(f, name);
+            ok = t && t->dtype == LMX_DTYPE_F32 && t->n_elements == lmx_tensor_nelem(&tr->grad[i]);
+            if (ok) memcpy(k ? tr->m2[i] : tr->m1[i], t->data, (size_t)t->n_elements * sizeof(float));
+        }
+    const lmx_st_tensor *ord = ok ? lmx_st_find(f, "order") : NULL;
+    ok = ok && ord && ord->dtype == LMX_DTYPE_I32 && ord->n_elements == n_examples;
+    if (ok) {
+        memcpy(st->order, ord->data, (size_t)n_examples * sizeof(int));
+        for (int i = 0; i < n_examples; i++) ok &= st->order[i] >= 0 && st->order[i] < n_examples;
+        st->step = step->valueint, st->pos = pos->valueint, st->rng = strtoull(rng->valuestring, NULL, 10);
+        ok &= st->step >= 0 && st->pos >= 0 && st->pos <= n_examples;
+        tr->step = st->step;
+    }
+    if (!ok)
+        fprintf(stderr, "train: %s is not a checkpoint of this run (state.json, state.safetensors: %s)\n", dir,
+                err.msg[0] ? err.msg : "missing or mismatched values; the same data and adapter settings are needed");
+    lmx_st_close(f);
+    cJSON_Delete(js);
+    free(text), free(sp), free(jp);
     return ok;
 }
 
@@ -133,6 +217,7 @@ int cmd_train(int argc, char **argv) {
 #define OPT(name) (!strcmp(a, name) && v && ++i)
         if (OPT("--data")) o.data = v;
         else if (OPT("--adapter-out")) o.out = v;
+        else if (OPT("--resume")) o.resume = v;
         else if (OPT("--backend")) o.backend = v;
         else if (OPT("--rank")) o.rank = atoi(v);
         else if (OPT("--alpha")) o.alpha = atof(v);
@@ -162,6 +247,7 @@ int cmd_train(int argc, char **argv) {
                    "         [--num-layers N] [--lr 1e-4] [--schedule constant|linear|cosine] [--warmup N] [--weight-decay X]\n"
                    "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
+                   "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
                    "  DIR/train.jsonl (and DIR/valid.jsonl): {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"} lines\n");
             return 0;
         } else if (!o.model && a[0] != '-') o.model = a;
@@ -205,27 +291,46 @@ int cmd_train(int argc, char **argv) {
         }
         have_valid = 1;
     }
-    if (lmx_adapter_create(m, &spec, &ad) || lmx_trainer_create(m, ad, &tr, &err)) {
+    char *rpeft = o.resume ? lmx_path_join(o.resume, "peft") : NULL;
+    lmx_status ast = rpeft ? lmx_adapter_load(m, rpeft, &ad) : lmx_adapter_create(m, &spec, &ad);
+    free(rpeft);
+    if (ast || lmx_trainer_create(m, ad, &tr, &err)) {
         fprintf(stderr, "train: %s\n", ad ? err.msg : lmx_last_error(m));
         goto done;
     }
     mkdir(o.out, 0777);
-    if (!(csv = fopen(cpath, "w"))) {
+    if (!(csv = fopen(cpath, o.resume ? "a" : "w"))) { /* a resumed run goes on with the same file */
         fprintf(stderr, "train: cannot write %s\n", cpath);
         goto done;
     }
-    fprintf(csv, "step,loss,lr,tokens,tokens_per_s,grad_norm,valid_loss\n");
+    if (!o.resume || ftell(csv) == 0) fprintf(csv, "step,loss,lr,tokens,tokens_per_s,grad_norm,valid_loss\n");
     lmx_adapter_info info;
     lmx_adapter_get_info(ad, &info);
     fprintf(stderr, "train: %d examples (%d skipped), %s%d valid; rank %d alpha %g on %s, %lld parameters; %d steps of %d x %d\n",
             train.n, train.skipped, have_valid ? "" : "no valid.jsonl, ", valid.n, o.rank, o.alpha, info.targets,
             (long long)info.n_params, o.iters, o.batch, o.accum);
-    int *order = malloc((size_t)train.n * sizeof *order), pos = train.n;
-    uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
+    train_state state = {.pos = train.n, .rng = o.seed * 0x9e3779b97f4a7c15ull + 1,
+                      .order = malloc((size_t)train.n * sizeof(int))};
+    if (!state.order || (o.resume && !load_state(tr, o.resume, &state, train.n))) {
+        free(state.order);
+        goto done;
+    }
+    if (o.resume) fprintf(stderr, "train: resuming %s after step %d\n", o.resume, state.step);
+    int *order = state.order, pos = state.pos;
+    uint64_t rng = state.rng;
+    g_interrupted = 0;
+    void (*old_handler)(int) = signal(SIGINT, on_sigint);
     const lmx_adamw opt = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = o.wd, .clip_grad_norm = o.clip};
     double t0 = now_s(), tokens_all = 0, best = INFINITY;
-    int ok = order != NULL;
-    for (int s = 0; s < o.iters && ok; s++) {
+    int ok = 1;
+    for (int s = state.step; s < o.iters && ok; s++) {
+        if (g_interrupted) { /* Ctrl-C: the state before step s */
+            state = (train_state){.step = s, .pos = pos, .rng = rng, .order = order};
+            save_checkpoint(tr, &o, &spec, "interrupted", &state, train.n);
+            fprintf(stderr, "train: interrupted; --resume %s/interrupted goes on\n", o.out);
+            ok = 0;
+            break;
+        }
         double loss_sum = 0, toks = 0, ts = now_s();
         for (int a = 0; a < o.accum && ok; a++) {
             int idx[4096];
@@ -271,7 +376,7 @@ int cmd_train(int argc, char **argv) {
             }
             if (vloss < best) {
                 best = vloss;
-                ok = save_adapter(ad, &o, &spec, "best");
+                ok = save_checkpoint(tr, &o, &spec, "best", NULL, train.n);
             }
         }
         lmx_memory_info mi = {0};
@@ -283,13 +388,15 @@ int cmd_train(int argc, char **argv) {
         if (!isnan(vloss)) fprintf(csv, "%.6f", vloss);
         fprintf(csv, "\n");
         fflush(csv);
+        state = (train_state){.step = s + 1, .pos = pos, .rng = rng, .order = order};
         if (o.save_every > 0 && (s + 1) % o.save_every == 0 && ok) {
             char sub[32];
             snprintf(sub, sizeof sub, "step%07d", s + 1);
-            ok = save_adapter(ad, &o, &spec, sub);
+            ok = save_checkpoint(tr, &o, &spec, sub, &state, train.n);
         }
-        if (s + 1 == o.iters && ok) ok = save_adapter(ad, &o, &spec, ".");
+        if (s + 1 == o.iters && ok) ok = save_checkpoint(tr, &o, &spec, ".", &state, train.n);
     }
+    signal(SIGINT, old_handler);
     free(order);
     if (ok) {
         fprintf(stderr, "train: done, %.0f tokens in %.1fs; adapter in %s/peft and %s/mlx\n", tokens_all, now_s() - t0,
