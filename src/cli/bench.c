@@ -31,12 +31,6 @@ typedef struct bench {
     int n_ad;
 } bench;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int32_t tok(bench *b) {
     b->rng ^= b->rng << 13;
     b->rng ^= b->rng >> 7;
@@ -109,9 +103,9 @@ static double prefill(bench *b, int n, int reps, float *logits) {
     for (int i = 0; i < n; i++) ids[i] = tok(b);
     for (int i = 0; i <= reps; i++) {
         lmx_context_reset(c);
-        double t0 = now_s();
+        double t0 = cli_now_s();
         if (lmx_context_eval(c, ids, n, logits, 0) != LMX_OK) goto done;
-        if (i > 0) t[i - 1] = now_s() - t0;
+        if (i > 0) t[i - 1] = cli_now_s() - t0;
         sample_gpu_mem(b);
     }
     r = n / median(t, reps);
@@ -135,9 +129,9 @@ static double decode(bench *b, int ctx, int steps, float *logits) {
     if (lmx_context_eval(c, &next, 1, logits, 0) != LMX_OK) goto done; /* warm-up */
     for (int s = 0; s < steps; s++) {
         next = tok(b);
-        double t0 = now_s();
+        double t0 = cli_now_s();
         if (lmx_context_eval(c, &next, 1, logits, 0) != LMX_OK) goto done;
-        t[s] = now_s() - t0;
+        t[s] = cli_now_s() - t0;
     }
     sample_gpu_mem(b);
     r = 1.0 / median(t, steps);
@@ -189,9 +183,9 @@ static double decode_batch(bench *b, int B, int steps) {
     for (int i = 0; i < B; i++) lens[i] = 1;
     for (int s = -1; s < steps; s++) {
         for (int i = 0; i < B; i++) ids[i] = tok(b);
-        double t0 = now_s();
+        double t0 = cli_now_s();
         if (lmx_eval_batch(b->m, cs, B, ids, lens, 1, logits) != LMX_OK) goto done;
-        if (s >= 0) t[s] = now_s() - t0;
+        if (s >= 0) t[s] = cli_now_s() - t0;
     }
     sample_gpu_mem(b);
     r = B / median(t, steps);
@@ -237,12 +231,12 @@ int cmd_bench(int argc, char **argv) {
     bench b = {.rng = 0x2545F4914F6CDD1Dull};
     lmx_load_params lp = lmx_load_default_params();
     lp.backend = backend;
-    double t0 = now_s();
+    double t0 = cli_now_s();
     if (lmx_model_load(path, &lp, &b.m) != LMX_OK) {
         fprintf(stderr, "lmx: %s\n", lmx_last_error(NULL));
         return 1;
     }
-    double load_s = now_s() - t0;
+    double load_s = cli_now_s() - t0;
     for (int i = 0; i < n_adapters; i++)
         if (lmx_adapter_load(b.m, adapters[i], &b.ad[b.n_ad++]) != LMX_OK) {
             fprintf(stderr, "lmx: %s: %s\n", adapters[i], lmx_last_error(b.m));

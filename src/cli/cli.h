@@ -17,6 +17,14 @@ int cmd_chat(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
+
+#include <time.h>
+/* Seconds on the monotonic clock (timings of bench and train). */
+static inline double cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 /* check-reference against a compact top-k JSON reference (check_topk.c); returns the exit code. */
 struct lmx_model;
 int cli_check_topk(struct lmx_model *m, const char *ref_path, double tol, int n_ctx);

@@ -31,12 +31,6 @@ typedef struct train_opts {
     uint64_t seed;
 } train_opts;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int parse_targets(const char *s, unsigned *out) {
     static const char *names[LMX_PROJ_N] = {"q", "k", "v", "o", "gate", "up", "down"};
     *out = 0;
@@ -321,7 +315,7 @@ int cmd_train(int argc, char **argv) {
     g_interrupted = 0;
     void (*old_handler)(int) = signal(SIGINT, on_sigint);
     const lmx_adamw opt = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = o.wd, .clip_grad_norm = o.clip};
-    double t0 = now_s(), tokens_all = 0, best = INFINITY;
+    double t0 = cli_now_s(), tokens_all = 0, best = INFINITY;
     int ok = 1;
     for (int s = state.step; s < o.iters && ok; s++) {
         if (g_interrupted) { /* Ctrl-C: the state before step s */
@@ -331,7 +325,7 @@ int cmd_train(int argc, char **argv) {
             ok = 0;
             break;
         }
-        double loss_sum = 0, toks = 0, ts = now_s();
+        double loss_sum = 0, toks = 0, ts = cli_now_s();
         for (int a = 0; a < o.accum && ok; a++) {
             int idx[4096];
             const int B = o.batch < 4096 ? o.batch : 4096;
@@ -349,13 +343,13 @@ int cmd_train(int argc, char **argv) {
             int32_t *in, *tg;
             float *mk;
             const int T = make_batch(&train, idx, B, o.mask_prompt, &in, &tg, &mk);
-            double l = 0, w = 0;
-            for (int i = 0; i < B * T; i++) w += mk[i];
+            double l = 0;
             if (lmx_trainer_loss(tr, in, tg, mk, B, T, 1.0 / o.accum, a > 0, &l)) {
                 fprintf(stderr, "train: step %d: %s\n", s, tr->err.msg);
                 ok = 0;
             }
-            loss_sum += l / o.accum, toks += w;
+            for (int b = 0; b < B; b++) toks += train.ex[idx[b]].n - 1; /* every position the step runs */
+            loss_sum += l / o.accum;
             free(in), free(tg), free(mk);
         }
         if (!ok) break;
@@ -367,7 +361,7 @@ int cmd_train(int argc, char **argv) {
             break;
         }
         tokens_all += toks;
-        const double dt = now_s() - ts, el = now_s() - t0, eta = el / (s + 1) * (o.iters - s - 1);
+        const double dt = cli_now_s() - ts, el = cli_now_s() - t0, eta = el / (s + 1) * (o.iters - s - 1);
         double vloss = NAN, vt;
         if (have_valid && ((o.eval_every > 0 && (s + 1) % o.eval_every == 0) || s + 1 == o.iters)) {
             if (set_loss(tr, &valid, o.batch, o.mask_prompt, &vloss, &vt)) {
@@ -399,7 +393,7 @@ int cmd_train(int argc, char **argv) {
     signal(SIGINT, old_handler);
     free(order);
     if (ok) {
-        fprintf(stderr, "train: done, %.0f tokens in %.1fs; adapter in %s/peft and %s/mlx\n", tokens_all, now_s() - t0,
+        fprintf(stderr, "train: done, %.0f tokens in %.1fs; adapter in %s/peft and %s/mlx\n", tokens_all, cli_now_s() - t0,
                 o.out, o.out);
         rc = 0;
     }

@@ -120,6 +120,16 @@ static void adapter_destroy(lmx_adapter *a) {
     free(a);
 }
 
+lmx_status lmx_adapter_reserve(lmx_model *m) {
+    if (m->n_adapters < m->cap_adapters) return LMX_OK;
+    int cap = m->cap_adapters ? 2 * m->cap_adapters : 4;
+    lmx_adapter **na = realloc(m->adapters, (size_t)cap * sizeof *na);
+    if (!na) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    m->adapters = na;
+    m->cap_adapters = cap;
+    return LMX_OK;
+}
+
 lmx_status lmx_adapter_load(lmx_model *m, const char *path, lmx_adapter **out) {
     if (!m || !out) return LMX_ERR_INVALID_ARG;
     *out = NULL;
@@ -127,15 +137,10 @@ lmx_status lmx_adapter_load(lmx_model *m, const char *path, lmx_adapter **out) {
     if (m->bridge) /* mlx-lm applies its adapter itself */
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the mlx_lm backend takes an adapter at load only "
                                                           "(lmx_load_params.adapter, an mlx-lm adapter folder)");
-    if (m->n_adapters == m->cap_adapters) {
-        int cap = m->cap_adapters ? 2 * m->cap_adapters : 4;
-        lmx_adapter **na = realloc(m->adapters, (size_t)cap * sizeof *na);
-        if (!na) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-        m->adapters = na;
-        m->cap_adapters = cap;
-    }
+    lmx_status st = lmx_adapter_reserve(m);
+    if (st) return st;
     lmx_lora_file f;
-    lmx_status st = lmx_lora_file_open(path, &f, &m->err);
+    st = lmx_lora_file_open(path, &f, &m->err);
     if (st) return st;
     lmx_adapter *a = calloc(1, sizeof *a);
     if (!a || !(a->path = strdup(path))) {

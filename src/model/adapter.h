@@ -48,6 +48,9 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *spec, lmx_adapt
 lmx_status lmx_adapter_save(const lmx_adapter *a, const char *dir, lmx_lora_format fmt, const lmx_lora_spec *spec,
                             lmx_err *err);
 
+/* Room in m->adapters for one more. */
+lmx_status lmx_adapter_reserve(lmx_model *m);
+
 /* The live adapter of m with this id; NULL for id 0 or a freed adapter. */
 lmx_adapter *lmx_adapter_by_id(const lmx_model *m, unsigned id);
 /* The adapter a request's choice stands for: NULL -> the model's default, LMX_NO_ADAPTER -> none

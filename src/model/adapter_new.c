@@ -34,13 +34,8 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *s, lmx_adapter 
         return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA: no target projection");
     if (s->num_layers < 0 || s->num_layers > nl)
         return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA: %d layers of a model of %d", s->num_layers, nl);
-    if (m->n_adapters == m->cap_adapters) {
-        int cap = m->cap_adapters ? 2 * m->cap_adapters : 4;
-        lmx_adapter **na = realloc(m->adapters, (size_t)cap * sizeof *na);
-        if (!na) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-        m->adapters = na;
-        m->cap_adapters = cap;
-    }
+    lmx_status st = lmx_adapter_reserve(m);
+    if (st) return st;
     lmx_adapter *a = calloc(1, sizeof *a);
     if (a) a->pairs = calloc((size_t)nl * LMX_PROJ_N, sizeof *a->pairs);
     if (!a || !a->pairs || !(a->path = strdup(""))) {
@@ -52,7 +47,6 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *s, lmx_adapter 
     const float scale = s->use_rslora ? (float)(s->alpha / sqrt((double)s->rank)) : (float)(s->alpha / s->rank);
     const int first = s->num_layers ? nl - s->num_layers : 0;
     uint64_t rng = s->seed;
-    lmx_status st = LMX_OK;
     for (int l = first; l < nl && !st; l++)
         for (int p = 0; p < LMX_PROJ_N && !st; p++) {
             if (!(s->targets & (1u << p))) continue;

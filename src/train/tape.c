@@ -445,7 +445,7 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
     }
     return &x->grad;
 }
-/* grad_of(v) when v needs a gradient, else NULL with *skip = 1 */
+/* dst = the gradient of var v when v needs one, else NULL (returns from the caller on failure) */
 #define GRAD(v, dst)                                          \
     do {                                                      \
         dst = NULL;                                           \
