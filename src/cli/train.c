@@ -251,7 +251,7 @@ int cmd_train(int argc, char **argv) {
         }
 #undef OPT
     }
-    if (!o.model || !o.data || o.rank <= 0 || o.iters <= 0 || o.batch <= 0 || o.accum <= 0 || o.lr <= 0 ||
+    if (!o.model || !o.data || o.rank <= 0 || o.iters <= 0 || o.batch <= 0 || o.batch > 4096 || o.accum <= 0 || o.lr <= 0 ||
         (strcmp(o.schedule, "constant") && strcmp(o.schedule, "linear") && strcmp(o.schedule, "cosine"))) {
         fprintf(stderr, "usage: lmx train MODEL --data DIR [options] (lmx train --help)\n");
         return 2;
@@ -327,8 +327,8 @@ int cmd_train(int argc, char **argv) {
         }
         double loss_sum = 0, toks = 0, ts = cli_now_s();
         for (int a = 0; a < o.accum && ok; a++) {
-            int idx[4096];
-            const int B = o.batch < 4096 ? o.batch : 4096;
+            int idx[4096]; /* --batch-size is at most 4096 */
+            const int B = o.batch;
             for (int b = 0; b < B; b++) {
                 if (pos == train.n) { /* a new epoch: shuffled, each window of 8 batches sorted by length */
                     for (int i = 0; i < train.n; i++) order[i] = i;

@@ -180,6 +180,30 @@ typedef struct fwd_out {
     int *k_out;
 } fwd_out;
 
+/* The final norm and the lm head (soft-capped for gemma2) on R rows of the last layer's output ws->x:
+ * logits [R, V] in ws->logits. */
+static lmx_status head(lmx_model *m, const int *rows, int R) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    const lmx_config *c = &m->cfg;
+    lmx_workspace *ws = &m->ws;
+    lmx_status st;
+    if ((st = op->gather_rows(be, &ws->xr, &ws->x, rows, R, c->hidden)) ||
+        (st = op->rmsnorm(be, &ws->xr, &ws->xr, &m->final_norm, R, c->hidden, (float)c->eps, m->norm_add_one)) ||
+        (st = op->matmul(be, &ws->logits, &ws->xr, &m->lm_head, NULL, R)) ||
+        (c->final_softcap > 0 && (st = op->softcap(be, &ws->logits, (int64_t)R * c->vocab, (float)c->final_softcap))))
+        return lmx_err_set(&m->err, st, "%s", be->err.msg);
+    return LMX_OK;
+}
+
+lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
+    lmx_status st = ws_reserve(m, m->ws.max_batch, m->ws.max_rows, R);
+    if (!st) st = head(m, rows, R);
+    if (!st && (st = m->be->ops->read(m->be, &m->ws.logits, 0, logits, (size_t)R * m->cfg.vocab * sizeof(float))))
+        lmx_err_set(&m->err, st, "%s", m->be->err.msg);
+    return st;
+}
+
 static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
                           const int32_t *tokens, const int *rows, int R, const fwd_out *out) {
     lmx_backend *be = m->be;
@@ -218,11 +242,7 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_a
     }
     if (R > 0) {
         lmx_workspace *ws = &m->ws;
-        if ((st = op->gather_rows(be, &ws->xr, &ws->x, rows, R, c->hidden)) ||
-            (st = op->rmsnorm(be, &ws->xr, &ws->xr, &m->final_norm, R, c->hidden, (float)c->eps, m->norm_add_one)) ||
-            (st = op->matmul(be, &ws->logits, &ws->xr, &m->lm_head, NULL, R)) ||
-            (c->final_softcap > 0 && (st = op->softcap(be, &ws->logits, (int64_t)R * c->vocab, (float)c->final_softcap))))
-            return lmx_err_set(&m->err, st, "%s", be->err.msg);
+        if ((st = head(m, rows, R))) return st;
         st = LMX_ERR_UNSUPPORTED;
         if (out->k > 0) {
             if (op->topk) st = op->topk(be, &ws->logits, R, c->vocab, out->k, out->vals, out->ids);

@@ -91,6 +91,10 @@ lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const s
                                   const int32_t *tokens, const int *rows, int R, int k, float *vals, int32_t *ids,
                                   float *logits, int *k_out);
 
+/* After a pass with R = 0: the logits of rows[R] of its tokens into logits [R, V] on the host (the
+ * final norm and lm head alone; training runs them a chunk of rows at a time). */
+lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits);
+
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
 
 /* Record a failure on the calling thread for lmx_last_error(NULL). */

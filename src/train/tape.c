@@ -405,6 +405,14 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
 
 lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 
+/* release record r's copies and arrays */
+static void rec_free(lmx_tape *t, tape_rec *r) {
+    for (int k = 0; k < 3; k++)
+        if (r->saved[k].data) t->in->ops->release(t->in, &r->saved[k]);
+    free(r->ints);
+    free(r->pairs);
+}
+
 lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db) {
     if (grow((void **)&t->watches, &t->cap_watches, t->n_watches + 1, sizeof *t->watches)) return nomem(t);
     t->watches[t->n_watches++] = (tape_watch){p->a.data, da, db};
@@ -414,13 +422,7 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
 void lmx_tape_reset(lmx_tape *t) {
-    for (int i = 0; i < t->n_recs; i++) {
-        tape_rec *r = &t->recs[i];
-        for (int k = 0; k < 3; k++)
-            if (r->saved[k].data) t->in->ops->release(t->in, &r->saved[k]);
-        free(r->ints);
-        free(r->pairs);
-    }
+    for (int i = 0; i < t->n_recs; i++) rec_free(t, &t->recs[i]);
     for (int i = 0; i < t->n_vars; i++)
         if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);
     t->n_recs = t->n_vars = t->n_bufs = 0;
@@ -530,21 +532,37 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
     return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: unknown record %d", r->op);
 }
 
-lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n) {
-    const int vy = var_of(t, y->data);
-    if (vy < 0 || !t->vars[vy].requires)
-        return lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: the output does not depend on a trained parameter");
-    if (t->vars[vy].rows * t->vars[vy].cols != n)
-        return lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: gradient of %lld values for an output of %lld",
-                           (long long)n, (long long)(t->vars[vy].rows * t->vars[vy].cols));
-    lmx_tensor *g = grad_of(t, vy);
-    if (!g) return t->base.err.status;
-    lmx_status st = pass(t, t->in->ops->write(t->in, g, 0, dy, (size_t)n * sizeof(float)));
-    for (int i = t->n_recs - 1; i >= 0 && !st; i--) {
+int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
+
+lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark) {
+    lmx_status st = LMX_OK;
+    if (y) { /* seed: the gradient of y's latest version (added to what it already has) */
+        const int vy = var_of(t, y->data);
+        if (vy < 0 || !t->vars[vy].requires)
+            return lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: the output does not depend on a trained parameter");
+        if (t->vars[vy].rows * t->vars[vy].cols != n)
+            return lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: gradient of %lld values for an output of %lld",
+                               (long long)n, (long long)(t->vars[vy].rows * t->vars[vy].cols));
+        lmx_tensor *g = grad_of(t, vy);
+        if (!g) return t->base.err.status;
+        lmx_tensor src = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {g->shape[0], g->shape[1]}};
+        st = pass(t, t->in->ops->alloc(t->in, &src));
+        if (!st) st = pass(t, t->in->ops->write(t->in, &src, 0, dy, (size_t)n * sizeof(float)));
+        if (!st) st = pass(t, t->in->ops->add(t->in, g, &src, n));
+        if (src.data) t->in->ops->release(t->in, &src);
+    }
+    if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
+    for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
         if (r->out < 0 || !t->vars[r->out].grad.data) continue; /* nothing flows back through it */
         st = backward_rec(t, r, &t->vars[r->out].grad);
         t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
     }
+    for (int i = mark; i < t->n_recs; i++) rec_free(t, &t->recs[i]); /* walked: forgotten */
+    t->n_recs = mark;
     return st;
+}
+
+lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n) {
+    return lmx_tape_backward_to(t, y, dy, n, 0);
 }

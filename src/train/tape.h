@@ -32,5 +32,11 @@ void lmx_tape_reset(lmx_tape *t);
 /* Backpropagate from y (a buffer the recorded pass wrote last, e.g. the logits) whose gradient is
  * dy (host, y's element count n): each watched pair's da, db gain dL/dA, dL/dB. */
 lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n);
+/* The same in parts: lmx_tape_mark before a stretch of ops, then lmx_tape_backward_to(..., mark) walks
+ * back only the records made since (and forgets them), leaving the gradients of earlier values to a
+ * later call; y NULL seeds nothing (it goes on from the gradients there are).  The loss runs its
+ * vocabulary-wide head a chunk of rows at a time this way. */
+int lmx_tape_mark(const lmx_tape *t);
+lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark);
 
 #endif

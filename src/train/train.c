@@ -1,9 +1,11 @@
 /* train.c - the loss, its gradients through the tape, and AdamW (train.h).
  *
  * A training pass runs the model's own forward pass (model/forward.c) on the tape's backend over B
- * sequences from position 0, with fresh caches that nothing else sees, and asks for every row's
- * logits.  The loss and its gradient with respect to the logits are computed on the host in double,
- * then the tape takes the gradient back to every pair's A and B. */
+ * sequences from position 0, with fresh caches that nothing else sees.  The final norm and the lm head
+ * then run a chunk of rows at a time (lmx_model_head: logits of ~64 MiB at once, whatever the
+ * vocabulary); each chunk's loss and its gradient with respect to the logits are computed on the host in
+ * double and taken back through the head at once, and finally the tape takes the gradient of the last
+ * layer's output back to every pair's A and B. */
 #include "train.h"
 
 #include <math.h>
@@ -90,74 +92,81 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
     free(kv);
 }
 
+/* Rows of logits a loss chunk holds: about 64 MiB of f32 logits (at least one row), or tr->loss_rows. */
+static int chunk_rows(const lmx_trainer *tr, int M) {
+    int64_t r = tr->loss_rows > 0 ? tr->loss_rows : ((int64_t)64 << 20) / ((int64_t)tr->m->cfg.vocab * 4);
+    if (r < 1) r = 1;
+    return r < M ? (int)r : M;
+}
+
 lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
                             int T, double grad_weight, int accumulate, double *loss) {
     lmx_model *m = tr->m;
     lmx_backend *inner = m->be;
     const int L = m->cfg.n_layers, V = m->cfg.vocab, M = B * T;
     if (B <= 0 || T <= 0) return fail(tr, LMX_ERR_INVALID_ARG, "training batch: no tokens");
-    for (int i = 0; i < M; i++)
+    double wsum = 0;
+    for (int i = 0; i < M; i++) {
         if (targets[i] < 0 || targets[i] >= V)
             return lmx_err_set(&tr->err, LMX_ERR_INVALID_ARG, "training batch: target %d outside the vocabulary [0, %d)",
                                targets[i], V);
+        wsum += mask ? mask[i] : 1.0;
+    }
+    if (wsum <= 0) return fail(tr, LMX_ERR_INVALID_ARG, "training batch: the mask selects no position");
+    const int CR = chunk_rows(tr, M);
     int *n_past = calloc((size_t)B, sizeof *n_past), *n_new = malloc((size_t)B * sizeof *n_new);
-    int *rows = malloc((size_t)M * sizeof *rows);
-    float *logits = malloc((size_t)M * V * sizeof *logits);
+    int *rows = malloc((size_t)CR * sizeof *rows);
+    float *logits = malloc((size_t)CR * V * sizeof *logits);
     const lmx_adapter **ads = malloc((size_t)B * sizeof *ads);
     lmx_kv_layer *kv = kv_new(m, B);
     lmx_kv_layer **kvs = malloc((size_t)B * sizeof *kvs);
     lmx_status st = LMX_OK;
     if (!n_past || !n_new || !rows || !logits || !ads || !kv || !kvs) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
     for (int b = 0; !st && b < B; b++) n_new[b] = T, ads[b] = tr->ad, kvs[b] = kv + (size_t)b * L;
-    for (int i = 0; !st && i < M; i++) rows[i] = i;
-    if (!st) {
-        lmx_tape_reset(tr->tape);
+    for (int i = 0; i < 2 * tr->n && !st && grad_weight != 0 && !accumulate; i++) { /* set, not accumulate */
+        lmx_tensor *g = &tr->grad[i];
+        float *zero = calloc((size_t)lmx_tensor_nelem(g), sizeof(float));
+        st = zero ? inner->ops->write(inner, g, 0, zero, (size_t)lmx_tensor_nelem(g) * sizeof(float)) : LMX_ERR_NOMEM;
+        free(zero);
+        if (st) lmx_err_set(&tr->err, st, "trainer: clearing the gradients");
+    }
+    lmx_tape_reset(tr->tape);
+    lmx_backend *tb = lmx_tape_backend(tr->tape);
+    double sum = 0;
+    if (!st) { /* the layers, recorded; then the head a chunk of rows at a time, each taken back at once */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
-        m->be = lmx_tape_backend(tr->tape); /* the one forward pass, recorded */
-        st = lmx_model_forward(m, kvs, ads, &bt, inputs, rows, M, logits);
+        m->be = tb;
+        st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
+        const int mark = lmx_tape_mark(tr->tape);
+        for (int r0 = 0; r0 < M && !st; r0 += CR) {
+            const int R = M - r0 < CR ? M - r0 : CR;
+            for (int i = 0; i < R; i++) rows[i] = r0 + i;
+            if ((st = lmx_model_head(m, rows, R, logits))) break;
+            for (int i = 0; i < R; i++) { /* the loss, and dloss/dz = w/wsum (softmax(z) - onehot) in place */
+                float *z = logits + (size_t)i * V;
+                const float w = mask ? mask[r0 + i] : 1.0f;
+                const int32_t tg = targets[r0 + i];
+                if (w == 0.0f) {
+                    memset(z, 0, (size_t)V * sizeof *z);
+                    continue;
+                }
+                float mx = z[0];
+                for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+                double se = 0;
+                for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
+                sum += w * (log(se) + mx - z[tg]);
+                const double c = grad_weight * w / wsum;
+                for (int v = 0; grad_weight != 0 && v < V; v++) z[v] = (float)(c * (exp((double)z[v] - mx) / se - (v == tg)));
+            }
+            if (grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, &m->ws.logits, logits, (int64_t)R * V, mark)))
+                lmx_err_set(&m->err, st, "%s", tb->err.msg);
+        }
+        if (!st && grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, NULL, NULL, 0, 0)))
+            lmx_err_set(&m->err, st, "%s", tb->err.msg);
         m->be = inner;
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
-    double sum = 0, wsum = 0;
-    for (int i = 0; !st && i < M; i++) {
-        const float w = mask ? mask[i] : 1.0f;
-        if (w == 0.0f) continue;
-        const float *z = logits + (size_t)i * V;
-        float mx = z[0];
-        for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double se = 0;
-        for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
-        sum += w * (log(se) + mx - z[targets[i]]);
-        wsum += w;
-    }
-    if (!st && wsum <= 0) st = fail(tr, LMX_ERR_INVALID_ARG, "training batch: the mask selects no position");
     if (!st) *loss = sum / wsum;
-    if (!st && grad_weight != 0) {
-        /* dloss/dz = w/wsum (softmax(z) - onehot(target)), computed in place over the logits */
-        for (int i = 0; i < M; i++) {
-            float *z = logits + (size_t)i * V;
-            const float w = mask ? mask[i] : 1.0f;
-            if (w == 0.0f) {
-                memset(z, 0, (size_t)V * sizeof *z);
-                continue;
-            }
-            float mx = z[0];
-            for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-            double se = 0;
-            for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
-            const double c = grad_weight * w / wsum;
-            for (int v = 0; v < V; v++) z[v] = (float)(c * (exp((double)z[v] - mx) / se - (v == targets[i])));
-        }
-        for (int i = 0; i < 2 * tr->n && !st && !accumulate; i++) { /* set, not accumulate */
-            lmx_tensor *g = &tr->grad[i];
-            float *zero = calloc((size_t)lmx_tensor_nelem(g), sizeof(float));
-            st = zero ? inner->ops->write(inner, g, 0, zero, (size_t)lmx_tensor_nelem(g) * sizeof(float)) : LMX_ERR_NOMEM;
-            free(zero);
-            if (st) lmx_err_set(&tr->err, st, "trainer: clearing the gradients");
-        }
-        if (!st && (st = lmx_tape_backward(tr->tape, &m->ws.logits, logits, (int64_t)M * V)))
-            lmx_err_set(&tr->err, st, "%s", lmx_tape_backend(tr->tape)->err.msg);
-    }
     lmx_tape_reset(tr->tape);
     kv_free(inner, kv, B * L);
     free(kvs);

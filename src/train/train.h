@@ -24,6 +24,7 @@ typedef struct lmx_trainer {
     lmx_tensor *grad;            /* [2n]: dA, dB of pair i at 2i, 2i+1 (backend memory) */
     float **m1, **m2;            /* [2n] AdamW moments (host, element counts of the grads) */
     int64_t step;                /* AdamW steps taken */
+    int loss_rows;               /* > 0: rows of logits the loss computes at once (0: ~64 MiB of them) */
     lmx_err err;
 } lmx_trainer;
 
