@@ -203,6 +203,55 @@ lmx_status lmx_adapter_get_info(const lmx_adapter *a, lmx_adapter_info *out);
 lmx_status lmx_model_set_adapter(lmx_model *m, lmx_adapter *a);
 
 /* ---------------------------------------------------------------------------------------------
+ * Training: LoRA fine-tuning through the model's own forward pass (the cpu backend; README
+ * "Training").  A trainer trains one adapter of a model in place: after each step the adapter
+ * serves inference as it is.  Errors: lmx_last_error(m).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct lmx_lora_params {
+    int rank;              /* 8 */
+    float alpha;           /* 16: scale alpha / rank (alpha / sqrt(rank) with use_rslora) */
+    int use_rslora;        /* 0 */
+    const char *targets;   /* "q,k,v,o,gate,up,down" (the default: all seven) */
+    int num_layers;        /* the last N layers; 0 (default): all */
+    uint64_t seed;         /* of A's initialisation (0) */
+} lmx_lora_params;
+
+lmx_lora_params lmx_lora_default_params(void);
+/* A new adapter on m, initialised as HF PEFT does (A uniform in +-1/sqrt(in), B = 0: it changes nothing
+ * until trained); m owns it as it owns loaded ones. */
+lmx_status lmx_adapter_new(lmx_model *m, const lmx_lora_params *p, lmx_adapter **out);
+/* Write a to dir in "peft" layout (adapter_config.json + adapter_model.safetensors) or "mlx" (mlx-lm's
+ * adapter_config.json + adapters.safetensors); lmx_adapter_load, transformers + peft and mlx-lm read them. */
+lmx_status lmx_adapter_save(const lmx_adapter *a, const char *dir, const char *format);
+
+typedef struct lmx_trainer lmx_trainer;
+
+typedef struct lmx_optim_params {  /* AdamW as PyTorch's (decoupled weight decay, bias correction) */
+    double lr;             /* 1e-4 */
+    double beta1, beta2;   /* 0.9, 0.999 */
+    double eps;            /* 1e-8 */
+    double weight_decay;   /* 0 */
+    double clip_grad_norm; /* > 0: scale the gradients to at most this global L2 norm; 0 (default): off */
+} lmx_optim_params;
+
+lmx_optim_params lmx_optim_default_params(void);
+/* A trainer of adapter a (of model m): its gradients and AdamW state. */
+lmx_status lmx_trainer_open(lmx_model *m, lmx_adapter *a, lmx_trainer **out);
+void lmx_trainer_close(lmx_trainer *t);
+/* Value and grad: the masked cross-entropy of B sequences of T tokens from position 0 (mean over the
+ * positions with mask > 0, weighted by mask, of -log softmax(logits)[target]) into *loss, and its
+ * gradient with respect to every A and B of the adapter, kept by the trainer (accumulate: added to
+ * the gradients there are, for gradient accumulation).  inputs, targets: [B*T]; mask [B*T] or NULL
+ * (every position). */
+lmx_status lmx_trainer_value_and_grad(lmx_trainer *t, const int32_t *inputs, const int32_t *targets,
+                                      const float *mask, int B, int T, int accumulate, double *loss);
+/* The same loss without gradients. */
+lmx_status lmx_trainer_loss_only(lmx_trainer *t, const int32_t *inputs, const int32_t *targets,
+                                 const float *mask, int B, int T, double *loss);
+/* One AdamW step from the gradients; *grad_norm (may be NULL): their global norm before clipping. */
+lmx_status lmx_trainer_step(lmx_trainer *t, const lmx_optim_params *p, double *grad_norm);
+
+/* ---------------------------------------------------------------------------------------------
  * Contexts: one sequence's state (its KV cache) on a model
  * ------------------------------------------------------------------------------------------- */
 typedef struct lmx_context lmx_context;

@@ -31,20 +31,6 @@ typedef struct train_opts {
     uint64_t seed;
 } train_opts;
 
-static int parse_targets(const char *s, unsigned *out) {
-    static const char *names[LMX_PROJ_N] = {"q", "k", "v", "o", "gate", "up", "down"};
-    *out = 0;
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s", s);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        int found = 0;
-        for (int p = 0; p < LMX_PROJ_N; p++)
-            if (!strcmp(tok, names[p]) || !strcmp(tok, lmx_proj_short((lmx_proj)p))) *out |= 1u << p, found = 1;
-        if (!found) return 0;
-    }
-    return *out != 0;
-}
-
 /* learning rate of step s (0-based) */
 static double lr_at(const train_opts *o, int s) {
     if (o->warmup > 0 && s < o->warmup) return o->lr * (s + 1) / o->warmup;
@@ -124,15 +110,15 @@ static void on_sigint(int sig) {
 
 /* OUT/sub/{peft,mlx} (the adapter), and with st its optimizer state and training position:
  * state.safetensors (AdamW moments m1.i / m2.i of gradient i, the epoch order) and state.json. */
-static int save_checkpoint(const lmx_trainer *tr, const train_opts *o, const lmx_lora_spec *spec, const char *sub,
+static int save_checkpoint(const lmx_trainer *tr, const train_opts *o, const char *sub,
                            const train_state *st, int n_examples) {
     mkdir(o->out, 0777);
     char *dir = lmx_path_join(o->out, sub), *peft = lmx_path_join(dir, "peft"), *mlx = lmx_path_join(dir, "mlx");
     char *sp = lmx_path_join(dir, "state.safetensors"), *jp = lmx_path_join(dir, "state.json");
     lmx_err err = {0};
     mkdir(dir, 0777);
-    int ok = !lmx_adapter_save(tr->ad, peft, LMX_LORA_PEFT, spec, &err);
-    if (ok && lmx_adapter_save(tr->ad, mlx, LMX_LORA_MLX, spec, &err)) {
+    int ok = !lmx_adapter_write(tr->ad, peft, LMX_LORA_PEFT, &err);
+    if (ok && lmx_adapter_write(tr->ad, mlx, LMX_LORA_MLX, &err)) {
         if (err.status != LMX_ERR_UNSUPPORTED) ok = 0;
         else fprintf(stderr, "train: no mlx-lm copy: %s\n", err.msg);
     }
@@ -216,7 +202,7 @@ int cmd_train(int argc, char **argv) {
         else if (OPT("--rank")) o.rank = atoi(v);
         else if (OPT("--alpha")) o.alpha = atof(v);
         else if (OPT("--targets")) {
-            if (!parse_targets(v, &o.targets)) {
+            if (!(o.targets = lmx_lora_targets_parse(v))) {
                 fprintf(stderr, "train: --targets %s: use q,k,v,o,gate,up,down\n", v);
                 return 2;
             }
@@ -320,7 +306,7 @@ int cmd_train(int argc, char **argv) {
     for (int s = state.step; s < o.iters && ok; s++) {
         if (g_interrupted) { /* Ctrl-C: the state before step s */
             state = (train_state){.step = s, .pos = pos, .rng = rng, .order = order};
-            save_checkpoint(tr, &o, &spec, "interrupted", &state, train.n);
+            save_checkpoint(tr, &o, "interrupted", &state, train.n);
             fprintf(stderr, "train: interrupted; --resume %s/interrupted goes on\n", o.out);
             ok = 0;
             break;
@@ -370,7 +356,7 @@ int cmd_train(int argc, char **argv) {
             }
             if (vloss < best) {
                 best = vloss;
-                ok = save_checkpoint(tr, &o, &spec, "best", NULL, train.n);
+                ok = save_checkpoint(tr, &o, "best", NULL, train.n);
             }
         }
         lmx_memory_info mi = {0};
@@ -386,9 +372,9 @@ int cmd_train(int argc, char **argv) {
         if (o.save_every > 0 && (s + 1) % o.save_every == 0 && ok) {
             char sub[32];
             snprintf(sub, sizeof sub, "step%07d", s + 1);
-            ok = save_checkpoint(tr, &o, &spec, sub, &state, train.n);
+            ok = save_checkpoint(tr, &o, sub, &state, train.n);
         }
-        if (s + 1 == o.iters && ok) ok = save_checkpoint(tr, &o, &spec, ".", &state, train.n);
+        if (s + 1 == o.iters && ok) ok = save_checkpoint(tr, &o, ".", &state, train.n);
     }
     signal(SIGINT, old_handler);
     free(order);

@@ -107,9 +107,14 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
         a->info.n_params += r * (K + N);
     }
     size_t len = 0;
-    for (int p = 0; p < LMX_PROJ_N; p++)
+    for (int p = 0; p < LMX_PROJ_N; p++) {
         if (used[p]) len += (size_t)snprintf(a->targets + len, sizeof a->targets - len, "%s%s", len ? "," : "",
                                              lmx_proj_short((lmx_proj)p));
+        if (used[p]) a->spec.targets |= 1u << p;
+    }
+    a->spec.rank = a->info.rank;
+    a->spec.alpha = (double)a->info.scale * a->info.rank;
+    a->spec.num_layers = a->info.first_layer > 0 ? nl - a->info.first_layer : 0;
     return LMX_OK;
 }
 

@@ -11,6 +11,18 @@
 #include "../formats/lora_file.h"
 #include "model.h"
 
+/* What an adapter is: rank, alpha (scale alpha / rank, alpha / sqrt(rank) with rsLoRA), the projections
+ * of targets (bit p: lmx_proj p) on the last num_layers layers (0: all), and for a new one the seed of
+ * A's initialisation.  A loaded adapter's is read off its pairs (alpha = scale * rank). */
+typedef struct lmx_lora_spec {
+    int rank;
+    double alpha;
+    int use_rslora;
+    unsigned targets;
+    int num_layers;
+    uint64_t seed;
+} lmx_lora_spec;
+
 struct lmx_adapter {
     lmx_model *m;
     unsigned id;                 /* > 0, unique on m */
@@ -18,6 +30,7 @@ struct lmx_adapter {
     lmx_adapter_info info;
     char *path;
     char targets[96];            /* "q_proj,v_proj" */
+    lmx_lora_spec spec;
 };
 
 /* The pair of (layer, projection), or NULL when a does not adapt it. */
@@ -29,24 +42,15 @@ static inline const lmx_lora_pair *lmx_adapter_pair(const lmx_adapter *a, int la
 /* Projection p's weight of layer L ([N, K]: its outputs and inputs). */
 const lmx_tensor *lmx_proj_weight(const lmx_layer *L, lmx_proj p);
 
-/* A new adapter (adapter_new.c): rank, alpha (scale alpha / rank, alpha / sqrt(rank) with rsLoRA),
- * the projections of targets (bit p: lmx_proj p) on the last num_layers layers (0: all). */
-typedef struct lmx_lora_spec {
-    int rank;
-    double alpha;
-    int use_rslora;
-    unsigned targets;
-    int num_layers;
-    uint64_t seed;               /* of A's initialisation */
-} lmx_lora_spec;
 /* A new adapter on m initialised as PEFT does (A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0), owned by m as
- * loaded ones are. */
+ * loaded ones are (adapter_new.c). */
 lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *spec, lmx_adapter **out);
 /* Write a into dir in HF PEFT's layout (adapter_config.json, adapter_model.safetensors) or mlx-lm's
- * (adapter_config.json, adapters.safetensors: the last layers only); spec gives alpha, rsLoRA and
- * the targets the config names.  GGUF llama q/k rows go back to HF order. */
-lmx_status lmx_adapter_save(const lmx_adapter *a, const char *dir, lmx_lora_format fmt, const lmx_lora_spec *spec,
-                            lmx_err *err);
+ * (adapter_config.json, adapters.safetensors: the last layers only), its config from a->spec.  GGUF
+ * llama q/k rows go back to HF order. */
+lmx_status lmx_adapter_write(const lmx_adapter *a, const char *dir, lmx_lora_format fmt, lmx_err *err);
+/* "q,k,v,o,gate,up,down" (or q_proj, ...) as lmx_lora_spec targets bits; 0 for an unknown name. */
+unsigned lmx_lora_targets_parse(const char *list);
 
 /* Room in m->adapters for one more. */
 lmx_status lmx_adapter_reserve(lmx_model *m);

@@ -85,6 +85,7 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *s, lmx_adapter 
     for (int p = 0; p < LMX_PROJ_N; p++)
         if (s->targets & (1u << p))
             len += (size_t)snprintf(a->targets + len, sizeof a->targets - len, "%s%s", len ? "," : "", lmx_proj_short((lmx_proj)p));
+    a->spec = *s;
     a->info.format = "new";
     a->info.rank = s->rank;
     a->info.scale = scale;
@@ -139,8 +140,26 @@ static char *json_config(const lmx_adapter *a, lmx_lora_format fmt, const lmx_lo
     return text;
 }
 
-lmx_status lmx_adapter_save(const lmx_adapter *a, const char *dir, lmx_lora_format fmt, const lmx_lora_spec *s,
-                            lmx_err *err) {
+unsigned lmx_lora_targets_parse(const char *list) {
+    static const char *names[LMX_PROJ_N] = {"q", "k", "v", "o", "gate", "up", "down"};
+    unsigned out = 0;
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        const size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = 0;
+        for (int k = 0; k < LMX_PROJ_N; k++) {
+            const char *sh = lmx_proj_short((lmx_proj)k);
+            if ((strlen(names[k]) == n && !strncmp(p, names[k], n)) || (strlen(sh) == n && !strncmp(p, sh, n)))
+                out |= 1u << k, found = 1;
+        }
+        if (!found) return 0;
+        p = e ? e + 1 : p + n;
+    }
+    return out;
+}
+
+lmx_status lmx_adapter_write(const lmx_adapter *a, const char *dir, lmx_lora_format fmt, lmx_err *err) {
+    const lmx_lora_spec *s = &a->spec;
     lmx_model *m = a->m;
     const int nl = m->cfg.n_layers;
     int first = nl, last = -1, n = 0, rank = -1;
