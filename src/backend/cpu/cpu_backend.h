@@ -42,6 +42,8 @@ typedef struct cpu_backend {
 
 /* A float buffer of at least n_floats in scratch slot `slot`, reused between calls. */
 float *cpu_scratch(cpu_backend *cb, int slot, size_t n_floats);
+/* Widen rows [n0, n0 + nb) of weight w (any format) into dst [nb, K] on the pool's threads. */
+void cpu_widen_rows(cpu_backend *cb, const lmx_tensor *w, int64_t n0, int64_t nb, float *dst);
 /* Widen row `row` (n elements) of weight w into dst. */
 void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int64_t row,
                     int64_t n);

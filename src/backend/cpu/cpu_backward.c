@@ -13,7 +13,7 @@
 #include "../backward.h"
 #include "cpu_backend.h"
 
-#define BWD_TILE_ROWS 64 /* weight rows widened at once in matmul_bwd */
+#define BWD_TILE_BYTES (4u << 20) /* f32 weight rows widened at once in matmul_bwd */
 
 /* n floats of working memory, counted against be's memory (limit included); NULL with be->err set. */
 static float *work(lmx_backend *be, size_t n, const char *what) {
@@ -59,12 +59,13 @@ static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_ten
 
 static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M) {
     const int64_t N = w->shape[0], K = w->shape[1];
-    const int64_t rows = N < BWD_TILE_ROWS ? N : BWD_TILE_ROWS;
+    int64_t rows = BWD_TILE_BYTES / (K * 4);
+    rows = rows < 16 ? 16 : rows > N ? N : rows;
     float *tile = work(be, (size_t)(rows * K), "matmul backward");
     if (!tile) return be->err.status;
     for (int64_t n0 = 0; n0 < N; n0 += rows) { /* dx += dy[:, n0:n1] W[n0:n1, :] */
         const int64_t nb = N - n0 < rows ? N - n0 : rows;
-        for (int64_t r = 0; r < nb; r++) cpu_row_to_f32((const cpu_backend *)be, tile + r * K, w, n0 + r, K);
+        cpu_widen_rows((cpu_backend *)be, w, n0, nb, tile);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)K, (int)nb, 1.0f, (const float *)dy->data + n0,
                     (int)N, tile, (int)K, 1.0f, (float *)dx->data, (int)K);
     }

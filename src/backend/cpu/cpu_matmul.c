@@ -121,6 +121,17 @@ static lmx_status matmul_gemm(cpu_backend *cb, matmul_job *j) {
     return LMX_OK;
 }
 
+void cpu_widen_rows(cpu_backend *cb, const lmx_tensor *w, int64_t n0, int64_t nb, float *dst) {
+    const int threads = lmx_pool_size(cb->pool);
+    matmul_job j = {.cb = cb, .w = w, .K = w->shape[1], .N = n0 + nb, .n_begin = n0, .widened = dst,
+                    .rows_per_task = ceil_div(nb, threads)}; /* widen_task clips to [n_begin, N) */
+    if (nb <= 1 || threads <= 1) {
+        for (int64_t n = n0; n < n0 + nb; n++) cpu_row_to_f32(cb, dst + (n - n0) * j.K, w, n, j.K);
+        return;
+    }
+    lmx_pool_run(cb->pool, threads, widen_task, &j);
+}
+
 static lmx_status matmul_blas(cpu_backend *cb, matmul_job *j) {
     if (j->w->dtype == LMX_DTYPE_F32 && ((uintptr_t)j->w->data & 3) == 0) { /* else widened: any address */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, (int)j->N, (int)j->K, 1.0f,
@@ -132,14 +143,9 @@ static lmx_status matmul_blas(cpu_backend *cb, matmul_job *j) {
     if (block > j->N) block = j->N;
     j->widened = cpu_scratch(cb, 1, (size_t)(block * j->K));
     if (!j->widened) return lmx_err_prefix(&cb->base.err, "matmul");
-    int threads = lmx_pool_size(cb->pool);
     for (int64_t n0 = 0; n0 < j->N; n0 += block) {
         int64_t nb = j->N - n0 < block ? j->N - n0 : block;
-        j->n_begin = n0;
-        j->rows_per_task = ceil_div(nb, threads);
-        matmul_job sub = *j;
-        sub.N = n0 + nb; /* widen_task clips to [n_begin, N) */
-        lmx_pool_run(cb->pool, threads, widen_task, &sub);
+        cpu_widen_rows(cb, j->w, n0, nb, j->widened);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, (int)nb, (int)j->K, 1.0f, j->x,
                     (int)j->K, j->widened, (int)j->K, 0.0f, j->y + n0, (int)j->N);
     }
