@@ -37,6 +37,21 @@ done
 [ "$(wc -l <"$tmp/out/metrics.csv")" = 31 ] || { echo "FAIL: metrics.csv has $(wc -l <"$tmp/out/metrics.csv") lines"; fail=1; }
 [ -f "$tmp/out/best/peft/adapter_model.safetensors" ] || { echo "FAIL: no best checkpoint"; fail=1; }
 
+# the same settings from a JSON config file: the same run; an option on the command line wins
+cat >"$tmp/cfg.json" <<CFG
+{"model": "$tmp/model", "data": "$tmp/data", "adapter_out": "$tmp/cfgout", "iters": 30, "batch_size": 8,
+ "lr": 0.01, "rank": 4, "targets": ["q", "k", "v", "o", "gate", "up", "down"], "mask_prompt": true, "eval_every": 10}
+CFG
+"$lmx" train --config "$tmp/cfg.json" 2>"$tmp/cfg.log" || { echo "FAIL: --config"; tail -2 "$tmp/cfg.log"; fail=1; }
+c=$(grep -o 'valid loss [0-9.]*' "$tmp/cfg.log" | tail -1 | cut -d' ' -f3)
+[ "$c" = "$trained" ] && echo "--config: the same run (validation loss $c)" ||
+    { echo "FAIL: --config gave $c, the command line $trained"; fail=1; }
+"$lmx" train --config "$tmp/cfg.json" --iters 2 --adapter-out "$tmp/cfgout2" 2>"$tmp/cfg2.log" &&
+    grep -q '^step 2/2' "$tmp/cfg2.log" || { echo "FAIL: the command line does not override the config"; fail=1; }
+printf 'lr: 1e-4\n' >"$tmp/cfg.yaml"
+"$lmx" train --config "$tmp/cfg.yaml" 2>"$tmp/cfg3.log" && { echo "FAIL: a YAML config accepted"; fail=1; }
+grep -q 'not a JSON object' "$tmp/cfg3.log" || { echo "FAIL: YAML config message: $(cat "$tmp/cfg3.log")"; fail=1; }
+
 # checkpoints: --resume from step 3 of a 6-step run gives steps 4-6 the losses of the uninterrupted run;
 # Ctrl-C saves a checkpoint that --resume goes on from
 "$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/ra" --iters 6 --batch-size 8 --lr 1e-2 --rank 4 \

@@ -189,54 +189,132 @@ static int load_state(lmx_trainer *tr, const char *dir, train_state *st, int n_e
     return ok;
 }
 
-int cmd_train(int argc, char **argv) {
-    train_opts o = {.out = "adapters", .backend = "cpu", .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
-                    .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .targets = (1u << LMX_PROJ_N) - 1};
-    for (int i = 1; i < argc; i++) {
+static int train_run(const train_opts *op);
+
+/* Options from argv[first..] into o; -1 when all are taken, else the exit code (help: 0, bad: 2). */
+static int parse_args(train_opts *o, int argc, char **argv, int first) {
+    for (int i = first; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name) (!strcmp(a, name) && v && ++i)
-        if (OPT("--data")) o.data = v;
-        else if (OPT("--adapter-out")) o.out = v;
-        else if (OPT("--resume")) o.resume = v;
-        else if (OPT("--backend")) o.backend = v;
-        else if (OPT("--rank")) o.rank = atoi(v);
-        else if (OPT("--alpha")) o.alpha = atof(v);
+        if (OPT("--data")) o->data = v;
+        else if (OPT("--adapter-out")) o->out = v;
+        else if (OPT("--resume")) o->resume = v;
+        else if (OPT("--backend")) o->backend = v;
+        else if (OPT("--rank")) o->rank = atoi(v);
+        else if (OPT("--alpha")) o->alpha = atof(v);
         else if (OPT("--targets")) {
-            if (!(o.targets = lmx_lora_targets_parse(v))) {
+            if (!(o->targets = lmx_lora_targets_parse(v))) {
                 fprintf(stderr, "train: --targets %s: use q,k,v,o,gate,up,down\n", v);
                 return 2;
             }
-        } else if (OPT("--num-layers")) o.num_layers = atoi(v);
-        else if (OPT("--lr")) o.lr = atof(v);
-        else if (OPT("--schedule")) o.schedule = v;
-        else if (OPT("--warmup")) o.warmup = atoi(v);
-        else if (OPT("--weight-decay")) o.wd = atof(v);
-        else if (OPT("--clip-grad-norm")) o.clip = atof(v);
-        else if (OPT("--iters")) o.iters = atoi(v);
-        else if (OPT("--batch-size")) o.batch = atoi(v);
-        else if (OPT("--grad-accum")) o.accum = atoi(v);
-        else if (OPT("--max-seq-length")) o.max_len = atoi(v);
-        else if (OPT("--save-every")) o.save_every = atoi(v);
-        else if (OPT("--eval-every")) o.eval_every = atoi(v);
-        else if (OPT("--seed")) o.seed = strtoull(v, NULL, 10);
-        else if (OPT("--threads")) o.threads = atoi(v);
-        else if (!strcmp(a, "--mask-prompt")) o.mask_prompt = 1;
-        else if (!strcmp(a, "--skip-bad")) o.skip_bad = 1;
+        } else if (OPT("--num-layers")) o->num_layers = atoi(v);
+        else if (OPT("--lr")) o->lr = atof(v);
+        else if (OPT("--schedule")) o->schedule = v;
+        else if (OPT("--warmup")) o->warmup = atoi(v);
+        else if (OPT("--weight-decay")) o->wd = atof(v);
+        else if (OPT("--clip-grad-norm")) o->clip = atof(v);
+        else if (OPT("--iters")) o->iters = atoi(v);
+        else if (OPT("--batch-size")) o->batch = atoi(v);
+        else if (OPT("--grad-accum")) o->accum = atoi(v);
+        else if (OPT("--max-seq-length")) o->max_len = atoi(v);
+        else if (OPT("--save-every")) o->save_every = atoi(v);
+        else if (OPT("--eval-every")) o->eval_every = atoi(v);
+        else if (OPT("--seed")) o->seed = strtoull(v, NULL, 10);
+        else if (OPT("--threads")) o->threads = atoi(v);
+        else if (OPT("--config")) continue; /* read before the other options (cmd_train) */
+        else if (!strcmp(a, "--mask-prompt")) o->mask_prompt = 1;
+        else if (!strcmp(a, "--skip-bad")) o->skip_bad = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: lmx train MODEL --data DIR [--adapter-out DIR] [--rank 8] [--alpha 16] [--targets q,k,v,o,gate,up,down]\n"
                    "         [--num-layers N] [--lr 1e-4] [--schedule constant|linear|cosine] [--warmup N] [--weight-decay X]\n"
                    "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
+                   "         [--config FILE.json]   (the same settings as JSON keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...};\n"
+                   "                                 options on the command line win)\n"
                    "  DIR/train.jsonl (and DIR/valid.jsonl): {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"} lines\n");
             return 0;
-        } else if (!o.model && a[0] != '-') o.model = a;
+        } else if (!o->model && a[0] != '-') o->model = a;
         else {
             fprintf(stderr, "train: unknown or incomplete option %s (lmx train --help)\n", a);
             return 2;
         }
 #undef OPT
     }
+    return -1;
+}
+
+/* The settings of a JSON config file as options ("lr": 1e-4 -> --lr 1e-4; true -> a flag; an array of
+ * strings -> a comma list; "model" -> MODEL), appended to *args (strings owned by it). */
+static int config_args(const char *path, char ***args, int *n) {
+    char *text = NULL;
+    size_t len = 0;
+    lmx_err err = {0};
+    cJSON *js = NULL;
+    if (lmx_read_file(path, &text, &len, &err) || !(js = cJSON_ParseWithLength(text, len)) || !cJSON_IsObject(js)) {
+        fprintf(stderr, "train: --config %s: %s\n", path, err.msg[0] ? err.msg : "not a JSON object (YAML is not read)");
+        free(text);
+        cJSON_Delete(js);
+        return 0;
+    }
+    free(text);
+    const cJSON *it;
+    int ok = 1;
+    cJSON_ArrayForEach(it, js) {
+        char key[64], val[512] = "";
+        snprintf(key, sizeof key, "--%s", it->string);
+        for (char *c = key; *c; c++) *c = *c == '_' ? '-' : *c;
+        int flag = 0;
+        if (cJSON_IsBool(it)) {
+            if (!cJSON_IsTrue(it)) continue;
+            flag = 1;
+        } else if (cJSON_IsNumber(it)) snprintf(val, sizeof val, "%.17g", it->valuedouble);
+        else if (cJSON_IsString(it)) snprintf(val, sizeof val, "%s", it->valuestring);
+        else if (cJSON_IsArray(it)) {
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it) {
+                if (!cJSON_IsString(e)) ok = 0;
+                else snprintf(val + strlen(val), sizeof val - strlen(val), "%s%s", val[0] ? "," : "", e->valuestring);
+            }
+        } else ok = 0;
+        if (!ok) {
+            fprintf(stderr, "train: --config %s: %s must be a number, a string, true/false or a list of strings\n", path,
+                    it->string);
+            break;
+        }
+        char **g = realloc(*args, (size_t)(*n + 2) * sizeof **args);
+        if (!g) {
+            ok = 0;
+            break;
+        }
+        *args = g;
+        if (!strcmp(it->string, "model")) (*args)[(*n)++] = strdup(val);
+        else {
+            (*args)[(*n)++] = strdup(key);
+            if (!flag) (*args)[(*n)++] = strdup(val);
+        }
+    }
+    cJSON_Delete(js);
+    return ok;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_opts o = {.out = "adapters", .backend = "cpu", .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
+                    .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .targets = (1u << LMX_PROJ_N) - 1};
+    char **cfg = NULL;
+    int ncfg = 0, rc = 2;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--config") && !config_args(argv[i + 1], &cfg, &ncfg)) goto out_cfg;
+    if ((rc = parse_args(&o, ncfg, cfg, 0)) >= 0 || (rc = parse_args(&o, argc, argv, 1)) >= 0) goto out_cfg;
+    rc = train_run(&o);
+out_cfg:
+    for (int i = 0; i < ncfg; i++) free(cfg[i]);
+    free(cfg);
+    return rc;
+}
+
+static int train_run(const train_opts *op) {
+    train_opts o = *op;
     if (!o.model || !o.data || o.rank <= 0 || o.iters <= 0 || o.batch <= 0 || o.batch > 4096 || o.accum <= 0 || o.lr <= 0 ||
         (strcmp(o.schedule, "constant") && strcmp(o.schedule, "linear") && strcmp(o.schedule, "cosine"))) {
         fprintf(stderr, "usage: lmx train MODEL --data DIR [options] (lmx train --help)\n");
