@@ -177,7 +177,8 @@ static lmx_status parse(lmx_gguf *g, lmx_err *err) {
     for (size_t i = 0; i < g->n_tensors; i++) {
         lmx_gguf_tensor *t = &g->tensors[i];
         uint64_t off = offsets[i];
-        if (off % alignment || data_start + off > g->map.size || t->nbytes > g->map.size - data_start - off) {
+        if (off % alignment || data_start > g->map.size || off > g->map.size - data_start || /* no sum that can wrap */
+            t->nbytes > g->map.size - data_start - off) {
             free(offsets);
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s: data [%llu, +%zu) is misaligned or outside the file",
                                path, LMX_QUOTED(t->name), (unsigned long long)off, t->nbytes);
