@@ -1,0 +1,346 @@
+/* cuda_graph_fuse.cu - the fusions a decode graph applies while it captures a recorded step
+ * (cuda_graph.cu records and replays; cuda_graph.h): which recorded ops read or overwrite a buffer,
+ * matmul groups sharing one input, and the launches that replace several recorded ops with one. */
+#include <string.h>
+
+#include "cuda_graph.h"
+
+/* Whether recorded op r reads p, and whether it overwrites p without reading it. */
+static int g_reads(const g_rec *r, const void *p) {
+    switch (r->op) {
+    case G_EMBED: return r->t[1].data == p;
+    case G_RMSNORM: case G_GLU: return r->t[1].data == p || r->t[2].data == p;
+    case G_MATMUL: case G_ATTENTION: return r->t[1].data == p || r->t[2].data == p || (r->has[3] && r->t[3].data == p);
+    case G_ADD: case G_KV_APPEND: case G_LORA: return r->t[0].data == p || r->t[1].data == p;
+    case G_GATHER: return r->t[1].data == p;
+    default: return r->t[0].data == p; /* softcap, rope: in place */
+    }
+}
+static int g_overwrites(const g_rec *r, const void *p) {
+    switch (r->op) {
+    case G_EMBED: case G_RMSNORM: case G_MATMUL: case G_GLU: case G_ATTENTION: case G_GATHER:
+        return r->t[0].data == p && !g_reads(r, p);
+    default: return 0;
+    }
+}
+
+/* 1 when no op after index i reads p before one overwrites it (the rest of the step; the forward pass
+ * writes every temporary before it reads it, so a step never reads the last one's). */
+static int g_dead_after(const cuda_graph *g, int i, const void *p) {
+    for (int j = i + 1; j < g->n_rec; j++) {
+        if (g_reads(&g->rec[j], p)) return 0;
+        if (g_overwrites(&g->rec[j], p)) return 1;
+    }
+    return 1;
+}
+
+/* The matmuls at i sharing one input (1 to 3, none writing what another reads), and with *glu >= 0 the
+ * glu op that follows a pair (gate, up).  Returns how many matmuls. */
+static int g_matmul_group(const cuda_graph *g, int i, int *glu) {
+    const g_rec *r = &g->rec[i];
+    int n = 1;
+    *glu = -1;
+    while (n < 3 && i + n < g->n_rec) {
+        const g_rec *q = &g->rec[i + n];
+        if (q->op != G_MATMUL || q->M != r->M || q->t[1].data != r->t[1].data) break;
+        int clash = q->t[0].data == r->t[1].data;
+        for (int j = 0; j < n; j++) clash |= q->t[0].data == g->rec[i + j].t[0].data;
+        if (clash) break;
+        n++;
+    }
+    if (n == 2 && i + 2 < g->n_rec) {
+        const g_rec *q = &g->rec[i + 2];
+        if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
+            q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0])
+            *glu = q->i0;
+    }
+    return r->t[0].data == r->t[1].data ? 1 : n;
+}
+
+/* The matmul group at i as one launch (opts: what it folds in; y0: where the first result goes
+ * instead of its op's output, or NULL); *used = ops consumed, 0 when the launch does not apply. */
+static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const float *x, const cuda_gemv_opts *opts,
+                               float *y0, int *used) {
+    cuda_graph *g = cb->g;
+    float *ys[3];
+    const lmx_tensor *ws[3], *bs[3];
+    for (int j = 0; j < n; j++) {
+        g_rec *q = &g->rec[i + j];
+        ys[j] = j == 0 && y0 ? y0 : (float *)q->t[0].data;
+        ws[j] = &q->t[2];
+        bs[j] = q->has[3] ? &q->t[3] : NULL;
+    }
+    *used = 0;
+    lmx_status st = LMX_ERR_UNSUPPORTED;
+    if (glu >= 0) st = cuda_gemv(cb, 2, ws, bs, ys, x, g->rec[i].M, glu, opts);
+    if (st == LMX_OK) *used = 3;
+    if (st == LMX_ERR_UNSUPPORTED && (n > 1 || opts)) {
+        st = cuda_gemv(cb, n, ws, bs, ys, x, g->rec[i].M, -1, opts);
+        if (st == LMX_OK) *used = n;
+    }
+    return st == LMX_ERR_UNSUPPORTED ? LMX_OK : st;
+}
+
+/* LoRA after a matmul group (i: its first matmul, n matmuls): the LORA records right after it that
+ * apply to its outputs from its input, and with gate/up the GLU after them.  Returns how many LORA
+ * records (0: none), their projections' matmul index in mi[], *glu the GLU's act or -1. */
+static int g_lora_after(const cuda_graph *g, int i, int n, int mi[3], int *glu) {
+    const g_rec *r = &g->rec[i];
+    int nl = 0;
+    *glu = -1;
+    while (nl < n && i + n + nl < g->n_rec) {
+        const g_rec *q = &g->rec[i + n + nl];
+        if (q->op != G_LORA || q->t[1].data != r->t[1].data || q->B != r->M || q->T != 1) break;
+        int k = -1;
+        for (int j = 0; j < n; j++)
+            if (q->t[0].data == g->rec[i + j].t[0].data) k = j;
+        for (int j = 0; j < nl; j++)
+            if (mi[j] == k) k = -1;
+        if (k < 0) break;
+        mi[nl++] = k;
+    }
+    if (nl == 2 && n == 2 && i + 4 < g->n_rec) {
+        const g_rec *q = &g->rec[i + 4];
+        if (q->op == G_GLU && q->t[0].data == r->t[0].data && q->t[1].data == r->t[0].data &&
+            q->t[2].data == g->rec[i + 1].t[0].data && q->n == (int64_t)r->M * r->t[2].shape[0])
+            *glu = q->i0;
+    }
+    return nl;
+}
+
+/* The matmul group at i followed by its LoRA records (and GLU): the group as one GEMV launch (or its
+ * matmuls one by one), then every LoRA of it as one shrink and one expand launch (with the GLU). */
+static lmx_status g_exec_lora_group(cuda_backend *cb, int i, int n, int nl, const int mi[3], int glu, int *used) {
+    cuda_graph *g = cb->g;
+    float *ys[3];
+    int Ns[3];
+    const lmx_lora_pair *pp[3][CUDA_G_MAX];
+    const lmx_lora_pair *const *pairs[3] = {pp[0], pp[1], pp[2]};
+    for (int k = 0; k < nl; k++) {
+        g_rec *q = &g->rec[i + n + k];
+        ys[k] = (float *)q->t[0].data;
+        Ns[k] = (int)g->rec[i + mi[k]].t[2].shape[0];
+        for (int b = 0; b < q->B; b++) pp[k][b] = q->lora[b].a.data ? &q->lora[b] : NULL;
+    }
+    const g_rec *r = &g->rec[i];
+    const float *x = (const float *)r->t[1].data;
+    const int64_t K = r->t[2].shape[1];
+    const int side = cb->side != NULL; /* the shrink beside the GEMV, the expand after both */
+    lmx_status st = side ? cuda_lora_group(cb, nl, ys, Ns, x, K, r->M, pairs, glu, 1) : LMX_OK;
+    int u = 0;
+    if (st == LMX_OK && n > 1) st = g_gemv_group(cb, i, n, -1, x, NULL, NULL, &u);
+    for (int j = 0; st == LMX_OK && u == 0 && j < n; j++) st = cuda_g_exec(cb, &g->rec[i + j]);
+    if (st == LMX_OK) st = cuda_lora_group(cb, nl, ys, Ns, x, K, r->M, pairs, glu, side ? 2 : 0);
+    *used = n + nl + (glu >= 0 ? 1 : 0);
+    return st;
+}
+
+/* The residual add at j folded into the single matmul at i (its output only feeds that add): y += W x + b.
+ * Returns the add's output, or NULL. */
+static float *g_resid_into(const cuda_graph *g, int i, int j) {
+    const g_rec *r = &g->rec[i], *a = j < g->n_rec ? &g->rec[j] : NULL;
+    if (r->M == 1 && a && a->op == G_ADD && a->t[1].data == r->t[0].data && a->t[0].data != r->t[0].data &&
+        a->t[0].data != r->t[1].data && a->n == r->t[2].shape[0] && g_dead_after(g, j, r->t[0].data))
+        return (float *)a->t[0].data;
+    return NULL;
+}
+
+/* One row's matmul group at i (n matmuls) with its nl LoRA records after it (mi, glu: g_lora_after) and
+ * with nrm the RMSNorm record before it, or NULL: the pairs' shrink as one launch (the norm folded in),
+ * then the group as one GEMV launch that folds in each expand, the norm, the GLU, and for a single
+ * matmul the residual add after it.  *used: ops consumed from i (0: it does not apply). */
+static lmx_status g_exec_lora_row(cuda_backend *cb, int i, int n, int nl, const int mi[3], int glu, const g_rec *nrm,
+                                  int *used) {
+    cuda_graph *g = cb->g;
+    const g_rec *r = &g->rec[i];
+    const int last = i + n + nl + (glu >= 0 ? 1 : 0); /* the first op after the group */
+    *used = 0;
+    if (r->M != 1 || !cuda_gemv_one_row(cb, &r->t[2], 1)) return LMX_OK;
+    if (nrm && (nrm->n != r->t[2].shape[1] || !g_dead_after(g, last - 1, nrm->t[0].data))) return LMX_OK;
+    for (int j = 0; nrm && j < n; j++)
+        if (g->rec[i + j].t[0].data == nrm->t[1].data) return LMX_OK;
+    float *resid = n == 1 && glu < 0 && !nrm ? g_resid_into(g, i, last) : NULL;
+    const lmx_lora_pair *pairs[3] = {NULL, NULL, NULL};
+    int any = 0;
+    for (int k = 0; k < nl; k++) {
+        const g_rec *q = &g->rec[i + n + k];
+        pairs[k] = q->lora[0].a.data ? &q->lora[0] : NULL;
+        any |= pairs[k] != NULL;
+    }
+    cuda_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    cuda_row_norm rn;
+    memset(&rn, 0, sizeof rn);
+    if (nrm) {
+        o.norm_w = &nrm->t[2];
+        o.eps = rn.eps = nrm->f0;
+        o.add_one = rn.add_one = nrm->f1;
+        rn.w = nrm->t[2].data;
+        rn.wt = nrm->t[2].dtype;
+        if (nrm->t[2].q.bits || nrm->t[2].q.ggml_type) return LMX_OK;
+    }
+    o.resid = resid != NULL;
+    const float *x = (const float *)(nrm ? nrm->t[1].data : r->t[1].data);
+    if (any) {
+        float *t;
+        int rmax;
+        lmx_status st = cuda_lora_shrink_row(cb, nl, pairs, x, r->t[2].shape[1], &rn, &t, &rmax);
+        if (st) return st;
+        for (int k = 0; k < nl; k++)
+            if (pairs[k]) {
+                o.lora_b[mi[k]] = (const float *)pairs[k]->b.data;
+                o.lora_t[mi[k]] = t + k * rmax;
+                o.lora_r[mi[k]] = (int)pairs[k]->a.shape[0];
+            }
+    }
+    float *ys[3];
+    const lmx_tensor *ws[3], *bs[3];
+    for (int j = 0; j < n; j++) {
+        const g_rec *q = &g->rec[i + j];
+        ys[j] = j == 0 && resid ? resid : (float *)q->t[0].data;
+        ws[j] = &q->t[2];
+        bs[j] = q->has[3] ? &q->t[3] : NULL;
+    }
+    const int plain = !nrm && !resid && !any;
+    lmx_status st = cuda_gemv(cb, n, ws, bs, ys, x, 1, glu, plain ? NULL : &o);
+    if (st == LMX_ERR_UNSUPPORTED && any) /* the shrink is in the graph: the graph fails, never a wrong step */
+        return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda graph: a LoRA GEMV the check allowed declined");
+    if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+    if (st == LMX_OK) *used = last - i + (resid ? 1 : 0);
+    return st;
+}
+
+/* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
+ * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
+ * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
+ * layer's kv append when it is safe to write the cache before the attention reads it), and a
+ * residual add followed by the norm of its result as one launch.  Each does the arithmetic of the
+ * ops it replaces in the same order, so graphs and eager steps agree bit for bit.  With LoRA records
+ * after a matmul group: for one row, the pairs' shrink (with the group's norm) and then the group's GEMV
+ * with the expands folded in (g_exec_lora_row); for several, the group's launch and then one shrink (on
+ * a side branch beside it) and one expand launch, which also does gate/up's GLU, the norm before the
+ * group a launch of its own (g_exec_lora_group).
+ * *used = ops consumed (0: none applied). */
+lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
+    cuda_graph *g = cb->g;
+    g_rec *r = &g->rec[i];
+    *used = 0;
+    if (r->op == G_MATMUL) {
+        int glu, n = g_matmul_group(g, i, &glu), mi[3], lglu;
+        int nl = g_lora_after(g, i, n, mi, &lglu);
+        if (nl > 0) {
+            lmx_status st = g_exec_lora_row(cb, i, n, nl, mi, lglu, NULL, used);
+            if (st || *used) return st;
+            return g_exec_lora_group(cb, i, n, nl, mi, lglu, used);
+        }
+        /* a single matmul whose output only feeds the residual add after it: y += W x + b */
+        float *resid = n == 1 ? g_resid_into(g, i, i + 1) : NULL;
+        if (resid) {
+            cuda_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.resid = 1;
+            lmx_status st = g_gemv_group(cb, i, 1, -1, (const float *)r->t[1].data, &o, resid, used);
+            if (st || *used) {
+                if (*used) *used = 2;
+                return st;
+            }
+        }
+        if (n < 2) return LMX_OK;
+        return g_gemv_group(cb, i, n, glu, (const float *)r->t[1].data, NULL, NULL, used);
+    }
+    if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
+        g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {
+        /* a row's norm read only by the matmuls after it: they normalise as they stage x (with LoRA
+         * after them, the shrink too) */
+        int glu, n = g_matmul_group(g, i + 1, &glu), mi[3], lglu;
+        int nl = g_lora_after(g, i + 1, n, mi, &lglu);
+        if (nl > 0) {
+            int u = 0;
+            lmx_status st = g_exec_lora_row(cb, i + 1, n, nl, mi, lglu, r, &u);
+            if (u) *used = 1 + u;
+            return st;
+        }
+        const int last = i + n + (glu >= 0 ? 1 : 0);
+        int ok = r->n == g->rec[i + 1].t[2].shape[1] && g_dead_after(g, last, r->t[0].data);
+        for (int j = 1; j <= n; j++) ok &= g->rec[i + j].t[0].data != r->t[1].data;
+        if (ok) {
+            cuda_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.norm_w = &r->t[2];
+            o.eps = r->f0;
+            o.add_one = r->f1;
+            int u = 0;
+            lmx_status st = g_gemv_group(cb, i + 1, n, glu, (const float *)r->t[1].data, &o, NULL, &u);
+            if (st) return st;
+            if (u) {
+                *used = 1 + u;
+                return LMX_OK;
+            }
+        }
+    }
+    if (r->op == G_RMSNORM || r->op == G_ROPE) {
+        /* [norm q, norm k,] rope q, rope k  (norms per head, in place) */
+        int nn = 0;
+        while (nn < 2 && i + nn < g->n_rec && g->rec[i + nn].op == G_RMSNORM) nn++;
+        if (nn == 1) return LMX_OK;
+        int nr = 0;
+        while (nr < 2 && i + nn + nr < g->n_rec && g->rec[i + nn + nr].op == G_ROPE) nr++;
+        if (nr != 2) return LMX_OK;
+        const g_rec *r0 = &g->rec[i + nn], *r1 = &g->rec[i + nn + 1];
+        if (memcmp(&r0->rope, &r1->rope, sizeof r0->rope) || r0->B != r1->B || r0->T != r1->T || r0->i1 != r1->i1 ||
+            r0->t[0].data == r1->t[0].data)
+            return LMX_OK;
+        lmx_tensor *xs[2] = {&g->rec[i + nn].t[0], &g->rec[i + nn + 1].t[0]};
+        int nh[2] = {r0->i0, r1->i0};
+        const lmx_tensor *ws[2] = {NULL, NULL};
+        float eps[2] = {0, 0}, one[2] = {0, 0};
+        for (int k = 0; k < nn; k++) {
+            const g_rec *q = &g->rec[i + k];
+            if (q->t[0].data != xs[k]->data || q->t[1].data != xs[k]->data || q->n != r0->i1 ||
+                (int64_t)q->M != (int64_t)r0->B * r0->T * nh[k])
+                return LMX_OK;
+            ws[k] = &g->rec[i + k].t[2];
+            eps[k] = q->f0;
+            one[k] = q->f1;
+        }
+        /* ... attention, kv_append of the same k and v: the append joins this launch when the slot it
+         * writes is not one the attention reads (an unbounded cache, or a rotating one at least as
+         * long as its window) */
+        const int ia = i + nn + 2, ik = ia + 1;
+        cuda_kv_dst dst;
+        const cuda_kv_dst *app = NULL;
+        if (ik < g->n_rec && g->rec[ia].op == G_ATTENTION && g->rec[ik].op == G_KV_APPEND) {
+            const g_rec *at = &g->rec[ia], *kv = &g->rec[ik];
+            int ok = r0->T == 1 && kv->T == 1 && kv->B == r0->B && at->B == r0->B && kv->t[0].data == xs[1]->data &&
+                     at->t[2].data == kv->t[0].data && at->t[3].data == kv->t[1].data &&
+                     kv->t[0].shape[kv->t[0].ndim - 1] == (int64_t)nh[1] * r0->i1 && kv->t[0].shape[0] == r0->B &&
+                     kv->t[1].shape[kv->t[1].ndim - 1] == (int64_t)nh[1] * r0->i1;
+            memset(&dst, 0, sizeof dst);
+            for (int b = 0; ok && b < kv->B; b++) {
+                ok = kv->kvp[b] == at->kvp[b] && kv->kd[b] && kv->vd[b] && kv->cap[b] > 0 &&
+                     (!kv->rot[b] || (kv->win[b] > 0 && kv->cap[b] >= kv->win[b]));
+                dst.kc[b] = kv->kd[b];
+                dst.vc[b] = kv->vd[b];
+                dst.cap[b] = kv->cap[b];
+            }
+            dst.v = (const float *)kv->t[1].data;
+            if (ok) app = &dst;
+        }
+        lmx_status st = cuda_norm_rope(cb, r0->B, r0->T, r0->i1, &r0->rope, 2, xs, nh, ws, eps, one, app);
+        if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+        if (app && st == LMX_OK) g->skip[ik] = 1;
+        *used = nn + 2;
+        return st;
+    }
+    if (r->op == G_ADD && i + 1 < g->n_rec) {
+        g_rec *q = &g->rec[i + 1];
+        if (q->op != G_RMSNORM || q->t[1].data != r->t[0].data || (int64_t)q->M * q->n != r->n ||
+            q->t[0].data == r->t[0].data || q->t[0].data == r->t[1].data)
+            return LMX_OK;
+        lmx_status st = cuda_add_rmsnorm(cb, &r->t[0], &r->t[1], &q->t[0], &q->t[2], q->M, (int)q->n, q->f0, q->f1);
+        if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
+        *used = 2;
+        return st;
+    }
+    return LMX_OK;
+}
