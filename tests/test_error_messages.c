@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "one_line.h"
 #include "test_files.h"
 
 #include "base/status.h"
@@ -23,30 +24,11 @@
 #include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
-/* 1 when s is valid UTF-8 without C0/C1 controls, DEL, U+2028 or U+2029 (so: one printable line). */
-static int one_line(const char *s) {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; u[i];) {
-        unsigned char c = u[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-        if (!len || c == 0xc0 || c == 0xc1 || c > 0xf4) return 0;
-        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1fu : len == 3 ? c & 0x0fu : c & 0x07u;
-        for (size_t k = 1; k < len; k++) {
-            if ((u[i + k] & 0xc0) != 0x80) return 0;
-            cp = (cp << 6) | (u[i + k] & 0x3fu);
-        }
-        if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029) return 0;
-        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-            return 0;
-        i += len;
-    }
-    return 1;
-}
 
 /* A failure whose message is one line and holds want (the escaped file content). */
 static void check_msg(const char *label, lmx_status s, const char *msg, const char *want) {
     CHECK_MSG(s != LMX_OK, "%s: did not fail", label);
-    CHECK_MSG(one_line(msg), "%s: message is not one printable line: %s", label, msg);
+    CHECK_MSG(one_line_utf8(msg), "%s: message is not one printable line: %s", label, msg);
     if (want) CHECK_MSG(strstr(msg, want) != NULL, "%s: message \"%s\" lacks %s", label, msg, want);
     if (getenv("LMX_TEST_VERBOSE")) printf("  %-28s %s\n", label, msg);
 }
@@ -78,7 +60,7 @@ static void test_quote(void) {
     big[0] = 0;
     for (int i = 0; i < 60; i++) strcat(big, "\xe4\xb8\xad");
     lmx_quote_str(small, sizeof small, big);
-    CHECK(one_line(small) && !strcmp(small + strlen(small) - 4, "\"..."));
+    CHECK(one_line_utf8(small) && !strcmp(small + strlen(small) - 4, "\"..."));
     CHECK(lmx_quote(small, 4, "abc", 3)[0] == '\0'); /* too small a buffer: empty */
 }
 
@@ -94,7 +76,7 @@ static void test_err_set(void) {
     char big[2000] = "";
     for (int i = 0; i < 600; i++) strcat(big, "\xe4\xb8\xad");
     lmx_err_set(&e, LMX_ERR_FORMAT, "%s", big); /* cut at the message size: no broken character */
-    CHECK(one_line(e.msg) && strlen(e.msg) >= LMX_ERR_MSG_MAX - 8);
+    CHECK(one_line_utf8(e.msg) && strlen(e.msg) >= LMX_ERR_MSG_MAX - 8);
 }
 
 /* ---- 3. parsers ---------------------------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../base/json.h"
 #include "../base/fileio.h"
 #include "../base/half.h"
 #include "../formats/safetensors.h"
@@ -93,11 +94,6 @@ static int compare_pairs(lmx_trainer *tr, const lmx_st_file *ref, const char *pr
     return 1;
 }
 
-static double jnum(const cJSON *o, const char *key, double dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
-}
-
 int cmd_check_train(int argc, char **argv) {
     const char *base = NULL, *dir = NULL, *backend = "cpu";
     int loss_rows = 0;
@@ -163,9 +159,9 @@ int cmd_check_train(int argc, char **argv) {
     for (int i = 0; i < B * T; i++) in[i] = (int32_t)lmx_load_u32((const char *)ti->data + 4 * i),
                                     tg[i] = (int32_t)lmx_load_u32((const char *)tt->data + 4 * i);
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(js, "optimizer");
-    const lmx_adamw opt = {.lr = jnum(o, "lr", 1e-3), .beta1 = jnum(o, "beta1", 0.9), .beta2 = jnum(o, "beta2", 0.999),
-                           .eps = jnum(o, "eps", 1e-8), .weight_decay = jnum(o, "weight_decay", 0.0),
-                           .clip_grad_norm = jnum(o, "clip_grad_norm", 0.0)};
+    const lmx_adamw opt = {.lr = lmx_json_num(o, "lr", 1e-3), .beta1 = lmx_json_num(o, "beta1", 0.9), .beta2 = lmx_json_num(o, "beta2", 0.999),
+                           .eps = lmx_json_num(o, "eps", 1e-8), .weight_decay = lmx_json_num(o, "weight_decay", 0.0),
+                           .clip_grad_norm = lmx_json_num(o, "clip_grad_norm", 0.0)};
     /* float32 compute against a float64 reference: each loss within the fixtures' logit tolerance
      * (2e-3 + 1e-3 |ref|); each gradient and parameter tensor within 1e-6 + 1e-4 max|ref| (the
      * parameters also within what their gradients' float32 error moves the step, compare_pairs) */

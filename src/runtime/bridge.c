@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "../base/json.h"
 
 extern char **environ;
 
@@ -236,19 +237,9 @@ static cJSON *read_reply(lmx_bridge *b, atomic_int *cancel, int timeout_ms, lmx_
     return j;
 }
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItem(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-static double jnum(const cJSON *o, const char *k, double dflt) {
-    const cJSON *v = cJSON_GetObjectItem(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
-}
-
 /* An error reply into err (the child stays: it answered). */
 static lmx_status error_reply(lmx_bridge *b, const cJSON *r, lmx_err *err) {
-    const char *msg = jstr(r, "message"), *missing = jstr(r, "missing");
+    const char *msg = lmx_json_str(r, "message"), *missing = lmx_json_str(r, "missing");
     if (missing) {
         end_child(b, 0);
         return lmx_err_set(err, LMX_ERR_BACKEND, "the mlx_lm backend needs the Python package %s for %s (%s): %s",
@@ -259,19 +250,19 @@ static lmx_status error_reply(lmx_bridge *b, const cJSON *r, lmx_err *err) {
 
 static void take_info(lmx_bridge *b, const cJSON *in) {
     lmx_model_info *o = &b->info;
-    snprintf(b->arch, sizeof b->arch, "%s", jstr(in, "architecture") ? jstr(in, "architecture") : "unknown");
-    snprintf(b->dtype, sizeof b->dtype, "%s", jstr(in, "dtype") ? jstr(in, "dtype") : "mlx");
-    o->n_layers = (int)jnum(in, "n_layers", 0);
-    o->hidden_size = (int)jnum(in, "hidden_size", 0);
-    o->n_heads = (int)jnum(in, "n_heads", 0);
-    o->n_kv_heads = (int)jnum(in, "n_kv_heads", 0);
-    o->head_dim = (int)jnum(in, "head_dim", 0);
+    snprintf(b->arch, sizeof b->arch, "%s", lmx_json_str(in, "architecture") ? lmx_json_str(in, "architecture") : "unknown");
+    snprintf(b->dtype, sizeof b->dtype, "%s", lmx_json_str(in, "dtype") ? lmx_json_str(in, "dtype") : "mlx");
+    o->n_layers = (int)lmx_json_num(in, "n_layers", 0);
+    o->hidden_size = (int)lmx_json_num(in, "hidden_size", 0);
+    o->n_heads = (int)lmx_json_num(in, "n_heads", 0);
+    o->n_kv_heads = (int)lmx_json_num(in, "n_kv_heads", 0);
+    o->head_dim = (int)lmx_json_num(in, "head_dim", 0);
     if (!o->head_dim && o->n_heads) o->head_dim = o->hidden_size / o->n_heads;
-    o->ffn_size = (int)jnum(in, "ffn_size", 0);
-    o->vocab_size = (int)jnum(in, "vocab_size", 0);
-    o->max_context = (int)jnum(in, "max_context", 0);
-    o->n_params = (int64_t)jnum(in, "n_params", 0);
-    o->bos_id = (int32_t)jnum(in, "bos_id", -1);
+    o->ffn_size = (int)lmx_json_num(in, "ffn_size", 0);
+    o->vocab_size = (int)lmx_json_num(in, "vocab_size", 0);
+    o->max_context = (int)lmx_json_num(in, "max_context", 0);
+    o->n_params = (int64_t)lmx_json_num(in, "n_params", 0);
+    o->bos_id = (int32_t)lmx_json_num(in, "bos_id", -1);
     const cJSON *eos = cJSON_GetObjectItem(in, "eos_ids"), *e;
     o->n_eos = 0;
     cJSON_ArrayForEach(e, eos) if (cJSON_IsNumber(e) && o->n_eos < 8) o->eos_ids[o->n_eos++] = (int32_t)e->valuedouble;
@@ -325,7 +316,7 @@ static lmx_status start(lmx_bridge *b, lmx_err *err) {
             lmx_err_prefix(err, "the mlx_lm backend needs Python 3 (%s) and %s", b->python, INSTALL_HINT);
         return err->status;
     }
-    const char *type = jstr(r, "type");
+    const char *type = lmx_json_str(r, "type");
     const cJSON *info = cJSON_GetObjectItem(r, "info");
     if (!strcmp(type, "error")) {
         st = error_reply(b, r, err);
@@ -518,10 +509,10 @@ static int next_reply(lmx_model *m, lmx_stream *s, int discard) {
     for (;;) {
         cJSON *r = read_reply(b, &m->rt->cancel, b->timeout_ms, &m->err);
         if (!r) return -1;
-        const char *type = jstr(r, "type");
+        const char *type = lmx_json_str(r, "type");
         int ret = -2;
         if (!strcmp(type, "token")) {
-            const char *text = jstr(r, "text");
+            const char *text = lmx_json_str(r, "text");
             const cJSON *id = cJSON_GetObjectItem(r, "id");
             if (!cJSON_IsNumber(id) || !text) {
                 broken(b, &m->err, "a malformed token reply");
@@ -542,14 +533,14 @@ static int next_reply(lmx_model *m, lmx_stream *s, int discard) {
             }
         } else if (!strcmp(type, "done")) {
             b->busy = 0;
-            lmx_finish f = finish_of(jstr(r, "finish"));
+            lmx_finish f = finish_of(lmx_json_str(r, "finish"));
             if (g->finish == LMX_FINISH_NONE) g->finish = b->cancel_sent ? LMX_FINISH_CANCELLED : f;
             if (g->finish == LMX_FINISH_NONE) {
                 broken(b, &m->err, "a done reply without a known finish reason");
                 ret = -1;
             } else {
-                if (g->finish == f) g->finish_id = (int32_t)jnum(r, "finish_id", -1);
-                m->rt->metrics.prompt_tokens = (int)jnum(r, "prompt_tokens", m->rt->metrics.prompt_tokens);
+                if (g->finish == f) g->finish_id = (int32_t)lmx_json_num(r, "finish_id", -1);
+                m->rt->metrics.prompt_tokens = (int)lmx_json_num(r, "prompt_tokens", m->rt->metrics.prompt_tokens);
                 b->cancel_sent = 0;
                 ret = 0;
             }
@@ -588,13 +579,7 @@ lmx_status lmx_bridge_stream_next(lmx_stream *s, const lmx_token **tok) {
             x->prefill_tokens_per_s = x->prefill_ms > 0 ? x->prompt_tokens / (x->prefill_ms * 1e-3) : 0;
         }
     }
-    double now = lmx_now_ms();
-    if (r) {
-        if (!s->started) s->t_first = now;
-        s->started = 1;
-        *tok = &g->tok;
-    }
-    lmx_metrics_end(m, g->index, s->t_start, s->t_first, now);
+    lmx_stream_emit(s, r, tok);
     return LMX_OK;
 }
 

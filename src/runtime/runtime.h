@@ -149,6 +149,9 @@ void lmx_runtime_trim(lmx_model *m);
 /* Reset metrics at the start of a call. */
 void lmx_metrics_begin(lmx_model *m);
 void lmx_metrics_end(lmx_model *m, int generated, double t_start, double t_first, double t_end);
+/* After a step of stream s (native or bridge): produced != 0 hands out its token in *tok (the first
+ * one's time noted), and the metrics are brought up to date. */
+void lmx_stream_emit(lmx_stream *s, int produced, const lmx_token **tok);
 double lmx_now_ms(void);
 
 #endif

@@ -115,14 +115,18 @@ lmx_status lmx_stream_next(lmx_stream *s, const lmx_token **tok) {
                                                   (int)(rt->hist.len / sizeof(int32_t)));
         }
     }
+    lmx_stream_emit(s, r, tok);
+    return LMX_OK;
+}
+
+void lmx_stream_emit(lmx_stream *s, int produced, const lmx_token **tok) {
     double now = lmx_now_ms();
-    if (r) {
+    if (produced) {
         if (!s->started) s->t_first = now;
         s->started = 1;
-        *tok = &g->tok;
+        *tok = &s->seq.tok;
     }
-    lmx_metrics_end(m, g->index, s->t_start, s->t_first, now);
-    return LMX_OK;
+    lmx_metrics_end(s->m, s->seq.index, s->t_start, s->t_first, now);
 }
 
 lmx_status lmx_stream_result(const lmx_stream *s, lmx_result *out) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json.h"
 #include "tokenizer/tok_internal.h"
 
 lmx_status lmx_tok_regex_compile(const char *pat, size_t len, pcre2_code **out, lmx_err *err) {
@@ -23,17 +24,6 @@ lmx_status lmx_tok_regex_compile(const char *pat, size_t len, pcre2_code **out, 
     return LMX_OK;
 }
 
-static const char *jstr(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-static int jbool(const cJSON *o, const char *key, int dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
-    return dflt;
-}
-
 static char *dupn(const char *s, size_t n) {
     char *d = malloc(n + 1);
     if (d) {
@@ -46,29 +36,29 @@ static char *dupn(const char *s, size_t n) {
 /* {"String": s} or {"Regex": r}: exactly one of *lit / *re is set. */
 static lmx_status parse_pattern(const cJSON *p, char **lit, size_t *lit_len, pcre2_code **re,
                                 lmx_err *err) {
-    const char *s = jstr(p, "String");
+    const char *s = lmx_json_str(p, "String");
     if (s) {
         *lit_len = strlen(s);
         *lit = dupn(s, *lit_len);
         return *lit ? LMX_OK : lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
     }
-    const char *r = jstr(p, "Regex");
+    const char *r = lmx_json_str(p, "Regex");
     if (r) return lmx_tok_regex_compile(r, strlen(r), re, err);
     return lmx_err_set(err, LMX_ERR_FORMAT, "pattern without \"String\" or \"Regex\"");
 }
 
 static int prepend_scheme(const cJSON *j) {
-    const char *ps = jstr(j, "prepend_scheme");
+    const char *ps = lmx_json_str(j, "prepend_scheme");
     if (ps) {
         if (!strcmp(ps, "first")) return LMX_TOK_PREPEND_FIRST;
         if (!strcmp(ps, "never")) return LMX_TOK_PREPEND_NEVER;
         return LMX_TOK_PREPEND_ALWAYS;
     }
-    return jbool(j, "add_prefix_space", 1) ? LMX_TOK_PREPEND_ALWAYS : LMX_TOK_PREPEND_NEVER;
+    return lmx_json_bool(j, "add_prefix_space", 1) ? LMX_TOK_PREPEND_ALWAYS : LMX_TOK_PREPEND_NEVER;
 }
 
 static void replacement(const cJSON *j, char *out, size_t *len) {
-    const char *r = jstr(j, "replacement");
+    const char *r = lmx_json_str(j, "replacement");
     if (!r || !*r || strlen(r) > 4) r = "\xE2\x96\x81";   /* U+2581 */
     *len = lmx_tok_utf8_len((unsigned char)r[0]);
     if (*len > strlen(r)) *len = strlen(r);
@@ -89,7 +79,7 @@ static lmx_tok_norm *new_norm(lmx_tokenizer *t, int kind) {
 
 lmx_status lmx_tok_parse_normalizer(lmx_tokenizer *t, const cJSON *j, lmx_err *err) {
     if (!j || cJSON_IsNull(j)) return LMX_OK;
-    const char *type = jstr(j, "type");
+    const char *type = lmx_json_str(j, "type");
     if (!type) return lmx_err_set(err, LMX_ERR_FORMAT, "normalizer without a type");
     if (!strcmp(type, "Sequence")) {
         const cJSON *it;
@@ -106,7 +96,7 @@ lmx_status lmx_tok_parse_normalizer(lmx_tokenizer *t, const cJSON *j, lmx_err *e
     if (!strcmp(type, "Replace")) {
         lmx_tok_norm *n = new_norm(t, LMX_TOK_NORM_REPLACE);
         if (!n) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
-        const char *c = jstr(j, "content");
+        const char *c = lmx_json_str(j, "content");
         n->content_len = c ? strlen(c) : 0;
         n->content = dupn(c ? c : "", n->content_len);
         if (!n->content) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
@@ -116,7 +106,7 @@ lmx_status lmx_tok_parse_normalizer(lmx_tokenizer *t, const cJSON *j, lmx_err *e
     if (!strcmp(type, "Prepend")) {
         lmx_tok_norm *n = new_norm(t, LMX_TOK_NORM_PREPEND);
         if (!n) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
-        const char *c = jstr(j, "prepend");
+        const char *c = lmx_json_str(j, "prepend");
         n->content_len = c ? strlen(c) : 0;
         n->content = dupn(c ? c : "", n->content_len);
         return n->content ? LMX_OK : lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
@@ -124,8 +114,8 @@ lmx_status lmx_tok_parse_normalizer(lmx_tokenizer *t, const cJSON *j, lmx_err *e
     if (!strcmp(type, "Strip")) {
         lmx_tok_norm *n = new_norm(t, LMX_TOK_NORM_STRIP);
         if (!n) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
-        n->left = jbool(j, "strip_left", 1);
-        n->right = jbool(j, "strip_right", 1);
+        n->left = lmx_json_bool(j, "strip_left", 1);
+        n->right = lmx_json_bool(j, "strip_right", 1);
         return LMX_OK;
     }
     return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "normalizer type %s", LMX_QUOTED(type));
@@ -156,7 +146,7 @@ static const char GPT2_RE[] =
 
 lmx_status lmx_tok_parse_pretokenizer(lmx_tokenizer *t, const cJSON *j, lmx_err *err) {
     if (!j || cJSON_IsNull(j)) return LMX_OK;
-    const char *type = jstr(j, "type");
+    const char *type = lmx_json_str(j, "type");
     if (!type) return lmx_err_set(err, LMX_ERR_FORMAT, "pre_tokenizer without a type");
     if (!strcmp(type, "Sequence")) {
         const cJSON *it;
@@ -167,7 +157,7 @@ lmx_status lmx_tok_parse_pretokenizer(lmx_tokenizer *t, const cJSON *j, lmx_err 
         return LMX_OK;
     }
     if (!strcmp(type, "Split")) {
-        const char *b = jstr(j, "behavior");
+        const char *b = lmx_json_str(j, "behavior");
         int behavior = LMX_TOK_SPLIT_ISOLATED;
         if (!b) return lmx_err_set(err, LMX_ERR_FORMAT, "Split without a behavior");
         if (!strcmp(b, "Removed")) behavior = LMX_TOK_SPLIT_REMOVED;
@@ -179,16 +169,16 @@ lmx_status lmx_tok_parse_pretokenizer(lmx_tokenizer *t, const cJSON *j, lmx_err 
         lmx_tok_pre *p = new_pre(t, LMX_TOK_PRE_SPLIT);
         if (!p) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
         p->behavior = behavior;
-        p->invert = jbool(j, "invert", 0);
+        p->invert = lmx_json_bool(j, "invert", 0);
         return parse_pattern(cJSON_GetObjectItemCaseSensitive(j, "pattern"), &p->lit, &p->lit_len,
                              &p->re, err);
     }
     if (!strcmp(type, "ByteLevel")) {
         lmx_tok_pre *p = new_pre(t, LMX_TOK_PRE_BYTELEVEL);
         if (!p) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
-        p->add_prefix_space = jbool(j, "add_prefix_space", 1);
+        p->add_prefix_space = lmx_json_bool(j, "add_prefix_space", 1);
         t->byte_level = 1;
-        if (jbool(j, "use_regex", 1)) return lmx_tok_regex_compile(GPT2_RE, strlen(GPT2_RE), &p->re, err);
+        if (lmx_json_bool(j, "use_regex", 1)) return lmx_tok_regex_compile(GPT2_RE, strlen(GPT2_RE), &p->re, err);
         return LMX_OK;
     }
     if (!strcmp(type, "Metaspace")) {
@@ -196,11 +186,11 @@ lmx_status lmx_tok_parse_pretokenizer(lmx_tokenizer *t, const cJSON *j, lmx_err 
         if (!p) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
         replacement(j, p->repl, &p->repl_len);
         p->prepend_scheme = prepend_scheme(j);
-        p->split = jbool(j, "split", 1);
+        p->split = lmx_json_bool(j, "split", 1);
         return LMX_OK;
     }
     if (!strcmp(type, "Digits"))
-        return regex_split(t, jbool(j, "individual_digits", 0) ? "\\p{N}" : "\\p{N}+",
+        return regex_split(t, lmx_json_bool(j, "individual_digits", 0) ? "\\p{N}" : "\\p{N}+",
                            LMX_TOK_SPLIT_ISOLATED, 0, err);
     if (!strcmp(type, "WhitespaceSplit")) return regex_split(t, "\\s+", LMX_TOK_SPLIT_REMOVED, 0, err);
     if (!strcmp(type, "Whitespace")) return regex_split(t, "\\w+|[^\\w\\s]+", LMX_TOK_SPLIT_REMOVED, 1, err);
@@ -223,7 +213,7 @@ static lmx_tok_dec *new_dec(lmx_tokenizer *t, int kind) {
 lmx_status lmx_tok_parse_decoder(lmx_tokenizer *t, const cJSON *j, lmx_err *err) {
     if (!j || cJSON_IsNull(j)) return LMX_OK;
     t->has_decoder = 1;
-    const char *type = jstr(j, "type");
+    const char *type = lmx_json_str(j, "type");
     if (!type) return lmx_err_set(err, LMX_ERR_FORMAT, "decoder without a type");
     if (!strcmp(type, "Sequence")) {
         const cJSON *it;
@@ -240,7 +230,7 @@ lmx_status lmx_tok_parse_decoder(lmx_tokenizer *t, const cJSON *j, lmx_err *err)
     else if (!strcmp(type, "Replace")) {
         if (!(d = new_dec(t, LMX_TOK_DEC_REPLACE))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "pattern");
-        const char *s = jstr(p, "String"), *c = jstr(j, "content");
+        const char *s = lmx_json_str(p, "String"), *c = lmx_json_str(j, "content");
         if (!s) return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "decoder Replace with a Regex pattern");
         d->pat_len = strlen(s);
         d->content_len = c ? strlen(c) : 0;
@@ -251,7 +241,7 @@ lmx_status lmx_tok_parse_decoder(lmx_tokenizer *t, const cJSON *j, lmx_err *err)
         return LMX_OK;
     } else if (!strcmp(type, "Strip")) {
         if (!(d = new_dec(t, LMX_TOK_DEC_STRIP))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
-        const char *c = jstr(j, "content");
+        const char *c = lmx_json_str(j, "content");
         if (!c || !*c) c = " ";
         d->strip_len = lmx_tok_utf8_len((unsigned char)c[0]);
         if (d->strip_len > strlen(c)) d->strip_len = strlen(c);
@@ -290,7 +280,7 @@ static int32_t pair_id(const cJSON *p) {
 
 lmx_status lmx_tok_parse_postprocessor(lmx_tokenizer *t, const cJSON *j, lmx_err *err) {
     if (!j || cJSON_IsNull(j)) return LMX_OK;
-    const char *type = jstr(j, "type");
+    const char *type = lmx_json_str(j, "type");
     if (!type) return lmx_err_set(err, LMX_ERR_FORMAT, "post_processor without a type");
     if (!strcmp(type, "ByteLevel")) return LMX_OK;   /* only adjusts offsets */
     if (!strcmp(type, "Sequence")) {
@@ -317,7 +307,7 @@ lmx_status lmx_tok_parse_postprocessor(lmx_tokenizer *t, const cJSON *j, lmx_err
                 seen_seq = 1;
                 continue;
             }
-            const char *name = jstr(cJSON_GetObjectItemCaseSensitive(it, "SpecialToken"), "id");
+            const char *name = lmx_json_str(cJSON_GetObjectItemCaseSensitive(it, "SpecialToken"), "id");
             if (!name) return lmx_err_set(err, LMX_ERR_FORMAT, "TemplateProcessing: bad item");
             const cJSON *sp = cJSON_GetObjectItemCaseSensitive(specials, name);
             const cJSON *ids = cJSON_GetObjectItemCaseSensitive(sp, "ids"), *x;

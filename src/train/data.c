@@ -10,16 +10,12 @@
 
 #include "../base/fileio.h"
 #include "../runtime/runtime.h"
+#include "../base/json.h"
 
 void lmx_train_set_free(lmx_train_set *s) {
     for (int i = 0; i < s->n; i++) free(s->ex[i].ids);
     free(s->ex);
     memset(s, 0, sizeof *s);
-}
-
-static const char *jstr(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
 /* text rendered from messages [0, n) of arr (generation prompt when gen) */
@@ -30,8 +26,8 @@ static lmx_status render(lmx_model *m, const cJSON *arr, int n, int gen, char **
     const cJSON *it;
     cJSON_ArrayForEach(it, arr) {
         if (i == n) break;
-        msgs[i].role = jstr(it, "role");
-        msgs[i].content = jstr(it, "content");
+        msgs[i].role = lmx_json_str(it, "role");
+        msgs[i].content = lmx_json_str(it, "content");
         if (!msgs[i].role || !msgs[i].content) {
             free(msgs);
             return lmx_err_set(&m->err, LMX_ERR_FORMAT, "message %d has no string role or content", i);
@@ -50,7 +46,7 @@ static lmx_status example(lmx_model *m, const char *line, int mask_prompt, lmx_t
         cJSON_Delete(o);
         return lmx_err_set(&m->err, LMX_ERR_FORMAT, "not a JSON object");
     }
-    const char *text = jstr(o, "text"), *prompt = jstr(o, "prompt"), *completion = jstr(o, "completion");
+    const char *text = lmx_json_str(o, "text"), *prompt = lmx_json_str(o, "prompt"), *completion = lmx_json_str(o, "completion");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
     char *full = NULL, *head = NULL;
     lmx_status st = LMX_OK;
