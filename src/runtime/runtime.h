@@ -49,6 +49,8 @@ typedef struct lmx_buf {
 
 /* Make room for need bytes (+1 for a NUL); 0 or -1.  Grows geometrically. */
 int lmx_buf_reserve(lmx_backend *be, lmx_buf *b, size_t need);
+/* The same, refusing growth past be's memory limit (-1, the message in be->err). */
+int lmx_buf_reserve_limited(lmx_backend *be, lmx_buf *b, size_t need);
 int lmx_buf_append(lmx_backend *be, lmx_buf *b, const void *p, size_t n);
 void lmx_buf_free(lmx_backend *be, lmx_buf *b);
 

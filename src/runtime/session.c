@@ -15,10 +15,12 @@ double lmx_now_ms(void) {
 
 /* ---- buffers -------------------------------------------------------------------------------- */
 
-int lmx_buf_reserve(lmx_backend *be, lmx_buf *b, size_t need) {
+/* Grow b to hold need bytes and a NUL; with limited, refuse growth past be's memory limit. */
+static int buf_grow(lmx_backend *be, lmx_buf *b, size_t need, int limited) {
     if (need + 1 <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need + 1) cap *= 2;
+    if (limited && lmx_backend_mem_check(be, (int64_t)(cap - b->cap))) return -1;
     char *p = realloc(b->data, cap);
     if (!p) {
         lmx_err_set(&be->err, LMX_ERR_NOMEM, "out of memory (%zu bytes)", cap);
@@ -29,6 +31,9 @@ int lmx_buf_reserve(lmx_backend *be, lmx_buf *b, size_t need) {
     b->cap = cap;
     return 0;
 }
+
+int lmx_buf_reserve(lmx_backend *be, lmx_buf *b, size_t need) { return buf_grow(be, b, need, 0); }
+int lmx_buf_reserve_limited(lmx_backend *be, lmx_buf *b, size_t need) { return buf_grow(be, b, need, 1); }
 
 int lmx_buf_append(lmx_backend *be, lmx_buf *b, const void *p, size_t n) {
     if (lmx_buf_reserve(be, b, b->len + n)) return -1;
@@ -149,18 +154,9 @@ lmx_status lmx_runtime_ready(lmx_model *m) {
  * hundred bytes of text per generation, are counted but not refused: a started generation never
  * loses text); 0, or -1 with m->err set. */
 static int hist_reserve(lmx_model *m, size_t need) {
-    lmx_buf *b = &m->rt->hist;
-    size_t cap = b->cap ? b->cap : 64; /* as lmx_buf_reserve grows it */
-    while (cap < need + 1) cap *= 2;
-    if (need + 1 > b->cap && lmx_backend_mem_check(m->be, (int64_t)(cap - b->cap))) {
-        lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
-        return -1;
-    }
-    if (lmx_buf_reserve(m->be, b, need)) {
-        lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
-        return -1;
-    }
-    return 0;
+    if (!lmx_buf_reserve_limited(m->be, &m->rt->hist, need)) return 0;
+    lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
+    return -1;
 }
 
 /* The most positions a session may hold: unbounded caches stop at the model's trained length. */
