@@ -135,7 +135,7 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     double sum = 0;
     if (!st) { /* the layers, recorded; then the head a chunk of rows at a time, each taken back at once */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
-        m->be = tb;
+        m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
         st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
         const int mark = lmx_tape_mark(tr->tape);
         for (int r0 = 0; r0 < M && !st; r0 += CR) {
