@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# cuda_device_check.sh - the CUDA build's checks on a GPU machine: the op tests against the cpu
-# backend, then `lmx check-reference --backend cuda` on every dense, quantized and GGUF fixture
-# (bf16 tolerance), then the other unit tests (pinned to the cpu).  Prints a summary; exits 1 if
+# cuda_device_check.sh - the CUDA build's checks on a GPU machine: the op and backward-op tests against
+# the cpu backend, `lmx check-train --backend cuda`, then `lmx check-reference --backend cuda` on every
+# dense, quantized and GGUF fixture (bf16 tolerance), then the other unit tests (pinned to the cpu).  Prints a summary; exits 1 if
 # anything failed.
 # usage: scripts/cuda_device_check.sh BIN_DIR FIXTURES_DIR [--sanitize]
 #   BIN_DIR holds lmx and the test_* programs of a CUDA build (build-cuda, or a copy carried
@@ -15,6 +15,12 @@ run() { echo "\$ $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 run "$bin/test_cuda_ops"
+[ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
+# training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)
+for m in llama qwen3; do run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda; done
+# memory limits, peak and cache on the cuda backend; the device list
+[ -x "$bin/test_memory" ] && run env LMX_FIXTURES="$fix" "$bin/test_memory" "$fix"
+run "$bin/lmx" devices
 # the runtime tests (generation, stops, seeds, prompt cache, classify, batch generation equal to each
 # sequence alone, no allocation per token) on the cuda backend, with decode graphs and without
 [ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda "$bin/test_runtime" "$fix"

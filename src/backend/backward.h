@@ -43,9 +43,16 @@ typedef struct lmx_backward_ops {
     /* out[r] = x[rows[r]]                             dx[rows[r]] += dout[r]    dout [R, n] */
     lmx_status (*gather_rows_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dout, const int *rows, int R,
                                   int64_t n);
+    /* The loss itself (not a tape op): cross-entropy of logits z [R, V] against targets[r] (in [0, V))
+     * with weights w[r] (NULL: all 1; 0 skips the row): *loss = sum_r w_r (logsumexp(z_r) - z_r[t_r]),
+     * and with c != 0, z is overwritten by its gradient times c: c w_r (softmax(z_r) - onehot(t_r)). */
+    lmx_status (*xent)(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
+                       double *loss);
 } lmx_backward_ops;
 
 /* The cpu backend's backward ops (backend/cpu/cpu_backward.c; its ops table's backward). */
 extern const lmx_backward_ops lmx_cpu_backward;
+/* The cuda backend's (backend/cuda/cuda_backward.cu). */
+extern const lmx_backward_ops lmx_cuda_backward;
 
 #endif

@@ -16,6 +16,7 @@ int cmd_fuse(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_train(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 
 #include <time.h>

@@ -37,6 +37,7 @@ static void usage(FILE *f) {
             "  discover DIR                 every model under DIR\n"
             "  devices                      the CPU and GPUs lmx can use, their memory and features\n"
             "  bench MODEL                  load, prefill and decode speed\n"
+            "  bench-train MODEL            LoRA training speed, memory and MFU\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
             "  check-train BASE LORA_DIR    LoRA training steps against LORA_DIR/train_reference.*\n"
             "  train MODEL --data DIR       LoRA fine-tuning on DIR/train.jsonl (lmx train --help)\n"
@@ -73,6 +74,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "discover")) return cmd_discover(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-train")) return cmd_bench_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "fuse")) return cmd_fuse(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);

@@ -199,7 +199,7 @@ static lmx_status head(lmx_model *m, const int *rows, int R) {
 lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
     lmx_status st = ws_reserve(m, m->ws.max_batch, m->ws.max_rows, R);
     if (!st) st = head(m, rows, R);
-    if (!st && (st = m->be->ops->read(m->be, &m->ws.logits, 0, logits, (size_t)R * m->cfg.vocab * sizeof(float))))
+    if (!st && logits && (st = m->be->ops->read(m->be, &m->ws.logits, 0, logits, (size_t)R * m->cfg.vocab * sizeof(float))))
         lmx_err_set(&m->err, st, "%s", m->be->err.msg);
     return st;
 }

@@ -92,7 +92,8 @@ lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const s
                                   float *logits, int *k_out);
 
 /* After a pass with R = 0: the logits of rows[R] of its tokens into logits [R, V] on the host (the
- * final norm and lm head alone; training runs them a chunk of rows at a time). */
+ * final norm and lm head alone; training runs them a chunk of rows at a time); logits NULL leaves
+ * them in backend memory (m->ws.logits, rows [0, R)). */
 lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits);
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);

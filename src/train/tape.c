@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { T_RMSNORM = 1, T_MATMUL, T_LORA, T_ADD, T_GLU, T_SOFTCAP, T_ROPE, T_ATTENTION, T_GATHER };
 
@@ -56,6 +57,7 @@ struct lmx_tape {
     int n_recs, cap_recs;
     tape_watch *watches;
     int n_watches, cap_watches;
+    double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
 };
 
 #define TAPE(be) ((lmx_tape *)(be))
@@ -534,33 +536,78 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
 
 int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 
-lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark) {
-    lmx_status st = LMX_OK;
-    if (y) { /* seed: the gradient of y's latest version (added to what it already has) */
-        const int vy = var_of(t, y->data);
-        if (vy < 0 || !t->vars[vy].requires)
-            return lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: the output does not depend on a trained parameter");
-        if (t->vars[vy].rows * t->vars[vy].cols != n)
-            return lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: gradient of %lld values for an output of %lld",
-                               (long long)n, (long long)(t->vars[vy].rows * t->vars[vy].cols));
-        lmx_tensor *g = grad_of(t, vy);
-        if (!g) return t->base.err.status;
-        lmx_tensor src = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {g->shape[0], g->shape[1]}};
-        st = pass(t, t->in->ops->alloc(t->in, &src));
-        if (!st) st = pass(t, t->in->ops->write(t->in, &src, 0, dy, (size_t)n * sizeof(float)));
-        if (!st) st = pass(t, t->in->ops->add(t->in, g, &src, n));
-        if (src.data) t->in->ops->release(t->in, &src);
+void lmx_tape_profile(lmx_tape *t, double *acc) { t->prof = acc; }
+
+const char *lmx_tape_kind(int k) {
+    static const char *const names[] = {"", "rmsnorm", "matmul", "lora", "add", "glu", "softcap", "rope", "attention",
+                                        "gather"};
+    return k > 0 && k < LMX_TAPE_KINDS ? names[k] : "";
+}
+
+/* The gradient var of y's latest version, checked against n values; -1 with t's error set. */
+static int seed_var(lmx_tape *t, const lmx_tensor *y, int64_t n) {
+    const int vy = var_of(t, y->data);
+    if (vy < 0 || !t->vars[vy].requires) {
+        lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: the output does not depend on a trained parameter");
+        return -1;
     }
+    if (t->vars[vy].rows * t->vars[vy].cols != n) {
+        lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: gradient of %lld values for an output of %lld", (long long)n,
+                    (long long)(t->vars[vy].rows * t->vars[vy].cols));
+        return -1;
+    }
+    return grad_of(t, vy) ? vy : -1;
+}
+
+/* With t->prof: wait for inner (a read waits for every op before it); the seconds since *t0 */
+static double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0) {
+    float v;
+    t->in->ops->read(t->in, x, 0, &v, sizeof v);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = ts.tv_sec + ts.tv_nsec * 1e-9, d = now - *t0;
+    *t0 = now;
+    return d;
+}
+
+/* Walk the records from the last back to mark, then forget them. */
+static lmx_status walk_back(lmx_tape *t, int mark) {
+    lmx_status st = LMX_OK;
+    double t0 = 0;
     if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
         if (r->out < 0 || !t->vars[r->out].grad.data) continue; /* nothing flows back through it */
+        if (t->prof) prof_lap(t, &t->vars[r->out].grad, &t0);
         st = backward_rec(t, r, &t->vars[r->out].grad);
+        if (t->prof) t->prof[r->op] += prof_lap(t, &t->vars[r->out].grad, &t0);
         t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
     }
     for (int i = mark; i < t->n_recs; i++) rec_free(t, &t->recs[i]); /* walked: forgotten */
     t->n_recs = mark;
     return st;
+}
+
+lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark) {
+    if (y) { /* seed: the gradient of y's latest version (added to what it already has) */
+        const int vy = seed_var(t, y, n);
+        if (vy < 0) return t->base.err.status;
+        lmx_tensor *g = &t->vars[vy].grad;
+        lmx_tensor src = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {g->shape[0], g->shape[1]}};
+        lmx_status st = pass(t, t->in->ops->alloc(t->in, &src));
+        if (!st) st = pass(t, t->in->ops->write(t->in, &src, 0, dy, (size_t)n * sizeof(float)));
+        if (!st) st = pass(t, t->in->ops->add(t->in, g, &src, n));
+        if (src.data) t->in->ops->release(t->in, &src);
+        if (st) return st;
+    }
+    return walk_back(t, mark);
+}
+
+lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark) {
+    const int vy = seed_var(t, y, n);
+    if (vy < 0) return t->base.err.status;
+    lmx_status st = pass(t, t->in->ops->add(t->in, &t->vars[vy].grad, dy, n));
+    return st ? st : walk_back(t, mark);
 }
 
 lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n) {

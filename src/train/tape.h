@@ -38,5 +38,14 @@ lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, 
  * vocabulary-wide head a chunk of rows at a time this way. */
 int lmx_tape_mark(const lmx_tape *t);
 lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark);
+/* lmx_tape_backward_to with the gradient of y already in inner's memory: the first n values of dy
+ * (it may be y's own buffer, overwritten with its gradient after the forward op that wrote it). */
+lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
+
+/* Profiling: with acc non-NULL ([LMX_TAPE_KINDS]), backward waits for inner after each record and adds
+ * its seconds to acc[kind]; lmx_tape_kind names kind k (1 .. LMX_TAPE_KINDS - 1). */
+#define LMX_TAPE_KINDS 10
+void lmx_tape_profile(lmx_tape *t, double *acc);
+const char *lmx_tape_kind(int k);
 
 #endif

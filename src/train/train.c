@@ -3,14 +3,15 @@
  * A training pass runs the model's own forward pass (model/forward.c) on the tape's backend over B
  * sequences from position 0, with fresh caches that nothing else sees.  The final norm and the lm head
  * then run a chunk of rows at a time (lmx_model_head: logits of ~64 MiB at once, whatever the
- * vocabulary); each chunk's loss and its gradient with respect to the logits are computed on the host in
- * double and taken back through the head at once, and finally the tape takes the gradient of the last
- * layer's output back to every pair's A and B. */
+ * vocabulary); each chunk's loss and its gradient with respect to the logits are computed by the
+ * backend's xent op (in place of the logits) and taken back through the head at once, and finally the
+ * tape takes the gradient of the last layer's output back to every pair's A and B. */
 #include "train.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static lmx_status fail(lmx_trainer *tr, lmx_status st, const char *msg) {
     return lmx_err_set(&tr->err, st, "%s", msg);
@@ -75,6 +76,20 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     return LMX_OK;
 }
 
+/* With tr->profile: wait for the backend (a read waits for every op before it), then add the seconds
+ * since *t0 to tr->prof[k] and restart *t0. */
+static void prof_mark(lmx_trainer *tr, int k, double *t0) {
+    if (!tr->profile) return;
+    lmx_backend *be = tr->m->be;
+    float x;
+    be->ops->read(be, &tr->grad[0], 0, &x, sizeof x);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double t = ts.tv_sec + ts.tv_nsec * 1e-9;
+    if (*t0 > 0) tr->prof[k] += t - *t0;
+    *t0 = t;
+}
+
 /* Fresh caches for B sequences (a layer's window as a context of unbounded length has it). */
 static lmx_kv_layer *kv_new(const lmx_model *m, int B) {
     lmx_kv_layer *kv = calloc((size_t)B * m->cfg.n_layers, sizeof *kv);
@@ -116,12 +131,11 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     const int CR = chunk_rows(tr, M);
     int *n_past = calloc((size_t)B, sizeof *n_past), *n_new = malloc((size_t)B * sizeof *n_new);
     int *rows = malloc((size_t)CR * sizeof *rows);
-    float *logits = malloc((size_t)CR * V * sizeof *logits);
     const lmx_adapter **ads = malloc((size_t)B * sizeof *ads);
     lmx_kv_layer *kv = kv_new(m, B);
     lmx_kv_layer **kvs = malloc((size_t)B * sizeof *kvs);
     lmx_status st = LMX_OK;
-    if (!n_past || !n_new || !rows || !logits || !ads || !kv || !kvs) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+    if (!n_past || !n_new || !rows || !ads || !kv || !kvs) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
     for (int b = 0; !st && b < B; b++) n_new[b] = T, ads[b] = tr->ad, kvs[b] = kv + (size_t)b * L;
     for (int i = 0; i < 2 * tr->n && !st && grad_weight != 0 && !accumulate; i++) { /* set, not accumulate */
         lmx_tensor *g = &tr->grad[i];
@@ -136,33 +150,30 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     if (!st) { /* the layers, recorded; then the head a chunk of rows at a time, each taken back at once */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
         m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
+        double t0 = 0;
+        prof_mark(tr, 0, &t0);
         st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
+        prof_mark(tr, 0, &t0);
         const int mark = lmx_tape_mark(tr->tape);
         for (int r0 = 0; r0 < M && !st; r0 += CR) {
             const int R = M - r0 < CR ? M - r0 : CR;
             for (int i = 0; i < R; i++) rows[i] = r0 + i;
-            if ((st = lmx_model_head(m, rows, R, logits))) break;
-            for (int i = 0; i < R; i++) { /* the loss, and dloss/dz = w/wsum (softmax(z) - onehot) in place */
-                float *z = logits + (size_t)i * V;
-                const float w = mask ? mask[r0 + i] : 1.0f;
-                const int32_t tg = targets[r0 + i];
-                if (w == 0.0f) {
-                    memset(z, 0, (size_t)V * sizeof *z);
-                    continue;
-                }
-                float mx = z[0];
-                for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-                double se = 0;
-                for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
-                sum += w * (log(se) + mx - z[tg]);
-                const double c = grad_weight * w / wsum;
-                for (int v = 0; grad_weight != 0 && v < V; v++) z[v] = (float)(c * (exp((double)z[v] - mx) / se - (v == tg)));
+            if ((st = lmx_model_head(m, rows, R, NULL))) break;
+            double part = 0; /* the loss, and dloss/dz = w/wsum (softmax(z) - onehot) in place, on the backend */
+            if ((st = inner->ops->backward->xent(inner, &m->ws.logits, targets + r0, mask ? mask + r0 : NULL, R, V,
+                                                 grad_weight / wsum, &part))) {
+                lmx_err_set(&m->err, st, "%s", inner->err.msg);
+                break;
             }
-            if (grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, &m->ws.logits, logits, (int64_t)R * V, mark)))
+            sum += part;
+            if (grad_weight != 0 &&
+                (st = lmx_tape_backward_from(tr->tape, &m->ws.logits, &m->ws.logits, (int64_t)R * V, mark)))
                 lmx_err_set(&m->err, st, "%s", tb->err.msg);
         }
+        prof_mark(tr, 1, &t0);
         if (!st && grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, NULL, NULL, 0, 0)))
             lmx_err_set(&m->err, st, "%s", tb->err.msg);
+        prof_mark(tr, 2, &t0);
         m->be = inner;
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
@@ -171,7 +182,6 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     kv_free(inner, kv, B * L);
     free(kvs);
     free(ads);
-    free(logits);
     free(rows);
     free(n_new);
     free(n_past);
@@ -181,6 +191,8 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
 lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm) {
     lmx_backend *be = tr->m->be;
     lmx_status st = LMX_OK;
+    double t0 = 0;
+    prof_mark(tr, 3, &t0);
     float **g = calloc((size_t)2 * tr->n, sizeof *g), **p = calloc((size_t)2 * tr->n, sizeof *p);
     if (!g || !p) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
     double ss = 0;
@@ -216,5 +228,6 @@ lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnor
     for (int i = 0; g && p && i < 2 * tr->n; i++) free(g[i]), free(p[i]);
     free(g);
     free(p);
+    prof_mark(tr, 3, &t0);
     return st;
 }

@@ -25,6 +25,9 @@ typedef struct lmx_trainer {
     float **m1, **m2;            /* [2n] AdamW moments (host, element counts of the grads) */
     int64_t step;                /* AdamW steps taken */
     int loss_rows;               /* > 0: rows of logits the loss computes at once (0: ~64 MiB of them) */
+    int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
+    double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */
+    double prof_bwd[LMX_TAPE_KINDS]; /* backward's seconds by record kind (lmx_tape_kind) */
     lmx_err err;
 } lmx_trainer;
 

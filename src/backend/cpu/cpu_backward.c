@@ -243,6 +243,28 @@ static lmx_status cpu_gather_rows_bwd(lmx_backend *be, lmx_tensor *dx, const lmx
     return LMX_OK;
 }
 
+static lmx_status cpu_xent(lmx_backend *be, lmx_tensor *zt, const int32_t *targets, const float *wt, int R, int V,
+                           double c, double *loss) {
+    (void)be;
+    double sum = 0;
+    for (int r = 0; r < R; r++) {
+        float *z = (float *)zt->data + (int64_t)r * V;
+        const float w = wt ? wt[r] : 1.0f;
+        if (w == 0.0f) {
+            if (c != 0) memset(z, 0, (size_t)V * sizeof *z);
+            continue;
+        }
+        float mx = z[0];
+        for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double se = 0;
+        for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
+        sum += w * (log(se) + mx - z[targets[r]]);
+        for (int v = 0; c != 0 && v < V; v++) z[v] = (float)(c * w * (exp((double)z[v] - mx) / se - (v == targets[r])));
+    }
+    *loss = sum;
+    return LMX_OK;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -252,4 +274,5 @@ const lmx_backward_ops lmx_cpu_backward = {
     .rope_bwd = cpu_rope_bwd,
     .attention_bwd = cpu_attention_bwd,
     .gather_rows_bwd = cpu_gather_rows_bwd,
+    .xent = cpu_xent,
 };

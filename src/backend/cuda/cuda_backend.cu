@@ -9,6 +9,10 @@
 
 #include "cuda_internal.h"
 
+extern "C" {
+#include "../backward.h"
+}
+
 /* ---- errors -------------------------------------------------------------------------------- */
 
 lmx_status cuda_fail(cuda_backend *cb, cudaError_t e, const char *what) {
@@ -62,6 +66,8 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     return p;
 }
 
+static void pool_trim(cuda_backend *cb);
+
 static int64_t cuda_cached_bytes(const lmx_backend *be) {
     const cuda_backend *cb = (const cuda_backend *)be;
     int64_t n = 0;
@@ -69,12 +75,13 @@ static int64_t cuda_cached_bytes(const lmx_backend *be) {
     return n;
 }
 
-/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them). */
+/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them) and the pool's
+ * idle blocks. */
 static void cuda_trim(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
     cuda_graph_drop(cb);  /* a captured graph may use the buffers */
-    cudaStreamSynchronize(cb->stream);
+    pool_trim(cb);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) {
         if (!cb->scratch[i]) continue;
         cudaFree(cb->scratch[i]);
@@ -161,6 +168,14 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
     return LMX_OK;
 }
 
+/* Activations come from the backend's stream-ordered pool: a release returns the block to the pool on
+ * the stream (no wait), and a later allocation on the stream reuses it.  mem_now counts the tensors'
+ * bytes; the pool's idle blocks stay reserved for reuse until trim gives them back to the device. */
+static void pool_trim(cuda_backend *cb) {
+    cudaStreamSynchronize(cb->stream);
+    cudaMemPoolTrimTo(cb->pool, 0);
+}
+
 static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status gst = cuda_graph_flush(cb);
@@ -169,10 +184,10 @@ static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     lmx_status st = lmx_backend_mem_check(be, (int64_t)bytes);
     if (st) return st;
     void *p = NULL;
-    CUDA_TRY(cb, cudaMalloc(&p, bytes ? bytes : 16), "tensor allocation");
+    CUDA_TRY(cb, cudaMallocFromPoolAsync(&p, bytes ? bytes : 16, cb->pool, cb->stream), "tensor allocation");
     cudaError_t e = cudaMemsetAsync(p, 0, bytes, cb->stream);
     if (e != cudaSuccess) {
-        cudaFree(p);
+        cudaFreeAsync(p, cb->stream);
         return cuda_fail(cb, e, "tensor allocation");
     }
     t->data = p;
@@ -186,8 +201,7 @@ static void cuda_release(lmx_backend *be, lmx_tensor *t) {
     cuda_graph_flush(cb); /* a failure stays in be->err */
     if (t->owned && t->data) {
         cuda_graph_drop(cb); /* a captured graph may use this memory: it is never launched again */
-        cudaStreamSynchronize(cb->stream);
-        cudaFree(t->data);
+        cudaFreeAsync(t->data, cb->stream); /* after every op enqueued before */
         lmx_backend_mem(be, -(int64_t)((size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype)));
     }
     t->data = NULL;
@@ -289,6 +303,7 @@ static void cuda_destroy(lmx_backend *be) {
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
         if (cb->scratch[i]) cudaFree(cb->scratch[i]);
     if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->pool) cudaMemPoolDestroy(cb->pool); /* tensors still held are freed with it */
     if (cb->stream) cudaStreamDestroy(cb->stream);
     if (cb->side) cudaStreamDestroy(cb->side);
     if (cb->fork) cudaEventDestroy(cb->fork);
@@ -322,6 +337,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .topk = */ cuda_topk,
     /* .trim = */ cuda_trim,
     /* .cached_bytes = */ cuda_cached_bytes,
+    /* .backward = */ &lmx_cuda_backward,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
@@ -393,6 +409,17 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
         return LMX_ERR_BACKEND;
     }
     cublasSetStream(cb->blas, cb->stream);
+    cudaMemPoolProps pp = {};
+    pp.allocType = cudaMemAllocationTypePinned;
+    pp.location.type = cudaMemLocationTypeDevice;
+    pp.location.id = cb->device;
+    uint64_t keep = UINT64_MAX; /* idle blocks stay reserved until trim */
+    if ((e = cudaMemPoolCreate(&cb->pool, &pp)) != cudaSuccess ||
+        (e = cudaMemPoolSetAttribute(cb->pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess) {
+        lmx_err_set(err, LMX_ERR_BACKEND, "cuda: %s in memory pool creation", cudaGetErrorString(e));
+        cuda_destroy(&cb->base);
+        return LMX_ERR_BACKEND;
+    }
     if (cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&cb->fork, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&cb->join, cudaEventDisableTiming) != cudaSuccess) {

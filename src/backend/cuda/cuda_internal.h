@@ -27,6 +27,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_TOPK,      /* top-k candidates and results                      see cuda_topk.cu */
        CUDA_SCRATCH_LORA,      /* LoRA shrink results                               [M, r] */
        CUDA_SCRATCH_LORA_SUM,  /* LoRA shrink tickets and partial sums              see cuda_lora.cu */
+       CUDA_SCRATCH_BWD,       /* training: attention scores of a query tile, the loss's rows   see cuda_backward.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -44,6 +45,7 @@ typedef struct cuda_backend {
     int sm_count;
     cudaStream_t stream;
     cublasHandle_t blas;
+    cudaMemPool_t pool;      /* activations (alloc / release): stream-ordered, idle blocks kept until trim */
     void *scratch[CUDA_SCRATCH_SLOTS];
     size_t scratch_bytes[CUDA_SCRATCH_SLOTS];
     void **weights;          /* device blocks made by upload_weight, freed by destroy */

@@ -1,0 +1,504 @@
+/* cuda_backward.cu - the cuda backend's backward ops (backward.h) and the training loss.
+ *
+ * Matrix products are cuBLAS.  A frozen weight's input gradient dx += dy W narrows dy to bf16 and runs
+ * on the tensor cores with f32 accumulation into dx; f16 and quantized weights are dequantized to bf16
+ * a block of rows at a time first (as the forward matmul does; f16 gradients would underflow).  LoRA's
+ * five small products run in f32.  Attention recomputes its scores a tile of TQ query rows at a time
+ * (never T x T): per tile and head, S = Q K^T and dP = dO V^T ([H, TQ, keys] in scratch, TF32), one
+ * kernel turns each row into P and dS, and three more GEMMs add dV += P^T dO, dK += dS^T Q and
+ * dQ += dS K.  Elementwise ops are one thread per element; RMSNorm and the loss one block per row.
+ * Every op first ends a pending decode-graph step (cuda_graph_flush): the forward ops before it may
+ * still be recorded, not issued. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "cuda_weights.h"
+
+extern "C" {
+#include "../backward.h"
+}
+
+#define BWD_DEQUANT_BYTES (64u << 20) /* bf16 weight rows dequantized at once (matmul_bwd) */
+#define BWD_ATTN_BYTES (256u << 20)   /* S and dP of one query tile, all heads (attention_bwd) */
+#define BWD_ROWS_MAX 512              /* row indices passed by value per launch (gather_rows_bwd) */
+#define BWD_SEQ_MAX 64                /* sequences per launch (rope_bwd) */
+#define BWD_ROPE_MAX 256              /* rot_dim / 2 */
+
+static unsigned ew_blocks(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);
+}
+
+static lmx_status blas(cuda_backend *cb, cublasStatus_t s, const char *what) {
+    return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, what);
+}
+
+/* The sum (max: op 1) of v over a block of blockDim.x (a multiple of 32, <= 1024) threads; sh holds 33
+ * floats.  Every thread gets the result. */
+static __device__ float block_reduce(float v, float *sh, int op) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = op ? cuda_warp_max(v) : cuda_warp_sum(v);
+    __syncthreads(); /* sh may still be read from a previous reduction */
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < nw ? sh[lane] : op ? -INFINITY : 0.0f;
+        t = op ? cuda_warp_max(t) : cuda_warp_sum(t);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------------- */
+
+/* y_i = x_i inv g_i with inv = (ss/n + eps)^-1/2: dx_i += inv g_i dy_i - x_i inv^3 (sum_j dy_j g_j x_j) / n */
+__global__ void k_rmsnorm_bwd(float *dx, const float *dy, const float *x, const void *w, lmx_dtype wt, int n, float eps,
+                              float one) {
+    __shared__ float sh[33];
+    const int64_t off = (int64_t)blockIdx.x * n;
+    float ss = 0.0f, dot = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float xi = x[off + i];
+        ss += xi * xi;
+        dot += dy[off + i] * (cuda_elem(w, wt, i) + one) * xi;
+    }
+    ss = block_reduce(ss, sh, 0);
+    dot = block_reduce(dot, sh, 0);
+    const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - x[off + i] * c;
+}
+
+static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
+                              const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || rows <= 0) return st;
+    if (w->q.bits || w->q.ggml_type)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm backward with a quantized norm weight");
+    k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data, (const float *)x->data,
+                                                w->data, w->dtype, n, eps, add_one);
+    return cuda_check_launch(cb, "rmsnorm backward");
+}
+
+/* ---- frozen matmul: dx += dy W ------------------------------------------------------------------ */
+
+/* cuBLAS is column-major: a row-major [M, K] is its K x M, so dx^T (K x M) += W^T (K x N) dy^T (N x M). */
+static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || M <= 0) return st;
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    const float one = 1.0f;
+    const int quant = w->q.bits || w->q.ggml_type;
+    if (!quant && w->dtype == LMX_DTYPE_F32)
+        return blas(cb, cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, (const float *)w->data, K,
+                                    (const float *)dy->data, N, &one, (float *)dx->data, K), "matmul backward");
+    __nv_bfloat16 *dy16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * N * 2);
+    if (!dy16 || (st = cuda_narrow_bf16(cb, dy16, (const float *)dy->data, (int64_t)M * N))) return cb->base.err.status;
+    if (!quant && w->dtype == LMX_DTYPE_BF16)
+        return blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
+                                     CUDA_R_16BF, N, &one, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT), "matmul backward");
+    int64_t block = BWD_DEQUANT_BYTES / ((int64_t)K * 2);
+    block = block < 64 ? 64 : block > N ? N : block;
+    __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)block * K * 2);
+    if (!wb) return cb->base.err.status;
+    for (int64_t n0 = 0; n0 < N; n0 += block) { /* dx += dy[:, n0:n0+nb] W[n0:n0+nb, :] */
+        const int nb = (int)(N - n0 < block ? N - n0 : block);
+        if ((st = cuda_dequant_rows_bf16(cb, w, n0, nb, wb))) return st;
+        if ((st = blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, nb, &one, wb, CUDA_R_16BF, K,
+                                        dy16 + n0, CUDA_R_16BF, N, &one, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT), "matmul backward")))
+            return st;
+    }
+    return LMX_OK;
+}
+
+/* ---- LoRA: dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy^T (x A^T) ------------------------------- */
+
+static lmx_status sgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    return blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc), "lora backward");
+}
+
+/* rows of one segment (consecutive sequences sharing pair p): t = x A^T, u = s dy B ([rows, r] each,
+ * column-major r x rows), then the three gradients */
+static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy, const float *x,
+                                   int rows, int K, int N, const lmx_lora_pair *p, float *t) {
+    const int r = (int)p->a.shape[0];
+    const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
+    float *u = t + (size_t)rows * r;
+    lmx_status st = sgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A, K, x, K, 0.0f, t, r);
+    if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B, r, dy, N, 0.0f, u, r);
+    if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t, r, dy, N, 1.0f, db, r);   /* dB [N, r] */
+    if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x, K, u, r, 1.0f, da, K);  /* dA [r, K] */
+    if (!st && dx) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, K, rows, r, 1.0f, A, K, u, r, 1.0f, dx, K);
+    return st;
+}
+
+static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
+                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st) return st;
+    const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
+    int64_t need = 0;
+    for (int b0 = 0; b0 < B;) { /* segments: consecutive sequences with one pair and one gradient */
+        int b1 = b0 + 1;
+        while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
+        const lmx_lora_pair *p = pairs[b0];
+        if (p && !lmx_lora_pair_fits(p, K, N))
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]",
+                               b0, (long long)K, (long long)N);
+        if (p && 2 * (int64_t)(b1 - b0) * T * p->a.shape[0] > need) need = 2 * (int64_t)(b1 - b0) * T * p->a.shape[0];
+        b0 = b1;
+    }
+    float *t = need ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)need * sizeof(float)) : NULL;
+    if (need && !t) return cb->base.err.status;
+    for (int b0 = 0; b0 < B && !st;) {
+        int b1 = b0 + 1;
+        while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
+        if (pairs[b0]) {
+            const int64_t r0 = (int64_t)b0 * T;
+            st = lora_segment_bwd(cb, dx ? (float *)dx->data + r0 * K : NULL, (float *)da[b0]->data,
+                                  (float *)db[b0]->data, (const float *)dy->data + r0 * N,
+                                  (const float *)x->data + r0 * K, (b1 - b0) * T, (int)K, (int)N, pairs[b0], t);
+        }
+        b0 = b1;
+    }
+    return st;
+}
+
+/* ---- elementwise -------------------------------------------------------------------------------- */
+
+__global__ void k_glu_bwd(float *dg, float *du, const float *dy, const float *g, const float *u, int64_t n, int act) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        float a, da; /* act(x) and its derivative */
+        if (act == LMX_ACT_SILU) {
+            const float sg = 1.0f / (1.0f + expf(-x));
+            a = x * sg;
+            da = sg * (1.0f + x * (1.0f - sg));
+        } else {
+            const float th = tanhf(k * (x + 0.044715f * x * x * x));
+            a = 0.5f * x * (1.0f + th);
+            da = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+        }
+        dg[i] += dy[i] * u[i] * da;
+        du[i] += dy[i] * a;
+    }
+}
+
+static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
+                          const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    k_glu_bwd<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)dgate->data, (float *)dup->data, (const float *)dy->data,
+                                                    (const float *)gate->data, (const float *)up->data, n, (int)act);
+    return cuda_check_launch(cb, "glu backward");
+}
+
+__global__ void k_softcap_bwd(float *dx, const float *dy, const float *y, int64_t n, float cap) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float t = y[i] / cap;
+        dx[i] += dy[i] * (1.0f - t * t);
+    }
+}
+
+static lmx_status bwd_softcap(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *y, int64_t n,
+                              float cap) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    k_softcap_bwd<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
+                                                        (const float *)y->data, n, cap);
+    return cuda_check_launch(cb, "softcap backward");
+}
+
+/* ---- RoPE: dx += R^T dy ---------------------------------------------------------------------------- */
+
+typedef struct rope_bwd_arg {
+    int B, T, nh, hd, half, rot, interleaved;
+    float attn_factor;
+    int n_past[BWD_SEQ_MAX], n_new[BWD_SEQ_MAX];
+    float inv_freq[BWD_ROPE_MAX];
+} rope_bwd_arg;
+
+/* one thread per (row, head, dim pair), and per (row, head, dim past rot) for the pass-through */
+__global__ void k_rope_bwd(float *dx, const float *dy, const rope_bwd_arg a) {
+    const int rest = a.hd - a.rot, per = a.half + rest;
+    const int64_t total = (int64_t)a.B * a.T * a.nh * per;
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(g % per);
+        const int64_t rh = g / per, row = rh / a.nh;
+        const int h = (int)(rh % a.nh), b = (int)(row / a.T), t = (int)(row % a.T);
+        if (t >= a.n_new[b]) continue;
+        const int64_t off = row * a.nh * a.hd + (int64_t)h * a.hd;
+        if (i >= a.half) { /* a dim past rot_dim passes through */
+            const int d = a.rot + i - a.half;
+            dx[off + d] += dy[off + d];
+            continue;
+        }
+        double sd, cd;
+        sincos((double)(a.n_past[b] + t) * (double)a.inv_freq[i], &sd, &cd);
+        const float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
+        const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+        const float ya = dy[off + ia], yb = dy[off + ib];
+        dx[off + ia] += ya * c + yb * s;
+        dx[off + ib] += yb * c - ya * s;
+    }
+}
+
+static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *bt, int nh, int hd,
+                           const lmx_rope *rope) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st) return st;
+    const int half = rope->rot_dim / 2;
+    if (half > BWD_ROPE_MAX || rope->rot_dim > hd)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope backward over %d dims", rope->rot_dim);
+    rope_bwd_arg a;
+    a.T = bt->T, a.nh = nh, a.hd = hd, a.half = half, a.rot = 2 * half, a.interleaved = rope->interleaved;
+    a.attn_factor = rope->attn_factor;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
+    for (int b0 = 0; b0 < bt->B; b0 += BWD_SEQ_MAX) {
+        a.B = bt->B - b0 < BWD_SEQ_MAX ? bt->B - b0 : BWD_SEQ_MAX;
+        for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b], a.n_new[b] = bt->n_new[b0 + b];
+        const int64_t off = (int64_t)b0 * bt->T * nh * hd;
+        k_rope_bwd<<<ew_blocks((int64_t)a.B * a.T * nh * (hd - half)), 256, 0, cb->stream>>>(
+            (float *)dx->data + off, (const float *)dy->data + off, a);
+        if ((st = cuda_check_launch(cb, "rope backward"))) return st;
+    }
+    return LMX_OK;
+}
+
+/* ---- attention ------------------------------------------------------------------------------------ */
+
+/* Row r (query i0 + r) of head blockIdx.y: S [nk] (scores of keys lo..lo+nk) becomes P, dP becomes
+ * dS = scale * P (dP - sum_j P_j dP_j) (times the soft-cap's slope); keys after the query or outside its
+ * window give 0. */
+__global__ void k_attn_ds(float *S, float *dP, int tq, int nk, int i0, int lo, int window, float scale, float cap) {
+    __shared__ float sh[33];
+    const int r = blockIdx.x, i = i0 + r;
+    const int64_t off = ((int64_t)blockIdx.y * tq + r) * nk;
+    float *s = S + off, *dp = dP + off;
+    const int jlo = window > 0 && i - window + 1 > lo ? i - window + 1 - lo : 0, jhi = i - lo + 1; /* valid [jlo, jhi) */
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        float v = s[j] * scale;
+        if (cap > 0) v = cap * tanhf(v / cap);
+        s[j] = v;
+        if (j >= jlo && j < jhi) mx = fmaxf(mx, v);
+    }
+    mx = block_reduce(mx, sh, 1);
+    float sum = 0.0f, dsum = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x)
+        if (j >= jlo && j < jhi) {
+            const float e = expf(s[j] - mx);
+            sum += e;
+            dsum += e * dp[j];
+        }
+    sum = block_reduce(sum, sh, 0);
+    dsum = block_reduce(dsum, sh, 0) / sum;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        if (j < jlo || j >= jhi) {
+            s[j] = dp[j] = 0.0f;
+            continue;
+        }
+        const float p = expf(s[j] - mx) / sum;
+        float ds = p * (dp[j] - dsum);
+        if (cap > 0) {
+            const float c = s[j] / cap;
+            ds *= 1.0f - c * c;
+        }
+        s[j] = p;
+        dp[j] = ds * scale;
+    }
+}
+
+/* C_g = op(A_g) op(B_g) (+ C_g) for g < n with f32 data, TF32 tensor cores */
+static lmx_status gemm_batched(cuda_backend *cb, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                               const float *a, int lda, long long sa, const float *b, int ldb, long long sb, float beta,
+                               float *c, int ldc, long long sc, int count) {
+    const float one = 1.0f;
+    return blas(cb, cublasGemmStridedBatchedEx(cb->blas, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, sa, b, CUDA_R_32F,
+                                               ldb, sb, &beta, c, CUDA_R_32F, ldc, sc, count,
+                                               CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                "attention backward");
+}
+
+/* One query tile [i0, i0 + tq) of one sequence (q, k, v, dout, dq, dk, dv at its first row): keys
+ * [lo, i0 + tq).  Head h = g * grp + hh reads kv head g; the products are batched over g for each hh,
+ * so no two batches of one call add into the same dK / dV rows. */
+static lmx_status attn_tile(cuda_backend *cb, const lmx_attn_args *a, const float *q, const float *k, const float *v,
+                            const float *dout, float *dq, float *dk, float *dv, int i0, int tq, int lo, int window,
+                            float *S, float *dP) {
+    const int H = a->H, Hk = a->Hk, D = a->D, grp = H / Hk, nk = i0 + tq - lo;
+    const int qs = H * D, ks = Hk * D;
+    const long long tile = (long long)tq * nk;
+    const float *kt = k + (int64_t)lo * ks, *vt = v + (int64_t)lo * ks;
+    const float *qt = q + (int64_t)i0 * qs, *ot = dout + (int64_t)i0 * qs;
+    lmx_status st = LMX_OK;
+    for (int hh = 0; hh < grp && !st; hh++) { /* S = Q K^T, dP = dO V^T: column-major nk x tq per head */
+        st = gemm_batched(cb, CUBLAS_OP_T, CUBLAS_OP_N, nk, tq, D, kt, ks, D, qt + hh * D, qs, (long long)grp * D, 0.0f,
+                          S + hh * tile, nk, grp * tile, Hk);
+        if (!st)
+            st = gemm_batched(cb, CUBLAS_OP_T, CUBLAS_OP_N, nk, tq, D, vt, ks, D, ot + hh * D, qs, (long long)grp * D,
+                              0.0f, dP + hh * tile, nk, grp * tile, Hk);
+    }
+    if (st) return st;
+    k_attn_ds<<<dim3(tq, H), 256, 0, cb->stream>>>(S, dP, tq, nk, i0, lo, window, a->scale, a->softcap);
+    if ((st = cuda_check_launch(cb, "attention backward"))) return st;
+    float *dkt = dk + (int64_t)lo * ks, *dvt = dv + (int64_t)lo * ks, *dqt = dq + (int64_t)i0 * qs;
+    for (int hh = 0; hh < grp && !st; hh++) {
+        /* dV^T (D x nk) += dO^T (D x tq) P (tq x nk); dK likewise from dS and Q; dQ^T += K^T dS^T */
+        st = gemm_batched(cb, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, tq, ot + hh * D, qs, (long long)grp * D, S + hh * tile,
+                          nk, grp * tile, 1.0f, dvt, ks, D, Hk);
+        if (!st)
+            st = gemm_batched(cb, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, tq, qt + hh * D, qs, (long long)grp * D,
+                              dP + hh * tile, nk, grp * tile, 1.0f, dkt, ks, D, Hk);
+        if (!st)
+            st = gemm_batched(cb, CUBLAS_OP_N, CUBLAS_OP_N, D, tq, nk, kt, ks, D, dP + hh * tile, nk, grp * tile, 1.0f,
+                              dqt + hh * D, qs, (long long)grp * D, Hk);
+    }
+    return st;
+}
+
+static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
+                                const lmx_attn_args *a, const int *windows) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st) return st;
+    const lmx_batch *bt = a->batch;
+    const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
+    if (Hk <= 0 || H % Hk)
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention backward: %d heads not a multiple of %d kv heads", H, Hk);
+    for (int b = 0; b < bt->B; b++)
+        if (bt->n_past[b] != 0)
+            return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "attention backward: sequence %d starts at position %d, not 0",
+                               b, bt->n_past[b]);
+    /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys (LMX_CUDA_ATTN_BWD_ROWS: tests) */
+    const char *env = getenv("LMX_CUDA_ATTN_BWD_ROWS");
+    int tq = env && atoi(env) > 0 ? atoi(env) : (int)(BWD_ATTN_BYTES / (8 * (int64_t)H * (T > 0 ? T : 1)));
+    tq = tq > T ? T : tq < 16 && !env ? 16 : tq > 16 ? tq & ~15 : tq;
+    if (tq <= 0) return LMX_OK;
+    float *S = (float *)cuda_scratch(cb, CUDA_SCRATCH_BWD, (size_t)2 * H * tq * T * sizeof(float));
+    if (!S) return cb->base.err.status;
+    float *dP = S + (size_t)H * tq * T;
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D;
+    for (int b = 0; b < bt->B && !st; b++) {
+        const int64_t row = (int64_t)b * T;
+        const int n = bt->n_new[b], W = windows ? windows[b] : 0;
+        for (int i0 = 0; i0 < n && !st; i0 += tq) {
+            const int m = n - i0 < tq ? n - i0 : tq, lo = W > 0 && i0 - W + 1 > 0 ? i0 - W + 1 : 0;
+            st = attn_tile(cb, a, (const float *)a->q->data + row * qs, (const float *)a->k->data + row * ks,
+                           (const float *)a->v->data + row * ks, (const float *)dout->data + row * qs,
+                           (float *)dq->data + row * qs, (float *)dk->data + row * ks, (float *)dv->data + row * ks, i0,
+                           m, lo, W, S, dP);
+        }
+    }
+    return st;
+}
+
+/* ---- row gather ---------------------------------------------------------------------------------- */
+
+typedef struct rows_arg { int n; int32_t r[BWD_ROWS_MAX]; } rows_arg;
+
+/* dx[rows[r]] += dout[r]: one block row per r (atomic: a row may be gathered twice) */
+__global__ void k_gather_bwd(float *dx, const float *dout, const rows_arg a, int64_t n) {
+    const float *d = dout + (int64_t)blockIdx.y * n;
+    float *o = dx + (int64_t)a.r[blockIdx.y] * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        atomicAdd(o + i, d[i]);
+}
+
+static lmx_status bwd_gather_rows(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dout, const int *rows, int R,
+                                  int64_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    rows_arg a;
+    for (int r0 = 0; r0 < R && !st; r0 += BWD_ROWS_MAX) {
+        a.n = R - r0 < BWD_ROWS_MAX ? R - r0 : BWD_ROWS_MAX;
+        for (int i = 0; i < a.n; i++) a.r[i] = rows[r0 + i];
+        const unsigned gx = cuda_blocks(n, 256);
+        k_gather_bwd<<<dim3(gx < 32 ? gx : 32, a.n), 256, 0, cb->stream>>>((float *)dx->data,
+                                                                            (const float *)dout->data + r0 * n, a, n);
+        st = cuda_check_launch(cb, "gather backward");
+    }
+    return st;
+}
+
+/* ---- the loss ------------------------------------------------------------------------------------- */
+
+/* One block per row of z [R, V]: loss[r] = w (logsumexp(z) - z[t]); with c != 0, z = c w (softmax(z) - onehot(t)). */
+__global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, float c, float *loss) {
+    __shared__ float sh[33];
+    float *zr = z + (int64_t)blockIdx.x * V;
+    const float w = wt[blockIdx.x];
+    const int t = tg[blockIdx.x];
+    if (w == 0.0f) {
+        for (int v = threadIdx.x; c != 0.0f && v < V; v += blockDim.x) zr[v] = 0.0f;
+        if (threadIdx.x == 0) loss[blockIdx.x] = 0.0f;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, zr[v]);
+    mx = block_reduce(mx, sh, 1);
+    float se = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) se += expf(zr[v] - mx);
+    se = block_reduce(se, sh, 0);
+    const float zt = zr[t];
+    __syncthreads(); /* every thread has read z[t] before it is overwritten */
+    if (threadIdx.x == 0) loss[blockIdx.x] = w * (logf(se) + mx - zt);
+    if (c == 0.0f) return;
+    const float cw = c * w, inv = 1.0f / se;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) zr[v] = cw * (expf(zr[v] - mx) * inv - (v == t ? 1.0f : 0.0f));
+}
+
+static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
+                           double *loss) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    *loss = 0;
+    if (st || R <= 0) return st;
+    const size_t n = (size_t)R;
+    char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_BWD, n * 12);
+    float *host = (float *)malloc(n * sizeof(float));
+    if (!buf || !host) {
+        free(host);
+        return buf ? lmx_err_set(&be->err, LMX_ERR_NOMEM, "loss: out of memory") : cb->base.err.status;
+    }
+    int32_t *dt = (int32_t *)buf;
+    float *dw = (float *)(buf + n * 4), *dl = (float *)(buf + n * 8);
+    for (size_t i = 0; i < n; i++) host[i] = w ? w[i] : 1.0f;
+    cudaError_t e = cudaMemcpyAsync(dt, targets, n * 4, cudaMemcpyHostToDevice, cb->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dw, host, n * 4, cudaMemcpyHostToDevice, cb->stream);
+    if (e == cudaSuccess) {
+        k_xent<<<R, 1024, 0, cb->stream>>>((float *)z->data, dt, dw, V, (float)c, dl);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(host, dl, n * 4, cudaMemcpyDeviceToHost, cb->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream);
+    double sum = 0;
+    for (size_t i = 0; e == cudaSuccess && i < n; i++) sum += host[i];
+    free(host);
+    if (e != cudaSuccess) return cuda_fail(cb, e, "loss");
+    *loss = sum;
+    return LMX_OK;
+}
+
+extern "C" const lmx_backward_ops lmx_cuda_backward = {
+    /* .rmsnorm_bwd = */ bwd_rmsnorm,
+    /* .matmul_bwd = */ bwd_matmul,
+    /* .lora_bwd = */ bwd_lora,
+    /* .glu_bwd = */ bwd_glu,
+    /* .softcap_bwd = */ bwd_softcap,
+    /* .rope_bwd = */ bwd_rope,
+    /* .attention_bwd = */ bwd_attention,
+    /* .gather_rows_bwd = */ bwd_gather_rows,
+    /* .xent = */ bwd_xent,
+};

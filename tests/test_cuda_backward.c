@@ -1,0 +1,208 @@
+/* test_cuda_backward.c - every backward op of the cuda backend (backend/backward.h) and the loss against
+ * the cpu backend's (themselves checked against finite differences by test_backward) on random inputs:
+ * odd sizes, dense and quantized frozen weights, LoRA segments with a sequence without a pair, padded
+ * batches, GQA, sliding windows, soft-capping, attention split into query tiles, repeated gather rows.
+ * Each gradient accumulates onto a random start (+= is checked too).  Exits 77 (skipped) when lmx is
+ * built without CUDA or no GPU is present. */
+#include <stdio.h>
+
+#include "backend/backward.h"
+
+#ifndef LMX_HAVE_CUDA
+int main(void) {
+    printf("SKIP: lmx built without CUDA\n");
+    return 77;
+}
+#else
+
+#include "cuda_pair.h"
+
+/* tensor [rows, cols] holding data on both backends */
+typedef struct tpair { lmx_tensor g, c; int64_t n; } tpair;
+static tpair both(int64_t rows, int64_t cols, const float *data) {
+    tpair t = {act(gpu, rows, cols, data), act(cpu, rows, cols, data), rows * cols};
+    return t;
+}
+static tpair rand_both(int64_t rows, int64_t cols, float amp) {
+    float *v = rand_vec(rows * cols, amp);
+    tpair t = both(rows, cols, v);
+    free(v);
+    return t;
+}
+static void check_both(const char *what, tpair *t, double tol) {
+    compare(what, &t->g, &t->c, t->n, tol);
+    free_pair(&t->g, &t->c);
+}
+static void drop(tpair *t) { free_pair(&t->g, &t->c); }
+
+static void test_rmsnorm(lmx_dtype dt, int n, float one) {
+    const int rows = 7;
+    wpair w = make_weight(dt, 0, 0, 0, 1, n);
+    tpair x = rand_both(rows, n, 1.5f), dy = rand_both(rows, n, 1.0f), dx = rand_both(rows, n, 0.1f);
+    CHECK(lmx_cuda_backward.rmsnorm_bwd(gpu, &dx.g, &dy.g, &x.g, &w.g, rows, n, 1e-5f, one) == LMX_OK);
+    CHECK(lmx_cpu_backward.rmsnorm_bwd(cpu, &dx.c, &dy.c, &x.c, &w.c, rows, n, 1e-5f, one) == LMX_OK);
+    char what[64];
+    snprintf(what, sizeof what, "rmsnorm backward (dtype %d, n %d, +%g)", (int)dt, n, one);
+    check_both(what, &dx, 1e-5);
+    drop(&x), drop(&dy);
+}
+
+static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int N, int K, int M, double tol) {
+    wpair w = make_weight(dt, bits, 64, gtype, N, K);
+    tpair dy = rand_both(M, N, 1.0f), dx = rand_both(M, K, 0.5f);
+    CHECK(lmx_cuda_backward.matmul_bwd(gpu, &dx.g, &dy.g, &w.g, M) == LMX_OK);
+    CHECK(lmx_cpu_backward.matmul_bwd(cpu, &dx.c, &dy.c, &w.c, M) == LMX_OK);
+    char what[64];
+    snprintf(what, sizeof what, "matmul backward (%s, %dx%d, M %d)", name, N, K, M);
+    check_both(what, &dx, tol);
+    drop(&dy);
+}
+
+/* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx */
+static void test_lora(int with_dx) {
+    const int B = 4, T = 5, K = 48, N = 40, r = 8;
+    tpair a[2], b[2], da[2], db[2];
+    lmx_lora_pair pg[2], pc[2];
+    for (int i = 0; i < 2; i++) {
+        a[i] = rand_both(r, K, 0.3f), b[i] = rand_both(N, r, 0.3f);
+        da[i] = rand_both(r, K, 0.1f), db[i] = rand_both(N, r, 0.1f);
+        pg[i] = (lmx_lora_pair){a[i].g, b[i].g, 0.5f + i}, pc[i] = (lmx_lora_pair){a[i].c, b[i].c, 0.5f + i};
+    }
+    const lmx_lora_pair *pairs_g[4] = {&pg[0], &pg[0], NULL, &pg[1]}, *pairs_c[4] = {&pc[0], &pc[0], NULL, &pc[1]};
+    lmx_tensor *dag[4] = {&da[0].g, &da[0].g, NULL, &da[1].g}, *dbg[4] = {&db[0].g, &db[0].g, NULL, &db[1].g};
+    lmx_tensor *dac[4] = {&da[0].c, &da[0].c, NULL, &da[1].c}, *dbc[4] = {&db[0].c, &db[0].c, NULL, &db[1].c};
+    tpair x = rand_both(B * T, K, 1.0f), dy = rand_both(B * T, N, 1.0f), dx = rand_both(B * T, K, 0.1f);
+    CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g) == LMX_OK);
+    CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c) == LMX_OK);
+    check_both("lora backward dx", &dx, 1e-5);
+    for (int i = 0; i < 2; i++) {
+        check_both("lora backward dA", &da[i], 1e-5);
+        check_both("lora backward dB", &db[i], 1e-5);
+        drop(&a[i]), drop(&b[i]);
+    }
+    drop(&x), drop(&dy);
+}
+
+static void test_elementwise(void) {
+    const int64_t n = 1001;
+    for (int act_i = 0; act_i < 2; act_i++) {
+        const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
+        tpair g = rand_both(1, n, 4.0f), u = rand_both(1, n, 2.0f), dy = rand_both(1, n, 1.0f);
+        tpair dg = rand_both(1, n, 0.1f), du = rand_both(1, n, 0.1f);
+        CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg.g, &du.g, &dy.g, &g.g, &u.g, n, a) == LMX_OK);
+        CHECK(lmx_cpu_backward.glu_bwd(cpu, &dg.c, &du.c, &dy.c, &g.c, &u.c, n, a) == LMX_OK);
+        check_both("glu backward dgate", &dg, 1e-5);
+        check_both("glu backward dup", &du, 1e-5);
+        drop(&g), drop(&u), drop(&dy);
+    }
+    tpair y = rand_both(1, n, 29.0f), dy = rand_both(1, n, 1.0f), dx = rand_both(1, n, 0.1f);
+    CHECK(lmx_cuda_backward.softcap_bwd(gpu, &dx.g, &dy.g, &y.g, n, 30.0f) == LMX_OK);
+    CHECK(lmx_cpu_backward.softcap_bwd(cpu, &dx.c, &dy.c, &y.c, n, 30.0f) == LMX_OK);
+    check_both("softcap backward", &dx, 1e-6);
+    drop(&y), drop(&dy);
+}
+
+static void test_rope(int rot_dim, int interleaved) {
+    const int B = 2, T = 5, nh = 3, hd = 64, past[2] = {0, 0}, nnew[2] = {5, 3};
+    float inv[32];
+    for (int i = 0; i < rot_dim / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot_dim);
+    const lmx_rope rope = {.rot_dim = rot_dim, .interleaved = interleaved, .inv_freq = inv, .attn_factor = 1.1f};
+    const lmx_batch bt = {.B = B, .T = T, .n_past = past, .n_new = nnew};
+    tpair dy = rand_both(B * T, nh * hd, 1.0f), dx = rand_both(B * T, nh * hd, 0.1f);
+    CHECK(lmx_cuda_backward.rope_bwd(gpu, &dx.g, &dy.g, &bt, nh, hd, &rope) == LMX_OK);
+    CHECK(lmx_cpu_backward.rope_bwd(cpu, &dx.c, &dy.c, &bt, nh, hd, &rope) == LMX_OK);
+    char what[64];
+    snprintf(what, sizeof what, "rope backward (rot %d, interleaved %d)", rot_dim, interleaved);
+    check_both(what, &dx, 1e-5);
+    drop(&dy);
+}
+
+/* attention of 2 sequences (the second padded), H heads over Hk kv heads; tile > 0 forces query tiles
+ * of that many rows */
+static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile) {
+    const int past[2] = {0, 0}, nnew[2] = {T, T / 2 + 1}, M = 2 * T;
+    const lmx_batch bt = {.B = 2, .T = T, .n_past = past, .n_new = nnew};
+    tpair q = rand_both(M, H * D, 1.5f), k = rand_both(M, Hk * D, 1.5f), v = rand_both(M, Hk * D, 1.0f);
+    tpair dout = rand_both(M, H * D, 1.0f);
+    tpair dq = rand_both(M, H * D, 0.1f), dk = rand_both(M, Hk * D, 0.1f), dv = rand_both(M, Hk * D, 0.1f);
+    lmx_attn_args ag = {.batch = &bt, .q = &q.g, .k = &k.g, .v = &v.g, .H = H, .Hk = Hk, .D = D,
+                        .scale = 1.0f / sqrtf((float)D), .softcap = softcap};
+    lmx_attn_args ac = ag;
+    ac.q = &q.c, ac.k = &k.c, ac.v = &v.c;
+    const int windows[2] = {window, window};
+    char n[16];
+    snprintf(n, sizeof n, "%d", tile);
+    if (tile) setenv("LMX_CUDA_ATTN_BWD_ROWS", n, 1);
+    CHECK(lmx_cuda_backward.attention_bwd(gpu, &dq.g, &dk.g, &dv.g, &dout.g, &ag, windows) == LMX_OK);
+    unsetenv("LMX_CUDA_ATTN_BWD_ROWS");
+    CHECK(lmx_cpu_backward.attention_bwd(cpu, &dq.c, &dk.c, &dv.c, &dout.c, &ac, windows) == LMX_OK);
+    char what[96];
+    const char *names[3] = {"dq", "dk", "dv"};
+    tpair *gs[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++) { /* TF32 products: about 1e-3 */
+        snprintf(what, sizeof what, "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d)", names[i],
+                 T, H, Hk, D, window, softcap, tile);
+        check_both(what, gs[i], 5e-3);
+    }
+    drop(&q), drop(&k), drop(&v), drop(&dout);
+}
+
+static void test_gather(void) {
+    const int rows[5] = {3, 0, 3, 6, 3};
+    tpair dout = rand_both(5, 700, 1.0f), dx = rand_both(7, 700, 0.1f);
+    CHECK(lmx_cuda_backward.gather_rows_bwd(gpu, &dx.g, &dout.g, rows, 5, 700) == LMX_OK);
+    CHECK(lmx_cpu_backward.gather_rows_bwd(cpu, &dx.c, &dout.c, rows, 5, 700) == LMX_OK);
+    check_both("gather backward", &dx, 1e-6);
+    drop(&dout);
+}
+
+static void test_xent(double c) {
+    const int R = 6, V = 3001;
+    const int32_t tg[6] = {0, 3000, 17, 5, 5, 2999};
+    const float w[6] = {1.0f, 0.5f, 0.0f, 1.0f, 2.0f, 1.0f};
+    tpair z = rand_both(R, V, 8.0f);
+    double lg = 0, lc = 0;
+    CHECK(lmx_cuda_backward.xent(gpu, &z.g, tg, w, R, V, c, &lg) == LMX_OK);
+    CHECK(lmx_cpu_backward.xent(cpu, &z.c, tg, w, R, V, c, &lc) == LMX_OK);
+    CHECK_MSG(fabs(lg - lc) <= 1e-4 * fabs(lc), "xent loss %.7g, cpu %.7g", lg, lc);
+    check_both(c != 0 ? "xent gradient" : "xent logits untouched", &z, 1e-5);
+}
+
+int main(void) {
+    lmx_err err = {0};
+    if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
+        printf("SKIP: no usable GPU (%s)\n", err.msg);
+        return 77;
+    }
+    if (lmx_cpu_backend_create(2, &cpu, &err) != LMX_OK) {
+        printf("cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    test_rmsnorm(LMX_DTYPE_F32, 300, 0.0f);
+    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f);
+    test_matmul("f32", LMX_DTYPE_F32, 0, 0, 37, 65, 9, 1e-5);
+    test_matmul("bf16", LMX_DTYPE_BF16, 0, 0, 100, 256, 33, 1e-2);
+    test_matmul("f16", LMX_DTYPE_F16, 0, 0, 96, 128, 17, 1e-2);
+    test_matmul("mlx4", LMX_DTYPE_U32, 4, 0, 96, 256, 40, 1e-2);
+    test_matmul("mlx8", LMX_DTYPE_U32, 8, 0, 64, 192, 3, 1e-2);
+    test_matmul("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 64, 512, 21, 1e-2);
+    test_matmul("q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 50, 96, 12, 1e-2);
+    test_lora(1);
+    test_lora(0);
+    test_elementwise();
+    test_rope(64, 0);
+    test_rope(64, 1);
+    test_rope(32, 0);
+    test_attention(37, 4, 2, 64, 0, 0.0f, 0);
+    test_attention(37, 4, 2, 64, 8, 0.0f, 0);
+    test_attention(37, 4, 4, 32, 0, 20.0f, 0);
+    test_attention(100, 6, 2, 64, 0, 0.0f, 16);
+    test_attention(100, 6, 3, 64, 24, 30.0f, 5);
+    test_gather();
+    test_xent(0.37);
+    test_xent(0.0);
+    lmx_backend_free(gpu);
+    lmx_backend_free(cpu);
+    return check_summary("test_cuda_backward");
+}
+#endif
