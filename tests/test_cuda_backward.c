@@ -1,7 +1,8 @@
 /* test_cuda_backward.c - every backward op of the cuda backend (backend/backward.h) and the loss against
  * the cpu backend's (themselves checked against finite differences by test_backward) on random inputs:
  * odd sizes, dense and quantized frozen weights, LoRA segments with a sequence without a pair, padded
- * batches, GQA, sliding windows, soft-capping, attention split into query tiles, repeated gather rows.
+ * batches, GQA, sliding windows, soft-capping, attention split into query tiles, repeated gather rows;
+ * the optimizer's gradient norm and AdamW update.
  * Each gradient accumulates onto a random start (+= is checked too).  Exits 77 (skipped) when lmx is
  * built without CUDA or no GPU is present. */
 #include <stdio.h>
@@ -9,6 +10,25 @@
 #include "backend/backward.h"
 
 #ifndef LMX_HAVE_CUDA
+static void test_optimizer(void) {
+    const int64_t n = 4099;
+    tpair p = rand_both(1, n, 0.5f), g = rand_both(1, n, 1e-3f), m1 = rand_both(1, n, 1e-4f), m2 = rand_both(1, n, 0.0f);
+    double sg = 0, sc = 0;
+    CHECK(lmx_cuda_backward.sumsq(gpu, &g.g, n, &sg) == LMX_OK);
+    CHECK(lmx_cpu_backward.sumsq(cpu, &g.c, n, &sc) == LMX_OK);
+    CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq %.12g, cpu %.12g", sg, sc);
+    const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                              .bc1 = 1 - 0.9 * 0.9, .bc2 = 1 - 0.999 * 0.999, .clip = 0.7};
+    for (int step = 0; step < 2; step++) {
+        CHECK(lmx_cuda_backward.adamw(gpu, &p.g, &g.g, &m1.g, &m2.g, n, &s) == LMX_OK);
+        CHECK(lmx_cpu_backward.adamw(cpu, &p.c, &g.c, &m1.c, &m2.c, n, &s) == LMX_OK);
+    }
+    check_both("adamw parameters", &p, 1e-6);
+    check_both("adamw m1", &m1, 1e-6);
+    check_both("adamw m2", &m2, 1e-6);
+    drop(&g);
+}
+
 int main(void) {
     printf("SKIP: lmx built without CUDA\n");
     return 77;
@@ -168,6 +188,25 @@ static void test_xent(double c) {
     check_both(c != 0 ? "xent gradient" : "xent logits untouched", &z, 1e-5);
 }
 
+static void test_optimizer(void) {
+    const int64_t n = 4099;
+    tpair p = rand_both(1, n, 0.5f), g = rand_both(1, n, 1e-3f), m1 = rand_both(1, n, 1e-4f), m2 = rand_both(1, n, 0.0f);
+    double sg = 0, sc = 0;
+    CHECK(lmx_cuda_backward.sumsq(gpu, &g.g, n, &sg) == LMX_OK);
+    CHECK(lmx_cpu_backward.sumsq(cpu, &g.c, n, &sc) == LMX_OK);
+    CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq %.12g, cpu %.12g", sg, sc);
+    const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                              .bc1 = 1 - 0.9 * 0.9, .bc2 = 1 - 0.999 * 0.999, .clip = 0.7};
+    for (int step = 0; step < 2; step++) {
+        CHECK(lmx_cuda_backward.adamw(gpu, &p.g, &g.g, &m1.g, &m2.g, n, &s) == LMX_OK);
+        CHECK(lmx_cpu_backward.adamw(cpu, &p.c, &g.c, &m1.c, &m2.c, n, &s) == LMX_OK);
+    }
+    check_both("adamw parameters", &p, 1e-6);
+    check_both("adamw m1", &m1, 1e-6);
+    check_both("adamw m2", &m2, 1e-6);
+    drop(&g);
+}
+
 int main(void) {
     lmx_err err = {0};
     if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
@@ -201,6 +240,7 @@ int main(void) {
     test_gather();
     test_xent(0.37);
     test_xent(0.0);
+    test_optimizer();
     lmx_backend_free(gpu);
     lmx_backend_free(cpu);
     return check_summary("test_cuda_backward");

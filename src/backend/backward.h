@@ -16,6 +16,12 @@
 
 #include "backend.h"
 
+/* One AdamW update as PyTorch computes it (decoupled weight decay, bias corrections bc1 = 1 - beta1^t,
+ * bc2 = 1 - beta2^t), the gradient first scaled by clip (global norm clipping; 1: none). */
+typedef struct lmx_adamw_step {
+    double lr, beta1, beta2, eps, weight_decay, bc1, bc2, clip;
+} lmx_adamw_step;
+
 typedef struct lmx_backward_ops {
     /* y = rmsnorm(x) * (w + add_one)                  dx += dy . dy/dx          x, dy, dx [rows, n] */
     lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
@@ -48,6 +54,11 @@ typedef struct lmx_backward_ops {
      * and with c != 0, z is overwritten by its gradient times c: c w_r (softmax(z_r) - onehot(t_r)). */
     lmx_status (*xent)(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
                        double *loss);
+    /* The optimizer (not tape ops either): *out = sum of g[i]^2 over n values; and one AdamW update of n
+     * parameters p with gradients g and moments m1, m2 (all f32 in backend memory), in double. */
+    lmx_status (*sumsq)(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out);
+    lmx_status (*adamw)(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, lmx_tensor *m1, lmx_tensor *m2, int64_t n,
+                        const lmx_adamw_step *s);
 } lmx_backward_ops;
 
 /* The cpu backend's backward ops (backend/cpu/cpu_backward.c; its ops table's backward). */

@@ -110,7 +110,7 @@ static void on_sigint(int sig) {
 
 /* OUT/sub/{peft,mlx} (the adapter), and with st its optimizer state and training position:
  * state.safetensors (AdamW moments m1.i / m2.i of gradient i, the epoch order) and state.json. */
-static int save_checkpoint(const lmx_trainer *tr, const train_opts *o, const char *sub,
+static int save_checkpoint(lmx_trainer *tr, const train_opts *o, const char *sub,
                            const train_state *st, int n_examples) {
     mkdir(o->out, 0777);
     char *dir = lmx_path_join(o->out, sub), *peft = lmx_path_join(dir, "peft"), *mlx = lmx_path_join(dir, "mlx");
@@ -126,14 +126,18 @@ static int save_checkpoint(const lmx_trainer *tr, const train_opts *o, const cha
         const int ng = 2 * tr->n;
         lmx_st_write_item *items = calloc((size_t)2 * ng + 1, sizeof *items);
         char (*names)[32] = calloc((size_t)2 * ng, sizeof *names);
-        ok = items && names;
+        float **mom = calloc((size_t)2 * ng, sizeof *mom);
+        ok = items && names && mom;
         for (int i = 0; ok && i < ng; i++)
-            for (int k = 0; k < 2; k++) {
+            for (int k = 0; ok && k < 2; k++) {
                 lmx_st_write_item *it = &items[2 * i + k];
+                const int64_t n = lmx_tensor_nelem(&tr->grad[i]);
                 snprintf(names[2 * i + k], 32, "m%d.%d", k + 1, i);
+                ok = (mom[2 * i + k] = malloc((size_t)n * sizeof(float))) &&
+                     !lmx_trainer_moment_read(tr, i, k, mom[2 * i + k]);
                 *it = (lmx_st_write_item){.name = names[2 * i + k], .dtype = LMX_DTYPE_F32, .ndim = 1,
-                                          .data = k ? tr->m2[i] : tr->m1[i]};
-                it->shape[0] = lmx_tensor_nelem(&tr->grad[i]);
+                                          .data = mom[2 * i + k]};
+                it->shape[0] = n;
             }
         if (ok) {
             items[2 * ng] = (lmx_st_write_item){.name = "order", .dtype = LMX_DTYPE_I32, .ndim = 1, .data = st->order};
@@ -144,6 +148,8 @@ static int save_checkpoint(const lmx_trainer *tr, const train_opts *o, const cha
         snprintf(js, sizeof js, "{\"step\": %d, \"pos\": %d, \"rng\": \"%llu\"}\n", st->step, st->pos,
                  (unsigned long long)st->rng);
         if (ok) ok = !lmx_write_file(jp, js, strlen(js), &err);
+        for (int i = 0; mom && i < 2 * ng; i++) free(mom[i]);
+        free(mom);
         free(items);
         free(names);
     }
@@ -169,7 +175,7 @@ static int load_state(lmx_trainer *tr, const char *dir, train_state *st, int n_e
             snprintf(name, sizeof name, "m%d.%d", k + 1, i);
             const lmx_st_tensor *t = lmx_st_find(f, name);
             ok = t && t->dtype == LMX_DTYPE_F32 && t->n_elements == lmx_tensor_nelem(&tr->grad[i]);
-            if (ok) memcpy(k ? tr->m2[i] : tr->m1[i], t->data, (size_t)t->n_elements * sizeof(float));
+            if (ok) ok = !lmx_trainer_moment_write(tr, i, k, (const float *)t->data);
         }
     const lmx_st_tensor *ord = ok ? lmx_st_find(f, "order") : NULL;
     ok = ok && ord && ord->dtype == LMX_DTYPE_I32 && ord->n_elements == n_examples;

@@ -22,12 +22,11 @@ void lmx_trainer_free(lmx_trainer *tr) {
     lmx_backend *be = tr->m->be;
     for (int i = 0; i < 2 * tr->n; i++) {
         if (tr->grad && tr->grad[i].data) be->ops->release(be, &tr->grad[i]);
-        if (tr->m1) free(tr->m1[i]);
-        if (tr->m2) free(tr->m2[i]);
+        for (int k = 0; tr->mom && k < 2; k++)
+            if (tr->mom[2 * i + k].data) be->ops->release(be, &tr->mom[2 * i + k]);
     }
     free(tr->grad);
-    free(tr->m1);
-    free(tr->m2);
+    free(tr->mom);
     free(tr->pairs);
     lmx_tape_free(tr->tape);
     free(tr);
@@ -48,22 +47,18 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     const int total = m->cfg.n_layers * LMX_PROJ_N;
     tr->pairs = calloc((size_t)total, sizeof *tr->pairs);
     tr->grad = calloc((size_t)2 * total, sizeof *tr->grad);
-    tr->m1 = calloc((size_t)2 * total, sizeof *tr->m1);
-    tr->m2 = calloc((size_t)2 * total, sizeof *tr->m2);
-    if (!tr->pairs || !tr->grad || !tr->m1 || !tr->m2) st = lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
+    tr->mom = calloc((size_t)4 * total, sizeof *tr->mom);
+    if (!tr->pairs || !tr->grad || !tr->mom) st = lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
     for (int i = 0; i < total && !st; i++) {
         lmx_lora_pair *p = &ad->pairs[i];
         if (!p->a.data) continue;
         const int k = tr->n++;
         tr->pairs[k] = p;
-        for (int j = 0; j < 2 && !st; j++) {
-            const lmx_tensor *src = j ? &p->b : &p->a;
-            lmx_tensor *g = &tr->grad[2 * k + j];
+        for (int j = 0; j < 6 && !st; j++) { /* dA, dB, then the moments of each */
+            const lmx_tensor *src = j % 2 ? &p->b : &p->a;
+            lmx_tensor *g = j < 2 ? &tr->grad[2 * k + j] : &tr->mom[2 * (2 * k + j % 2) + (j - 2) / 2];
             *g = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {src->shape[0], src->shape[1]}};
-            const size_t n = (size_t)lmx_tensor_nelem(src);
             if ((st = be->ops->alloc(be, g))) st = lmx_err_set(err, st, "%s", be->err.msg);
-            else if (!(tr->m1[2 * k + j] = calloc(n, sizeof(float))) || !(tr->m2[2 * k + j] = calloc(n, sizeof(float))))
-                st = lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
         }
         if (!st) st = lmx_tape_watch(tr->tape, p, &tr->grad[2 * k], &tr->grad[2 * k + 1]);
     }
@@ -190,44 +185,41 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
 
 lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm) {
     lmx_backend *be = tr->m->be;
+    const lmx_backward_ops *bw = be->ops->backward;
     lmx_status st = LMX_OK;
-    double t0 = 0;
+    double t0 = 0, ss = 0;
     prof_mark(tr, 3, &t0);
-    float **g = calloc((size_t)2 * tr->n, sizeof *g), **p = calloc((size_t)2 * tr->n, sizeof *p);
-    if (!g || !p) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
-    double ss = 0;
-    for (int i = 0; i < 2 * tr->n && !st; i++) { /* read gradients and parameters to the host */
-        const lmx_tensor *par = i & 1 ? &tr->pairs[i / 2]->b : &tr->pairs[i / 2]->a;
-        const size_t n = (size_t)lmx_tensor_nelem(par);
-        g[i] = malloc(n * sizeof(float)), p[i] = malloc(n * sizeof(float));
-        if (!g[i] || !p[i]) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
-        else if ((st = be->ops->read(be, &tr->grad[i], 0, g[i], n * sizeof(float))) ||
-                 (st = be->ops->read(be, par, 0, p[i], n * sizeof(float))))
-            lmx_err_set(&tr->err, st, "%s", be->err.msg);
-        for (size_t k = 0; !st && k < n; k++) ss += (double)g[i][k] * g[i][k];
+    for (int i = 0; i < 2 * tr->n && !st; i++) {
+        double part = 0;
+        st = bw->sumsq(be, &tr->grad[i], lmx_tensor_nelem(&tr->grad[i]), &part);
+        ss += part;
     }
     const double norm = sqrt(ss);
     if (gnorm) *gnorm = norm;
-    const double clip = opt->clip_grad_norm > 0 && norm > opt->clip_grad_norm ? opt->clip_grad_norm / (norm + 1e-6) : 1.0;
     if (!st) tr->step++;
-    const double bc1 = 1.0 - pow(opt->beta1, (double)tr->step), bc2 = 1.0 - pow(opt->beta2, (double)tr->step);
+    const lmx_adamw_step s = {.lr = opt->lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
+                              .weight_decay = opt->weight_decay, .bc1 = 1.0 - pow(opt->beta1, (double)tr->step),
+                              .bc2 = 1.0 - pow(opt->beta2, (double)tr->step),
+                              .clip = opt->clip_grad_norm > 0 && norm > opt->clip_grad_norm
+                                          ? opt->clip_grad_norm / (norm + 1e-6) : 1.0};
     for (int i = 0; i < 2 * tr->n && !st; i++) {
         lmx_tensor *par = i & 1 ? &tr->pairs[i / 2]->b : &tr->pairs[i / 2]->a;
-        const size_t n = (size_t)lmx_tensor_nelem(par);
-        float *m1 = tr->m1[i], *m2 = tr->m2[i];
-        for (size_t k = 0; k < n; k++) { /* PyTorch's AdamW, one element at a time */
-            const double gk = g[i][k] * clip;
-            double pk = p[i][k] * (1.0 - opt->lr * opt->weight_decay);
-            m1[k] = (float)(opt->beta1 * m1[k] + (1.0 - opt->beta1) * gk);
-            m2[k] = (float)(opt->beta2 * m2[k] + (1.0 - opt->beta2) * gk * gk);
-            pk -= opt->lr / bc1 * m1[k] / (sqrt(m2[k]) / sqrt(bc2) + opt->eps);
-            p[i][k] = (float)pk;
-        }
-        if ((st = be->ops->write(be, par, 0, p[i], n * sizeof(float)))) lmx_err_set(&tr->err, st, "%s", be->err.msg);
+        st = bw->adamw(be, par, &tr->grad[i], &tr->mom[2 * i], &tr->mom[2 * i + 1], lmx_tensor_nelem(par), &s);
     }
-    for (int i = 0; g && p && i < 2 * tr->n; i++) free(g[i]), free(p[i]);
-    free(g);
-    free(p);
+    if (st) lmx_err_set(&tr->err, st, "%s", be->err.msg);
     prof_mark(tr, 3, &t0);
     return st;
+}
+
+static lmx_status moment_io(lmx_trainer *tr, int i, int k, float *dst, const float *src) {
+    if (i < 0 || i >= 2 * tr->n || k < 0 || k > 1) return lmx_err_set(&tr->err, LMX_ERR_INVALID_ARG, "no moment %d.%d", k, i);
+    lmx_backend *be = tr->m->be;
+    lmx_tensor *t = &tr->mom[2 * i + k];
+    const size_t bytes = (size_t)lmx_tensor_nelem(t) * sizeof(float);
+    lmx_status st = dst ? be->ops->read(be, t, 0, dst, bytes) : be->ops->write(be, t, 0, src, bytes);
+    return st ? lmx_err_set(&tr->err, st, "%s", be->err.msg) : LMX_OK;
+}
+lmx_status lmx_trainer_moment_read(lmx_trainer *tr, int i, int k, float *dst) { return moment_io(tr, i, k, dst, NULL); }
+lmx_status lmx_trainer_moment_write(lmx_trainer *tr, int i, int k, const float *src) {
+    return moment_io(tr, i, k, NULL, src);
 }

@@ -22,7 +22,7 @@ typedef struct lmx_trainer {
     int n;                       /* trained pairs */
     lmx_lora_pair **pairs;       /* [n] the adapter's pairs, in (layer, projection) order */
     lmx_tensor *grad;            /* [2n]: dA, dB of pair i at 2i, 2i+1 (backend memory) */
-    float **m1, **m2;            /* [2n] AdamW moments (host, element counts of the grads) */
+    lmx_tensor *mom;             /* [2n][2]: AdamW's m1, m2 of gradient i at 2i, 2i+1 (f32, backend memory) */
     int64_t step;                /* AdamW steps taken */
     int loss_rows;               /* > 0: rows of logits the loss computes at once (0: ~64 MiB of them) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
@@ -43,5 +43,9 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
 /* One AdamW step from the current gradients (PyTorch's AdamW: decoupled weight decay, bias
  * correction); *gnorm the global gradient norm before clipping (may be NULL). */
 lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm);
+/* AdamW's moment k (0: m1, 1: m2) of gradient i, the gradient's element count of floats, to or from
+ * the host (checkpoints). */
+lmx_status lmx_trainer_moment_read(lmx_trainer *tr, int i, int k, float *dst);
+lmx_status lmx_trainer_moment_write(lmx_trainer *tr, int i, int k, const float *src);
 
 #endif

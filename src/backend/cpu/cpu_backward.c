@@ -265,6 +265,31 @@ static lmx_status cpu_xent(lmx_backend *be, lmx_tensor *zt, const int32_t *targe
     return LMX_OK;
 }
 
+static lmx_status cpu_sumsq(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out) {
+    (void)be;
+    const float *x = g->data;
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    *out = ss;
+    return LMX_OK;
+}
+
+static lmx_status cpu_adamw(lmx_backend *be, lmx_tensor *pt, const lmx_tensor *gt, lmx_tensor *m1t, lmx_tensor *m2t,
+                            int64_t n, const lmx_adamw_step *s) {
+    (void)be;
+    float *p = pt->data, *m1 = m1t->data, *m2 = m2t->data;
+    const float *g = gt->data;
+    for (int64_t k = 0; k < n; k++) {
+        const double gk = g[k] * s->clip;
+        double pk = p[k] * (1.0 - s->lr * s->weight_decay);
+        m1[k] = (float)(s->beta1 * m1[k] + (1.0 - s->beta1) * gk);
+        m2[k] = (float)(s->beta2 * m2[k] + (1.0 - s->beta2) * gk * gk);
+        pk -= s->lr / s->bc1 * m1[k] / (sqrt(m2[k]) / sqrt(s->bc2) + s->eps);
+        p[k] = (float)pk;
+    }
+    return LMX_OK;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -275,4 +300,6 @@ const lmx_backward_ops lmx_cpu_backward = {
     .attention_bwd = cpu_attention_bwd,
     .gather_rows_bwd = cpu_gather_rows_bwd,
     .xent = cpu_xent,
+    .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw,
 };

@@ -491,6 +491,64 @@ static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *target
     return LMX_OK;
 }
 
+/* ---- the optimizer -------------------------------------------------------------------------------- */
+
+__global__ void k_sumsq(const float *g, int64_t n, double *out) {
+    __shared__ double sh[32];
+    double ss = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        ss += (double)g[i] * g[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) t += sh[w];
+        atomicAdd(out, t);
+    }
+}
+
+static lmx_status bwd_sumsq(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    *out = 0;
+    if (st || n <= 0) return st;
+    double *d = (double *)cuda_scratch(cb, CUDA_SCRATCH_BWD, sizeof(double));
+    if (!d) return cb->base.err.status;
+    cudaError_t e = cudaMemsetAsync(d, 0, sizeof(double), cb->stream);
+    if (e == cudaSuccess) {
+        const unsigned nb = cuda_blocks(n, 256);
+        k_sumsq<<<nb < 1024 ? nb : 1024, 256, 0, cb->stream>>>((const float *)g->data, n, d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(out, d, sizeof(double), cudaMemcpyDeviceToHost, cb->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream);
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "gradient norm");
+}
+
+/* the cpu's update, element for element (double arithmetic, f32 storage) */
+__global__ void k_adamw(float *p, const float *g, float *m1, float *m2, int64_t n, const lmx_adamw_step s) {
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+        const double gk = g[k] * s.clip;
+        double pk = p[k] * (1.0 - s.lr * s.weight_decay);
+        const float a = (float)(s.beta1 * m1[k] + (1.0 - s.beta1) * gk);
+        const float b = (float)(s.beta2 * m2[k] + (1.0 - s.beta2) * gk * gk);
+        m1[k] = a, m2[k] = b;
+        pk -= s.lr / s.bc1 * a / (sqrt((double)b) / sqrt(s.bc2) + s.eps);
+        p[k] = (float)pk;
+    }
+}
+
+static lmx_status bwd_adamw(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, lmx_tensor *m1, lmx_tensor *m2, int64_t n,
+                            const lmx_adamw_step *s) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    k_adamw<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)p->data, (const float *)g->data, (float *)m1->data,
+                                                  (float *)m2->data, n, *s);
+    return cuda_check_launch(cb, "AdamW");
+}
+
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
@@ -501,4 +559,6 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .attention_bwd = */ bwd_attention,
     /* .gather_rows_bwd = */ bwd_gather_rows,
     /* .xent = */ bwd_xent,
+    /* .sumsq = */ bwd_sumsq,
+    /* .adamw = */ bwd_adamw,
 };
