@@ -10,25 +10,6 @@
 #include "backend/backward.h"
 
 #ifndef LMX_HAVE_CUDA
-static void test_optimizer(void) {
-    const int64_t n = 4099;
-    tpair p = rand_both(1, n, 0.5f), g = rand_both(1, n, 1e-3f), m1 = rand_both(1, n, 1e-4f), m2 = rand_both(1, n, 0.0f);
-    double sg = 0, sc = 0;
-    CHECK(lmx_cuda_backward.sumsq(gpu, &g.g, n, &sg) == LMX_OK);
-    CHECK(lmx_cpu_backward.sumsq(cpu, &g.c, n, &sc) == LMX_OK);
-    CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq %.12g, cpu %.12g", sg, sc);
-    const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
-                              .bc1 = 1 - 0.9 * 0.9, .bc2 = 1 - 0.999 * 0.999, .clip = 0.7};
-    for (int step = 0; step < 2; step++) {
-        CHECK(lmx_cuda_backward.adamw(gpu, &p.g, &g.g, &m1.g, &m2.g, n, &s) == LMX_OK);
-        CHECK(lmx_cpu_backward.adamw(cpu, &p.c, &g.c, &m1.c, &m2.c, n, &s) == LMX_OK);
-    }
-    check_both("adamw parameters", &p, 1e-6);
-    check_both("adamw m1", &m1, 1e-6);
-    check_both("adamw m2", &m2, 1e-6);
-    drop(&g);
-}
-
 int main(void) {
     printf("SKIP: lmx built without CUDA\n");
     return 77;
@@ -186,6 +167,25 @@ static void test_xent(double c) {
     CHECK(lmx_cpu_backward.xent(cpu, &z.c, tg, w, R, V, c, &lc) == LMX_OK);
     CHECK_MSG(fabs(lg - lc) <= 1e-4 * fabs(lc), "xent loss %.7g, cpu %.7g", lg, lc);
     check_both(c != 0 ? "xent gradient" : "xent logits untouched", &z, 1e-5);
+}
+
+static void test_optimizer(void) {
+    const int64_t n = 4099;
+    tpair p = rand_both(1, n, 0.5f), g = rand_both(1, n, 1e-3f), m1 = rand_both(1, n, 1e-4f), m2 = rand_both(1, n, 0.0f);
+    double sg = 0, sc = 0;
+    CHECK(lmx_cuda_backward.sumsq(gpu, &g.g, n, &sg) == LMX_OK);
+    CHECK(lmx_cpu_backward.sumsq(cpu, &g.c, n, &sc) == LMX_OK);
+    CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq %.12g, cpu %.12g", sg, sc);
+    const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                              .bc1 = 1 - 0.9 * 0.9, .bc2 = 1 - 0.999 * 0.999, .clip = 0.7};
+    for (int step = 0; step < 2; step++) {
+        CHECK(lmx_cuda_backward.adamw(gpu, &p.g, &g.g, &m1.g, &m2.g, n, &s) == LMX_OK);
+        CHECK(lmx_cpu_backward.adamw(cpu, &p.c, &g.c, &m1.c, &m2.c, n, &s) == LMX_OK);
+    }
+    check_both("adamw parameters", &p, 1e-6);
+    check_both("adamw m1", &m1, 1e-6);
+    check_both("adamw m2", &m2, 1e-6);
+    drop(&g);
 }
 
 static void test_optimizer(void) {

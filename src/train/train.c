@@ -2,7 +2,7 @@
  *
  * A training pass runs the model's own forward pass (model/forward.c) on the tape's backend over B
  * sequences from position 0, with fresh caches that nothing else sees.  The final norm and the lm head
- * then run a chunk of rows at a time (lmx_model_head: logits of ~64 MiB at once, whatever the
+ * then run a chunk of rows at a time (lmx_model_head: logits of 64-512 MiB at once, whatever the
  * vocabulary); each chunk's loss and its gradient with respect to the logits are computed by the
  * backend's xent op (in place of the logits) and taken back through the head at once, and finally the
  * tape takes the gradient of the last layer's output back to every pair's A and B. */
@@ -102,9 +102,11 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
     free(kv);
 }
 
-/* Rows of logits a loss chunk holds: about 64 MiB of f32 logits (at least one row), or tr->loss_rows. */
+/* Rows of logits a loss chunk holds: about 64 MiB of f32 logits on the cpu, 512 MiB on a GPU (whose
+ * head GEMMs want many rows), at least one row; or tr->loss_rows. */
 static int chunk_rows(const lmx_trainer *tr, int M) {
-    int64_t r = tr->loss_rows > 0 ? tr->loss_rows : ((int64_t)64 << 20) / ((int64_t)tr->m->cfg.vocab * 4);
+    const int64_t bytes = (int64_t)(strcmp(tr->m->be->ops->name, "cpu") ? 512 : 64) << 20;
+    int64_t r = tr->loss_rows > 0 ? tr->loss_rows : bytes / ((int64_t)tr->m->cfg.vocab * 4);
     if (r < 1) r = 1;
     return r < M ? (int)r : M;
 }

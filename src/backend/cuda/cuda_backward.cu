@@ -3,7 +3,7 @@
  * Matrix products are cuBLAS.  A frozen weight's input gradient dx += dy W narrows dy to bf16 and runs
  * on the tensor cores with f32 accumulation into dx; f16 and quantized weights are dequantized to bf16
  * a block of rows at a time first (as the forward matmul does; f16 gradients would underflow).  LoRA's
- * five small products run in f32.  Attention recomputes its scores a tile of TQ query rows at a time
+ * five small products run in TF32, as its forward does.  Attention recomputes its scores a tile of TQ query rows at a time
  * (never T x T): per tile and head, S = Q K^T and dP = dO V^T ([H, TQ, keys] in scratch, TF32), one
  * kernel turns each row into P and dS, and three more GEMMs add dV += P^T dO, dK += dS^T Q and
  * dQ += dS K.  Elementwise ops are one thread per element; RMSNorm and the loss one block per row.
@@ -118,9 +118,12 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
 
 /* ---- LoRA: dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy^T (x A^T) ------------------------------- */
 
+/* f32 data on the TF32 tensor cores, as the forward lora op */
 static lmx_status sgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                         const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    return blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc), "lora backward");
+    return blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, c,
+                                 CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                "lora backward");
 }
 
 /* rows of one segment (consecutive sequences sharing pair p): t = x A^T, u = s dy B ([rows, r] each,
@@ -280,13 +283,64 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
 
 /* Row r (query i0 + r) of head blockIdx.y: S [nk] (scores of keys lo..lo+nk) becomes P, dP becomes
  * dS = scale * P (dP - sum_j P_j dP_j) (times the soft-cap's slope); keys after the query or outside its
- * window give 0. */
-__global__ void k_attn_ds(float *S, float *dP, int tq, int nk, int i0, int lo, int window, float scale, float cap) {
+ * window give 0.  A block of 256 threads holds the row in registers (PER values each: nk <= 256 PER),
+ * so S and dP are read and written once. */
+template <int PER>
+__global__ void __launch_bounds__(256) k_attn_ds(float *S, float *dP, int tq, int nk, int i0, int lo, int window,
+                                                  float scale, float cap) {
     __shared__ float sh[33];
     const int r = blockIdx.x, i = i0 + r;
     const int64_t off = ((int64_t)blockIdx.y * tq + r) * nk;
     float *s = S + off, *dp = dP + off;
     const int jlo = window > 0 && i - window + 1 > lo ? i - window + 1 - lo : 0, jhi = i - lo + 1; /* valid [jlo, jhi) */
+    float v[PER], d[PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        const int j = threadIdx.x + e * 256;
+        v[e] = -INFINITY, d[e] = 0.0f;
+        if (j >= jlo && j < jhi) {
+            float x = s[j] * scale;
+            if (cap > 0) x = cap * tanhf(x / cap);
+            v[e] = x, d[e] = dp[j];
+            mx = fmaxf(mx, x);
+        }
+    }
+    mx = block_reduce(mx, sh, 1);
+    float sum = 0.0f, dsum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        const float p = v[e] == -INFINITY ? 0.0f : expf(v[e] - mx);
+        sum += p, dsum += p * d[e];
+    }
+    sum = block_reduce(sum, sh, 0);
+    dsum = block_reduce(dsum, sh, 0) / sum;
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        const int j = threadIdx.x + e * 256;
+        if (j >= nk) break;
+        float p = 0.0f, ds = 0.0f;
+        if (v[e] != -INFINITY) {
+            p = expf(v[e] - mx) * inv;
+            ds = p * (d[e] - dsum);
+            if (cap > 0) {
+                const float c = v[e] / cap;
+                ds *= 1.0f - c * c;
+            }
+        }
+        s[j] = p;
+        dp[j] = ds * scale;
+    }
+}
+
+/* k_attn_ds for rows longer than the registers hold: three passes over the row in memory. */
+__global__ void k_attn_ds_long(float *S, float *dP, int tq, int nk, int i0, int lo, int window, float scale, float cap) {
+    __shared__ float sh[33];
+    const int r = blockIdx.x, i = i0 + r;
+    const int64_t off = ((int64_t)blockIdx.y * tq + r) * nk;
+    float *s = S + off, *dp = dP + off;
+    const int jlo = window > 0 && i - window + 1 > lo ? i - window + 1 - lo : 0, jhi = i - lo + 1;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         float v = s[j] * scale;
@@ -299,21 +353,19 @@ __global__ void k_attn_ds(float *S, float *dP, int tq, int nk, int i0, int lo, i
     for (int j = threadIdx.x; j < nk; j += blockDim.x)
         if (j >= jlo && j < jhi) {
             const float e = expf(s[j] - mx);
-            sum += e;
-            dsum += e * dp[j];
+            sum += e, dsum += e * dp[j];
         }
     sum = block_reduce(sum, sh, 0);
     dsum = block_reduce(dsum, sh, 0) / sum;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        if (j < jlo || j >= jhi) {
-            s[j] = dp[j] = 0.0f;
-            continue;
-        }
-        const float p = expf(s[j] - mx) / sum;
-        float ds = p * (dp[j] - dsum);
-        if (cap > 0) {
-            const float c = s[j] / cap;
-            ds *= 1.0f - c * c;
+        float p = 0.0f, ds = 0.0f;
+        if (j >= jlo && j < jhi) {
+            p = expf(s[j] - mx) / sum;
+            ds = p * (dp[j] - dsum);
+            if (cap > 0) {
+                const float c = s[j] / cap;
+                ds *= 1.0f - c * c;
+            }
         }
         s[j] = p;
         dp[j] = ds * scale;
@@ -351,7 +403,11 @@ static lmx_status attn_tile(cuda_backend *cb, const lmx_attn_args *a, const floa
                               0.0f, dP + hh * tile, nk, grp * tile, Hk);
     }
     if (st) return st;
-    k_attn_ds<<<dim3(tq, H), 256, 0, cb->stream>>>(S, dP, tq, nk, i0, lo, window, a->scale, a->softcap);
+    const dim3 grid(tq, H);
+    if (nk <= 256 * 2) k_attn_ds<2><<<grid, 256, 0, cb->stream>>>(S, dP, tq, nk, i0, lo, window, a->scale, a->softcap);
+    else if (nk <= 256 * 8) k_attn_ds<8><<<grid, 256, 0, cb->stream>>>(S, dP, tq, nk, i0, lo, window, a->scale, a->softcap);
+    else if (nk <= 256 * 32) k_attn_ds<32><<<grid, 256, 0, cb->stream>>>(S, dP, tq, nk, i0, lo, window, a->scale, a->softcap);
+    else k_attn_ds_long<<<grid, 256, 0, cb->stream>>>(S, dP, tq, nk, i0, lo, window, a->scale, a->softcap);
     if ((st = cuda_check_launch(cb, "attention backward"))) return st;
     float *dkt = dk + (int64_t)lo * ks, *dvt = dv + (int64_t)lo * ks, *dqt = dq + (int64_t)i0 * qs;
     for (int hh = 0; hh < grp && !st; hh++) {
