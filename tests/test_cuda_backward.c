@@ -188,25 +188,6 @@ static void test_optimizer(void) {
     drop(&g);
 }
 
-static void test_optimizer(void) {
-    const int64_t n = 4099;
-    tpair p = rand_both(1, n, 0.5f), g = rand_both(1, n, 1e-3f), m1 = rand_both(1, n, 1e-4f), m2 = rand_both(1, n, 0.0f);
-    double sg = 0, sc = 0;
-    CHECK(lmx_cuda_backward.sumsq(gpu, &g.g, n, &sg) == LMX_OK);
-    CHECK(lmx_cpu_backward.sumsq(cpu, &g.c, n, &sc) == LMX_OK);
-    CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq %.12g, cpu %.12g", sg, sc);
-    const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
-                              .bc1 = 1 - 0.9 * 0.9, .bc2 = 1 - 0.999 * 0.999, .clip = 0.7};
-    for (int step = 0; step < 2; step++) {
-        CHECK(lmx_cuda_backward.adamw(gpu, &p.g, &g.g, &m1.g, &m2.g, n, &s) == LMX_OK);
-        CHECK(lmx_cpu_backward.adamw(cpu, &p.c, &g.c, &m1.c, &m2.c, n, &s) == LMX_OK);
-    }
-    check_both("adamw parameters", &p, 1e-6);
-    check_both("adamw m1", &m1, 1e-6);
-    check_both("adamw m2", &m2, 1e-6);
-    drop(&g);
-}
-
 int main(void) {
     lmx_err err = {0};
     if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
