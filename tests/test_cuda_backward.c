@@ -75,10 +75,10 @@ static void test_lora(int with_dx) {
     tpair x = rand_both(B * T, K, 1.0f), dy = rand_both(B * T, N, 1.0f), dx = rand_both(B * T, K, 0.1f);
     CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g) == LMX_OK);
     CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c) == LMX_OK);
-    check_both("lora backward dx", &dx, 1e-5);
+    check_both("lora backward dx", &dx, 2e-3); /* TF32 products, as the forward */
     for (int i = 0; i < 2; i++) {
-        check_both("lora backward dA", &da[i], 1e-5);
-        check_both("lora backward dB", &db[i], 1e-5);
+        check_both("lora backward dA", &da[i], 2e-3);
+        check_both("lora backward dB", &db[i], 2e-3);
         drop(&a[i]), drop(&b[i]);
     }
     drop(&x), drop(&dy);

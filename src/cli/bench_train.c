@@ -5,7 +5,8 @@
  * the loss with its gradients and one AdamW update.  After one warm-up step it reports the median
  * step's tokens/s, the backend's peak memory (weights included), and the model FLOPs utilisation
  * against --peak-tflops: per token 4 x the matmul weights' parameters (forward 2, input gradients 2)
- * plus attention's 6 T H D per layer (forward 2 T H D for causal scores and values, backward twice that).
+ * plus attention's 6 T H D per layer (forward 2 T H D for causal scores and values, backward twice that);
+ * checkpointing's second forward is not counted (as MFU is usually reported).
  * Tokens are random: the loss says nothing, the speed is that of real text of that length. */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,13 +25,13 @@ static int cmp_d(const void *a, const void *b) {
 
 int cmd_bench_train(int argc, char **argv) {
     const char *path = NULL, *backend = "auto";
-    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0;
+    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1;
     double peak_tflops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: lmx bench-train MODEL [--backend NAME] [--rank R] [--batch B] [--seq T] [--steps N]\n"
-                   "                         [--peak-tflops F] [--profile] [--json]\n\n"
+                   "                         [--grad-checkpoint on|off|auto] [--peak-tflops F] [--profile] [--json]\n\n"
                    "LoRA training speed on random tokens: tokens/s, peak memory and MFU (F: the device's dense\n"
                    "bf16 peak, 989 for an H100 SXM when the backend is cuda and F is not given).  --profile waits\n"
                    "for the device after each phase and prints the seconds of each (forward, loss, backward, AdamW).\n");
@@ -38,6 +39,11 @@ int cmd_bench_train(int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--grad-checkpoint") && i + 1 < argc) {
+            const char *v = argv[++i];
+            ckpt = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
+            if (ckpt == -2) return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
+        }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank)) return cli_usage_error("bench-train: bad --rank"); }
         else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &B)) return cli_usage_error("bench-train: bad --batch"); }
@@ -72,6 +78,7 @@ int cmd_bench_train(int argc, char **argv) {
         goto done;
     }
     tr->profile = profile;
+    tr->checkpoint = ckpt;
     if (profile) lmx_tape_profile(tr->tape, tr->prof_bwd);
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
@@ -99,14 +106,15 @@ int cmd_bench_train(int argc, char **argv) {
     qsort(times, (size_t)steps, sizeof *times, cmp_d);
     const double med = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
     const double tok_s = B * T / med, peak_gib = m->be->mem_peak / 1073741824.0;
+    const int ckpt_on = ckpt > 0 || (ckpt < 0 && T >= LMX_CHECKPOINT_FROM);
     const double mfu = peak_tflops > 0 ? tok_s * flops_tok / (peak_tflops * 1e12) : 0;
     if (json)
         printf("{\"backend\": \"%s\", \"rank\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, \"step_s\": %.4f, "
-               "\"tokens_per_s\": %.1f, \"peak_gib\": %.2f, \"flops_per_token\": %.4g, \"mfu\": %.4f}\n",
-               m->be->ops->name, rank, B, T, steps, med, tok_s, peak_gib, flops_tok, mfu);
+               "\"tokens_per_s\": %.1f, \"peak_gib\": %.2f, \"flops_per_token\": %.4g, \"mfu\": %.4f, \"checkpointing\": %d}\n",
+               m->be->ops->name, rank, B, T, steps, med, tok_s, peak_gib, flops_tok, mfu, ckpt_on);
     else
-        printf("bench-train %s (%s): rank %d, batch %d x %d: %.3f s a step, %.1f tokens/s, peak %.2f GiB, MFU %.1f%%\n",
-               path, m->be->ops->name, rank, B, T, med, tok_s, peak_gib, 100 * mfu);
+        printf("bench-train %s (%s): rank %d, batch %d x %d%s: %.3f s a step, %.1f tokens/s, peak %.2f GiB, MFU %.1f%%\n",
+               path, m->be->ops->name, rank, B, T, ckpt_on ? ", checkpointing" : "", med, tok_s, peak_gib, 100 * mfu);
     if (profile)
         fprintf(stderr, "phases a step: forward %.3f s, head + loss %.3f s, backward %.3f s, AdamW %.3f s\n",
                 tr->prof[0] / steps, tr->prof[1] / steps, tr->prof[2] / steps, tr->prof[3] / steps);

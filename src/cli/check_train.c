@@ -94,15 +94,17 @@ static int compare_pairs(lmx_trainer *tr, const lmx_st_file *ref, const char *pr
 
 int cmd_check_train(int argc, char **argv) {
     const char *base = NULL, *dir = NULL, *backend = "cpu";
-    int loss_rows = 0;
+    int loss_rows = 0, ckpt = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--loss-rows") && i + 1 < argc) loss_rows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--grad-checkpoint") && i + 1 < argc) ckpt = !strcmp(argv[++i], "on");
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: lmx check-train BASE_MODEL LORA_DIR [--backend cpu|cuda] [--loss-rows N]\n"
+            printf("usage: lmx check-train BASE_MODEL LORA_DIR [--backend cpu|cuda] [--loss-rows N] [--grad-checkpoint on|off]\n"
                    "  trains LORA_DIR/peft_adapter on the batch of LORA_DIR/train_reference.safetensors and compares\n"
                    "  the loss, the gradients, the parameters after one AdamW step and every step's loss\n"
-                   "  (--loss-rows: the loss's logits N rows at a time, as large vocabularies need)\n");
+                   "  (--loss-rows: the loss's logits N rows at a time, as large vocabularies need; --grad-checkpoint:\n"
+                   "  each layer run again in backward, as long sequences have it by default)\n");
             return 0;
         } else if (!base) base = argv[i];
         else if (!dir) dir = argv[i];
@@ -144,6 +146,7 @@ int cmd_check_train(int argc, char **argv) {
         goto done;
     }
     tr->loss_rows = loss_rows;
+    tr->checkpoint = ckpt;
     const lmx_st_tensor *ti = lmx_st_find(ref, "inputs"), *tt = lmx_st_find(ref, "targets");
     int64_t nmask = 0, nloss = 0;
     float *mask = st_f32(ref, "mask", &nmask), *losses = st_f32(ref, "losses", &nloss);

@@ -26,6 +26,7 @@
 typedef struct train_opts {
     const char *model, *data, *out, *backend, *schedule, *resume;
     int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
+    int ckpt;                    /* gradient checkpointing: 1 on, 0 off, -1 by sequence length */
     unsigned targets;
     double alpha, lr, wd, clip;
     uint64_t seed;
@@ -206,6 +207,13 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
         else if (OPT("--adapter-out")) o->out = v;
         else if (OPT("--resume")) o->resume = v;
         else if (OPT("--backend")) o->backend = v;
+        else if (OPT("--grad-checkpoint")) {
+            o->ckpt = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
+            if (o->ckpt == -2) {
+                fprintf(stderr, "train: --grad-checkpoint takes on, off or auto\n");
+                return 2;
+            }
+        }
         else if (OPT("--rank")) o->rank = atoi(v);
         else if (OPT("--alpha")) o->alpha = atof(v);
         else if (OPT("--targets")) {
@@ -235,6 +243,7 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                    "         [--num-layers N] [--lr 1e-4] [--schedule constant|linear|cosine] [--warmup N] [--weight-decay X]\n"
                    "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
+                   "         [--grad-checkpoint on|off|auto]   (auto: from sequences of 1024 tokens)\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
                    "         [--config FILE.json]   (the same settings as JSON keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...};\n"
                    "                                 options on the command line win)\n"
@@ -305,7 +314,7 @@ static int config_args(const char *path, char ***args, int *n) {
 }
 
 int cmd_train(int argc, char **argv) {
-    train_opts o = {.out = "adapters", .backend = "cpu", .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
+    train_opts o = {.out = "adapters", .backend = "cpu", .ckpt = -1, .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
                     .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .targets = (1u << LMX_PROJ_N) - 1};
     char **cfg = NULL;
     int ncfg = 0, rc = 2;
@@ -362,6 +371,7 @@ static int train_run(const train_opts *op) {
         fprintf(stderr, "train: %s\n", ad ? err.msg : lmx_last_error(m));
         goto done;
     }
+    tr->checkpoint = o.ckpt;
     mkdir(o.out, 0777);
     if (!(csv = fopen(cpath, o.resume ? "a" : "w"))) { /* a resumed run goes on with the same file */
         fprintf(stderr, "train: cannot write %s\n", cpath);

@@ -204,8 +204,8 @@ lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
     return st;
 }
 
-static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
-                          const int32_t *tokens, const int *rows, int R, const fwd_out *out) {
+/* The pass up to the layers: checked token ids, caches reserved, embeddings in ws->x (room for R head rows). */
+static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt, const int32_t *tokens, int R) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;
@@ -214,7 +214,6 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_a
     lmx_status st = ws_reserve(m, bt->B, M, R);
     if (st) return st;
     int32_t *ids = m->ws.ids;
-    lmx_kv_layer **kv = m->ws.kv;
 
     /* padding rows look up token 0; their results are never read */
     for (int b = 0; b < bt->B; b++)
@@ -232,14 +231,40 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_a
             if (op->kv_reserve(be, &kv_all[b][l], bt->n_past[b] + bt->n_new[b], KD) != LMX_OK)
                 st = lmx_err_set(&m->err, be->err.status, "%s", be->err.msg);
     if (st) return st;
-
-    if ((st = op->embed(be, &m->ws.x, &m->embed, ids, M, m->embed_scale)) != LMX_OK) {
+    if ((st = op->embed(be, &m->ws.x, &m->embed, ids, M, m->embed_scale)) != LMX_OK)
         return lmx_err_set(&m->err, st, "%s", be->err.msg);
-    }
-    for (int l = 0; l < c->n_layers; l++) {
-        if ((st = attention_block(m, l, kv_all, ad, kv, bt, M))) return st;
-        if ((st = mlp_block(m, l, ad, bt, M))) return st;
-    }
+    return LMX_OK;
+}
+
+/* Layers [l0, l1) on ws->x. */
+static lmx_status layers(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
+                         int l0, int l1) {
+    const int M = bt->B * bt->T;
+    lmx_status st = LMX_OK;
+    for (int l = l0; l < l1 && !st; l++)
+        if (!(st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M))) st = mlp_block(m, l, ad, bt, M);
+    return st;
+}
+
+lmx_status lmx_model_embed(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens) {
+    return embed_pass(m, kv, bt, tokens, 0);
+}
+
+lmx_status lmx_model_layers(lmx_model *m, lmx_kv_layer *const *kv, const lmx_adapter *const *ad, const lmx_batch *bt,
+                            int l0, int l1) {
+    if (l0 < 0 || l1 > m->cfg.n_layers || l0 > l1)
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "layers [%d, %d) of a model of %d", l0, l1, m->cfg.n_layers);
+    return layers(m, kv, ad, bt, l0, l1);
+}
+
+static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
+                          const int32_t *tokens, const int *rows, int R, const fwd_out *out) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    const lmx_config *c = &m->cfg;
+    lmx_status st = embed_pass(m, kv_all, bt, tokens, R);
+    if (!st) st = layers(m, kv_all, ad, bt, 0, c->n_layers);
+    if (st) return st;
     if (R > 0) {
         lmx_workspace *ws = &m->ws;
         if ((st = head(m, rows, R))) return st;

@@ -91,6 +91,13 @@ lmx_status lmx_model_forward_topk(lmx_model *m, lmx_kv_layer *const *kv, const s
                                   const int32_t *tokens, const int *rows, int R, int k, float *vals, int32_t *ids,
                                   float *logits, int *k_out);
 
+/* Training's pieces of lmx_model_forward (R = 0): the embedding of tokens into ws.x with the pass's
+ * checks and cache reservations, then layers [l0, l1) on ws.x (gradient checkpointing runs each layer
+ * again in backward). */
+lmx_status lmx_model_embed(lmx_model *m, lmx_kv_layer *const *kv, const lmx_batch *bt, const int32_t *tokens);
+lmx_status lmx_model_layers(lmx_model *m, lmx_kv_layer *const *kv, const struct lmx_adapter *const *ad,
+                            const lmx_batch *bt, int l0, int l1);
+
 /* After a pass with R = 0: the logits of rows[R] of its tokens into logits [R, V] on the host (the
  * final norm and lm head alone; training runs them a chunk of rows at a time); logits NULL leaves
  * them in backend memory (m->ws.logits, rows [0, R)). */

@@ -536,6 +536,19 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
 
 int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 
+int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
+    const int v = new_var(t, x->data, rows, cols, 1);
+    if (v < 0) nomem(t);
+    return v;
+}
+
+void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g) {
+    memset(g, 0, sizeof *g);
+    if (v < 0 || v >= t->n_vars) return;
+    *g = t->vars[v].grad;
+    memset(&t->vars[v].grad, 0, sizeof t->vars[v].grad);
+}
+
 void lmx_tape_profile(lmx_tape *t, double *acc) { t->prof = acc; }
 
 const char *lmx_tape_kind(int k) {

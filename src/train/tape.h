@@ -42,6 +42,13 @@ lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *d
  * (it may be y's own buffer, overwritten with its gradient after the forward op that wrote it). */
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
 
+/* Gradient checkpointing: a leaf is buffer x's current contents ([rows, cols], written outside the tape)
+ * as a value whose gradient backward computes (a recomputed layer's input); returns its var id (-1:
+ * out of memory).  lmx_tape_take_grad moves var v's gradient out to the caller (who releases it on the
+ * inner backend); g is all zero when v got none. */
+int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols);
+void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g);
+
 /* Profiling: with acc non-NULL ([LMX_TAPE_KINDS]), backward waits for inner after each record and adds
  * its seconds to acc[kind]; lmx_tape_kind names kind k (1 .. LMX_TAPE_KINDS - 1). */
 #define LMX_TAPE_KINDS 10

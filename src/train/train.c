@@ -38,6 +38,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     if (!tr) return lmx_err_set(err, LMX_ERR_NOMEM, "trainer: out of memory");
     tr->m = m;
     tr->ad = ad;
+    tr->checkpoint = -1;
     lmx_backend *be = m->be;
     lmx_status st = lmx_tape_create(be, be->ops->backward, &tr->tape, err);
     if (st) {
@@ -61,6 +62,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
             if ((st = be->ops->alloc(be, g))) st = lmx_err_set(err, st, "%s", be->err.msg);
         }
         if (!st) st = lmx_tape_watch(tr->tape, p, &tr->grad[2 * k], &tr->grad[2 * k + 1]);
+        if (tr->n == 1) tr->lowest = i / LMX_PROJ_N; /* pairs come in layer order */
     }
     if (!st && tr->n == 0) st = lmx_err_set(err, LMX_ERR_INVALID_ARG, "trainer: the adapter adapts nothing");
     if (st) {
@@ -100,6 +102,48 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
         if (kv[i].v.data) be->ops->release(be, &kv[i].v);
     }
     free(kv);
+}
+
+/* A copy of ws.x's first M rows (a layer's input, kept for checkpointing) in *dst. */
+static lmx_status save_input(lmx_trainer *tr, lmx_tensor *dst, int M) {
+    lmx_model *m = tr->m;
+    lmx_backend *be = m->be;
+    const int64_t C = m->cfg.hidden;
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}};
+    lmx_status st = be->ops->alloc(be, dst);
+    if (!st) st = be->ops->add(be, dst, &m->ws.x, (int64_t)M * C);
+    return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
+}
+
+/* Gradient checkpointing's backward: from the gradient of the last layer's output (var leaf's), each
+ * layer from the last down to the lowest adapted one runs again from its saved input, recorded, and
+ * its output's gradient goes back through it to the pairs and to its input (a leaf; the lowest layer's
+ * input needs none). */
+static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer **kvs, const lmx_adapter **ads,
+                              const lmx_batch *bt, lmx_tensor *saved, int leaf) {
+    lmx_model *m = tr->m;
+    lmx_backend *tb = lmx_tape_backend(tr->tape);
+    const int64_t n = (int64_t)bt->B * bt->T * m->cfg.hidden;
+    void *x_own = m->ws.x.data;
+    lmx_tensor g;
+    lmx_tape_take_grad(tr->tape, leaf, &g);
+    lmx_status st = LMX_OK;
+    m->be = inner;
+    for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
+        lmx_tape_reset(tr->tape);
+        m->ws.x.data = saved[l].data; /* the layer runs on its saved input, in place */
+        const int in = l > tr->lowest ? lmx_tape_leaf(tr->tape, &m->ws.x, n / m->cfg.hidden, m->cfg.hidden) : -1;
+        if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+        m->be = tb;
+        if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
+        m->be = inner;
+        if (!st && (st = lmx_tape_backward_from(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
+        inner->ops->release(inner, &g);
+        if (!st) lmx_tape_take_grad(tr->tape, in, &g);
+    }
+    m->ws.x.data = x_own;
+    if (g.data) inner->ops->release(inner, &g);
+    return st;
 }
 
 /* Rows of logits a loss chunk holds: about 64 MiB of f32 logits on the cpu, 512 MiB on a GPU (whose
@@ -144,12 +188,27 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     lmx_tape_reset(tr->tape);
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     double sum = 0;
-    if (!st) { /* the layers, recorded; then the head a chunk of rows at a time, each taken back at once */
+    lmx_tensor *saved = NULL; /* checkpointing: each layer's input [M, C] */
+    if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
+                * taken back at once; then the layers backward (or each again, recorded, and backward) */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
-        m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
+        const int ckpt = grad_weight != 0 && (tr->checkpoint > 0 || (tr->checkpoint < 0 && T >= LMX_CHECKPOINT_FROM));
+        int leaf = -1;
         double t0 = 0;
         prof_mark(tr, 0, &t0);
-        st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
+        if (!ckpt) {
+            m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
+            st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
+        } else if (!(saved = calloc((size_t)L, sizeof *saved))) {
+            st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+        } else {
+            st = lmx_model_embed(m, kvs, &bt, inputs);
+            for (int l = 0; l < L && !st; l++)
+                if (l < tr->lowest || !(st = save_input(tr, &saved[l], M))) st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
+            m->be = tb;
+            if (!st && (leaf = lmx_tape_leaf(tr->tape, &m->ws.x, M, m->cfg.hidden)) < 0)
+                st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+        }
         prof_mark(tr, 0, &t0);
         const int mark = lmx_tape_mark(tr->tape);
         for (int r0 = 0; r0 < M && !st; r0 += CR) {
@@ -168,12 +227,16 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
                 lmx_err_set(&m->err, st, "%s", tb->err.msg);
         }
         prof_mark(tr, 1, &t0);
-        if (!st && grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, NULL, NULL, 0, 0)))
+        if (!st && grad_weight != 0 && ckpt) st = layers_back(tr, inner, kvs, ads, &bt, saved, leaf);
+        else if (!st && grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, NULL, NULL, 0, 0)))
             lmx_err_set(&m->err, st, "%s", tb->err.msg);
         prof_mark(tr, 2, &t0);
         m->be = inner;
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
+    for (int l = 0; saved && l < L; l++)
+        if (saved[l].data) inner->ops->release(inner, &saved[l]);
+    free(saved);
     if (!st) *loss = sum / wsum;
     lmx_tape_reset(tr->tape);
     kv_free(inner, kv, B * L);

@@ -15,6 +15,11 @@ typedef struct lmx_adamw {
     double clip_grad_norm;       /* > 0: scale the gradients to at most this global L2 norm */
 } lmx_adamw;
 
+/* Sequence length from which training checkpoints every layer by default: it keeps only each layer's
+ * input through the forward pass, and runs each layer again in backward (about a third more compute
+ * for a fraction of the memory). */
+#define LMX_CHECKPOINT_FROM 1024
+
 typedef struct lmx_trainer {
     lmx_model *m;
     lmx_adapter *ad;
@@ -25,6 +30,8 @@ typedef struct lmx_trainer {
     lmx_tensor *mom;             /* [2n][2]: AdamW's m1, m2 of gradient i at 2i, 2i+1 (f32, backend memory) */
     int64_t step;                /* AdamW steps taken */
     int loss_rows;               /* > 0: rows of logits the loss computes at once (0: ~64 MiB of them) */
+    int checkpoint;              /* gradient checkpointing: 1 on, 0 off, -1 (default) from LMX_CHECKPOINT_FROM tokens */
+    int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
     double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */
     double prof_bwd[LMX_TAPE_KINDS]; /* backward's seconds by record kind (lmx_tape_kind) */
