@@ -5,7 +5,8 @@
 # mixed in every batch (batch 8 and 32: sequence i takes adapter i % 4).  Summary table last.
 # With llama.cpp's CUDA build in $LLAMACPP (default /tmp/peer: bin/llama-batched-bench, gguf-py/; see
 # bench/peers_cuda.sh), also llama.cpp on the same weights (F16 GGUF, bench/write_gguf.py) with no adapter
-# and with adapter 1 (bench/write_lora_gguf.py, `--lora`): llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32.
+# (llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32), and one sequence's decode (llama-completion, 256 tokens)
+# without and with adapter 1 (bench/write_lora_gguf.py, `--lora`; llama-batched-bench ignores --lora).
 # usage: bench/lora_bench.sh LMX OUT_DIR [SPEC] [RANK]     (SPEC default llama-3.1-8b, RANK 16)
 set -u
 lmx=$1 out=$2 spec=${3:-llama-3.1-8b} rank=${4:-16}
@@ -34,14 +35,22 @@ if [ -x "$llcpp/bin/llama-batched-bench" ]; then
     gg=/tmp/lmxb/$spec-f16.gguf
     [ -f "$gg" ] || PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$dir" "$gg" >>"$out/make.log" 2>&1
     PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_lora_gguf.py" "$dir-lora1" "$dir-lora1.gguf" >>"$out/make.log" 2>&1
+    echo "== llama.cpp base, batched"
+    LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-batched-bench" -m "$gg" -ngl 99 -c 8192 \
+        -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$out/llamacpp-base.txt" 2>"$out/llamacpp-base.err" ||
+        { echo "llama.cpp base failed"; tail -3 "$out/llamacpp-base.err"; }
+    grep '^|' "$out/llamacpp-base.txt"
+    # llama-batched-bench takes no adapter: one sequence's decode through llama-completion, without and
+    # with --lora (its perf print: "eval time = ... tokens per second")
     for v in base lora1; do
-        echo "== llama.cpp $v"
         la=()
         [ $v = lora1 ] && la=(--lora "$dir-lora1.gguf")
-        LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-batched-bench" -m "$gg" "${la[@]}" \
-            -ngl 99 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$out/llamacpp-$v.txt" 2>"$out/llamacpp-$v.err" ||
-            { echo "llama.cpp $v failed"; tail -3 "$out/llamacpp-$v.err"; }
-        grep '^|' "$out/llamacpp-$v.txt"
+        LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-completion" -m "$gg" "${la[@]}" -ngl 99 \
+            -c 1024 -p "The quick brown fox" -n 256 --ignore-eos -no-cnv -s 1 --temp 0 </dev/null \
+            >"$out/llamacpp-decode-$v.txt" 2>"$out/llamacpp-decode-$v.err" ||
+            { echo "llama-completion $v failed"; tail -3 "$out/llamacpp-decode-$v.err"; }
+        echo "llama.cpp decode $v: $(grep -E ' eval time' "$out/llamacpp-decode-$v.err" | grep -v prompt | tail -1)"
+        grep -iE "lora|adapter" "$out/llamacpp-decode-$v.err" | head -3
     done
 fi
 python3 - "$out" <<'PY'

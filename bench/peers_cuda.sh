@@ -9,7 +9,7 @@
 # finds it there (LLAMACPP=/tmp/peer).  llama-bench needs libnccl.so.2, which PyTorch's wheels carry.
 # Or build it on the GPU machine itself (about 5 minutes of its 16 cores, no network there):
 #   bench/peers_cuda.sh pack-src        # here: .devbuild/peer-src.tar.xz, the sources the build needs (6 MB)
-#   bench/peers_cuda.sh build-src       # there: /tmp/peer/bin/{llama-bench,llama-batched-bench}, gguf-py/
+#   bench/peers_cuda.sh build-src       # there: /tmp/peer/bin/{llama-bench,llama-batched-bench,llama-completion}, gguf-py/
 set -euo pipefail
 peer=/tmp/peer
 ver=0.3.36
@@ -52,8 +52,8 @@ build-src)
     cmake -S "$peer/src/llama.cpp" -B "$peer/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build "$peer/build" -j"$(nproc)" --target llama-bench llama-batched-bench 2>&1 | tail -2
-    cp "$peer/build/bin/llama-bench" "$peer/build/bin/llama-batched-bench" "$peer/bin/"
+    cmake --build "$peer/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-completion 2>&1 | tail -2
+    cp "$peer/build/bin/llama-bench" "$peer/build/bin/llama-batched-bench" "$peer/build/bin/llama-completion" "$peer/bin/"
     rm -rf "$peer/gguf-py" && cp -r "$peer/src/llama.cpp/gguf-py" "$peer/"
     ;;
 esac

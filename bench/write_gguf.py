@@ -3,8 +3,8 @@
 Q4_0) GGUF file that llama.cpp loads, so that llama.cpp is timed on the same weights as lmx.
 Q4_0 blocks come from gguf-py's reference quantizer (numpy), every matrix in Q4_0.
 
-The vocabulary is a placeholder (llama.cpp's benchmark feeds token ids, never text): "llama"
-(SentencePiece) with <unk>, <s>, </s> and numbered tokens.  Q/K rows are written as stored (a speed
+The vocabulary is a placeholder (llama.cpp's benchmarks feed token ids, or text by byte fallback): "llama"
+(SentencePiece) with <unk>, <s>, </s>, the 256 byte tokens and numbered tokens.  Q/K rows are written as stored (a speed
 benchmark does not depend on the RoPE row order).
 
 usage: bench/write_gguf.py MODEL_DIR OUT.gguf [q4_0]    (needs gguf-py on PYTHONPATH, torch, safetensors)
@@ -42,9 +42,10 @@ def main():
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_file_type(2 if q4 else 1)  # mostly Q4_0 / mostly F16
     w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>"] + ["t%d" % i for i in range(3, V)])
+    nb = 256  # byte tokens <0x00>..<0xFF> (type 6): text tokenizes by byte fallback (llama-completion's prompt)
+    w.add_token_list(["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(nb)] + ["t%d" % i for i in range(3 + nb, V)])
     w.add_token_scores([0.0] * V)
-    w.add_token_types([2, 3, 3] + [1] * (V - 3))
+    w.add_token_types([2, 3, 3] + [6] * nb + [1] * (V - 3 - nb))
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
