@@ -238,6 +238,9 @@ lmx_optim_params lmx_optim_default_params(void);
 /* A trainer of adapter a (of model m): its gradients and AdamW state. */
 lmx_status lmx_trainer_open(lmx_model *m, lmx_adapter *a, lmx_trainer **out);
 void lmx_trainer_close(lmx_trainer *t);
+/* Gradient checkpointing: 1 keeps only each layer's input and runs the layer again in backward, 0
+ * records every layer, -1 (default) checkpoints sequences of 1024 tokens and more. */
+void lmx_trainer_set_checkpointing(lmx_trainer *t, int mode);
 /* Value and grad: the masked cross-entropy of B sequences of T tokens from position 0 (mean over the
  * positions with mask > 0, weighted by mask, of -log softmax(logits)[target]) into *loss, and its
  * gradient with respect to every A and B of the adapter, kept by the trainer (accumulate: added to

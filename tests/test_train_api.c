@@ -93,8 +93,14 @@ int main(int argc, char **argv) {
     CHECK(lmx_trainer_step(tr, &o, &gn) == LMX_OK && isfinite(gn));
 
     /* saved in both layouts, loaded back: the same loss */
-    double now = 0;
+    double now = 0, ck = 0;
     CHECK(lmx_trainer_loss_only(tr, in, tg, mask, B, T, &now) == LMX_OK);
+    /* with checkpointing (the layers run again in backward: ctest train_*_lora_checkpointed checks
+     * its gradients against the reference) the same loss */
+    lmx_trainer_set_checkpointing(tr, 1);
+    CHECK(lmx_trainer_value_and_grad(tr, in, tg, mask, B, T, 0, &ck) == LMX_OK);
+    CHECK_MSG(fabs(ck - now) <= 1e-6 * fabs(now), "checkpointed loss %.9g, %.9g", ck, now);
+    lmx_trainer_set_checkpointing(tr, -1);
     char dir[] = "/tmp/lmx_train_api_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     const char *formats[2] = {"peft", "mlx"};

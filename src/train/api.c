@@ -47,6 +47,10 @@ lmx_status lmx_trainer_open(lmx_model *m, lmx_adapter *a, lmx_trainer **out) {
 
 void lmx_trainer_close(lmx_trainer *t) { lmx_trainer_free(t); }
 
+void lmx_trainer_set_checkpointing(lmx_trainer *t, int mode) {
+    if (t) t->checkpoint = mode > 0 ? 1 : mode == 0 ? 0 : -1;
+}
+
 static lmx_status report(lmx_trainer *t, lmx_status st) {
     if (st) lmx_err_set(&t->m->err, st, "%s", t->err.msg);
     return st;
