@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../act_grad.h"
 #include "../backward.h"
 #include "cpu_backend.h"
 
@@ -108,19 +109,9 @@ static lmx_status cpu_glu_bwd(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *du
                               const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
     const float *g = gate->data, *u = up->data, *d = dy->data;
     float *dg = dgate->data, *du = dup->data;
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     for (int64_t i = 0; i < n; i++) {
-        const float x = g[i];
         float a, da; /* act(x) and its derivative */
-        if (act == LMX_ACT_SILU) {
-            const float sg = 1.0f / (1.0f + expf(-x));
-            a = x * sg;
-            da = sg * (1.0f + x * (1.0f - sg));
-        } else {
-            const float th = tanhf(k * (x + 0.044715f * x * x * x));
-            a = 0.5f * x * (1.0f + th);
-            da = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
-        }
+        lmx_act_grad(g[i], act == LMX_ACT_SILU, &a, &da);
         dg[i] += d[i] * u[i] * da;
         du[i] += d[i] * a;
     }

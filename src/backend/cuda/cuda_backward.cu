@@ -14,6 +14,8 @@
 
 #include "cuda_weights.h"
 
+#include "../act_grad.h"
+
 extern "C" {
 #include "../backward.h"
 }
@@ -177,19 +179,9 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
 /* ---- elementwise -------------------------------------------------------------------------------- */
 
 __global__ void k_glu_bwd(float *dg, float *du, const float *dy, const float *g, const float *u, int64_t n, int act) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = g[i];
         float a, da; /* act(x) and its derivative */
-        if (act == LMX_ACT_SILU) {
-            const float sg = 1.0f / (1.0f + expf(-x));
-            a = x * sg;
-            da = sg * (1.0f + x * (1.0f - sg));
-        } else {
-            const float th = tanhf(k * (x + 0.044715f * x * x * x));
-            a = 0.5f * x * (1.0f + th);
-            da = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
-        }
+        lmx_act_grad(g[i], act == LMX_ACT_SILU, &a, &da);
         dg[i] += dy[i] * u[i] * da;
         du[i] += dy[i] * a;
     }
@@ -281,6 +273,16 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
 
 /* ---- attention ------------------------------------------------------------------------------------ */
 
+/* dS of one score: p (dP - sum_j P_j dP_j), times the soft-cap's slope at the capped score v */
+static __device__ __forceinline__ float ds_of(float p, float dp, float dsum, float v, float cap) {
+    float ds = p * (dp - dsum);
+    if (cap > 0) {
+        const float c = v / cap;
+        ds *= 1.0f - c * c;
+    }
+    return ds;
+}
+
 /* Row r (query i0 + r) of head blockIdx.y: S [nk] (scores of keys lo..lo+nk) becomes P, dP becomes
  * dS = scale * P (dP - sum_j P_j dP_j) (times the soft-cap's slope); keys after the query or outside its
  * window give 0.  A block of 256 threads holds the row in registers (PER values each: nk <= 256 PER),
@@ -323,11 +325,7 @@ __global__ void __launch_bounds__(256) k_attn_ds(float *S, float *dP, int tq, in
         float p = 0.0f, ds = 0.0f;
         if (v[e] != -INFINITY) {
             p = expf(v[e] - mx) * inv;
-            ds = p * (d[e] - dsum);
-            if (cap > 0) {
-                const float c = v[e] / cap;
-                ds *= 1.0f - c * c;
-            }
+            ds = ds_of(p, d[e], dsum, v[e], cap);
         }
         s[j] = p;
         dp[j] = ds * scale;
@@ -361,11 +359,7 @@ __global__ void k_attn_ds_long(float *S, float *dP, int tq, int nk, int i0, int 
         float p = 0.0f, ds = 0.0f;
         if (j >= jlo && j < jhi) {
             p = expf(s[j] - mx) / sum;
-            ds = p * (dp[j] - dsum);
-            if (cap > 0) {
-                const float c = s[j] / cap;
-                ds *= 1.0f - c * c;
-            }
+            ds = ds_of(p, dp[j], dsum, s[j], cap);
         }
         s[j] = p;
         dp[j] = ds * scale;
