@@ -254,6 +254,27 @@ lmx_status lmx_trainer_loss_only(lmx_trainer *t, const int32_t *inputs, const in
 /* One AdamW step from the gradients; *grad_norm (may be NULL): their global norm before clipping. */
 lmx_status lmx_trainer_step(lmx_trainer *t, const lmx_optim_params *p, double *grad_norm);
 
+/* A loss of the logits of your own: called for consecutive chunks of the B*T positions (rows [row0,
+ * row0 + R), logits [R, V] on the host, float32), it returns the chunk's part of the loss and writes
+ * d loss / d logits into grad [R, V] (zeroed before each call).  The loss is the sum of the parts. */
+typedef double (*lmx_loss_fn)(void *user, int row0, int R, int V, const float *logits, float *grad);
+/* Value and grad of fn's loss of the adapted model's logits for inputs [B*T].  This is also the
+ * vector-Jacobian product of the logits with respect to the adapter: an fn that writes a cotangent
+ * into grad (and returns 0) leaves cotangent^T d logits / d (A, B) in the trainer's gradients
+ * (lmx_trainer_read_grad).  Forward-mode products (JVP) are not provided: the tape runs backward only. */
+lmx_status lmx_trainer_value_and_grad_fn(lmx_trainer *t, const int32_t *inputs, int B, int T, lmx_loss_fn fn,
+                                         void *user, int accumulate, double *loss);
+/* Value and grad of the mean squared error between the logits and target [B*T, V]: sum over positions
+ * with mask > 0 (weighted by mask; NULL: all 1) of sum_v (logit - target)^2, over V x the weights' sum. */
+lmx_status lmx_trainer_value_and_grad_mse(lmx_trainer *t, const int32_t *inputs, const float *target, const float *mask,
+                                          int B, int T, int accumulate, double *loss);
+/* The trained parameters: 2 per adapted projection (A, then B), in layer and projection order; each
+ * one's PEFT key ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight") and element count,
+ * and its gradient (float32, as the last value_and_grad left it) to the host. */
+int lmx_trainer_param_count(const lmx_trainer *t);
+lmx_status lmx_trainer_param_info(const lmx_trainer *t, int i, char *name, size_t cap, int64_t *n);
+lmx_status lmx_trainer_read_grad(lmx_trainer *t, int i, float *dst);
+
 /* ---------------------------------------------------------------------------------------------
  * Contexts: one sequence's state (its KV cache) on a model
  * ------------------------------------------------------------------------------------------- */

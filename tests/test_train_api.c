@@ -1,6 +1,7 @@
 /* test_train_api.c - the public training calls of lmx.h on the llama fixture (cpu): a new adapter
  * changes nothing until trained (its loss is the base model's), value-and-grad and AdamW steps lower the
- * loss of a fixed batch, an adapter saved in either layout loads back with the same loss, and bad
+ * loss of a fixed batch, an adapter saved in either layout loads back with the same loss, a user loss
+ * (the cross-entropy by hand) gives the built-in one's loss and gradients, MSE has its value, and bad
  * input (targets, batch, mask, token ids, format) fails with a message and leaves the trainer usable.
  * The gradients themselves are checked against HF + peft by `lmx check-train` (ctest train_*).
  * Usage: test_train_api [FIXTURES]   (default: $LMX_FIXTURES, then ../shared/fixtures). */
@@ -14,6 +15,31 @@
 #include "lmx.h"
 
 enum { B = 2, T = 9 };
+
+/* the masked cross-entropy of the batch's targets, written as a user loss (lmx_loss_fn): the same
+ * number and gradients as the built-in one must come out */
+typedef struct ce_arg { const int32_t *tg; const float *mask; double wsum; } ce_arg;
+static double ce_part(void *user, int row0, int R, int V, const float *z, float *grad) {
+    const ce_arg *a = user;
+    double sum = 0;
+    for (int r = 0; r < R; r++) {
+        const float *zr = z + (size_t)r * V, w = a->mask[row0 + r];
+        if (w == 0) continue;
+        double mx = zr[0], se = 0;
+        for (int v = 1; v < V; v++) mx = zr[v] > mx ? zr[v] : mx;
+        for (int v = 0; v < V; v++) se += exp(zr[v] - mx);
+        sum += w * (log(se) + mx - zr[a->tg[row0 + r]]) / a->wsum;
+        for (int v = 0; v < V; v++)
+            grad[(size_t)r * V + v] = (float)(w / a->wsum * (exp(zr[v] - mx) / se - (v == a->tg[row0 + r])));
+    }
+    return sum;
+}
+/* a loss of 0 that keeps a copy of the logits [B*T, V] (user: the float buffer) */
+static double keep_logits(void *user, int row0, int R, int V, const float *z, float *grad) {
+    (void)grad;
+    memcpy((float *)user + (size_t)row0 * V, z, (size_t)R * V * sizeof *z);
+    return 0;
+}
 
 int main(int argc, char **argv) {
     const char *fix = argc > 1 ? argv[1] : getenv("LMX_FIXTURES") ? getenv("LMX_FIXTURES") : "../shared/fixtures";
@@ -124,6 +150,71 @@ int main(int argc, char **argv) {
     rmdir(dir);
     CHECK(lmx_adapter_save(ad, "/tmp/x", "gguf") == LMX_ERR_INVALID_ARG);
     CHECK_CONTAINS(lmx_last_error(m), "\"gguf\"");
+
+    /* a user loss: the cross-entropy written by hand gives the built-in one's loss and gradients
+     * (this is also the VJP: the gradient fn writes is the logits' cotangent) */
+    {
+        const int np = lmx_trainer_param_count(tr);
+        CHECK(np == 2 * 7 * 2); /* the fixture's 2 layers, 7 projections, A and B */
+        char name[128];
+        int64_t n0 = 0;
+        CHECK(lmx_trainer_param_info(tr, 0, name, sizeof name, &n0) == LMX_OK && n0 == 4 * 64);
+        CHECK_MSG(!strcmp(name, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), "param 0: %s", name);
+        CHECK(lmx_trainer_param_info(tr, np, name, sizeof name, &n0) == LMX_ERR_INVALID_ARG);
+        double lce = 0, lfn = 0, wsum = 0;
+        for (int i = 0; i < B * T; i++) wsum += mask[i];
+        ce_arg a = {tg, mask, wsum};
+        float *g1[28], *g2[28];
+        CHECK(lmx_trainer_value_and_grad(tr, in, tg, mask, B, T, 0, &lce) == LMX_OK);
+        for (int i = 0; i < np && i < 28; i++) {
+            lmx_trainer_param_info(tr, i, NULL, 0, &n0);
+            g1[i] = malloc((size_t)n0 * sizeof(float)), g2[i] = malloc((size_t)n0 * sizeof(float));
+            CHECK(lmx_trainer_read_grad(tr, i, g1[i]) == LMX_OK);
+        }
+        CHECK(lmx_trainer_value_and_grad_fn(tr, in, B, T, ce_part, &a, 0, &lfn) == LMX_OK);
+        CHECK_MSG(fabs(lfn - lce) <= 1e-6 * fabs(lce), "user cross-entropy %.9g, built-in %.9g", lfn, lce);
+        double worst = 0;
+        for (int i = 0; i < np && i < 28; i++) {
+            lmx_trainer_param_info(tr, i, NULL, 0, &n0);
+            CHECK(lmx_trainer_read_grad(tr, i, g2[i]) == LMX_OK);
+            double mx = 0;
+            for (int64_t e = 0; e < n0; e++) mx = fmax(mx, fabs(g1[i][e]));
+            for (int64_t e = 0; e < n0; e++) worst = fmax(worst, fabs(g1[i][e] - g2[i][e]) / (1e-9 + 1e-5 * mx));
+            free(g1[i]), free(g2[i]);
+        }
+        CHECK_MSG(worst <= 1.0, "user cross-entropy gradients: worst err/tol %.3g", worst);
+
+        /* mean squared error against logits moved by a known pattern: (0.1 p)^2 on average */
+        const int V = 320;
+        float *z = malloc((size_t)B * T * V * sizeof *z);
+        double lz = 1, lmse = 0, want = 0, ws = 0;
+        CHECK(lmx_trainer_value_and_grad_fn(tr, in, B, T, keep_logits, z, 0, &lz) == LMX_OK && lz == 0);
+        for (int i = 0; i < B * T; i++)
+            for (int v = 0; v < V; v++) {
+                const float p = (float)((i * 7 + v * 3) % 11) - 5.0f;
+                z[(size_t)i * V + v] += 0.1f * p;
+                want += mask[i] * 0.01 * p * p;
+            }
+        for (int i = 0; i < B * T; i++) ws += mask[i];
+        want /= V * ws;
+        CHECK(lmx_trainer_value_and_grad_mse(tr, in, z, mask, B, T, 0, &lmse) == LMX_OK);
+        CHECK_MSG(fabs(lmse - want) <= 1e-4 * want, "mse %.9g, expected %.9g", lmse, want);
+        lmx_adapter *am = NULL; /* training towards the moved logits lowers the error (another adapter) */
+        lmx_trainer *tm = NULL;
+        CHECK(lmx_adapter_new(m, &p, &am) == LMX_OK && lmx_trainer_open(m, am, &tm) == LMX_OK);
+        lmx_optim_params om = lmx_optim_default_params();
+        om.lr = 1e-3;
+        double first = 0;
+        for (int s = 0; tm && s < 5; s++) {
+            CHECK(lmx_trainer_value_and_grad_mse(tm, in, z, mask, B, T, 0, s ? &lz : &first) == LMX_OK);
+            CHECK(lmx_trainer_step(tm, &om, NULL) == LMX_OK);
+        }
+        CHECK(tm && lmx_trainer_value_and_grad_mse(tm, in, z, mask, B, T, 0, &lz) == LMX_OK);
+        CHECK_MSG(lz < first, "mse %.6g after 5 steps, %.6g before", lz, first);
+        lmx_trainer_close(tm);
+        lmx_adapter_free(am);
+        free(z);
+    }
 
     /* bad batches fail with a message; the trainer stays usable */
     float zero[B * T] = {0};

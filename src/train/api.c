@@ -1,5 +1,6 @@
 /* api.c - the public training calls of lmx.h over the trainer (train.h) and new adapters
  * (model/adapter.h); errors land in the model's message (lmx_last_error). */
+#include <stdio.h>
 #include <string.h>
 
 #include "lmx.h"
@@ -66,6 +67,62 @@ lmx_status lmx_trainer_loss_only(lmx_trainer *t, const int32_t *inputs, const in
                                  int B, int T, double *loss) {
     if (!t || !inputs || !targets || !loss) return LMX_ERR_INVALID_ARG;
     return report(t, lmx_trainer_loss(t, inputs, targets, mask, B, T, 0.0, 0, loss));
+}
+
+lmx_status lmx_trainer_value_and_grad_fn(lmx_trainer *t, const int32_t *inputs, int B, int T, lmx_loss_fn fn,
+                                         void *user, int accumulate, double *loss) {
+    if (!t || !inputs || !fn || !loss) return LMX_ERR_INVALID_ARG;
+    return report(t, lmx_trainer_loss_fn(t, inputs, NULL, NULL, fn, user, B, T, 1.0, accumulate, loss));
+}
+
+typedef struct mse_arg {
+    const float *target, *mask;
+    double scale; /* 1 / (V x the weights' sum) */
+} mse_arg;
+
+static double mse_part(void *user, int row0, int R, int V, const float *z, float *grad) {
+    const mse_arg *a = user;
+    double sum = 0;
+    for (int r = 0; r < R; r++) {
+        const double w = a->mask ? a->mask[row0 + r] : 1.0;
+        const float *y = a->target + (size_t)(row0 + r) * V;
+        for (int v = 0; w != 0 && v < V; v++) {
+            const double d = (double)z[(size_t)r * V + v] - y[v];
+            sum += w * d * d;
+            grad[(size_t)r * V + v] = (float)(2.0 * w * d * a->scale);
+        }
+    }
+    return sum * a->scale;
+}
+
+lmx_status lmx_trainer_value_and_grad_mse(lmx_trainer *t, const int32_t *inputs, const float *target, const float *mask,
+                                          int B, int T, int accumulate, double *loss) {
+    if (!t || !inputs || !target || !loss || B <= 0 || T <= 0) return LMX_ERR_INVALID_ARG;
+    double wsum = 0;
+    for (int i = 0; i < B * T; i++) wsum += mask ? mask[i] : 1.0;
+    if (wsum <= 0) return lmx_err_set(&t->m->err, LMX_ERR_INVALID_ARG, "training batch: the mask selects no position");
+    mse_arg a = {target, mask, 1.0 / ((double)t->m->cfg.vocab * wsum)};
+    return report(t, lmx_trainer_loss_fn(t, inputs, NULL, NULL, mse_part, &a, B, T, 1.0, accumulate, loss));
+}
+
+int lmx_trainer_param_count(const lmx_trainer *t) { return t ? 2 * t->n : 0; }
+
+lmx_status lmx_trainer_param_info(const lmx_trainer *t, int i, char *name, size_t cap, int64_t *n) {
+    if (!t || i < 0 || i >= 2 * t->n) return LMX_ERR_INVALID_ARG;
+    const lmx_lora_pair *p = t->pairs[i / 2];
+    const int64_t k = p - t->ad->pairs;
+    if (name && cap)
+        snprintf(name, cap, "base_model.model.model.layers.%lld.%s.lora_%c.weight", (long long)(k / LMX_PROJ_N),
+                 lmx_proj_module((lmx_proj)(k % LMX_PROJ_N)), i & 1 ? 'B' : 'A');
+    if (n) *n = lmx_tensor_nelem(&t->grad[i]);
+    return LMX_OK;
+}
+
+lmx_status lmx_trainer_read_grad(lmx_trainer *t, int i, float *dst) {
+    if (!t || !dst || i < 0 || i >= 2 * t->n) return LMX_ERR_INVALID_ARG;
+    lmx_backend *be = t->m->be;
+    lmx_status st = be->ops->read(be, &t->grad[i], 0, dst, (size_t)lmx_tensor_nelem(&t->grad[i]) * sizeof(float));
+    return st ? lmx_err_set(&t->m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 
 lmx_status lmx_trainer_step(lmx_trainer *t, const lmx_optim_params *p, double *grad_norm) {

@@ -155,14 +155,46 @@ static int chunk_rows(const lmx_trainer *tr, int M) {
     return r < M ? (int)r : M;
 }
 
+/* The loss of a chunk of R logit rows (row0 on) in m->ws.logits, with the gradient written in their
+ * place when grad_weight != 0: the cross-entropy against targets (backend's xent op), or fn's loss
+ * (the logits read to the host, fn's gradient written back times grad_weight). */
+static lmx_status chunk_loss(lmx_trainer *tr, lmx_backend *inner, const int32_t *targets, const float *mask, double wsum,
+                             lmx_loss_fn fn, void *user, int row0, int R, double grad_weight, float *host, double *part) {
+    lmx_model *m = tr->m;
+    const int V = m->cfg.vocab;
+    lmx_status st;
+    if (!fn) {
+        st = inner->ops->backward->xent(inner, &m->ws.logits, targets + row0, mask ? mask + row0 : NULL, R, V,
+                                        grad_weight / wsum, part);
+        return st ? lmx_err_set(&m->err, st, "%s", inner->err.msg) : LMX_OK;
+    }
+    const size_t n = (size_t)R * V;
+    if ((st = inner->ops->read(inner, &m->ws.logits, 0, host, n * sizeof(float))))
+        return lmx_err_set(&m->err, st, "%s", inner->err.msg);
+    float *grad = host + n;
+    memset(grad, 0, n * sizeof *grad);
+    *part = fn(user, row0, R, V, host, grad);
+    if (grad_weight == 0) return LMX_OK;
+    for (size_t i = 0; i < n; i++) grad[i] = (float)(grad[i] * grad_weight);
+    if ((st = inner->ops->write(inner, &m->ws.logits, 0, grad, n * sizeof(float))))
+        return lmx_err_set(&m->err, st, "%s", inner->err.msg);
+    return LMX_OK;
+}
+
 lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
                             int T, double grad_weight, int accumulate, double *loss) {
+    return lmx_trainer_loss_fn(tr, inputs, targets, mask, NULL, NULL, B, T, grad_weight, accumulate, loss);
+}
+
+lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask,
+                               lmx_loss_fn fn, void *user, int B, int T, double grad_weight, int accumulate,
+                               double *loss) {
     lmx_model *m = tr->m;
     lmx_backend *inner = m->be;
     const int L = m->cfg.n_layers, V = m->cfg.vocab, M = B * T;
     if (B <= 0 || T <= 0) return fail(tr, LMX_ERR_INVALID_ARG, "training batch: no tokens");
-    double wsum = 0;
-    for (int i = 0; i < M; i++) {
+    double wsum = fn ? 1.0 : 0.0; /* fn's loss is its own sum */
+    for (int i = 0; !fn && i < M; i++) {
         if (targets[i] < 0 || targets[i] >= V)
             return lmx_err_set(&tr->err, LMX_ERR_INVALID_ARG, "training batch: target %d outside the vocabulary [0, %d)",
                                targets[i], V);
@@ -172,11 +204,12 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     const int CR = chunk_rows(tr, M);
     int *n_past = calloc((size_t)B, sizeof *n_past), *n_new = malloc((size_t)B * sizeof *n_new);
     int *rows = malloc((size_t)CR * sizeof *rows);
+    float *host = fn ? malloc((size_t)2 * CR * V * sizeof *host) : NULL; /* fn's logits and gradient */
     const lmx_adapter **ads = malloc((size_t)B * sizeof *ads);
     lmx_kv_layer *kv = kv_new(m, B);
     lmx_kv_layer **kvs = malloc((size_t)B * sizeof *kvs);
     lmx_status st = LMX_OK;
-    if (!n_past || !n_new || !rows || !ads || !kv || !kvs) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+    if (!n_past || !n_new || !rows || !ads || !kv || !kvs || (fn && !host)) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
     for (int b = 0; !st && b < B; b++) n_new[b] = T, ads[b] = tr->ad, kvs[b] = kv + (size_t)b * L;
     for (int i = 0; i < 2 * tr->n && !st && grad_weight != 0 && !accumulate; i++) { /* set, not accumulate */
         lmx_tensor *g = &tr->grad[i];
@@ -215,12 +248,8 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
             const int R = M - r0 < CR ? M - r0 : CR;
             for (int i = 0; i < R; i++) rows[i] = r0 + i;
             if ((st = lmx_model_head(m, rows, R, NULL))) break;
-            double part = 0; /* the loss, and dloss/dz = w/wsum (softmax(z) - onehot) in place, on the backend */
-            if ((st = inner->ops->backward->xent(inner, &m->ws.logits, targets + r0, mask ? mask + r0 : NULL, R, V,
-                                                 grad_weight / wsum, &part))) {
-                lmx_err_set(&m->err, st, "%s", inner->err.msg);
-                break;
-            }
+            double part = 0; /* the loss, and its gradient in place of the logits */
+            if ((st = chunk_loss(tr, inner, targets, mask, wsum, fn, user, r0, R, grad_weight, host, &part))) break;
             sum += part;
             if (grad_weight != 0 &&
                 (st = lmx_tape_backward_from(tr->tape, &m->ws.logits, &m->ws.logits, (int64_t)R * V, mark)))
@@ -243,6 +272,7 @@ lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_
     free(kvs);
     free(ads);
     free(rows);
+    free(host);
     free(n_new);
     free(n_past);
     return st;

@@ -47,6 +47,11 @@ void lmx_trainer_free(lmx_trainer *tr);
  * inputs, targets [B*T]; mask [B*T] or NULL (all 1). */
 lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
                             int T, double grad_weight, int accumulate, double *loss);
+/* The same with a loss of the logits computed by fn (lmx_loss_fn, lmx.h) instead of the cross-entropy:
+ * targets and mask are not read (NULL), and the loss is the sum of fn's parts. */
+lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask,
+                               lmx_loss_fn fn, void *user, int B, int T, double grad_weight, int accumulate,
+                               double *loss);
 /* One AdamW step from the current gradients (PyTorch's AdamW: decoupled weight decay, bias
  * correction); *gnorm the global gradient norm before clipping (may be NULL). */
 lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnorm);
