@@ -213,7 +213,8 @@ typedef struct lmx_lora_params {
     int use_rslora;        /* 0 */
     const char *targets;   /* "q,k,v,o,gate,up,down" (the default: all seven) */
     int num_layers;        /* the last N layers; 0 (default): all */
-    uint64_t seed;         /* of A's initialisation (0) */
+    uint64_t seed;         /* of A's initialisation and of dropout's masks (0) */
+    float dropout;         /* training: dropout on each pair's input, PEFT's lora_dropout (0) */
 } lmx_lora_params;
 
 lmx_lora_params lmx_lora_default_params(void);

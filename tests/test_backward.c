@@ -300,6 +300,29 @@ static void test_gather_rows(void) {
     CHECK(x[0] == 4 && x[2] == 6 && x[3] == 0 && x[6] == 8 && x[8] == 12); /* row 2 gets rows 0 and 2 of d */
 }
 
+/* dropout: a fraction p of zeros (within 1% at n = 200000), the rest scaled by 1/(1-p), the same mask
+ * for the same seed (in place too) and another for another seed */
+static void test_dropout(void) {
+    const int64_t n = 200000;
+    const float p = 0.3f;
+    float *x = rand_f32(n, 1.0f), *y = malloc((size_t)n * sizeof *y), *y2 = malloc((size_t)n * sizeof *y2);
+    lmx_tensor tx = f32(x, 1, n), ty = f32(y, 1, n), ty2 = f32(y2, 1, n);
+    CHECK(lmx_cpu_backward.dropout(be, &ty, &tx, n, p, 42) == LMX_OK);
+    int64_t zeros = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (y[i] == 0.0f) zeros++;
+        else bad += fabsf(y[i] - x[i] / (1.0f - p)) > 1e-6f * fabsf(x[i]);
+    }
+    CHECK_MSG(fabs((double)zeros / n - p) < 0.01, "dropout kept %.4f, expected %.4f", 1.0 - (double)zeros / n, 1.0 - p);
+    CHECK(bad == 0);
+    memcpy(y2, x, (size_t)n * sizeof *y2);
+    CHECK(lmx_cpu_backward.dropout(be, &ty2, &ty2, n, p, 42) == LMX_OK);
+    CHECK(memcmp(y, y2, (size_t)n * sizeof *y) == 0);
+    CHECK(lmx_cpu_backward.dropout(be, &ty2, &tx, n, p, 43) == LMX_OK);
+    CHECK(memcmp(y, y2, (size_t)n * sizeof *y) != 0);
+    free(x), free(y), free(y2);
+}
+
 int main(void) {
     lmx_err err = {0};
     if (lmx_cpu_backend_create(1, &be, &err) != LMX_OK) {
@@ -320,6 +343,7 @@ int main(void) {
     test_attention(2, 0.0f);
     test_attention(3, 3.0f);
     test_gather_rows();
+    test_dropout();
     /* attention from a cached position is not a training shape */
     {
         const int past[1] = {2}, nn[1] = {1};

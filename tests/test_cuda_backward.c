@@ -188,6 +188,14 @@ static void test_optimizer(void) {
     drop(&g);
 }
 
+static void test_dropout(void) {
+    tpair x = rand_both(37, 1001, 1.0f), y = rand_both(37, 1001, 0.0f);
+    CHECK(lmx_cuda_backward.dropout(gpu, &y.g, &x.g, y.n, 0.25f, 7) == LMX_OK);
+    CHECK(lmx_cpu_backward.dropout(cpu, &y.c, &x.c, y.n, 0.25f, 7) == LMX_OK);
+    check_both("dropout (the same mask)", &y, 1e-7);
+    drop(&x);
+}
+
 int main(void) {
     lmx_err err = {0};
     if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
@@ -222,6 +230,7 @@ int main(void) {
     test_xent(0.37);
     test_xent(0.0);
     test_optimizer();
+    test_dropout();
     lmx_backend_free(gpu);
     lmx_backend_free(cpu);
     return check_summary("test_cuda_backward");

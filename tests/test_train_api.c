@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "lmx.h"
+#include "model/adapter.h"
 
 enum { B = 2, T = 9 };
 
@@ -214,6 +215,51 @@ int main(int argc, char **argv) {
         lmx_trainer_close(tm);
         lmx_adapter_free(am);
         free(z);
+    }
+
+    /* LoRA dropout: a trained adapter's loss with dropout is not the loss without; the gradient of an
+     * element of layer 0's q_proj B (its path back crosses layer 1's dropped inputs) matches central
+     * differences of the loss under the same masks (value_and_grad calls of one step draw the same);
+     * checkpointing draws them again when it runs a layer again: the same loss and gradient */
+    {
+        lmx_lora_params pd = p;
+        pd.dropout = 0.3f, pd.seed = 11;
+        lmx_adapter *ad2 = NULL;
+        lmx_trainer *t2 = NULL;
+        CHECK(lmx_adapter_new(m, &pd, &ad2) == LMX_OK && lmx_trainer_open(m, ad2, &t2) == LMX_OK);
+        pd.dropout = 1.0f;
+        lmx_adapter *bad_d = NULL;
+        CHECK(lmx_adapter_new(m, &pd, &bad_d) == LMX_ERR_INVALID_ARG && !bad_d);
+        double ld = 0, lnd = 0, lp = 0, lm = 0, lck = 0;
+        for (int s = 0; t2 && s < 10; s++) {
+            CHECK(lmx_trainer_value_and_grad(t2, in, tg, mask, B, T, 0, &ld) == LMX_OK);
+            CHECK(lmx_trainer_step(t2, &o, NULL) == LMX_OK);
+        }
+        CHECK(t2 && lmx_trainer_value_and_grad(t2, in, tg, mask, B, T, 0, &ld) == LMX_OK);
+        CHECK(t2 && lmx_trainer_loss_only(t2, in, tg, mask, B, T, &lnd) == LMX_OK);
+        CHECK_MSG(fabs(ld - lnd) > 1e-4, "dropout changes nothing: %.9g and %.9g", ld, lnd);
+        float grad[64 * 4];
+        CHECK(t2 && lmx_trainer_read_grad(t2, 1, grad) == LMX_OK); /* layer 0 q_proj's B [64, 4] */
+        float *b = (float *)ad2->pairs[LMX_PROJ_Q].b.data;
+        const int e = 5;
+        const float h = 1e-2f, b0 = b[e];
+        b[e] = b0 + h;
+        CHECK(lmx_trainer_value_and_grad(t2, in, tg, mask, B, T, 0, &lp) == LMX_OK);
+        b[e] = b0 - h;
+        CHECK(lmx_trainer_value_and_grad(t2, in, tg, mask, B, T, 0, &lm) == LMX_OK);
+        b[e] = b0;
+        const double num = (lp - lm) / (2.0 * h);
+        CHECK_MSG(fabs(num - grad[e]) <= 1e-3 + 2e-2 * fabs(num), "dropout gradient %.6g, central difference %.6g",
+                  grad[e], num);
+        lmx_trainer_set_checkpointing(t2, 1);
+        float grad_ck[64 * 4];
+        CHECK(lmx_trainer_value_and_grad(t2, in, tg, mask, B, T, 0, &lck) == LMX_OK);
+        CHECK(lmx_trainer_read_grad(t2, 1, grad_ck) == LMX_OK);
+        CHECK_MSG(fabs(lck - ld) <= 1e-6 * fabs(ld), "checkpointed dropout loss %.9g, %.9g", lck, ld);
+        CHECK_MSG(fabs(grad_ck[e] - grad[e]) <= 1e-5 * fabs(grad[e]) + 1e-9, "checkpointed gradient %.9g, %.9g",
+                  grad_ck[e], grad[e]);
+        lmx_trainer_close(t2);
+        lmx_adapter_free(ad2);
     }
 
     /* bad batches fail with a message; the trainer stays usable */

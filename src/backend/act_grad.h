@@ -1,9 +1,10 @@
-/* act_grad.h - a GLU activation and its derivative, for the backward ops of every backend (the cpu's C
- * and the cuda kernels compile the same arithmetic). */
+/* act_grad.h - what the training ops of every backend compute alike (the cpu's C and the cuda kernels
+ * compile the same arithmetic): a GLU activation and its derivative, and dropout's keep mask. */
 #ifndef LMX_BACKEND_ACT_GRAD_H
 #define LMX_BACKEND_ACT_GRAD_H
 
 #include <math.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define LMX_HOST_DEVICE __host__ __device__
@@ -23,6 +24,16 @@ static inline LMX_HOST_DEVICE void lmx_act_grad(float x, int silu, float *a, flo
         *a = 0.5f * x * (1.0f + th);
         *da = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
     }
+}
+
+/* Whether dropout with probability p keeps element i under seed: a counter-based hash (splitmix64's
+ * finaliser) of (seed, i), its top 32 bits against p * 2^32. */
+static inline LMX_HOST_DEVICE int lmx_dropout_keep(uint64_t seed, int64_t i, float p) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 32) >= (double)p * 4294967296.0;
 }
 
 #endif

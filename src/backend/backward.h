@@ -59,6 +59,10 @@ typedef struct lmx_backward_ops {
     lmx_status (*sumsq)(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out);
     lmx_status (*adamw)(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, lmx_tensor *m1, lmx_tensor *m2, int64_t n,
                         const lmx_adamw_step *s);
+    /* LoRA dropout: y[i] = x[i] / (1 - p) where lmx_dropout_keep(seed, i, p), else 0 (y may be x).  The
+     * mask is a function of (seed, i) alone: the same on every backend, and the backward of the op is
+     * the op itself with the same seed. */
+    lmx_status (*dropout)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
 } lmx_backward_ops;
 
 /* The cpu backend's backward ops (backend/cpu/cpu_backward.c; its ops table's backward). */

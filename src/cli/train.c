@@ -28,7 +28,7 @@ typedef struct train_opts {
     int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
     int ckpt;                    /* gradient checkpointing: 1 on, 0 off, -1 by sequence length */
     unsigned targets;
-    double alpha, lr, wd, clip;
+    double alpha, lr, wd, clip, dropout;
     uint64_t seed;
 } train_opts;
 
@@ -216,6 +216,7 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
         }
         else if (OPT("--rank")) o->rank = atoi(v);
         else if (OPT("--alpha")) o->alpha = atof(v);
+        else if (OPT("--lora-dropout")) o->dropout = atof(v);
         else if (OPT("--targets")) {
             if (!(o->targets = lmx_lora_targets_parse(v))) {
                 fprintf(stderr, "train: --targets %s: use q,k,v,o,gate,up,down\n", v);
@@ -243,7 +244,7 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                    "         [--num-layers N] [--lr 1e-4] [--schedule constant|linear|cosine] [--warmup N] [--weight-decay X]\n"
                    "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
-                   "         [--grad-checkpoint on|off|auto]   (auto: from sequences of 1024 tokens)\n"
+                   "         [--grad-checkpoint on|off|auto]   (auto: from sequences of 1024 tokens) [--lora-dropout P]\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
                    "         [--config FILE.json]   (the same settings as JSON keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...};\n"
                    "                                 options on the command line win)\n"
@@ -331,6 +332,7 @@ out_cfg:
 static int train_run(const train_opts *op) {
     train_opts o = *op;
     if (!o.model || !o.data || o.rank <= 0 || o.iters <= 0 || o.batch <= 0 || o.batch > 4096 || o.accum <= 0 || o.lr <= 0 ||
+        !(o.dropout >= 0 && o.dropout < 1) ||
         (strcmp(o.schedule, "constant") && strcmp(o.schedule, "linear") && strcmp(o.schedule, "cosine"))) {
         fprintf(stderr, "usage: lmx train MODEL --data DIR [options] (lmx train --help)\n");
         return 2;
@@ -348,7 +350,7 @@ static int train_run(const train_opts *op) {
     char *tpath = lmx_path_join(o.data, "train.jsonl"), *vpath = lmx_path_join(o.data, "valid.jsonl");
     char *cpath = lmx_path_join(o.out, "metrics.csv");
     const lmx_lora_spec spec = {.rank = o.rank, .alpha = o.alpha, .targets = o.targets, .num_layers = o.num_layers,
-                                .seed = o.seed};
+                                .seed = o.seed, .dropout = (float)o.dropout};
     if (lmx_model_load(o.model, &lp, &m)) {
         fprintf(stderr, "train: %s\n", lmx_last_error(m));
         goto done;
@@ -372,6 +374,8 @@ static int train_run(const train_opts *op) {
         goto done;
     }
     tr->checkpoint = o.ckpt;
+    tr->dropout = (float)o.dropout; /* a resumed adapter's too */
+    tr->seed = o.seed;
     mkdir(o.out, 0777);
     if (!(csv = fopen(cpath, o.resume ? "a" : "w"))) { /* a resumed run goes on with the same file */
         fprintf(stderr, "train: cannot write %s\n", cpath);

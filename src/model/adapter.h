@@ -21,6 +21,7 @@ typedef struct lmx_lora_spec {
     unsigned targets;
     int num_layers;
     uint64_t seed;
+    float dropout;               /* training: dropout on the pairs' inputs (PEFT's lora_dropout) */
 } lmx_lora_spec;
 
 struct lmx_adapter {

@@ -113,7 +113,7 @@ static char *json_config(const lmx_adapter *a, lmx_lora_format fmt, const lmx_lo
         cJSON_AddNumberToObject(o, "r", s->rank);
         cJSON_AddNumberToObject(o, "lora_alpha", s->alpha);
         cJSON_AddBoolToObject(o, "use_rslora", s->use_rslora);
-        cJSON_AddNumberToObject(o, "lora_dropout", 0.0);
+        cJSON_AddNumberToObject(o, "lora_dropout", s->dropout);
         cJSON_AddStringToObject(o, "bias", "none");
         cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
         cJSON_AddItemToObject(o, "target_modules", t);
@@ -131,7 +131,7 @@ static char *json_config(const lmx_adapter *a, lmx_lora_format fmt, const lmx_lo
         cJSON *lp = cJSON_CreateObject();
         cJSON_AddNumberToObject(lp, "rank", s->rank);
         cJSON_AddNumberToObject(lp, "scale", a->info.scale);
-        cJSON_AddNumberToObject(lp, "dropout", 0.0);
+        cJSON_AddNumberToObject(lp, "dropout", s->dropout);
         cJSON_AddItemToObject(lp, "keys", t);
         cJSON_AddItemToObject(o, "lora_parameters", lp);
     }

@@ -25,8 +25,10 @@ lmx_status lmx_adapter_new(lmx_model *m, const lmx_lora_params *p, lmx_adapter *
     if (!targets)
         return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA targets %s: use q,k,v,o,gate,up,down",
                            LMX_QUOTED(p->targets));
+    if (!(p->dropout >= 0 && p->dropout < 1))
+        return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA dropout %g: use a probability in [0, 1)", p->dropout);
     const lmx_lora_spec s = {.rank = p->rank, .alpha = p->alpha, .use_rslora = p->use_rslora, .targets = targets,
-                             .num_layers = p->num_layers, .seed = p->seed};
+                             .num_layers = p->num_layers, .seed = p->seed, .dropout = p->dropout};
     return lmx_adapter_create(m, &s, out);
 }
 

@@ -26,6 +26,8 @@ typedef struct tape_rec {
     int rows, n, M, nh, hd, R;
     int64_t count;
     float eps, one, cap;
+    float drop;                  /* lora: dropout on the input (saved[0] is the dropped input) */
+    uint64_t seed;               /* lora: its mask's seed */
     lmx_act act;
     lmx_rope rope;
     lmx_batch bt;                /* n_past / n_new point into ints */
@@ -58,6 +60,8 @@ struct lmx_tape {
     tape_watch *watches;
     int n_watches, cap_watches;
     double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
+    float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
+    uint64_t drop_seed;
 };
 
 #define TAPE(be) ((lmx_tape *)(be))
@@ -173,32 +177,52 @@ static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x
     return LMX_OK;
 }
 
+/* index of p's watch, or -1 */
+static int watch_index(const lmx_tape *t, const lmx_lora_pair *p) {
+    const tape_watch *w = watch_of(t, p);
+    return w ? (int)(w - t->watches) : -1;
+}
+
 static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                          const lmx_lora_pair *const *pairs) {
     lmx_tape *t = TAPE(be);
-    int watched = 0, frozen = 0;
+    int watched = 0, frozen = 0, first = -1;
     for (int b = 0; b < B; b++)
-        if (pairs[b]) watch_of(t, pairs[b]) ? watched++ : frozen++;
+        if (pairs[b]) {
+            const int w = watch_index(t, pairs[b]);
+            w >= 0 ? watched++ : frozen++;
+            if (w >= 0 && first < 0) first = w;
+        }
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
     if (watched && frozen)
         return lmx_err_set(&t->base.err, LMX_ERR_UNSUPPORTED, "training: a batch mixes trained and frozen adapters");
     if (frozen && requires(t, vx))
         return lmx_err_set(&t->base.err, LMX_ERR_UNSUPPORTED, "training: a frozen adapter after a trained one");
-    const int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
+    const int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1], rows = (int64_t)B * T;
+    const int drop = watched && t->drop_p > 0;
+    const uint64_t seed = t->drop_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(first + 1)); /* one mask per pair */
     tape_rec *r = NULL;
     if (watched || requires(t, vy)) {
         if (!(r = new_rec(t, T_LORA))) return nomem(t);
         r->pairs = malloc((size_t)B * sizeof *r->pairs);
         if (!r->pairs) return nomem(t);
         for (int b = 0; b < B; b++) r->pairs[b] = pairs[b];
-        lmx_status st = watched ? save(t, &r->saved[0], x, (int64_t)B * T, K) : LMX_OK;
+        lmx_status st = LMX_OK;
+        if (drop) { /* the pairs read dropout(x), which backward reads too */
+            r->saved[0] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, K}};
+            st = pass(t, t->in->ops->alloc(t->in, &r->saved[0]));
+            if (!st) st = pass(t, t->bwd->dropout(t->in, &r->saved[0], x, rows * K, t->drop_p, seed));
+            r->drop = t->drop_p, r->seed = seed;
+        } else if (watched) {
+            st = save(t, &r->saved[0], x, rows, K);
+        }
         if (st) return st;
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
     }
-    lmx_status st = pass(t, t->in->ops->lora(t->in, y, x, B, T, pairs));
+    lmx_status st = pass(t, t->in->ops->lora(t->in, y, drop ? &r->saved[0] : x, B, T, pairs));
     if (st) return st;
     if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
-    const int v = new_var(t, y->data, (int64_t)B * T, N, 1);
+    const int v = new_var(t, y->data, rows, N, 1);
     if (v < 0) return nomem(t);
     r->out = v;
     if (!watched) r->op = T_ADD, r->in[1] = -1; /* no pair trained: the gradient passes through */
@@ -479,7 +503,16 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
             const tape_watch *w = watch_of(t, r->pairs[b]);
             da[b] = w ? w->da : NULL, db[b] = w ? w->db : NULL;
         }
-        st = pass(t, bw->lora_bwd(in, g1, da, db, dy, &r->saved[0], r->bt.B, r->bt.T, r->pairs));
+        lmx_tensor tmp = {0}; /* with dropout, x's gradient goes through the same mask */
+        const int64_t nx = lmx_tensor_nelem(&r->saved[0]);
+        if (g1 && r->drop > 0) {
+            tmp = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {r->saved[0].shape[0], r->saved[0].shape[1]}};
+            st = pass(t, in->ops->alloc(in, &tmp));
+        }
+        if (!st) st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy, &r->saved[0], r->bt.B, r->bt.T, r->pairs));
+        if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
+        if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
+        if (tmp.data) in->ops->release(in, &tmp);
         free(da);
         return st;
     }
@@ -550,6 +583,11 @@ void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g) {
 }
 
 void lmx_tape_profile(lmx_tape *t, double *acc) { t->prof = acc; }
+
+void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed) {
+    t->drop_p = p;
+    t->drop_seed = seed;
+}
 
 const char *lmx_tape_kind(int k) {
     static const char *const names[] = {"", "rmsnorm", "matmul", "lora", "add", "glu", "softcap", "rope", "attention",

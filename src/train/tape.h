@@ -42,6 +42,10 @@ lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *d
  * (it may be y's own buffer, overwritten with its gradient after the forward op that wrote it). */
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
 
+/* LoRA dropout: from now on, each trained pair's lora op reads dropout(x) with probability p (0: none),
+ * its mask drawn from (seed, the pair's watch) alone, so that a layer run again draws the same one. */
+void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed);
+
 /* Gradient checkpointing: a leaf is buffer x's current contents ([rows, cols], written outside the tape)
  * as a value whose gradient backward computes (a recomputed layer's input); returns its var id (-1:
  * out of memory).  lmx_tape_take_grad moves var v's gradient out to the caller (who releases it on the

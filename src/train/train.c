@@ -39,6 +39,8 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     tr->m = m;
     tr->ad = ad;
     tr->checkpoint = -1;
+    tr->dropout = ad->spec.dropout;
+    tr->seed = ad->spec.seed;
     lmx_backend *be = m->be;
     lmx_status st = lmx_tape_create(be, be->ops->backward, &tr->tape, err);
     if (st) {
@@ -221,6 +223,12 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     lmx_tape_reset(tr->tape);
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     double sum = 0;
+    if (grad_weight != 0 && tr->dropout > 0) { /* masks of (seed, step, micro-batch): a resumed run draws the same */
+        tr->micro = accumulate ? tr->micro + 1 : 0;
+        lmx_tape_set_dropout(tr->tape, tr->dropout, tr->seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)tr->step << 20 ^ (uint64_t)tr->micro);
+    } else {
+        lmx_tape_set_dropout(tr->tape, 0, 0);
+    }
     lmx_tensor *saved = NULL; /* checkpointing: each layer's input [M, C] */
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
@@ -236,8 +244,13 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         } else {
             st = lmx_model_embed(m, kvs, &bt, inputs);
-            for (int l = 0; l < L && !st; l++)
-                if (l < tr->lowest || !(st = save_input(tr, &saved[l], M))) st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
+            for (int l = 0; l < L && !st; l++) { /* with dropout through the tape (its masks), forgotten a layer on */
+                if (l >= tr->lowest && (st = save_input(tr, &saved[l], M))) break;
+                m->be = tr->dropout > 0 ? tb : inner;
+                st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
+                m->be = inner;
+                lmx_tape_reset(tr->tape);
+            }
             m->be = tb;
             if (!st && (leaf = lmx_tape_leaf(tr->tape, &m->ws.x, M, m->cfg.hidden)) < 0)
                 st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");

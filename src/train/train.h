@@ -30,6 +30,9 @@ typedef struct lmx_trainer {
     lmx_tensor *mom;             /* [2n][2]: AdamW's m1, m2 of gradient i at 2i, 2i+1 (f32, backend memory) */
     int64_t step;                /* AdamW steps taken */
     int loss_rows;               /* > 0: rows of logits the loss computes at once (0: ~64 MiB of them) */
+    float dropout;               /* LoRA dropout on the pairs' inputs while training (0: none) */
+    uint64_t seed;               /* its masks' seed */
+    int64_t micro;               /* the micro-batch of this step (gradient accumulation), for dropout's masks */
     int checkpoint;              /* gradient checkpointing: 1 on, 0 off, -1 (default) from LMX_CHECKPOINT_FROM tokens */
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */

@@ -281,6 +281,14 @@ static lmx_status cpu_adamw(lmx_backend *be, lmx_tensor *pt, const lmx_tensor *g
     return LMX_OK;
 }
 
+static lmx_status cpu_dropout(lmx_backend *be, lmx_tensor *yt, const lmx_tensor *xt, int64_t n, float p, uint64_t seed) {
+    (void)be;
+    const float *x = xt->data, s = 1.0f / (1.0f - p);
+    float *y = yt->data;
+    for (int64_t i = 0; i < n; i++) y[i] = lmx_dropout_keep(seed, i, p) ? x[i] * s : 0.0f;
+    return LMX_OK;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -293,4 +301,5 @@ const lmx_backward_ops lmx_cpu_backward = {
     .xent = cpu_xent,
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
+    .dropout = cpu_dropout,
 };

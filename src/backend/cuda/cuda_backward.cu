@@ -599,6 +599,20 @@ static lmx_status bwd_adamw(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g,
     return cuda_check_launch(cb, "AdamW");
 }
 
+__global__ void k_dropout(float *y, const float *x, int64_t n, float p, uint64_t seed) {
+    const float s = 1.0f / (1.0f - p);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = lmx_dropout_keep(seed, i, p) ? x[i] * s : 0.0f;
+}
+
+static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    k_dropout<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data, n, p, seed);
+    return cuda_check_launch(cb, "dropout");
+}
+
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
@@ -611,4 +625,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .xent = */ bwd_xent,
     /* .sumsq = */ bwd_sumsq,
     /* .adamw = */ bwd_adamw,
+    /* .dropout = */ bwd_dropout,
 };
