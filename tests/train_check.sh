@@ -36,6 +36,13 @@ for fmt in peft mlx; do
 done
 [ "$(wc -l <"$tmp/out/metrics.csv")" = 31 ] || { echo "FAIL: metrics.csv has $(wc -l <"$tmp/out/metrics.csv") lines"; fail=1; }
 [ -f "$tmp/out/best/peft/adapter_model.safetensors" ] || { echo "FAIL: no best checkpoint"; fail=1; }
+# the loss curve: a PNG where python3 has matplotlib (scripts/setup.sh installs it), else a note saying so
+if python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    [ "$(head -c 8 "$tmp/out/loss.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] ||
+        { echo "FAIL: no PNG loss curve"; grep 'loss curve' "$tmp/train.log"; fail=1; }
+else
+    grep -q 'no loss curve' "$tmp/train.log" || { echo "FAIL: no word about the missing loss curve"; fail=1; }
+fi
 
 # the same settings from a JSON config file: the same run; an option on the command line wins
 cat >"$tmp/cfg.json" <<CFG

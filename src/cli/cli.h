@@ -30,6 +30,8 @@ static inline double cli_now_s(void) {
 struct lmx_model;
 int cli_check_topk(struct lmx_model *m, const char *ref_path, double tol, int n_ctx);
 
+/* OUT/loss.png of `lmx train`: png drawn from metrics csv by matplotlib (plot.c); 0 when drawn. */
+int cli_plot_loss(const char *csv, const char *png, const char *title);
 /* Print "lmx: <msg>" to stderr; returns 2 (the bad-arguments exit code). */
 int cli_usage_error(const char *fmt, ...);
 /* Parse a positive int option value; returns 0 on success. */

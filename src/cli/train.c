@@ -476,6 +476,13 @@ static int train_run(const train_opts *op) {
     }
     signal(SIGINT, old_handler);
     free(order);
+    if (csv) fflush(csv);
+    char *png = lmx_path_join(o.out, "loss.png");
+    if (csv && ftell(csv) > 0) { /* the curve so far, also after an error or Ctrl-C */
+        if (cli_plot_loss(cpath, png, o.model) == 0) fprintf(stderr, "train: loss curve in %s\n", png);
+        else fprintf(stderr, "train: no loss curve (it needs python3 with matplotlib: scripts/setup.sh installs it)\n");
+    }
+    free(png);
     if (ok) {
         fprintf(stderr, "train: done, %.0f tokens in %.1fs; adapter in %s/peft and %s/mlx\n", tokens_all, cli_now_s() - t0,
                 o.out, o.out);
