@@ -26,11 +26,12 @@ present() { # Debian package: is what lmx uses from it there?
     libopenblas-dev) pc openblas ;;
     libpcre2-dev) pc libpcre2-8 ;;
     libutf8proc-dev) pc libutf8proc ;;
+    libyaml-dev) pc yaml-0.1 ;;
     python3-pip) has python3 && python3 -m pip --version >/dev/null 2>&1 ;;
     python3-matplotlib) python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ;;
     esac
 }
-packages=(build-essential cmake pkg-config libcjson-dev libopenblas-dev libpcre2-dev libutf8proc-dev
+packages=(build-essential cmake pkg-config libcjson-dev libopenblas-dev libpcre2-dev libutf8proc-dev libyaml-dev
           python3 python3-pip python3-matplotlib)
 missing() { local p; for p in "${packages[@]}"; do present "$p" || echo "$p"; done; }
 

@@ -55,9 +55,34 @@ c=$(grep -o 'valid loss [0-9.]*' "$tmp/cfg.log" | tail -1 | cut -d' ' -f3)
     { echo "FAIL: --config gave $c, the command line $trained"; fail=1; }
 "$lmx" train --config "$tmp/cfg.json" --iters 2 --adapter-out "$tmp/cfgout2" 2>"$tmp/cfg2.log" &&
     grep -q '^step 2/2' "$tmp/cfg2.log" || { echo "FAIL: the command line does not override the config"; fail=1; }
-printf 'lr: 1e-4\n' >"$tmp/cfg.yaml"
-"$lmx" train --config "$tmp/cfg.yaml" 2>"$tmp/cfg3.log" && { echo "FAIL: a YAML config accepted"; fail=1; }
-grep -q 'not a JSON object' "$tmp/cfg3.log" || { echo "FAIL: YAML config message: $(cat "$tmp/cfg3.log")"; fail=1; }
+# the same settings as YAML (a .yaml file): the same run again
+cat >"$tmp/cfg.yaml" <<CFG
+# lmx train --config cfg.yaml
+model: $tmp/model
+data: "$tmp/data"
+adapter_out: $tmp/cfgout3
+iters: 30
+batch_size: 8
+lr: 1.0e-2
+rank: 4
+targets:
+  - q
+  - k
+  - v
+  - o
+  - gate
+  - up
+  - down
+mask_prompt: yes
+eval_every: 10
+CFG
+"$lmx" train --config "$tmp/cfg.yaml" 2>"$tmp/cfg3.log" || { echo "FAIL: a YAML --config"; tail -2 "$tmp/cfg3.log"; fail=1; }
+c=$(grep -o 'valid loss [0-9.]*' "$tmp/cfg3.log" | tail -1 | cut -d' ' -f3)
+[ "$c" = "$trained" ] && echo "--config YAML: the same run (validation loss $c)" ||
+    { echo "FAIL: the YAML config gave $c, the command line $trained"; fail=1; }
+printf 'lora:\n  rank: 4\n' >"$tmp/bad.yaml" # nested mappings are refused with the line
+"$lmx" train --config "$tmp/bad.yaml" 2>"$tmp/cfg4.log" && { echo "FAIL: a nested YAML config accepted"; fail=1; }
+grep -q 'line 2: lora: a nested mapping' "$tmp/cfg4.log" || { echo "FAIL: YAML config message: $(cat "$tmp/cfg4.log")"; fail=1; }
 
 # checkpoints: --resume from step 3 of a 6-step run gives steps 4-6 the losses of the uninterrupted run;
 # Ctrl-C saves a checkpoint that --resume goes on from

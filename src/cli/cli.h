@@ -30,6 +30,11 @@ static inline double cli_now_s(void) {
 struct lmx_model;
 int cli_check_topk(struct lmx_model *m, const char *ref_path, double tol, int n_ctx);
 
+/* A YAML config (one mapping of keys to scalars or lists of scalars, yaml_config.c) as a JSON object;
+ * NULL with msg ("line N: ...") when it is not one. */
+#include <stddef.h>
+#include <cjson/cJSON.h>
+cJSON *cli_yaml_object(const char *text, size_t len, char *msg, size_t cap);
 /* OUT/loss.png of `lmx train`: png drawn from metrics csv by matplotlib (plot.c); 0 when drawn. */
 int cli_plot_loss(const char *csv, const char *png, const char *title);
 /* Print "lmx: <msg>" to stderr; returns 2 (the bad-arguments exit code). */

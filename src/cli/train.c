@@ -267,8 +267,14 @@ static int config_args(const char *path, char ***args, int *n) {
     size_t len = 0;
     lmx_err err = {0};
     cJSON *js = NULL;
-    if (lmx_read_file(path, &text, &len, &err) || !(js = cJSON_ParseWithLength(text, len)) || !cJSON_IsObject(js)) {
-        fprintf(stderr, "train: --config %s: %s\n", path, err.msg[0] ? err.msg : "not a JSON object (YAML is not read)");
+    char ymsg[256] = "";
+    const size_t pl = strlen(path);
+    const int yaml = pl > 5 && (!strcmp(path + pl - 5, ".yaml") || !strcmp(path + pl - 4, ".yml"));
+    if (lmx_read_file(path, &text, &len, &err) ||
+        !(js = yaml ? cli_yaml_object(text, len, ymsg, sizeof ymsg) : cJSON_ParseWithLength(text, len)) ||
+        !cJSON_IsObject(js)) {
+        fprintf(stderr, "train: --config %s: %s\n", path,
+                err.msg[0] ? err.msg : ymsg[0] ? ymsg : "not a JSON object (a .yaml or .yml file is read as YAML)");
         free(text);
         cJSON_Delete(js);
         return 0;
