@@ -212,7 +212,30 @@ static void case_bad_weights(void) {
     end_case(dir);
 }
 
+/* qwen3_moe's config with key set to v (NULL: removed) */
+static const char *moe_key;
+static double moe_val;
+static void edit_moe(cJSON *r) {
+    cJSON_DeleteItemFromObjectCaseSensitive(r, moe_key);
+    cJSON_DeleteItemFromObjectCaseSensitive(r, "num_local_experts");
+    if (strcmp(moe_key, "num_local_experts")) cJSON_AddNumberToObject(r, "num_local_experts", 8);
+    cJSON_AddNumberToObject(r, moe_key, moe_val);
+}
+static void expect_moe_fail(const char *key, double v, const char *w1) {
+    char *dir = case_dir("qwen3_moe");
+    moe_key = key, moe_val = v;
+    write_config("qwen3_moe", dir, edit_moe);
+    copy_fixture("qwen3_moe", "model.safetensors", dir, 0);
+    char label[96];
+    snprintf(label, sizeof label, "qwen3_moe with %s %g", key, v);
+    expect_load_fail(label, dir, NULL, LMX_ERR_FORMAT, key, w1);
+    end_case(dir);
+}
+
 static void case_bad_config(void) {
+    expect_moe_fail("num_local_experts", 0, "positive");
+    expect_moe_fail("num_experts_per_tok", 9, "num_local_experts = 8");
+    expect_moe_fail("moe_intermediate_size", 0, NULL);
     char *dir = llama_dir(edit_mamba, NULL);
     expect_load_fail("model_type mamba", dir, NULL, LMX_ERR_UNSUPPORTED, "mamba", NULL);
     end_case(dir);

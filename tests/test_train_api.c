@@ -262,6 +262,28 @@ int main(int argc, char **argv) {
         lmx_adapter_free(ad2);
     }
 
+    /* a mixture-of-experts model infers but does not train yet: a clear error, not wrong gradients */
+    {
+        char mp[1024];
+        snprintf(mp, sizeof mp, "%s/models/qwen3_moe", fix);
+        lmx_model *mm = NULL;
+        CHECK(lmx_model_load(mp, &lp, &mm) == LMX_OK);
+        lmx_lora_params pq = lmx_lora_default_params();
+        pq.rank = 2;
+        lmx_adapter *aq = NULL;
+        lmx_trainer *tq = NULL;
+        CHECK(mm && lmx_adapter_new(mm, &pq, &aq) == LMX_ERR_INVALID_ARG && !aq); /* gate/up/down: experts */
+        CHECK_CONTAINS(mm ? lmx_last_error(mm) : "", "expert");
+        pq.targets = "q,v";
+        CHECK(mm && lmx_adapter_new(mm, &pq, &aq) == LMX_OK && lmx_trainer_open(mm, aq, &tq) == LMX_OK);
+        double lq = 0;
+        CHECK(tq && lmx_trainer_loss_only(tq, in, tg, mask, B, T, &lq) == LMX_OK && isfinite(lq));
+        CHECK(tq && lmx_trainer_value_and_grad(tq, in, tg, mask, B, T, 0, &lq) == LMX_ERR_UNSUPPORTED);
+        CHECK_CONTAINS(mm ? lmx_last_error(mm) : "", "mixture-of-experts");
+        lmx_trainer_close(tq);
+        lmx_model_free(mm);
+    }
+
     /* bad batches fail with a message; the trainer stays usable */
     float zero[B * T] = {0};
     int32_t badtg[B * T];

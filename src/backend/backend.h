@@ -165,6 +165,10 @@ typedef struct lmx_backend_ops {
     int64_t (*cached_bytes)(const lmx_backend *be);
     /* Training: the backward ops (backward.h); NULL when the backend cannot train. */
     const struct lmx_backward_ops *backward;
+    /* y[rows[r], :] += w[r] * x[r, :] for r < R, rows distinct (host rows / w)   x [R, n]: a mixture of
+     * experts adds each expert's output to the rows routed to it */
+    lmx_status (*scatter_add_rows)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
+                                   int R, int64_t n);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

@@ -74,6 +74,10 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
             return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: rank %d of %s is above lmx's limit %d", file, e->rank,
                                LMX_QUOTED(e->a->name), LMX_LORA_RANK_MAX);
         const lmx_tensor *w = lmx_proj_weight(&m->layers[e->layer], e->proj);
+        if (!w->data)
+            return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: tensor %s adapts %s of layer %d, which has experts "
+                               "(adapters on experts are not supported)", file, LMX_QUOTED(e->a->name),
+                               lmx_proj_module(e->proj), e->layer);
         int64_t N = w->shape[0], K = w->shape[1], r = e->rank;
         int64_t aK = e->transposed ? e->a->shape[0] : e->a->shape[1];
         int64_t bN = e->transposed ? e->b->shape[1] : e->b->shape[0];

@@ -51,6 +51,12 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *s, lmx_adapter 
         for (int p = 0; p < LMX_PROJ_N && !st; p++) {
             if (!(s->targets & (1u << p))) continue;
             const lmx_tensor *w = lmx_proj_weight(&m->layers[l], (lmx_proj)p);
+            if (!w->data) {
+                st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA target %s: layer %d has experts, not one %s "
+                                 "(adapters on experts are not supported)", lmx_proj_short((lmx_proj)p), l,
+                                 lmx_proj_module((lmx_proj)p));
+                break;
+            }
             const int64_t N = w->shape[0], K = w->shape[1], r = s->rank;
             /* PEFT: kaiming_uniform_(A, a = sqrt(5)), i.e. U(-1/sqrt(K), 1/sqrt(K)); B = 0 */
             float *A = malloc((size_t)(r * K) * sizeof *A), *B = calloc((size_t)(N * r), sizeof *B);

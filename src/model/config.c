@@ -211,6 +211,7 @@ static lmx_status parse_arch(const cfg_src *s, lmx_config *c, const char *path, 
     static const struct { const char *name; lmx_arch arch; } known[] = {
         {"llama", LMX_ARCH_LLAMA},   {"qwen2", LMX_ARCH_QWEN2},       {"qwen3", LMX_ARCH_QWEN3},
         {"gemma2", LMX_ARCH_GEMMA2}, {"gemma3", LMX_ARCH_GEMMA3},     {"gemma3_text", LMX_ARCH_GEMMA3},
+        {"qwen3_moe", LMX_ARCH_QWEN3}, /* qwen3 with MoE layers (parse_moe) */
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (strcmp(mt->valuestring, known[i].name) == 0) {
@@ -218,7 +219,7 @@ static lmx_status parse_arch(const cfg_src *s, lmx_config *c, const char *path, 
             return LMX_OK;
         }
     return lmx_err_set(err, LMX_ERR_UNSUPPORTED,
-                       "%s: unknown model_type %s (supported: llama, qwen2, qwen3, gemma2, gemma3, gemma3_text)",
+                       "%s: unknown model_type %s (supported: llama, qwen2, qwen3, qwen3_moe, gemma2, gemma3, gemma3_text)",
                        path, LMX_QUOTED(mt->valuestring));
 }
 
@@ -232,6 +233,42 @@ static lmx_status parse_act(const cfg_src *s, lmx_config *c, const char *path, l
              strcmp(name, "gelu_fast") == 0 || (gemma && strcmp(name, "gelu") == 0))
         c->act = LMX_ACT_GELU_TANH;
     else return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: activation %s is not supported", path, LMX_QUOTED(name));
+    return LMX_OK;
+}
+
+/* qwen3_moe's experts: num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
+ * norm_topk_prob, decoder_sparse_step, mlp_only_layers. */
+static lmx_status parse_moe(const cfg_src *s, lmx_config *c, const char *path, lmx_err *err) {
+    if (strcmp(c->model_type, "qwen3_moe")) return LMX_OK;
+    lmx_status st;
+    int step = 1;
+    const char *ek = is_set(get(s, "num_experts")) ? "num_experts" : "num_local_experts"; /* both styles */
+    if ((st = get_int(s, ek, &c->n_experts, 0, path, err))) return st;
+    if ((st = get_int(s, "num_experts_per_tok", &c->n_experts_used, 1, path, err))) return st;
+    if ((st = get_int(s, "moe_intermediate_size", &c->moe_ffn, 1, path, err))) return st;
+    if ((st = get_int(s, "decoder_sparse_step", &step, 0, path, err))) return st;
+    const cJSON *nt = get(s, "norm_topk_prob");
+    c->norm_topk = cJSON_IsTrue(nt);
+    if (c->n_experts <= 0)
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" must be positive for a qwen3_moe model", path, ek);
+    if (c->n_experts_used <= 0 || c->n_experts_used > c->n_experts)
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"num_experts_per_tok\" %d must be in [1, %s = %d]", path,
+                           c->n_experts_used, ek, c->n_experts);
+    if (c->moe_ffn <= 0 || step <= 0)
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"moe_intermediate_size\" and \"decoder_sparse_step\" must be positive",
+                           path);
+    if (!(c->layer_moe = calloc((size_t)c->n_layers, 1))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = (l + 1) % step == 0;
+    const cJSON *only = get(s, "mlp_only_layers"), *e;
+    if (is_set(only) && !cJSON_IsArray(only))
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"mlp_only_layers\" must be a list of layer numbers", path);
+    if (!is_set(only)) only = NULL;
+    cJSON_ArrayForEach(e, only) {
+        if (!cJSON_IsNumber(e) || e->valueint < 0 || e->valueint >= c->n_layers)
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"mlp_only_layers\" holds a layer outside [0, %d)", path,
+                               c->n_layers);
+        c->layer_moe[e->valueint] = 0;
+    }
     return LMX_OK;
 }
 
@@ -304,6 +341,7 @@ lmx_status lmx_config_parse(const char *json, const char *path, lmx_config *c, l
     if ((st = parse_act(&s, c, path, err))) goto done;
     if ((st = parse_ropes(&s, c, path, err))) goto done;
     if ((st = parse_layer_types(&s, c, path, err))) goto done;
+    if ((st = parse_moe(&s, c, path, err))) goto done;
 done:
     cJSON_Delete(root);
     if (st != LMX_OK) lmx_config_free(c);
@@ -340,4 +378,6 @@ lmx_status lmx_config_load(const char *dir, lmx_config *c, lmx_err *err) {
 void lmx_config_free(lmx_config *c) {
     free(c->layer_sliding);
     c->layer_sliding = NULL;
+    free(c->layer_moe);
+    c->layer_moe = NULL;
 }

@@ -48,6 +48,11 @@ typedef struct lmx_config {
     double attn_softcap, final_softcap;  /* 0: none */
     double query_pre_attn_scalar;    /* 0: use head_dim */
     lmx_act act;
+    /* mixture of experts (qwen3_moe): a layer with layer_moe[l] runs a router over n_experts experts
+     * of moe_ffn hidden units and adds the n_experts_used best, weighted by their softmax (renormalised
+     * over the chosen with norm_topk), instead of the dense MLP */
+    int n_experts, n_experts_used, moe_ffn, norm_topk;
+    unsigned char *layer_moe;        /* [n_layers] (owned); NULL when no layer is MoE */
     int bos_id;                      /* -1 when unknown */
     int n_eos;
     int eos_ids[LMX_MAX_EOS];

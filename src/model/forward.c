@@ -38,8 +38,8 @@ static lmx_status ws_tensor(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_
 }
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
-    lmx_tensor *all[] = {&ws->x,   &ws->xn,   &ws->q,  &ws->k,  &ws->v,     &ws->att,
-                         &ws->proj, &ws->gate, &ws->up, &ws->xr, &ws->logits};
+    lmx_tensor *all[] = {&ws->x,  &ws->xn,     &ws->q,      &ws->k,  &ws->v,  &ws->att, &ws->proj,
+                         &ws->gate, &ws->up, &ws->xr, &ws->logits, &ws->router, &ws->mx, &ws->my};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]->data) be->ops->release(be, all[i]);
     free(ws->ids);
@@ -76,8 +76,14 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
         TRY(ws_tensor(be, &ws->v, rows, KD));
         TRY(ws_tensor(be, &ws->att, rows, HD));
         TRY(ws_tensor(be, &ws->proj, rows, C));
-        TRY(ws_tensor(be, &ws->gate, rows, c->ffn));
-        TRY(ws_tensor(be, &ws->up, rows, c->ffn));
+        const int64_t F = c->layer_moe && c->moe_ffn > c->ffn ? c->moe_ffn : c->ffn; /* an expert's too */
+        TRY(ws_tensor(be, &ws->gate, rows, F));
+        TRY(ws_tensor(be, &ws->up, rows, F));
+        if (c->layer_moe) {
+            TRY(ws_tensor(be, &ws->router, rows, c->n_experts));
+            TRY(ws_tensor(be, &ws->mx, rows, C));
+            TRY(ws_tensor(be, &ws->my, rows, C));
+        }
         ws->max_rows = rows;
     }
     if (R > ws->max_out_rows) {
@@ -170,6 +176,94 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     return LMX_OK;
 }
 
+/* The routing of a MoE layer (host): for each of the M rows that are not padding, the softmax of its
+ * router logits lg [M, E], its K best experts (the lower index first among equals) and their weights,
+ * renormalised over the K with norm_topk; then the rows grouped by expert: expert e's n[e] rows at
+ * rows[off[e] ..] with weights w[..]. */
+static void route(const lmx_config *c, const lmx_batch *bt, const float *lg, int *n, int *off, int *rows, float *w,
+                  int *tmp_e, float *tmp_p) {
+    const int E = c->n_experts, K = c->n_experts_used, M = bt->B * bt->T;
+    int total = 0;
+    memset(n, 0, (size_t)E * sizeof *n);
+    for (int r = 0; r < M; r++) {
+        tmp_e[r * K] = -1;
+        if (r % bt->T >= bt->n_new[r / bt->T]) continue; /* padding: never read */
+        const float *z = lg + (int64_t)r * E;
+        double mx = z[0], sum = 0;
+        for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+        for (int e = 0; e < E; e++) sum += exp((double)z[e] - mx);
+        double ksum = 0;
+        for (int k = 0; k < K; k++) { /* the k-th best: the largest logit not taken yet */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= tmp_e[r * K + j] == e;
+                if (!taken && (best < 0 || z[e] > z[best])) best = e;
+            }
+            tmp_e[r * K + k] = best;
+            tmp_p[r * K + k] = (float)(exp((double)z[best] - mx) / sum);
+            ksum += tmp_p[r * K + k];
+            n[best]++;
+        }
+        for (int k = 0; c->norm_topk && k < K; k++) tmp_p[r * K + k] = (float)(tmp_p[r * K + k] / ksum);
+        total += K;
+    }
+    for (int e = 0, o = 0; e < E; e++) off[e] = o, o += n[e];
+    int *fill = n + E; /* n has room for 2E */
+    memset(fill, 0, (size_t)E * sizeof *fill);
+    for (int r = 0; r < M; r++)
+        for (int k = 0; k < K && tmp_e[r * K] >= 0; k++) {
+            const int e = tmp_e[r * K + k], i = off[e] + fill[e]++;
+            rows[i] = r, w[i] = tmp_p[r * K + k];
+        }
+    (void)total;
+}
+
+/* A mixture of experts in place of the MLP (qwen3_moe): the router's logits read to the host and
+ * routed there; each expert with rows runs on them alone (gathered), its output added back to its
+ * rows weighted by the router (scatter_add_rows). */
+static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    lmx_workspace *ws = &m->ws;
+    const lmx_layer *L = &m->layers[l];
+    const lmx_config *c = &m->cfg;
+    const int E = c->n_experts, K = c->n_experts_used;
+    const int64_t C = c->hidden, Fm = c->moe_ffn;
+    if (!op->scatter_add_rows)
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend does not run mixture-of-experts layers",
+                           op->name);
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, (int)C, (float)c->eps, m->norm_add_one));
+    TRY(op->matmul(be, &ws->router, &ws->xn, &L->router, NULL, M));
+    float *lg = malloc((size_t)M * E * sizeof *lg), *w = malloc((size_t)M * K * sizeof *w);
+    float *tp = malloc((size_t)M * K * sizeof *tp), *zero = calloc((size_t)M * C, sizeof *zero);
+    int *n = malloc((size_t)4 * E * sizeof *n), *rows = malloc((size_t)M * K * sizeof *rows);
+    int *te = malloc((size_t)M * K * sizeof *te);
+    lmx_status st = lg && w && tp && zero && n && rows && te ? LMX_OK : lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    if (!st && (st = op->read(be, &ws->router, 0, lg, (size_t)M * E * sizeof *lg)))
+        lmx_err_set(&m->err, st, "%s", be->err.msg);
+    if (!st) {
+        int *off = n + 2 * E;
+        route(c, bt, lg, n, off, rows, w, te, tp);
+        if ((st = op->write(be, &ws->proj, 0, zero, (size_t)M * C * sizeof *zero))) lmx_err_set(&m->err, st, "%s", be->err.msg);
+        for (int e = 0; e < E && !st; e++) {
+            const int ne = n[e], *re = rows + off[e];
+            if (!ne) continue;
+            const lmx_tensor *ex = &L->experts[3 * e];
+            if ((st = op->gather_rows(be, &ws->mx, &ws->xn, re, ne, C)) || (st = op->matmul(be, &ws->gate, &ws->mx, &ex[0], NULL, ne)) ||
+                (st = op->matmul(be, &ws->up, &ws->mx, &ex[1], NULL, ne)) ||
+                (st = op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)ne * Fm, c->act)) ||
+                (st = op->matmul(be, &ws->my, &ws->gate, &ex[2], NULL, ne)) ||
+                (st = op->scatter_add_rows(be, &ws->proj, &ws->my, re, w + off[e], ne, C)))
+                lmx_err_set(&m->err, st, "%s", be->err.msg);
+        }
+    }
+    free(lg), free(w), free(tp), free(zero), free(n), free(rows), free(te);
+    if (st) return st;
+    TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * C));
+    return LMX_OK;
+}
+
 /* What the pass leaves on the host for its R rows: logits [R, V], or with k > 0 the k best of each
  * row in vals / ids [R, k] (*k_out = k), the logits when the backend cannot select them (*k_out = 0). */
 typedef struct fwd_out {
@@ -242,7 +336,8 @@ static lmx_status layers(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_ad
     const int M = bt->B * bt->T;
     lmx_status st = LMX_OK;
     for (int l = l0; l < l1 && !st; l++)
-        if (!(st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M))) st = mlp_block(m, l, ad, bt, M);
+        if (!(st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M)))
+            st = m->layers[l].moe ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
     return st;
 }
 

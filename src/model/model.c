@@ -34,6 +34,7 @@ void lmx_model_free(lmx_model *m) {
     }
     lmx_st_set_close(m->weights);
     lmx_gguf_weights_free(&m->gguf);
+    for (int l = 0; m->layers && l < m->cfg.n_layers; l++) free(m->layers[l].experts);
     lmx_config_free(&m->cfg);
     free(m->layers);
     free(m->inv_freq);

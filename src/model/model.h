@@ -28,6 +28,9 @@ typedef struct lmx_layer {
     lmx_tensor w_gate, w_up;     /* [F, C] */
     lmx_tensor w_down;           /* [C, F] */
     lmx_tensor b_gate, b_up, b_down; /* [F], [F], [C]  (optional: llama mlp_bias) */
+    int moe;                     /* a mixture of experts instead of the dense MLP (cfg.layer_moe) */
+    lmx_tensor router;           /* [E, C] */
+    lmx_tensor *experts;         /* [3 E] (owned): expert e's gate [Fm, C], up [Fm, C], down [C, Fm] at 3e.. */
     int sliding;                 /* uses the sliding window */
     lmx_rope rope;               /* inv_freq points into lmx_model.inv_freq */
 } lmx_layer;
@@ -37,6 +40,7 @@ typedef struct lmx_workspace {
     int max_rows, max_out_rows;
     lmx_tensor x, xn, q, k, v, att, proj, gate, up;   /* [M, ...] */
     lmx_tensor xr, logits;                            /* [R, C], [R, V] */
+    lmx_tensor router, mx, my;                        /* MoE: [M, E], an expert's rows in and out [M, C] */
     int max_batch;
     int32_t *ids;                /* host [max_rows]: token ids with padding replaced */
     lmx_kv_layer **kv;           /* host [max_batch]: one layer's cache of each sequence */

@@ -180,12 +180,29 @@ static lmx_status bind_layer(binder *b, int i) {
     } else {
         BIND(&L->ffn_norm, "post_attention_layernorm.weight", 0, C, -1);
     }
-    BIND(&L->w_gate, "mlp.gate_proj.weight", 0, F, C);
-    BIND(&L->w_up, "mlp.up_proj.weight", 0, F, C);
-    BIND(&L->w_down, "mlp.down_proj.weight", 0, C, F);
-    BIND(&L->b_gate, "mlp.gate_proj.bias", 1, F, -1);
-    BIND(&L->b_up, "mlp.up_proj.bias", 1, F, -1);
-    BIND(&L->b_down, "mlp.down_proj.bias", 1, C, -1);
+    L->moe = c->layer_moe && c->layer_moe[i];
+    if (L->moe) { /* the router and each expert's gate / up / down */
+        const int64_t E = c->n_experts, Fm = c->moe_ffn;
+        if (!(L->experts = calloc((size_t)(3 * E), sizeof *L->experts)))
+            return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        BIND(&L->router, "mlp.gate.weight", 0, E, C);
+        for (int e = 0; e < E; e++) {
+            char n[3][64];
+            snprintf(n[0], sizeof n[0], "mlp.experts.%d.gate_proj.weight", e);
+            snprintf(n[1], sizeof n[1], "mlp.experts.%d.up_proj.weight", e);
+            snprintf(n[2], sizeof n[2], "mlp.experts.%d.down_proj.weight", e);
+            BIND(&L->experts[3 * e], n[0], 0, Fm, C);
+            BIND(&L->experts[3 * e + 1], n[1], 0, Fm, C);
+            BIND(&L->experts[3 * e + 2], n[2], 0, C, Fm);
+        }
+    } else {
+        BIND(&L->w_gate, "mlp.gate_proj.weight", 0, F, C);
+        BIND(&L->w_up, "mlp.up_proj.weight", 0, F, C);
+        BIND(&L->w_down, "mlp.down_proj.weight", 0, C, F);
+        BIND(&L->b_gate, "mlp.gate_proj.bias", 1, F, -1);
+        BIND(&L->b_up, "mlp.up_proj.bias", 1, F, -1);
+        BIND(&L->b_down, "mlp.down_proj.bias", 1, C, -1);
+    }
 #undef BIND
     L->sliding = c->layer_sliding[i];
     L->rope.rot_dim = (int)D;

@@ -356,6 +356,12 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
     return LMX_OK;
 }
 
+static lmx_status w_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
+                                     int R, int64_t n) {
+    (void)y, (void)x, (void)rows, (void)w, (void)R, (void)n;
+    return lmx_err_set(&TAPE(be)->base.err, LMX_ERR_UNSUPPORTED, "training: mixture-of-experts layers are not supported");
+}
+
 /* ---- forwarded as they are ---------------------------------------------------------------------- */
 
 static lmx_status w_upload(lmx_backend *be, lmx_tensor *w) { return pass(TAPE(be), TAPE(be)->in->ops->upload_weight(TAPE(be)->in, w)); }
@@ -421,6 +427,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.kv_append = w_kv_append;
     t->ops.kv_reserve = w_kv_reserve;
     t->ops.gather_rows = w_gather_rows;
+    t->ops.scatter_add_rows = w_scatter_add_rows;
     t->ops.topk = NULL; /* whole logits: the loss reads them */
     t->ops.trim = w_trim;
     t->ops.cached_bytes = w_cached;

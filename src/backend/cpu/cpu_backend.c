@@ -422,6 +422,17 @@ static void cpu_destroy(lmx_backend *be) {
     free(cb);
 }
 
+static lmx_status cpu_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows,
+                                       const float *w, int R, int64_t n) {
+    (void)be;
+    for (int r = 0; r < R; r++) {
+        float *o = (float *)y->data + (int64_t)rows[r] * n;
+        const float *s = (const float *)x->data + (int64_t)r * n;
+        for (int64_t i = 0; i < n; i++) o[i] += w[r] * s[i];
+    }
+    return LMX_OK;
+}
+
 static const lmx_backend_ops cpu_ops = {
     .name = "cpu",
     .backward = &lmx_cpu_backward,
@@ -446,6 +457,7 @@ static const lmx_backend_ops cpu_ops = {
     .kv_append = cpu_kv_append,
     .kv_reserve = cpu_kv_reserve,
     .gather_rows = cpu_gather_rows,
+    .scatter_add_rows = cpu_scatter_add_rows,
     .trim = cpu_trim,
     .cached_bytes = cpu_cached_bytes,
 };

@@ -294,6 +294,9 @@ lmx_status cuda_op_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx
 lmx_status cuda_op_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
                                int64_t n);
 
+lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
+                                 int R, int64_t n);
+
 static void cuda_destroy(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     if (!cb) return;
@@ -338,6 +341,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .trim = */ cuda_trim,
     /* .cached_bytes = */ cuda_cached_bytes,
     /* .backward = */ &lmx_cuda_backward,
+    /* .scatter_add_rows = */ cuda_scatter_add_rows,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

@@ -362,6 +362,32 @@ lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
     return LMX_OK;
 }
 
+typedef struct scatter_arg { int n; int32_t row[CUDA_IDS_MAX / 2]; float w[CUDA_IDS_MAX / 2]; } scatter_arg;
+
+/* y[row[r]] += w[r] x[r]: blockIdx.y = r (the rows of one launch are distinct) */
+__global__ void k_scatter_add(float *y, const float *x, const scatter_arg a, int64_t n) {
+    const float w = a.w[blockIdx.y];
+    float *o = y + (int64_t)a.row[blockIdx.y] * n;
+    const float *s = x + (int64_t)blockIdx.y * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        o[i] += w * s[i];
+}
+
+lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
+                                 int R, int64_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
+    scatter_arg a;
+    for (int r0 = 0; r0 < R && !st; r0 += CUDA_IDS_MAX / 2) {
+        a.n = R - r0 < CUDA_IDS_MAX / 2 ? R - r0 : CUDA_IDS_MAX / 2;
+        for (int i = 0; i < a.n; i++) a.row[i] = rows[r0 + i], a.w[i] = w[r0 + i];
+        dim3 grid(cuda_blocks(n, 256) < 16 ? cuda_blocks(n, 256) : 16, a.n);
+        k_scatter_add<<<grid, 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data + (int64_t)r0 * n, a, n);
+        st = cuda_check_launch(cb, "scatter_add_rows");
+    }
+    return st;
+}
+
 lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
                       float scale) {
     cuda_backend *cb = (cuda_backend *)be;
