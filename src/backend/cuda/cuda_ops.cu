@@ -377,6 +377,9 @@ lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tenso
                                  int R, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
+    /* a mixture of experts changes a step's ops with its routing (which experts, which rows): decode
+     * graphs, which replay a step whose ops and tensors repeat, are off for this backend from here on */
+    if (cb->g) cuda_graph_destroy(cb);
     scatter_arg a;
     for (int r0 = 0; r0 < R && !st; r0 += CUDA_IDS_MAX / 2) {
         a.n = R - r0 < CUDA_IDS_MAX / 2 ? R - r0 : CUDA_IDS_MAX / 2;
