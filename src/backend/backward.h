@@ -65,6 +65,18 @@ typedef struct lmx_backward_ops {
     lmx_status (*dropout)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
 } lmx_backward_ops;
 
+/* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */
+static inline lmx_status lmx_attention_bwd_check(lmx_backend *be, const lmx_attn_args *a) {
+    if (a->Hk <= 0 || a->H % a->Hk)
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention backward: %d heads not a multiple of %d kv heads", a->H,
+                           a->Hk);
+    for (int b = 0; b < a->batch->B; b++)
+        if (a->batch->n_past[b] != 0)
+            return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "attention backward: sequence %d starts at position %d, not 0",
+                               b, a->batch->n_past[b]);
+    return LMX_OK;
+}
+
 /* The cpu backend's backward ops (backend/cpu/cpu_backward.c; its ops table's backward). */
 extern const lmx_backward_ops lmx_cpu_backward;
 /* The cuda backend's (backend/cuda/cuda_backward.cu). */

@@ -166,12 +166,8 @@ static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor 
                                     const lmx_tensor *dout, const lmx_attn_args *a, const int *windows) {
     const lmx_batch *bt = a->batch;
     const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
-    if (Hk <= 0 || H % Hk)
-        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention backward: %d heads not a multiple of %d kv heads", H, Hk);
-    for (int b = 0; b < bt->B; b++)
-        if (bt->n_past[b] != 0)
-            return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "attention backward: sequence %d starts at position %d, not 0",
-                               b, bt->n_past[b]);
+    lmx_status st = lmx_attention_bwd_check(be, a);
+    if (st) return st;
     float *p = work(be, (size_t)2 * T, "attention backward");
     if (!p) return be->err.status;
     float *dp = p + T;

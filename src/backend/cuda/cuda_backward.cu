@@ -425,12 +425,7 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     if (st) return st;
     const lmx_batch *bt = a->batch;
     const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
-    if (Hk <= 0 || H % Hk)
-        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention backward: %d heads not a multiple of %d kv heads", H, Hk);
-    for (int b = 0; b < bt->B; b++)
-        if (bt->n_past[b] != 0)
-            return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "attention backward: sequence %d starts at position %d, not 0",
-                               b, bt->n_past[b]);
+    if ((st = lmx_attention_bwd_check(be, a))) return st;
     /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys (LMX_CUDA_ATTN_BWD_ROWS: tests) */
     const char *env = getenv("LMX_CUDA_ATTN_BWD_ROWS");
     int tq = env && atoi(env) > 0 ? atoi(env) : (int)(BWD_ATTN_BYTES / (8 * (int64_t)H * (T > 0 ? T : 1)));
