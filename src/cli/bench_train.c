@@ -40,9 +40,8 @@ int cmd_bench_train(int argc, char **argv) {
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--grad-checkpoint") && i + 1 < argc) {
-            const char *v = argv[++i];
-            ckpt = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
-            if (ckpt == -2) return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
+            if (cli_parse_checkpoint(argv[++i], &ckpt))
+                return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
         }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank)) return cli_usage_error("bench-train: bad --rank"); }

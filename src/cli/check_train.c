@@ -98,9 +98,14 @@ int cmd_check_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--loss-rows") && i + 1 < argc) loss_rows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--grad-checkpoint") && i + 1 < argc) ckpt = !strcmp(argv[++i], "on");
+        else if (!strcmp(argv[i], "--grad-checkpoint") && i + 1 < argc) {
+            if (cli_parse_checkpoint(argv[++i], &ckpt)) {
+                fprintf(stderr, "check-train: --grad-checkpoint takes on, off or auto\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: lmx check-train BASE_MODEL LORA_DIR [--backend cpu|cuda] [--loss-rows N] [--grad-checkpoint on|off]\n"
+            printf("usage: lmx check-train BASE_MODEL LORA_DIR [--backend cpu|cuda] [--loss-rows N] [--grad-checkpoint on|off|auto]\n"
                    "  trains LORA_DIR/peft_adapter on the batch of LORA_DIR/train_reference.safetensors and compares\n"
                    "  the loss, the gradients, the parameters after one AdamW step and every step's loss\n"
                    "  (--loss-rows: the loss's logits N rows at a time, as large vocabularies need; --grad-checkpoint:\n"

@@ -41,5 +41,7 @@ int cli_plot_loss(const char *csv, const char *png, const char *title);
 int cli_usage_error(const char *fmt, ...);
 /* Parse a positive int option value; returns 0 on success. */
 int cli_parse_int(const char *s, int *out);
+/* --grad-checkpoint's value: on 1, off 0, auto -1 (the trainer's checkpoint field); returns 0 on success. */
+int cli_parse_checkpoint(const char *s, int *out);
 
 #endif

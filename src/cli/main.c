@@ -26,6 +26,13 @@ int cli_parse_int(const char *s, int *out) {
     return 0;
 }
 
+int cli_parse_checkpoint(const char *s, int *out) {
+    const int v = !s ? -2 : !strcmp(s, "on") ? 1 : !strcmp(s, "off") ? 0 : !strcmp(s, "auto") ? -1 : -2;
+    if (v == -2) return -1;
+    *out = v;
+    return 0;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "lmx %s - run language models on CPUs and GPUs\n\n"

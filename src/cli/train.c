@@ -208,8 +208,7 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
         else if (OPT("--resume")) o->resume = v;
         else if (OPT("--backend")) o->backend = v;
         else if (OPT("--grad-checkpoint")) {
-            o->ckpt = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : !strcmp(v, "auto") ? -1 : -2;
-            if (o->ckpt == -2) {
+            if (cli_parse_checkpoint(v, &o->ckpt)) {
                 fprintf(stderr, "train: --grad-checkpoint takes on, off or auto\n");
                 return 2;
             }
