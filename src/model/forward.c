@@ -45,7 +45,22 @@ void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
     free(ws->ids);
     free(ws->kv);
     free(ws->lora);
+    free(ws->route.logits);
     memset(ws, 0, sizeof *ws);
+}
+
+/* The host arrays of a MoE layer's routing for up to rows rows, in one block (route.logits owns it). */
+static lmx_status route_reserve(lmx_moe_route *r, const lmx_config *c, int rows) {
+    const size_t E = (size_t)c->n_experts, RK = (size_t)rows * c->n_experts_used;
+    float *f = realloc(r->logits, ((size_t)rows * E + 2 * RK) * sizeof(float) + (3 * E + 2 * RK) * sizeof(int));
+    if (!f) return LMX_ERR_NOMEM;
+    r->logits = f;                          /* [rows, E] */
+    r->w = f + (size_t)rows * E;            /* [rows K]: weights grouped by expert */
+    r->pick_w = r->w + RK;                  /* [rows, K]: each row's experts' weights */
+    r->rows = (int *)(r->pick_w + RK);      /* [rows K]: rows grouped by expert */
+    r->pick = r->rows + RK;                 /* [rows, K]: each row's experts (-1 first: padding) */
+    r->count = r->pick + RK, r->off = r->count + E, r->fill = r->off + E; /* [E] each */
+    return LMX_OK;
 }
 
 /* Grow the buffers to B sequences, M rows and R logit rows; a no-op once large enough, so decode
@@ -83,6 +98,7 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
             TRY(ws_tensor(be, &ws->router, rows, c->n_experts));
             TRY(ws_tensor(be, &ws->mx, rows, C));
             TRY(ws_tensor(be, &ws->my, rows, C));
+            if (route_reserve(&ws->route, c, rows)) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         }
         ws->max_rows = rows;
     }
@@ -176,91 +192,73 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     return LMX_OK;
 }
 
-/* The routing of a MoE layer (host): for each of the M rows that are not padding, the softmax of its
- * router logits lg [M, E], its K best experts (the lower index first among equals) and their weights,
- * renormalised over the K with norm_topk; then the rows grouped by expert: expert e's n[e] rows at
- * rows[off[e] ..] with weights w[..]. */
-static void route(const lmx_config *c, const lmx_batch *bt, const float *lg, int *n, int *off, int *rows, float *w,
-                  int *tmp_e, float *tmp_p) {
+/* The routing of a MoE layer (host), for each of the M rows that are not padding: the softmax of its
+ * router logits r->logits [M, E], its K best experts (the lower index first among equals) and their
+ * weights, renormalised over the K with norm_topk; then the rows grouped by expert: expert e's
+ * count[e] rows at rows[off[e] ..] with weights w[..]. */
+static void route(const lmx_config *c, const lmx_batch *bt, lmx_moe_route *r) {
     const int E = c->n_experts, K = c->n_experts_used, M = bt->B * bt->T;
-    int total = 0;
-    memset(n, 0, (size_t)E * sizeof *n);
-    for (int r = 0; r < M; r++) {
-        tmp_e[r * K] = -1;
-        if (r % bt->T >= bt->n_new[r / bt->T]) continue; /* padding: never read */
-        const float *z = lg + (int64_t)r * E;
-        double mx = z[0], sum = 0;
+    memset(r->count, 0, (size_t)E * sizeof *r->count);
+    for (int i = 0; i < M; i++) {
+        int *ex = r->pick + (int64_t)i * K;
+        float *p = r->pick_w + (int64_t)i * K;
+        ex[0] = -1;
+        if (i % bt->T >= bt->n_new[i / bt->T]) continue; /* padding: never read */
+        const float *z = r->logits + (int64_t)i * E;
+        double mx = z[0], sum = 0, ksum = 0;
         for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
         for (int e = 0; e < E; e++) sum += exp((double)z[e] - mx);
-        double ksum = 0;
         for (int k = 0; k < K; k++) { /* the k-th best: the largest logit not taken yet */
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
-                for (int j = 0; j < k; j++) taken |= tmp_e[r * K + j] == e;
+                for (int j = 0; j < k; j++) taken |= ex[j] == e;
                 if (!taken && (best < 0 || z[e] > z[best])) best = e;
             }
-            tmp_e[r * K + k] = best;
-            tmp_p[r * K + k] = (float)(exp((double)z[best] - mx) / sum);
-            ksum += tmp_p[r * K + k];
-            n[best]++;
+            ex[k] = best;
+            p[k] = (float)(exp((double)z[best] - mx) / sum);
+            ksum += p[k];
+            r->count[best]++;
         }
-        for (int k = 0; c->norm_topk && k < K; k++) tmp_p[r * K + k] = (float)(tmp_p[r * K + k] / ksum);
-        total += K;
+        for (int k = 0; c->norm_topk && k < K; k++) p[k] = (float)(p[k] / ksum);
     }
-    for (int e = 0, o = 0; e < E; e++) off[e] = o, o += n[e];
-    int *fill = n + E; /* n has room for 2E */
-    memset(fill, 0, (size_t)E * sizeof *fill);
-    for (int r = 0; r < M; r++)
-        for (int k = 0; k < K && tmp_e[r * K] >= 0; k++) {
-            const int e = tmp_e[r * K + k], i = off[e] + fill[e]++;
-            rows[i] = r, w[i] = tmp_p[r * K + k];
+    for (int e = 0, o = 0; e < E; e++) r->off[e] = o, o += r->count[e], r->fill[e] = 0;
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K && r->pick[(int64_t)i * K] >= 0; k++) {
+            const int e = r->pick[(int64_t)i * K + k], j = r->off[e] + r->fill[e]++;
+            r->rows[j] = i, r->w[j] = r->pick_w[(int64_t)i * K + k];
         }
-    (void)total;
 }
 
 /* A mixture of experts in place of the MLP (qwen3_moe): the router's logits read to the host and
- * routed there; each expert with rows runs on them alone (gathered), its output added back to its
- * rows weighted by the router (scatter_add_rows). */
+ * routed there; each expert with rows runs on them alone (gathered), and its output is added to the
+ * residual stream's rows weighted by the router (scatter_add_rows). */
 static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     lmx_workspace *ws = &m->ws;
+    lmx_moe_route *r = &ws->route;
     const lmx_layer *L = &m->layers[l];
     const lmx_config *c = &m->cfg;
-    const int E = c->n_experts, K = c->n_experts_used;
     const int64_t C = c->hidden, Fm = c->moe_ffn;
     if (!op->scatter_add_rows)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend does not run mixture-of-experts layers",
                            op->name);
     TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, (int)C, (float)c->eps, m->norm_add_one));
     TRY(op->matmul(be, &ws->router, &ws->xn, &L->router, NULL, M));
-    float *lg = malloc((size_t)M * E * sizeof *lg), *w = malloc((size_t)M * K * sizeof *w);
-    float *tp = malloc((size_t)M * K * sizeof *tp), *zero = calloc((size_t)M * C, sizeof *zero);
-    int *n = malloc((size_t)4 * E * sizeof *n), *rows = malloc((size_t)M * K * sizeof *rows);
-    int *te = malloc((size_t)M * K * sizeof *te);
-    lmx_status st = lg && w && tp && zero && n && rows && te ? LMX_OK : lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-    if (!st && (st = op->read(be, &ws->router, 0, lg, (size_t)M * E * sizeof *lg)))
-        lmx_err_set(&m->err, st, "%s", be->err.msg);
-    if (!st) {
-        int *off = n + 2 * E;
-        route(c, bt, lg, n, off, rows, w, te, tp);
-        if ((st = op->write(be, &ws->proj, 0, zero, (size_t)M * C * sizeof *zero))) lmx_err_set(&m->err, st, "%s", be->err.msg);
-        for (int e = 0; e < E && !st; e++) {
-            const int ne = n[e], *re = rows + off[e];
-            if (!ne) continue;
-            const lmx_tensor *ex = &L->experts[3 * e];
-            if ((st = op->gather_rows(be, &ws->mx, &ws->xn, re, ne, C)) || (st = op->matmul(be, &ws->gate, &ws->mx, &ex[0], NULL, ne)) ||
-                (st = op->matmul(be, &ws->up, &ws->mx, &ex[1], NULL, ne)) ||
-                (st = op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)ne * Fm, c->act)) ||
-                (st = op->matmul(be, &ws->my, &ws->gate, &ex[2], NULL, ne)) ||
-                (st = op->scatter_add_rows(be, &ws->proj, &ws->my, re, w + off[e], ne, C)))
-                lmx_err_set(&m->err, st, "%s", be->err.msg);
-        }
+    TRY(op->read(be, &ws->router, 0, r->logits, (size_t)M * c->n_experts * sizeof *r->logits));
+    route(c, bt, r);
+    for (int e = 0; e < c->n_experts; e++) {
+        const int ne = r->count[e], *re = r->rows + r->off[e];
+        if (!ne) continue;
+        const lmx_tensor *ex = &L->experts[3 * e];
+        TRY(op->gather_rows(be, &ws->mx, &ws->xn, re, ne, C));
+        TRY(op->matmul(be, &ws->gate, &ws->mx, &ex[0], NULL, ne));
+        TRY(op->matmul(be, &ws->up, &ws->mx, &ex[1], NULL, ne));
+        TRY(op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)ne * Fm, c->act));
+        TRY(op->matmul(be, &ws->my, &ws->gate, &ex[2], NULL, ne));
+        TRY(op->scatter_add_rows(be, &ws->x, &ws->my, re, r->w + r->off[e], ne, C));
     }
-    free(lg), free(w), free(tp), free(zero), free(n), free(rows), free(te);
-    if (st) return st;
-    TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * C));
     return LMX_OK;
 }
 

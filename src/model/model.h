@@ -35,12 +35,19 @@ typedef struct lmx_layer {
     lmx_rope rope;               /* inv_freq points into lmx_model.inv_freq */
 } lmx_layer;
 
+/* A MoE layer's routing on the host (forward.c, route): one block of max_rows rows, owned by logits. */
+typedef struct lmx_moe_route {
+    float *logits, *w, *pick_w;
+    int *rows, *pick, *count, *off, *fill;
+} lmx_moe_route;
+
 /* Activation buffers of the forward pass, sized for up to max_rows rows (grown, never per token). */
 typedef struct lmx_workspace {
     int max_rows, max_out_rows;
     lmx_tensor x, xn, q, k, v, att, proj, gate, up;   /* [M, ...] */
     lmx_tensor xr, logits;                            /* [R, C], [R, V] */
     lmx_tensor router, mx, my;                        /* MoE: [M, E], an expert's rows in and out [M, C] */
+    lmx_moe_route route;                              /* MoE: the routing (host) */
     int max_batch;
     int32_t *ids;                /* host [max_rows]: token ids with padding replaced */
     lmx_kv_layer **kv;           /* host [max_batch]: one layer's cache of each sequence */
