@@ -96,15 +96,10 @@ static inline float lmx_load_f32(const void *p) {
  * in a safetensors file need not be aligned). */
 static inline float lmx_float_at(const void *data, lmx_dtype t, int64_t i) {
     const char *p = data;
-    uint16_t h;
     switch (t) {
-    case LMX_DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return lmx_bf16_to_f32(h);
-    case LMX_DTYPE_F16: memcpy(&h, p + 2 * i, 2); return lmx_f16_to_f32(h);
-    default: {
-        float f;
-        memcpy(&f, p + 4 * i, 4);
-        return f;
-    }
+    case LMX_DTYPE_BF16: return lmx_bf16_to_f32(lmx_load_u16(p + 2 * i));
+    case LMX_DTYPE_F16: return lmx_f16_to_f32(lmx_load_u16(p + 2 * i));
+    default: return lmx_load_f32(p + 4 * i);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../base/fileio.h"
+#include "../base/json.h"
 
 const char *lmx_arch_name(lmx_arch a) {
     switch (a) {
@@ -61,11 +62,6 @@ static lmx_status get_num(const cfg_src *s, const char *key, double *out, const 
     return LMX_OK;
 }
 
-static double obj_num(const cJSON *o, const char *key, double dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
-}
-
 /* ---- RoPE ---------------------------------------------------------------------------------- */
 
 /* Read one RoPE description: {"rope_type"|"type": ..., "rope_theta"?, "factor", ...}. */
@@ -77,20 +73,20 @@ static lmx_status parse_rope(const cJSON *o, double theta_default, lmx_rope_cfg 
     rc->factor = 1.0;
     if (!is_set(o)) return LMX_OK;
     if (!cJSON_IsObject(o)) return lmx_err_set(err, LMX_ERR_FORMAT, "%s: RoPE parameters must be an object", path);
-    rc->theta = obj_num(o, "rope_theta", theta_default);
+    rc->theta = lmx_json_num(o, "rope_theta", theta_default);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
     if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(o, "type");
     const char *type = cJSON_IsString(t) ? t->valuestring : "default";
-    rc->factor = obj_num(o, "factor", 1.0);
+    rc->factor = lmx_json_num(o, "factor", 1.0);
     if (strcmp(type, "default") == 0) {
         rc->type = LMX_ROPE_DEFAULT;
     } else if (strcmp(type, "linear") == 0) {
         rc->type = LMX_ROPE_LINEAR;
     } else if (strcmp(type, "llama3") == 0) {
         rc->type = LMX_ROPE_LLAMA3;
-        rc->low_freq_factor = obj_num(o, "low_freq_factor", 1.0);
-        rc->high_freq_factor = obj_num(o, "high_freq_factor", 4.0);
-        rc->original_max_positions = obj_num(o, "original_max_position_embeddings", 8192);
+        rc->low_freq_factor = lmx_json_num(o, "low_freq_factor", 1.0);
+        rc->high_freq_factor = lmx_json_num(o, "high_freq_factor", 4.0);
+        rc->original_max_positions = lmx_json_num(o, "original_max_position_embeddings", 8192);
         if (rc->high_freq_factor <= rc->low_freq_factor)
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: llama3 RoPE needs high_freq_factor > low_freq_factor", path);
     } else {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/fileio.h"
+#include "base/json.h"
 #include "formats/gguf.h"
 #include "tokenizer/tok_internal.h"
 
@@ -41,10 +42,6 @@ lmx_status lmx_tok_set_string(lmx_tokenizer *t, int32_t id, const char *s, size_
     return LMX_OK;
 }
 
-static int jflag(const cJSON *o, const char *key) {
-    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key));
-}
-
 static lmx_status load_added(lmx_tokenizer *t, const cJSON *arr, lmx_err *err) {
     int n = cJSON_GetArraySize(arr);
     if (n <= 0) return LMX_OK;
@@ -62,11 +59,11 @@ static lmx_status load_added(lmx_tokenizer *t, const cJSON *arr, lmx_err *err) {
         }
         lmx_tok_added *a = &t->added[t->n_added];
         a->id = id->valueint; /* saturated by cJSON */
-        a->lstrip = (uint8_t)jflag(it, "lstrip");
-        a->rstrip = (uint8_t)jflag(it, "rstrip");
-        a->single_word = (uint8_t)jflag(it, "single_word");
-        a->normalized = (uint8_t)jflag(it, "normalized");
-        a->special = (uint8_t)jflag(it, "special");
+        a->lstrip = (uint8_t)lmx_json_bool(it, "lstrip", 0);
+        a->rstrip = (uint8_t)lmx_json_bool(it, "rstrip", 0);
+        a->single_word = (uint8_t)lmx_json_bool(it, "single_word", 0);
+        a->normalized = (uint8_t)lmx_json_bool(it, "normalized", 0);
+        a->special = (uint8_t)lmx_json_bool(it, "special", 0);
         const char *s = content->valuestring;
         size_t len = strlen(s);
         if ((st = lmx_tok_set_string(t, a->id, s, len, err))) break;
