@@ -424,12 +424,9 @@ static void cpu_destroy(lmx_backend *be) {
 
 static lmx_status cpu_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows,
                                        const float *w, int R, int64_t n) {
-    (void)be;
-    for (int r = 0; r < R; r++) {
-        float *o = (float *)y->data + (int64_t)rows[r] * n;
-        const float *s = (const float *)x->data + (int64_t)r * n;
-        for (int64_t i = 0; i < n; i++) o[i] += w[r] * s[i];
-    }
+    const cpu_backend *cb = (const cpu_backend *)be;
+    for (int r = 0; r < R; r++)
+        cb->k.axpy_f32((float *)y->data + (int64_t)rows[r] * n, w[r], (const float *)x->data + (int64_t)r * n, n);
     return LMX_OK;
 }
 
