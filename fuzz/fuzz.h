@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/fileio.h"
 #include "base/status.h"
 #include "../tests/one_line.h"
 
@@ -70,9 +71,9 @@ FZ_HELPER const char *fz_path(const char *name) {
 /* Write n bytes to dir/name (replacing it); returns the path. */
 FZ_HELPER const char *fz_write(const char *name, const void *data, size_t n) {
     const char *p = fz_path(name);
-    FILE *f = fopen(p, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) {
-        perror("lmx fuzz: writing the input");
+    lmx_err err = {0};
+    if (lmx_write_file(p, data, n, &err)) {
+        fprintf(stderr, "lmx fuzz: writing the input: %s\n", err.msg);
         abort();
     }
     return p;

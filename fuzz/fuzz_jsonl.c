@@ -9,6 +9,7 @@
 #include "fuzz.h"
 
 #include "cli/cli.h"
+#include "tokenizer/tok_internal.h"
 
 /* The stubs of src/cli/main.c that the two commands use (main.c itself holds main). */
 int cli_usage_error(const char *fmt, ...) {
@@ -38,31 +39,15 @@ static const char k_template[] =
 static char tok_dir[600], tpl_path[600];
 static FILE *devnull;
 
-/* GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for 256 + k. */
-static int byte_char(int b, char out[4]) {
-    int printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    int cp = b, k = 0;
-    if (!printable) {
-        for (int c = 0; c < b; c++) k += !((c >= '!' && c <= '~') || (c >= 0xa1 && c <= 0xac) || (c >= 0xae && c <= 0xff));
-        cp = 256 + k;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        out[2] = 0;
-    }
-    return cp;
-}
-
 static void write_tokenizer(void) {
     cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
     cJSON *merges = cJSON_CreateArray(), *added = cJSON_CreateArray();
-    char s[4];
+    char s[8];
+    uint16_t byte_cp[256];
+    int16_t cp_byte[324];
+    lmx_tok_bytelevel_tables(byte_cp, cp_byte); /* GPT-2's byte-level alphabet */
     for (int b = 0; b < 256; b++) {
-        byte_char(b, s);
+        s[lmx_tok_utf8_encode(byte_cp[b], s)] = 0;
         cJSON_AddNumberToObject(vocab, s, b);
     }
     static const char *const m[][2] = {{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"\xc4\xa0", "w"}, {"o", "r"}, {"\xc4\xa0w", "or"}};

@@ -19,7 +19,7 @@
 /* n floats of working memory, counted against be's memory (limit included); NULL with be->err set. */
 static float *work(lmx_backend *be, size_t n, const char *what) {
     if (lmx_backend_mem_check(be, (int64_t)(n * sizeof(float)))) {
-        lmx_err_prefix(&be->err, what);
+        lmx_err_prefix(&be->err, "%s", what);
         return NULL;
     }
     float *p = malloc((n ? n : 1) * sizeof(float));
