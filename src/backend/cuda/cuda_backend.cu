@@ -39,6 +39,15 @@ lmx_status cuda_check_launch(cuda_backend *cb, const char *what) {
     return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, what);
 }
 
+/* Free scratch slot's buffer (the stream done with it) and its count. */
+static void scratch_free(cuda_backend *cb, int slot) {
+    if (!cb->scratch[slot]) return;
+    cudaFree(cb->scratch[slot]);
+    lmx_backend_mem(&cb->base, -(int64_t)cb->scratch_bytes[slot]);
+    cb->scratch[slot] = NULL;
+    cb->scratch_bytes[slot] = 0;
+}
+
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     if (bytes <= cb->scratch_bytes[slot]) return cb->scratch[slot];
     size_t want = bytes + bytes / 4;
@@ -49,10 +58,7 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     cuda_graph_drop(cb); /* a captured graph may hold the old buffer */
     if (cb->scratch[slot]) {
         cudaStreamSynchronize(cb->stream); /* earlier kernels may still read it */
-        cudaFree(cb->scratch[slot]);
-        lmx_backend_mem(&cb->base, -(int64_t)cb->scratch_bytes[slot]);
-        cb->scratch[slot] = NULL;
-        cb->scratch_bytes[slot] = 0;
+        scratch_free(cb, slot);
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
@@ -66,7 +72,11 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     return p;
 }
 
-static void pool_trim(cuda_backend *cb);
+/* Give the activation pool's idle blocks back to the device (cuda_alloc), after the stream's work. */
+static void pool_trim(cuda_backend *cb) {
+    cudaStreamSynchronize(cb->stream);
+    cudaMemPoolTrimTo(cb->pool, 0);
+}
 
 static int64_t cuda_cached_bytes(const lmx_backend *be) {
     const cuda_backend *cb = (const cuda_backend *)be;
@@ -81,14 +91,8 @@ static void cuda_trim(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
     cuda_graph_drop(cb);  /* a captured graph may use the buffers */
-    pool_trim(cb);
-    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) {
-        if (!cb->scratch[i]) continue;
-        cudaFree(cb->scratch[i]);
-        lmx_backend_mem(be, -(int64_t)cb->scratch_bytes[i]);
-        cb->scratch[i] = NULL;
-        cb->scratch_bytes[i] = 0;
-    }
+    pool_trim(cb); /* waits for the stream */
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
 }
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -171,11 +175,6 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
 /* Activations come from the backend's stream-ordered pool: a release returns the block to the pool on
  * the stream (no wait), and a later allocation on the stream reuses it.  mem_now counts the tensors'
  * bytes; the pool's idle blocks stay reserved for reuse until trim gives them back to the device. */
-static void pool_trim(cuda_backend *cb) {
-    cudaStreamSynchronize(cb->stream);
-    cudaMemPoolTrimTo(cb->pool, 0);
-}
-
 static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status gst = cuda_graph_flush(cb);
@@ -303,8 +302,7 @@ static void cuda_destroy(lmx_backend *be) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     cuda_graph_destroy(cb);
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i]);
-    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
-        if (cb->scratch[i]) cudaFree(cb->scratch[i]);
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->pool) cudaMemPoolDestroy(cb->pool); /* tensors still held are freed with it */
     if (cb->stream) cudaStreamDestroy(cb->stream);

@@ -174,6 +174,12 @@ static lmx_status g_launch(cuda_backend *cb) {
     return LMX_OK;
 }
 
+void cuda_graph_off(cuda_backend *cb) {
+    if (!cb->g) return;
+    cuda_graph_drop(cb);
+    cb->g->failed = 1; /* every later step runs eagerly, as after a failed capture */
+}
+
 lmx_status cuda_graph_flush(cuda_backend *cb) {
     cuda_graph *g = cb->g;
     if (!g) return LMX_OK;

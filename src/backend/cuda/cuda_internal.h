@@ -81,6 +81,9 @@ lmx_status cuda_graph_create(cuda_backend *cb);
 void cuda_graph_destroy(cuda_backend *cb);
 lmx_status cuda_graph_flush(cuda_backend *cb);
 void cuda_graph_drop(cuda_backend *cb);
+/* Decode graphs off for good (after a flush): a step whose ops depend on values the record does not
+ * compare (a mixture of experts' routing) must not be replayed. */
+void cuda_graph_off(cuda_backend *cb);
 /* The split count decode attention uses for sequences [b0, b0+nb) of a (T < 32). */
 int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
 

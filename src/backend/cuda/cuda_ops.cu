@@ -377,15 +377,13 @@ lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tenso
                                  int R, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
-    /* a mixture of experts changes a step's ops with its routing (which experts, which rows): decode
-     * graphs, which replay a step whose ops and tensors repeat, are off for this backend from here on */
-    if (cb->g) cuda_graph_destroy(cb);
+    cuda_graph_off(cb); /* a mixture of experts: the routing (which experts, which rows) varies by step */
     scatter_arg a;
     for (int r0 = 0; r0 < R && !st; r0 += CUDA_IDS_MAX / 2) {
         a.n = R - r0 < CUDA_IDS_MAX / 2 ? R - r0 : CUDA_IDS_MAX / 2;
         for (int i = 0; i < a.n; i++) a.row[i] = rows[r0 + i], a.w[i] = w[r0 + i];
         dim3 grid(cuda_blocks(n, 256) < 16 ? cuda_blocks(n, 256) : 16, a.n);
-        k_scatter_add<<<grid, 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data + (int64_t)r0 * n, a, n);
+        cuda_launch(cb, k_scatter_add, grid, 256, 0, (float *)y->data, (const float *)x->data + (int64_t)r0 * n, a, n);
         st = cuda_check_launch(cb, "scatter_add_rows");
     }
     return st;
