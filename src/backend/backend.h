@@ -188,11 +188,16 @@ static inline void lmx_backend_mem(lmx_backend *be, int64_t delta) {
     if (be->mem_now > be->mem_peak) be->mem_peak = be->mem_now;
 }
 
+/* Whether delta more bytes fit be's memory limit (1) or not (0). */
+static inline int lmx_backend_mem_fits(const lmx_backend *be, int64_t delta) {
+    return be->mem_limit <= 0 || delta <= 0 || be->mem_mapped + be->mem_now + delta <= be->mem_limit;
+}
+
 /* Whether delta more bytes fit be's memory limit: LMX_OK, or LMX_ERR_NOMEM with "out of memory:
  * limit N bytes, would need M bytes" in be->err.  Every allocation asks before it allocates. */
 static inline lmx_status lmx_backend_mem_check(lmx_backend *be, int64_t delta) {
     int64_t need = be->mem_mapped + be->mem_now + delta;
-    if (be->mem_limit <= 0 || delta <= 0 || need <= be->mem_limit) return LMX_OK;
+    if (lmx_backend_mem_fits(be, delta)) return LMX_OK;
     return lmx_err_set(&be->err, LMX_ERR_NOMEM, "out of memory: limit %lld bytes, would need %lld bytes",
                        (long long)be->mem_limit, (long long)need);
 }

@@ -246,6 +246,12 @@ static void rope_task(void *arg, int task, int thread) {
     }
 }
 
+/* Free a rope cache entry's arrays (its bytes stay counted: the caller uncounts them) and clear it. */
+static void rope_entry_free(cpu_rope_cache *e) {
+    free(e->tab), free(e->inv_freq), free(e->pos);
+    memset(e, 0, sizeof *e);
+}
+
 /* The cache entry for this call's positions and frequencies: *fill = 0 when it already holds the
  * table, 1 when the caller must compute it.  NULL (no caching) if memory runs out. */
 static float *rope_table(cpu_backend *cb, const lmx_batch *bt, const lmx_rope *rope, int *fill) {
@@ -268,21 +274,19 @@ static float *rope_table(cpu_backend *cb, const lmx_batch *bt, const lmx_rope *r
     e->used = 0;
     if (e->rows_alloc < rows * rope->rot_dim || e->n_freq_alloc < half || e->pos_alloc < bt->B) {
         lmx_backend_mem(&cb->base, -(int64_t)e->bytes);
-        free(e->tab), free(e->inv_freq), free(e->pos);
-        memset(e, 0, sizeof *e);
+        rope_entry_free(e);
         size_t want = ((size_t)rows * rope->rot_dim + (size_t)half) * sizeof(float) + (size_t)2 * bt->B * sizeof(int);
-        if (cb->base.mem_limit > 0 && cb->base.mem_mapped + cb->base.mem_now + (int64_t)want > cb->base.mem_limit)
+        if (!lmx_backend_mem_fits(&cb->base, (int64_t)want))
             return NULL; /* over the memory limit: no table, the angles are computed in place */
         e->tab = malloc((size_t)rows * rope->rot_dim * sizeof(float));
         e->inv_freq = malloc((size_t)half * sizeof(float));
         e->pos = malloc((size_t)2 * bt->B * sizeof(int));
         if (!e->tab || !e->inv_freq || !e->pos) {
-            free(e->tab), free(e->inv_freq), free(e->pos);
-            memset(e, 0, sizeof *e);
+            rope_entry_free(e);
             return NULL;
         }
         e->rows_alloc = rows * rope->rot_dim, e->n_freq_alloc = half, e->pos_alloc = bt->B;
-        e->bytes = ((size_t)rows * rope->rot_dim + (size_t)half) * sizeof(float) + (size_t)2 * bt->B * sizeof(int);
+        e->bytes = want;
         lmx_backend_mem(&cb->base, (int64_t)e->bytes);
     }
     e->B = bt->B, e->T = bt->T, e->rot_dim = rope->rot_dim, e->attn_factor = rope->attn_factor;
@@ -403,11 +407,7 @@ static void cpu_trim(lmx_backend *be) {
     for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) free(cb->scratch[i]), cb->scratch[i] = NULL, cb->scratch_n[i] = 0;
     for (int i = 0; i < CPU_MAX_THREADS; i++)
         free(cb->attn_scratch[i]), cb->attn_scratch[i] = NULL, cb->attn_scratch_n[i] = 0;
-    for (int i = 0; i < CPU_ROPE_CACHE; i++) {
-        cpu_rope_cache *e = &cb->rope[i];
-        free(e->tab), free(e->inv_freq), free(e->pos);
-        memset(e, 0, sizeof *e);
-    }
+    for (int i = 0; i < CPU_ROPE_CACHE; i++) rope_entry_free(&cb->rope[i]);
 }
 
 /* ---- the table --------------------------------------------------------------------------- */
@@ -418,7 +418,7 @@ static void cpu_destroy(lmx_backend *be) {
     lmx_pool_free(cb->pool);
     for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) free(cb->scratch[i]);
     for (int i = 0; i < CPU_MAX_THREADS; i++) free(cb->attn_scratch[i]);
-    for (int i = 0; i < CPU_ROPE_CACHE; i++) free(cb->rope[i].tab), free(cb->rope[i].inv_freq), free(cb->rope[i].pos);
+    for (int i = 0; i < CPU_ROPE_CACHE; i++) rope_entry_free(&cb->rope[i]);
     free(cb);
 }
 
