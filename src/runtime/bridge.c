@@ -408,20 +408,19 @@ long lmx_bridge_child_pid(const lmx_model *m) {
 
 /* ---- generation -------------------------------------------------------------------------------- */
 
-static cJSON *gen_request(lmx_model *m, const char *prompt, const int32_t *ids, const lmx_message *msgs, int n,
+/* The request line of a generation: msgs (lmx_messages_json's array, taken over) for chat, else the
+ * prompt or its ids. */
+static cJSON *gen_request(lmx_model *m, const char *prompt, const int32_t *ids, cJSON *msgs, int n,
                           const lmx_gen_params *p) {
     cJSON *r = cJSON_CreateObject();
-    if (!r) return NULL;
+    if (!r) {
+        cJSON_Delete(msgs);
+        return NULL;
+    }
     int ok = 1;
     if (msgs) {
-        cJSON *arr = cJSON_AddArrayToObject(r, "messages");
-        ok = cJSON_AddStringToObject(r, "op", "chat") && arr;
-        for (int i = 0; ok && i < n; i++) {
-            cJSON *o = cJSON_CreateObject();
-            ok = o && cJSON_AddStringToObject(o, "role", msgs[i].role) &&
-                 cJSON_AddStringToObject(o, "content", msgs[i].content);
-            if (o) cJSON_AddItemToArray(arr, o);
-        }
+        cJSON_AddItemToObject(r, "messages", msgs);
+        ok = cJSON_AddStringToObject(r, "op", "chat") != NULL;
     } else {
         ok = cJSON_AddStringToObject(r, "op", "generate") != NULL;
         if (prompt) ok = ok && cJSON_AddStringToObject(r, "prompt", prompt);
@@ -456,16 +455,19 @@ lmx_status lmx_bridge_stream_open(lmx_model *m, const char *prompt, const int32_
     lmx_gen_params dp = lmx_gen_default_params();
     const lmx_gen_params *p = params ? params : &dp;
     if (!prompt && !msgs && (!ids || n <= 0)) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the prompt is empty");
-    if (msgs && n <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "no messages");
-    for (int i = 0; msgs && i < n; i++)
-        if (!msgs[i].role || !msgs[i].content)
-            return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "message %d has no role or content", i);
-    if (p->adapter && p->adapter != LMX_NO_ADAPTER)
-        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the mlx_lm backend takes its adapter at load only");
-    if (b->busy) lmx_bridge_stream_stop(s); /* cannot happen through the API; be safe */
+    cJSON *msg_json = NULL;
     lmx_status st;
-    if (b->pid <= 0 && (st = start(b, &m->err))) return st; /* a fresh child after a failure */
-    cJSON *req = gen_request(m, prompt, ids, msgs, n, p);
+    if (msgs && (st = lmx_messages_json(m, msgs, n, &msg_json))) return st;
+    if (p->adapter && p->adapter != LMX_NO_ADAPTER) {
+        cJSON_Delete(msg_json);
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the mlx_lm backend takes its adapter at load only");
+    }
+    if (b->busy) lmx_bridge_stream_stop(s); /* cannot happen through the API; be safe */
+    if (b->pid <= 0 && (st = start(b, &m->err))) {
+        cJSON_Delete(msg_json);
+        return st; /* a fresh child after a failure */
+    }
+    cJSON *req = gen_request(m, prompt, ids, msg_json, n, p);
     if (!req) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     st = send_line(b, req, &m->err);
     cJSON_Delete(req);

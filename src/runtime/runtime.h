@@ -154,6 +154,10 @@ void lmx_metrics_end(lmx_model *m, int generated, double t_start, double t_first
 /* After a step of stream s (native or bridge): produced != 0 hands out its token in *tok (the first
  * one's time noted), and the metrics are brought up to date. */
 void lmx_stream_emit(lmx_stream *s, int produced, const lmx_token **tok);
+/* msgs [n] as the JSON array of {"role", "content"} objects a chat template reads (*out, cJSON_Delete
+ * it); INVALID_ARG for no messages or one without role or content. */
+struct cJSON;
+lmx_status lmx_messages_json(lmx_model *m, const lmx_message *msgs, int n, struct cJSON **out);
 double lmx_now_ms(void);
 
 #endif

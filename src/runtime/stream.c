@@ -173,15 +173,9 @@ lmx_status lmx_generate_ids(lmx_model *m, const int32_t *ids, int n, const lmx_g
 
 /* ---- chat ------------------------------------------------------------------------------------ */
 
-lmx_status lmx_chat_render(lmx_model *m, const lmx_message *msgs, int n, int add_generation_prompt,
-                           char **out) {
-    if (!m || !out) return LMX_ERR_INVALID_ARG;
+lmx_status lmx_messages_json(lmx_model *m, const lmx_message *msgs, int n, cJSON **out) {
     *out = NULL;
-    lmx_runtime *rt = m->rt;
     if (!msgs || n <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "no messages");
-    lmx_status st;
-    if (!rt->tpl && (st = lmx_chat_template_load(rt->path, lmx_arch_name(m->cfg.arch), &rt->tpl, &m->err)))
-        return st;
     cJSON *arr = cJSON_CreateArray();
     for (int i = 0; arr && i < n; i++) {
         if (!msgs[i].role || !msgs[i].content) {
@@ -199,6 +193,21 @@ lmx_status lmx_chat_render(lmx_model *m, const lmx_message *msgs, int n, int add
         cJSON_AddItemToArray(arr, o);
     }
     if (!arr) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    *out = arr;
+    return LMX_OK;
+}
+
+lmx_status lmx_chat_render(lmx_model *m, const lmx_message *msgs, int n, int add_generation_prompt,
+                           char **out) {
+    if (!m || !out) return LMX_ERR_INVALID_ARG;
+    *out = NULL;
+    lmx_runtime *rt = m->rt;
+    if (!msgs || n <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "no messages");
+    lmx_status st;
+    if (!rt->tpl && (st = lmx_chat_template_load(rt->path, lmx_arch_name(m->cfg.arch), &rt->tpl, &m->err)))
+        return st;
+    cJSON *arr = NULL;
+    if ((st = lmx_messages_json(m, msgs, n, &arr))) return st;
     st = lmx_chat_template_render(rt->tpl, arr, add_generation_prompt, NULL, NULL, out, &m->err);
     cJSON_Delete(arr);
     return st;
