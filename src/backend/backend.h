@@ -169,6 +169,10 @@ typedef struct lmx_backend_ops {
      * experts adds each expert's output to the rows routed to it */
     lmx_status (*scatter_add_rows)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
                                    int R, int64_t n);
+    /* x[i] = s * x[i] for i < n (x f32); s == 0 writes zeros whatever x held (inf, NaN).  Gemma 4's
+     * layer scalars and per-layer input scales, and with s = 0 the clearing of its experts' sum.
+     * Optional (last in the table): models that need it are refused with a message where it is NULL. */
+    lmx_status (*scale)(lmx_backend *be, lmx_tensor *x, int64_t n, float s);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

@@ -17,6 +17,7 @@ const char *lmx_arch_name(lmx_arch a) {
     case LMX_ARCH_QWEN3: return "qwen3";
     case LMX_ARCH_GEMMA2: return "gemma2";
     case LMX_ARCH_GEMMA3: return "gemma3";
+    case LMX_ARCH_GEMMA4: return "gemma4";
     default: return "unknown";
     }
 }
@@ -36,6 +37,9 @@ static const cJSON *get(const cfg_src *s, const char *key) {
 }
 
 static int is_set(const cJSON *v) { return v && !cJSON_IsNull(v); }
+
+/* Boolean key: 1 when true; missing, null or false: 0. */
+static int get_flag(const cfg_src *s, const char *key) { return cJSON_IsTrue(get(s, key)); }
 
 /* Integer key: *out = value; missing or null leaves *out; anything else is an error. */
 static lmx_status get_int(const cfg_src *s, const char *key, int *out, int required,
@@ -82,6 +86,11 @@ static lmx_status parse_rope(const cJSON *o, double theta_default, lmx_rope_cfg 
         rc->type = LMX_ROPE_DEFAULT;
     } else if (strcmp(type, "linear") == 0) {
         rc->type = LMX_ROPE_LINEAR;
+    } else if (strcmp(type, "proportional") == 0) {
+        rc->type = LMX_ROPE_PROPORTIONAL;
+        rc->partial = lmx_json_num(o, "partial_rotary_factor", 1.0);
+        if (!(rc->partial > 0 && rc->partial <= 1))
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: proportional RoPE needs \"partial_rotary_factor\" in (0, 1]", path);
     } else if (strcmp(type, "llama3") == 0) {
         rc->type = LMX_ROPE_LLAMA3;
         rc->low_freq_factor = lmx_json_num(o, "low_freq_factor", 1.0);
@@ -90,7 +99,7 @@ static lmx_status parse_rope(const cJSON *o, double theta_default, lmx_rope_cfg 
         if (rc->high_freq_factor <= rc->low_freq_factor)
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: llama3 RoPE needs high_freq_factor > low_freq_factor", path);
     } else {
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE type %s is not supported (default, linear, llama3)",
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE type %s is not supported (default, linear, llama3, proportional)",
                            path, LMX_QUOTED(type));
     }
     if (!(rc->factor > 0) || !(rc->theta > 0))
@@ -100,9 +109,11 @@ static lmx_status parse_rope(const cJSON *o, double theta_default, lmx_rope_cfg 
 
 float lmx_rope_inv_freq(const lmx_rope_cfg *rc, int rot_dim, float *inv_freq) {
     int half = rot_dim / 2;
+    /* proportional: rotated pairs (i, i + D/2) for i < floor(partial D / 2) only, as transformers */
+    int rotated = rc->type == LMX_ROPE_PROPORTIONAL ? (int)floor(rc->partial * rot_dim / 2.0) : half;
     for (int i = 0; i < half; i++) {
-        double f = 1.0 / pow(rc->theta, (double)(2 * i) / rot_dim);
-        if (rc->type == LMX_ROPE_LINEAR) {
+        double f = i < rotated ? 1.0 / pow(rc->theta, (double)(2 * i) / rot_dim) : 0.0;
+        if (rc->type == LMX_ROPE_LINEAR || rc->type == LMX_ROPE_PROPORTIONAL) {
             f /= rc->factor;
         } else if (rc->type == LMX_ROPE_LLAMA3) {
             double low_wavelen = rc->original_max_positions / rc->low_freq_factor;
@@ -134,6 +145,13 @@ static lmx_status parse_ropes(const cfg_src *s, lmx_config *c, const char *path,
         }
         if ((st = parse_rope(params, 10000, &c->rope_global, path, err))) return st;
         c->rope_local = c->rope_global;
+        return LMX_OK;
+    }
+    if (c->arch == LMX_ARCH_GEMMA4) { /* transformers' defaults: proportional full layers, default sliding ones */
+        parse_rope(NULL, 1e6, &c->rope_global, path, err);
+        c->rope_global.type = LMX_ROPE_PROPORTIONAL;
+        c->rope_global.partial = 0.25;
+        parse_rope(NULL, 10000, &c->rope_local, path, err);
         return LMX_OK;
     }
     double theta = 10000;
@@ -170,7 +188,7 @@ static lmx_status parse_layer_types(const cfg_src *s, lmx_config *c, const char 
         }
     } else if (c->arch == LMX_ARCH_GEMMA2) {
         for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i % 2 == 0);
-    } else if (c->arch == LMX_ARCH_GEMMA3) {
+    } else if (c->arch == LMX_ARCH_GEMMA3 || c->arch == LMX_ARCH_GEMMA4) {
         int pattern = 6;
         lmx_status st = get_int(s, "sliding_window_pattern", &pattern, 0, path, err);
         if (st) return st;
@@ -184,6 +202,7 @@ static lmx_status parse_layer_types(const cfg_src *s, lmx_config *c, const char 
         if (cJSON_IsTrue(use))
             for (int i = from; i < c->n_layers; i++) c->layer_sliding[i] = 1;
     }
+    if (c->arch == LMX_ARCH_GEMMA4) c->layer_sliding[c->n_layers - 1] = 0; /* transformers forces it */
     int any = 0;
     for (int i = 0; i < c->n_layers; i++) any |= c->layer_sliding[i];
     if (!any) {
@@ -208,6 +227,7 @@ static lmx_status parse_arch(const cfg_src *s, lmx_config *c, const char *path, 
         {"llama", LMX_ARCH_LLAMA},   {"qwen2", LMX_ARCH_QWEN2},       {"qwen3", LMX_ARCH_QWEN3},
         {"gemma2", LMX_ARCH_GEMMA2}, {"gemma3", LMX_ARCH_GEMMA3},     {"gemma3_text", LMX_ARCH_GEMMA3},
         {"qwen3_moe", LMX_ARCH_QWEN3}, /* qwen3 with MoE layers (parse_moe) */
+        {"gemma4", LMX_ARCH_GEMMA4}, {"gemma4_text", LMX_ARCH_GEMMA4},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (strcmp(mt->valuestring, known[i].name) == 0) {
@@ -215,12 +235,13 @@ static lmx_status parse_arch(const cfg_src *s, lmx_config *c, const char *path, 
             return LMX_OK;
         }
     return lmx_err_set(err, LMX_ERR_UNSUPPORTED,
-                       "%s: unknown model_type %s (supported: llama, qwen2, qwen3, qwen3_moe, gemma2, gemma3, gemma3_text)",
+                       "%s: unknown model_type %s (supported: llama, qwen2, qwen3, qwen3_moe, gemma2, gemma3, gemma3_text, "
+                       "gemma4, gemma4_text)",
                        path, LMX_QUOTED(mt->valuestring));
 }
 
 static lmx_status parse_act(const cfg_src *s, lmx_config *c, const char *path, lmx_err *err) {
-    int gemma = c->arch == LMX_ARCH_GEMMA2 || c->arch == LMX_ARCH_GEMMA3;
+    int gemma = c->arch == LMX_ARCH_GEMMA2 || c->arch == LMX_ARCH_GEMMA3 || c->arch == LMX_ARCH_GEMMA4;
     const cJSON *a = get(s, "hidden_activation");
     if (!is_set(a)) a = get(s, "hidden_act");
     const char *name = cJSON_IsString(a) ? a->valuestring : (gemma ? "gelu_pytorch_tanh" : "silu");
@@ -232,30 +253,35 @@ static lmx_status parse_act(const cfg_src *s, lmx_config *c, const char *path, l
     return LMX_OK;
 }
 
-/* qwen3_moe's experts: num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
- * norm_topk_prob, decoder_sparse_step, mlp_only_layers. */
+/* The experts of qwen3_moe (num_experts or num_local_experts, num_experts_per_tok, moe_intermediate_size,
+ * norm_topk_prob, decoder_sparse_step, mlp_only_layers: MoE layers instead of the MLP) and of gemma4
+ * (enable_moe_block, num_experts, top_k_experts, moe_intermediate_size: every layer, beside its MLP,
+ * always renormalised). */
 static lmx_status parse_moe(const cfg_src *s, lmx_config *c, const char *path, lmx_err *err) {
-    if (strcmp(c->model_type, "qwen3_moe")) return LMX_OK;
+    const int qwen = !strcmp(c->model_type, "qwen3_moe");
+    if (!qwen && !(c->arch == LMX_ARCH_GEMMA4 && get_flag(s, "enable_moe_block"))) return LMX_OK;
     lmx_status st;
     int step = 1;
-    const char *ek = is_set(get(s, "num_experts")) ? "num_experts" : "num_local_experts"; /* both styles */
+    const char *ek = !qwen || is_set(get(s, "num_experts")) ? "num_experts" : "num_local_experts"; /* both styles */
+    const char *kk = qwen ? "num_experts_per_tok" : "top_k_experts";
     if ((st = get_int(s, ek, &c->n_experts, 0, path, err))) return st;
-    if ((st = get_int(s, "num_experts_per_tok", &c->n_experts_used, 1, path, err))) return st;
+    if ((st = get_int(s, kk, &c->n_experts_used, 1, path, err))) return st;
     if ((st = get_int(s, "moe_intermediate_size", &c->moe_ffn, 1, path, err))) return st;
-    if ((st = get_int(s, "decoder_sparse_step", &step, 0, path, err))) return st;
-    const cJSON *nt = get(s, "norm_topk_prob");
-    c->norm_topk = cJSON_IsTrue(nt);
+    if (qwen && (st = get_int(s, "decoder_sparse_step", &step, 0, path, err))) return st;
+    c->norm_topk = qwen ? get_flag(s, "norm_topk_prob") : 1;
+    c->moe_beside_mlp = !qwen;
     if (c->n_experts <= 0)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" must be positive for a qwen3_moe model", path, ek);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" must be positive for a %s model with experts", path, ek,
+                           qwen ? "qwen3_moe" : "gemma4");
     if (c->n_experts_used <= 0 || c->n_experts_used > c->n_experts)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"num_experts_per_tok\" %d must be in [1, %s = %d]", path,
-                           c->n_experts_used, ek, c->n_experts);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"%s\" %d must be in [1, %s = %d]", path, kk, c->n_experts_used,
+                           ek, c->n_experts);
     if (c->moe_ffn <= 0 || step <= 0)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"moe_intermediate_size\" and \"decoder_sparse_step\" must be positive",
-                           path);
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"moe_intermediate_size\"%s must be positive", path,
+                           qwen ? " and \"decoder_sparse_step\"" : "");
     if (!(c->layer_moe = calloc((size_t)c->n_layers, 1))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
     for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = (l + 1) % step == 0;
-    const cJSON *only = get(s, "mlp_only_layers"), *e;
+    const cJSON *only = qwen ? get(s, "mlp_only_layers") : NULL, *e;
     if (is_set(only) && !cJSON_IsArray(only))
         return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"mlp_only_layers\" must be a list of layer numbers", path);
     if (!is_set(only)) only = NULL;
@@ -266,6 +292,108 @@ static lmx_status parse_moe(const cfg_src *s, lmx_config *c, const char *path, l
         c->layer_moe[e->valueint] = 0;
     }
     return LMX_OK;
+}
+
+/* ---- gemma4 ---------------------------------------------------------------------------------- */
+
+/* A key that is an integer, or null for none (0): *out keeps its default when the key is absent. */
+static lmx_status get_int_or_null(const cfg_src *s, const char *key, int *out, const char *path, lmx_err *err) {
+    const cJSON *v = get(s, key);
+    if (v && cJSON_IsNull(v)) *out = 0;
+    return get_int(s, key, out, 0, path, err);
+}
+
+/* per_layer_config: {"<layer>": {"head_dim": D, "num_key_value_heads": Hk}, ...}, layer numbers in
+ * decimal (transformers zero-pads them: "05"), other per-layer keys refused.  Without it,
+ * full-attention layers take global_head_dim (512 unless given) and, with attention_k_eq_v,
+ * num_global_key_value_heads, as transformers derives them. */
+static lmx_status parse_layer_heads(const cfg_src *s, lmx_config *c, const char *path, lmx_err *err) {
+    const int n = c->n_layers;
+    c->layer_head_dim = malloc((size_t)n * sizeof *c->layer_head_dim);
+    c->layer_kv_heads = malloc((size_t)n * sizeof *c->layer_kv_heads);
+    if (!c->layer_head_dim || !c->layer_kv_heads) return lmx_err_set(err, LMX_ERR_NOMEM, "%s: out of memory", path);
+    for (int l = 0; l < n; l++) c->layer_head_dim[l] = c->head_dim, c->layer_kv_heads[l] = c->n_kv_heads;
+    const cJSON *plc = get(s, "per_layer_config"), *o;
+    lmx_status st;
+    if (!is_set(plc)) {
+        int global_d = 512, global_hk = 0;
+        if ((st = get_int(s, "global_head_dim", &global_d, 0, path, err)) ||
+            (st = get_int(s, "num_global_key_value_heads", &global_hk, 0, path, err)))
+            return st;
+        for (int l = 0; l < n; l++)
+            if (!c->layer_sliding[l]) {
+                c->layer_head_dim[l] = global_d;
+                if (c->k_eq_v && global_hk > 0) c->layer_kv_heads[l] = global_hk;
+            }
+    } else if (!cJSON_IsObject(plc)) {
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"per_layer_config\" must be an object of layer numbers", path);
+    }
+    const cJSON *layers = is_set(plc) ? plc : NULL;
+    cJSON_ArrayForEach(o, layers) {
+        const char *key = o->string;
+        char *end = NULL;
+        long l = strtol(key, &end, 10);
+        if (!*key || *end || key[0] == '-' || key[0] == '+' || l < 0 || l >= n)
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"per_layer_config\" key %s is not a layer in [0, %d)", path,
+                               LMX_QUOTED(key), n);
+        if (!cJSON_IsObject(o))
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: per_layer_config[%s] must be an object", path, LMX_QUOTED(key));
+        const cJSON *v;
+        cJSON_ArrayForEach(v, o) {
+            int *dst = !strcmp(v->string, "head_dim")              ? &c->layer_head_dim[l]
+                       : !strcmp(v->string, "num_key_value_heads") ? &c->layer_kv_heads[l]
+                                                                   : NULL;
+            if (!dst)
+                return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: per_layer_config[%s] sets %s, which lmx does not support "
+                                   "per layer (head_dim, num_key_value_heads)", path, LMX_QUOTED(key), LMX_QUOTED(v->string));
+            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 1e6)
+                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: per_layer_config[%s].%s must be a positive integer", path,
+                                   LMX_QUOTED(key), v->string);
+            *dst = (int)v->valuedouble;
+        }
+    }
+    for (int l = 0; l < n; l++) {
+        const int d = c->layer_head_dim[l], hk = c->layer_kv_heads[l];
+        if (d <= 0 || d % 2)
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: layer %d: \"head_dim\" %d must be positive and even", path, l, d);
+        if (hk <= 0 || c->n_heads % hk)
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: layer %d: %d attention heads are not a multiple of "
+                               "\"num_key_value_heads\" %d", path, l, c->n_heads, hk);
+    }
+    return LMX_OK;
+}
+
+/* The rest of gemma4's text config: shared KV, K = V, per-layer inputs, double-wide MLPs. */
+static lmx_status parse_gemma4(const cfg_src *s, lmx_config *c, const char *path, lmx_err *err) {
+    lmx_status st;
+    const cJSON *bidi = get(s, "use_bidirectional_attention");
+    if (cJSON_IsString(bidi) && !strcmp(bidi->valuestring, "all"))
+        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: \"use_bidirectional_attention\": \"all\" is not supported "
+                           "(causal text models only)", path);
+    c->k_eq_v = get_flag(s, "attention_k_eq_v");
+    c->double_wide_mlp = get_flag(s, "use_double_wide_mlp");
+    c->ple_dim = 256, c->ple_vocab = 262144; /* transformers' defaults */
+    if ((st = get_int_or_null(s, "hidden_size_per_layer_input", &c->ple_dim, path, err)) ||
+        (st = get_int_or_null(s, "vocab_size_per_layer_input", &c->ple_vocab, path, err)) ||
+        (st = get_int(s, "num_kv_shared_layers", &c->n_kv_shared, 0, path, err)))
+        return st;
+    if (c->ple_dim > 0 && c->ple_vocab <= 0)
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"vocab_size_per_layer_input\" must be positive with per-layer "
+                           "inputs", path);
+    if (c->n_kv_shared >= c->n_layers)
+        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"num_kv_shared_layers\" %d must be less than the %d layers", path,
+                           c->n_kv_shared, c->n_layers);
+    const int first = c->n_layers - c->n_kv_shared;
+    for (int l = first; l < c->n_layers; l++) {
+        int src = -1;
+        for (int j = 0; j < first; j++)
+            if (c->layer_sliding[j] == c->layer_sliding[l]) src = j;
+        if (src < 0)
+            return lmx_err_set(err, LMX_ERR_FORMAT, "%s: \"num_kv_shared_layers\" %d leaves layer %d (%s attention) no "
+                               "earlier layer of its type to share keys and values with", path, c->n_kv_shared, l,
+                               c->layer_sliding[l] ? "sliding" : "full");
+    }
+    return parse_layer_heads(s, c, path, err);
 }
 
 /* eos_token_id: an integer or a list of integers. */
@@ -293,7 +421,8 @@ lmx_status lmx_config_parse(const char *json, const char *path, lmx_config *c, l
 
     lmx_status st;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "gemma3") == 0 && s.text != root)
+    if (cJSON_IsString(mt) && (!strcmp(mt->valuestring, "gemma3") || !strcmp(mt->valuestring, "gemma4")) &&
+        s.text != root)
         s.root = s.text; /* multimodal: the top-level model_type names the wrapper */
     if ((st = parse_arch(&s, c, path, err))) goto done;
     if (c->arch == LMX_ARCH_UNKNOWN && cJSON_IsString(mt)) { /* text_config without model_type */
@@ -305,6 +434,7 @@ lmx_status lmx_config_parse(const char *json, const char *path, lmx_config *c, l
     c->eps = 1e-6;
     c->tie_embeddings = -1;
     c->bos_id = -1;
+    if (c->arch == LMX_ARCH_GEMMA4) c->head_dim = 256, c->sliding_window = 512; /* transformers' defaults */
     if ((st = get_int(&s, "num_hidden_layers", &c->n_layers, 1, path, err))) goto done;
     if ((st = get_int(&s, "hidden_size", &c->hidden, 1, path, err))) goto done;
     if ((st = get_int(&s, "num_attention_heads", &c->n_heads, 1, path, err))) goto done;
@@ -338,6 +468,7 @@ lmx_status lmx_config_parse(const char *json, const char *path, lmx_config *c, l
     if ((st = parse_ropes(&s, c, path, err))) goto done;
     if ((st = parse_layer_types(&s, c, path, err))) goto done;
     if ((st = parse_moe(&s, c, path, err))) goto done;
+    if (c->arch == LMX_ARCH_GEMMA4 && (st = parse_gemma4(&s, c, path, err))) goto done;
 done:
     cJSON_Delete(root);
     if (st != LMX_OK) lmx_config_free(c);
@@ -376,4 +507,8 @@ void lmx_config_free(lmx_config *c) {
     c->layer_sliding = NULL;
     free(c->layer_moe);
     c->layer_moe = NULL;
+    free(c->layer_head_dim);
+    c->layer_head_dim = NULL;
+    free(c->layer_kv_heads);
+    c->layer_kv_heads = NULL;
 }

@@ -1,13 +1,18 @@
-/* forward.c - the one decoder forward pass shared by llama, qwen2, qwen3, gemma2 and gemma3.
+/* forward.c - the one decoder forward pass shared by llama, qwen2, qwen3 (and qwen3_moe), gemma2,
+ * gemma3 and gemma4.
  *
- * Per layer (pre-norm residual blocks):
+ * Per layer (pre-norm residual blocks; D, Hk and F are the layer's own):
  *   h   = norm(x)                                       x [M, C]
  *   q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)   q [M, H*D], k/v [M, Hk*D]
- *   q,k = qk_norm(q, k) (qwen3, gemma3); rope(q, k)
+ *   q,k = qk_norm(q, k) (qwen3, gemma3, gemma4); v = norm(v) (gemma4, no weight); rope(q, k)
  *   a   = attention(q, cache + k, cache + v)            a [M, H*D]
  *   x  += post_attn_norm(a Wo^T)                        (post norm: gemma only)
  *   x  += post_ffn_norm(down(act(gate(h')) * up(h')))   h' = ffn_norm(x)
- * then logits = final_norm(x) lm_head^T (soft-capped for gemma2) on the requested rows.
+ * then logits = final_norm(x) lm_head^T (soft-capped for gemma2, gemma4) on the requested rows.
+ * A mixture of experts replaces the MLP (qwen3_moe) or joins it (gemma4: moe_block).  Gemma 4 also
+ * adds a per-layer input to each layer's output (ple_block), scales it by the layer's scalar, lets
+ * its last layers attend over an earlier layer's keys and values (their new rows kept in ws.ks/vs
+ * and appended to that layer's cache after its last sharer), and takes K = V on full layers.
  * With adapters, each of the seven projections' outputs gains its sequence's LoRA term s B (A x)
  * (the backend's lora op, right after the matmul; model/adapter.h).
  * The model code only calls backend ops; it never touches tensor memory. */
@@ -27,6 +32,16 @@ static const lmx_tensor *bias(const lmx_tensor *b) { return b->data ? b : NULL; 
         if (s_ != LMX_OK) return lmx_err_set(&m->err, s_, "%s", be->err.msg); \
     } while (0)
 
+/* t's memory as [rows, cols]: a layer's own width of a workspace buffer sized for the widest. */
+static lmx_tensor as_rows(const lmx_tensor *t, int64_t rows, int64_t cols) {
+    lmx_tensor v = *t;
+    v.ndim = 2;
+    v.shape[0] = rows;
+    v.shape[1] = cols;
+    v.owned = 0;
+    return v;
+}
+
 static lmx_status ws_tensor(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_t cols) {
     be->ops->release(be, t);
     memset(t, 0, sizeof *t);
@@ -38,11 +53,14 @@ static lmx_status ws_tensor(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_
 }
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
-    lmx_tensor *all[] = {&ws->x,  &ws->xn,     &ws->q,      &ws->k,  &ws->v,  &ws->att, &ws->proj,
-                         &ws->gate, &ws->up, &ws->xr, &ws->logits, &ws->router, &ws->mx, &ws->my};
+    lmx_tensor *all[] = {&ws->x,      &ws->xn,     &ws->q,      &ws->k,      &ws->v,      &ws->att,
+                         &ws->proj,   &ws->gate,   &ws->up,     &ws->xr,     &ws->logits, &ws->router,
+                         &ws->mx,     &ws->my,     &ws->moe_sum, &ws->ks[0], &ws->ks[1], &ws->vs[0],
+                         &ws->vs[1],  &ws->ple,    &ws->ple_in, &ws->ple_gate, &ws->ple_emb};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]->data) be->ops->release(be, all[i]);
     free(ws->ids);
+    free(ws->ple_rows);
     free(ws->kv);
     free(ws->lora);
     free(ws->route.logits);
@@ -69,7 +87,7 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     lmx_backend *be = m->be;
     lmx_workspace *ws = &m->ws;
     const lmx_config *c = &m->cfg;
-    int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
+    const int64_t C = c->hidden, HD = m->q_width, KD = m->kv_width, LP = (int64_t)c->n_layers * c->ple_dim;
     if (B > ws->max_batch) {
         lmx_kv_layer **kv = realloc(ws->kv, (size_t)B * sizeof *kv);
         if (kv) ws->kv = kv;
@@ -81,8 +99,10 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     if (M > ws->max_rows) {
         int rows = M;
         int32_t *ids = realloc(ws->ids, (size_t)rows * sizeof *ids);
-        if (!ids) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-        ws->ids = ids;
+        if (ids) ws->ids = ids;
+        int *ple_rows = ids && LP ? realloc(ws->ple_rows, (size_t)rows * sizeof *ple_rows) : NULL;
+        if (ple_rows) ws->ple_rows = ple_rows;
+        if (!ids || (LP && !ple_rows)) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         ws->max_rows = 0; /* until every buffer has grown: a failure (a memory limit) leaves some freed */
         TRY(ws_tensor(be, &ws->x, rows, C));
         TRY(ws_tensor(be, &ws->xn, rows, C));
@@ -91,14 +111,26 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
         TRY(ws_tensor(be, &ws->v, rows, KD));
         TRY(ws_tensor(be, &ws->att, rows, HD));
         TRY(ws_tensor(be, &ws->proj, rows, C));
-        const int64_t F = c->layer_moe && c->moe_ffn > c->ffn ? c->moe_ffn : c->ffn; /* an expert's too */
-        TRY(ws_tensor(be, &ws->gate, rows, F));
-        TRY(ws_tensor(be, &ws->up, rows, F));
+        TRY(ws_tensor(be, &ws->gate, rows, m->max_ffn));
+        TRY(ws_tensor(be, &ws->up, rows, m->max_ffn));
         if (c->layer_moe) {
             TRY(ws_tensor(be, &ws->router, rows, c->n_experts));
             TRY(ws_tensor(be, &ws->mx, rows, C));
             TRY(ws_tensor(be, &ws->my, rows, C));
+            if (c->moe_beside_mlp) TRY(ws_tensor(be, &ws->moe_sum, rows, C));
             if (route_reserve(&ws->route, c, rows)) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+        }
+        for (int s = 0; s < 2; s++) /* the kept keys and values of each shared source layer */
+            for (int l = 0; l < c->n_layers; l++)
+                if (m->layers[l].kv_slot == s && m->layers[l].kv_src == l) {
+                    TRY(ws_tensor(be, &ws->ks[s], rows, KD));
+                    TRY(ws_tensor(be, &ws->vs[s], rows, KD));
+                }
+        if (LP) {
+            TRY(ws_tensor(be, &ws->ple, rows, LP));
+            TRY(ws_tensor(be, &ws->ple_emb, rows, LP));
+            TRY(ws_tensor(be, &ws->ple_in, rows, c->ple_dim));
+            TRY(ws_tensor(be, &ws->ple_gate, rows, c->ple_dim));
         }
         ws->max_rows = rows;
     }
@@ -136,38 +168,50 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     lmx_workspace *ws = &m->ws;
     const lmx_layer *L = &m->layers[l];
     const lmx_config *c = &m->cfg;
-    int H = c->n_heads, Hk = c->n_kv_heads, D = m->head_dim;
-    float one = m->norm_add_one;
-
-    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->attn_norm, M, c->hidden, (float)c->eps, one));
-    TRY(op->matmul(be, &ws->q, &ws->xn, &L->wq, bias(&L->bq), M));
-    TRY(op->matmul(be, &ws->k, &ws->xn, &L->wk, bias(&L->bk), M));
-    TRY(op->matmul(be, &ws->v, &ws->xn, &L->wv, bias(&L->bv), M));
+    const int H = c->n_heads, Hk = L->n_kv_heads, D = L->head_dim, own = L->kv_src == l;
+    const float one = m->norm_add_one, eps = (float)c->eps;
+    lmx_tensor q = as_rows(&ws->q, M, (int64_t)H * D);   /* [M, H*D] */
+    lmx_tensor att = as_rows(&ws->att, M, (int64_t)H * D); /* [M, H*D] */
+    /* the new keys and values [M, Hk*D]: of this layer, or (shared) of kv_src, kept in a slot */
+    lmx_tensor k = as_rows(L->kv_slot >= 0 ? &ws->ks[L->kv_slot] : &ws->k, M, (int64_t)Hk * D);
+    lmx_tensor v = as_rows(L->kv_slot >= 0 ? &ws->vs[L->kv_slot] : &ws->v, M, (int64_t)Hk * D);
     lmx_status st;
-    if ((st = lora(m, ad, l, LMX_PROJ_Q, &ws->q, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_K, &ws->k, &ws->xn, bt)) ||
-        (st = lora(m, ad, l, LMX_PROJ_V, &ws->v, &ws->xn, bt)))
-        return st;
-    if (m->traits.qk_norm) {
-        TRY(op->rmsnorm(be, &ws->q, &ws->q, &L->q_norm, M * H, D, (float)c->eps, one));
-        TRY(op->rmsnorm(be, &ws->k, &ws->k, &L->k_norm, M * Hk, D, (float)c->eps, one));
-    }
-    TRY(op->rope(be, &ws->q, bt, H, D, &L->rope));
-    TRY(op->rope(be, &ws->k, bt, Hk, D, &L->rope));
 
-    for (int b = 0; b < bt->B; b++) kv[b] = &kv_all[b][l];
-    lmx_attn_args a = {.batch = bt, .out = &ws->att, .q = &ws->q, .k = &ws->k, .v = &ws->v,
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->attn_norm, M, c->hidden, eps, one));
+    TRY(op->matmul(be, &q, &ws->xn, &L->wq, bias(&L->bq), M));
+    if ((st = lora(m, ad, l, LMX_PROJ_Q, &q, &ws->xn, bt))) return st;
+    if (own) {
+        TRY(op->matmul(be, &k, &ws->xn, &L->wk, bias(&L->bk), M));
+        if ((st = lora(m, ad, l, LMX_PROJ_K, &k, &ws->xn, bt))) return st;
+        if (L->wv.data) { /* else gemma4's K = V: the values come from the keys' projection */
+            TRY(op->matmul(be, &v, &ws->xn, &L->wv, bias(&L->bv), M));
+            if ((st = lora(m, ad, l, LMX_PROJ_V, &v, &ws->xn, bt))) return st;
+        }
+    }
+    if (m->traits.qk_norm) TRY(op->rmsnorm(be, &q, &q, &L->q_norm, M * H, D, eps, one));
+    if (own && m->traits.gemma4) /* each value head RMS-normed without a weight (before k's norm: K = V) */
+        TRY(op->rmsnorm(be, &v, L->wv.data ? &v : &k, &m->unit_norm, M * Hk, D, eps, 1.0f));
+    if (own && m->traits.qk_norm) TRY(op->rmsnorm(be, &k, &k, &L->k_norm, M * Hk, D, eps, one));
+    TRY(op->rope(be, &q, bt, H, D, &L->rope));
+    if (own) TRY(op->rope(be, &k, bt, Hk, D, &L->rope));
+
+    for (int b = 0; b < bt->B; b++) kv[b] = &kv_all[b][L->kv_src];
+    lmx_attn_args a = {.batch = bt, .out = &att, .q = &q, .k = &k, .v = &v,
                        .kv = kv, .H = H, .Hk = Hk, .D = D, .scale = m->attn_scale,
                        .softcap = (float)c->attn_softcap};
     TRY(op->attention(be, &a));
-    TRY(op->kv_append(be, kv, bt, &ws->k, &ws->v));
+    if (m->layers[L->kv_src].kv_last == l) /* the last layer to attend over kv_src's cache without these rows */
+        TRY(op->kv_append(be, kv, bt, &k, &v));
 
-    TRY(op->matmul(be, &ws->proj, &ws->att, &L->wo, bias(&L->bo), M));
-    if ((st = lora(m, ad, l, LMX_PROJ_O, &ws->proj, &ws->att, bt))) return st;
+    TRY(op->matmul(be, &ws->proj, &att, &L->wo, bias(&L->bo), M));
+    if ((st = lora(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt))) return st;
     if (L->post_attn_norm.data)
-        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, (float)c->eps, one));
+        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
     return LMX_OK;
 }
+
+static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M);
 
 static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, const lmx_batch *bt, int M) {
     lmx_backend *be = m->be;
@@ -175,28 +219,37 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     lmx_workspace *ws = &m->ws;
     const lmx_layer *L = &m->layers[l];
     const lmx_config *c = &m->cfg;
-    float one = m->norm_add_one;
+    const float one = m->norm_add_one, eps = (float)c->eps;
+    const int64_t F = L->ffn, MC = (int64_t)M * c->hidden;
+    lmx_tensor gate = as_rows(&ws->gate, M, F), up = as_rows(&ws->up, M, F); /* [M, F] */
 
-    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, c->hidden, (float)c->eps, one));
-    TRY(op->matmul(be, &ws->gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
-    TRY(op->matmul(be, &ws->up, &ws->xn, &L->w_up, bias(&L->b_up), M));
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, c->hidden, eps, one));
+    TRY(op->matmul(be, &gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
+    TRY(op->matmul(be, &up, &ws->xn, &L->w_up, bias(&L->b_up), M));
     lmx_status st;
-    if ((st = lora(m, ad, l, LMX_PROJ_GATE, &ws->gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &ws->up, &ws->xn, bt)))
+    if ((st = lora(m, ad, l, LMX_PROJ_GATE, &gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &up, &ws->xn, bt)))
         return st;
-    TRY(op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)M * c->ffn, c->act));
-    TRY(op->matmul(be, &ws->proj, &ws->gate, &L->w_down, bias(&L->b_down), M));
-    if ((st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &ws->gate, bt))) return st;
+    TRY(op->glu(be, &gate, &gate, &up, (int64_t)M * F, c->act));
+    TRY(op->matmul(be, &ws->proj, &gate, &L->w_down, bias(&L->b_down), M));
+    if ((st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &gate, bt))) return st;
+    if (L->moe) { /* gemma4: the experts beside the MLP, each output normed, then summed */
+        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm_1, M, c->hidden, eps, one));
+        if ((st = moe_block(m, l, bt, M))) return st;
+        TRY(op->add(be, &ws->proj, &ws->moe_sum, MC));
+    }
     if (L->post_ffn_norm.data)
-        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm, M, c->hidden, (float)c->eps, one));
-    TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
+        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm, M, c->hidden, eps, one));
+    TRY(op->add(be, &ws->x, &ws->proj, MC));
     return LMX_OK;
 }
 
 /* The routing of a MoE layer (host), for each of the M rows that are not padding: the softmax of its
- * router logits r->logits [M, E], its K best experts (the lower index first among equals) and their
- * weights, renormalised over the K with norm_topk; then the rows grouped by expert: expert e's
- * count[e] rows at rows[off[e] ..] with weights w[..]. */
-static void route(const lmx_config *c, const lmx_batch *bt, lmx_moe_route *r) {
+ * router logits r->logits [M, E] times logit_scale, its K best experts (the lower index first among
+ * equals) and their weights, renormalised over the K with norm_topk and multiplied by expert_scale[e]
+ * (NULL: 1); then the rows grouped by expert: expert e's count[e] rows at rows[off[e] ..] with
+ * weights w[..]. */
+static void route(const lmx_config *c, const lmx_batch *bt, double logit_scale, const float *expert_scale,
+                  lmx_moe_route *r) {
     const int E = c->n_experts, K = c->n_experts_used, M = bt->B * bt->T;
     memset(r->count, 0, (size_t)E * sizeof *r->count);
     for (int i = 0; i < M; i++) {
@@ -207,7 +260,7 @@ static void route(const lmx_config *c, const lmx_batch *bt, lmx_moe_route *r) {
         const float *z = r->logits + (int64_t)i * E;
         double mx = z[0], sum = 0, ksum = 0;
         for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-        for (int e = 0; e < E; e++) sum += exp((double)z[e] - mx);
+        for (int e = 0; e < E; e++) sum += exp(((double)z[e] - mx) * logit_scale);
         for (int k = 0; k < K; k++) { /* the k-th best: the largest logit not taken yet */
             int best = -1;
             for (int e = 0; e < E; e++) {
@@ -216,11 +269,12 @@ static void route(const lmx_config *c, const lmx_batch *bt, lmx_moe_route *r) {
                 if (!taken && (best < 0 || z[e] > z[best])) best = e;
             }
             ex[k] = best;
-            p[k] = (float)(exp((double)z[best] - mx) / sum);
+            p[k] = (float)(exp(((double)z[best] - mx) * logit_scale) / sum);
             ksum += p[k];
             r->count[best]++;
         }
         for (int k = 0; c->norm_topk && k < K; k++) p[k] = (float)(p[k] / ksum);
+        for (int k = 0; expert_scale && k < K; k++) p[k] *= expert_scale[ex[k]];
     }
     for (int e = 0, o = 0; e < E; e++) r->off[e] = o, o += r->count[e], r->fill[e] = 0;
     for (int i = 0; i < M; i++)
@@ -230,9 +284,11 @@ static void route(const lmx_config *c, const lmx_batch *bt, lmx_moe_route *r) {
         }
 }
 
-/* A mixture of experts in place of the MLP (qwen3_moe): the router's logits read to the host and
- * routed there; each expert with rows runs on them alone (gathered), and its output is added to the
- * residual stream's rows weighted by the router (scatter_add_rows). */
+/* A mixture of experts: the router's logits read to the host and routed there; each expert with rows
+ * runs on them alone (gathered from ws->xn), and its output is added to the rows of out weighted by
+ * the router (scatter_add_rows).  qwen3_moe, in place of the MLP: router on ffn_norm(x), out the
+ * residual stream x.  gemma4, beside the MLP: router on rmsnorm(x) router.scale / sqrt(C), experts on
+ * ffn_norm_2(x), out ws->moe_sum (cleared first), then normed by post_ffn_norm_2. */
 static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
@@ -241,24 +297,75 @@ static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
     const lmx_layer *L = &m->layers[l];
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, Fm = c->moe_ffn;
+    const float eps = (float)c->eps;
+    const int beside = c->moe_beside_mlp;
+    lmx_tensor *out = beside ? &ws->moe_sum : &ws->x;                   /* [M, C] */
+    lmx_tensor gate = as_rows(&ws->gate, M, Fm), up = as_rows(&ws->up, M, Fm); /* [ne, Fm] used */
     if (!op->scatter_add_rows)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend does not run mixture-of-experts layers",
                            op->name);
-    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, (int)C, (float)c->eps, m->norm_add_one));
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, beside ? &L->router_norm : &L->ffn_norm, M, (int)C, eps,
+                    beside ? 0.0f : m->norm_add_one));
     TRY(op->matmul(be, &ws->router, &ws->xn, &L->router, NULL, M));
     TRY(op->read(be, &ws->router, 0, r->logits, (size_t)M * c->n_experts * sizeof *r->logits));
-    route(c, bt, r);
+    route(c, bt, beside ? 1.0 / sqrt((double)C) : 1.0, L->expert_scale, r);
+    if (beside) {
+        TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm_2, M, (int)C, eps, m->norm_add_one));
+        TRY(op->scale(be, out, (int64_t)M * C, 0.0f));
+    }
     for (int e = 0; e < c->n_experts; e++) {
         const int ne = r->count[e], *re = r->rows + r->off[e];
         if (!ne) continue;
         const lmx_tensor *ex = &L->experts[3 * e];
         TRY(op->gather_rows(be, &ws->mx, &ws->xn, re, ne, C));
-        TRY(op->matmul(be, &ws->gate, &ws->mx, &ex[0], NULL, ne));
-        TRY(op->matmul(be, &ws->up, &ws->mx, &ex[1], NULL, ne));
-        TRY(op->glu(be, &ws->gate, &ws->gate, &ws->up, (int64_t)ne * Fm, c->act));
-        TRY(op->matmul(be, &ws->my, &ws->gate, &ex[2], NULL, ne));
-        TRY(op->scatter_add_rows(be, &ws->x, &ws->my, re, r->w + r->off[e], ne, C));
+        TRY(op->matmul(be, &gate, &ws->mx, &ex[0], NULL, ne));
+        TRY(op->matmul(be, &up, &ws->mx, &ex[1], NULL, ne));
+        TRY(op->glu(be, &gate, &gate, &up, (int64_t)ne * Fm, c->act));
+        TRY(op->matmul(be, &ws->my, &gate, &ex[2], NULL, ne));
+        TRY(op->scatter_add_rows(be, out, &ws->my, re, r->w + r->off[e], ne, C));
     }
+    if (beside) TRY(op->rmsnorm(be, out, out, &L->post_ffn_norm_2, M, (int)C, eps, m->norm_add_one));
+    return LMX_OK;
+}
+
+/* gemma4's per-layer input of layer l joins the residual stream:
+ *   x += post_norm(((act(x W_gate^T) * ple[:, l]) W_proj^T)       ple[:, l] [M, P] gathered from ws->ple */
+static lmx_status ple_block(lmx_model *m, int l, int M) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    lmx_workspace *ws = &m->ws;
+    const lmx_layer *L = &m->layers[l];
+    const lmx_config *c = &m->cfg;
+    const int nl = c->n_layers;
+    const int64_t P = c->ple_dim;
+    lmx_tensor all = as_rows(&ws->ple, (int64_t)M * nl, P);                          /* [M L, P] */
+    lmx_tensor in = as_rows(&ws->ple_in, M, P), gate = as_rows(&ws->ple_gate, M, P); /* [M, P] */
+    for (int i = 0; i < M; i++) ws->ple_rows[i] = i * nl + l;
+    TRY(op->gather_rows(be, &in, &all, ws->ple_rows, M, P));
+    TRY(op->matmul(be, &gate, &ws->x, &L->ple_gate, NULL, M));
+    TRY(op->glu(be, &gate, &gate, &in, (int64_t)M * P, c->act));
+    TRY(op->matmul(be, &ws->proj, &gate, &L->ple_proj, NULL, M));
+    TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->ple_norm, M, c->hidden, (float)c->eps, m->norm_add_one));
+    TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
+    return LMX_OK;
+}
+
+/* gemma4's per-layer inputs of every layer from the embeddings ws->x and the tokens ids, into ws->ple
+ * [M, L*P] (layer l's P values at columns l P ..):
+ *   ple = (rmsnorm_P(x W_model^T / sqrt(C)) + embed_ple[ids] sqrt(P)) / sqrt(2) */
+static lmx_status ple_inputs(lmx_model *m, const int32_t *ids, int M) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    lmx_workspace *ws = &m->ws;
+    const lmx_config *c = &m->cfg;
+    const int64_t P = c->ple_dim, LP = (int64_t)c->n_layers * P, n = (int64_t)M * LP;
+    lmx_tensor ple = as_rows(&ws->ple, M, LP), emb = as_rows(&ws->ple_emb, M, LP); /* [M, L*P] */
+    TRY(op->matmul(be, &ple, &ws->x, &m->ple_model_proj, NULL, M));
+    TRY(op->scale(be, &ple, n, (float)(1.0 / sqrt((double)c->hidden))));
+    TRY(op->rmsnorm(be, &ple, &ple, &m->ple_proj_norm, M * c->n_layers, (int)P, (float)c->eps, m->norm_add_one));
+    TRY(op->embed(be, &emb, &m->embed_ple, ids, M, sqrtf((float)P)));
+    TRY(op->add(be, &ple, &emb, n));
+    TRY(op->scale(be, &ple, n, (float)(1.0 / sqrt(2.0))));
     return LMX_OK;
 }
 
@@ -302,7 +409,8 @@ static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;
     int M = bt->B * bt->T;
-    int64_t KD = (int64_t)c->n_kv_heads * m->head_dim;
+    if (m->traits.gemma4 && !op->scale)
+        return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend cannot run gemma4 models (no scale op)", op->name);
     lmx_status st = ws_reserve(m, bt->B, M, R);
     if (st) return st;
     int32_t *ids = m->ws.ids;
@@ -319,23 +427,30 @@ static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
             ids[b * bt->T + t] = t < bt->n_new[b] ? id : 0;
         }
     for (int b = 0; b < bt->B && st == LMX_OK; b++)
-        for (int l = 0; l < c->n_layers && st == LMX_OK; l++)
-            if (op->kv_reserve(be, &kv_all[b][l], bt->n_past[b] + bt->n_new[b], KD) != LMX_OK)
+        for (int l = 0; l < c->n_layers && st == LMX_OK; l++) {
+            const int64_t KD = lmx_model_kv_row(m, l); /* 0: a shared-KV layer keeps no cache */
+            if (KD && op->kv_reserve(be, &kv_all[b][l], bt->n_past[b] + bt->n_new[b], KD) != LMX_OK)
                 st = lmx_err_set(&m->err, be->err.status, "%s", be->err.msg);
+        }
     if (st) return st;
     if ((st = op->embed(be, &m->ws.x, &m->embed, ids, M, m->embed_scale)) != LMX_OK)
         return lmx_err_set(&m->err, st, "%s", be->err.msg);
-    return LMX_OK;
+    return c->ple_dim > 0 ? ple_inputs(m, ids, M) : LMX_OK;
 }
 
 /* Layers [l0, l1) on ws->x. */
 static lmx_status layers(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad, const lmx_batch *bt,
                          int l0, int l1) {
+    lmx_backend *be = m->be;
     const int M = bt->B * bt->T;
     lmx_status st = LMX_OK;
-    for (int l = l0; l < l1 && !st; l++)
+    for (int l = l0; l < l1 && !st; l++) {
+        const lmx_layer *L = &m->layers[l];
         if (!(st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M)))
-            st = m->layers[l].moe ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
+            st = L->moe && !m->cfg.moe_beside_mlp ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
+        if (!st && L->ple_gate.data) st = ple_block(m, l, M);
+        if (!st && L->layer_scalar != 1.0f) TRY(be->ops->scale(be, &m->ws.x, (int64_t)M * m->cfg.hidden, L->layer_scalar));
+    }
     return st;
 }
 

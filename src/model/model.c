@@ -30,11 +30,15 @@ void lmx_model_free(lmx_model *m) {
     lmx_adapters_free_all(m);
     if (m->be) {
         lmx_workspace_free(m->be, &m->ws);
+        if (m->unit_norm.data) m->be->ops->release(m->be, &m->unit_norm);
         lmx_backend_free(m->be);
     }
     lmx_st_set_close(m->weights);
     lmx_gguf_weights_free(&m->gguf);
-    for (int l = 0; m->layers && l < m->cfg.n_layers; l++) free(m->layers[l].experts);
+    for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
+        free(m->layers[l].experts);
+        free(m->layers[l].expert_scale);
+    }
     lmx_config_free(&m->cfg);
     free(m->layers);
     free(m->inv_freq);

@@ -1,7 +1,7 @@
 /* model.h - a loaded model: config, bound weights, per-layer attention setup, backend.
  *
- * One forward pass (forward.c) serves every dense family; the families differ only in the flags
- * of lmx_arch_traits and in which optional weights are bound. */
+ * One forward pass (forward.c) serves every family; the families differ only in the flags of
+ * lmx_arch_traits, in each layer's sizes and in which optional weights are bound. */
 #ifndef LMX_MODEL_MODEL_H
 #define LMX_MODEL_MODEL_H
 
@@ -12,14 +12,20 @@
 
 /* What distinguishes the families inside the shared forward pass. */
 typedef struct lmx_arch_traits {
-    int gemma_norms;      /* (1 + w) RMSNorm, sqrt(C) embedding scale, sandwich norms */
+    int gemma_norms;      /* sqrt(C) embedding scale, sandwich norms; (1 + w) RMSNorm but for gemma4 */
     int qk_norm;          /* RMSNorm of each q and k head before RoPE */
     int qkv_bias;         /* q/k/v projections must have biases (other biases bind when present) */
+    int gemma4;           /* w RMSNorm, unscaled RMSNorm of v, attention scale 1, layer scalars, optional
+                           * per-layer inputs, shared KV, K = V, experts beside the MLP */
 } lmx_arch_traits;
 
+/* D, Hk and F are this layer's (gemma4's differ between layers: per_layer_config, double-wide MLPs). */
 typedef struct lmx_layer {
+    int head_dim, n_kv_heads;    /* D, Hk */
+    int ffn;                     /* F */
     lmx_tensor attn_norm;        /* [C] */
-    lmx_tensor wq, wk, wv, wo;   /* [H*D, C], [Hk*D, C], [Hk*D, C], [C, H*D] */
+    lmx_tensor wq, wk, wv, wo;   /* [H*D, C], [Hk*D, C], [Hk*D, C], [C, H*D]  (wk, wv: none when KV is shared;
+                                  * wv: none with gemma4's K = V) */
     lmx_tensor bq, bk, bv, bo;   /* [H*D], [Hk*D], [Hk*D], [C]  (required for qwen2, else optional) */
     lmx_tensor q_norm, k_norm;   /* [D]  (qk_norm) */
     lmx_tensor post_attn_norm;   /* [C]  (gemma) */
@@ -28,9 +34,27 @@ typedef struct lmx_layer {
     lmx_tensor w_gate, w_up;     /* [F, C] */
     lmx_tensor w_down;           /* [C, F] */
     lmx_tensor b_gate, b_up, b_down; /* [F], [F], [C]  (optional: llama mlp_bias) */
-    int moe;                     /* a mixture of experts instead of the dense MLP (cfg.layer_moe) */
+    int moe;                     /* a mixture of experts instead of the dense MLP (cfg.layer_moe), or beside it
+                                  * (cfg.moe_beside_mlp) */
     lmx_tensor router;           /* [E, C] */
-    lmx_tensor *experts;         /* [3 E] (owned): expert e's gate [Fm, C], up [Fm, C], down [C, Fm] at 3e.. */
+    lmx_tensor *experts;         /* [3 E] (owned): expert e's gate [Fm, C], up [Fm, C], down [C, Fm] at 3e..;
+                                  * gemma4: 2-D views of rows of gate_up_exps and down_exps */
+    lmx_tensor gate_up_exps;     /* [E*2Fm, C]: gemma4's experts.gate_up_proj [E, 2Fm, C] (gate rows, then up) */
+    lmx_tensor down_exps;        /* [E*C, Fm]: gemma4's experts.down_proj [E, C, Fm] */
+    lmx_tensor router_norm;      /* [C]  gemma4: router.scale, the weight of the router input's RMSNorm */
+    float *expert_scale;         /* host [E] (owned): gemma4's router.per_expert_scale; NULL: none */
+    lmx_tensor ffn_norm_2;       /* [C]  gemma4 experts: pre_feedforward_layernorm_2 (their input) */
+    lmx_tensor post_ffn_norm_1;  /* [C]  gemma4 experts: post_feedforward_layernorm_1 (the MLP's output) */
+    lmx_tensor post_ffn_norm_2;  /* [C]  gemma4 experts: post_feedforward_layernorm_2 (the experts' sum) */
+    lmx_tensor ple_gate;         /* [P, C]  gemma4 per-layer input: per_layer_input_gate */
+    lmx_tensor ple_proj;         /* [C, P]  per_layer_projection */
+    lmx_tensor ple_norm;         /* [C]  post_per_layer_input_norm */
+    float layer_scalar;          /* gemma4: the layer's output times this (1: none) */
+    int kv_src;                  /* the layer whose cache (and new keys and values) it attends over: itself,
+                                  * or for gemma4's shared-KV layers the last earlier one of its type */
+    int kv_last;                 /* the last layer attending over this layer's cache (itself unless shared);
+                                  * its new rows join the cache after that layer */
+    int kv_slot;                 /* -1, or the workspace's ks/vs slot holding kv_src's new rows for sharers */
     int sliding;                 /* uses the sliding window */
     lmx_rope rope;               /* inv_freq points into lmx_model.inv_freq */
 } lmx_layer;
@@ -47,6 +71,12 @@ typedef struct lmx_workspace {
     lmx_tensor x, xn, q, k, v, att, proj, gate, up;   /* [M, ...] */
     lmx_tensor xr, logits;                            /* [R, C], [R, V] */
     lmx_tensor router, mx, my;                        /* MoE: [M, E], an expert's rows in and out [M, C] */
+    lmx_tensor moe_sum;                               /* MoE beside the MLP: the experts' sum [M, C] */
+    lmx_tensor ks[2], vs[2];                          /* shared KV: a source layer's new k, v [M, Hk*D] */
+    lmx_tensor ple, ple_in, ple_gate;                 /* per-layer inputs: every layer's [M, L*P], one layer's
+                                                       * [M, P], its gate [M, P] */
+    lmx_tensor ple_emb;                               /* per-layer inputs' token embeddings [M, L*P] */
+    int *ple_rows;                                    /* host [max_rows]: rows of one layer's input in ple */
     lmx_moe_route route;                              /* MoE: the routing (host) */
     int max_batch;
     int32_t *ids;                /* host [max_rows]: token ids with padding replaced */
@@ -67,8 +97,14 @@ struct lmx_model {
     lmx_tensor final_norm;       /* [C] */
     lmx_tensor lm_head;          /* [V, C]; aliases embed when tied */
     lmx_layer *layers;           /* [n_layers] */
-    float *inv_freq;             /* [2, D/2]: global then local */
-    int head_dim;
+    float *inv_freq;             /* [n_layers, max D / 2]: each layer's RoPE frequencies */
+    int head_dim;                /* D of the config (layers may differ: lmx_layer.head_dim) */
+    int64_t q_width, kv_width;   /* the widest layer's H*D and Hk*D (workspace columns) */
+    int max_ffn;                 /* the widest layer's F */
+    lmx_tensor embed_ple;        /* [Vp, L*P]  gemma4 per-layer inputs: embed_tokens_per_layer */
+    lmx_tensor ple_model_proj;   /* [L*P, C]  per_layer_model_projection */
+    lmx_tensor ple_proj_norm;    /* [P]  per_layer_projection_norm */
+    lmx_tensor unit_norm;        /* [max D] zeros, owned: with add_one 1 an RMSNorm without weight (gemma4's v) */
     float attn_scale, embed_scale, norm_add_one;
     int64_t n_params, weight_bytes;
     char dtype_name[8];          /* stored weight dtype: "bf16", or "q4" etc. when quantized */
@@ -115,6 +151,10 @@ lmx_status lmx_model_layers(lmx_model *m, lmx_kv_layer *const *kv, const struct 
 lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits);
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
+
+/* Elements of one position of layer l's KV cache rows (Hk*D), 0 for a layer that keeps no cache of its
+ * own (gemma4's shared-KV layers). */
+int64_t lmx_model_kv_row(const lmx_model *m, int l);
 
 /* Record a failure on the calling thread for lmx_last_error(NULL). */
 void lmx_set_thread_error(const lmx_err *err);

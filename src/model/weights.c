@@ -108,9 +108,10 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
     return LMX_OK;
 }
 
-/* Bind prefix+name with the expected shape (dims < 0 are not checked).  optional: absent is ok. */
-static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char *name,
-                       int optional, int64_t d0, int64_t d1) {
+/* Bind prefix+name with the expected shape (dims < 0 are not checked).  optional: absent is ok.
+ * stacked: a float tensor [E, R, d1] with E R = d0 (gemma4's experts) binds as the matrix [d0, d1]. */
+static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const char *name, int optional, int64_t d0,
+                          int64_t d1, int stacked) {
     lmx_model *m = b->m;
     const lmx_st_tensor *st = lookup(b, prefix, name);
     if (!st) {
@@ -124,11 +125,15 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
     if (st->dtype != LMX_DTYPE_F32 && st->dtype != LMX_DTYPE_F16 && st->dtype != LMX_DTYPE_BF16)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: dtype %s is not supported for weights",
                            LMX_QUOTED(st->name), st->file, lmx_dtype_name(st->dtype));
-    int want_dims = d1 >= 0 ? 2 : 1;
-    if (st->ndim != want_dims || (d0 >= 0 && st->shape[0] != d0) || (d1 >= 0 && st->shape[1] != d1)) {
+    int want_dims = d1 >= 0 ? 2 + (stacked != 0) : 1;
+    int64_t rows = st->ndim == 3 ? st->shape[0] * st->shape[1] : st->shape[0];
+    if (st->ndim != want_dims || (d0 >= 0 && rows != d0) || (d1 >= 0 && st->shape[st->ndim - 1] != d1)) {
         char got[64] = "";
         for (int i = 0; i < st->ndim && i < 4; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)st->shape[i]);
+        if (stacked)
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%d, %lld, %lld]",
+                               LMX_QUOTED(st->name), st->file, got, stacked, (long long)(d0 / stacked), (long long)d1);
         if (d1 >= 0)
             return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%lld, %lld]",
                                LMX_QUOTED(st->name), st->file, got, (long long)d0, (long long)d1);
@@ -137,8 +142,9 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
     }
     memset(t, 0, sizeof *t);
     t->dtype = st->dtype;
-    t->ndim = st->ndim;
-    for (int i = 0; i < st->ndim; i++) t->shape[i] = st->shape[i];
+    t->ndim = want_dims > 1 ? 2 : 1;
+    t->shape[0] = rows;
+    if (t->ndim == 2) t->shape[1] = st->shape[st->ndim - 1];
     t->data = (void *)st->data;
     lmx_status s = m->be->ops->upload_weight(m->be, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
@@ -148,30 +154,104 @@ static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char 
     return LMX_OK;
 }
 
+static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char *name, int optional, int64_t d0,
+                       int64_t d1) {
+    return bind_as(b, t, prefix, name, optional, d0, d1, 0);
+}
+
+/* Rows [row0, row0 + n) of a bound matrix w as a matrix of its own: the same memory (dense, MLX or GGUF
+ * rows), never a copy.  Backends keep a weight's rows where the file has them. */
+static lmx_tensor weight_rows(const lmx_tensor *w, int64_t row0, int64_t n) {
+    lmx_tensor v = *w;
+    const int64_t K = w->shape[1];
+    size_t row_bytes;
+    if (w->q.ggml_type) row_bytes = lmx_ggml_row_bytes(w->q.ggml_type, K);
+    else if (w->q.bits) row_bytes = (size_t)(K * w->q.bits / 8);
+    else row_bytes = (size_t)K * lmx_dtype_size(w->dtype);
+    v.data = (char *)w->data + (size_t)row0 * row_bytes;
+    if (w->q.bits) {
+        const size_t sb = (size_t)(K / w->q.group) * lmx_dtype_size(w->q.scale_dtype);
+        v.q.scales = (char *)w->q.scales + (size_t)row0 * sb;
+        v.q.biases = (char *)w->q.biases + (size_t)row0 * sb;
+    }
+    v.shape[0] = n;
+    v.owned = 0;
+    return v;
+}
+
+/* A small float tensor prefix+name of n values read on the host into out (router scales, layer
+ * scalars); absent: out untouched when optional, else an error. */
+static lmx_status read_host(binder *b, const char *prefix, const char *name, int optional, int64_t n, float *out) {
+    lmx_model *m = b->m;
+    const lmx_st_tensor *st = lookup(b, prefix, name);
+    if (!st) {
+        if (optional) return LMX_OK;
+        return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
+                           lmx_arch_name(m->cfg.arch));
+    }
+    if (!is_float(st->dtype) || st->n_elements != n || st->ndim != 1 || (m->gguf.file && m->gguf.block_type[st - m->gguf.t]))
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s must hold %lld float values", LMX_QUOTED(st->name),
+                           st->file, (long long)n);
+    for (int64_t i = 0; i < n; i++) out[i] = lmx_float_at(st->data, st->dtype, i);
+    m->n_params += n;
+    m->weight_bytes += (int64_t)st->nbytes;
+    return LMX_OK;
+}
+
+/* gemma4's experts beside the MLP: the router (proj, the scale of its input's RMSNorm, per-expert
+ * scales read to the host), the stacked gate_up_proj [E, 2Fm, C] and down_proj [E, C, Fm] with each
+ * expert's gate, up and down as row views of them, and the three extra norms. */
+static lmx_status bind_gemma4_experts(binder *b, lmx_layer *L, const char *p) {
+    lmx_model *m = b->m;
+    const lmx_config *c = &m->cfg;
+    const int64_t C = c->hidden, E = c->n_experts, Fm = c->moe_ffn;
+    lmx_status st;
+    if (!(L->expert_scale = malloc((size_t)E * sizeof *L->expert_scale)))
+        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    for (int64_t e = 0; e < E; e++) L->expert_scale[e] = 1.0f;
+    if ((st = bind(b, &L->router, p, "router.proj.weight", 0, E, C)) ||
+        (st = bind(b, &L->router_norm, p, "router.scale", 0, C, -1)) ||
+        (st = read_host(b, p, "router.per_expert_scale", 0, E, L->expert_scale)) ||
+        (st = bind_as(b, &L->gate_up_exps, p, "experts.gate_up_proj", 0, E * 2 * Fm, C, (int)E)) ||
+        (st = bind_as(b, &L->down_exps, p, "experts.down_proj", 0, E * C, Fm, (int)E)) ||
+        (st = bind(b, &L->ffn_norm_2, p, "pre_feedforward_layernorm_2.weight", 0, C, -1)) ||
+        (st = bind(b, &L->post_ffn_norm_1, p, "post_feedforward_layernorm_1.weight", 0, C, -1)) ||
+        (st = bind(b, &L->post_ffn_norm_2, p, "post_feedforward_layernorm_2.weight", 0, C, -1)))
+        return st;
+    for (int64_t e = 0; e < E; e++) {
+        L->experts[3 * e] = weight_rows(&L->gate_up_exps, 2 * Fm * e, Fm);          /* gate [Fm, C] */
+        L->experts[3 * e + 1] = weight_rows(&L->gate_up_exps, 2 * Fm * e + Fm, Fm); /* up [Fm, C] */
+        L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C);               /* down [C, Fm] */
+    }
+    return LMX_OK;
+}
+
 static lmx_status bind_layer(binder *b, int i) {
     lmx_model *m = b->m;
     const lmx_config *c = &m->cfg;
     lmx_layer *L = &m->layers[i];
-    int64_t C = c->hidden, D = m->head_dim, H = c->n_heads, Hk = c->n_kv_heads, F = c->ffn;
+    int64_t C = c->hidden, D = L->head_dim, H = c->n_heads, Hk = L->n_kv_heads, F = L->ffn;
     char p[96];
     snprintf(p, sizeof p, "%slayers.%d.", b->prefix, i);
     int gemma = m->traits.gemma_norms;
+    const int own_kv = L->kv_src == i;                              /* gemma4: shared layers have no k, v */
+    const int own_v = own_kv && !(c->k_eq_v && !L->sliding);       /* gemma4's K = V: full layers' v is k */
     lmx_status st;
 #define BIND(t, name, opt, d0, d1) \
     if ((st = bind(b, t, p, name, opt, d0, d1)) != LMX_OK) return st
     BIND(&L->attn_norm, "input_layernorm.weight", 0, C, -1);
     BIND(&L->wq, "self_attn.q_proj.weight", 0, H * D, C);
-    BIND(&L->wk, "self_attn.k_proj.weight", 0, Hk * D, C);
-    BIND(&L->wv, "self_attn.v_proj.weight", 0, Hk * D, C);
+    if (own_kv) BIND(&L->wk, "self_attn.k_proj.weight", 0, Hk * D, C);
+    if (own_v) BIND(&L->wv, "self_attn.v_proj.weight", 0, Hk * D, C);
     BIND(&L->wo, "self_attn.o_proj.weight", 0, C, H * D);
     int opt = !m->traits.qkv_bias;
     BIND(&L->bq, "self_attn.q_proj.bias", opt, H * D, -1);
-    BIND(&L->bk, "self_attn.k_proj.bias", opt, Hk * D, -1);
-    BIND(&L->bv, "self_attn.v_proj.bias", opt, Hk * D, -1);
+    if (own_kv) BIND(&L->bk, "self_attn.k_proj.bias", opt, Hk * D, -1);
+    if (own_v) BIND(&L->bv, "self_attn.v_proj.bias", opt, Hk * D, -1);
     BIND(&L->bo, "self_attn.o_proj.bias", 1, C, -1);
     if (m->traits.qk_norm) {
         BIND(&L->q_norm, "self_attn.q_norm.weight", 0, D, -1);
-        BIND(&L->k_norm, "self_attn.k_norm.weight", 0, D, -1);
+        if (own_kv) BIND(&L->k_norm, "self_attn.k_norm.weight", 0, D, -1);
     }
     if (gemma) {
         BIND(&L->post_attn_norm, "post_attention_layernorm.weight", 0, C, -1);
@@ -181,10 +261,12 @@ static lmx_status bind_layer(binder *b, int i) {
         BIND(&L->ffn_norm, "post_attention_layernorm.weight", 0, C, -1);
     }
     L->moe = c->layer_moe && c->layer_moe[i];
-    if (L->moe) { /* the router and each expert's gate / up / down */
+    if (L->moe && !(L->experts = calloc((size_t)(3 * c->n_experts), sizeof *L->experts)))
+        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    if (L->moe && c->moe_beside_mlp) {
+        if ((st = bind_gemma4_experts(b, L, p))) return st;
+    } else if (L->moe) { /* the router and each expert's gate / up / down */
         const int64_t E = c->n_experts, Fm = c->moe_ffn;
-        if (!(L->experts = calloc((size_t)(3 * E), sizeof *L->experts)))
-            return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         BIND(&L->router, "mlp.gate.weight", 0, E, C);
         for (int e = 0; e < E; e++) {
             char n[3][64];
@@ -195,7 +277,8 @@ static lmx_status bind_layer(binder *b, int i) {
             BIND(&L->experts[3 * e + 1], n[1], 0, Fm, C);
             BIND(&L->experts[3 * e + 2], n[2], 0, C, Fm);
         }
-    } else {
+    }
+    if (!L->moe || c->moe_beside_mlp) {
         BIND(&L->w_gate, "mlp.gate_proj.weight", 0, F, C);
         BIND(&L->w_up, "mlp.up_proj.weight", 0, F, C);
         BIND(&L->w_down, "mlp.down_proj.weight", 0, C, F);
@@ -203,11 +286,16 @@ static lmx_status bind_layer(binder *b, int i) {
         BIND(&L->b_up, "mlp.up_proj.bias", 1, F, -1);
         BIND(&L->b_down, "mlp.down_proj.bias", 1, C, -1);
     }
+    if (c->ple_dim > 0) { /* gemma4's per-layer input */
+        BIND(&L->ple_gate, "per_layer_input_gate.weight", 0, c->ple_dim, C);
+        BIND(&L->ple_proj, "per_layer_projection.weight", 0, C, c->ple_dim);
+        BIND(&L->ple_norm, "post_per_layer_input_norm.weight", 0, C, -1);
+    }
 #undef BIND
-    L->sliding = c->layer_sliding[i];
+    L->layer_scalar = 1.0f;
+    if (m->traits.gemma4 && (st = read_host(b, p, "layer_scalar", 1, 1, &L->layer_scalar))) return st;
     L->rope.rot_dim = (int)D;
     L->rope.interleaved = m->interleaved_rope;
-    L->rope.inv_freq = m->inv_freq + (L->sliding ? D / 2 : 0);
     L->rope.attn_factor = 1.0f;
     return LMX_OK;
 }
@@ -246,35 +334,94 @@ static lmx_status find_layout(binder *b) {
     return LMX_OK;
 }
 
+/* Each layer's sizes (D, Hk, F), whose cache it attends over (gemma4's shared KV: the last earlier
+ * non-shared layer of its type, as transformers' store_full_length_kv), the workspace widths, and each
+ * layer's RoPE frequencies (inv_freq [n_layers, max D / 2]). */
+static lmx_status plan_layers(lmx_model *m) {
+    const lmx_config *c = &m->cfg;
+    const int n = c->n_layers, first_shared = n - c->n_kv_shared;
+    int max_d = 0;
+    m->max_ffn = c->layer_moe && c->moe_ffn > c->ffn ? c->moe_ffn : c->ffn; /* an expert's too */
+    for (int l = 0; l < n; l++) {
+        lmx_layer *L = &m->layers[l];
+        L->head_dim = c->layer_head_dim ? c->layer_head_dim[l] : m->head_dim;
+        L->n_kv_heads = c->layer_kv_heads ? c->layer_kv_heads[l] : c->n_kv_heads;
+        L->sliding = c->layer_sliding[l];
+        L->kv_src = L->kv_last = l;
+        L->kv_slot = -1;
+        L->ffn = c->ffn * (c->double_wide_mlp && l >= first_shared && first_shared > 0 ? 2 : 1);
+        if (L->head_dim > max_d) max_d = L->head_dim;
+        if (L->ffn > m->max_ffn) m->max_ffn = L->ffn;
+        if ((int64_t)c->n_heads * L->head_dim > m->q_width) m->q_width = (int64_t)c->n_heads * L->head_dim;
+        if ((int64_t)L->n_kv_heads * L->head_dim > m->kv_width) m->kv_width = (int64_t)L->n_kv_heads * L->head_dim;
+    }
+    for (int l = first_shared; l < n; l++) { /* config.c checked that each has a source */
+        lmx_layer *L = &m->layers[l], *S = NULL;
+        for (int j = 0; j < first_shared; j++)
+            if (m->layers[j].sliding == L->sliding) S = &m->layers[j], L->kv_src = j;
+        if (!S) return lmx_err_set(&m->err, LMX_ERR_FORMAT, "layer %d has no layer to share keys and values with", l);
+        if (S->head_dim != L->head_dim || S->n_kv_heads != L->n_kv_heads)
+            return lmx_err_set(&m->err, LMX_ERR_FORMAT, "layer %d (%d kv heads of %d) shares the keys and values of "
+                               "layer %d (%d kv heads of %d): their sizes must match", l, L->n_kv_heads, L->head_dim,
+                               L->kv_src, S->n_kv_heads, S->head_dim);
+        S->kv_last = l;
+        S->kv_slot = L->kv_slot = L->sliding; /* one source per layer type */
+    }
+    const int half = max_d / 2;
+    if (!(m->inv_freq = calloc((size_t)n * (size_t)(half ? half : 1), sizeof(float))))
+        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < n; l++) {
+        lmx_layer *L = &m->layers[l];
+        float *f = m->inv_freq + (size_t)l * half;
+        lmx_rope_inv_freq(L->sliding ? &c->rope_local : &c->rope_global, L->head_dim, f);
+        if (m->gguf.rope_freqs && !L->sliding) { /* GGUF llama 3: per-frequency divisors of the global RoPE */
+            if (m->gguf.n_rope_freqs != L->head_dim / 2)
+                return lmx_err_set(&m->err, LMX_ERR_SHAPE, "rope_freqs has %lld entries, expected %d",
+                                   (long long)m->gguf.n_rope_freqs, L->head_dim / 2);
+            for (int i = 0; i < L->head_dim / 2; i++) f[i] /= lmx_float_at(m->gguf.rope_freqs, LMX_DTYPE_F32, i);
+        }
+        L->rope.inv_freq = f;
+    }
+    if (m->traits.gemma4) { /* the weight of an RMSNorm without one: zeros, with add_one 1 */
+        m->unit_norm = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {max_d}};
+        if (m->be->ops->alloc(m->be, &m->unit_norm)) return lmx_err_set(&m->err, m->be->err.status, "%s", m->be->err.msg);
+    }
+    return LMX_OK;
+}
+
+int64_t lmx_model_kv_row(const lmx_model *m, int l) {
+    const lmx_layer *L = &m->layers[l];
+    return L->kv_src == l ? (int64_t)L->n_kv_heads * L->head_dim : 0;
+}
+
 lmx_status lmx_model_bind(lmx_model *m) {
     binder b = {m, NULL, NULL};
     lmx_status st = find_layout(&b);
     if (st) return st;
     const lmx_config *c = &m->cfg;
     lmx_arch a = c->arch;
-    m->traits.gemma_norms = a == LMX_ARCH_GEMMA2 || a == LMX_ARCH_GEMMA3;
-    m->traits.qk_norm = a == LMX_ARCH_QWEN3 || a == LMX_ARCH_GEMMA3;
+    m->traits.gemma_norms = a == LMX_ARCH_GEMMA2 || a == LMX_ARCH_GEMMA3 || a == LMX_ARCH_GEMMA4;
+    m->traits.qk_norm = a == LMX_ARCH_QWEN3 || a == LMX_ARCH_GEMMA3 || a == LMX_ARCH_GEMMA4;
     m->traits.qkv_bias = a == LMX_ARCH_QWEN2;
-    m->norm_add_one = m->traits.gemma_norms && !m->norms_stored_plus_one ? 1.0f : 0.0f;
+    m->traits.gemma4 = a == LMX_ARCH_GEMMA4;
+    m->norm_add_one = m->traits.gemma_norms && !m->traits.gemma4 && !m->norms_stored_plus_one ? 1.0f : 0.0f;
     m->embed_scale = m->traits.gemma_norms ? sqrtf((float)c->hidden) : 1.0f;
     double qs = c->query_pre_attn_scalar > 0 && m->traits.gemma_norms ? c->query_pre_attn_scalar : m->head_dim;
-    m->attn_scale = (float)(1.0 / sqrt(qs));
+    m->attn_scale = m->traits.gemma4 ? 1.0f : (float)(1.0 / sqrt(qs)); /* gemma4: q and k are RMS-normed */
 
-    int D = m->head_dim;
-    m->inv_freq = calloc((size_t)D, sizeof(float));
-    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->inv_freq || !m->layers) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
-    lmx_rope_inv_freq(&c->rope_global, D, m->inv_freq);
-    lmx_rope_inv_freq(&c->rope_local, D, m->inv_freq + D / 2);
-    if (m->gguf.rope_freqs) { /* GGUF llama 3: per-frequency divisors of the global RoPE */
-        if (m->gguf.n_rope_freqs != D / 2)
-            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "rope_freqs has %lld entries, expected %d",
-                               (long long)m->gguf.n_rope_freqs, D / 2);
-        for (int i = 0; i < D / 2; i++) m->inv_freq[i] /= lmx_float_at(m->gguf.rope_freqs, LMX_DTYPE_F32, i);
-    }
+    if (!(m->layers = calloc((size_t)c->n_layers, sizeof *m->layers)))
+        return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    if ((st = plan_layers(m))) return st;
 
     if ((st = bind(&b, &m->embed, b.prefix, "embed_tokens.weight", 0, c->vocab, c->hidden))) return st;
     if ((st = bind(&b, &m->final_norm, b.prefix, "norm.weight", 0, c->hidden, -1))) return st;
+    if (c->ple_dim > 0) { /* gemma4's per-layer inputs: a token table and a projection of the embeddings */
+        const int64_t LP = (int64_t)c->n_layers * c->ple_dim;
+        if ((st = bind(&b, &m->embed_ple, b.prefix, "embed_tokens_per_layer.weight", 0, c->ple_vocab, LP)) ||
+            (st = bind(&b, &m->ple_model_proj, b.prefix, "per_layer_model_projection.weight", 0, LP, c->hidden)) ||
+            (st = bind(&b, &m->ple_proj_norm, b.prefix, "per_layer_projection_norm.weight", 0, c->ple_dim, -1)))
+            return st;
+    }
     for (int i = 0; i < c->n_layers; i++) {
         if ((st = bind_layer(&b, i))) return st;
         if (m->progress) m->progress((float)(i + 1) / (float)(c->n_layers + 1), m->progress_user);

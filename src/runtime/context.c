@@ -2,7 +2,8 @@
  *
  * Cache policy per layer: a sliding-window layer keeps a rotating cache of `window` positions;
  * a global layer keeps an unbounded cache (grown in chunks by the backend).  With n_ctx > 0
- * every layer keeps at most n_ctx positions in a rotating cache.  Long prompts are evaluated in
+ * every layer keeps at most n_ctx positions in a rotating cache.  Gemma 4's shared-KV layers keep
+ * none (they attend over an earlier layer's).  Long prompts are evaluated in
  * chunks of the backend's prefill_chunk rows so activation memory stays bounded. */
 #include <stdlib.h>
 #include <string.h>
@@ -54,13 +55,13 @@ lmx_status lmx_context_create(lmx_model *m, const lmx_context_params *params, lm
     }
     c->m = m;
     c->adapter = m->default_adapter;
-    int64_t KD = (int64_t)m->cfg.n_kv_heads * m->head_dim;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         lmx_kv_layer *kv = &c->kv[l];
+        const int64_t KD = lmx_model_kv_row(m, l); /* 0: the layer attends over another one's cache */
         int window = m->layers[l].sliding ? m->cfg.sliding_window : 0;
         if (params->n_ctx > 0 && (window == 0 || params->n_ctx < window)) window = params->n_ctx;
         kv->window = window;
-        if (window == 0) continue; /* unbounded: grown on demand */
+        if (window == 0 || KD == 0) continue; /* unbounded: grown on demand */
         kv->rotating = 1;
         kv->cap = window;
         lmx_tensor *ts[2] = {&kv->k, &kv->v};

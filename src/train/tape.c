@@ -362,6 +362,12 @@ static lmx_status w_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_t
     return lmx_err_set(&TAPE(be)->base.err, LMX_ERR_UNSUPPORTED, "training: mixture-of-experts layers are not supported");
 }
 
+static lmx_status w_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
+    (void)x, (void)n, (void)s;
+    return lmx_err_set(&TAPE(be)->base.err, LMX_ERR_UNSUPPORTED, "training: gemma4 models (layer scalars, per-layer "
+                       "inputs) are not supported");
+}
+
 /* ---- forwarded as they are ---------------------------------------------------------------------- */
 
 static lmx_status w_upload(lmx_backend *be, lmx_tensor *w) { return pass(TAPE(be), TAPE(be)->in->ops->upload_weight(TAPE(be)->in, w)); }
@@ -428,6 +434,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.kv_reserve = w_kv_reserve;
     t->ops.gather_rows = w_gather_rows;
     t->ops.scatter_add_rows = w_scatter_add_rows;
+    t->ops.scale = w_scale;
     t->ops.topk = NULL; /* whole logits: the loss reads them */
     t->ops.trim = w_trim;
     t->ops.cached_bytes = w_cached;

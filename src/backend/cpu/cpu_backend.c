@@ -430,6 +430,14 @@ static lmx_status cpu_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx
     return LMX_OK;
 }
 
+static lmx_status cpu_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
+    float *xs = x->data;
+    if (s == 0.0f) memset(xs, 0, (size_t)n * sizeof *xs);
+    else
+        for (int64_t i = 0; i < n; i++) xs[i] *= s;
+    return LMX_OK;
+}
+
 static const lmx_backend_ops cpu_ops = {
     .name = "cpu",
     .backward = &lmx_cpu_backward,
@@ -455,6 +463,7 @@ static const lmx_backend_ops cpu_ops = {
     .kv_reserve = cpu_kv_reserve,
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,
+    .scale = cpu_scale,
     .trim = cpu_trim,
     .cached_bytes = cpu_cached_bytes,
 };
