@@ -232,6 +232,58 @@ static void expect_moe_fail(const char *key, double v, const char *w1) {
     end_case(dir);
 }
 
+/* A gemma4 fixture's config with the keys of a JSON object patch set (replacing the fixture's). */
+static const char *g4_patch;
+static void edit_gemma4(cJSON *r) {
+    cJSON *p = cJSON_Parse(g4_patch), *e;
+    CHECK_MSG(p != NULL, "bad patch %s", g4_patch);
+    cJSON_ArrayForEach(e, p) {
+        cJSON_DeleteItemFromObjectCaseSensitive(r, e->string);
+        cJSON_AddItemToObject(r, e->string, cJSON_Duplicate(e, 1));
+    }
+    cJSON_Delete(p);
+}
+static void expect_gemma4_fail(const char *model, const char *patch, lmx_status want, const char *w1, const char *w2) {
+    char *dir = case_dir(model);
+    g4_patch = patch;
+    write_config(model, dir, edit_gemma4);
+    copy_fixture(model, "model.safetensors", dir, 0);
+    char label[160];
+    snprintf(label, sizeof label, "%s with %s", model, patch);
+    expect_load_fail(label, dir, NULL, want, w1, w2);
+    end_case(dir);
+}
+
+/* Gemma 4's config keys: experts, per-layer head sizes, shared KV. */
+static void case_bad_gemma4(void) {
+    expect_gemma4_fail("gemma4_moe", "{\"num_experts\": 0}", LMX_ERR_FORMAT, "\"num_experts\"", "positive");
+    expect_gemma4_fail("gemma4_moe", "{\"num_experts\": null}", LMX_ERR_FORMAT, "\"num_experts\"", "positive");
+    expect_gemma4_fail("gemma4_moe", "{\"top_k_experts\": 5}", LMX_ERR_FORMAT, "\"top_k_experts\" 5", "num_experts = 4");
+    expect_gemma4_fail("gemma4_moe", "{\"top_k_experts\": null}", LMX_ERR_MISSING, "\"top_k_experts\"", NULL);
+    expect_gemma4_fail("gemma4_moe", "{\"moe_intermediate_size\": 0}", LMX_ERR_FORMAT, "\"moe_intermediate_size\"", NULL);
+    /* experts of another width than the checkpoint's: the stacked tensor's shape is named */
+    expect_gemma4_fail("gemma4_moe", "{\"moe_intermediate_size\": 16}", LMX_ERR_SHAPE, "experts.gate_up_proj",
+                       "[4, 32, 64]");
+    expect_gemma4_fail("gemma4", "{\"per_layer_config\": {\"5\": {\"num_key_value_heads\": 3}}}", LMX_ERR_FORMAT,
+                       "layer 5", "\"num_key_value_heads\" 3");
+    expect_gemma4_fail("gemma4", "{\"per_layer_config\": {\"05\": {\"head_dim\": 33}}}", LMX_ERR_FORMAT, "layer 5",
+                       "\"head_dim\" 33");
+    expect_gemma4_fail("gemma4", "{\"per_layer_config\": {\"6\": {\"head_dim\": 32}}}", LMX_ERR_FORMAT,
+                       "per_layer_config", "\"6\"");
+    expect_gemma4_fail("gemma4", "{\"per_layer_config\": {\"5\": {\"intermediate_size\": 64}}}", LMX_ERR_UNSUPPORTED,
+                       "per_layer_config", "intermediate_size");
+    expect_gemma4_fail("gemma4", "{\"num_attention_heads\": 3}", LMX_ERR_FORMAT, "heads", NULL);
+    expect_gemma4_fail("gemma4_kv", "{\"num_kv_shared_layers\": 12}", LMX_ERR_FORMAT, "\"num_kv_shared_layers\" 12",
+                       "12 layers");
+    expect_gemma4_fail("gemma4_kv", "{\"num_kv_shared_layers\": 7}", LMX_ERR_FORMAT, "\"num_kv_shared_layers\" 7",
+                       "layer 5");
+    expect_gemma4_fail("gemma4", "{\"use_bidirectional_attention\": \"all\"}", LMX_ERR_UNSUPPORTED,
+                       "use_bidirectional_attention", NULL);
+    expect_gemma4_fail("gemma4", "{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"proportional\", "
+                       "\"rope_theta\": 1e6, \"partial_rotary_factor\": 1.5}}}", LMX_ERR_FORMAT, "partial_rotary_factor",
+                       NULL);
+}
+
 static void case_bad_config(void) {
     expect_moe_fail("num_local_experts", 0, "positive");
     expect_moe_fail("num_experts_per_tok", 9, "num_local_experts = 8");
@@ -459,6 +511,7 @@ int main(int argc, char **argv) {
 
     case_bad_weights();
     case_bad_config();
+    case_bad_gemma4();
     case_bad_eval();
     case_api_misc();
     case_check_reference_fails();

@@ -1,13 +1,16 @@
 /* test_model_variants.c - checkpoint and config variants of the fixture models must give the
  * fixture's reference logits (computed independently, see the fixtures README):
  *   a. a sharded checkpoint (2 shards + model.safetensors.index.json);
- *   b. the multimodal gemma3 layout (text_config, language_model.model.* / model.language_model.*);
+ *   b. the multimodal gemma3 layout (text_config, language_model.model.* / model.language_model.*) and
+ *      gemma4's (text_config, model.language_model.*);
  *   c. no model_type (architecture detected from the weights);
  *   d. no head_dim (inferred from q_proj);
  *   e. F32 and F16 weights converted from the BF16 ones;
  *   f. gemma3_scaled rewritten with legacy config keys;
  *   g. a context with n_ctx set (rotating caches on every layer, nothing evicted);
- *   h. padded batches, and a second batch continuing from the cached positions.
+ *   h. padded batches, and a second batch continuing from the cached positions;
+ *   i. a sequence evaluated a few rows at a time (chunks after cached positions: rotating sliding
+ *      caches, gemma4's shared KV).
  * Each variant is built in its own mkdtemp folder (removed at the end) from a fixture's
  * config.json (rewritten with cJSON) and model.safetensors (rewritten with lmx_st_write).
  *
@@ -299,16 +302,20 @@ static void case_sharded(void) {
     end_case(dir);
 }
 
-/* ---- b. multimodal gemma3 layout ------------------------------------------------------------- */
+/* ---- b. multimodal gemma3 and gemma4 layouts ------------------------------------------------ */
 
+/* arg: the family, "gemma3" or "gemma4" */
 static cJSON *wrap_multimodal(cJSON *text, const void *arg) {
+    const char *family = arg;
+    char type[32];
+    snprintf(type, sizeof type, "%s_text", family);
     cJSON_DeleteItemFromObjectCaseSensitive(text, "model_type");
-    cJSON_AddStringToObject(text, "model_type", "gemma3_text");
+    cJSON_AddStringToObject(text, "model_type", type);
     cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
     cJSON *root = cJSON_CreateObject();
-    const char *arch[1] = {"Gemma3ForConditionalGeneration"};
+    const char *arch[1] = {!strcmp(family, "gemma4") ? "Gemma4ForConditionalGeneration" : "Gemma3ForConditionalGeneration"};
     cJSON_AddItemToObject(root, "architectures", cJSON_CreateStringArray(arch, 1));
-    cJSON_AddStringToObject(root, "model_type", "gemma3");
+    cJSON_AddStringToObject(root, "model_type", family);
     cJSON_AddNumberToObject(root, "image_token_index", 262144);
     cJSON_AddItemToObject(root, "text_config", text);
     cJSON *vision = cJSON_AddObjectToObject(root, "vision_config");
@@ -326,13 +333,16 @@ static int rename_fn(void *ud, size_t i, const lmx_st_tensor *t, wt_item *out) {
 }
 
 static void case_multimodal(void) {
-    static const char *prefixes[] = {"language_model.model.", "model.language_model."};
-    for (int i = 0; i < 2; i++) {
+    static const char *cases[][2] = {
+        {"gemma3", "language_model.model."}, {"gemma3", "model.language_model."},
+        {"gemma4", "model.language_model."}, {"gemma4_moe", "model.language_model."}};
+    for (int i = 0; i < 4; i++) {
+        const char *model = cases[i][0], *family = strncmp(model, "gemma4", 6) ? "gemma3" : "gemma4";
         char *dir = case_dir("multimodal"), *w = lmx_path_join(dir, "model.safetensors"), label[96];
-        write_config("gemma3", dir, wrap_multimodal, NULL);
-        write_weights("gemma3", w, rename_fn, (void *)prefixes[i]);
-        snprintf(label, sizeof label, "b. multimodal %sX", prefixes[i]);
-        check_variant(dir, "gemma3", "gemma3", label);
+        write_config(model, dir, wrap_multimodal, family);
+        write_weights(model, w, rename_fn, (void *)cases[i][1]);
+        snprintf(label, sizeof label, "b. multimodal %s %sX", model, cases[i][1]);
+        check_variant(dir, model, family, label);
         free(w);
         end_case(dir);
     }
@@ -606,6 +616,44 @@ static void case_batch(const char *model) {
     free(dir);
 }
 
+/* ---- i. chunks ------------------------------------------------------------------------------- */
+
+/* The long sequence evaluated `chunk` rows at a time in one context: every logit row against the
+ * reference's long_logits. */
+static void case_chunks(const char *model, int chunk) {
+    char *dir = fixture(model, NULL), label[64];
+    snprintf(label, sizeof label, "i. %s in chunks of %d", model, chunk);
+    lmx_model *m = load(dir, label);
+    lmx_st_set *ref = open_ref(model);
+    int V = m ? vocab_of(m) : 0;
+    int64_t L = 0;
+    int32_t *seq = ref_ints(ref, "long_sequence", &L);
+    float *want = seq ? ref_floats(ref, "long_logits", L - 1, V) : NULL;
+    float *out = malloc((size_t)(L > 0 ? L : 1) * (V > 0 ? V : 1) * sizeof *out);
+    lmx_context *c = NULL;
+    if (m && want && out && L > 1 && lmx_context_create(m, NULL, &c) == LMX_OK) {
+        lmx_status s = LMX_OK;
+        for (int64_t t = 0; t < L - 1 && s == LMX_OK; t += chunk) {
+            const int n = (int)(L - 1 - t < chunk ? L - 1 - t : chunk);
+            s = lmx_context_eval(c, seq + t, n, out + t * V, 1);
+            CHECK_MSG(s == LMX_OK, "%s at %lld: %s", label, (long long)t, lmx_last_error(m));
+        }
+        int at;
+        double r = s == LMX_OK ? worst_ratio(out, want, (int)L - 1, V, &at) : INFINITY;
+        CHECK_MSG(r <= 1.0, "%s: err/tol %.3f at position %d", label, r, at);
+        printf("  %-34s long err/tol %.4f\n", label, r);
+    } else {
+        CHECK_MSG(0, "%s: setup failed", label);
+    }
+    lmx_context_free(c);
+    free(out);
+    free(want);
+    free(seq);
+    lmx_st_set_close(ref);
+    lmx_model_free(m);
+    free(dir);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_fixtures = argv[1];
     else if (getenv("LMX_FIXTURES")) g_fixtures = getenv("LMX_FIXTURES");
@@ -619,7 +667,14 @@ int main(int argc, char **argv) {
     case_legacy_keys();
     case_n_ctx("llama");
     case_n_ctx("gemma3");
+    case_n_ctx("gemma4_kv");
     case_batch("llama");
     case_batch("gemma3");
+    case_batch("gemma4_kv");
+    case_batch("gemma4_moe");
+    case_chunks("gemma3", 5);
+    case_chunks("gemma4_kv", 5);
+    case_chunks("gemma4_kv", 13);
+    case_chunks("gemma4_moe", 7);
     return check_summary("test_model_variants");
 }

@@ -362,7 +362,7 @@ int lmx_lora_arch_mismatch(const lmx_lora_file *f, const char *arch, char *famil
     if (!cls[0] || !x || x == cls || (size_t)(x - cls) >= cap) return 0;
     for (size_t i = 0; i < (size_t)(x - cls); i++) family[i] = (char)tolower((unsigned char)cls[i]);
     family[x - cls] = 0;
-    static const char *const known[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+    static const char *const known[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (strcmp(family, known[i]) == 0) return strcmp(family, arch) != 0;
     return 0;

@@ -51,6 +51,8 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *s, lmx_adapter 
         for (int p = 0; p < LMX_PROJ_N && !st; p++) {
             if (!(s->targets & (1u << p))) continue;
             const lmx_tensor *w = lmx_proj_weight(&m->layers[l], (lmx_proj)p);
+            if (!w->data && !(m->layers[l].moe && !m->cfg.moe_beside_mlp))
+                continue; /* gemma4's shared KV or K = V: the layer has no such module (PEFT skips it too) */
             if (!w->data) {
                 st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA target %s: layer %d has experts, not one %s "
                                  "(adapters on experts are not supported)", lmx_proj_short((lmx_proj)p), l,

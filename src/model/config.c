@@ -455,8 +455,8 @@ lmx_status lmx_config_parse(const char *json, const char *path, lmx_config *c, l
         goto done;
     }
     if (c->n_heads % c->n_kv_heads != 0) {
-        st = lmx_err_set(err, LMX_ERR_FORMAT, "%s: %d attention heads are not a multiple of %d kv heads", path,
-                         c->n_heads, c->n_kv_heads);
+        st = lmx_err_set(err, LMX_ERR_FORMAT, "%s: %d attention heads (\"num_attention_heads\") are not a multiple of "
+                         "%d kv heads (\"num_key_value_heads\")", path, c->n_heads, c->n_kv_heads);
         goto done;
     }
     const cJSON *tie = get(&s, "tie_word_embeddings");
