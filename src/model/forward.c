@@ -232,7 +232,7 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     TRY(op->glu(be, &gate, &gate, &up, (int64_t)M * F, c->act));
     TRY(op->matmul(be, &ws->proj, &gate, &L->w_down, bias(&L->b_down), M));
     if ((st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &gate, bt))) return st;
-    if (L->moe) { /* gemma4: the experts beside the MLP, each output normed, then summed */
+    if (L->moe && c->moe_beside_mlp) { /* gemma4: the experts beside the MLP, each output normed, then summed */
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm_1, M, c->hidden, eps, one));
         if ((st = moe_block(m, l, bt, M))) return st;
         TRY(op->add(be, &ws->proj, &ws->moe_sum, MC));
@@ -424,6 +424,9 @@ static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
                                  c->vocab);
                 return st;
             }
+            if (t < bt->n_new[b] && c->ple_dim > 0 && id >= c->ple_vocab)
+                return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "token id %d outside the per-layer input vocabulary "
+                                   "[0, %d)", id, c->ple_vocab);
             ids[b * bt->T + t] = t < bt->n_new[b] ? id : 0;
         }
     for (int b = 0; b < bt->B && st == LMX_OK; b++)
