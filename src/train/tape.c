@@ -364,8 +364,8 @@ static lmx_status w_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_t
 
 static lmx_status w_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
     (void)x, (void)n, (void)s;
-    return lmx_err_set(&TAPE(be)->base.err, LMX_ERR_UNSUPPORTED, "training: gemma4 models (layer scalars, per-layer "
-                       "inputs) are not supported");
+    return lmx_err_set(&TAPE(be)->base.err, LMX_ERR_UNSUPPORTED, "training: gemma4 models are not supported (the "
+                       "scale op of their per-layer inputs, layer scalars and experts has no backward)");
 }
 
 /* ---- forwarded as they are ---------------------------------------------------------------------- */
