@@ -109,7 +109,7 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
 }
 
 /* Bind prefix+name with the expected shape (dims < 0 are not checked).  optional: absent is ok.
- * stacked: a float tensor [E, R, d1] with E R = d0 (gemma4's experts) binds as the matrix [d0, d1]. */
+ * stacked = E > 0: a float tensor [E, d0 / E, d1] (gemma4's experts) binds as the matrix [d0, d1]. */
 static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const char *name, int optional, int64_t d0,
                           int64_t d1, int stacked) {
     lmx_model *m = b->m;
@@ -127,7 +127,8 @@ static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const ch
                            LMX_QUOTED(st->name), st->file, lmx_dtype_name(st->dtype));
     int want_dims = d1 >= 0 ? 2 + (stacked != 0) : 1;
     int64_t rows = st->ndim == 3 ? st->shape[0] * st->shape[1] : st->shape[0];
-    if (st->ndim != want_dims || (d0 >= 0 && rows != d0) || (d1 >= 0 && st->shape[st->ndim - 1] != d1)) {
+    if (st->ndim != want_dims || (d0 >= 0 && rows != d0) || (d1 >= 0 && st->shape[st->ndim - 1] != d1) ||
+        (stacked && st->shape[0] != stacked)) {
         char got[64] = "";
         for (int i = 0; i < st->ndim && i < 4; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)st->shape[i]);
