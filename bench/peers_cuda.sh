@@ -52,8 +52,8 @@ build-src)
     cmake -S "$peer/src/llama.cpp" -B "$peer/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build "$peer/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-completion 2>&1 | tail -2
-    cp "$peer/build/bin/llama-bench" "$peer/build/bin/llama-batched-bench" "$peer/build/bin/llama-completion" "$peer/bin/"
+    cmake --build "$peer/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-completion llama-quantize 2>&1 | tail -2
+    cp "$peer/build/bin/llama-bench" "$peer/build/bin/llama-batched-bench" "$peer/build/bin/llama-completion" "$peer/build/bin/llama-quantize" "$peer/bin/"
     rm -rf "$peer/gguf-py" && cp -r "$peer/src/llama.cpp/gguf-py" "$peer/"
     ;;
 esac

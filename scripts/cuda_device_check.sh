@@ -71,6 +71,8 @@ graph_same() {
 # at bf16 precision: bench/RESULTS.md; not in the list above until that is settled)
 for m in llama qwen3 gemma2 gemma3 llama_q4 qwen3_q8 qwen3_moe; do graph_same "$fix/models/$m" --max-tokens 40; done
 for m in llama qwen3; do graph_same "$fix/models/$m" --max-tokens 40 --adapter "$fix/models/${m}_lora/peft_adapter"; done
+# GGUF blocks (cuda_ggml.cu): the graph's fused launches (norm folded in, gate/up + GLU, residual add)
+for g in llama_gguf_q4_0/llama_q4_0 qwen3_gguf_q8_0/qwen3_q8_0; do graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40; done
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws
 # from every logit (LMX_CUDA_TOPK=0): greedy, and seeded top-k / top-p / min-p sampling
 topk_same() {

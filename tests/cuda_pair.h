@@ -75,9 +75,16 @@ static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N
         for (size_t i = 0; i < rb * (size_t)N; i++) p[i] = (uint8_t)urand();
         for (size_t b = 0; b < rb * (size_t)N / bb; b++) { /* sane f16 scale fields */
             uint8_t *blk = p + b * bb;
-            if (gtype == LMX_GGML_Q8_0 || gtype == LMX_GGML_Q4_0) put_f16(blk, 0.01f + 0.01f * frand());
-            if (gtype == LMX_GGML_Q4_K) { put_f16(blk, 0.002f * (1.5f + frand())); put_f16(blk + 2, 0.002f * (1.5f + frand())); }
-            if (gtype == LMX_GGML_Q6_K) put_f16(blk + 208, 0.001f * (1.5f + frand()));
+            switch (gtype) { /* d (and the min or dmin after it) where each layout keeps them */
+            case LMX_GGML_Q4_1: case LMX_GGML_Q5_1: put_f16(blk + 2, 0.02f * (frand() - 0.5f)); /* fall through */
+            case LMX_GGML_Q8_0: case LMX_GGML_Q4_0: case LMX_GGML_Q5_0: put_f16(blk, 0.01f + 0.01f * frand()); break;
+            case LMX_GGML_Q4_K: case LMX_GGML_Q5_K:
+                put_f16(blk, 0.002f * (1.5f + frand())), put_f16(blk + 2, 0.002f * (1.5f + frand())); break;
+            case LMX_GGML_Q2_K: put_f16(blk + 80, 0.004f * (1.5f + frand())), put_f16(blk + 82, 0.004f * (1.5f + frand())); break;
+            case LMX_GGML_Q3_K: put_f16(blk + 108, 0.001f * (1.5f + frand())); break;
+            case LMX_GGML_Q6_K: put_f16(blk + 208, 0.001f * (1.5f + frand())); break;
+            default: break;
+            }
         }
         t.dtype = LMX_DTYPE_U8;
         t.data = p;

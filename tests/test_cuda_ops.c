@@ -60,16 +60,26 @@ static void test_matmul(void) {
         test_matmul_case("mlx q4 g32", LMX_DTYPE_U32, 4, 32, 0, 17, 96, M, 0, tq);
         test_matmul_case("mlx q8 g64", LMX_DTYPE_U32, 8, 64, 0, 29, 192, M, 1, tq);
         test_matmul_case("mlx q2 g32", LMX_DTYPE_U32, 2, 32, 0, 13, 128, M, 0, tq);
-        test_matmul_case("gguf q8_0", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q8_0, 23, 96, M, 0, tq);
-        test_matmul_case("gguf q4_0", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_0, 23, 160, M, 1, tq);
-        test_matmul_case("gguf q4_k", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_K, 11, 512, M, 0, tq);
-        test_matmul_case("gguf q6_k", LMX_DTYPE_U8, 0, 0, LMX_GGML_Q6_K, 11, 256, M, 1, tq);
     }
+    /* GGUF blocks: up to 32 rows take x in int16 per 32 values (cuda_ggml.cu), beyond that the weights
+     * are dequantized to bf16 for cuBLAS.  Shapes with several blocks per row, rows that split among
+     * warps, and row counts that end mid-warp. */
+    const struct { const char *name; int type, N, K; } gg[] = {
+        {"gguf q4_0", LMX_GGML_Q4_0, 23, 160}, {"gguf q4_1", LMX_GGML_Q4_1, 19, 96},   {"gguf q5_0", LMX_GGML_Q5_0, 21, 224},
+        {"gguf q5_1", LMX_GGML_Q5_1, 17, 64},  {"gguf q8_0", LMX_GGML_Q8_0, 23, 96},   {"gguf q2_k", LMX_GGML_Q2_K, 13, 512},
+        {"gguf q3_k", LMX_GGML_Q3_K, 11, 256}, {"gguf q4_k", LMX_GGML_Q4_K, 11, 512},  {"gguf q5_k", LMX_GGML_Q5_K, 9, 768},
+        {"gguf q6_k", LMX_GGML_Q6_K, 11, 256}, {"gguf q4_k long", LMX_GGML_Q4_K, 300, 4096},
+        {"gguf q6_k long", LMX_GGML_Q6_K, 77, 2816}};
+    const int Mg[] = {1, 2, 3, 5, 8, 12, 40};
+    for (size_t t = 0; t < sizeof gg / sizeof gg[0]; t++)
+        for (size_t i = 0; i < sizeof Mg / sizeof Mg[0]; i++)
+            test_matmul_case(gg[t].name, LMX_DTYPE_U8, 0, 0, gg[t].type, gg[t].N, gg[t].K, Mg[i], (int)(t & 1),
+                             Mg[i] > 32 ? 2e-2 : 2e-4);
     /* unsupported GGUF types are refused, not computed wrongly */
     lmx_tensor t = {.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {4, 256}};
     static uint8_t junk[4 * 256];
     t.data = junk;
-    t.q.ggml_type = LMX_GGML_Q5_K;
+    t.q.ggml_type = LMX_GGML_Q8_K;
     CHECK(gpu->ops->upload_weight(gpu, &t) == LMX_ERR_UNSUPPORTED);
 }
 
@@ -78,7 +88,9 @@ static void test_matmul(void) {
 static void test_embed(void) {
     struct { lmx_dtype dt; int bits, group, gtype; int K; } cases[] = {
         {LMX_DTYPE_BF16, 0, 0, 0, 100}, {LMX_DTYPE_F32, 0, 0, 0, 33}, {LMX_DTYPE_U32, 4, 64, 0, 128},
-        {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q6_K, 256}, {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_K, 256}};
+        {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q6_K, 256}, {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_K, 256},
+        {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q3_K, 256}, {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q5_1, 64},
+        {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q2_K, 256}, {LMX_DTYPE_U8, 0, 0, LMX_GGML_Q5_0, 96}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int V = 50, M = 7;
         wpair w = make_weight(cases[c].dt, cases[c].bits, cases[c].group, cases[c].gtype, V, cases[c].K);

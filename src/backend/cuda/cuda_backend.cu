@@ -99,13 +99,8 @@ static void cuda_trim(lmx_backend *be) {
 
 size_t cuda_weight_bytes(const lmx_tensor *w) {
     int64_t N = w->ndim == 2 ? w->shape[0] : 1, K = w->shape[w->ndim - 1];
-    if (w->q.ggml_type) {
-        switch (w->q.ggml_type) {
-        case LMX_GGML_Q8_0: case LMX_GGML_Q4_0: case LMX_GGML_Q4_K: case LMX_GGML_Q6_K:
-            return lmx_ggml_row_bytes(w->q.ggml_type, K) * (size_t)N;
-        default: return 0;
-        }
-    }
+    if (w->q.ggml_type)
+        return lmx_ggml_is_supported_quant(w->q.ggml_type) ? lmx_ggml_row_bytes(w->q.ggml_type, K) * (size_t)N : 0;
     if (w->q.bits) return (size_t)N * (size_t)(K * w->q.bits / 32) * 4;
     return (size_t)lmx_tensor_nelem(w) * lmx_dtype_size(w->dtype);
 }
@@ -148,7 +143,7 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
     if (gst) return gst;
     if (w->q.ggml_type && !cuda_weight_bytes(w))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED,
-                           "cuda: GGUF %s weights are not supported (Q8_0, Q4_0, Q4_K, Q6_K are)",
+                           "cuda: GGUF %s weights are not supported (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K are)",
                            lmx_ggml_type_name(w->q.ggml_type));
     if (!w->q.ggml_type && !w->q.bits && w->dtype != LMX_DTYPE_F32 && w->dtype != LMX_DTYPE_BF16 &&
         w->dtype != LMX_DTYPE_F16)
@@ -295,6 +290,7 @@ lmx_status cuda_op_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tenso
 
 lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
                                  int R, int64_t n);
+lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s);
 
 static void cuda_destroy(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
@@ -340,6 +336,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .cached_bytes = */ cuda_cached_bytes,
     /* .backward = */ &lmx_cuda_backward,
     /* .scatter_add_rows = */ cuda_scatter_add_rows,
+    /* .scale = */ cuda_scale,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

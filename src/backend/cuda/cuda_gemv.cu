@@ -15,62 +15,9 @@
  * the previous kernel drains.
  *
  * Formats: dense bf16 / f16 / f32 (K a multiple of the vector), MLX affine 4 and 8 bit (groups of
- * whole words).  Everything else (GGUF blocks, 2-bit, odd shapes) takes k_gemv_any, one element at
- * a time. */
-#include "cuda_weights.h"
-
-/* ---- weights of one launch ----------------------------------------------------------------- */
-
-typedef struct gv_seg {
-    const void *w;                /* dense [N, K], or MLX words [N, K*bits/32] */
-    const void *scales, *biases;  /* MLX [N, K/group] */
-    const void *bias;             /* linear bias [N], or NULL */
-    float *y;                     /* [M, N] */
-    int N;
-    lmx_dtype bt;                 /* of bias */
-    int ks;                       /* k_gemv1: warps sharing each row (K split among them) */
-    const float *lb, *lt;         /* k_gemv1: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
-    int lr;
-} gv_seg;
-
-typedef struct gv_segs {
-    gv_seg s[3];
-    int group;                    /* MLX group size */
-    lmx_dtype sdt;                /* MLX scale / bias dtype */
-} gv_segs;
-
-/* The kernel families by weight format. */
-enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
-
-/* Segment i by selects of fixed fields: indexing the parameter struct with blockIdx.y would copy
- * it to local memory and slow every GEMV. */
-static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
-    gv_seg r;
-#define PICK(f) r.f = i == 0 ? sg.s[0].f : i == 1 ? sg.s[1].f : sg.s[2].f
-    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks); PICK(lb); PICK(lt); PICK(lr);
-#undef PICK
-    return r;
-}
-
-static __device__ __forceinline__ float bias_at(const void *b, lmx_dtype bt, int64_t n) {
-    return b ? cuda_elem(b, bt, n) : 0.0f;
-}
-
-/* Scales and biases are prefetched raw (a load whose value is used at once would make the prefetch
- * wait for it) and converted when used. */
-static __device__ __forceinline__ uint32_t raw_at(const void *p, lmx_dtype t, int64_t i) {
-    return t == LMX_DTYPE_F32 ? __ldg((const unsigned *)p + i) : (uint32_t)__ldg((const unsigned short *)p + i);
-}
-static __device__ __forceinline__ float raw_val(uint32_t r, lmx_dtype t) {
-    return t == LMX_DTYPE_BF16  ? __uint_as_float(r << 16)
-           : t == LMX_DTYPE_F16 ? __half2float(__ushort_as_half((unsigned short)r))
-                                : __uint_as_float(r);
-}
-
-static __device__ __forceinline__ float glu_act(float a, int act) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi); the same arithmetic as the glu op */
-    return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
-}
+ * whole words); GGUF blocks go to cuda_ggml.cu.  Everything else (2-bit, odd shapes) takes
+ * k_gemv_any, one element at a time. */
+#include "cuda_gemv.h"
 
 /* The results of one warp: R rows x MM inputs, reduced over the lanes (the GLU pair: rows
  * n0 .. n0 + R/2 of gate in acc[0 .. R/2), the same rows of up after them). */
@@ -362,7 +309,6 @@ __global__ void __launch_bounds__(256) k_qgemv(const float *__restrict__ x, cons
  * gate/up pair), or with RESID are added into y (the residual add folded in: y += W x + b). */
 
 #define G1_PAD(k) ((k) + ((k) >> 5) * 4)
-#define G1_MAX_K 32768   /* the most x values a block stages */
 
 template <int KIND> struct g1 {
     static constexpr bool Q = KIND == GV_Q4 || KIND == GV_Q8;
@@ -416,12 +362,6 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
         }
         return d[0] + d[1];
     }
-}
-
-/* seg s's LoRA expand term for output n (LORA instances; lane 0 at the end, B and t read then: holding
- * them across the main loop, in registers or shared memory, or a wider sum measured slower) */
-static __device__ __forceinline__ float g1_lora_term(const gv_seg &s, int n) {
-    return s.lb ? cuda_lora_dot(s.lb + (int64_t)n * s.lr, s.lt, s.lr) : 0.0f;
 }
 
 template <int KIND, int PAIR, int NORM, int RESID, int LORA>
@@ -552,8 +492,8 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
                 float g = acc[o] + bias_at(sg.s[0].bias, sg.s[0].bt, n);
                 float u = acc[o + RO] + bias_at(sg.s[1].bias, sg.s[1].bt, n);
                 if constexpr (LORA != 0) { /* as the lora op then adds to each, before the GLU */
-                    if (sg.s[0].lb) g = g + g1_lora_term(sg.s[0], n);
-                    if (sg.s[1].lb) u = u + g1_lora_term(sg.s[1], n);
+                    if (sg.s[0].lb) g = g + gv_lora_term(sg.s[0], n);
+                    if (sg.s[1].lb) u = u + gv_lora_term(sg.s[1], n);
                 }
                 sg.s[0].y[n] = glu_act(g, act) * u;
                 sg.s[1].y[n] = u;
@@ -566,7 +506,7 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
             if (n < S.N) {
                 float o = acc[r] + bias_at(S.bias, S.bt, n);
                 if constexpr (LORA != 0)
-                    if (S.lb) o = o + g1_lora_term(S, n);
+                    if (S.lb) o = o + gv_lora_term(S, n);
                 S.y[n] = RESID ? S.y[n] + o : o;
             }
         }
@@ -614,6 +554,7 @@ void cuda_gemv_init(void) {
             if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
         }
     cudaGetLastError();
+    cuda_ggml_init();
 }
 
 /* ---- any format, any shape: warp per row, per-element decoding -------------------------------- */
@@ -716,6 +657,7 @@ static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
 }
 
 int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
+    if (w->q.ggml_type) return M == 1 && cuda_ggml_gemv_takes(w, M); /* cuda_ggml.cu */
     const int kind = gv_kind(w);
     if (kind < 0 || M != 1 || w->shape[1] > G1_MAX_K || cb->gemv_variant == 1) return 0;
     if (kind == GV_Q4 || kind == GV_Q8) { /* k_gemv1: groups of 1, 2, 4, ... 32 whole vectors */
@@ -728,6 +670,7 @@ int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
     if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
+    if (ws[0]->q.ggml_type) return cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
     const int kind = gv_kind(ws[0]);
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];

@@ -27,6 +27,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_TOPK,      /* top-k candidates and results                      see cuda_topk.cu */
        CUDA_SCRATCH_LORA,      /* LoRA shrink results                               [M, r] */
        CUDA_SCRATCH_LORA_SUM,  /* LoRA shrink tickets and partial sums              see cuda_lora.cu */
+       CUDA_SCRATCH_XQ,        /* GGUF GEMV of several rows: x quantized to int16   see cuda_ggml.cu */
        CUDA_SCRATCH_BWD,       /* training: attention scores of a query tile, the loss's rows   see cuda_backward.cu */
        CUDA_SCRATCH_SLOTS };
 
@@ -170,6 +171,10 @@ size_t cuda_weight_bytes(const lmx_tensor *w);
 lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n);
 /* Dequantize rows [n0, n0+rows) of w into dst (bf16 [rows, K]) on the stream. */
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
+                                  __nv_bfloat16 *dst);
+/* The same for GGUF block weights of the types lmx computes with (cuda_ggml.cu); LMX_ERR_UNSUPPORTED
+ * (nothing launched) for others. */
+lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst);
 /* out[m, :] = row ids[m] of w (any weight format) * scale, as f32. */
 lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, const int32_t *ids,

@@ -72,6 +72,10 @@ __global__ void k_dequant_mlx_bf16(__nv_bfloat16 *__restrict__ dst, const wdesc 
 
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst) {
+    if (w->q.ggml_type) {
+        lmx_status st = cuda_ggml_dequant_bf16(cb, w, n0, rows, dst);
+        if (st != LMX_ERR_UNSUPPORTED) return st;
+    }
     wdesc d = make_wdesc(w);
     if ((d.bits == 4 || d.bits == 8) && d.group % (32 / d.bits) == 0) {
         const int64_t words = rows * d.words_per_row, nb = (words + 255) / 256;

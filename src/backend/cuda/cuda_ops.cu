@@ -389,6 +389,21 @@ lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tenso
     return st;
 }
 
+/* x[i] = s x[i]; s == 0 writes zeros (whatever x held) */
+__global__ void k_scale(float *x, int64_t n, float s) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = s == 0.0f ? 0.0f : s * x[i];
+}
+
+lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
+    cuda_graph_off(cb);                   /* Gemma 4 (its only user) decodes eagerly */
+    if (st || n <= 0) return st;
+    k_scale<<<ew_grid(n), 256, 0, cb->stream>>>((float *)x->data, n, s);
+    return cuda_check_launch(cb, "scale");
+}
+
 lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
                       float scale) {
     cuda_backend *cb = (cuda_backend *)be;

@@ -1,0 +1,77 @@
+/* cuda_gemv.h - what the GEMV kernels share (cuda_gemv.cu: dense and MLX weights; cuda_gemv_ggml.cu:
+ * GGUF blocks): the weights of one launch (up to 3 of the same input, fused q/k/v or gate/up), the
+ * bias, the GLU of the gate/up pair and the LoRA expand folded into the result. */
+#ifndef LMX_BACKEND_CUDA_GEMV_H
+#define LMX_BACKEND_CUDA_GEMV_H
+
+#include "cuda_weights.h"
+
+#define G1_MAX_K 32768   /* the most x values a one-row kernel stages */
+
+/* ---- weights of one launch ----------------------------------------------------------------- */
+
+typedef struct gv_seg {
+    const void *w;                /* dense [N, K], or MLX words [N, K*bits/32] */
+    const void *scales, *biases;  /* MLX [N, K/group] */
+    const void *bias;             /* linear bias [N], or NULL */
+    float *y;                     /* [M, N] */
+    int N;
+    lmx_dtype bt;                 /* of bias */
+    int ks;                       /* k_gemv1: warps sharing each row (K split among them) */
+    const float *lb, *lt;         /* k_gemv1: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
+    int lr;
+} gv_seg;
+
+typedef struct gv_segs {
+    gv_seg s[3];
+    int group;                    /* MLX group size */
+    lmx_dtype sdt;                /* MLX scale / bias dtype */
+} gv_segs;
+
+/* The kernel families by weight format. */
+enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
+
+/* Segment i by selects of fixed fields: indexing the parameter struct with blockIdx.y would copy
+ * it to local memory and slow every GEMV. */
+static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
+    gv_seg r;
+#define PICK(f) r.f = i == 0 ? sg.s[0].f : i == 1 ? sg.s[1].f : sg.s[2].f
+    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks); PICK(lb); PICK(lt); PICK(lr);
+#undef PICK
+    return r;
+}
+
+static __device__ __forceinline__ float bias_at(const void *b, lmx_dtype bt, int64_t n) {
+    return b ? cuda_elem(b, bt, n) : 0.0f;
+}
+
+/* Scales and biases are prefetched raw (a load whose value is used at once would make the prefetch
+ * wait for it) and converted when used. */
+static __device__ __forceinline__ uint32_t raw_at(const void *p, lmx_dtype t, int64_t i) {
+    return t == LMX_DTYPE_F32 ? __ldg((const unsigned *)p + i) : (uint32_t)__ldg((const unsigned short *)p + i);
+}
+static __device__ __forceinline__ float raw_val(uint32_t r, lmx_dtype t) {
+    return t == LMX_DTYPE_BF16  ? __uint_as_float(r << 16)
+           : t == LMX_DTYPE_F16 ? __half2float(__ushort_as_half((unsigned short)r))
+                                : __uint_as_float(r);
+}
+
+static __device__ __forceinline__ float glu_act(float a, int act) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi); the same arithmetic as the glu op */
+    return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+}
+
+/* seg s's LoRA expand term for output n (the one-row kernels; lane 0 at the end, B and t read then: holding
+ * them across the main loop, in registers or shared memory, or a wider sum measured slower) */
+static __device__ __forceinline__ float gv_lora_term(const gv_seg &s, int n) {
+    return s.lb ? cuda_lora_dot(s.lb + (int64_t)n * s.lr, s.lt, s.lr) : 0.0f;
+}
+
+/* GGUF blocks (cuda_ggml.cu): cuda_gemv's contract for the block-quantized types, which it hands
+ * over; takes: 1 when those kernels compute w for M rows. */
+lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
+                          float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts);
+int cuda_ggml_gemv_takes(const lmx_tensor *w, int M);
+void cuda_ggml_init(void);
+
+#endif

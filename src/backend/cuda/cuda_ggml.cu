@@ -1,0 +1,373 @@
+/* cuda_ggml.cu - GGUF block weights on the GPU: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for few
+ * rows (decode, M <= 8), and the bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
+ *
+ * Activations in int16: x is quantized per 32 values (a part), x ~ d * qx with d = max|x| / 32767,
+ * and a part of a weight row decodes (cuda_ggml.h) to 8-bit codes q with per-16 pairs (sc, mn), so
+ * that over the part
+ *
+ *     w . x = sum over halves h:  d * (sc_h * (q . qx)_h  -  mn_h * sum_h(qx))
+ *
+ * with (q . qx) by two-way 16 x 8-bit integer dot products (dp2a), exact in int32: the result is the
+ * dot product of the dequantized weights with the rounded x, which differs from x by at most 1/65534
+ * of each part's largest value (bf16 would round each value by up to 1/512 of itself).  int8 (as
+ * llama.cpp's MMVQ kernels take x) measured up to 2.4x the bf16 criterion on the GGUF fixtures.
+ *
+ * One input row: each block quantizes x itself into shared memory (the RMSNorm folded in when the
+ * decode graph asks); several rows: k_gquant_x quantizes them once into scratch.  A warp takes two
+ * weight rows (the GLU pair: row n of gate and of up), lane l the parts l, l + 32, ... of them; when
+ * the rows alone would not fill the GPU, KS warps share each row (warp k the parts 32 k + l,
+ * 32 (KS + k) + l, ...; KS a function of the shape, so a weight gives the same bits in every
+ * launch).  Results are stored, or go through the GLU, or (one row) are added into y, with the
+ * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
+#include "cuda_gemv.h"
+
+/* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v: codes to q[32],
+ * {d, d * sum of codes 0..15, d * sum of codes 16..31, 0} to *m; store 0: the reductions only (every
+ * lane of the warp takes part in them). */
+static __device__ __forceinline__ void gq_quant_part(float4 v, int16_t *q, float4 *m, bool store) {
+    const int i = threadIdx.x & 7;
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = amax > 0.0f ? 32767.0f / amax : 0.0f, d = amax / 32767.0f;
+    const int a = __float2int_rn(v.x * id), b = __float2int_rn(v.y * id), c = __float2int_rn(v.z * id),
+              e = __float2int_rn(v.w * id);
+    int s = a + b + c + e;
+#pragma unroll
+    for (int o = 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* lanes 0-3: half 0, 4-7: half 1 */
+    const int s1 = __shfl_down_sync(0xffffffffu, s, 4);
+    if (!store) return;
+    *(uint2 *)(q + 4 * i) = make_uint2((uint32_t)(a & 0xffff) | ((uint32_t)b << 16), (uint32_t)(c & 0xffff) | ((uint32_t)e << 16));
+    if (i == 0) *m = make_float4(d, d * (float)s, d * (float)s1, 0.0f);
+}
+
+/* x [M, K] -> xq int16 [M, K] and xm [M, K / 32] ({d, s0, s1, 0}): eight lanes per part. */
+__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int16_t *__restrict__ xq,
+                                                  float4 *__restrict__ xm, int K) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    const int P = K / 32, p = blockIdx.x * 32 + threadIdx.x / 8, m = blockIdx.y, pc = p < P ? p : P - 1;
+    const float4 v = *(const float4 *)(x + (size_t)m * K + 32 * pc + 4 * (threadIdx.x & 7));
+    gq_quant_part(v, xq + (size_t)m * K + 32 * pc, xm + (size_t)m * P + pc, p < P);
+}
+
+static __device__ __forceinline__ void gq_prefetch(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+/* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word). */
+static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4 (&X)[4], int &i0, int &i1) {
+    const int x[16] = {X[0].x, X[0].y, X[0].z, X[0].w, X[1].x, X[1].y, X[1].z, X[1].w,
+                       X[2].x, X[2].y, X[2].z, X[2].w, X[3].x, X[3].y, X[3].z, X[3].w};
+    i0 = 0, i1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        i0 = __dp2a_lo(x[2 * k], (int)q[k], i0), i0 = __dp2a_hi(x[2 * k + 1], (int)q[k], i0);
+        i1 = __dp2a_lo(x[8 + 2 * k], (int)q[4 + k], i1), i1 = __dp2a_hi(x[8 + 2 * k + 1], (int)q[4 + k], i1);
+    }
+}
+
+/* MM: the most input rows (M <= MM); U: parts per lane in flight; STAGE: one row, quantized by the
+ * block (x f32 [K]) rather than read from xq / xm.  resid (one row, one weight): y += W x + b. */
+template <int T, int MM, int PAIR, int STAGE>
+__global__ void __launch_bounds__(256) k_ggemv(const float *__restrict__ x, const int16_t *__restrict__ xq,
+                                               const float4 *__restrict__ xm, const gv_segs sg, int K, int M, int act,
+                                               const cuda_row_norm nm, int resid) {
+    constexpr int R = 2, RO = PAIR ? 1 : 2, U = MM <= 2 ? 2 : 1, BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
+    extern __shared__ __align__(16) unsigned char gq_smem[]; /* STAGE: [K] int16 codes, then [K / 32] float4 */
+    __shared__ float part[8];
+    __shared__ float red[8][R * MM];
+    cuda_pdl_trigger();
+    const gv_seg S = seg_pick(sg, blockIdx.y);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
+    const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
+    const bool active = n0 < S.N; /* a warp past the end still helps to stage x */
+    const int P = K / 32, vstride = 32 * KS;
+    const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
+    const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int n = n0 + (PAIR ? 0 : r), row = n < S.N ? n : S.N - 1;
+        wr[r] = (const uint8_t *)(PAIR ? (r ? sg.s[1].w : sg.s[0].w) : S.w) + row * row_bytes;
+    }
+    int p = 32 * kslice + lane;
+    if (active)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (p + vstride * u < P)
+#pragma unroll
+                for (int r = 0; r < R; r++) gq_prefetch(wr[r] + (int64_t)((p + vstride * u) / PPB) * BYTES);
+    cuda_pdl_wait(); /* x is ready */
+
+    const int16_t *xqp = xq;
+    const float4 *xmp = xm;
+    if constexpr (STAGE) { /* quantize x (or rmsnorm(x), as the norm kernels compute it): 8 lanes a part */
+        int16_t *sq = (int16_t *)gq_smem;
+        float4 *sm = (float4 *)(gq_smem + 2 * (size_t)K);
+        const float inv = nm.w ? cuda_rms_inv256(x, K, nm.eps, part) : 1.0f;
+        for (int c0 = 0; c0 < P; c0 += 32) {
+            const int c = c0 + tid / 8, cc = c < P ? c : P - 1, i = 32 * cc + 4 * (tid & 7);
+            float4 v = *(const float4 *)(x + i);
+            if (nm.w) {
+                v.x = v.x * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
+                v.y = v.y * inv * (cuda_elem(nm.w, nm.wt, i + 1) + nm.add_one);
+                v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
+                v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
+            }
+            gq_quant_part(v, sq + 32 * cc, sm + cc, c < P);
+        }
+        __syncthreads();
+        xqp = sq;
+        xmp = sm;
+    }
+
+    float acc[R][MM];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MM; m++) acc[r][m] = 0.0f;
+    if (active)
+        for (; p < P; p += vstride * U) {
+            uint32_t q[U][R][8];
+            float sc[U][R][2], mn[U][R][2];
+#pragma unroll
+            for (int u = 0; u < U; u++) { /* every part's loads before any use */
+                const int pu = p + vstride * u < P ? p + vstride * u : p;
+                const int64_t boff = (int64_t)(pu / PPB) * BYTES;
+#pragma unroll
+                for (int r = 0; r < R; r++) gq_part<T>(wr[r] + boff, pu % PPB, q[u][r], sc[u][r], mn[u][r]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int pu = p + vstride * u;
+                if (pu >= P) break;
+#pragma unroll
+                for (int m = 0; m < MM; m++) {
+                    if (m >= M) break;
+                    const int4 *xv = (const int4 *)(xqp + (size_t)m * K + 32 * pu);
+                    const int4 X[4] = {xv[0], xv[1], xv[2], xv[3]};
+                    const float4 xs = xmp[(size_t)m * P + pu];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        int i0, i1;
+                        gq_dot(q[u][r], X, i0, i1);
+                        const float dot = fmaf(sc[u][r][0], (float)i0, sc[u][r][1] * (float)i1);
+                        acc[r][m] = fmaf(xs.x, dot, acc[r][m] - fmaf(mn[u][r][0], xs.y, mn[u][r][1] * xs.z));
+                    }
+                }
+            }
+        }
+    /* the sums of each row: lanes, then the KS warps sharing it (in order) */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MM; m++) acc[r][m] = cuda_warp_sum(acc[r][m]);
+    if (KS > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < MM; m++) red[warp][r * MM + m] = acc[r][m];
+        __syncthreads();
+        if (kslice != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < MM; m++) {
+                float t = red[warp][r * MM + m];
+                for (int k = 1; k < KS; k++) t += red[warp + k][r * MM + m];
+                acc[r][m] = t;
+            }
+    }
+    if (lane != 0 || !active) return;
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+        if (m >= M) break;
+        if constexpr (PAIR != 0) {
+            const int n = n0;
+            if (n < S.N) {
+                float g = acc[0][m] + bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                float u = acc[1][m] + bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                if (sg.s[0].lb) g = g + gv_lora_term(sg.s[0], n); /* as the lora op adds it, before the GLU */
+                if (sg.s[1].lb) u = u + gv_lora_term(sg.s[1], n);
+                sg.s[0].y[(size_t)m * S.N + n] = glu_act(g, act) * u;
+                sg.s[1].y[(size_t)m * S.N + n] = u;
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int n = n0 + r;
+                if (n < S.N) {
+                    float o = acc[r][m] + bias_at(S.bias, S.bt, n);
+                    if (S.lb) o = o + gv_lora_term(S, n);
+                    float *y = S.y + (size_t)m * S.N + n;
+                    *y = resid ? *y + o : o;
+                }
+            }
+        }
+    }
+}
+
+/* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores. */
+template <int T>
+__global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w, int K, int64_t n0,
+                                int64_t rows) {
+    constexpr int BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
+    const int P = K / 32;
+    const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES, total = rows * P;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = n0 + i / P;
+        const int p = (int)(i % P);
+        uint32_t q[8];
+        float sc[2], mn[2];
+        gq_part<T>(w + n * row_bytes + (int64_t)(p / PPB) * BYTES, p % PPB, q, sc, mn);
+        uint32_t out[16];
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            __nv_bfloat162 v = __floats2bfloat162_rn(gq_value(q, sc, mn, e, T == LMX_GGML_Q8_0),
+                                                     gq_value(q, sc, mn, e + 1, T == LMX_GGML_Q8_0));
+            out[e / 2] = *reinterpret_cast<uint32_t *>(&v);
+        }
+        uint4 *o = (uint4 *)(dst + i * 32);
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[k] = make_uint4(out[4 * k], out[4 * k + 1], out[4 * k + 2], out[4 * k + 3]);
+    }
+}
+
+/* ---- launch ------------------------------------------------------------------------------------ */
+
+/* Dynamic shared memory of a one-row launch: the codes and the part records. */
+static size_t gq_smem_bytes(int64_t K) { return 2 * (size_t)K + (size_t)(K / 32) * sizeof(float4); }
+
+/* The GEMV instances of type T; NULL for combinations never launched. */
+typedef void (*gq_fn)(const float *, const int16_t *, const float4 *, gv_segs, int, int, int, cuda_row_norm, int);
+template <int T> static gq_fn gq_kernel(int M, int pair) {
+    if (M == 1) return pair ? k_ggemv<T, 1, 1, 1> : k_ggemv<T, 1, 0, 1>;
+    if (M == 2) return pair ? k_ggemv<T, 2, 1, 0> : k_ggemv<T, 2, 0, 0>;
+    if (M <= 4) return pair ? k_ggemv<T, 4, 1, 0> : k_ggemv<T, 4, 0, 0>;
+    return pair ? k_ggemv<T, 8, 1, 0> : k_ggemv<T, 8, 0, 0>;
+}
+
+/* The type's kernels and its dequantization, or NULL / UNSUPPORTED for types without them. */
+static gq_fn gq_pick(int type, int M, int pair) {
+    switch (type) {
+    case LMX_GGML_Q4_0: return gq_kernel<LMX_GGML_Q4_0>(M, pair);
+    case LMX_GGML_Q4_1: return gq_kernel<LMX_GGML_Q4_1>(M, pair);
+    case LMX_GGML_Q5_0: return gq_kernel<LMX_GGML_Q5_0>(M, pair);
+    case LMX_GGML_Q5_1: return gq_kernel<LMX_GGML_Q5_1>(M, pair);
+    case LMX_GGML_Q8_0: return gq_kernel<LMX_GGML_Q8_0>(M, pair);
+    case LMX_GGML_Q2_K: return gq_kernel<LMX_GGML_Q2_K>(M, pair);
+    case LMX_GGML_Q3_K: return gq_kernel<LMX_GGML_Q3_K>(M, pair);
+    case LMX_GGML_Q4_K: return gq_kernel<LMX_GGML_Q4_K>(M, pair);
+    case LMX_GGML_Q5_K: return gq_kernel<LMX_GGML_Q5_K>(M, pair);
+    case LMX_GGML_Q6_K: return gq_kernel<LMX_GGML_Q6_K>(M, pair);
+    default: return NULL;
+    }
+}
+
+void cuda_ggml_init(void) {
+    const int sm = (int)gq_smem_bytes(G1_MAX_K);
+    for (int t = 0; t < 32; t++)
+        for (int pair = 0; pair < 2; pair++) {
+            gq_fn f = gq_pick(t, 1, pair);
+            if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+        }
+    cudaGetLastError();
+}
+
+int cuda_ggml_gemv_takes(const lmx_tensor *w, int M) {
+    if (w->ndim != 2 || !gq_pick(w->q.ggml_type, 1, 0) || w->shape[1] % lmx_ggml_block_elems(w->q.ggml_type)) return 0;
+    return M >= 1 && M <= CUDA_GEMV_ROWS && (M > 1 || w->shape[1] <= G1_MAX_K);
+}
+
+/* Warps sharing each row: the fewest (1, 2, 4, 8) that give two blocks per multiprocessor while
+ * every lane keeps a part. */
+static int gq_split(const cuda_backend *cb, int N, int K, int rows_per_block) {
+    const int blocks = (int)cuda_blocks(N, rows_per_block), P = K / 32;
+    int ks = 1;
+    while (ks < 8 && blocks * ks < 2 * cb->sm_count && P >= 64 * ks) ks *= 2;
+    return ks;
+}
+
+lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
+                          float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
+    const int type = ws[0]->q.ggml_type;
+    const int64_t K = ws[0]->shape[1];
+    if (!cuda_ggml_gemv_takes(ws[0], M)) return LMX_ERR_UNSUPPORTED;
+    const int norm = opts && opts->norm_w, resid = opts && opts->resid;
+    const int lora = opts && (opts->lora_b[0] || opts->lora_b[1] || opts->lora_b[2]);
+    if ((norm || resid || lora) && (M != 1 || (resid && (glu >= 0 || n != 1 || norm)))) return LMX_ERR_UNSUPPORTED;
+    if (norm && (opts->norm_w->q.bits || opts->norm_w->q.ggml_type || lmx_tensor_nelem(opts->norm_w) != K))
+        return LMX_ERR_UNSUPPORTED;
+    gv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    for (int i = 0; i < n; i++) {
+        const lmx_tensor *w = ws[i];
+        if (w->ndim != 2 || w->q.ggml_type != type || w->shape[1] != K) return LMX_ERR_UNSUPPORTED;
+        sg.s[i].w = w->data;
+        sg.s[i].bias = biases[i] ? biases[i]->data : NULL;
+        sg.s[i].bt = biases[i] ? biases[i]->dtype : LMX_DTYPE_F32;
+        sg.s[i].y = ys[i];
+        sg.s[i].N = (int)w->shape[0];
+        if (lora) {
+            sg.s[i].lb = opts->lora_b[i];
+            sg.s[i].lt = opts->lora_t[i];
+            sg.s[i].lr = opts->lora_r[i];
+        }
+    }
+    if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
+    const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
+    unsigned gx = 1;
+    for (int i = 0; i < n; i++) {
+        sg.s[i].ks = gq_split(cb, sg.s[i].N, (int)K, rpb);
+        const unsigned b = cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
+        if (b > gx) gx = b;
+    }
+    const dim3 grid(gx, glu >= 0 ? 1 : n);
+    const int act = glu < 0 ? 0 : glu;
+    cuda_row_norm nm;
+    memset(&nm, 0, sizeof nm);
+    if (norm) {
+        nm.w = opts->norm_w->data;
+        nm.wt = opts->norm_w->dtype;
+        nm.eps = opts->eps;
+        nm.add_one = opts->add_one;
+    }
+    const gq_fn f = gq_pick(type, M, glu >= 0);
+    if (M == 1) {
+        cuda_launch(cb, f, grid, 256, gq_smem_bytes(K), x, (const int16_t *)NULL, (const float4 *)NULL, sg, (int)K, M, act,
+                    nm, resid);
+    } else {
+        const int64_t P = K / 32;
+        float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * P * sizeof(float4) + 2 * (size_t)M * K);
+        if (!xm) return cb->base.err.status;
+        int16_t *xq = (int16_t *)(xm + (size_t)M * P);
+        cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xq, xm, (int)K);
+        cuda_launch(cb, f, grid, 256, 0, x, (const int16_t *)xq, (const float4 *)xm, sg, (int)K, M, act, nm, 0);
+    }
+    return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
+}
+
+template <int T> static void gq_dequant_launch(cuda_backend *cb, __nv_bfloat16 *dst, const lmx_tensor *w, int64_t n0,
+                                               int64_t rows) {
+    const int64_t parts = rows * (w->shape[1] / 32), nb = (parts + 255) / 256;
+    k_gdequant_bf16<T><<<(unsigned)(nb < 16384 ? nb : 16384), 256, 0, cb->stream>>>(
+        dst, (const uint8_t *)w->data, (int)w->shape[1], n0, rows);
+}
+
+lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows, __nv_bfloat16 *dst) {
+    switch (w->q.ggml_type) {
+    case LMX_GGML_Q4_0: gq_dequant_launch<LMX_GGML_Q4_0>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q4_1: gq_dequant_launch<LMX_GGML_Q4_1>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q5_0: gq_dequant_launch<LMX_GGML_Q5_0>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q5_1: gq_dequant_launch<LMX_GGML_Q5_1>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q8_0: gq_dequant_launch<LMX_GGML_Q8_0>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q2_K: gq_dequant_launch<LMX_GGML_Q2_K>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q3_K: gq_dequant_launch<LMX_GGML_Q3_K>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q4_K: gq_dequant_launch<LMX_GGML_Q4_K>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q5_K: gq_dequant_launch<LMX_GGML_Q5_K>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q6_K: gq_dequant_launch<LMX_GGML_Q6_K>(cb, dst, w, n0, rows); break;
+    default: return LMX_ERR_UNSUPPORTED;
+    }
+    return cuda_check_launch(cb, "dequantize");
+}

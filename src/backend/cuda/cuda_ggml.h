@@ -1,0 +1,212 @@
+/* cuda_ggml.h - GGUF block formats on the GPU, decoded 32 elements (a "part") at a time.
+ *
+ * Every block-quantized type lmx computes with (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0: one part per 32-element
+ * block; Q2_K Q3_K Q4_K Q5_K Q6_K: eight parts per 256-element super-block) decodes part j of a
+ * block into 8-bit codes and two scale/offset pairs, one per half of 16 elements:
+ *
+ *     element e of the part = sc[e / 16] * q[e] - mn[e / 16]
+ *
+ * with q packed four to a 32-bit word in element order (q[0] holds elements 0..3, byte 0 first):
+ * unsigned codes below 64 for every type but Q8_0, whose codes are signed.  Either way they read
+ * correctly as signed bytes, the form the GEMV's int8 dot products (dp4a) take (cuda_gemv_ggml.cu);
+ * the bf16 dequantization for prefill and the per-element reads of embedding rows use it too.
+ * Block layouts: backend/cpu/ggml_quant.c (the cpu reference of every type). */
+#ifndef LMX_BACKEND_CUDA_GGML_H
+#define LMX_BACKEND_CUDA_GGML_H
+
+#include "cuda_internal.h"
+
+/* Bytes and elements of a block (the same table as formats/ggml_types.c, for device code). */
+template <int T> struct gq_traits;
+#define GQ_TRAITS(t, e, b)                                                                                          \
+    template <> struct gq_traits<t> {                                                                               \
+        static constexpr int ELEMS = e, BYTES = b, PARTS = e / 32;                                                  \
+    }
+GQ_TRAITS(LMX_GGML_Q4_0, 32, 18);
+GQ_TRAITS(LMX_GGML_Q4_1, 32, 20);
+GQ_TRAITS(LMX_GGML_Q5_0, 32, 22);
+GQ_TRAITS(LMX_GGML_Q5_1, 32, 24);
+GQ_TRAITS(LMX_GGML_Q8_0, 32, 34);
+GQ_TRAITS(LMX_GGML_Q2_K, 256, 84);
+GQ_TRAITS(LMX_GGML_Q3_K, 256, 110);
+GQ_TRAITS(LMX_GGML_Q4_K, 256, 144);
+GQ_TRAITS(LMX_GGML_Q5_K, 256, 176);
+GQ_TRAITS(LMX_GGML_Q6_K, 256, 210);
+#undef GQ_TRAITS
+
+/* N little-endian words from p, whose address is a multiple of AL (2, 4 or 16) bytes: 16-byte
+ * loads, word loads, or (AL 2) the aligned words around the run joined by funnel shifts, the word
+ * after the run read only when the run is not itself aligned (never a byte past the run's word). */
+template <int N, int AL>
+static __device__ __forceinline__ void gq_words(const uint8_t *p, uint32_t (&w)[N]) {
+    if constexpr (AL >= 16 && N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; i++) {
+            const uint4 v = __ldg((const uint4 *)p + i);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (AL >= 4) {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = __ldg((const unsigned *)p + i);
+    } else {
+        const uintptr_t a = (uintptr_t)p;
+        const unsigned *b = (const unsigned *)(a & ~(uintptr_t)3);
+        const unsigned sh = (unsigned)(a & 3) * 8;
+        uint32_t r[N + 1];
+#pragma unroll
+        for (int i = 0; i < N; i++) r[i] = __ldg(b + i);
+        r[N] = sh ? __ldg(b + N) : 0u;
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+    }
+}
+
+static __device__ __forceinline__ float gq_f16(const uint8_t *p) { /* p 2-byte aligned */
+    return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
+}
+static __device__ __forceinline__ float gq_half(uint32_t w, int hi) {
+    return __half2float(__ushort_as_half((unsigned short)(hi ? w >> 16 : w & 0xffffu)));
+}
+
+/* Bit k (k = 0..3) of h to bit 4 of byte k: the fifth bit of four 5-bit codes. */
+static __device__ __forceinline__ uint32_t gq_bit4(uint32_t h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+/* Byte i (0..11) of three words. */
+static __device__ __forceinline__ int gq_byte(const uint32_t (&s)[3], int i) { return (s[i >> 2] >> (8 * (i & 3))) & 255; }
+
+/* Part j of the block at b (see the top of this file). */
+template <int T>
+static __device__ __forceinline__ void gq_part(const uint8_t *b, int j, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) {
+    if constexpr (T == LMX_GGML_Q8_0) { /* d, int8 q[32] */
+        const float d = gq_f16(b);
+        gq_words<8, 2>(b + 2, q);
+        sc[0] = sc[1] = d, mn[0] = mn[1] = 0.0f;
+    } else if constexpr (T == LMX_GGML_Q4_0 || T == LMX_GGML_Q4_1 || T == LMX_GGML_Q5_0 || T == LMX_GGML_Q5_1) {
+        /* d [, m] [, qh: bit e is bit 4 of element e], qs[16]: elements 0..15 low nibbles, 16..31 high */
+        constexpr int MIN = T == LMX_GGML_Q4_1 || T == LMX_GGML_Q5_1, FIVE = T == LMX_GGML_Q5_0 || T == LMX_GGML_Q5_1;
+        constexpr int QS = 2 + 2 * MIN + 4 * FIVE;
+        uint32_t v[4];
+        gq_words<4, (T == LMX_GGML_Q4_1 || T == LMX_GGML_Q5_1) ? 4 : 2>(b + QS, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = v[i] & 0x0F0F0F0Fu, q[4 + i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        if constexpr (FIVE) {
+            uint32_t h[1];
+            gq_words<1, MIN ? 4 : 2>(b + 2 + 2 * MIN, h);
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] |= gq_bit4(h[0] >> (4 * i));
+        }
+        const float d = gq_f16(b);
+        sc[0] = sc[1] = d;
+        mn[0] = mn[1] = MIN ? -gq_f16(b + 2) : (FIVE ? 16.0f : 8.0f) * d;
+    } else if constexpr (T == LMX_GGML_Q2_K) { /* scales[16] (4-bit scale | min << 4), qs[64], d, dmin */
+        const int h = j >> 2, s = j & 3;
+        uint32_t v[8];
+        gq_words<8, 4>(b + 16 + 32 * h, v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = (v[i] >> (2 * s)) & 0x03030303u;
+        const uint32_t dd = __ldg((const unsigned *)(b + 80));
+        const unsigned s2 = __ldg((const unsigned short *)(b + 2 * j));
+        const float d = gq_half(dd, 0), dmin = gq_half(dd, 1);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const unsigned S = (s2 >> (8 * k)) & 255u;
+            sc[k] = d * (float)(S & 15u), mn[k] = dmin * (float)(S >> 4);
+        }
+    } else if constexpr (T == LMX_GGML_Q3_K) { /* hmask[32], qs[64], scales[12] (6-bit, -32), d */
+        const int h = j >> 2, s = j & 3;
+        uint32_t v[8], hm[8], sw[3];
+        gq_words<8, 2>(b + 32 + 32 * h, v);
+        gq_words<8, 2>(b, hm);
+        gq_words<3, 2>(b + 96, sw);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = ((v[i] >> (2 * s)) & 0x03030303u) | (((hm[i] >> j) & 0x01010101u) << 2);
+        const float d = gq_f16(b + 108);
+#pragma unroll
+        for (int k = 0; k < 2; k++) { /* codes are q3 + 4 (hmask set: q3 as is; clear: q3 - 4) */
+            const int t = 2 * j + k;
+            const int lo = t < 8 ? gq_byte(sw, t) & 15 : gq_byte(sw, t - 8) >> 4;
+            const int hi = (gq_byte(sw, 8 + (t & 3)) >> (2 * (t >> 2))) & 3;
+            const float ds = d * (float)((lo | hi << 4) - 32);
+            sc[k] = ds, mn[k] = 4.0f * ds;
+        }
+    } else if constexpr (T == LMX_GGML_Q4_K || T == LMX_GGML_Q5_K) {
+        /* d, dmin, scales[12] (6-bit scale and min of 8 sub-blocks) [, qh[32]: bit j of byte l is bit 4 of
+         * element 32 j + l], qs[128]: element 64 c + 32 h + l is nibble h of qs[32 c + l] */
+        constexpr int QS = T == LMX_GGML_Q4_K ? 16 : 48;
+        const int c = j >> 1, hf = j & 1;
+        uint32_t v[8], sw[3];
+        gq_words<8, 16>(b + QS + 32 * c, v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = (v[i] >> (4 * hf)) & 0x0F0F0F0Fu;
+        if constexpr (T == LMX_GGML_Q5_K) {
+            uint32_t hb[8];
+            gq_words<8, 16>(b + 16, hb);
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] |= ((hb[i] >> j) & 0x01010101u) << 4;
+        }
+        const uint32_t dd = __ldg((const unsigned *)b);
+        gq_words<3, 4>(b + 4, sw);
+        int s6, m6;
+        if (j < 4) {
+            s6 = gq_byte(sw, j) & 63, m6 = gq_byte(sw, j + 4) & 63;
+        } else {
+            s6 = (gq_byte(sw, j + 4) & 15) | ((gq_byte(sw, j - 4) >> 6) << 4);
+            m6 = (gq_byte(sw, j + 4) >> 4) | ((gq_byte(sw, j) >> 6) << 4);
+        }
+        sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
+        mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+    } else { /* Q6_K: ql[128], qh[64], int8 scales[16], d; element 128 a + 32 i + l: low nibble (i < 2) or
+              * high nibble of ql[64 a + 32 (i & 1) + l], bits 2 i.. of qh[32 a + l] above it; minus 32 */
+        const int a = j >> 2, i4 = j & 3;
+        uint32_t lo[8], hi[8];
+        gq_words<8, 2>(b + 64 * a + 32 * (i4 & 1), lo);
+        gq_words<8, 2>(b + 128 + 32 * a, hi);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            q[i] = ((lo[i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((hi[i] >> (2 * i4)) & 0x03030303u) << 4);
+        const float d = gq_f16(b + 208);
+        const unsigned s2 = __ldg((const unsigned short *)(b + 192 + 2 * j));
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float ds = d * (float)(int8_t)((s2 >> (8 * k)) & 255u);
+            sc[k] = ds, mn[k] = 32.0f * ds;
+        }
+    }
+}
+
+/* Element e of part j: sc * q - mn. */
+static __device__ __forceinline__ float gq_value(const uint32_t (&q)[8], const float (&sc)[2], const float (&mn)[2],
+                                                 int e, int sgn) {
+    const uint32_t byte = (q[e >> 2] >> (8 * (e & 3))) & 255u;
+    const float c = sgn ? (float)(int8_t)byte : (float)byte;
+    return sc[e >> 4] * c - mn[e >> 4];
+}
+
+template <int T>
+static __device__ __forceinline__ float gq_elem_t(const uint8_t *b, int e) {
+    uint32_t q[8];
+    float sc[2], mn[2];
+    gq_part<T>(b, e >> 5, q, sc, mn);
+    return gq_value(q, sc, mn, e & 31, T == LMX_GGML_Q8_0);
+}
+
+/* Element e of the block at b of any supported type (slow: for embedding rows and the generic GEMV). */
+static __device__ float gq_elem(int type, const uint8_t *b, int e) {
+    switch (type) {
+    case LMX_GGML_Q4_0: return gq_elem_t<LMX_GGML_Q4_0>(b, e);
+    case LMX_GGML_Q4_1: return gq_elem_t<LMX_GGML_Q4_1>(b, e);
+    case LMX_GGML_Q5_0: return gq_elem_t<LMX_GGML_Q5_0>(b, e);
+    case LMX_GGML_Q5_1: return gq_elem_t<LMX_GGML_Q5_1>(b, e);
+    case LMX_GGML_Q8_0: return gq_elem_t<LMX_GGML_Q8_0>(b, e);
+    case LMX_GGML_Q2_K: return gq_elem_t<LMX_GGML_Q2_K>(b, e);
+    case LMX_GGML_Q3_K: return gq_elem_t<LMX_GGML_Q3_K>(b, e);
+    case LMX_GGML_Q4_K: return gq_elem_t<LMX_GGML_Q4_K>(b, e);
+    case LMX_GGML_Q5_K: return gq_elem_t<LMX_GGML_Q5_K>(b, e);
+    case LMX_GGML_Q6_K: return gq_elem_t<LMX_GGML_Q6_K>(b, e);
+    default: return 0.0f;
+    }
+}
+
+#endif
