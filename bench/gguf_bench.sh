@@ -6,7 +6,8 @@
 # Results land in OUT_DIR: TYPE.lmx.json, TYPE.llama-bench.json, TYPE.batched.txt.
 #
 # usage: bench/gguf_bench.sh LMX OUT_DIR [ARCH] TYPE...    e.g. llama-3.1-8b Q4_K_M Q4_0 Q8_0
-#   env: LLAMACPP (default /tmp/peer: bin/llama-quantize [, bin/llama-bench, bin/llama-batched-bench], gguf-py/)
+#   env: LLAMACPP (default /tmp/peer: bin/llama-quantize [, bin/llama-bench, bin/llama-batched-bench], gguf-py/),
+#        LLAMA_BENCH_ARGS (default "-p 512,2048 -n 128 -r 3"), BATCHED=0 skips llama-batched-bench
 set -u
 lmx=$1 out=$2 arch=$3
 shift 3
@@ -33,10 +34,10 @@ for type in "$@"; do
         { echo "$type: lmx bench failed"; tail -3 "$out/$type.lmx.err"; }
     if [ -x "$llcpp/bin/llama-bench" ]; then
         echo "== $type: llama-bench"
-        "$llcpp/bin/llama-bench" -m "$gg" -ngl 99 -p 512,2048 -n 128 -r 3 -o json >"$out/$type.llama-bench.json" \
+        "$llcpp/bin/llama-bench" -m "$gg" -ngl 99 ${LLAMA_BENCH_ARGS:--p 512,2048 -n 128 -r 3} -o json >"$out/$type.llama-bench.json" \
             2>"$out/$type.llama-bench.err" || tail -3 "$out/$type.llama-bench.err"
     fi
-    if [ -x "$llcpp/bin/llama-batched-bench" ]; then
+    if [ -x "$llcpp/bin/llama-batched-bench" ] && [ "${BATCHED:-1}" != 0 ]; then
         echo "== $type: llama-batched-bench"
         "$llcpp/bin/llama-batched-bench" -m "$gg" -ngl 99 -c 16384 -npp 128 -ntg 128 -npl 1,8,32 \
             >"$out/$type.batched.txt" 2>"$out/$type.batched.err" || tail -3 "$out/$type.batched.err"

@@ -25,7 +25,7 @@ run "$bin/lmx" devices
 # sequence alone, no allocation per token) on the cuda backend, with decode graphs and without
 [ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda "$bin/test_runtime" "$fix"
 [ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda LMX_CUDA_GRAPH=0 "$bin/test_runtime" "$fix"
-for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8; do
+for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8 gemma4 gemma4_kv gemma4_moe; do
     run "$bin/lmx" check-reference "$fix/models/$m" --backend cuda
 done
 for m in llama_bias qwen2_sliding; do run "$bin/lmx" check-reference "$root/tests/data/$m" --backend cuda; done

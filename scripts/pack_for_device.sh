@@ -16,7 +16,7 @@ for b in lmx test_cuda_ops test_cuda_backward test_runtime test_adapter test_mem
 ldd "$build/lmx" | awk '/=> \// {print $3}' | grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc|libgcc_s|libcublas' |
     while read -r so; do cp -L "$so" "$stage/lib/"; done
 for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled qwen3_moe llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8 \
-    llama_lora qwen3_lora; do
+    llama_lora qwen3_lora gemma4 gemma4_kv gemma4_moe; do
     cp -r "$fix/models/$m" "$stage/fixtures/models/"
 done
 mkdir -p "$stage/fixtures/real" && cp "$fix/real/stories260K.gguf" "$stage/fixtures/real/"

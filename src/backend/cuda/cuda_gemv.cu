@@ -554,7 +554,6 @@ void cuda_gemv_init(void) {
             if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
         }
     cudaGetLastError();
-    cuda_ggml_init();
 }
 
 /* ---- any format, any shape: warp per row, per-element decoding -------------------------------- */
@@ -657,7 +656,7 @@ static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
 }
 
 int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
-    if (w->q.ggml_type) return M == 1 && cuda_ggml_gemv_takes(w, M); /* cuda_ggml.cu */
+    if (w->q.ggml_type) return M == 1 && cuda_ggml_gemv_takes(w, M); /* cuda_ggml.cu: any K */
     const int kind = gv_kind(w);
     if (kind < 0 || M != 1 || w->shape[1] > G1_MAX_K || cb->gemv_variant == 1) return 0;
     if (kind == GV_Q4 || kind == GV_Q8) { /* k_gemv1: groups of 1, 2, 4, ... 32 whole vectors */

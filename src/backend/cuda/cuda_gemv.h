@@ -72,6 +72,5 @@ static __device__ __forceinline__ float gv_lora_term(const gv_seg &s, int n) {
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                           float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts);
 int cuda_ggml_gemv_takes(const lmx_tensor *w, int M);
-void cuda_ggml_init(void);
 
 #endif

@@ -12,8 +12,9 @@
  * of each part's largest value (bf16 would round each value by up to 1/512 of itself).  int8 (as
  * llama.cpp's MMVQ kernels take x) measured up to 2.4x the bf16 criterion on the GGUF fixtures.
  *
- * One input row: each block quantizes x itself into shared memory (the RMSNorm folded in when the
- * decode graph asks); several rows: k_gquant_x quantizes them once into scratch.  A warp takes two
+ * k_gquant_x quantizes x once into scratch (for one row with the RMSNorm folded in when the decode
+ * graph asks), a launch of its own: staging x in every block of the GEMV, as the dense one-row
+ * kernel does, cost a pass of latency-bound reductions per wave of blocks.  A warp takes two
  * weight rows (the GLU pair: row n of gate and of up), lane l the parts l, l + 32, ... of them; when
  * the rows alone would not fill the GPU, KS warps share each row (warp k the parts 32 k + l,
  * 32 (KS + k) + l, ...; KS a function of the shape, so a weight gives the same bits in every
@@ -41,13 +42,24 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, int16_t *q, float
     if (i == 0) *m = make_float4(d, d * (float)s, d * (float)s1, 0.0f);
 }
 
-/* x [M, K] -> xq int16 [M, K] and xm [M, K / 32] ({d, s0, s1, 0}): eight lanes per part. */
+/* x [M, K] -> xq int16 [M, K] and xm [M, K / 32] ({d, s0, s1, 0}): eight lanes per part, 32 parts
+ * per block; with nm.w (one row) the RMSNorm of x, as the norm kernels compute it. */
 __global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int16_t *__restrict__ xq,
-                                                  float4 *__restrict__ xm, int K) {
+                                                  float4 *__restrict__ xm, int K, const cuda_row_norm nm) {
+    __shared__ float part[8];
     cuda_pdl_trigger();
     cuda_pdl_wait();
     const int P = K / 32, p = blockIdx.x * 32 + threadIdx.x / 8, m = blockIdx.y, pc = p < P ? p : P - 1;
-    const float4 v = *(const float4 *)(x + (size_t)m * K + 32 * pc + 4 * (threadIdx.x & 7));
+    const float *xr = x + (size_t)m * K;
+    const float inv = nm.w ? cuda_rms_inv256(xr, K, nm.eps, part) : 1.0f;
+    const int i = 32 * pc + 4 * (threadIdx.x & 7);
+    float4 v = *(const float4 *)(xr + i);
+    if (nm.w) {
+        v.x = v.x * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
+        v.y = v.y * inv * (cuda_elem(nm.w, nm.wt, i + 1) + nm.add_one);
+        v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
+        v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
+    }
     gq_quant_part(v, xq + (size_t)m * K + 32 * pc, xm + (size_t)m * P + pc, p < P);
 }
 
@@ -67,21 +79,18 @@ static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4
     }
 }
 
-/* MM: the most input rows (M <= MM); U: parts per lane in flight; STAGE: one row, quantized by the
- * block (x f32 [K]) rather than read from xq / xm.  resid (one row, one weight): y += W x + b. */
-template <int T, int MM, int PAIR, int STAGE>
-__global__ void __launch_bounds__(256) k_ggemv(const float *__restrict__ x, const int16_t *__restrict__ xq,
-                                               const float4 *__restrict__ xm, const gv_segs sg, int K, int M, int act,
-                                               const cuda_row_norm nm, int resid) {
+/* MM: the most input rows (M <= MM); U: parts per lane in flight.  resid (one row, one weight):
+ * y += W x + b. */
+template <int T, int MM, int PAIR>
+__global__ void __launch_bounds__(256) k_ggemv(const int16_t *__restrict__ xq, const float4 *__restrict__ xm,
+                                               const gv_segs sg, int K, int M, int act, int resid) {
     constexpr int R = 2, RO = PAIR ? 1 : 2, U = MM <= 2 ? 2 : 1, BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
-    extern __shared__ __align__(16) unsigned char gq_smem[]; /* STAGE: [K] int16 codes, then [K / 32] float4 */
-    __shared__ float part[8];
     __shared__ float red[8][R * MM];
     cuda_pdl_trigger();
     const gv_seg S = seg_pick(sg, blockIdx.y);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
     const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
-    const bool active = n0 < S.N; /* a warp past the end still helps to stage x */
+    const bool active = n0 < S.N;
     const int P = K / 32, vstride = 32 * KS;
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
     const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
@@ -98,28 +107,6 @@ __global__ void __launch_bounds__(256) k_ggemv(const float *__restrict__ x, cons
 #pragma unroll
                 for (int r = 0; r < R; r++) gq_prefetch(wr[r] + (int64_t)((p + vstride * u) / PPB) * BYTES);
     cuda_pdl_wait(); /* x is ready */
-
-    const int16_t *xqp = xq;
-    const float4 *xmp = xm;
-    if constexpr (STAGE) { /* quantize x (or rmsnorm(x), as the norm kernels compute it): 8 lanes a part */
-        int16_t *sq = (int16_t *)gq_smem;
-        float4 *sm = (float4 *)(gq_smem + 2 * (size_t)K);
-        const float inv = nm.w ? cuda_rms_inv256(x, K, nm.eps, part) : 1.0f;
-        for (int c0 = 0; c0 < P; c0 += 32) {
-            const int c = c0 + tid / 8, cc = c < P ? c : P - 1, i = 32 * cc + 4 * (tid & 7);
-            float4 v = *(const float4 *)(x + i);
-            if (nm.w) {
-                v.x = v.x * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
-                v.y = v.y * inv * (cuda_elem(nm.w, nm.wt, i + 1) + nm.add_one);
-                v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
-                v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
-            }
-            gq_quant_part(v, sq + 32 * cc, sm + cc, c < P);
-        }
-        __syncthreads();
-        xqp = sq;
-        xmp = sm;
-    }
 
     float acc[R][MM];
 #pragma unroll
@@ -144,9 +131,9 @@ __global__ void __launch_bounds__(256) k_ggemv(const float *__restrict__ x, cons
 #pragma unroll
                 for (int m = 0; m < MM; m++) {
                     if (m >= M) break;
-                    const int4 *xv = (const int4 *)(xqp + (size_t)m * K + 32 * pu);
-                    const int4 X[4] = {xv[0], xv[1], xv[2], xv[3]};
-                    const float4 xs = xmp[(size_t)m * P + pu];
+                    const int4 *xv = (const int4 *)(xq + (size_t)m * K + 32 * pu);
+                    const int4 X[4] = {__ldg(xv), __ldg(xv + 1), __ldg(xv + 2), __ldg(xv + 3)};
+                    const float4 xs = __ldg(xm + (size_t)m * P + pu);
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         int i0, i1;
@@ -236,19 +223,16 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 
 /* ---- launch ------------------------------------------------------------------------------------ */
 
-/* Dynamic shared memory of a one-row launch: the codes and the part records. */
-static size_t gq_smem_bytes(int64_t K) { return 2 * (size_t)K + (size_t)(K / 32) * sizeof(float4); }
-
-/* The GEMV instances of type T; NULL for combinations never launched. */
-typedef void (*gq_fn)(const float *, const int16_t *, const float4 *, gv_segs, int, int, int, cuda_row_norm, int);
+/* The GEMV instances of type T. */
+typedef void (*gq_fn)(const int16_t *, const float4 *, gv_segs, int, int, int, int);
 template <int T> static gq_fn gq_kernel(int M, int pair) {
-    if (M == 1) return pair ? k_ggemv<T, 1, 1, 1> : k_ggemv<T, 1, 0, 1>;
-    if (M == 2) return pair ? k_ggemv<T, 2, 1, 0> : k_ggemv<T, 2, 0, 0>;
-    if (M <= 4) return pair ? k_ggemv<T, 4, 1, 0> : k_ggemv<T, 4, 0, 0>;
-    return pair ? k_ggemv<T, 8, 1, 0> : k_ggemv<T, 8, 0, 0>;
+    if (M == 1) return pair ? k_ggemv<T, 1, 1> : k_ggemv<T, 1, 0>;
+    if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
+    if (M <= 4) return pair ? k_ggemv<T, 4, 1> : k_ggemv<T, 4, 0>;
+    return pair ? k_ggemv<T, 8, 1> : k_ggemv<T, 8, 0>;
 }
 
-/* The type's kernels and its dequantization, or NULL / UNSUPPORTED for types without them. */
+/* The type's kernels, or NULL for types without them. */
 static gq_fn gq_pick(int type, int M, int pair) {
     switch (type) {
     case LMX_GGML_Q4_0: return gq_kernel<LMX_GGML_Q4_0>(M, pair);
@@ -265,19 +249,9 @@ static gq_fn gq_pick(int type, int M, int pair) {
     }
 }
 
-void cuda_ggml_init(void) {
-    const int sm = (int)gq_smem_bytes(G1_MAX_K);
-    for (int t = 0; t < 32; t++)
-        for (int pair = 0; pair < 2; pair++) {
-            gq_fn f = gq_pick(t, 1, pair);
-            if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
-        }
-    cudaGetLastError();
-}
-
 int cuda_ggml_gemv_takes(const lmx_tensor *w, int M) {
     if (w->ndim != 2 || !gq_pick(w->q.ggml_type, 1, 0) || w->shape[1] % lmx_ggml_block_elems(w->q.ggml_type)) return 0;
-    return M >= 1 && M <= CUDA_GEMV_ROWS && (M > 1 || w->shape[1] <= G1_MAX_K);
+    return M >= 1 && M <= CUDA_GEMV_ROWS;
 }
 
 /* Warps sharing each row: the fewest (1, 2, 4, 8) that give two blocks per multiprocessor while
@@ -333,18 +307,13 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
         nm.eps = opts->eps;
         nm.add_one = opts->add_one;
     }
-    const gq_fn f = gq_pick(type, M, glu >= 0);
-    if (M == 1) {
-        cuda_launch(cb, f, grid, 256, gq_smem_bytes(K), x, (const int16_t *)NULL, (const float4 *)NULL, sg, (int)K, M, act,
-                    nm, resid);
-    } else {
-        const int64_t P = K / 32;
-        float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * P * sizeof(float4) + 2 * (size_t)M * K);
-        if (!xm) return cb->base.err.status;
-        int16_t *xq = (int16_t *)(xm + (size_t)M * P);
-        cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xq, xm, (int)K);
-        cuda_launch(cb, f, grid, 256, 0, x, (const int16_t *)xq, (const float4 *)xm, sg, (int)K, M, act, nm, 0);
-    }
+    const int64_t P = K / 32;
+    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * P * sizeof(float4) + 2 * (size_t)M * K);
+    if (!xm) return cb->base.err.status;
+    int16_t *xq = (int16_t *)(xm + (size_t)M * P);
+    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xq, xm, (int)K, nm);
+    cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int16_t *)xq, (const float4 *)xm, sg, (int)K, M, act,
+                resid);
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
 }
 
