@@ -673,12 +673,9 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     const int kind = gv_kind(ws[0]);
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];
-    const int norm = opts && opts->norm_w, resid = opts && opts->resid;
-    const int lora = opts && (opts->lora_b[0] || opts->lora_b[1] || opts->lora_b[2]);
     const int one_row = cuda_gemv_one_row(cb, ws[0], M);
-    if ((norm || resid || lora) && (!one_row || (resid && (glu >= 0 || n != 1 || norm)))) return LMX_ERR_UNSUPPORTED;
-    if (norm && (opts->norm_w->q.bits || opts->norm_w->q.ggml_type || lmx_tensor_nelem(opts->norm_w) != K))
-        return LMX_ERR_UNSUPPORTED;
+    int norm, resid, lora;
+    if (gv_opts_check(opts, one_row, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     sg.group = ws[0]->q.group;
@@ -688,18 +685,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         if (gv_kind(w) != kind || w->shape[1] != K || w->dtype != ws[0]->dtype || w->q.group != sg.group ||
             w->q.scale_dtype != sg.sdt)
             return LMX_ERR_UNSUPPORTED;
-        sg.s[i].w = w->data;
-        sg.s[i].scales = w->q.scales;
-        sg.s[i].biases = w->q.biases;
-        sg.s[i].bias = biases[i] ? biases[i]->data : NULL;
-        sg.s[i].bt = biases[i] ? biases[i]->dtype : LMX_DTYPE_F32;
-        sg.s[i].y = ys[i];
-        sg.s[i].N = (int)w->shape[0];
-        if (lora) {
-            sg.s[i].lb = opts->lora_b[i];
-            sg.s[i].lt = opts->lora_t[i];
-            sg.s[i].lr = opts->lora_r[i];
-        }
+        gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);

@@ -67,6 +67,37 @@ static __device__ __forceinline__ float gv_lora_term(const gv_seg &s, int n) {
     return s.lb ? cuda_lora_dot(s.lb + (int64_t)n * s.lr, s.lt, s.lr) : 0.0f;
 }
 
+/* Whether a launch of n weights (glu >= 0: the gate/up pair) takes opts: they need the one-row path
+ * (one_row), the residual add one weight without GLU or norm, the norm an unquantized weight of K
+ * values.  Sets what opts fold in; LMX_ERR_UNSUPPORTED when they do not apply. */
+static inline lmx_status gv_opts_check(const cuda_gemv_opts *opts, int one_row, int n, int glu, int64_t K, int *norm,
+                                       int *resid, int *lora) {
+    *norm = opts && opts->norm_w, *resid = opts && opts->resid;
+    *lora = opts && (opts->lora_b[0] || opts->lora_b[1] || opts->lora_b[2]);
+    if ((*norm || *resid || *lora) && (!one_row || (*resid && (glu >= 0 || n != 1 || *norm)))) return LMX_ERR_UNSUPPORTED;
+    if (*norm && (opts->norm_w->q.bits || opts->norm_w->q.ggml_type || lmx_tensor_nelem(opts->norm_w) != K))
+        return LMX_ERR_UNSUPPORTED;
+    return LMX_OK;
+}
+
+/* Segment i of a launch: weight w (its data, MLX scales and biases), its bias, its output y and, with
+ * lora, the LoRA expand opts gives weight i. */
+static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *bias, float *y,
+                              const cuda_gemv_opts *opts, int i, int lora) {
+    s->w = w->data;
+    s->scales = w->q.scales;
+    s->biases = w->q.biases;
+    s->bias = bias ? bias->data : NULL;
+    s->bt = bias ? bias->dtype : LMX_DTYPE_F32;
+    s->y = y;
+    s->N = (int)w->shape[0];
+    if (lora) {
+        s->lb = opts->lora_b[i];
+        s->lt = opts->lora_t[i];
+        s->lr = opts->lora_r[i];
+    }
+}
+
 /* GGUF blocks (cuda_ggml.cu): cuda_gemv's contract for the block-quantized types, which it hands
  * over; takes: 1 when those kernels compute w for M rows. */
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,

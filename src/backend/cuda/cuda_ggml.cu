@@ -268,26 +268,14 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     const int type = ws[0]->q.ggml_type;
     const int64_t K = ws[0]->shape[1];
     if (!cuda_ggml_gemv_takes(ws[0], M)) return LMX_ERR_UNSUPPORTED;
-    const int norm = opts && opts->norm_w, resid = opts && opts->resid;
-    const int lora = opts && (opts->lora_b[0] || opts->lora_b[1] || opts->lora_b[2]);
-    if ((norm || resid || lora) && (M != 1 || (resid && (glu >= 0 || n != 1 || norm)))) return LMX_ERR_UNSUPPORTED;
-    if (norm && (opts->norm_w->q.bits || opts->norm_w->q.ggml_type || lmx_tensor_nelem(opts->norm_w) != K))
-        return LMX_ERR_UNSUPPORTED;
+    int norm, resid, lora;
+    if (gv_opts_check(opts, M == 1, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     for (int i = 0; i < n; i++) {
         const lmx_tensor *w = ws[i];
         if (w->ndim != 2 || w->q.ggml_type != type || w->shape[1] != K) return LMX_ERR_UNSUPPORTED;
-        sg.s[i].w = w->data;
-        sg.s[i].bias = biases[i] ? biases[i]->data : NULL;
-        sg.s[i].bt = biases[i] ? biases[i]->dtype : LMX_DTYPE_F32;
-        sg.s[i].y = ys[i];
-        sg.s[i].N = (int)w->shape[0];
-        if (lora) {
-            sg.s[i].lb = opts->lora_b[i];
-            sg.s[i].lt = opts->lora_t[i];
-            sg.s[i].lr = opts->lora_r[i];
-        }
+        gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
