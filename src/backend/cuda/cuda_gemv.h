@@ -1,5 +1,5 @@
-/* cuda_gemv.h - what the GEMV kernels share (cuda_gemv.cu: dense and MLX weights; cuda_gemv_ggml.cu:
- * GGUF blocks): the weights of one launch (up to 3 of the same input, fused q/k/v or gate/up), the
+/* cuda_gemv.h - what the GEMV kernels share (cuda_gemv.cu: dense and MLX weights; cuda_ggml.cu: GGUF
+ * blocks): the weights of one launch (up to 3 of the same input, fused q/k/v or gate/up), the
  * bias, the GLU of the gate/up pair and the LoRA expand folded into the result. */
 #ifndef LMX_BACKEND_CUDA_GEMV_H
 #define LMX_BACKEND_CUDA_GEMV_H
@@ -11,14 +11,14 @@
 /* ---- weights of one launch ----------------------------------------------------------------- */
 
 typedef struct gv_seg {
-    const void *w;                /* dense [N, K], or MLX words [N, K*bits/32] */
+    const void *w;                /* dense [N, K], MLX words [N, K*bits/32], or GGUF blocks [N, row bytes] */
     const void *scales, *biases;  /* MLX [N, K/group] */
     const void *bias;             /* linear bias [N], or NULL */
     float *y;                     /* [M, N] */
     int N;
     lmx_dtype bt;                 /* of bias */
-    int ks;                       /* k_gemv1: warps sharing each row (K split among them) */
-    const float *lb, *lt;         /* k_gemv1: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
+    int ks;                       /* k_gemv1, k_ggemv: warps sharing each row (K split among them) */
+    const float *lb, *lt;         /* k_gemv1, k_ggemv: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
     int lr;
 } gv_seg;
 

@@ -12,9 +12,8 @@
  * of each part's largest value (bf16 would round each value by up to 1/512 of itself).  int8 (as
  * llama.cpp's MMVQ kernels take x) measured up to 2.4x the bf16 criterion on the GGUF fixtures.
  *
- * k_gquant_x quantizes x once into scratch (for one row with the RMSNorm folded in when the decode
- * graph asks), a launch of its own: staging x in every block of the GEMV, as the dense one-row
- * kernel does, cost a pass of latency-bound reductions per wave of blocks.  A warp takes two
+ * k_gquant_x quantizes x once per launch into scratch (for one row with the RMSNorm folded in when
+ * the decode graph asks), before the GEMV kernel reads it.  A warp takes two
  * weight rows (the GLU pair: row n of gate and of up), lane l the parts l, l + 32, ... of them; when
  * the rows alone would not fill the GPU, KS warps share each row (warp k the parts 32 k + l,
  * 32 (KS + k) + l, ...; KS a function of the shape, so a weight gives the same bits in every

@@ -8,7 +8,7 @@
  *
  * with q packed four to a 32-bit word in element order (q[0] holds elements 0..3, byte 0 first):
  * unsigned codes below 64 for every type but Q8_0, whose codes are signed.  Either way they read
- * correctly as signed bytes, the form the GEMV's int8 dot products (dp4a) take (cuda_gemv_ggml.cu);
+ * correctly as signed bytes, the form the GEMV's 16 x 8-bit integer dot products (dp2a) take (cuda_ggml.cu);
  * the bf16 dequantization for prefill and the per-element reads of embedding rows use it too.
  * Block layouts: backend/cpu/ggml_quant.c (the cpu reference of every type). */
 #ifndef LMX_BACKEND_CUDA_GGML_H

@@ -30,7 +30,7 @@ typedef struct cuda_graph {
     int dyn[CUDA_DYN_N];     /* this step's values, host copy */
     int have_batch;          /* dyn holds this step's n_past / n_new */
     int launched;            /* this step's graph is already running (launched early) */
-    int failed;              /* capture failed once: stay eager */
+    int failed;              /* capture failed once, or cuda_graph_off: stay eager */
     int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
 } cuda_graph;

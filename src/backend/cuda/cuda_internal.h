@@ -128,8 +128,9 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
  * itself is only read), or the residual add of its result (resid, n = 1: y_0 += W x + b), and LoRA
  * expands (lora_b / lora_t: y_i += B_i t_i after the bias, before the GLU or the residual add, as the
  * lora op would add them).
- * LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes the weights (GGUF blocks,
- * 2-bit, odd K, mixed formats) or the options; cuda_gemv_any then takes one weight of any format.
+ * GGUF blocks go to cuda_ggml.cu's kernels (cuda_gemv_ggml, the same contract).
+ * LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes the weights (2-bit, odd K,
+ * mixed formats) or the options; cuda_gemv_any then takes one weight of any format.
  * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
  * LMX_ERR_UNSUPPORTED otherwise. */
 #define CUDA_GEMV_ROWS 8
