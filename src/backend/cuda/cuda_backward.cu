@@ -20,16 +20,7 @@ extern "C" {
 #include "../backward.h"
 }
 
-#define BWD_DEQUANT_BYTES (64u << 20) /* bf16 weight rows dequantized at once (matmul_bwd) */
 #define BWD_ATTN_BYTES (256u << 20)   /* S and dP of one query tile, all heads (attention_bwd) */
-#define BWD_ROWS_MAX 512              /* row indices passed by value per launch (gather_rows_bwd) */
-#define BWD_SEQ_MAX 64                /* sequences per launch (rope_bwd) */
-#define BWD_ROPE_MAX 256              /* rot_dim / 2 */
-
-static unsigned ew_blocks(int64_t n) {
-    int64_t b = (n + 255) / 256;
-    return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);
-}
 
 static lmx_status blas(cuda_backend *cb, cublasStatus_t s, const char *what) {
     return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, what);
@@ -103,7 +94,7 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
         return blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
                                      CUDA_R_16BF, N, &one, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT), "matmul backward");
-    int64_t block = BWD_DEQUANT_BYTES / ((int64_t)K * 2);
+    int64_t block = CUDA_DEQUANT_BYTES / ((int64_t)K * 2);
     block = block < 64 ? 64 : block > N ? N : block;
     __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)block * K * 2);
     if (!wb) return cb->base.err.status;
@@ -192,7 +183,7 @@ static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, c
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    k_glu_bwd<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)dgate->data, (float *)dup->data, (const float *)dy->data,
+    k_glu_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dgate->data, (float *)dup->data, (const float *)dy->data,
                                                     (const float *)gate->data, (const float *)up->data, n, (int)act);
     return cuda_check_launch(cb, "glu backward");
 }
@@ -209,7 +200,7 @@ static lmx_status bwd_softcap(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    k_softcap_bwd<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
+    k_softcap_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
                                                         (const float *)y->data, n, cap);
     return cuda_check_launch(cb, "softcap backward");
 }
@@ -219,8 +210,8 @@ static lmx_status bwd_softcap(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
 typedef struct rope_bwd_arg {
     int B, T, nh, hd, half, rot, interleaved;
     float attn_factor;
-    int n_past[BWD_SEQ_MAX], n_new[BWD_SEQ_MAX];
-    float inv_freq[BWD_ROPE_MAX];
+    int n_past[CUDA_SEQ_MAX], n_new[CUDA_SEQ_MAX];
+    float inv_freq[CUDA_ROPE_MAX];
 } rope_bwd_arg;
 
 /* one thread per (row, head, dim pair), and per (row, head, dim past rot) for the pass-through */
@@ -254,17 +245,17 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
     const int half = rope->rot_dim / 2;
-    if (half > BWD_ROPE_MAX || rope->rot_dim > hd)
+    if (half > CUDA_ROPE_MAX || rope->rot_dim > hd)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope backward over %d dims", rope->rot_dim);
     rope_bwd_arg a;
     a.T = bt->T, a.nh = nh, a.hd = hd, a.half = half, a.rot = 2 * half, a.interleaved = rope->interleaved;
     a.attn_factor = rope->attn_factor;
     for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
-    for (int b0 = 0; b0 < bt->B; b0 += BWD_SEQ_MAX) {
-        a.B = bt->B - b0 < BWD_SEQ_MAX ? bt->B - b0 : BWD_SEQ_MAX;
+    for (int b0 = 0; b0 < bt->B; b0 += CUDA_SEQ_MAX) {
+        a.B = bt->B - b0 < CUDA_SEQ_MAX ? bt->B - b0 : CUDA_SEQ_MAX;
         for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b], a.n_new[b] = bt->n_new[b0 + b];
         const int64_t off = (int64_t)b0 * bt->T * nh * hd;
-        k_rope_bwd<<<ew_blocks((int64_t)a.B * a.T * nh * (hd - half)), 256, 0, cb->stream>>>(
+        k_rope_bwd<<<cuda_ew_grid((int64_t)a.B * a.T * nh * (hd - half)), 256, 0, cb->stream>>>(
             (float *)dx->data + off, (const float *)dy->data + off, a);
         if ((st = cuda_check_launch(cb, "rope backward"))) return st;
     }
@@ -451,7 +442,7 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
 
 /* ---- row gather ---------------------------------------------------------------------------------- */
 
-typedef struct rows_arg { int n; int32_t r[BWD_ROWS_MAX]; } rows_arg;
+typedef struct rows_arg { int n; int32_t r[CUDA_IDS_MAX]; } rows_arg;
 
 /* dx[rows[r]] += dout[r]: one block row per r (atomic: a row may be gathered twice) */
 __global__ void k_gather_bwd(float *dx, const float *dout, const rows_arg a, int64_t n) {
@@ -466,8 +457,8 @@ static lmx_status bwd_gather_rows(lmx_backend *be, lmx_tensor *dx, const lmx_ten
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     rows_arg a;
-    for (int r0 = 0; r0 < R && !st; r0 += BWD_ROWS_MAX) {
-        a.n = R - r0 < BWD_ROWS_MAX ? R - r0 : BWD_ROWS_MAX;
+    for (int r0 = 0; r0 < R && !st; r0 += CUDA_IDS_MAX) {
+        a.n = R - r0 < CUDA_IDS_MAX ? R - r0 : CUDA_IDS_MAX;
         for (int i = 0; i < a.n; i++) a.r[i] = rows[r0 + i];
         const unsigned gx = cuda_blocks(n, 256);
         k_gather_bwd<<<dim3(gx < 32 ? gx : 32, a.n), 256, 0, cb->stream>>>((float *)dx->data,
@@ -589,7 +580,7 @@ static lmx_status bwd_adamw(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g,
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    k_adamw<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)p->data, (const float *)g->data, (float *)m1->data,
+    k_adamw<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)p->data, (const float *)g->data, (float *)m1->data,
                                                   (float *)m2->data, n, *s);
     return cuda_check_launch(cb, "AdamW");
 }
@@ -604,7 +595,7 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    k_dropout<<<ew_blocks(n), 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data, n, p, seed);
+    k_dropout<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)y->data, (const float *)x->data, n, p, seed);
     return cuda_check_launch(cb, "dropout");
 }
 

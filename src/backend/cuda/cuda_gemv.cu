@@ -697,16 +697,8 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     }
     const unsigned gy = glu >= 0 ? 1 : n;
     if (one_row) {
-        cuda_row_norm nm;
-        memset(&nm, 0, sizeof nm);
-        if (norm) {
-            nm.w = opts->norm_w->data;
-            nm.wt = opts->norm_w->dtype;
-            nm.eps = opts->eps;
-            nm.add_one = opts->add_one;
-        }
         cuda_launch(cb, g1_kernel(kind, glu >= 0, norm, resid, lora), dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K,
-                    glu < 0 ? 0 : glu, nm);
+                    glu < 0 ? 0 : glu, gv_row_norm(opts));
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }
     switch (M) {

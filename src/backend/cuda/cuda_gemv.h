@@ -80,6 +80,19 @@ static inline lmx_status gv_opts_check(const cuda_gemv_opts *opts, int one_row, 
     return LMX_OK;
 }
 
+/* The RMSNorm opts folds in (w NULL: none). */
+static inline cuda_row_norm gv_row_norm(const cuda_gemv_opts *opts) {
+    cuda_row_norm nm;
+    memset(&nm, 0, sizeof nm);
+    if (opts && opts->norm_w) {
+        nm.w = opts->norm_w->data;
+        nm.wt = opts->norm_w->dtype;
+        nm.eps = opts->eps;
+        nm.add_one = opts->add_one;
+    }
+    return nm;
+}
+
 /* Segment i of a launch: weight w (its data, MLX scales and biases), its bias, its output y and, with
  * lora, the LoRA expand opts gives weight i. */
 static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *bias, float *y,

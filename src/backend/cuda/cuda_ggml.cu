@@ -234,16 +234,9 @@ template <int T> static gq_fn gq_kernel(int M, int pair) {
 /* The type's kernels, or NULL for types without them. */
 static gq_fn gq_pick(int type, int M, int pair) {
     switch (type) {
-    case LMX_GGML_Q4_0: return gq_kernel<LMX_GGML_Q4_0>(M, pair);
-    case LMX_GGML_Q4_1: return gq_kernel<LMX_GGML_Q4_1>(M, pair);
-    case LMX_GGML_Q5_0: return gq_kernel<LMX_GGML_Q5_0>(M, pair);
-    case LMX_GGML_Q5_1: return gq_kernel<LMX_GGML_Q5_1>(M, pair);
-    case LMX_GGML_Q8_0: return gq_kernel<LMX_GGML_Q8_0>(M, pair);
-    case LMX_GGML_Q2_K: return gq_kernel<LMX_GGML_Q2_K>(M, pair);
-    case LMX_GGML_Q3_K: return gq_kernel<LMX_GGML_Q3_K>(M, pair);
-    case LMX_GGML_Q4_K: return gq_kernel<LMX_GGML_Q4_K>(M, pair);
-    case LMX_GGML_Q5_K: return gq_kernel<LMX_GGML_Q5_K>(M, pair);
-    case LMX_GGML_Q6_K: return gq_kernel<LMX_GGML_Q6_K>(M, pair);
+#define GQ_PICK(t) case t: return gq_kernel<t>(M, pair);
+        GQ_TYPES(GQ_PICK)
+#undef GQ_PICK
     default: return NULL;
     }
 }
@@ -286,14 +279,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     }
     const dim3 grid(gx, glu >= 0 ? 1 : n);
     const int act = glu < 0 ? 0 : glu;
-    cuda_row_norm nm;
-    memset(&nm, 0, sizeof nm);
-    if (norm) {
-        nm.w = opts->norm_w->data;
-        nm.wt = opts->norm_w->dtype;
-        nm.eps = opts->eps;
-        nm.add_one = opts->add_one;
-    }
+    const cuda_row_norm nm = gv_row_norm(opts);
     const int64_t P = K / 32;
     float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * P * sizeof(float4) + 2 * (size_t)M * K);
     if (!xm) return cb->base.err.status;
@@ -313,16 +299,9 @@ template <int T> static void gq_dequant_launch(cuda_backend *cb, __nv_bfloat16 *
 
 lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows, __nv_bfloat16 *dst) {
     switch (w->q.ggml_type) {
-    case LMX_GGML_Q4_0: gq_dequant_launch<LMX_GGML_Q4_0>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q4_1: gq_dequant_launch<LMX_GGML_Q4_1>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q5_0: gq_dequant_launch<LMX_GGML_Q5_0>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q5_1: gq_dequant_launch<LMX_GGML_Q5_1>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q8_0: gq_dequant_launch<LMX_GGML_Q8_0>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q2_K: gq_dequant_launch<LMX_GGML_Q2_K>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q3_K: gq_dequant_launch<LMX_GGML_Q3_K>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q4_K: gq_dequant_launch<LMX_GGML_Q4_K>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q5_K: gq_dequant_launch<LMX_GGML_Q5_K>(cb, dst, w, n0, rows); break;
-    case LMX_GGML_Q6_K: gq_dequant_launch<LMX_GGML_Q6_K>(cb, dst, w, n0, rows); break;
+#define GQ_DEQUANT(t) case t: gq_dequant_launch<t>(cb, dst, w, n0, rows); break;
+        GQ_TYPES(GQ_DEQUANT)
+#undef GQ_DEQUANT
     default: return LMX_ERR_UNSUPPORTED;
     }
     return cuda_check_launch(cb, "dequantize");

@@ -16,6 +16,11 @@
 
 #include "cuda_internal.h"
 
+/* The block types with kernels (X(type) for each): every type lmx_ggml_is_supported_quant takes. */
+#define GQ_TYPES(X)                                                                                                 \
+    X(LMX_GGML_Q4_0) X(LMX_GGML_Q4_1) X(LMX_GGML_Q5_0) X(LMX_GGML_Q5_1) X(LMX_GGML_Q8_0) X(LMX_GGML_Q2_K)           \
+    X(LMX_GGML_Q3_K) X(LMX_GGML_Q4_K) X(LMX_GGML_Q5_K) X(LMX_GGML_Q6_K)
+
 /* Bytes and elements of a block (the same table as formats/ggml_types.c, for device code). */
 template <int T> struct gq_traits;
 #define GQ_TRAITS(t, e, b)                                                                                          \
@@ -195,16 +200,9 @@ static __device__ __forceinline__ float gq_elem_t(const uint8_t *b, int e) {
 /* Element e of the block at b of any supported type (slow: for embedding rows and the generic GEMV). */
 static __device__ float gq_elem(int type, const uint8_t *b, int e) {
     switch (type) {
-    case LMX_GGML_Q4_0: return gq_elem_t<LMX_GGML_Q4_0>(b, e);
-    case LMX_GGML_Q4_1: return gq_elem_t<LMX_GGML_Q4_1>(b, e);
-    case LMX_GGML_Q5_0: return gq_elem_t<LMX_GGML_Q5_0>(b, e);
-    case LMX_GGML_Q5_1: return gq_elem_t<LMX_GGML_Q5_1>(b, e);
-    case LMX_GGML_Q8_0: return gq_elem_t<LMX_GGML_Q8_0>(b, e);
-    case LMX_GGML_Q2_K: return gq_elem_t<LMX_GGML_Q2_K>(b, e);
-    case LMX_GGML_Q3_K: return gq_elem_t<LMX_GGML_Q3_K>(b, e);
-    case LMX_GGML_Q4_K: return gq_elem_t<LMX_GGML_Q4_K>(b, e);
-    case LMX_GGML_Q5_K: return gq_elem_t<LMX_GGML_Q5_K>(b, e);
-    case LMX_GGML_Q6_K: return gq_elem_t<LMX_GGML_Q6_K>(b, e);
+#define GQ_ELEM(t) case t: return gq_elem_t<t>(b, e);
+        GQ_TYPES(GQ_ELEM)
+#undef GQ_ELEM
     default: return 0.0f;
     }
 }

@@ -20,6 +20,11 @@ extern "C" {
 #include "../../formats/ggml_types.h"
 }
 
+#define CUDA_IDS_MAX 512                 /* row indices passed by value per launch */
+#define CUDA_SEQ_MAX 64                  /* sequences per launch of a batch op */
+#define CUDA_ROPE_MAX 256                /* rot_dim / 2 */
+#define CUDA_DEQUANT_BYTES (64u << 20)   /* bf16 weight rows dequantized at once for a cuBLAS GEMM */
+
 enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS      [M, K] */
        CUDA_SCRATCH_W,         /* a block of weight rows dequantized to bf16       [n, K] */
        CUDA_SCRATCH_ATTN,      /* attention split partials                          see attention */
@@ -241,6 +246,12 @@ static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const f
 }
 
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+/* Blocks of 256 threads for a grid-stride loop over n elements (at least 1, at most 65535 * 4). */
+static inline unsigned cuda_ew_grid(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);
+}
 
 /* ---- programmatic dependent launch (Hopper) --------------------------------------------------
  * Inside a decode graph every kernel is launched through cuda_launch with programmatic stream

@@ -10,7 +10,6 @@
 #include "cuda_weights.h"
 
 #define QGEMV_MAX_ROWS 32         /* quantized: above this, dequantize + cuBLAS (dense: CUDA_GEMV_ROWS) */
-#define DEQUANT_BLOCK_BYTES (64u << 20)
 
 /* ---- embedding rows and dequantization ------------------------------------------------------ */
 
@@ -72,10 +71,7 @@ __global__ void k_dequant_mlx_bf16(__nv_bfloat16 *__restrict__ dst, const wdesc 
 
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst) {
-    if (w->q.ggml_type) {
-        lmx_status st = cuda_ggml_dequant_bf16(cb, w, n0, rows, dst);
-        if (st != LMX_ERR_UNSUPPORTED) return st;
-    }
+    if (w->q.ggml_type) return cuda_ggml_dequant_bf16(cb, w, n0, rows, dst); /* upload took only its types */
     wdesc d = make_wdesc(w);
     if ((d.bits == 4 || d.bits == 8) && d.group % (32 / d.bits) == 0) {
         const int64_t words = rows * d.words_per_row, nb = (words + 255) / 256;
@@ -145,7 +141,7 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const lmx_tensor
     if (st) return st;
     if (!w->q.bits && !w->q.ggml_type)
         return gemm16(cb, x16, w->data, f16 ? CUDA_R_16F : CUDA_R_16BF, y, M, N, K, N);
-    int64_t block = DEQUANT_BLOCK_BYTES / ((int64_t)K * 2);
+    int64_t block = CUDA_DEQUANT_BYTES / ((int64_t)K * 2);
     if (block < 64) block = 64;
     if (block > N) block = N;
     __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)block * K * 2);

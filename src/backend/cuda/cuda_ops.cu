@@ -7,10 +7,6 @@
 
 #include "cuda_internal.h"
 
-#define CUDA_IDS_MAX 512       /* row indices passed by value per launch */
-#define CUDA_SEQ_MAX 64        /* sequences per launch of a batch op */
-#define CUDA_ROPE_MAX 256      /* rot_dim / 2 */
-
 typedef struct ids_arg { int n; int32_t id[CUDA_IDS_MAX]; } ids_arg;
 
 /* ---- elementwise --------------------------------------------------------------------------- */
@@ -44,28 +40,23 @@ __global__ void k_softcap(float *x, int64_t n, float cap) {
         x[i] = cap * tanhf(x[i] / cap);
 }
 
-static unsigned ew_grid(int64_t n) {
-    int64_t b = (n + 255) / 256;
-    return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);
-}
-
 lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
-    cuda_launch(cb, k_add, ew_grid(n), 256, 0, (float *)y->data, (const float *)x->data, n);
+    cuda_launch(cb, k_add, cuda_ew_grid(n), 256, 0, (float *)y->data, (const float *)x->data, n);
     return cuda_check_launch(cb, "add");
 }
 
 lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                     lmx_act act) {
     cuda_backend *cb = (cuda_backend *)be;
-    cuda_launch(cb, k_glu, ew_grid(n), 256, 0, (float *)out->data, (const float *)gate->data, (const float *)up->data,
+    cuda_launch(cb, k_glu, cuda_ew_grid(n), 256, 0, (float *)out->data, (const float *)gate->data, (const float *)up->data,
                 n, (int)act);
     return cuda_check_launch(cb, "glu");
 }
 
 lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
     cuda_backend *cb = (cuda_backend *)be;
-    cuda_launch(cb, k_softcap, ew_grid(n), 256, 0, (float *)x->data, n, cap);
+    cuda_launch(cb, k_softcap, cuda_ew_grid(n), 256, 0, (float *)x->data, n, cap);
     return cuda_check_launch(cb, "softcap");
 }
 
@@ -213,7 +204,7 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
         }
         int64_t total = (int64_t)a.B * a.T * nh * half;
         float *base = (float *)x->data + (int64_t)b0 * batch->T * nh * hd;
-        cuda_launch(cb, k_rope, ew_grid(total), 256, 0, base, a);
+        cuda_launch(cb, k_rope, cuda_ew_grid(total), 256, 0, base, a);
         lmx_status st = cuda_check_launch(cb, "rope");
         if (st) return st;
     }
@@ -400,7 +391,7 @@ lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
     lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
     cuda_graph_off(cb);                   /* Gemma 4 (its only user) decodes eagerly */
     if (st || n <= 0) return st;
-    k_scale<<<ew_grid(n), 256, 0, cb->stream>>>((float *)x->data, n, s);
+    k_scale<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)x->data, n, s);
     return cuda_check_launch(cb, "scale");
 }
 
