@@ -220,13 +220,12 @@ static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor 
     return LMX_OK;
 }
 
+/* dx[rows[r]] += dout[r]: the forward's scatter-add with weight 1 */
 static lmx_status cpu_gather_rows_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dout, const int *rows, int R,
                                       int64_t n) {
-    for (int r = 0; r < R; r++) {
-        float *o = (float *)dx->data + (int64_t)rows[r] * n;
-        const float *d = (const float *)dout->data + (int64_t)r * n;
-        for (int64_t i = 0; i < n; i++) o[i] += d[i];
-    }
+    const cpu_backend *cb = (const cpu_backend *)be;
+    for (int r = 0; r < R; r++)
+        cb->k.axpy_f32((float *)dx->data + (int64_t)rows[r] * n, 1.0f, (const float *)dout->data + (int64_t)r * n, n);
     return LMX_OK;
 }
 
