@@ -120,12 +120,11 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
             if (c->moe_beside_mlp) TRY(ws_tensor(be, &ws->moe_sum, rows, C));
             if (route_reserve(&ws->route, c, rows)) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         }
-        for (int s = 0; s < 2; s++) /* the kept keys and values of each shared source layer */
-            for (int l = 0; l < c->n_layers; l++)
-                if (m->layers[l].kv_slot == s && m->layers[l].kv_src == l) {
-                    TRY(ws_tensor(be, &ws->ks[s], rows, KD));
-                    TRY(ws_tensor(be, &ws->vs[s], rows, KD));
-                }
+        for (int l = 0; l < c->n_layers; l++) /* the kept keys and values of each shared source layer */
+            if (m->layers[l].kv_slot >= 0 && m->layers[l].kv_src == l) {
+                TRY(ws_tensor(be, &ws->ks[m->layers[l].kv_slot], rows, KD));
+                TRY(ws_tensor(be, &ws->vs[m->layers[l].kv_slot], rows, KD));
+            }
         if (LP) {
             TRY(ws_tensor(be, &ws->ple, rows, LP));
             TRY(ws_tensor(be, &ws->ple_emb, rows, LP));

@@ -24,7 +24,21 @@ static const lmx_st_tensor *lookup(const binder *b, const char *prefix, const ch
     return b->m->gguf.file ? lmx_gguf_weights_find(&b->m->gguf, full) : lmx_st_set_find(b->m->weights, full);
 }
 
+/* prefix+name into *st; absent: *st NULL and LMX_OK when optional, else the missing-tensor error. */
+static lmx_status find(const binder *b, const char *prefix, const char *name, int optional, const lmx_st_tensor **st) {
+    lmx_model *m = b->m;
+    *st = lookup(b, prefix, name);
+    if (*st || optional) return LMX_OK;
+    return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
+                       lmx_arch_name(m->cfg.arch));
+}
+
 static int is_float(lmx_dtype t) { return t == LMX_DTYPE_F32 || t == LMX_DTYPE_F16 || t == LMX_DTYPE_BF16; }
+
+/* The GGUF block type of st (0: not block-quantized, or not a GGUF file). */
+static int block_of(const binder *b, const lmx_st_tensor *st) {
+    return b->m->gguf.file ? b->m->gguf.block_type[st - b->m->gguf.t] : 0;
+}
 
 /* An MLX affine-quantized weight: name ("....weight", U32 [d0, d1*bits/32]) plus ".scales" and
  * ".biases" [d0, d1/group] beside it.  Bits and group follow from the shapes. */
@@ -113,16 +127,13 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
 static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const char *name, int optional, int64_t d0,
                           int64_t d1, int stacked) {
     lmx_model *m = b->m;
-    const lmx_st_tensor *st = lookup(b, prefix, name);
-    if (!st) {
-        if (optional) return LMX_OK;
-        return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
-                           lmx_arch_name(m->cfg.arch));
-    }
+    const lmx_st_tensor *st;
+    lmx_status fs = find(b, prefix, name, optional, &st);
+    if (fs || !st) return fs;
     if (st->dtype == LMX_DTYPE_U32 && d1 >= 0) return bind_quantized(b, t, prefix, name, st, d0, d1);
-    int block = m->gguf.file ? m->gguf.block_type[st - m->gguf.t] : 0;
+    const int block = block_of(b, st);
     if (block) return bind_blocks(b, t, st, block, d0, d1);
-    if (st->dtype != LMX_DTYPE_F32 && st->dtype != LMX_DTYPE_F16 && st->dtype != LMX_DTYPE_BF16)
+    if (!is_float(st->dtype))
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: dtype %s is not supported for weights",
                            LMX_QUOTED(st->name), st->file, lmx_dtype_name(st->dtype));
     int want_dims = d1 >= 0 ? 2 + (stacked != 0) : 1;
@@ -184,13 +195,10 @@ static lmx_tensor weight_rows(const lmx_tensor *w, int64_t row0, int64_t n) {
  * scalars); absent: out untouched when optional, else an error. */
 static lmx_status read_host(binder *b, const char *prefix, const char *name, int optional, int64_t n, float *out) {
     lmx_model *m = b->m;
-    const lmx_st_tensor *st = lookup(b, prefix, name);
-    if (!st) {
-        if (optional) return LMX_OK;
-        return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
-                           lmx_arch_name(m->cfg.arch));
-    }
-    if (!is_float(st->dtype) || st->n_elements != n || st->ndim != 1 || (m->gguf.file && m->gguf.block_type[st - m->gguf.t]))
+    const lmx_st_tensor *st;
+    lmx_status fs = find(b, prefix, name, optional, &st);
+    if (fs || !st) return fs;
+    if (!is_float(st->dtype) || st->n_elements != n || st->ndim != 1 || block_of(b, st))
         return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s must hold %lld float values", LMX_QUOTED(st->name),
                            st->file, (long long)n);
     for (int64_t i = 0; i < n; i++) out[i] = lmx_float_at(st->data, st->dtype, i);
