@@ -653,28 +653,11 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     return st;
 }
 
-lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark) {
-    if (y) { /* seed: the gradient of y's latest version (added to what it already has) */
-        const int vy = seed_var(t, y, n);
-        if (vy < 0) return t->base.err.status;
-        lmx_tensor *g = &t->vars[vy].grad;
-        lmx_tensor src = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {g->shape[0], g->shape[1]}};
-        lmx_status st = pass(t, t->in->ops->alloc(t->in, &src));
-        if (!st) st = pass(t, t->in->ops->write(t->in, &src, 0, dy, (size_t)n * sizeof(float)));
-        if (!st) st = pass(t, t->in->ops->add(t->in, g, &src, n));
-        if (src.data) t->in->ops->release(t->in, &src);
-        if (st) return st;
-    }
-    return walk_back(t, mark);
-}
+lmx_status lmx_tape_walk(lmx_tape *t, int mark) { return walk_back(t, mark); }
 
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark) {
     const int vy = seed_var(t, y, n);
     if (vy < 0) return t->base.err.status;
     lmx_status st = pass(t, t->in->ops->add(t->in, &t->vars[vy].grad, dy, n));
     return st ? st : walk_back(t, mark);
-}
-
-lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n) {
-    return lmx_tape_backward_to(t, y, dy, n, 0);
 }

@@ -4,7 +4,7 @@
  * pass on the tape's backend runs every op on the inner backend and, for the ops that lie on a path
  * from a trainable LoRA pair to the output, appends a record: the op, its parameters, and copies of
  * the inputs its backward op reads (the forward pass reuses its buffers, so they would be gone).
- * lmx_tape_backward then walks the records in reverse, calling the inner backend's backward ops
+ * lmx_tape_backward_from then walks the records in reverse, calling the inner backend's backward ops
  * (backward.h), and leaves the gradients of the watched pairs' A and B in the tensors given to
  * lmx_tape_watch.  Inference never builds a tape and pays nothing for it.
  *
@@ -29,18 +29,15 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 void lmx_tape_clear_watches(lmx_tape *t);
 /* Start a new record (the previous one, its saved copies and gradients are dropped). */
 void lmx_tape_reset(lmx_tape *t);
-/* Backpropagate from y (a buffer the recorded pass wrote last, e.g. the logits) whose gradient is
- * dy (host, y's element count n): each watched pair's da, db gain dL/dA, dL/dB. */
-lmx_status lmx_tape_backward(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n);
-/* The same in parts: lmx_tape_mark before a stretch of ops, then lmx_tape_backward_to(..., mark) walks
- * back only the records made since (and forgets them), leaving the gradients of earlier values to a
- * later call; y NULL seeds nothing (it goes on from the gradients there are).  The loss runs its
- * vocabulary-wide head a chunk of rows at a time this way. */
+/* Backpropagate from y (a buffer the recorded pass wrote, e.g. the logits) whose gradient is the first
+ * n values of dy in inner's memory (it may be y's own buffer, overwritten with its gradient after the
+ * forward op that wrote it): each watched pair's da, db gain dL/dA, dL/dB.  Only the records made
+ * since mark (lmx_tape_mark; 0: all) are walked back, and forgotten, leaving the gradients of earlier
+ * values to a later call: the loss runs its vocabulary-wide head a chunk of rows at a time this way.
+ * lmx_tape_walk walks back from mark without seeding (it goes on from the gradients there are). */
 int lmx_tape_mark(const lmx_tape *t);
-lmx_status lmx_tape_backward_to(lmx_tape *t, const lmx_tensor *y, const float *dy, int64_t n, int mark);
-/* lmx_tape_backward_to with the gradient of y already in inner's memory: the first n values of dy
- * (it may be y's own buffer, overwritten with its gradient after the forward op that wrote it). */
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
+lmx_status lmx_tape_walk(lmx_tape *t, int mark);
 
 /* LoRA dropout: from now on, each trained pair's lora op reads dropout(x) with probability p (0: none),
  * its mask drawn from (seed, the pair's watch) alone, so that a layer run again draws the same one. */

@@ -270,7 +270,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         }
         prof_mark(tr, 1, &t0);
         if (!st && grad_weight != 0 && ckpt) st = layers_back(tr, inner, kvs, ads, &bt, saved, leaf);
-        else if (!st && grad_weight != 0 && (st = lmx_tape_backward_to(tr->tape, NULL, NULL, 0, 0)))
+        else if (!st && grad_weight != 0 && (st = lmx_tape_walk(tr->tape, 0)))
             lmx_err_set(&m->err, st, "%s", tb->err.msg);
         prof_mark(tr, 2, &t0);
         m->be = inner;
