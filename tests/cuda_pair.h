@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,27 @@
 #include "formats/ggml_types.h"
 
 static lmx_backend *gpu, *cpu;
+
+/* Both backends: 0, or the exit status when they cannot be had (77: no usable GPU, a skip). */
+static int pair_open(void) {
+    lmx_err err = {0};
+    if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
+        printf("SKIP: no usable GPU (%s)\n", err.msg);
+        return 77;
+    }
+    if (lmx_cpu_backend_create(2, &cpu, &err) != LMX_OK) {
+        printf("cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+/* Both backends freed; the test's exit status (check_summary). */
+static int pair_close(const char *name) {
+    lmx_backend_free(gpu);
+    lmx_backend_free(cpu);
+    return check_summary(name);
+}
+
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static float frand(void) { /* uniform in [-1, 1) */

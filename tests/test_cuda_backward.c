@@ -197,15 +197,8 @@ static void test_dropout(void) {
 }
 
 int main(void) {
-    lmx_err err = {0};
-    if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
-        printf("SKIP: no usable GPU (%s)\n", err.msg);
-        return 77;
-    }
-    if (lmx_cpu_backend_create(2, &cpu, &err) != LMX_OK) {
-        printf("cpu backend: %s\n", err.msg);
-        return 1;
-    }
+    const int skip = pair_open();
+    if (skip) return skip;
     test_rmsnorm(LMX_DTYPE_F32, 300, 0.0f);
     test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f);
     test_matmul("f32", LMX_DTYPE_F32, 0, 0, 37, 65, 9, 1e-5);
@@ -231,8 +224,6 @@ int main(void) {
     test_xent(0.0);
     test_optimizer();
     test_dropout();
-    lmx_backend_free(gpu);
-    lmx_backend_free(cpu);
-    return check_summary("test_cuda_backward");
+    return pair_close("test_cuda_backward");
 }
 #endif

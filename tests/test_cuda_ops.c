@@ -304,23 +304,14 @@ static void test_topk(void) {
 }
 
 int main(void) {
-    lmx_err err = {0};
-    if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&gpu, &err) != LMX_OK) {
-        printf("SKIP: no usable GPU (%s)\n", err.msg);
-        return 77;
-    }
-    if (lmx_cpu_backend_create(2, &cpu, &err) != LMX_OK) {
-        printf("cpu backend: %s\n", err.msg);
-        return 1;
-    }
+    const int skip = pair_open();
+    if (skip) return skip;
     test_matmul();
     test_embed();
     test_elementwise();
     test_rope();
     test_attention();
     test_topk();
-    lmx_backend_free(gpu);
-    lmx_backend_free(cpu);
-    return check_summary("test_cuda_ops");
+    return pair_close("test_cuda_ops");
 }
 #endif
