@@ -472,18 +472,53 @@ static void case_legacy_keys(void) {
     end_case(dir);
 }
 
+/* A fixture's model and reference with its long sequence, the reference's logits of it and room for
+ * lmx's (cases g and i). */
+typedef struct long_case {
+    char *dir;
+    lmx_model *m;
+    lmx_st_set *ref;
+    int V;
+    int64_t L;
+    int32_t *seq;      /* [L] */
+    float *want, *out; /* [L - 1, V] */
+} long_case;
+
+static long_case long_open(const char *model, const char *label) {
+    long_case k = {0};
+    k.dir = fixture(model, NULL);
+    k.m = load(k.dir, label);
+    k.ref = open_ref(model);
+    k.V = k.m ? vocab_of(k.m) : 0;
+    k.seq = ref_ints(k.ref, "long_sequence", &k.L);
+    k.want = k.seq ? ref_floats(k.ref, "long_logits", k.L - 1, k.V) : NULL;
+    k.out = malloc((size_t)(k.L > 0 ? k.L : 1) * (k.V > 0 ? k.V : 1) * sizeof *k.out);
+    return k;
+}
+
+static void long_close(long_case *k) {
+    free(k->out);
+    free(k->want);
+    free(k->seq);
+    lmx_st_set_close(k->ref);
+    lmx_model_free(k->m);
+    free(k->dir);
+}
+
 /* ---- g. n_ctx larger than the sequence ------------------------------------------------------- */
 
 static void case_n_ctx(const char *model) {
-    char *dir = fixture(model, NULL), label[64];
+    char label[64];
     snprintf(label, sizeof label, "g. %s n_ctx 64", model);
-    lmx_model *m = load(dir, label);
-    lmx_st_set *ref = open_ref(model);
-    int V = m ? vocab_of(m) : 0;
-    int64_t L = 0, P = 0;
-    int32_t *seq = ref_ints(ref, "long_sequence", &L), *prompt = ref_ints(ref, "long_prompt", &P);
-    float *want = seq ? ref_floats(ref, "long_logits", L - 1, V) : NULL;
-    float *out = malloc((size_t)(L > 0 ? L : 1) * (V > 0 ? V : 1) * sizeof *out);
+    long_case k = long_open(model, label);
+    lmx_model *m = k.m;
+    const int V = k.V;
+    const int64_t L = k.L;
+    const int32_t *seq = k.seq;
+    const float *want = k.want;
+    float *out = k.out;
+    int64_t P = 0;
+    int32_t *prompt = ref_ints(k.ref, "long_prompt", &P);
     lmx_context_params cp = lmx_context_default_params();
     cp.n_ctx = 64;
     lmx_context *c = NULL;
@@ -509,13 +544,8 @@ static void case_n_ctx(const char *model) {
         CHECK_MSG(0, "%s: setup failed", label);
     }
     lmx_context_free(c);
-    free(out);
-    free(want);
-    free(seq);
     free(prompt);
-    lmx_st_set_close(ref);
-    lmx_model_free(m);
-    free(dir);
+    long_close(&k);
 }
 
 /* ---- h. batches ------------------------------------------------------------------------------ */
@@ -621,15 +651,15 @@ static void case_batch(const char *model) {
 /* The long sequence evaluated `chunk` rows at a time in one context: every logit row against the
  * reference's long_logits. */
 static void case_chunks(const char *model, int chunk) {
-    char *dir = fixture(model, NULL), label[64];
+    char label[64];
     snprintf(label, sizeof label, "i. %s in chunks of %d", model, chunk);
-    lmx_model *m = load(dir, label);
-    lmx_st_set *ref = open_ref(model);
-    int V = m ? vocab_of(m) : 0;
-    int64_t L = 0;
-    int32_t *seq = ref_ints(ref, "long_sequence", &L);
-    float *want = seq ? ref_floats(ref, "long_logits", L - 1, V) : NULL;
-    float *out = malloc((size_t)(L > 0 ? L : 1) * (V > 0 ? V : 1) * sizeof *out);
+    long_case k = long_open(model, label);
+    lmx_model *m = k.m;
+    const int V = k.V;
+    const int64_t L = k.L;
+    const int32_t *seq = k.seq;
+    const float *want = k.want;
+    float *out = k.out;
     lmx_context *c = NULL;
     if (m && want && out && L > 1 && lmx_context_create(m, NULL, &c) == LMX_OK) {
         lmx_status s = LMX_OK;
@@ -646,12 +676,7 @@ static void case_chunks(const char *model, int chunk) {
         CHECK_MSG(0, "%s: setup failed", label);
     }
     lmx_context_free(c);
-    free(out);
-    free(want);
-    free(seq);
-    lmx_st_set_close(ref);
-    lmx_model_free(m);
-    free(dir);
+    long_close(&k);
 }
 
 int main(int argc, char **argv) {
