@@ -32,10 +32,7 @@ typedef struct bench {
 } bench;
 
 static int32_t tok(bench *b) {
-    b->rng ^= b->rng << 13;
-    b->rng ^= b->rng >> 7;
-    b->rng ^= b->rng << 17;
-    return (int32_t)(b->rng % (uint64_t)(b->V > 1000 ? 1000 : b->V)) + (b->V > 2000 ? 500 : 0);
+    return (int32_t)(cli_xorshift(&b->rng) % (uint64_t)(b->V > 1000 ? 1000 : b->V)) + (b->V > 2000 ? 500 : 0);
 }
 
 static void sample_gpu_mem(bench *b) {
@@ -53,7 +50,7 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
+double cli_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
@@ -108,7 +105,7 @@ static double prefill(bench *b, int n, int reps, float *logits) {
         if (i > 0) t[i - 1] = cli_now_s() - t0;
         sample_gpu_mem(b);
     }
-    r = n / median(t, reps);
+    r = n / cli_median(t, reps);
 done:
     lmx_context_free(c);
     free(ids);
@@ -134,7 +131,7 @@ static double decode(bench *b, int ctx, int steps, float *logits) {
         t[s] = cli_now_s() - t0;
     }
     sample_gpu_mem(b);
-    r = 1.0 / median(t, steps);
+    r = 1.0 / cli_median(t, steps);
 done:
     lmx_context_free(c);
     free(ids);
@@ -188,7 +185,7 @@ static double decode_batch(bench *b, int B, int steps) {
         if (s >= 0) t[s] = cli_now_s() - t0;
     }
     sample_gpu_mem(b);
-    r = B / median(t, steps);
+    r = B / cli_median(t, steps);
 done:
     for (int i = 0; cs && i < B; i++) lmx_context_free(cs[i]);
     free(cs);

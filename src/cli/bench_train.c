@@ -18,11 +18,6 @@
 #include "cli.h"
 #include "lmx.h"
 
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int cmd_bench_train(int argc, char **argv) {
     const char *path = NULL, *backend = "auto";
     int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1;
@@ -88,10 +83,7 @@ int cmd_bench_train(int argc, char **argv) {
     const lmx_adamw opt = {.lr = 1e-5, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
     double loss = 0;
     for (int s = -1; s < steps; s++) { /* step -1: the warm-up */
-        for (int i = 0; i < B * T; i++) {
-            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-            in[i] = (int32_t)(rng % (uint64_t)c->vocab);
-        }
+        for (int i = 0; i < B * T; i++) in[i] = (int32_t)(cli_xorshift(&rng) % (uint64_t)c->vocab);
         for (int i = 0; i < B * T; i++) tg[i] = (i + 1) % T ? in[i + 1] : in[i];
         const double t0 = cli_now_s();
         if (lmx_trainer_loss(tr, in, tg, NULL, B, T, 1.0, 0, &loss) || lmx_trainer_adamw(tr, &opt, NULL)) {
@@ -102,10 +94,9 @@ int cmd_bench_train(int argc, char **argv) {
         if (s < 0) memset(tr->prof, 0, sizeof tr->prof), memset(tr->prof_bwd, 0, sizeof tr->prof_bwd); /* warm-up */
         if (!json) fprintf(stderr, "step %d: %.3f s, loss %.4f\n", s, cli_now_s() - t0, loss);
     }
-    qsort(times, (size_t)steps, sizeof *times, cmp_d);
-    const double med = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+    const double med = cli_median(times, steps);
     const double tok_s = B * T / med, peak_gib = m->be->mem_peak / 1073741824.0;
-    const int ckpt_on = ckpt > 0 || (ckpt < 0 && T >= LMX_CHECKPOINT_FROM);
+    const int ckpt_on = lmx_trainer_checkpoints(tr, T);
     const double mfu = peak_tflops > 0 ? tok_s * flops_tok / (peak_tflops * 1e12) : 0;
     if (json)
         printf("{\"backend\": \"%s\", \"rank\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, \"step_s\": %.4f, "

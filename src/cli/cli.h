@@ -19,6 +19,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_train(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 
+#include <stdint.h>
 #include <time.h>
 /* Seconds on the monotonic clock (timings of bench and train). */
 static inline double cli_now_s(void) {
@@ -26,6 +27,13 @@ static inline double cli_now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+/* The next value of a xorshift64 state (bench's and train's random ids and shuffles). */
+static inline uint64_t cli_xorshift(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+/* The median of v[0..n) (n > 0; v is sorted in place). */
+double cli_median(double *v, int n);
 /* check-reference against a compact top-k JSON reference (check_topk.c); returns the exit code. */
 struct lmx_model;
 int cli_check_topk(struct lmx_model *m, const char *ref_path, double tol, int n_ctx);

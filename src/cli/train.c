@@ -84,8 +84,7 @@ static lmx_status set_loss(lmx_trainer *tr, const lmx_train_set *set, int B, int
 
 static void shuffle(int *a, int n, uint64_t *rng) {
     for (int i = n - 1; i > 0; i--) {
-        *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
-        const int j = (int)(*rng % (uint64_t)(i + 1)), t = a[i];
+        const int j = (int)(cli_xorshift(rng) % (uint64_t)(i + 1)), t = a[i];
         a[i] = a[j], a[j] = t;
     }
 }

@@ -233,7 +233,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
-        const int ckpt = grad_weight != 0 && (tr->checkpoint > 0 || (tr->checkpoint < 0 && T >= LMX_CHECKPOINT_FROM));
+        const int ckpt = grad_weight != 0 && lmx_trainer_checkpoints(tr, T);
         int leaf = -1;
         double t0 = 0;
         prof_mark(tr, 0, &t0);

@@ -41,6 +41,11 @@ typedef struct lmx_trainer {
     lmx_err err;
 } lmx_trainer;
 
+/* 1 when a step of sequences of T tokens runs with gradient checkpointing (tr->checkpoint's rule). */
+static inline int lmx_trainer_checkpoints(const lmx_trainer *tr, int T) {
+    return tr->checkpoint > 0 || (tr->checkpoint < 0 && T >= LMX_CHECKPOINT_FROM);
+}
+
 /* A trainer of adapter ad's pairs on model m (m's backend must have backward ops). */
 lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, lmx_err *err);
 void lmx_trainer_free(lmx_trainer *tr);
