@@ -74,7 +74,7 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
             return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "%s: rank %d of %s is above lmx's limit %d", file, e->rank,
                                LMX_QUOTED(e->a->name), LMX_LORA_RANK_MAX);
         const lmx_tensor *w = lmx_proj_weight(&m->layers[e->layer], e->proj);
-        if (!w->data && !(m->layers[e->layer].moe && !m->cfg.moe_beside_mlp))
+        if (!w->data && !lmx_layer_experts_only(m, e->layer))
             return lmx_err_set(&m->err, LMX_ERR_SHAPE, "%s: tensor %s adapts %s of layer %d, which that layer does not "
                                "have (it shares an earlier layer's keys and values, or takes K = V)", file,
                                LMX_QUOTED(e->a->name), lmx_proj_module(e->proj), e->layer);

@@ -8,6 +8,8 @@
 #ifndef LMX_MODEL_ADAPTER_H
 #define LMX_MODEL_ADAPTER_H
 
+#include <stdio.h>
+
 #include "../formats/lora_file.h"
 #include "model.h"
 
@@ -42,6 +44,17 @@ static inline const lmx_lora_pair *lmx_adapter_pair(const lmx_adapter *a, int la
 
 /* Projection p's weight of layer L ([N, K]: its outputs and inputs). */
 const lmx_tensor *lmx_proj_weight(const lmx_layer *L, lmx_proj p);
+
+/* Layer l of m has experts in place of its dense MLP (gate / up / down there are the experts'). */
+static inline int lmx_layer_experts_only(const lmx_model *m, int l) {
+    return m->layers[l].moe && !m->cfg.moe_beside_mlp;
+}
+
+/* HF PEFT's name of the A (is_b 0) or B matrix of (layer, p): "base_model.model.model.layers.N.<module>.lora_A.weight". */
+static inline void lmx_lora_peft_name(char *name, size_t cap, int64_t layer, lmx_proj p, int is_b) {
+    snprintf(name, cap, "base_model.model.model.layers.%lld.%s.lora_%c.weight", (long long)layer, lmx_proj_module(p),
+             is_b ? 'B' : 'A');
+}
 
 /* A new adapter on m initialised as PEFT does (A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0), owned by m as
  * loaded ones are (adapter_new.c). */

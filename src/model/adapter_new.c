@@ -51,7 +51,7 @@ lmx_status lmx_adapter_create(lmx_model *m, const lmx_lora_spec *s, lmx_adapter 
         for (int p = 0; p < LMX_PROJ_N && !st; p++) {
             if (!(s->targets & (1u << p))) continue;
             const lmx_tensor *w = lmx_proj_weight(&m->layers[l], (lmx_proj)p);
-            if (!w->data && !(m->layers[l].moe && !m->cfg.moe_beside_mlp))
+            if (!w->data && !lmx_layer_experts_only(m, l))
                 continue; /* gemma4's shared KV or K = V: the layer has no such module (PEFT skips it too) */
             if (!w->data) {
                 st = lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "LoRA target %s: layer %d has experts, not one %s "
@@ -223,7 +223,7 @@ lmx_status lmx_adapter_write(const lmx_adapter *a, const char *dir, lmx_lora_for
             }
             free(h);
             if (fmt == LMX_LORA_PEFT)
-                snprintf(nm, 200, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, lmx_proj_module(pj), j ? 'B' : 'A');
+                lmx_lora_peft_name(nm, 200, l, pj, j);
             else
                 snprintf(nm, 200, "model.layers.%d.%s.lora_%c", l, lmx_proj_module(pj), j ? 'b' : 'a');
             items[k] = (lmx_st_write_item){.name = nm, .dtype = LMX_DTYPE_F32, .ndim = 2, .data = o};

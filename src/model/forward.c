@@ -449,7 +449,7 @@ static lmx_status layers(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_ad
     for (int l = l0; l < l1 && !st; l++) {
         const lmx_layer *L = &m->layers[l];
         if (!(st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M)))
-            st = L->moe && !m->cfg.moe_beside_mlp ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
+            st = lmx_layer_experts_only(m, l) ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
         if (!st && L->ple_gate.data) st = ple_block(m, l, M);
         if (!st && L->layer_scalar != 1.0f) TRY(be->ops->scale(be, &m->ws.x, (int64_t)M * m->cfg.hidden, L->layer_scalar));
     }

@@ -114,8 +114,7 @@ lmx_status lmx_trainer_param_info(const lmx_trainer *t, int i, char *name, size_
     const lmx_lora_pair *p = t->pairs[i / 2];
     const int64_t k = p - t->ad->pairs;
     if (name && cap)
-        snprintf(name, cap, "base_model.model.model.layers.%lld.%s.lora_%c.weight", (long long)(k / LMX_PROJ_N),
-                 lmx_proj_module((lmx_proj)(k % LMX_PROJ_N)), i & 1 ? 'B' : 'A');
+        lmx_lora_peft_name(name, cap, k / LMX_PROJ_N, (lmx_proj)(k % LMX_PROJ_N), i & 1);
     if (n) *n = lmx_tensor_nelem(&t->grad[i]);
     return LMX_OK;
 }
