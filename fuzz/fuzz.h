@@ -99,13 +99,10 @@ FZ_HELPER size_t fz_split(const uint8_t *data, size_t size, const uint8_t **rest
     return z ? (size_t)(z - data) : size;
 }
 
-/* 1 when s is one line of valid UTF-8 without control characters (what status.h promises). */
-#define fz_one_line one_line_utf8
-
 /* A failed call must name a known status and say why on one line. */
 FZ_HELPER void fz_check_status(const char *what, lmx_status s, const char *msg) {
     if (s == LMX_OK) return;
-    if (!strcmp(lmx_status_str(s), "unknown status") || !msg || !msg[0] || !fz_one_line(msg)) {
+    if (!strcmp(lmx_status_str(s), "unknown status") || !msg || !msg[0] || !one_line_utf8(msg)) {
         fprintf(stderr, "lmx fuzz: %s failed with status %d and a bad message: [%s]\n", what, (int)s, msg ? msg : "(null)");
         abort();
     }

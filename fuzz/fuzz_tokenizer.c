@@ -9,7 +9,7 @@
 
 static int utf8_ok(const uint8_t *s, size_t n) {
     char *z = fz_strndup(s, n);
-    int ok = strlen(z) == n && fz_one_line(z); /* conservative: printable UTF-8 without NULs */
+    int ok = strlen(z) == n && one_line_utf8(z); /* conservative: printable UTF-8 without NULs */
     free(z);
     return ok;
 }
@@ -67,7 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (s != LMX_OK) return 0;
     lmx_tok_info info;
     lmx_tok_get_info(tok, &info);
-    FZ_ASSERT(!info.note || fz_one_line(info.note));
+    FZ_ASSERT(!info.note || one_line_utf8(info.note));
     static const char *const texts[] = {
         "Hello world!  It's 2024: caf\xc3\xa9, \xe4\xb8\xad\xe6\x96\x87, \xf0\x9f\x98\x80\n\n\tend ",
         "<|im_start|>user\nhi<|im_end|><s></s><bos><start_of_turn>",
