@@ -511,34 +511,28 @@ static void case_n_ctx(const char *model) {
     char label[64];
     snprintf(label, sizeof label, "g. %s n_ctx 64", model);
     long_case k = long_open(model, label);
-    lmx_model *m = k.m;
-    const int V = k.V;
-    const int64_t L = k.L;
-    const int32_t *seq = k.seq;
-    const float *want = k.want;
-    float *out = k.out;
     int64_t P = 0;
     int32_t *prompt = ref_ints(k.ref, "long_prompt", &P);
     lmx_context_params cp = lmx_context_default_params();
     cp.n_ctx = 64;
     lmx_context *c = NULL;
-    if (m && want && prompt && P < L && L - 1 <= cp.n_ctx && lmx_context_create(m, &cp, &c) == LMX_OK) {
+    if (k.m && k.want && prompt && P < k.L && k.L - 1 <= cp.n_ctx && lmx_context_create(k.m, &cp, &c) == LMX_OK) {
         int at;
-        CHECK(lmx_context_eval(c, seq, (int)L - 1, out, 1) == LMX_OK);
-        double prefill = worst_ratio(out, want, (int)L - 1, V, &at);
+        CHECK(lmx_context_eval(c, k.seq, (int)k.L - 1, k.out, 1) == LMX_OK);
+        double prefill = worst_ratio(k.out, k.want, (int)k.L - 1, k.V, &at);
         CHECK_MSG(prefill <= 1.0, "%s prefill: err/tol %.3f at position %d", label, prefill, at);
         lmx_context_reset(c);
-        CHECK(lmx_context_eval(c, prompt, (int)P, out, 1) == LMX_OK);
-        double decode = worst_ratio(out, want, (int)P, V, &at);
-        for (int64_t t = P; t < L - 1; t++) {
-            lmx_status s = lmx_context_eval(c, &seq[t], 1, out, 0);
-            CHECK_MSG(s == LMX_OK, "%s decode at %lld: %s", label, (long long)t, lmx_last_error(m));
+        CHECK(lmx_context_eval(c, prompt, (int)P, k.out, 1) == LMX_OK);
+        double decode = worst_ratio(k.out, k.want, (int)P, k.V, &at);
+        for (int64_t t = P; t < k.L - 1; t++) {
+            lmx_status s = lmx_context_eval(c, &k.seq[t], 1, k.out, 0);
+            CHECK_MSG(s == LMX_OK, "%s decode at %lld: %s", label, (long long)t, lmx_last_error(k.m));
             if (s != LMX_OK) break;
-            double r = f32_tol_ratio(out, want + t * V, V);
+            double r = f32_tol_ratio(k.out, k.want + t * k.V, k.V);
             if (!(r <= decode)) decode = r;
         }
         CHECK_MSG(decode <= 1.0, "%s prompt+decode: err/tol %.3f", label, decode);
-        CHECK(lmx_context_n_past(c) == (int)L - 1);
+        CHECK(lmx_context_n_past(c) == (int)k.L - 1);
         printf("  %-34s long prefill %.4f, prompt+decode %.4f\n", label, prefill, decode);
     } else {
         CHECK_MSG(0, "%s: setup failed", label);
@@ -654,22 +648,16 @@ static void case_chunks(const char *model, int chunk) {
     char label[64];
     snprintf(label, sizeof label, "i. %s in chunks of %d", model, chunk);
     long_case k = long_open(model, label);
-    lmx_model *m = k.m;
-    const int V = k.V;
-    const int64_t L = k.L;
-    const int32_t *seq = k.seq;
-    const float *want = k.want;
-    float *out = k.out;
     lmx_context *c = NULL;
-    if (m && want && out && L > 1 && lmx_context_create(m, NULL, &c) == LMX_OK) {
+    if (k.m && k.want && k.out && k.L > 1 && lmx_context_create(k.m, NULL, &c) == LMX_OK) {
         lmx_status s = LMX_OK;
-        for (int64_t t = 0; t < L - 1 && s == LMX_OK; t += chunk) {
-            const int n = (int)(L - 1 - t < chunk ? L - 1 - t : chunk);
-            s = lmx_context_eval(c, seq + t, n, out + t * V, 1);
-            CHECK_MSG(s == LMX_OK, "%s at %lld: %s", label, (long long)t, lmx_last_error(m));
+        for (int64_t t = 0; t < k.L - 1 && s == LMX_OK; t += chunk) {
+            const int n = (int)(k.L - 1 - t < chunk ? k.L - 1 - t : chunk);
+            s = lmx_context_eval(c, k.seq + t, n, k.out + t * k.V, 1);
+            CHECK_MSG(s == LMX_OK, "%s at %lld: %s", label, (long long)t, lmx_last_error(k.m));
         }
         int at;
-        double r = s == LMX_OK ? worst_ratio(out, want, (int)L - 1, V, &at) : INFINITY;
+        double r = s == LMX_OK ? worst_ratio(k.out, k.want, (int)k.L - 1, k.V, &at) : INFINITY;
         CHECK_MSG(r <= 1.0, "%s: err/tol %.3f at position %d", label, r, at);
         printf("  %-34s long err/tol %.4f\n", label, r);
     } else {
