@@ -74,6 +74,7 @@ targets:
   - up
   - down
 mask_prompt: yes
+grad_checkpoint: off
 eval_every: 10
 CFG
 "$lmx" train --config "$tmp/cfg.yaml" 2>"$tmp/cfg3.log" || { echo "FAIL: a YAML --config"; tail -2 "$tmp/cfg3.log"; fail=1; }
@@ -84,10 +85,17 @@ printf 'lora:\n  rank: 4\n' >"$tmp/bad.yaml" # nested mappings are refused with 
 "$lmx" train --config "$tmp/bad.yaml" 2>"$tmp/cfg4.log" && { echo "FAIL: a nested YAML config accepted"; fail=1; }
 grep -q 'line 2: lora: a nested mapping' "$tmp/cfg4.log" || { echo "FAIL: YAML config message: $(cat "$tmp/cfg4.log")"; fail=1; }
 
+printf 'grad_checkpoint: on\niters: 1\n' >"$tmp/on.yaml" # on/off: a value, not a flag
+"$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/cfgout4" --config "$tmp/on.yaml" 2>"$tmp/cfg5.log" ||
+    { echo "FAIL: grad_checkpoint: on in YAML"; tail -2 "$tmp/cfg5.log"; fail=1; }
+"$lmx" bench-train "$tmp/model" --steps 0 2>"$tmp/bt.log"
+[ $? = 2 ] && grep -q 'bad --steps' "$tmp/bt.log" || { echo "FAIL: bench-train --steps 0: $(cat "$tmp/bt.log")"; fail=1; }
+
 # checkpoints: --resume from step 3 of a 6-step run gives steps 4-6 the losses of the uninterrupted run;
 # Ctrl-C saves a checkpoint that --resume goes on from
+# (with LoRA dropout, which the resumed run takes from the checkpoint's adapter)
 "$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/ra" --iters 6 --batch-size 8 --lr 1e-2 --rank 4 \
-    --save-every 3 2>/dev/null && cp -r "$tmp/ra/step0000003" "$tmp/ck" &&
+    --lora-dropout 0.25 --save-every 3 2>/dev/null && cp -r "$tmp/ra/step0000003" "$tmp/ck" &&
     "$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/rb" --iters 6 --batch-size 8 --lr 1e-2 --rank 4 \
         --resume "$tmp/ck" 2>/dev/null || { echo "FAIL: the resume run"; fail=1; }
 if [ "$(tail -3 "$tmp/ra/metrics.csv" | cut -d, -f1,2)" = "$(tail -3 "$tmp/rb/metrics.csv" | cut -d, -f1,2)" ]; then

@@ -39,10 +39,10 @@ int cmd_bench_train(int argc, char **argv) {
                 return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
         }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
-        else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank)) return cli_usage_error("bench-train: bad --rank"); }
-        else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &B)) return cli_usage_error("bench-train: bad --batch"); }
+        else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank) || rank < 1) return cli_usage_error("bench-train: bad --rank"); }
+        else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &B) || B < 1) return cli_usage_error("bench-train: bad --batch"); }
         else if (!strcmp(a, "--seq") && i + 1 < argc) { if (cli_parse_int(argv[++i], &T) || T < 2) return cli_usage_error("bench-train: bad --seq"); }
-        else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps)) return cli_usage_error("bench-train: bad --steps"); }
+        else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench-train: bad --steps"); }
         else if (!strcmp(a, "--peak-tflops") && i + 1 < argc) peak_tflops = atof(argv[++i]);
         else if (a[0] == '-') return cli_usage_error("bench-train: unknown option or missing value: %s", a);
         else if (path) return cli_usage_error("bench-train: more than one model given");

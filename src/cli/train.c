@@ -244,8 +244,8 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
                    "         [--grad-checkpoint on|off|auto]   (auto: from sequences of 1024 tokens) [--lora-dropout P]\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
-                   "         [--config FILE.json]   (the same settings as JSON keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...};\n"
-                   "                                 options on the command line win)\n"
+                   "         [--config FILE.json|FILE.yaml]   (the same settings as keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...}\n"
+                   "                                 or YAML lines such as lr: 1e-4; options on the command line win)\n"
                    "  DIR/train.jsonl (and DIR/valid.jsonl): {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"} lines\n");
             return 0;
         } else if (!o->model && a[0] != '-') o->model = a;
@@ -258,8 +258,9 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
     return -1;
 }
 
-/* The settings of a JSON config file as options ("lr": 1e-4 -> --lr 1e-4; true -> a flag; an array of
- * strings -> a comma list; "model" -> MODEL), appended to *args (strings owned by it). */
+/* The settings of a JSON or YAML config file as options ("lr": 1e-4 -> --lr 1e-4; true -> a flag, or on/off
+ * for an option that takes a value; an array of strings -> a comma list; "model" -> MODEL), appended to
+ * *args (strings owned by it). */
 static int config_args(const char *path, char ***args, int *n) {
     char *text = NULL;
     size_t len = 0;
@@ -285,10 +286,10 @@ static int config_args(const char *path, char ***args, int *n) {
         snprintf(key, sizeof key, "--%s", it->string);
         for (char *c = key; *c; c++) *c = *c == '_' ? '-' : *c;
         int flag = 0;
-        if (cJSON_IsBool(it)) {
+        if (cJSON_IsBool(it) && (!strcmp(key, "--mask-prompt") || !strcmp(key, "--skip-bad"))) {
             if (!cJSON_IsTrue(it)) continue;
             flag = 1;
-        } else if (cJSON_IsNumber(it)) snprintf(val, sizeof val, "%.17g", it->valuedouble);
+        } else if (cJSON_IsBool(it)) snprintf(val, sizeof val, "%s", cJSON_IsTrue(it) ? "on" : "off"); /* grad_checkpoint: on */ else if (cJSON_IsNumber(it)) snprintf(val, sizeof val, "%.17g", it->valuedouble);
         else if (cJSON_IsString(it)) snprintf(val, sizeof val, "%s", it->valuestring);
         else if (cJSON_IsArray(it)) {
             const cJSON *e;
@@ -320,7 +321,7 @@ static int config_args(const char *path, char ***args, int *n) {
 
 int cmd_train(int argc, char **argv) {
     train_opts o = {.out = "adapters", .backend = "cpu", .ckpt = -1, .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
-                    .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .targets = (1u << LMX_PROJ_N) - 1};
+                    .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .dropout = -1, .targets = (1u << LMX_PROJ_N) - 1};
     char **cfg = NULL;
     int ncfg = 0, rc = 2;
     for (int i = 1; i + 1 < argc; i++)
@@ -336,7 +337,7 @@ out_cfg:
 static int train_run(const train_opts *op) {
     train_opts o = *op;
     if (!o.model || !o.data || o.rank <= 0 || o.iters <= 0 || o.batch <= 0 || o.batch > 4096 || o.accum <= 0 || o.lr <= 0 ||
-        !(o.dropout >= 0 && o.dropout < 1) ||
+        !(o.dropout == -1 || (o.dropout >= 0 && o.dropout < 1)) ||
         (strcmp(o.schedule, "constant") && strcmp(o.schedule, "linear") && strcmp(o.schedule, "cosine"))) {
         fprintf(stderr, "usage: lmx train MODEL --data DIR [options] (lmx train --help)\n");
         return 2;
@@ -354,7 +355,7 @@ static int train_run(const train_opts *op) {
     char *tpath = lmx_path_join(o.data, "train.jsonl"), *vpath = lmx_path_join(o.data, "valid.jsonl");
     char *cpath = lmx_path_join(o.out, "metrics.csv");
     const lmx_lora_spec spec = {.rank = o.rank, .alpha = o.alpha, .targets = o.targets, .num_layers = o.num_layers,
-                                .seed = o.seed, .dropout = (float)o.dropout};
+                                .seed = o.seed, .dropout = o.dropout > 0 ? (float)o.dropout : 0.0f};
     if (lmx_model_load(o.model, &lp, &m)) {
         fprintf(stderr, "train: %s\n", lmx_last_error(m));
         goto done;
@@ -378,7 +379,7 @@ static int train_run(const train_opts *op) {
         goto done;
     }
     tr->checkpoint = o.ckpt;
-    tr->dropout = (float)o.dropout; /* a resumed adapter's too */
+    if (o.dropout >= 0) tr->dropout = (float)o.dropout; /* else the new or resumed adapter's own */
     tr->seed = o.seed;
     mkdir(o.out, 0777);
     if (!(csv = fopen(cpath, o.resume ? "a" : "w"))) { /* a resumed run goes on with the same file */

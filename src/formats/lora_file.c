@@ -463,6 +463,12 @@ lmx_status lmx_lora_file_open(const char *path, lmx_lora_file *f, lmx_err *err) 
         lmx_err_prefix(err, "%s", dir);
         goto done;
     }
+    const cJSON *dropout = f->format == LMX_LORA_PEFT
+                               ? cJSON_GetObjectItemCaseSensitive(root, "lora_dropout")
+                               : cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "lora_parameters"),
+                                                                  "dropout");
+    if (cJSON_IsNumber(dropout) && dropout->valuedouble > 0 && dropout->valuedouble < 1)
+        f->dropout = (float)dropout->valuedouble;
     const char *wname = f->format == LMX_LORA_PEFT ? "adapter_model.safetensors" : "adapters.safetensors";
     f->weights_path = is_file ? strdup(path) : lmx_path_join(dir, wname);
     if (!f->weights_path) {

@@ -51,6 +51,7 @@ typedef struct lmx_lora_file {
     int n;
     int num_layers;              /* mlx-lm: the last num_layers layers (-1 all); PEFT: 0 */
     char base_class[64];         /* PEFT auto_mapping.base_model_class, e.g. "Qwen3ForCausalLM"; "" */
+    float dropout;               /* lora_dropout (PEFT) or lora_parameters.dropout (mlx-lm): training only; 0 */
 } lmx_lora_file;
 
 lmx_status lmx_lora_file_open(const char *path, lmx_lora_file *out, lmx_err *err);

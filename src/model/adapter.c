@@ -123,6 +123,7 @@ static lmx_status bind(lmx_model *m, lmx_adapter *a, const lmx_lora_file *f) {
     a->spec.rank = a->info.rank;
     a->spec.alpha = (double)a->info.scale * a->info.rank;
     a->spec.num_layers = a->info.first_layer > 0 ? nl - a->info.first_layer : 0;
+    a->spec.dropout = f->dropout; /* what a trainer on this adapter goes on with */
     return LMX_OK;
 }
 
