@@ -323,6 +323,16 @@ def seeds_jinja_jsonl():
     write("jsonl", "mixed", '{"text": "a"}\n\n  \n{"messages": [{"role": "user", "content": "x"}], "tools": [{"a": 1}]}\n')
 
 
+def seeds_yaml():
+    """`lmx train --config` files: settings, lists (block and flow), quoting, and the refused forms."""
+    write("yaml", "train", "# a training config\nmodel: /m\ndata: \"/d\"\niters: 30\nlr: 1.0e-2\nrank: 4\n"
+          "targets:\n  - q\n  - v\nmask_prompt: yes\ngrad_checkpoint: off\nseed: ~\n")
+    write("yaml", "flow", "---\n{lr: 1e-4, targets: [q, k, 'v'], schedule: cosine}\n...\n")
+    write("yaml", "nested", "lora:\n  rank: 4\n")
+    write("yaml", "anchor", "a: &x 1\nb: *x\n")
+    write("yaml", "bad", "a: [1, {b: 2}]\n- c\n\t:\n")
+
+
 def main():
     if not os.path.isdir(FIX):
         sys.exit("no fixtures at %s" % FIX)
@@ -333,6 +343,7 @@ def main():
     minis = seeds_tokenizer()
     seeds_gguf(minis["qwen3"])
     seeds_jinja_jsonl()
+    seeds_yaml()
     total = 0
     for p in glob.glob(os.path.join(OUT, "*", "seed-*")):
         total += os.path.getsize(p)

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-${LMX_FUZZ_SECONDS:-15}}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors gguf config adapter tokenizer jinja jsonl)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors gguf config adapter tokenizer jinja jsonl yaml)
 dir=${LMX_FUZZ_BUILD:-build-fuzz}
 jobs=$(nproc 2>/dev/null || echo 2)
 

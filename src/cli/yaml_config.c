@@ -25,6 +25,18 @@ static cJSON *scalar(const yaml_event_t *ev) {
     return cJSON_CreateString(v);
 }
 
+/* key as a message may show it: at most 60 bytes, control characters as '?' (one line) */
+static const char *shown(const char *key, char *buf, size_t cap) {
+    size_t n = 0;
+    for (; key && key[n] && n + 1 < cap && n < 60; n++) buf[n] = (unsigned char)key[n] < 0x20 || key[n] == 0x7f ? '?' : key[n];
+    buf[n] = 0;
+    if (key && key[n] && ((unsigned char)key[n] & 0xc0) == 0x80) { /* cut inside a UTF-8 sequence: drop its start */
+        while (n > 0 && ((unsigned char)buf[n - 1] & 0xc0) == 0x80) buf[--n] = 0;
+        if (n > 0) buf[--n] = 0;
+    }
+    return key ? buf : "?";
+}
+
 cJSON *cli_yaml_object(const char *text, size_t len, char *msg, size_t cap) {
     yaml_parser_t p;
     yaml_event_t ev;
@@ -49,7 +61,8 @@ cJSON *cli_yaml_object(const char *text, size_t len, char *msg, size_t cap) {
         case YAML_STREAM_END_EVENT: done = 1; break;
         case YAML_MAPPING_START_EVENT:
             if (obj) {
-                snprintf(msg, cap, "line %lu: %s: a nested mapping (use a flat key: value list)", line, key ? key : "?");
+                char kb[64];
+                snprintf(msg, cap, "line %lu: %s: a nested mapping (use a flat key: value list)", line, shown(key, kb, sizeof kb));
                 ok = 0;
             } else {
                 obj = cJSON_CreateObject();
