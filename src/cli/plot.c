@@ -3,8 +3,10 @@
  * Why matplotlib: it is the library people read loss curves in (mlx-lm's and HF's training reports
  * use it), it draws proper axes, legends and log scales, and running it as `python3 -c` keeps a
  * plotting library out of the engine's build for one picture.  scripts/setup.sh installs Debian's
- * python3-matplotlib; without it the run only says that no picture was drawn. */
+ * python3-matplotlib; without it the run only says that no picture was drawn.  The interpreter:
+ * $LMX_PYTHON when set, else python3, else /usr/bin/python3 (the first that draws it). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +50,9 @@ static int run_python(const char *python, const char *csv, const char *png, cons
 }
 
 int cli_plot_loss(const char *csv, const char *png, const char *title) {
-    /* python3 on the PATH (perhaps a virtual environment's), then the system's, where apt installs matplotlib */
+    /* $LMX_PYTHON (the interpreter the mlx_lm backend uses too), python3 on the PATH (perhaps a virtual
+     * environment's), then the system's, where apt installs matplotlib */
+    const char *env = getenv("LMX_PYTHON");
+    if (env && *env && run_python(env, csv, png, title) == 0) return 0;
     return run_python("python3", csv, png, title) == 0 || run_python("/usr/bin/python3", csv, png, title) == 0 ? 0 : 1;
 }
