@@ -225,6 +225,32 @@ static void test_round_trip(const char *tmp) {
     free(path);
 }
 
+/* lmx_st_write_meta: the "__metadata__" strings read back (escaped characters too); bad entries refused. */
+static void test_write_meta(const char *tmp) {
+    float a[2] = {1, 2};
+    lmx_st_write_item items[] = {{"x", LMX_DTYPE_F32, 1, {2}, a}};
+    lmx_st_meta meta[] = {{"layers.3.shared_from", "1"}, {"model", "/a \"b\"\\c"}};
+    char *path = lmx_path_join(tmp, "meta.safetensors");
+    lmx_err err;
+    CHECK_MSG(lmx_st_write_meta(path, items, 1, meta, 2, &err) == LMX_OK, "%s", err.msg);
+    lmx_st_file *f = NULL;
+    CHECK_MSG(lmx_st_open(path, &f, &err) == LMX_OK, "%s", err.msg);
+    if (f) {
+        CHECK(lmx_st_count(f) == 1 && lmx_st_find(f, "x") && lmx_st_find(f, "x")->n_elements == 2);
+        const char *v = lmx_st_metadata(f, "layers.3.shared_from"), *w = lmx_st_metadata(f, "model");
+        CHECK(v && !strcmp(v, "1") && w && !strcmp(w, meta[1].value));
+        lmx_st_close(f);
+    }
+    char *bad = lmx_path_join(tmp, "bad_meta.safetensors");
+    lmx_st_meta twice[] = {{"k", "1"}, {"k", "2"}}, null_value[] = {{"k", NULL}};
+    CHECK(lmx_st_write_meta(bad, items, 1, twice, 2, &err) == LMX_ERR_INVALID_ARG);
+    CHECK_CONTAINS(err.msg, "given twice");
+    CHECK(lmx_st_write_meta(bad, items, 1, null_value, 1, &err) == LMX_ERR_INVALID_ARG);
+    CHECK(!lmx_is_file(bad));
+    free(bad);
+    free(path);
+}
+
 /* ---- malformed files ------------------------------------------------------------------------ */
 
 static void test_malformed(const char *tmp) {
@@ -461,6 +487,7 @@ int main(int argc, char **argv) {
     char tmp[] = "/tmp/lmx_test_st_XXXXXX";
     CHECK(mkdtemp(tmp) != NULL);
     test_round_trip(tmp);
+    test_write_meta(tmp);
     test_malformed(tmp);
     test_dirs(tmp);
     remove_tree(tmp);

@@ -593,10 +593,30 @@ static int64_t item_bytes(const lmx_st_write_item *it) {
     return nb > 0 && !it->data ? -1 : nb;
 }
 
-/* The header JSON for items (validated here), padded with spaces to a multiple of 8 bytes, in a
+/* The "__metadata__" entry of meta [n_meta] (validated here) and a comma, or nothing when n_meta is 0. */
+static lmx_status put_meta(FILE *ms, const char *path, const lmx_st_meta *meta, size_t n_meta, lmx_err *err) {
+    if (!n_meta) return LMX_OK;
+    if (!meta) return lmx_err_set(err, LMX_ERR_INVALID_ARG, "%s: NULL metadata", path);
+    fputs("\"__metadata__\":{", ms);
+    for (size_t i = 0; i < n_meta; i++) {
+        int dup = 0;
+        for (size_t j = 0; meta[i].key && j < i; j++) dup |= !strcmp(meta[j].key, meta[i].key);
+        if (!meta[i].key || !meta[i].value || dup)
+            return lmx_err_set(err, LMX_ERR_INVALID_ARG, "%s: metadata entry %s: NULL key or value, or given twice",
+                               path, meta[i].key ? LMX_QUOTED(meta[i].key) : "(null)");
+        if (i) fputc(',', ms);
+        put_json_str(ms, meta[i].key);
+        fputc(':', ms);
+        put_json_str(ms, meta[i].value);
+    }
+    fputs("},", ms);
+    return LMX_OK;
+}
+
+/* The header JSON for items and meta (validated here), padded with spaces to a multiple of 8 bytes, in a
  * malloc'ed *hdr of *hlen bytes. */
-static lmx_status build_header(const char *path, const lmx_st_write_item *items, size_t n,
-                               char **hdr, size_t *hlen, lmx_err *err) {
+static lmx_status build_header(const char *path, const lmx_st_write_item *items, size_t n, const lmx_st_meta *meta,
+                               size_t n_meta, char **hdr, size_t *hlen, lmx_err *err) {
     st_hash seen = {0};
     lmx_status st = LMX_OK;
     FILE *ms = open_memstream(hdr, hlen);
@@ -604,6 +624,7 @@ static lmx_status build_header(const char *path, const lmx_st_write_item *items,
         GOTO_ERR(LMX_ERR_NOMEM, "%s: out of memory", path);
     int64_t off = 0;
     fputc('{', ms);
+    if ((st = put_meta(ms, path, meta, n_meta, err))) goto done;
     for (size_t i = 0; i < n; i++) {
         const lmx_st_write_item *it = &items[i];
         int64_t nb = item_bytes(it);
@@ -635,13 +656,18 @@ done:
 }
 
 lmx_status lmx_st_write(const char *path, const lmx_st_write_item *items, size_t n, lmx_err *err) {
+    return lmx_st_write_meta(path, items, n, NULL, 0, err);
+}
+
+lmx_status lmx_st_write_meta(const char *path, const lmx_st_write_item *items, size_t n, const lmx_st_meta *meta,
+                             size_t n_meta, lmx_err *err) {
     lmx_err local;
     if (!err) err = &local;
     if (!path || (n && !items))
         return lmx_err_set(err, LMX_ERR_INVALID_ARG, "lmx_st_write: NULL path or items");
     char *hdr = NULL;
     size_t hlen = 0;
-    lmx_status st = build_header(path, items, n, &hdr, &hlen, err);
+    lmx_status st = build_header(path, items, n, meta, n_meta, &hdr, &hlen, err);
     FILE *fp = st == LMX_OK ? fopen(path, "wb") : NULL;
     if (st == LMX_OK && !fp) GOTO_ERR(LMX_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     if (st != LMX_OK) goto done;

@@ -76,4 +76,14 @@ typedef struct lmx_st_write_item {
 
 lmx_status lmx_st_write(const char *path, const lmx_st_write_item *items, size_t n, lmx_err *err);
 
+/* One "__metadata__" entry (safetensors metadata values are strings). */
+typedef struct lmx_st_meta {
+    const char *key, *value;
+} lmx_st_meta;
+
+/* lmx_st_write with a "__metadata__" object of n_meta entries first in the header (none when n_meta is
+ * 0); a NULL key or value, or a key given twice, is LMX_ERR_INVALID_ARG. */
+lmx_status lmx_st_write_meta(const char *path, const lmx_st_write_item *items, size_t n, const lmx_st_meta *meta,
+                             size_t n_meta, lmx_err *err);
+
 #endif
