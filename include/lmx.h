@@ -513,6 +513,73 @@ typedef struct lmx_metrics {
 
 lmx_status lmx_get_metrics(const lmx_model *m, lmx_metrics *out);
 
+/* ---------------------------------------------------------------------------------------------
+ * Attention inspection: what each layer's attention saw for a prompt
+ *
+ * lmx_inspect evaluates a prompt in a fresh context of its own (the prompt cache and every
+ * lmx_context stay as they were) and returns, for each chosen layer:
+ *   - its keys: the post-RoPE keys the layer attends over, read from its KV cache after the
+ *     prefill and widened to float32 (the cache's dtype: float32 on the cpu, bf16 on cuda, so
+ *     cuda keys are bf16 values).  Every position is reported, sliding-window layers' too: the
+ *     prompt is evaluated in chunks no longer than the smallest window and each chunk's keys are
+ *     read before a rotating cache overwrites them.  A shared-KV layer (gemma4's last
+ *     num_kv_shared_layers) keeps no cache: it names the layer it shares (shared_from) and
+ *     reports that layer's keys;
+ *   - optionally its attention probabilities for chosen query heads, computed on the host in
+ *     float64 from the pass's post-RoPE queries (float32, captured as the forward pass makes
+ *     them) and those keys, with the layer's scale, causal mask, sliding window and soft-capping
+ *     as the forward pass applies them.  They take 4 H T^2 bytes per layer: ask for few layers
+ *     on long prompts.
+ * The result is host memory malloc'ed outside the model's memory accounting (lmx_memory_info).
+ * An inspection is an evaluation on m: it must not run concurrently with the generation calls or
+ * lmx_context_eval on m.  Not available on the mlx_lm backend (LMX_ERR_UNSUPPORTED).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct lmx_inspect_params {
+    const int *layers;       /* NULL (default): every layer in order; else n_layers distinct layer indices */
+    int n_layers;
+    int probs;               /* 1: also the attention probabilities (default 0) */
+    const int *heads;        /* with probs: NULL (default) every query head; else n_heads distinct indices */
+    int n_heads;
+    lmx_adapter *adapter;    /* NULL: the model's default adapter; LMX_NO_ADAPTER: none */
+} lmx_inspect_params;
+
+lmx_inspect_params lmx_inspect_default_params(void);
+
+/* One inspected layer.  T: the prompt's tokens, Hk / D: this layer's kv heads and head size (gemma4's
+ * differ between layers).  Pointers are owned by the inspection. */
+typedef struct lmx_inspect_layer {
+    int layer;               /* its index in the model */
+    int shared_from;         /* the layer whose keys and values it attends over: itself, or for a
+                                shared-KV layer the last earlier layer of its attention type */
+    int n_kv_heads, head_dim;/* Hk, D */
+    int window;              /* > 0: sliding window (query i sees keys j with 0 <= i - j < window);
+                                0: every j <= i */
+    const float *keys;       /* [Hk, T, D]: keys[(kh T + j) D + d] (shared_from's keys) */
+    int n_heads;             /* heads in probs; 0 when probabilities were not asked for */
+    const int *heads;        /* [n_heads] their query head indices (query head h reads kv head
+                                h / (H / Hk)) */
+    const float *probs;      /* NULL, or [n_heads, T, T]: probs[(h T + i) T + j] the weight of key j in
+                                query i's attention; 0 where masked */
+} lmx_inspect_layer;
+
+typedef struct lmx_inspection lmx_inspection;
+
+/* Inspect a text prompt (encoded with the model's tokenizer, its BOS rules applied) or n token
+ * ids.  On success *out owns the result (free it with lmx_inspection_free; it does not refer to m
+ * afterwards).  Errors (lmx_last_error(m)): LMX_ERR_INVALID_ARG for an empty prompt, a bad id, a
+ * layer or head index out of range or repeated; LMX_ERR_MISSING without a tokenizer (text). */
+lmx_status lmx_inspect(lmx_model *m, const char *prompt, const lmx_inspect_params *p, lmx_inspection **out);
+lmx_status lmx_inspect_ids(lmx_model *m, const int32_t *ids, int n, const lmx_inspect_params *p,
+                           lmx_inspection **out);
+/* T, and the prompt's ids [T] (owned by in). */
+int lmx_inspection_n_tokens(const lmx_inspection *in);
+const int32_t *lmx_inspection_ids(const lmx_inspection *in);
+/* The number of inspected layers, and the i-th in the order asked for (NULL when i is out of range;
+ * valid until lmx_inspection_free). */
+int lmx_inspection_n_layers(const lmx_inspection *in);
+const lmx_inspect_layer *lmx_inspection_layer(const lmx_inspection *in, int i);
+void lmx_inspection_free(lmx_inspection *in);
+
 #ifdef __cplusplus
 }
 #endif

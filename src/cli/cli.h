@@ -18,6 +18,7 @@ int cmd_discover(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_train(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 
 #include <stdint.h>
 #include <time.h>
@@ -49,6 +50,9 @@ int cli_plot_loss(const char *csv, const char *png, const char *title);
 int cli_usage_error(const char *fmt, ...);
 /* Parse a positive int option value; returns 0 on success. */
 int cli_parse_int(const char *s, int *out);
+/* Comma-separated non-negative ints ("1,5,9": --prompt-ids, --layers) into a malloc'ed *out of *n; 0, or -1 for
+ * an empty or malformed list. */
+int cli_parse_ids(const char *s, int32_t **out, int *n);
 /* --grad-checkpoint's value: on 1, off 0, auto -1 (the trainer's checkpoint field); returns 0 on success. */
 int cli_parse_checkpoint(const char *s, int *out);
 

@@ -26,6 +26,39 @@ int cli_parse_int(const char *s, int *out) {
     return 0;
 }
 
+/* Comma-separated ids into a malloc'ed array; 0 or -1. */
+int cli_parse_ids(const char *s, int32_t **out, int *n) {
+    int cap = 16, k = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 2147483647L || (*end && *end != ',')) {
+            free(ids);
+            return -1;
+        }
+        if (k == cap) {
+            int32_t *g = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!g) {
+                free(ids);
+                return -1;
+            }
+            ids = g;
+        }
+        ids[k++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (k == 0) {
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
 int cli_parse_checkpoint(const char *s, int *out) {
     const int v = !s ? -2 : !strcmp(s, "on") ? 1 : !strcmp(s, "off") ? 0 : !strcmp(s, "auto") ? -1 : -2;
     if (v == -2) return -1;
@@ -43,6 +76,7 @@ static void usage(FILE *f) {
             "  info MODEL                   what a model is\n"
             "  discover DIR                 every model under DIR\n"
             "  devices                      the CPU and GPUs lmx can use, their memory and features\n"
+            "  inspect MODEL PROMPT         each layer's post-RoPE keys (--probs: attention) [--out FILE]\n"
             "  bench MODEL                  load, prefill and decode speed\n"
             "  bench-train MODEL            LoRA training speed, memory and MFU\n"
             "  check-reference MODEL        compare logits with MODEL/reference.safetensors\n"
@@ -80,6 +114,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "discover")) return cmd_discover(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-train")) return cmd_bench_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);

@@ -7,39 +7,6 @@
 #include "generate.h"
 #include "lmx.h"
 
-/* Comma-separated ids into a malloc'ed array; 0 or -1. */
-static int parse_ids(const char *s, int32_t **out, int *n) {
-    int cap = 16, k = 0;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    if (!ids) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 2147483647L || (*end && *end != ',')) {
-            free(ids);
-            return -1;
-        }
-        if (k == cap) {
-            int32_t *g = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-            if (!g) {
-                free(ids);
-                return -1;
-            }
-            ids = g;
-        }
-        ids[k++] = (int32_t)v;
-        p = *end ? end + 1 : end;
-    }
-    if (k == 0) {
-        free(ids);
-        return -1;
-    }
-    *out = ids;
-    *n = k;
-    return 0;
-}
-
 /* All of stdin, NUL-terminated and malloc'ed (a trailing newline dropped); NULL when out of memory. */
 static char *read_stdin(void) {
     size_t len = 0, cap = 4096;
@@ -98,7 +65,7 @@ int cmd_run(int argc, char **argv) {
     if (ids_arg && prompt) return cli_usage_error("run: give a PROMPT or --prompt-ids, not both");
     int32_t *ids = NULL;
     int n = 0;
-    if (ids_arg && parse_ids(ids_arg, &ids, &n)) return cli_usage_error("run: --prompt-ids wants comma-separated token ids");
+    if (ids_arg && cli_parse_ids(ids_arg, &ids, &n)) return cli_usage_error("run: --prompt-ids wants comma-separated token ids");
     char *input = NULL;
     if (!ids_arg && !prompt) {
         if (!(input = read_stdin())) {

@@ -193,6 +193,8 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     if (own && m->traits.qk_norm) TRY(op->rmsnorm(be, &k, &k, &L->k_norm, M * Hk, D, eps, one));
     TRY(op->rope(be, &q, bt, H, D, &L->rope));
     if (own) TRY(op->rope(be, &k, bt, Hk, D, &L->rope));
+    if (m->inspect_q && m->inspect_q[l]) /* an inspection's queries (B = 1): rows n_past.. of [T, H*D] */
+        TRY(op->read(be, &q, 0, m->inspect_q[l] + (size_t)bt->n_past[0] * H * D, (size_t)M * H * D * sizeof(float)));
 
     for (int b = 0; b < bt->B; b++) kv[b] = &kv_all[b][L->kv_src];
     lmx_attn_args a = {.batch = bt, .out = &att, .q = &q, .k = &k, .v = &v,

@@ -117,6 +117,9 @@ struct lmx_model {
     unsigned default_adapter;    /* id of the adapter requests get when they name none; 0: none */
     struct lmx_runtime *rt;      /* generation session (runtime/runtime.h) */
     struct lmx_bridge *bridge;   /* backend mlx_lm: generation runs in a child process (runtime/bridge.h) */
+    float **inspect_q;           /* NULL, or [n_layers] while an inspection runs (runtime/inspect.c): host buffers
+                                  * [T, H*D] (NULL entries: layers not asked for) into which each pass of one
+                                  * sequence copies the layer's post-RoPE queries of its rows, from row n_past */
     lmx_progress_fn progress;    /* loading progress, while lmx_model_load runs */
     void *progress_user;
 };

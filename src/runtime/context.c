@@ -96,6 +96,8 @@ lmx_status lmx_context_set_adapter(lmx_context *c, lmx_adapter *a) {
 
 unsigned lmx_context_adapter(const lmx_context *c) { return c->adapter; }
 
+const lmx_kv_layer *lmx_context_kv(const lmx_context *c, int l) { return &c->kv[l]; }
+
 /* The adapter of c for the forward pass: *a NULL for none; an error when it has been freed. */
 static lmx_status context_adapter(const lmx_context *c, const lmx_adapter **a) {
     *a = lmx_adapter_by_id(c->m, c->adapter);

@@ -5,6 +5,7 @@
  *   gen_seq.c   one sequence: sampling, stop ids, stop strings, streamed text
  *   stream.c    lmx_stream_*, lmx_generate*, lmx_chat*, lmx_prompt_cache_*
  *   batch.c     lmx_classify*, lmx_batch_generate*
+ *   inspect.c   lmx_inspect*: each layer's keys read from a context's caches, attention probabilities
  */
 #ifndef LMX_RUNTIME_RUNTIME_H
 #define LMX_RUNTIME_RUNTIME_H
@@ -29,6 +30,8 @@ static inline int lmx_prefill_chunk(const lmx_model *m) {
 int lmx_context_rewind(lmx_context *c, int n);
 /* The id of the adapter c evaluates with (0: none). */
 unsigned lmx_context_adapter(const lmx_context *c);
+/* Layer l's KV cache of c (what an inspection reads after a prefill). */
+const lmx_kv_layer *lmx_context_kv(const lmx_context *c, int l);
 /* Bytes the context's caches hold now. */
 int64_t lmx_context_bytes(const lmx_context *c);
 /* lmx_context_eval for the last position's next-token candidates: the k largest logits (largest
