@@ -95,7 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     s = lmx_gguf_model_open(path, &cfg, &w, &interleaved, &plus_one, &err);
     fz_check_status("lmx_gguf_model_open", s, err.msg);
     if (s == LMX_OK)
-        for (size_t i = 0; i < w.n; i++) FZ_ASSERT(lmx_gguf_weights_find(&w, w.t[i].name) != NULL);
+        for (size_t i = 0; i < w.n; i++) FZ_ASSERT(lmx_gguf_weights_find(&w, w.names[i]) != NULL);
     lmx_gguf_weights_free(&w);
     lmx_config_free(&cfg);
     use_chat_template(path);

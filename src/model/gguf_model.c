@@ -1,124 +1,143 @@
-/* gguf_model.c - GGUF metadata -> lmx_config, GGUF tensor names -> HF names. */
+/* gguf_model.c - a GGUF file's tensors under their HF names (the config: gguf_config.c). */
 #include "gguf_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* GGUF per-layer tensor names and the HF names they stand for (gemma: ffn_norm is the pre-FFN norm). */
-static const struct { const char *gguf, *hf, *hf_gemma; } layer_names[] = {
-    {"attn_norm", "input_layernorm", NULL},
-    {"attn_q", "self_attn.q_proj", NULL},
-    {"attn_k", "self_attn.k_proj", NULL},
-    {"attn_v", "self_attn.v_proj", NULL},
-    {"attn_output", "self_attn.o_proj", NULL},
-    {"attn_q_norm", "self_attn.q_norm", NULL},
-    {"attn_k_norm", "self_attn.k_norm", NULL},
-    {"ffn_norm", "post_attention_layernorm", "pre_feedforward_layernorm"},
-    {"post_attention_norm", "post_attention_layernorm", NULL},
-    {"post_ffw_norm", "post_feedforward_layernorm", NULL},
-    {"ffn_gate", "mlp.gate_proj", NULL},
-    {"ffn_up", "mlp.up_proj", NULL},
-    {"ffn_down", "mlp.down_proj", NULL},
-};
+/* The families of name table entries: an entry applies to every file (0) or to those of its families. */
+enum { FAM_GEMMA = 1, FAM_GEMMA4 = 2, FAM_MOE = 4 };
 
-/* "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; NULL when not a model tensor. */
-static char *hf_name(const char *g, int gemma) {
-    char buf[256];
-    if (!strcmp(g, "token_embd.weight")) return strdup("model.embed_tokens.weight");
-    if (!strcmp(g, "output_norm.weight")) return strdup("model.norm.weight");
-    if (!strcmp(g, "output.weight")) return strdup("lm_head.weight");
-    int layer, used = 0;
-    if (sscanf(g, "blk.%d.%n", &layer, &used) != 1 || used == 0) return NULL;
-    const char *rest = g + used, *dot = strrchr(rest, '.');
-    if (!dot) return NULL;
-    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
-        size_t n = strlen(layer_names[i].gguf);
-        if ((size_t)(dot - rest) == n && !strncmp(rest, layer_names[i].gguf, n)) {
-            const char *hf = gemma && layer_names[i].hf_gemma ? layer_names[i].hf_gemma : layer_names[i].hf;
-            snprintf(buf, sizeof buf, "model.layers.%d.%s%s", layer, hf, dot);
-            return strdup(buf);
-        }
-    }
-    return NULL;
+/* GGUF tensor names and the HF names they stand for, the first entry of the file's family winning.  A
+ * GGUF name with a dot is a whole name (e.g. "ffn_gate_inp.scale"); one without is a role whose
+ * ".weight" or ".bias" carries over.  Stacked experts [E, rows, cols] (llama.cpp's *_exps) take the
+ * names of transformers' fused expert tensors (gate_up_proj) and their split forms. */
+static const struct { const char *gguf, *hf; int fam; } global_names[] = {
+    {"token_embd.weight", "model.embed_tokens.weight", 0},
+    {"output_norm.weight", "model.norm.weight", 0},
+    {"output.weight", "lm_head.weight", 0},
+    {"per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight", FAM_GEMMA4},
+    {"per_layer_model_proj.weight", "model.per_layer_model_projection.weight", FAM_GEMMA4},
+    {"per_layer_proj_norm.weight", "model.per_layer_projection_norm.weight", FAM_GEMMA4},
+};
+static const struct { const char *gguf, *hf; int fam; } layer_names[] = {
+    {"attn_norm", "input_layernorm", 0},
+    {"attn_q", "self_attn.q_proj", 0},
+    {"attn_k", "self_attn.k_proj", 0},
+    {"attn_v", "self_attn.v_proj", 0},
+    {"attn_output", "self_attn.o_proj", 0},
+    {"attn_q_norm", "self_attn.q_norm", 0},
+    {"attn_k_norm", "self_attn.k_norm", 0},
+    {"ffn_norm", "pre_feedforward_layernorm", FAM_GEMMA | FAM_GEMMA4},
+    {"ffn_norm", "post_attention_layernorm", 0},
+    {"post_attention_norm", "post_attention_layernorm", 0},
+    {"post_ffw_norm", "post_feedforward_layernorm", 0},
+    {"ffn_gate", "mlp.gate_proj", 0},
+    {"ffn_up", "mlp.up_proj", 0},
+    {"ffn_down", "mlp.down_proj", 0},
+    {"ffn_gate_inp", "mlp.gate", FAM_MOE}, /* the router [E, C] */
+    {"ffn_gate_up_exps.weight", "mlp.experts.gate_up_proj", FAM_MOE},
+    {"ffn_gate_exps.weight", "mlp.experts.gate_proj", FAM_MOE},
+    {"ffn_up_exps.weight", "mlp.experts.up_proj", FAM_MOE},
+    {"ffn_down_exps.weight", "mlp.experts.down_proj", FAM_MOE},
+    {"ffn_gate_inp.scale", "router.scale", FAM_GEMMA4}, /* before the role ffn_gate_inp */
+    {"ffn_down_exps.scale", "router.per_expert_scale", FAM_GEMMA4},
+    {"ffn_gate_inp", "router.proj", FAM_GEMMA4},
+    {"ffn_gate_up_exps.weight", "experts.gate_up_proj", FAM_GEMMA4},
+    {"ffn_gate_exps.weight", "experts.gate_proj", FAM_GEMMA4},
+    {"ffn_up_exps.weight", "experts.up_proj", FAM_GEMMA4},
+    {"ffn_down_exps.weight", "experts.down_proj", FAM_GEMMA4},
+    {"pre_ffw_norm_2", "pre_feedforward_layernorm_2", FAM_GEMMA4},
+    {"post_ffw_norm_1", "post_feedforward_layernorm_1", FAM_GEMMA4},
+    {"post_ffw_norm_2", "post_feedforward_layernorm_2", FAM_GEMMA4},
+    {"inp_gate", "per_layer_input_gate", FAM_GEMMA4},
+    {"proj", "per_layer_projection", FAM_GEMMA4},
+    {"post_norm", "post_per_layer_input_norm", FAM_GEMMA4},
+    {"layer_output_scale.weight", "layer_scalar", FAM_GEMMA4},
+};
+#define N_OF(a) (sizeof a / sizeof a[0])
+
+static int family_of(lmx_arch arch, const char *model_type) {
+    if (arch == LMX_ARCH_GEMMA2 || arch == LMX_ARCH_GEMMA3) return FAM_GEMMA;
+    if (arch == LMX_ARCH_GEMMA4) return FAM_GEMMA4;
+    return strcmp(model_type, "qwen3moe") ? 0 : FAM_MOE;
 }
 
-static lmx_status config_from_metadata(const lmx_gguf *g, const char *arch, lmx_config *c, lmx_err *err) {
-    const char *path = lmx_gguf_path(g);
-    char key[128];
-    int64_t v;
-    double d;
-#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
-    static const struct { const char *name; lmx_arch arch; } known[] = {
-        {"llama", LMX_ARCH_LLAMA}, {"qwen2", LMX_ARCH_QWEN2}, {"qwen3", LMX_ARCH_QWEN3},
-        {"gemma2", LMX_ARCH_GEMMA2}, {"gemma3", LMX_ARCH_GEMMA3},
-    };
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (!strcmp(arch, known[i].name)) c->arch = known[i].arch;
-    if (c->arch == LMX_ARCH_UNKNOWN)
-        return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: unknown GGUF architecture %s (supported: llama, qwen2, qwen3, gemma2, gemma3)",
-                           path, LMX_QUOTED(arch));
-    snprintf(c->model_type, sizeof c->model_type, "%s", arch);
-    struct { const char *suffix; int *dst; int required; } ints[] = {
-        {"block_count", &c->n_layers, 1},          {"embedding_length", &c->hidden, 1},
-        {"attention.head_count", &c->n_heads, 1},  {"feed_forward_length", &c->ffn, 1},
-        {"attention.head_count_kv", &c->n_kv_heads, 0}, {"attention.key_length", &c->head_dim, 0},
-        {"context_length", &c->max_positions, 0},  {"attention.sliding_window", &c->sliding_window, 0},
-    };
-    c->n_kv_heads = 0;
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        if (lmx_gguf_get_int(g, KEY(ints[i].suffix), &v)) {
-            if (v < 0 || v > 1000000000)
-                return lmx_err_set(err, LMX_ERR_FORMAT, "%s: %s = %lld is out of range", path, LMX_QUOTED(key), (long long)v);
-            *ints[i].dst = (int)v;
-        } else if (ints[i].required) {
-            return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing metadata %s", path, LMX_QUOTED(key));
-        }
+/* "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight" into buf; 0 when not a model tensor. */
+static int hf_name(const char *g, int fam, char *buf, size_t cap) {
+    for (size_t i = 0; i < N_OF(global_names); i++)
+        if ((!global_names[i].fam || (global_names[i].fam & fam)) && !strcmp(g, global_names[i].gguf))
+            return snprintf(buf, cap, "%s", global_names[i].hf) < (int)cap;
+    int layer, used = 0;
+    if (sscanf(g, "blk.%d.%n", &layer, &used) != 1 || used == 0 || layer < 0) return 0;
+    const char *rest = g + used, *dot = strrchr(rest, '.');
+    if (!dot) return 0;
+    for (size_t i = 0; i < N_OF(layer_names); i++) {
+        if (layer_names[i].fam && !(layer_names[i].fam & fam)) continue;
+        const char *gg = layer_names[i].gguf;
+        size_t n = strlen(gg);
+        if (strchr(gg, '.') ? !strcmp(rest, gg) : (size_t)(dot - rest) == n && !strncmp(rest, gg, n))
+            return snprintf(buf, cap, "model.layers.%d.%s%s", layer, layer_names[i].hf, strchr(gg, '.') ? "" : dot) < (int)cap;
     }
-    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
-    if (c->n_layers == 0 || c->hidden == 0 || c->n_heads == 0 || c->ffn == 0 || c->n_heads % c->n_kv_heads)
-        return lmx_err_set(err, LMX_ERR_FORMAT, "%s: inconsistent sizes in the metadata", path);
-    c->eps = 1e-6;
-    if (lmx_gguf_get_float(g, KEY("attention.layer_norm_rms_epsilon"), &d)) c->eps = d;
-    c->rope_global = (lmx_rope_cfg){.type = LMX_ROPE_DEFAULT, .theta = 10000, .factor = 1};
-    if (lmx_gguf_get_float(g, KEY("rope.freq_base"), &d)) c->rope_global.theta = d;
-    c->rope_local = c->rope_global;
-    char *scaling = lmx_gguf_get_string(g, KEY("rope.scaling.type"));
-    if (scaling && strcmp(scaling, "none")) {
-        if (strcmp(scaling, "linear")) {
-            lmx_status st = lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: RoPE scaling %s is not supported", path, LMX_QUOTED(scaling));
-            free(scaling);
-            return st;
-        }
-        c->rope_global.type = LMX_ROPE_LINEAR;
-        if (lmx_gguf_get_float(g, KEY("rope.scaling.factor"), &d) && d > 0) c->rope_global.factor = d;
+    return 0;
+}
+
+int lmx_gguf_weights_file_name(const lmx_gguf_weights *w, const char *hf, char *buf, size_t cap) {
+    char back[256];
+    for (size_t i = 0; i < N_OF(global_names); i++)
+        if (!strcmp(hf, global_names[i].hf) && hf_name(global_names[i].gguf, w->family, back, sizeof back) &&
+            !strcmp(back, hf))
+            return snprintf(buf, cap, "%s", global_names[i].gguf) < (int)cap;
+    int layer, used = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &layer, &used) != 1 || used == 0) return 0;
+    const char *rest = hf + used;
+    for (size_t i = 0; i < N_OF(layer_names); i++) { /* each candidate must map back to hf */
+        size_t n = strlen(layer_names[i].hf);
+        if (strncmp(rest, layer_names[i].hf, n)) continue;
+        const char *suffix = strchr(layer_names[i].gguf, '.') ? "" : rest + n;
+        if (snprintf(buf, cap, "blk.%d.%s%s", layer, layer_names[i].gguf, suffix) < (int)cap &&
+            hf_name(buf, w->family, back, sizeof back) && !strcmp(back, hf))
+            return 1;
     }
-    free(scaling);
-    if (lmx_gguf_get_float(g, KEY("attn_logit_softcapping"), &d)) c->attn_softcap = d;
-    if (lmx_gguf_get_float(g, KEY("final_logit_softcapping"), &d)) c->final_softcap = d;
-    c->act = LMX_ACT_SILU;
-    c->layer_sliding = calloc((size_t)c->n_layers, 1);
-    if (!c->layer_sliding) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
-    if (c->arch == LMX_ARCH_GEMMA2 || c->arch == LMX_ARCH_GEMMA3) {
-        c->act = LMX_ACT_GELU_TANH;
-        int gemma3 = c->arch == LMX_ARCH_GEMMA3;
-        if (gemma3) c->rope_local = (lmx_rope_cfg){.type = LMX_ROPE_DEFAULT, .theta = 10000, .factor = 1};
-        for (int i = 0; c->sliding_window > 0 && i < c->n_layers; i++)
-            c->layer_sliding[i] = gemma3 ? (i + 1) % 6 != 0 : i % 2 == 0;
-        /* the largest models scale queries by hidden/heads, the others by head_dim (as the
-         * reference implementations do; GGUF stores no query_pre_attn_scalar) */
-        int big = (c->arch == LMX_ARCH_GEMMA2 && c->n_layers == 46) || (gemma3 && c->n_layers == 62);
-        if (big) c->query_pre_attn_scalar = (double)c->hidden / c->n_heads;
-    } else {
-        c->sliding_window = 0;
+    return 0;
+}
+
+/* What llama.cpp's loader takes from the tensors, not the metadata: the vocabularies (token_embd's and
+ * gemma4's per_layer_token_embd's rows), which layers have experts (qwen3moe: every layer but one with a
+ * dense MLP and no router; gemma4: those with a router, ffn_gate_inp), and gemma4's K = V (full-attention
+ * layers without attn_v). */
+static lmx_status config_from_tensors(const lmx_gguf_weights *w, lmx_config *c, lmx_err *err) {
+    const char *path = lmx_gguf_path(w->file);
+    const lmx_st_tensor *emb = lmx_gguf_weights_find(w, "model.embed_tokens.weight");
+    if (!emb) return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing tensor \"token_embd.weight\"", path);
+    c->vocab = (int)emb->shape[0];
+    if (c->ple_dim > 0) {
+        const lmx_st_tensor *ple = lmx_gguf_weights_find(w, "model.embed_tokens_per_layer.weight");
+        if (!ple) return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing tensor \"per_layer_token_embd.weight\"", path);
+        c->ple_vocab = (int)ple->shape[0];
     }
-    if (lmx_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v)) c->bos_id = (int)v;
-    if (lmx_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v)) {
-        c->n_eos = 1;
-        c->eos_ids[0] = (int)v;
+    if (!(w->family & (FAM_MOE | FAM_GEMMA4))) return LMX_OK;
+    char name[96];
+#define HAS(fmt, l) (snprintf(name, sizeof name, fmt, l), lmx_gguf_find_tensor(w->file, name) != NULL)
+    int first_full = -1, any_moe = 0;
+    for (int l = 0; l < c->n_layers - c->n_kv_shared; l++)
+        if (!c->layer_sliding[l] && first_full < 0) first_full = l;
+    if (w->family & FAM_GEMMA4) c->k_eq_v = first_full >= 0 && !HAS("blk.%d.attn_v.weight", first_full);
+    if (!(c->layer_moe = calloc((size_t)c->n_layers, 1))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        const int router = HAS("blk.%d.ffn_gate_inp.weight", l);
+        c->layer_moe[l] = w->family & FAM_MOE ? router || !HAS("blk.%d.ffn_gate.weight", l) : router;
+        any_moe |= c->layer_moe[l];
+    }
+#undef HAS
+    if (any_moe && c->n_experts == 0) /* gemma4 routers without experts in the metadata */
+        return lmx_err_set(err, LMX_ERR_MISSING, "%s: the layers have routers (ffn_gate_inp) but there is no \"%s.expert_count\"",
+                           path, c->model_type);
+    if (!any_moe) {
+        free(c->layer_moe);
+        c->layer_moe = NULL;
     }
     return LMX_OK;
-#undef KEY
 }
 
 lmx_status lmx_gguf_model_open(const char *path, lmx_config *cfg, lmx_gguf_weights *w,
@@ -131,12 +150,12 @@ lmx_status lmx_gguf_model_open(const char *path, lmx_config *cfg, lmx_gguf_weigh
     if (st) return st;
     char *arch = lmx_gguf_get_string(w->file, "general.architecture");
     if (!arch) return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing metadata \"general.architecture\"", path);
-    st = config_from_metadata(w->file, arch, cfg, err);
+    st = lmx_gguf_config(w->file, arch, cfg, err);
     free(arch);
     if (st) return st;
-    int gemma = cfg->arch == LMX_ARCH_GEMMA2 || cfg->arch == LMX_ARCH_GEMMA3;
+    w->family = family_of(cfg->arch, cfg->model_type);
     *interleaved_rope = cfg->arch == LMX_ARCH_LLAMA;
-    *norms_plus_one = gemma;
+    *norms_plus_one = (w->family & FAM_GEMMA) != 0; /* gemma4's converter stores them as they are */
 
     size_t n = lmx_gguf_tensor_count(w->file);
     w->t = calloc(n + 1, sizeof *w->t);
@@ -150,11 +169,11 @@ lmx_status lmx_gguf_model_open(const char *path, lmx_config *cfg, lmx_gguf_weigh
             w->n_rope_freqs = gt->ne[0];
             continue;
         }
-        char *name = hf_name(gt->name, gemma);
-        if (!name) continue; /* not a tensor of the text model */
-        w->names[w->n] = name;
+        char hf[256];
+        if (!hf_name(gt->name, w->family, hf, sizeof hf)) continue; /* not a tensor of the text model */
+        if (!(w->names[w->n] = strdup(hf))) return lmx_err_set(err, LMX_ERR_NOMEM, "out of memory");
         lmx_st_tensor *t = &w->t[w->n];
-        t->name = name;
+        t->name = gt->name;
         t->file = lmx_gguf_path(w->file);
         t->data = gt->data;
         t->nbytes = gt->nbytes;
@@ -170,10 +189,7 @@ lmx_status lmx_gguf_model_open(const char *path, lmx_config *cfg, lmx_gguf_weigh
         }
         w->n++;
     }
-    if (!lmx_gguf_weights_find(w, "model.embed_tokens.weight"))
-        return lmx_err_set(err, LMX_ERR_MISSING, "%s: missing tensor \"token_embd.weight\"", path);
-    cfg->vocab = (int)lmx_gguf_weights_find(w, "model.embed_tokens.weight")->shape[0];
-    return LMX_OK;
+    return config_from_tensors(w, cfg, err);
 }
 
 void lmx_gguf_weights_free(lmx_gguf_weights *w) {
@@ -187,6 +203,6 @@ void lmx_gguf_weights_free(lmx_gguf_weights *w) {
 
 const lmx_st_tensor *lmx_gguf_weights_find(const lmx_gguf_weights *w, const char *name) {
     for (size_t i = 0; i < w->n; i++)
-        if (!strcmp(w->t[i].name, name)) return &w->t[i];
+        if (!strcmp(w->names[i], name)) return &w->t[i];
     return NULL;
 }

@@ -38,9 +38,11 @@ typedef struct lmx_layer {
                                   * (cfg.moe_beside_mlp) */
     lmx_tensor router;           /* [E, C] */
     lmx_tensor *experts;         /* [3 E] (owned): expert e's gate [Fm, C], up [Fm, C], down [C, Fm] at 3e..;
-                                  * gemma4: 2-D views of rows of gate_up_exps and down_exps */
-    lmx_tensor gate_up_exps;     /* [E*2Fm, C]: gemma4's experts.gate_up_proj [E, 2Fm, C] (gate rows, then up) */
-    lmx_tensor down_exps;        /* [E*C, Fm]: gemma4's experts.down_proj [E, C, Fm] */
+                                  * stacked experts (gemma4, GGUF): 2-D views of rows of gate_up_exps (or of
+                                  * GGUF's separate ffn_gate_exps / ffn_up_exps) and down_exps */
+    lmx_tensor gate_up_exps;     /* [E*2Fm, C]: gemma4's experts.gate_up_proj [E, 2Fm, C] (gate rows, then up),
+                                  * GGUF's ffn_gate_up_exps */
+    lmx_tensor down_exps;        /* [E*C, Fm]: gemma4's experts.down_proj [E, C, Fm], GGUF's ffn_down_exps */
     lmx_tensor router_norm;      /* [C]  gemma4: router.scale, the weight of the router input's RMSNorm */
     float *expert_scale;         /* host [E] (owned): gemma4's router.per_expert_scale; NULL: none */
     lmx_tensor ffn_norm_2;       /* [C]  gemma4 experts: pre_feedforward_layernorm_2 (their input) */

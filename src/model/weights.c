@@ -29,8 +29,12 @@ static lmx_status find(const binder *b, const char *prefix, const char *name, in
     lmx_model *m = b->m;
     *st = lookup(b, prefix, name);
     if (*st || optional) return LMX_OK;
-    return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s%s\" (%s model)", prefix, name,
-                       lmx_arch_name(m->cfg.arch));
+    char full[512], file_name[512];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    if (m->gguf.file && lmx_gguf_weights_file_name(&m->gguf, full, file_name, sizeof file_name))
+        return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor %s (%s, %s model)", LMX_QUOTED(file_name),
+                           LMX_QUOTED(full), m->cfg.model_type);
+    return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%s\" (%s model)", full, lmx_arch_name(m->cfg.arch));
 }
 
 static int is_float(lmx_dtype t) { return t == LMX_DTYPE_F32 || t == LMX_DTYPE_F16 || t == LMX_DTYPE_BF16; }
@@ -90,18 +94,33 @@ static lmx_status bind_quantized(binder *b, lmx_tensor *t, const char *prefix, c
     return LMX_OK;
 }
 
-/* A GGUF block-quantized weight: logical [d0, d1] rows of lmx_ggml_row_bytes(type, d1) bytes. */
+/* st's shape as "[a, b, c]" into buf. */
+static const char *shape_str(const lmx_st_tensor *st, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < st->ndim && i < 4 && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)st->shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
+/* A GGUF block-quantized weight: logical [d0, d1] rows of lmx_ggml_row_bytes(type, d1) bytes; stacked
+ * = E > 0: the 3-D [E, d0 / E, d1] of llama.cpp's experts, its rows one after another as well. */
 static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st, int type, int64_t d0,
-                              int64_t d1) {
+                              int64_t d1, int stacked) {
     lmx_model *m = b->m;
     if (!lmx_ggml_is_supported_quant(type))
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: GGUF type %s is not supported",
                            LMX_QUOTED(st->name), st->file, lmx_ggml_type_name(type));
-    if (d1 < 0 || st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1 ||
-        lmx_ggml_row_bytes(type, d1) * (size_t)d0 != st->nbytes)
-        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%lld, %lld] (%s), expected [%lld, %lld]",
-                           LMX_QUOTED(st->name), st->file, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
-                           lmx_ggml_type_name(type), (long long)d0, (long long)d1);
+    const int want_dims = stacked ? 3 : 2;
+    const int64_t rows = stacked && st->ndim == 3 ? st->shape[0] * st->shape[1] : st->shape[0];
+    if (d1 < 0 || st->ndim != want_dims || (stacked && st->shape[0] != stacked) || rows != d0 ||
+        st->shape[want_dims - 1] != d1 || lmx_ggml_row_bytes(type, d1) * (size_t)d0 != st->nbytes) {
+        char got[96], want[96];
+        if (stacked) snprintf(want, sizeof want, "[%d, %lld, %lld]", stacked, (long long)(d0 / stacked), (long long)d1);
+        else snprintf(want, sizeof want, "[%lld, %lld]", (long long)d0, (long long)d1);
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape %s (%s), expected %s", LMX_QUOTED(st->name),
+                           st->file, shape_str(st, got, sizeof got), lmx_ggml_type_name(type), want);
+    }
     memset(t, 0, sizeof *t);
     t->dtype = LMX_DTYPE_U8;
     t->ndim = 2;
@@ -132,7 +151,7 @@ static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const ch
     if (fs || !st) return fs;
     if (st->dtype == LMX_DTYPE_U32 && d1 >= 0) return bind_quantized(b, t, prefix, name, st, d0, d1);
     const int block = block_of(b, st);
-    if (block) return bind_blocks(b, t, st, block, d0, d1);
+    if (block) return bind_blocks(b, t, st, block, d0, d1, stacked);
     if (!is_float(st->dtype))
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "tensor %s in %s: dtype %s is not supported for weights",
                            LMX_QUOTED(st->name), st->file, lmx_dtype_name(st->dtype));
@@ -140,16 +159,15 @@ static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const ch
     int64_t rows = st->ndim == 3 ? st->shape[0] * st->shape[1] : st->shape[0];
     if (st->ndim != want_dims || (d0 >= 0 && rows != d0) || (d1 >= 0 && st->shape[st->ndim - 1] != d1) ||
         (stacked && st->shape[0] != stacked)) {
-        char got[64] = "";
-        for (int i = 0; i < st->ndim && i < 4; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)st->shape[i]);
+        char got[96];
+        shape_str(st, got, sizeof got);
         if (stacked)
-            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%d, %lld, %lld]",
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape %s, expected [%d, %lld, %lld]",
                                LMX_QUOTED(st->name), st->file, got, stacked, (long long)(d0 / stacked), (long long)d1);
         if (d1 >= 0)
-            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%lld, %lld]",
+            return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape %s, expected [%lld, %lld]",
                                LMX_QUOTED(st->name), st->file, got, (long long)d0, (long long)d1);
-        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape [%s], expected [%lld]", LMX_QUOTED(st->name),
+        return lmx_err_set(&m->err, LMX_ERR_SHAPE, "tensor %s in %s has shape %s, expected [%lld]", LMX_QUOTED(st->name),
                            st->file, got, (long long)d0);
     }
     memset(t, 0, sizeof *t);
@@ -207,13 +225,42 @@ static lmx_status read_host(binder *b, const char *prefix, const char *name, int
     return LMX_OK;
 }
 
+/* Stacked experts p+where+NAME: gate and up as one gate_up_proj [E, 2Fm, C] (gate rows, then up; into
+ * L->gate_up_exps) or as gate_proj and up_proj [E, Fm, C] each, and down_proj [E, C, Fm] (into
+ * L->down_exps); expert e's gate, up and down become row views of them (any dtype, GGUF blocks too).
+ * fused: which form a missing pair is reported as. */
+static lmx_status bind_stacked_experts(binder *b, lmx_layer *L, const char *p, const char *where, int fused) {
+    const lmx_config *c = &b->m->cfg;
+    const int64_t C = c->hidden, E = c->n_experts, Fm = c->moe_ffn;
+    char gu[96], g[96], u[96], d[96];
+    snprintf(gu, sizeof gu, "%sgate_up_proj", where);
+    snprintf(g, sizeof g, "%sgate_proj", where);
+    snprintf(u, sizeof u, "%sup_proj", where);
+    snprintf(d, sizeof d, "%sdown_proj", where);
+    lmx_tensor gate = {0}, up = {0}; /* split: [E*Fm, C] each */
+    lmx_status st;
+    if (lookup(b, p, gu) || (fused && !lookup(b, p, g))) {
+        if ((st = bind_as(b, &L->gate_up_exps, p, gu, 0, E * 2 * Fm, C, (int)E))) return st;
+    } else if ((st = bind_as(b, &gate, p, g, 0, E * Fm, C, (int)E)) || (st = bind_as(b, &up, p, u, 0, E * Fm, C, (int)E))) {
+        return st;
+    }
+    if ((st = bind_as(b, &L->down_exps, p, d, 0, E * C, Fm, (int)E))) return st;
+    const int split = L->gate_up_exps.data == NULL;
+    for (int64_t e = 0; e < E; e++) {
+        L->experts[3 * e] = split ? weight_rows(&gate, Fm * e, Fm) : weight_rows(&L->gate_up_exps, 2 * Fm * e, Fm);
+        L->experts[3 * e + 1] = split ? weight_rows(&up, Fm * e, Fm) : weight_rows(&L->gate_up_exps, 2 * Fm * e + Fm, Fm);
+        L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C); /* [C, Fm] */
+    }
+    return LMX_OK;
+}
+
 /* gemma4's experts beside the MLP: the router (proj, the scale of its input's RMSNorm, per-expert
- * scales read to the host), the stacked gate_up_proj [E, 2Fm, C] and down_proj [E, C, Fm] with each
- * expert's gate, up and down as row views of them, and the three extra norms. */
+ * scales read to the host), the stacked experts (gate_up_proj [E, 2Fm, C], down_proj [E, C, Fm]) and
+ * the three extra norms. */
 static lmx_status bind_gemma4_experts(binder *b, lmx_layer *L, const char *p) {
     lmx_model *m = b->m;
     const lmx_config *c = &m->cfg;
-    const int64_t C = c->hidden, E = c->n_experts, Fm = c->moe_ffn;
+    const int64_t C = c->hidden, E = c->n_experts;
     lmx_status st;
     if (!(L->expert_scale = malloc((size_t)E * sizeof *L->expert_scale)))
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
@@ -221,17 +268,11 @@ static lmx_status bind_gemma4_experts(binder *b, lmx_layer *L, const char *p) {
     if ((st = bind(b, &L->router, p, "router.proj.weight", 0, E, C)) ||
         (st = bind(b, &L->router_norm, p, "router.scale", 0, C, -1)) ||
         (st = read_host(b, p, "router.per_expert_scale", 0, E, L->expert_scale)) ||
-        (st = bind_as(b, &L->gate_up_exps, p, "experts.gate_up_proj", 0, E * 2 * Fm, C, (int)E)) ||
-        (st = bind_as(b, &L->down_exps, p, "experts.down_proj", 0, E * C, Fm, (int)E)) ||
+        (st = bind_stacked_experts(b, L, p, "experts.", 1)) ||
         (st = bind(b, &L->ffn_norm_2, p, "pre_feedforward_layernorm_2.weight", 0, C, -1)) ||
         (st = bind(b, &L->post_ffn_norm_1, p, "post_feedforward_layernorm_1.weight", 0, C, -1)) ||
         (st = bind(b, &L->post_ffn_norm_2, p, "post_feedforward_layernorm_2.weight", 0, C, -1)))
         return st;
-    for (int64_t e = 0; e < E; e++) {
-        L->experts[3 * e] = weight_rows(&L->gate_up_exps, 2 * Fm * e, Fm);          /* gate [Fm, C] */
-        L->experts[3 * e + 1] = weight_rows(&L->gate_up_exps, 2 * Fm * e + Fm, Fm); /* up [Fm, C] */
-        L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C);               /* down [C, Fm] */
-    }
     return LMX_OK;
 }
 
@@ -274,17 +315,21 @@ static lmx_status bind_layer(binder *b, int i) {
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     if (L->moe && c->moe_beside_mlp) {
         if ((st = bind_gemma4_experts(b, L, p))) return st;
-    } else if (L->moe) { /* the router and each expert's gate / up / down */
+    } else if (L->moe) { /* the router and each expert's gate / up / down, or stacked (GGUF's *_exps) */
         const int64_t E = c->n_experts, Fm = c->moe_ffn;
         BIND(&L->router, "mlp.gate.weight", 0, E, C);
-        for (int e = 0; e < E; e++) {
-            char n[3][64];
-            snprintf(n[0], sizeof n[0], "mlp.experts.%d.gate_proj.weight", e);
-            snprintf(n[1], sizeof n[1], "mlp.experts.%d.up_proj.weight", e);
-            snprintf(n[2], sizeof n[2], "mlp.experts.%d.down_proj.weight", e);
-            BIND(&L->experts[3 * e], n[0], 0, Fm, C);
-            BIND(&L->experts[3 * e + 1], n[1], 0, Fm, C);
-            BIND(&L->experts[3 * e + 2], n[2], 0, C, Fm);
+        if (m->gguf.file || lookup(b, p, "mlp.experts.down_proj")) {
+            if ((st = bind_stacked_experts(b, L, p, "mlp.experts.", 0))) return st;
+        } else {
+            for (int e = 0; e < E; e++) {
+                char n[3][64];
+                snprintf(n[0], sizeof n[0], "mlp.experts.%d.gate_proj.weight", e);
+                snprintf(n[1], sizeof n[1], "mlp.experts.%d.up_proj.weight", e);
+                snprintf(n[2], sizeof n[2], "mlp.experts.%d.down_proj.weight", e);
+                BIND(&L->experts[3 * e], n[0], 0, Fm, C);
+                BIND(&L->experts[3 * e + 1], n[1], 0, Fm, C);
+                BIND(&L->experts[3 * e + 2], n[2], 0, C, Fm);
+            }
         }
     }
     if (!L->moe || c->moe_beside_mlp) {
