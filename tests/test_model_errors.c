@@ -1,6 +1,7 @@
 /* test_model_errors.c - what lmx does with bad inputs: each broken model directory (built in a
  * mkdtemp folder from the llama fixture) must fail to load with the right lmx_status and a message
- * naming the culprit (file, tensor, model_type); bad arguments to the evaluation calls must fail
+ * naming the culprit (file, tensor, model_type); so must patched copies of GGUF files of tests/data/gguf
+ * (LMX_TESTS_DATA if set, else tests/data next to this source); bad arguments to the evaluation calls must fail
  * with LMX_ERR_INVALID_ARG and leave the context usable; and `lmx check-reference` must FAIL on a
  * model whose reference comes from another model.
  *
@@ -284,6 +285,76 @@ static void case_bad_gemma4(void) {
                        NULL);
 }
 
+/* ---- GGUF files: copies of tests/data/gguf's with one name or value patched in place ------------- */
+
+/* tests/data/gguf/<file> (LMX_TESTS_DATA/gguf if set) as a malloc'ed buffer. */
+static unsigned char *read_gguf_data(const char *file, size_t *n) {
+    const char *env = getenv("LMX_TESTS_DATA"), *f = __FILE__, *slash = strrchr(f, '/');
+    char path[1024];
+    if (env && *env) snprintf(path, sizeof path, "%s/gguf/%s", env, file);
+    else snprintf(path, sizeof path, "%.*s/data/gguf/%s", slash ? (int)(slash - f) : 1, slash ? f : ".", file);
+    char *data = NULL;
+    lmx_err err = {0};
+    CHECK_MSG(lmx_read_file(path, &data, n, &err) == LMX_OK, "%s", err.msg);
+    return (unsigned char *)data;
+}
+
+/* The first occurrence of the string s in data[0, n), or NULL. */
+static unsigned char *find_bytes(unsigned char *data, size_t n, const char *s) {
+    size_t k = strlen(s);
+    for (size_t i = 0; data && i + k <= n; i++)
+        if (!memcmp(data + i, s, k)) return data + i;
+    return NULL;
+}
+
+/* <file> with the tensor name `from` renamed to `to` (same length) or, with to NULL, the u32 metadata value
+ * of the key `from` set to v, must fail to load with want and a message saying w1 and w2. */
+static void expect_gguf_fail(const char *file, const char *from, const char *to, uint32_t v, lmx_status want,
+                             const char *w1, const char *w2) {
+    size_t n = 0;
+    unsigned char *data = read_gguf_data(file, &n), *at = find_bytes(data, n, from);
+    CHECK_MSG(at != NULL, "%s holds no %s", file, from);
+    if (!at) {
+        free(data);
+        return;
+    }
+    if (to) {
+        memcpy(at, to, strlen(to));
+    } else { /* key, then its u32 value type (4) and the value, little-endian */
+        unsigned char *p = at + strlen(from);
+        CHECK(p + 8 <= data + n && p[0] == 4 && !p[1] && !p[2] && !p[3]);
+        for (int b = 0; b < 4 && p + 8 <= data + n; b++) p[4 + b] = (unsigned char)(v >> (8 * b));
+    }
+    char *dir = case_dir("gguf"), *path = lmx_path_join(dir, file), label[200];
+    write_bytes(dir, file, data, n);
+    snprintf(label, sizeof label, "%s with %s %s", file, from, to ? to : "patched");
+    expect_load_fail(label, path, NULL, want, w1, w2);
+    free(path);
+    free(data);
+    end_case(dir);
+}
+
+/* GGUF copies of the qwen3_moe and gemma4_moe fixtures: a missing expert tensor, expert counts and shared
+ * KV layers out of range, experts of another width than the stacked tensors. */
+static void case_bad_gguf(void) {
+    expect_gguf_fail("qwen3_moe.gguf", "blk.1.ffn_up_exps.weight", "blk.1.ffn_up_exps.weighX", 0, LMX_ERR_MISSING,
+                     "\"blk.1.ffn_up_exps.weight\"", NULL);
+    expect_gguf_fail("qwen3_moe.gguf", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp.weighX", 0, LMX_ERR_MISSING,
+                     "\"blk.0.ffn_gate_inp.weight\"", NULL);
+    expect_gguf_fail("qwen3_moe.gguf", "qwen3moe.expert_used_count", NULL, 9, LMX_ERR_FORMAT,
+                     "\"qwen3moe.expert_used_count\" = 9", "expert_count = 8");
+    expect_gguf_fail("qwen3_moe.gguf", "qwen3moe.expert_count", NULL, 0, LMX_ERR_FORMAT, "\"qwen3moe.expert_count\"",
+                     "positive");
+    expect_gguf_fail("qwen3_moe.gguf", "qwen3moe.expert_feed_forward_length", NULL, 16, LMX_ERR_SHAPE,
+                     "\"blk.0.ffn_gate_exps.weight\"", "[8, 32, 64]");
+    expect_gguf_fail("gemma4_moe.gguf", "gemma4.attention.shared_kv_layers", NULL, 6, LMX_ERR_FORMAT,
+                     "\"gemma4.attention.shared_kv_layers\" = 6", "6 layers");
+    expect_gguf_fail("gemma4_moe.gguf", "blk.2.ffn_gate_inp.scale", "blk.2.ffn_gate_inp.scalX", 0, LMX_ERR_MISSING,
+                     "\"blk.2.ffn_gate_inp.scale\"", NULL);
+    expect_gguf_fail("gemma4_moe.gguf", "blk.3.ffn_gate_up_exps.weight", "blk.3.ffn_gate_up_exps.weighX", 0,
+                     LMX_ERR_MISSING, "\"blk.3.ffn_gate_up_exps.weight\"", NULL);
+}
+
 static void case_bad_config(void) {
     expect_moe_fail("num_local_experts", 0, "positive");
     expect_moe_fail("num_experts_per_tok", 9, "num_local_experts = 8");
@@ -512,6 +583,7 @@ int main(int argc, char **argv) {
     case_bad_weights();
     case_bad_config();
     case_bad_gemma4();
+    case_bad_gguf();
     case_bad_eval();
     case_api_misc();
     case_check_reference_fails();

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""An exact float64 numpy reference for a LoRA adapter on a (possibly quantized) llama or qwen3
-base, independent of lmx's code.  Output: a reference.safetensors in the fixture layout
+"""An exact float64 numpy reference for a LoRA adapter on a (possibly quantized) llama, qwen3 or
+qwen3_moe base (or for the base alone), independent of lmx's code.  Output: a reference.safetensors in the fixture layout
 (../shared/fixtures/README.md): short_/long_ prompt, sequence and teacher-forced logits, and the
 right-padded batch's per-prompt last logits.  The token ids are copied from IDS (normally the
 fixture's <m>_lora/reference.safetensors); only the logits are computed here (float64, stored F32).
@@ -10,13 +10,17 @@ The base weights come from one of
   - an MLX-quantized directory (model.safetensors holding NAME.weight U32 / .scales / .biases, config
     "quantization": {group_size, bits}): dequantized here as w = q * scale + bias per group;
   - a GGUF file: every tensor dequantized with gguf.quants.dequantize, names mapped back to HF's,
-    llama q/k rows un-permuted (inverse of llama.cpp's converter permutation).
+    llama q/k rows un-permuted (inverse of llama.cpp's converter permutation), qwen3moe's stacked
+    experts ffn_{gate,up,down}_exps [E, rows, cols] split back into each expert's matrices.
 Every model hyper-parameter is read from CONFIG_DIR/config.json (default: BASE when it is a
 directory); for a GGUF file the metadata is checked against it, and so is the llama3 rope_freqs tensor.
 
 The math follows HF transformers' llama / qwen3 modelling: RMSNorm x * rsqrt(mean(x^2) + eps) * w,
 rotate-half RoPE (llama3 frequency scaling when configured), per-head q/k RMSNorm before RoPE (qwen3),
-GQA, causal softmax attention with scale head_dim^-0.5, SiLU-gated MLP, tied or untied lm_head.
+GQA, causal softmax attention with scale head_dim^-0.5, SiLU-gated MLP, tied or untied lm_head;
+qwen3_moe's MoE layers (modeling_qwen3_moe.py): router softmax over the experts, the top k (the lower
+index first among equal probabilities), renormalised with norm_topk_prob, each chosen expert's SiLU-gated
+MLP weighted by its probability (decoder_sparse_step and mlp_only_layers keep some layers dense).
 LoRA (PEFT folder: adapter_config.json + adapter_model.safetensors, or mlx-lm folder:
 adapter_config.json + adapters.safetensors) adds scale * B(A x) to every adapted projection, with
 scale = lora_alpha / r (PEFT) or lora_parameters.scale (mlx-lm).
@@ -91,7 +95,9 @@ GGUF_ROLES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layern
               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
               "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
               "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-              "ffn_down": "mlp.down_proj"}
+              "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate"}
+GGUF_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
 
 
 def unpermute(w, n_head):  # inverse of llama.cpp's HF -> GGUF row permutation of q/k
@@ -108,7 +114,7 @@ def load_gguf(path, cfg, hp):
         return None if f is None else f.contents()
 
     arch = field("general.architecture")
-    assert arch == cfg["model_type"], (arch, cfg["model_type"])
+    assert arch == GGUF_ARCH[cfg["model_type"]], (arch, cfg["model_type"])
     # the GGUF metadata must describe the model of config.json
     for key, want in ((f"{arch}.block_count", hp["L"]), (f"{arch}.embedding_length", hp["C"]),
                       (f"{arch}.attention.head_count", hp["H"]), (f"{arch}.attention.head_count_kv", hp["Hk"]),
@@ -116,6 +122,10 @@ def load_gguf(path, cfg, hp):
         assert field(key) == want, (key, field(key), want)
     assert abs(field(f"{arch}.attention.layer_norm_rms_epsilon") - hp["eps"]) <= 1e-6 * hp["eps"]
     assert abs(field(f"{arch}.rope.freq_base") - hp["theta"]) <= 1e-6 * hp["theta"]
+    if hp["E"]:
+        for key, want in ((f"{arch}.expert_count", hp["E"]), (f"{arch}.expert_used_count", hp["K"]),
+                          (f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])):
+            assert field(key) == want, (key, field(key), want)
     W, types = {}, {}
     for t in r.tensors:
         shape = [int(x) for x in reversed(t.shape)]  # GGUF lists dimensions innermost first
@@ -132,6 +142,10 @@ def load_gguf(path, cfg, hp):
             name = "lm_head.weight"
         else:
             _, layer, role, kind = t.name.split(".")
+            if role in GGUF_EXPERTS:  # [E, rows, cols]: one matrix per expert
+                for e in range(a.shape[0]):
+                    W[f"model.layers.{layer}.mlp.experts.{e}.{GGUF_EXPERTS[role]}.{kind}"] = a[e]
+                continue
             name = f"model.layers.{layer}.{GGUF_ROLES[role]}.{kind}"
             if arch == "llama" and role in ("attn_q", "attn_k"):
                 a = unpermute(a, hp["H"] if role == "attn_q" else hp["Hk"])
@@ -143,14 +157,19 @@ def load_gguf(path, cfg, hp):
 # ---- config -------------------------------------------------------------------------------------
 def hyper(cfg):
     mt = cfg["model_type"]
-    assert mt in ("llama", "qwen3"), mt
+    assert mt in ("llama", "qwen3", "qwen3_moe"), mt
     assert not cfg.get("attention_bias") and not cfg.get("mlp_bias"), "biases are not supported"
     assert cfg.get("hidden_act", "silu") == "silu"
     H = cfg["num_attention_heads"]
     hp = dict(arch=mt, L=cfg["num_hidden_layers"], C=cfg["hidden_size"], H=H,
               Hk=cfg.get("num_key_value_heads") or H, D=cfg.get("head_dim") or cfg["hidden_size"] // H,
               eps=cfg["rms_norm_eps"], V=cfg["vocab_size"], tied=cfg.get("tie_word_embeddings", False),
-              qk_norm=(mt == "qwen3"))
+              qk_norm=mt in ("qwen3", "qwen3_moe"), E=0)
+    if mt == "qwen3_moe":  # both config styles: num_experts or num_local_experts
+        step, only = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
+        hp.update(E=cfg.get("num_experts") or cfg["num_local_experts"], K=cfg["num_experts_per_tok"],
+                  norm_topk=cfg.get("norm_topk_prob", False),
+                  moe=[l not in only and (l + 1) % step == 0 for l in range(hp["L"])])
     rp = dict(cfg.get("rope_parameters") or {})
     if cfg.get("rope_scaling"):  # legacy keys
         rp.update(cfg["rope_scaling"])
@@ -214,6 +233,24 @@ def rope(x, pos, inv):  # x [T, h, D], HF rotate-half form
     return x * cos + rot * sin
 
 
+def moe(h, W, p, hp):
+    """qwen3_moe's sparse block on h [T, C]: softmax router, top K experts, SiLU-gated expert MLPs"""
+    z = h @ W[p + "mlp.gate.weight"].T  # [T, E]
+    prob = np.exp(z - z.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    top = np.argsort(-prob, axis=-1, kind="stable")[:, :hp["K"]]
+    tw = np.take_along_axis(prob, top, -1)
+    if hp["norm_topk"]:
+        tw = tw / tw.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for k, e in enumerate(top[t]):
+            q = f"{p}mlp.experts.{e}."
+            g = W[q + "gate_proj.weight"] @ h[t]
+            out[t] += tw[t, k] * (W[q + "down_proj.weight"] @ (g / (1 + np.exp(-g)) * (W[q + "up_proj.weight"] @ h[t])))
+    return out
+
+
 def forward(ids, W, lora, hp):
     T, C, H, Hk, D, eps = len(ids), hp["C"], hp["H"], hp["Hk"], hp["D"], hp["eps"]
 
@@ -245,6 +282,9 @@ def forward(ids, W, lora, hp):
             att[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, hh // rep]
         x = x + lin(att.reshape(T, H * D), p + "self_attn.o_proj")
         h = rms(x, W[p + "post_attention_layernorm.weight"], eps)
+        if hp["E"] and hp["moe"][l]:
+            x = x + moe(h, W, p, hp)
+            continue
         g = lin(h, p + "mlp.gate_proj")
         x = x + lin(g / (1 + np.exp(-g)) * lin(h, p + "mlp.up_proj"), p + "mlp.down_proj")
     head = W["model.embed_tokens.weight"] if hp["tied"] else W["lm_head.weight"]

@@ -9,6 +9,10 @@ usage: numpy_gemma4.py check MODEL_DIR              teacher-forced logits vs MOD
            layer scalars != 1, double-wide MLPs on the shared-KV layers, full-attention layers sized by
            global_head_dim / num_global_key_value_heads (no per_layer_config: 1 kv head of 32 under
            K = V), a partial rotary factor of 0.5 and final logit soft-capping (needs numpy only)
+       numpy_gemma4.py gguf MODEL.gguf CONFIG_DIR OUT   the reference of a (quantized) GGUF copy of the model
+           in CONFIG_DIR (as tests/ref/hf_to_gguf.py writes it): every tensor dequantized by gguf-py
+           (gguf.quants.dequantize), named back to HF's, the config and token ids from CONFIG_DIR; OUT in
+           the layout of CONFIG_DIR/reference.safetensors (needs the gguf package too)
 """
 import json
 import os
@@ -307,10 +311,74 @@ def make_variant(fixtures, out):
     print("wrote %s (margins %s)" % (out, margins))
 
 
+# ---- gguf ----------------------------------------------------------------------------------------
+
+# GGUF names (llama.cpp's converter, gguf-py's tensor tables) back to HF's: whole names, then layer roles
+GGUF_TOP = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
+            "per_layer_token_embd.weight": "embed_tokens_per_layer.weight",
+            "per_layer_model_proj.weight": "per_layer_model_projection.weight",
+            "per_layer_proj_norm.weight": "per_layer_projection_norm.weight"}
+GGUF_LAYER = {"ffn_gate_inp.scale": "router.scale", "ffn_down_exps.scale": "router.per_expert_scale",
+              "ffn_gate_up_exps.weight": "experts.gate_up_proj", "ffn_down_exps.weight": "experts.down_proj",
+              "layer_output_scale.weight": "layer_scalar"}
+GGUF_ROLE = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+             "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
+             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "ffn_gate_inp": "router.proj", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+             "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2",
+             "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm"}
+
+
+def gguf_reference(path, cdir, out):
+    import gguf
+    from gguf.quants import dequantize
+    r = gguf.GGUFReader(path)
+    assert r.fields["general.architecture"].contents() == "gemma4"
+    cfg = json.load(open(os.path.join(cdir, "config.json")))
+    tensors, types = {}, {}
+    for t in r.tensors:
+        a = dequantize(t.data, t.tensor_type).astype(np.float64).reshape([int(x) for x in reversed(t.shape)])
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+        if t.name == "rope_freqs.weight":
+            freqs = a
+            continue
+        if t.name in GGUF_TOP:
+            name = "model." + GGUF_TOP[t.name]
+        else:
+            _, layer, rest = t.name.split(".", 2)
+            role, kind = rest.rsplit(".", 1)
+            name = "model.layers.%s.%s" % (layer, GGUF_LAYER.get(rest) or GGUF_ROLE[role] + "." + kind)
+        tensors[name] = ("F64", list(a.shape), a.astype("<f8").tobytes())
+    print("gguf tensor types:", types)
+    model = Gemma4(cfg, tensors)
+    full = [l for l in range(model.L) if model.types[l] == "full_attention"][0]
+    want = model.inv_freq(full)  # the converter's proportional RoPE: 1 for rotated pairs, 1e30 for the rest
+    np.testing.assert_allclose(np.where(freqs < 1e29, 1.0 / freqs, 0.0) * (1.0 / model.rope["full_attention"]["rope_theta"]
+                               ** (np.arange(0, model.D[full], 2) / model.D[full])), want, rtol=1e-12)
+    ref = st_read(os.path.join(cdir, "reference.safetensors"))
+    items = {}
+    for which in ("short", "long"):
+        seq = ints(ref, which + "_sequence")
+        logits = model.logits(seq[:-1])
+        items[which + "_prompt"] = ref[which + "_prompt"]
+        items[which + "_sequence"] = ref[which + "_sequence"]
+        items[which + "_logits"] = ("F32", list(logits.shape), logits.astype("<f4").tobytes())
+    lens = ints(ref, "batch_lengths")
+    last = np.stack([model.logits(ints(ref, "batch_prompts")[b, :n])[-1] for b, n in enumerate(lens)])
+    items["batch_prompts"], items["batch_lengths"] = ref["batch_prompts"], ref["batch_lengths"]
+    items["batch_last_logits"] = ("F32", list(last.shape), last.astype("<f4").tobytes())
+    st_write(out, items)
+    print("wrote", out)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "check":
         check(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "make-variant":
         make_variant(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "gguf":
+        gguf_reference(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         sys.exit(__doc__)

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Re-write a GGUF file (e.g. one made by hf_to_gguf.py) with its 2-D weight tensors block-quantized
 by the `gguf` Python package (gguf.quants.quantize, independent of lmx), as llama.cpp's quantizer
-does: every matrix (token_embd and output included) becomes TYPE, 1-D tensors (norms, rope_freqs)
-become F32 (exact for the BF16 norms).  Metadata is copied unchanged, plus general.file_type.
+does: every matrix (token_embd and output included) and every stack of expert matrices (3-D
+ffn_*_exps) becomes TYPE, routers (ffn_gate_inp, which llama.cpp's quantizer leaves alone) and 1-D
+tensors (norms, rope_freqs) become F32 (exact for the BF16 norms), and so does a matrix whose rows are
+not whole blocks.  Metadata is copied unchanged, plus general.file_type.
 
 gguf 0.19.0 quantizes F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 (not the K-quants, whose 256-element
 blocks would not fit these fixtures' 64-wide rows anyway).
@@ -35,8 +37,9 @@ w.add_file_type(FILE_TYPE[qtype])
 for t in r.tensors:
     shape = [int(x) for x in reversed(t.shape)]  # numpy order: rows first
     a = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
-    if a.ndim == 2:
-        q = quantize(a, qtype)  # uint8 [rows, row bytes]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if a.ndim >= 2 and "ffn_gate_inp" not in t.name and a.shape[-1] % block == 0:
+        q = quantize(a, qtype)  # uint8 [..., rows, row bytes]
         w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=qtype)
     else:
         w.add_tensor(t.name, a)
