@@ -7,7 +7,11 @@ With --bits 4 or 8 every projection, the embedding and the output head are store
 (affine, group 64: packed uint32 codes + bf16 scales and biases, as mlx-lm writes them), with random
 codes and scales chosen so that the weights again spread over about +-0.02.
 
-usage: bench/make_random_model.py {qwen3-0.6b,llama-3.1-8b,gemma-3-1b} OUT_DIR [--bits 4|8]
+usage: bench/make_random_model.py {qwen3-0.6b,llama-3.1-8b,qwen3-30b-a3b,gemma-3-1b} OUT_DIR [--bits 4|8] [--layers N]
+
+--layers N keeps the first N layers of the shape (qwen3-30b-a3b in bf16 is 61 GB: more than a 64 GB
+disk holds beside anything else).  qwen3-30b-a3b is Qwen3-30B-A3B's shape: 128 experts of 768 hidden
+units per layer, 8 chosen per token, router weights random too (so the routing spreads over them).
 """
 import argparse
 import json
@@ -27,6 +31,12 @@ ARCHS = {
                          max_position_embeddings=131072, hidden_act="silu",
                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, intermediate_size=6144, vocab_size=151936,
+                          tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                          max_position_embeddings=40960, hidden_act="silu", num_experts=128,
+                          num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                          decoder_sparse_step=1, mlp_only_layers=[]),
     "gemma-3-1b": dict(model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
                        num_key_value_heads=1, head_dim=256, intermediate_size=6912, vocab_size=262144,
                        tie_word_embeddings=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
@@ -42,8 +52,11 @@ def main():
     ap.add_argument("arch", choices=sorted(ARCHS))
     ap.add_argument("out")
     ap.add_argument("--bits", type=int, choices=(0, 4, 8), default=0)
+    ap.add_argument("--layers", type=int, default=0)
     args = ap.parse_args()
     cfg = dict(ARCHS[args.arch], architectures=["X"], torch_dtype="bfloat16")
+    if args.layers:
+        cfg["num_hidden_layers"] = args.layers
     if args.bits:
         cfg["quantization"] = {"group_size": GROUP, "bits": args.bits}
     out = args.out
@@ -106,9 +119,18 @@ def main():
         weight(p + "self_attn.k_proj", Hk * D, C)
         weight(p + "self_attn.v_proj", Hk * D, C)
         weight(p + "self_attn.o_proj", C, H * D)
-        if cfg["model_type"] in ("qwen3", "gemma3_text"):
+        if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text"):
             add(p + "self_attn.q_norm.weight", ones(D))
             add(p + "self_attn.k_norm.weight", ones(D))
+        if cfg["model_type"] == "qwen3_moe":
+            E, Fe = cfg["num_experts"], cfg["moe_intermediate_size"]
+            add(p + "mlp.gate.weight", rnd(E, C))
+            for e in range(E):
+                q = p + "mlp.experts.%d." % e
+                weight(q + "gate_proj", Fe, C)
+                weight(q + "up_proj", Fe, C)
+                weight(q + "down_proj", C, Fe)
+            continue
         weight(p + "mlp.gate_proj", F, C)
         weight(p + "mlp.up_proj", F, C)
         weight(p + "mlp.down_proj", C, F)

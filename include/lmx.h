@@ -99,6 +99,9 @@ typedef struct lmx_model_info {
     int64_t memory_bytes;       /* memory lmx allocated for m and its contexts now (weights that
                                    stay memory-mapped are not counted; see weight_bytes) */
     int64_t peak_memory_bytes;  /* the most it has held at once since loading */
+    int n_experts;              /* mixture of experts: experts per MoE layer (0: none) */
+    int n_experts_used;         /*   of which each token uses this many */
+    int64_t expert_bytes;       /*   bytes of all experts' weights (part of weight_bytes) */
 } lmx_model_info;
 
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out);

@@ -303,6 +303,91 @@ static void test_topk(void) {
     gpu->ops->release(gpu, &xg);
 }
 
+/* ---- mixture of experts ----------------------------------------------------------------------- */
+
+/* The cuda moe op (routing and the chosen experts on the GPU) against the routing of backend.h done
+ * here in double and the experts run by the cpu backend's matmul and glu, row by row. */
+static void test_moe_case(const char *name, lmx_dtype dt, int bits, int E, int K, int C, int F, int M, int norm_topk,
+                          int scaled, int ties) {
+    wpair *w = malloc((size_t)3 * E * sizeof *w);
+    lmx_tensor *eg = malloc((size_t)3 * E * sizeof *eg);
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 3; j++) {
+            w[3 * e + j] = make_weight(dt, bits, bits ? 64 : 0, 0, j == 2 ? C : F, j == 2 ? F : C);
+            eg[3 * e + j] = w[3 * e + j].g;
+        }
+    float *x = rand_vec((int64_t)M * C, 1.0f), *out0 = rand_vec((int64_t)M * C, 1.0f), *z = rand_vec((int64_t)M * E, 3.0f);
+    float *es = scaled ? rand_vec(E, 1.0f) : NULL;
+    if (ties) /* row 0: every logit equal (the lower indices win); row 1, if any: NaN everywhere */
+        for (int e = 0; e < E; e++) z[e] = 0.5f, z[(M > 1 ? E : 0) + e] = M > 1 ? NAN : 0.5f;
+    const float lscale = scaled ? 0.25f : 1.0f;
+    lmx_tensor xg = act(gpu, M, C, x), og = act(gpu, M, C, out0), zg = act(gpu, M, E, z);
+    const lmx_moe_args a = {&og, &xg, &zg, eg, es, M, E, K, norm_topk, lscale, LMX_ACT_SILU};
+    CHECK(gpu->ops->moe && gpu->ops->moe(gpu, &a) == LMX_OK);
+    float *got = fetch(gpu, &og, (int64_t)M * C);
+    double *want = malloc((size_t)M * C * sizeof *want);
+    lmx_tensor xr = act(cpu, 1, C, NULL), g = act(cpu, 1, F, NULL), u = act(cpu, 1, F, NULL), y = act(cpu, 1, C, NULL);
+    for (int i = 0; i < M; i++) {
+        const float *zi = z + (int64_t)i * E;
+        for (int c = 0; c < C; c++) want[(int64_t)i * C + c] = out0[(int64_t)i * C + c];
+        if (ties && i == 1) continue; /* NaN logits: only that nothing breaks (checked below) */
+        double mx = -INFINITY, sum = 0, p[64], ksum = 0;
+        int pick[64];
+        for (int e = 0; e < E; e++) mx = zi[e] > mx ? zi[e] : mx;
+        for (int e = 0; e < E; e++) sum += exp((zi[e] - mx) * lscale);
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= pick[j] == e;
+                if (!taken && (best < 0 || zi[e] > zi[best])) best = e;
+            }
+            pick[k] = best;
+            p[k] = exp((zi[best] - mx) * lscale) / sum;
+            ksum += p[k];
+        }
+        CHECK(cpu->ops->write(cpu, &xr, 0, x + (int64_t)i * C, (size_t)C * 4) == LMX_OK);
+        for (int k = 0; k < K; k++) {
+            const int e = pick[k];
+            const double wk = (norm_topk ? p[k] / ksum : p[k]) * (es ? es[e] : 1.0);
+            CHECK(cpu->ops->matmul(cpu, &g, &xr, &w[3 * e].c, NULL, 1) == LMX_OK);
+            CHECK(cpu->ops->matmul(cpu, &u, &xr, &w[3 * e + 1].c, NULL, 1) == LMX_OK);
+            CHECK(cpu->ops->glu(cpu, &g, &g, &u, F, LMX_ACT_SILU) == LMX_OK);
+            CHECK(cpu->ops->matmul(cpu, &y, &g, &w[3 * e + 2].c, NULL, 1) == LMX_OK);
+            for (int c = 0; c < C; c++) want[(int64_t)i * C + c] += wk * ((const float *)y.data)[c];
+        }
+    }
+    double d2 = 0, r2 = 0;
+    for (int i = 0; i < M; i++)
+        for (int c = 0; c < C; c++) {
+            const int64_t o = (int64_t)i * C + c;
+            if (ties && i == 1) continue;
+            d2 += (got[o] - want[o]) * (got[o] - want[o]), r2 += want[o] * want[o];
+        }
+    const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1);
+    CHECK_MSG(err <= 1e-4, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d: relative error %.3g", name, E,
+              K, C, F, M, norm_topk, scaled, ties, err);
+    /* the op declines what it does not take (nothing written): more experts than it routes */
+    lmx_moe_args big = a;
+    big.E = 300;
+    CHECK(gpu->ops->moe(gpu, &big) == LMX_ERR_UNSUPPORTED);
+    cpu->ops->release(cpu, &xr), cpu->ops->release(cpu, &g), cpu->ops->release(cpu, &u), cpu->ops->release(cpu, &y);
+    gpu->ops->release(gpu, &xg), gpu->ops->release(gpu, &og), gpu->ops->release(gpu, &zg);
+    free(got), free(want), free(x), free(out0), free(z), free(es), free(eg), free(w);
+}
+
+static void test_moe(void) {
+    const int Ms[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        test_moe_case("bf16", LMX_DTYPE_BF16, 0, 16, 4, 256, 96, Ms[i], 1, 0, 0);
+        test_moe_case("bf16", LMX_DTYPE_BF16, 0, 40, 8, 128, 64, Ms[i], 0, 1, 0);
+        test_moe_case("mlx q4", LMX_DTYPE_U32, 4, 12, 2, 192, 128, Ms[i], 1, 0, 0);
+        test_moe_case("mlx q8", LMX_DTYPE_U32, 8, 8, 2, 128, 64, Ms[i], 1, 1, 0);
+    }
+    test_moe_case("bf16 ties", LMX_DTYPE_BF16, 0, 16, 4, 64, 32, 2, 1, 0, 1);
+    test_moe_case("f32 ties", LMX_DTYPE_F32, 0, 8, 3, 64, 32, 1, 0, 0, 1);
+}
+
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
@@ -312,6 +397,7 @@ int main(void) {
     test_rope();
     test_attention();
     test_topk();
+    test_moe();
     return pair_close("test_cuda_ops");
 }
 #endif

@@ -102,6 +102,22 @@ static inline int lmx_lora_pair_fits(const lmx_lora_pair *p, int64_t K, int64_t 
 
 typedef struct lmx_backend lmx_backend;
 
+/* A mixture of experts' layer for M rows, routed where the backend runs (the moe op):
+ *   for each row i: the softmax of logits[i] * logit_scale over the E experts, its K best (the lower
+ *   index first among equals) with their probabilities, renormalised over the K with norm_topk and
+ *   times expert_scale[e] (NULL: 1), and
+ *   out[i] += sum over those experts e of w_e * down_e(act(gate_e x[i]) * up_e x[i])
+ * x, out [M, C]; logits [M, E] f32; experts [3 E]: gate_e, up_e [F, C] and down_e [C, F] of expert e;
+ * expert_scale host [E].  Padding rows are computed as any other (their out rows are never read). */
+typedef struct lmx_moe_args {
+    lmx_tensor *out;
+    const lmx_tensor *x, *logits, *experts;
+    const float *expert_scale;
+    int M, E, K, norm_topk;
+    float logit_scale;
+    lmx_act act;
+} lmx_moe_args;
+
 typedef struct lmx_backend_ops {
     const char *name;
     lmx_dtype kv_dtype;      /* element type of KV cache tensors (F32 on cpu; bf16 on cuda) */
@@ -173,6 +189,9 @@ typedef struct lmx_backend_ops {
      * layer scalars and per-layer input scales, and with s = 0 the clearing of its experts' sum.
      * Optional (last in the table): models that need it are refused with a message where it is NULL. */
     lmx_status (*scale)(lmx_backend *be, lmx_tensor *x, int64_t n, float s);
+    /* A mixture of experts routed on the backend (lmx_moe_args).  Optional: NULL, or LMX_ERR_UNSUPPORTED
+     * (nothing done) for what it does not take, and the model routes on the host (forward.c). */
+    lmx_status (*moe)(lmx_backend *be, const lmx_moe_args *a);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

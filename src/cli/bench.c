@@ -256,6 +256,8 @@ int cmd_bench(int argc, char **argv) {
     double bpp = (double)in->weight_bytes / (double)in->n_params;
     int untied = in->n_params - layer_params > 1.5 * embed_params;
     double bytes_tok = (double)in->weight_bytes - (untied ? embed_params * bpp : 0);
+    if (in->n_experts > 0) /* a mixture of experts reads only the experts each token chooses */
+        bytes_tok -= (double)in->expert_bytes * (1.0 - (double)in->n_experts_used / in->n_experts);
     double kv_bytes_pos = 2.0 * in->n_layers * KD * (b.cuda ? 2 : 4);
 
     double copy_bw = copy_bandwidth(&b);

@@ -285,12 +285,10 @@ static void route(const lmx_config *c, const lmx_batch *bt, double logit_scale, 
         }
 }
 
-/* A mixture of experts: the router's logits read to the host and routed there; each expert with rows
- * runs on them alone (gathered from ws->xn), and its output is added to the rows of out weighted by
- * the router (scatter_add_rows).  qwen3_moe, in place of the MLP: router on ffn_norm(x), out the
- * residual stream x.  gemma4, beside the MLP: router on rmsnorm(x) router.scale / sqrt(C), experts on
- * ffn_norm_2(x), out ws->moe_sum (cleared first), then normed by post_ffn_norm_2. */
-static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
+/* The experts on the host's routing: the router's logits (ws->router) read to the host and routed
+ * there; each expert with rows runs on them alone (gathered from ws->xn), and its output is added to
+ * the rows of out weighted by the router (scatter_add_rows). */
+static lmx_status moe_host(lmx_model *m, int l, const lmx_batch *bt, int M, lmx_tensor *out, double logit_scale) {
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     lmx_workspace *ws = &m->ws;
@@ -298,22 +296,12 @@ static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
     const lmx_layer *L = &m->layers[l];
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, Fm = c->moe_ffn;
-    const float eps = (float)c->eps;
-    const int beside = c->moe_beside_mlp;
-    lmx_tensor *out = beside ? &ws->moe_sum : &ws->x;                   /* [M, C] */
     lmx_tensor gate = as_rows(&ws->gate, M, Fm), up = as_rows(&ws->up, M, Fm); /* [ne, Fm] used */
     if (!op->scatter_add_rows)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend does not run mixture-of-experts layers",
                            op->name);
-    TRY(op->rmsnorm(be, &ws->xn, &ws->x, beside ? &L->router_norm : &L->ffn_norm, M, (int)C, eps,
-                    beside ? 0.0f : m->norm_add_one));
-    TRY(op->matmul(be, &ws->router, &ws->xn, &L->router, NULL, M));
     TRY(op->read(be, &ws->router, 0, r->logits, (size_t)M * c->n_experts * sizeof *r->logits));
-    route(c, bt, beside ? 1.0 / sqrt((double)C) : 1.0, L->expert_scale, r);
-    if (beside) {
-        TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm_2, M, (int)C, eps, m->norm_add_one));
-        TRY(op->scale(be, out, (int64_t)M * C, 0.0f));
-    }
+    route(c, bt, logit_scale, L->expert_scale, r);
     for (int e = 0; e < c->n_experts; e++) {
         const int ne = r->count[e], *re = r->rows + r->off[e];
         if (!ne) continue;
@@ -325,6 +313,37 @@ static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
         TRY(op->matmul(be, &ws->my, &gate, &ex[2], NULL, ne));
         TRY(op->scatter_add_rows(be, out, &ws->my, re, r->w + r->off[e], ne, C));
     }
+    return LMX_OK;
+}
+
+/* A mixture of experts, routed by the backend (the moe op) or else on the host (moe_host).  qwen3_moe,
+ * in place of the MLP: router on ffn_norm(x), out the residual stream x.  gemma4, beside the MLP:
+ * router on rmsnorm(x) router.scale / sqrt(C), experts on ffn_norm_2(x), out ws->moe_sum (cleared
+ * first), then normed by post_ffn_norm_2. */
+static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
+    lmx_backend *be = m->be;
+    const lmx_backend_ops *op = be->ops;
+    lmx_workspace *ws = &m->ws;
+    const lmx_layer *L = &m->layers[l];
+    const lmx_config *c = &m->cfg;
+    const int64_t C = c->hidden;
+    const float eps = (float)c->eps;
+    const int beside = c->moe_beside_mlp;
+    const double logit_scale = beside ? 1.0 / sqrt((double)C) : 1.0;
+    lmx_tensor *out = beside ? &ws->moe_sum : &ws->x; /* [M, C] */
+    TRY(op->rmsnorm(be, &ws->xn, &ws->x, beside ? &L->router_norm : &L->ffn_norm, M, (int)C, eps,
+                    beside ? 0.0f : m->norm_add_one));
+    TRY(op->matmul(be, &ws->router, &ws->xn, &L->router, NULL, M)); /* [M, E] */
+    if (beside) {
+        TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm_2, M, (int)C, eps, m->norm_add_one));
+        TRY(op->scale(be, out, (int64_t)M * C, 0.0f));
+    }
+    const lmx_moe_args a = {out, &ws->xn, &ws->router, L->experts, L->expert_scale, M, c->n_experts, c->n_experts_used,
+                            c->norm_topk, (float)logit_scale, c->act};
+    lmx_status st = op->moe ? op->moe(be, &a) : LMX_ERR_UNSUPPORTED;
+    if (st == LMX_ERR_UNSUPPORTED) st = moe_host(m, l, bt, M, out, logit_scale);
+    else if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
+    if (st) return st;
     if (beside) TRY(op->rmsnorm(be, out, out, &L->post_ffn_norm_2, M, (int)C, eps, m->norm_add_one));
     return LMX_OK;
 }

@@ -146,5 +146,12 @@ lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
     out->n_ctx = m->rt ? m->rt->n_ctx : 0;
     out->memory_bytes = m->be->mem_now;
     out->peak_memory_bytes = m->be->mem_peak;
+    if (c->layer_moe) {
+        out->n_experts = c->n_experts;
+        out->n_experts_used = c->n_experts_used;
+        for (int l = 0; l < c->n_layers; l++)
+            for (int i = 0; m->layers[l].experts && i < 3 * c->n_experts; i++)
+                out->expert_bytes += lmx_weight_bytes(&m->layers[l].experts[i]);
+    }
     return LMX_OK;
 }

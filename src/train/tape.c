@@ -435,6 +435,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.gather_rows = w_gather_rows;
     t->ops.scatter_add_rows = w_scatter_add_rows;
     t->ops.scale = w_scale;
+    t->ops.moe = NULL; /* training routes on the host, through the recorded ops */
     t->ops.topk = NULL; /* whole logits: the loss reads them */
     t->ops.trim = w_trim;
     t->ops.cached_bytes = w_cached;

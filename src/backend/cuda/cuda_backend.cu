@@ -290,7 +290,8 @@ lmx_status cuda_op_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tenso
 
 lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
                                  int R, int64_t n);
-lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s);
+lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s);
+lmx_status cuda_op_moe(lmx_backend *be, const lmx_moe_args *a);
 
 static void cuda_destroy(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
@@ -336,7 +337,8 @@ static const lmx_backend_ops cuda_ops = {
     /* .cached_bytes = */ cuda_cached_bytes,
     /* .backward = */ &lmx_cuda_backward,
     /* .scatter_add_rows = */ cuda_scatter_add_rows,
-    /* .scale = */ cuda_scale,
+    /* .scale = */ cuda_op_scale,
+    /* .moe = */ cuda_op_moe,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
@@ -430,6 +432,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     }
     const char *tk = getenv("LMX_CUDA_TOPK");
     cb->topk_off = tk && tk[0] == '0';
+    const char *mo = getenv("LMX_CUDA_MOE");
+    cb->moe_off = mo && mo[0] == '0';
     const char *gv = getenv("LMX_CUDA_GEMV");
     cb->gemv_variant = gv ? atoi(gv) : 0;
     cuda_gemv_init();

@@ -364,16 +364,15 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
     }
 }
 
+/* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over x; k_gemv1 and k_moe_gemv1 around it. */
 template <int KIND, int PAIR, int NORM, int RESID, int LORA>
-__global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
-                                               const cuda_row_norm nm) {
+static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, const gv_segs &sg, const gv_seg &S, int K,
+                                                  int act, const cuda_row_norm &nm) {
     extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
     __shared__ float part[8];
     constexpr bool Q = g1<KIND>::Q;
     constexpr int E = g1<KIND>::E, R = g1<KIND>::R, U = g1<KIND>::U, RO = PAIR ? R / 2 : R;
     __shared__ float red[8][R];
-    cuda_pdl_trigger();
-    const gv_seg S = seg_pick(sg, blockIdx.y);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
     const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
     const bool active = n0 < S.N; /* a warp past the end still helps to stage x */
@@ -513,6 +512,45 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
     }
 }
 
+template <int KIND, int PAIR, int NORM, int RESID, int LORA>
+__global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
+                                               const cuda_row_norm nm) {
+    cuda_pdl_trigger();
+    gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, blockIdx.y), K, act, nm);
+}
+
+/* ---- mixture of experts: the chosen experts of a few rows (decode) ------------------------------- */
+/* One launch runs the gate/up pair (with the GLU) or the down projection of every (row, choice) pair:
+ * blockIdx.y is pair p = row i * kused + choice, whose expert pick[p] the routing kernel wrote, and the
+ * block does k_gemv1's work on that expert's weights (read through the pointer tables mo, a kernel
+ * parameter read in place) and on row i of x (gate/up) or row p (down), writing row p of the results.
+ * Only the chosen experts' bytes are read, and the routing never goes through the host. */
+#define GV_MOE_MAX 256
+typedef struct gv_moe {
+    const void *w[2][GV_MOE_MAX];                          /* expert e's gate (or down) and up weights */
+    const void *scales[2][GV_MOE_MAX], *biases[2][GV_MOE_MAX]; /* MLX */
+} gv_moe;
+
+template <int KIND, int PAIR>
+__global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4)
+    k_moe_gemv1(const float *__restrict__ x, const gv_segs sg, const __grid_constant__ gv_moe mo,
+                const int *pick, int kused, int K, int act) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait(); /* pick and x come from the kernels before */
+    /* a volatile load: a read-only one (pick is restrict-free for this reason) may be hoisted above the
+     * wait, and under programmatic launch this kernel starts before the routing has written pick */
+    const int p = blockIdx.y, e = *(volatile const int *)(pick + p);
+    gv_segs s = sg;
+#pragma unroll
+    for (int j = 0; j < (PAIR ? 2 : 1); j++) {
+        s.s[j].w = mo.w[j][e];
+        s.s[j].scales = mo.scales[j][e];
+        s.s[j].biases = mo.biases[j][e];
+        s.s[j].y = sg.s[j].y + (int64_t)p * sg.s[j].N;
+    }
+    gemv1_body<KIND, PAIR, 0, 0, 0>(x + (int64_t)(PAIR ? p / kused : p) * K, s, s.s[0], K, act, cuda_row_norm{});
+}
+
 /* Warps sharing each row of an N x K weight whose unsplit blocks take rpb rows: the fewest (1, 2,
  * 4, 8) that give two blocks per multiprocessor, keeping two steps of vectors per warp.  A function
  * of the shape alone. */
@@ -546,13 +584,27 @@ static g1_fn g1_kernel(int kind, int pair, int norm, int resid, int lora) {
     }
 }
 
+typedef void (*moe_fn)(const float *, gv_segs, gv_moe, const int *, int, int, int);
+template <int PAIR> static moe_fn moe_kernel(int kind) {
+    switch (kind) {
+    case GV_BF16: return k_moe_gemv1<GV_BF16, PAIR>;
+    case GV_F16: return k_moe_gemv1<GV_F16, PAIR>;
+    case GV_F32: return k_moe_gemv1<GV_F32, PAIR>;
+    case GV_Q4: return k_moe_gemv1<GV_Q4, PAIR>;
+    default: return k_moe_gemv1<GV_Q8, PAIR>;
+    }
+}
+
 void cuda_gemv_init(void) {
     const int sm = (int)g1_smem(GV_Q4, G1_MAX_K);
-    for (int kind = GV_BF16; kind <= GV_Q8; kind++)
+    for (int kind = GV_BF16; kind <= GV_Q8; kind++) {
         for (int c = 0; c < 16; c++) {
             g1_fn f = g1_kernel(kind, c & 1, (c >> 1) & 1, (c >> 2) & 1, (c >> 3) & 1);
             if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
         }
+        cudaFuncSetAttribute(moe_kernel<0>(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+        cudaFuncSetAttribute(moe_kernel<1>(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+    }
     cudaGetLastError();
 }
 
@@ -712,4 +764,54 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     default: gv_launch<8>(cb, kind, gx, gy, x, sg, (int)K, glu); break;
     }
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
+}
+
+/* ---- mixture of experts (cuda_moe.cu) ------------------------------------------------------------ */
+
+int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E) {
+    if (E < 1 || E > GV_MOE_MAX) return 0;
+    for (int j = 0; j < 3; j++) {
+        const lmx_tensor *w0 = &experts[j];
+        if (!cuda_gemv_one_row(cb, w0, 1) || w0->q.ggml_type) return 0;
+        for (int e = 1; e < E; e++) {
+            const lmx_tensor *w = &experts[3 * e + j];
+            if (gv_kind(w) != gv_kind(w0) || w->dtype != w0->dtype || w->shape[0] != w0->shape[0] ||
+                w->shape[1] != w0->shape[1] || w->q.group != w0->q.group || w->q.scale_dtype != w0->q.scale_dtype)
+                return 0;
+        }
+    }
+    return gv_kind(&experts[0]) == gv_kind(&experts[2]) && experts[0].q.scale_dtype == experts[2].q.scale_dtype &&
+           experts[0].q.group == experts[2].q.group;
+}
+
+lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
+                         int kused, const float *x, float *y0, float *y1, int act) {
+    const lmx_tensor *w0 = &experts[down ? 2 : 0];
+    const int kind = gv_kind(w0), N = (int)w0->shape[0], K = (int)w0->shape[1];
+    gv_moe tab; /* 12 KiB of pointers, passed by value (no allocation per step) */
+    gv_moe *mo = &tab;
+    memset(mo, 0, sizeof *mo);
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < (down ? 1 : 2); j++) {
+            const lmx_tensor *w = &experts[3 * e + (down ? 2 : j)];
+            mo->w[j][e] = w->data;
+            mo->scales[j][e] = w->q.scales;
+            mo->biases[j][e] = w->q.biases;
+        }
+    gv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    sg.group = w0->q.group;
+    sg.sdt = w0->q.scale_dtype;
+    const int rpb = gv_rows_per_block(kind, 1, 1, down ? -1 : 0);
+    const int ks = g1_split(cb, kind, N * pairs, K, rpb);
+    for (int j = 0; j < 2; j++) {
+        sg.s[j].N = N;
+        sg.s[j].ks = ks;
+        sg.s[j].bt = LMX_DTYPE_F32;
+        sg.s[j].y = j ? y1 : y0;
+    }
+    const dim3 grid(cuda_blocks(N, rpb / ks), (unsigned)pairs);
+    cuda_launch(cb, down ? moe_kernel<0>(kind) : moe_kernel<1>(kind), grid, 256, g1_smem(kind, K), x, sg, *mo, pick, kused,
+                K, act);
+    return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
 }

@@ -35,6 +35,7 @@ lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t
 lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                     lmx_act act);
 lmx_status cuda_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap);
+lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s);
 lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
                      const lmx_rope *rope);
 lmx_status cuda_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
@@ -174,10 +175,10 @@ static lmx_status g_launch(cuda_backend *cb) {
     return LMX_OK;
 }
 
-void cuda_graph_off(cuda_backend *cb) {
+void cuda_graph_step_off(cuda_backend *cb) {
     if (!cb->g) return;
-    cuda_graph_drop(cb);
-    cb->g->failed = 1; /* every later step runs eagerly, as after a failed capture */
+    cb->g->mode = G_OFF; /* until the next step's embedding (g_op) */
+    cb->g->n_rec = 0;    /* what this step recorded ran eagerly as it was recorded: nothing to capture */
 }
 
 lmx_status cuda_graph_flush(cuda_backend *cb) {
@@ -219,7 +220,7 @@ static int g_stash(cuda_graph *g, const g_rec *r, const int32_t *ids, const lmx_
 }
 
 static int g_fits(const g_rec *r) {
-    if (r->op == G_EMBED || r->op == G_MATMUL || r->op == G_GATHER) return r->M >= 1 && r->M <= CUDA_G_MAX;
+    if (r->op == G_EMBED || r->op == G_MATMUL || r->op == G_GATHER || r->op == G_MOE) return r->M >= 1 && r->M <= CUDA_G_MAX;
     if (r->op == G_ROPE || r->op == G_ATTENTION || r->op == G_KV_APPEND || r->op == G_LORA)
         return r->T == 1 && r->B >= 1 && r->B <= CUDA_G_MAX;
     return 1;
@@ -299,6 +300,12 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
     case G_ADD: return cuda_add(be, &c->t[0], &c->t[1], c->n);
     case G_GLU: return cuda_glu(be, &c->t[0], &c->t[1], &c->t[2], c->n, (lmx_act)c->i0);
     case G_SOFTCAP: return cuda_softcap(be, &c->t[0], c->n, c->f0);
+    case G_SCALE: return cuda_scale(be, &c->t[0], c->n, c->f0);
+    case G_MOE: {
+        const lmx_moe_args a = {&c->t[0], &c->t[1], &c->t[2], c->experts, c->escale, c->M, c->i0, c->i1, c->i2, c->f0,
+                                (lmx_act)c->act};
+        return cuda_moe(be, &a);
+    }
     case G_ROPE: return cuda_rope(be, &c->t[0], bt, c->i0, c->i1, &c->rope);
     case G_ATTENTION: {
         lmx_attn_args a = {bt, &c->t[0], &c->t[1], &c->t[2], &c->t[3], kv, c->i0, c->i1, c->i2, c->f0, c->f1};
@@ -403,6 +410,35 @@ static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap
     r.n = n;
     r.f0 = cap;
     rec_t(&r, 0, x);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static lmx_status w_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_SCALE;
+    r.n = n;
+    r.f0 = s;
+    rec_t(&r, 0, x);
+    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
+}
+
+static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
+    if (!cuda_moe_takes((cuda_backend *)be, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
+    g_rec r;
+    memset(&r, 0, sizeof r);
+    r.op = G_MOE;
+    r.M = a->M;
+    r.i0 = a->E;
+    r.i1 = a->K;
+    r.i2 = a->norm_topk;
+    r.f0 = a->logit_scale;
+    r.act = (int)a->act;
+    r.experts = a->experts;
+    r.escale = a->expert_scale;
+    rec_t(&r, 0, a->out);
+    rec_t(&r, 1, a->x);
+    rec_t(&r, 2, a->logits);
     return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
 }
 
@@ -539,6 +575,8 @@ lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, co
     return w_glu(be, out, g, u, n, act);
 }
 lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_softcap(be, x, n, cap); }
+lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) { return w_scale(be, x, n, s); }
+lmx_status cuda_op_moe(lmx_backend *be, const lmx_moe_args *a) { return w_moe(be, a); }
 lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
     return w_rope(be, x, b, nh, hd, rope);
 }

@@ -5,7 +5,7 @@
 
 #include "cuda_internal.h"
 
-enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA };
+enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA, G_SCALE, G_MOE };
 enum { G_OFF = 0, G_REC, G_REPLAY };
 
 /* One op call; zero-filled before use so that memcmp compares it. */
@@ -19,6 +19,9 @@ typedef struct g_rec {
     void *kd[CUDA_G_MAX], *vd[CUDA_G_MAX];
     int cap[CUDA_G_MAX], rot[CUDA_G_MAX], win[CUDA_G_MAX], rows[CUDA_G_MAX];
     lmx_lora_pair lora[CUDA_G_MAX];   /* G_LORA: each sequence's pair (a.data NULL: none) */
+    const lmx_tensor *experts;        /* G_MOE: the layer's experts [3 E] (t[0..2]: out, x, logits) */
+    const float *escale;              /*        their scales [E], or NULL */
+    int act;                          /*        the experts' activation (i0..i2: E, K, norm_topk) */
 } g_rec;
 
 typedef struct cuda_graph {
@@ -30,7 +33,7 @@ typedef struct cuda_graph {
     int dyn[CUDA_DYN_N];     /* this step's values, host copy */
     int have_batch;          /* dyn holds this step's n_past / n_new */
     int launched;            /* this step's graph is already running (launched early) */
-    int failed;              /* capture failed once, or cuda_graph_off: stay eager */
+    int failed;              /* capture failed once: stay eager */
     int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
 } cuda_graph;

@@ -34,6 +34,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_LORA_SUM,  /* LoRA shrink tickets and partial sums              see cuda_lora.cu */
        CUDA_SCRATCH_XQ,        /* GGUF GEMV of several rows: x quantized to int16   see cuda_ggml.cu */
        CUDA_SCRATCH_BWD,       /* training: attention scores of a query tile, the loss's rows   see cuda_backward.cu */
+       CUDA_SCRATCH_MOE,       /* a mixture of experts' routing and expert outputs  see cuda_moe.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -60,6 +61,7 @@ typedef struct cuda_backend {
     int dyn_on;              /* 1 while capturing: kernels read the per-step values from dyn */
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
+    int moe_off;             /* LMX_CUDA_MOE=0: the moe op declines (the model routes on the host) */
     int gemv_variant;        /* LMX_CUDA_GEMV=1 (A/B measurements): no k_gemv1 (nor what it folds in) */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
     cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
@@ -87,9 +89,10 @@ lmx_status cuda_graph_create(cuda_backend *cb);
 void cuda_graph_destroy(cuda_backend *cb);
 lmx_status cuda_graph_flush(cuda_backend *cb);
 void cuda_graph_drop(cuda_backend *cb);
-/* Decode graphs off for good (after a flush): a step whose ops depend on values the record does not
- * compare (a mixture of experts' routing) must not be replayed. */
-void cuda_graph_off(cuda_backend *cb);
+/* The rest of this step eager and unrecorded (after a flush): a step whose ops depend on values the
+ * record does not compare (experts routed on the host) must not be replayed.  The next step may
+ * record and replay again. */
+void cuda_graph_step_off(cuda_backend *cb);
 /* The split count decode attention uses for sequences [b0, b0+nb) of a (T < 32). */
 int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
 
@@ -154,6 +157,15 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts);
 lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *bias, float *y, const float *x,
                          int M);
+/* Mixture of experts (cuda_gemv.cu, for cuda_moe.cu): whether the one-row kernel takes the experts
+ * [3 E] (gate, up, down of each; one format and shape each), and one launch of the gate/up pair with
+ * the GLU (down 0: y0 [pairs, F] = act(gate x) * up x, y1 = up x, x row pair / kused) or the down
+ * projection (down 1: y0 [pairs, C], x row pair) of expert pick[pair] (device) for each pair. */
+int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E);
+lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
+                         int kused, const float *x, float *y0, float *y1, int act);
+lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
+int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* Raise the shared memory limits of the GEMV kernels that stage x (once, at backend creation). */
 void cuda_gemv_init(void);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,

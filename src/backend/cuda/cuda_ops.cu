@@ -368,7 +368,7 @@ lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tenso
                                  int R, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
-    cuda_graph_off(cb); /* a mixture of experts: the routing (which experts, which rows) varies by step */
+    cuda_graph_step_off(cb); /* experts routed on the host: their rows and launches vary by step (not this one) */
     scatter_arg a;
     for (int r0 = 0; r0 < R && !st; r0 += CUDA_IDS_MAX / 2) {
         a.n = R - r0 < CUDA_IDS_MAX / 2 ? R - r0 : CUDA_IDS_MAX / 2;
@@ -382,16 +382,16 @@ lmx_status cuda_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tenso
 
 /* x[i] = s x[i]; s == 0 writes zeros (whatever x held) */
 __global__ void k_scale(float *x, int64_t n, float s) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = s == 0.0f ? 0.0f : s * x[i];
 }
 
 lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
     cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
-    cuda_graph_off(cb);                   /* Gemma 4 (its only user) decodes eagerly */
-    if (st || n <= 0) return st;
-    k_scale<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)x->data, n, s);
+    if (n <= 0) return LMX_OK;
+    cuda_launch(cb, k_scale, cuda_ew_grid(n), 256, 0, (float *)x->data, n, s);
     return cuda_check_launch(cb, "scale");
 }
 
