@@ -25,6 +25,11 @@ run "$bin/lmx" devices
 # sequence alone, no allocation per token) on the cuda backend, with decode graphs and without
 [ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda "$bin/test_runtime" "$fix"
 [ -x "$bin/test_runtime" ] && run env LMX_TEST_BACKEND=cuda LMX_CUDA_GRAPH=0 "$bin/test_runtime" "$fix"
+# attention inspection (post-RoPE keys, probabilities) against HF's, at bf16-level tolerances
+for g in 2 0; do
+    [ -x "$bin/test_inspect" ] && run env LMX_TEST_BACKEND=cuda LMX_CUDA_GRAPH=$g LMX_TESTS_DATA="$root/tests/data" \
+        LMX_BIN="$bin/lmx" "$bin/test_inspect" "$fix"
+done
 for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8 gemma4 gemma4_kv gemma4_moe; do
     run "$bin/lmx" check-reference "$fix/models/$m" --backend cuda
 done
