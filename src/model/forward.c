@@ -177,16 +177,15 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     lmx_status st;
 
     TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->attn_norm, M, c->hidden, eps, one));
+    /* the matmuls, then their LoRA pairs: in this order a cuda decode graph runs q/k/v as one launch with
+     * the pairs' expands folded in (cuda_graph_fuse.cu); interleaved, each would be its own group */
+    const int own_v = own && L->wv.data != NULL; /* else gemma4's K = V: the values come from the keys' projection */
     TRY(op->matmul(be, &q, &ws->xn, &L->wq, bias(&L->bq), M));
-    if ((st = lora(m, ad, l, LMX_PROJ_Q, &q, &ws->xn, bt))) return st;
-    if (own) {
-        TRY(op->matmul(be, &k, &ws->xn, &L->wk, bias(&L->bk), M));
-        if ((st = lora(m, ad, l, LMX_PROJ_K, &k, &ws->xn, bt))) return st;
-        if (L->wv.data) { /* else gemma4's K = V: the values come from the keys' projection */
-            TRY(op->matmul(be, &v, &ws->xn, &L->wv, bias(&L->bv), M));
-            if ((st = lora(m, ad, l, LMX_PROJ_V, &v, &ws->xn, bt))) return st;
-        }
-    }
+    if (own) TRY(op->matmul(be, &k, &ws->xn, &L->wk, bias(&L->bk), M));
+    if (own_v) TRY(op->matmul(be, &v, &ws->xn, &L->wv, bias(&L->bv), M));
+    if ((st = lora(m, ad, l, LMX_PROJ_Q, &q, &ws->xn, bt)) || (own && (st = lora(m, ad, l, LMX_PROJ_K, &k, &ws->xn, bt))) ||
+        (own_v && (st = lora(m, ad, l, LMX_PROJ_V, &v, &ws->xn, bt))))
+        return st;
     if (m->traits.qk_norm) TRY(op->rmsnorm(be, &q, &q, &L->q_norm, M * H, D, eps, one));
     if (own && m->traits.gemma4) /* each value head RMS-normed without a weight (before k's norm: K = V) */
         TRY(op->rmsnorm(be, &v, L->wv.data ? &v : &k, &m->unit_norm, M * Hk, D, eps, 1.0f));
