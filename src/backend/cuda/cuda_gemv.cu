@@ -410,6 +410,14 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     };
     int v = 32 * kslice + lane;
     if (active && v < nv) load(cw, cs, cb, v);
+    if constexpr (LORA != 0) /* the expand's rows of B, read in the epilogue: into L2 meanwhile (no registers held) */
+        if (lane < RO && active)
+#pragma unroll
+            for (int j = 0; j < (PAIR ? 2 : 1); j++) {
+                const gv_seg &L = PAIR ? sg.s[j] : S;
+                const int n = n0 + lane;
+                if (L.lb && n < S.N) asm volatile("prefetch.global.L2 [%0];" ::"l"(L.lb + (int64_t)n * L.lr));
+            }
     cuda_pdl_wait(); /* x is ready */
 
     if constexpr (NORM != 0) { /* rmsnorm(x), as the norm kernels compute it */
