@@ -403,22 +403,13 @@ static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate
     return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
 }
 
-static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
+/* an in-place op on n values of x with one parameter f (softcap, scale) */
+static lmx_status w_in_place(lmx_backend *be, int op, lmx_tensor *x, int64_t n, float f) {
     g_rec r;
     memset(&r, 0, sizeof r);
-    r.op = G_SOFTCAP;
+    r.op = op;
     r.n = n;
-    r.f0 = cap;
-    rec_t(&r, 0, x);
-    return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
-}
-
-static lmx_status w_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
-    g_rec r;
-    memset(&r, 0, sizeof r);
-    r.op = G_SCALE;
-    r.n = n;
-    r.f0 = s;
+    r.f0 = f;
     rec_t(&r, 0, x);
     return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
 }
@@ -574,8 +565,8 @@ lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, co
                        lmx_act act) {
     return w_glu(be, out, g, u, n, act);
 }
-lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_softcap(be, x, n, cap); }
-lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) { return w_scale(be, x, n, s); }
+lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_in_place(be, G_SOFTCAP, x, n, cap); }
+lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) { return w_in_place(be, G_SCALE, x, n, s); }
 lmx_status cuda_op_moe(lmx_backend *be, const lmx_moe_args *a) { return w_moe(be, a); }
 lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
     return w_rope(be, x, b, nh, hd, rope);
