@@ -322,7 +322,7 @@ static void test_moe_case(const char *name, lmx_dtype dt, int bits, int E, int K
         for (int e = 0; e < E; e++) z[e] = 0.5f, z[(M > 1 ? E : 0) + e] = M > 1 ? NAN : 0.5f;
     const float lscale = scaled ? 0.25f : 1.0f;
     lmx_tensor xg = act(gpu, M, C, x), og = act(gpu, M, C, out0), zg = act(gpu, M, E, z);
-    const lmx_moe_args a = {&og, &xg, &zg, eg, es, M, E, K, norm_topk, lscale, LMX_ACT_SILU};
+    const lmx_moe_args a = {&og, &xg, &zg, eg, es, M, E, K, norm_topk, lscale, LMX_ACT_SILU, 1};
     CHECK(gpu->ops->moe && gpu->ops->moe(gpu, &a) == LMX_OK);
     float *got = fetch(gpu, &og, (int64_t)M * C);
     double *want = malloc((size_t)M * C * sizeof *want);

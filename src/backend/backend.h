@@ -116,6 +116,7 @@ typedef struct lmx_moe_args {
     int M, E, K, norm_topk;
     float logit_scale;
     lmx_act act;
+    int alike;               /* every expert's gate, up and down stored as expert 0's (lmx_layer.experts_alike) */
 } lmx_moe_args;
 
 typedef struct lmx_backend_ops {

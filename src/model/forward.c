@@ -338,7 +338,7 @@ static lmx_status moe_block(lmx_model *m, int l, const lmx_batch *bt, int M) {
         TRY(op->scale(be, out, (int64_t)M * C, 0.0f));
     }
     const lmx_moe_args a = {out, &ws->xn, &ws->router, L->experts, L->expert_scale, M, c->n_experts, c->n_experts_used,
-                            c->norm_topk, (float)logit_scale, c->act};
+                            c->norm_topk, (float)logit_scale, c->act, L->experts_alike};
     lmx_status st = op->moe ? op->moe(be, &a) : LMX_ERR_UNSUPPORTED;
     if (st == LMX_ERR_UNSUPPORTED) st = moe_host(m, l, bt, M, out, logit_scale);
     else if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);

@@ -149,9 +149,10 @@ lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
     if (c->layer_moe) {
         out->n_experts = c->n_experts;
         out->n_experts_used = c->n_experts_used;
-        for (int l = 0; l < c->n_layers; l++)
-            for (int i = 0; m->layers[l].experts && i < 3 * c->n_experts; i++)
-                out->expert_bytes += lmx_weight_bytes(&m->layers[l].experts[i]);
+        for (int l = 0; l < c->n_layers; l++) {
+            const lmx_tensor *ex = m->layers[l].experts; /* NULL: a dense layer */
+            for (int i = 0; ex && i < 3 * c->n_experts; i++) out->expert_bytes += lmx_weight_bytes(&ex[i]);
+        }
     }
     return LMX_OK;
 }

@@ -40,6 +40,7 @@ typedef struct lmx_layer {
     lmx_tensor *experts;         /* [3 E] (owned): expert e's gate [Fm, C], up [Fm, C], down [C, Fm] at 3e..;
                                   * stacked experts (gemma4, GGUF): 2-D views of rows of gate_up_exps (or of
                                   * GGUF's separate ffn_gate_exps / ffn_up_exps) and down_exps */
+    int experts_alike;           /* every expert stored as expert 0 (format, quantization): stacked ones always */
     lmx_tensor gate_up_exps;     /* [E*2Fm, C]: gemma4's experts.gate_up_proj [E, 2Fm, C] (gate rows, then up),
                                   * GGUF's ffn_gate_up_exps */
     lmx_tensor down_exps;        /* [E*C, Fm]: gemma4's experts.down_proj [E, C, Fm], GGUF's ffn_down_exps */

@@ -229,6 +229,12 @@ static lmx_status read_host(binder *b, const char *prefix, const char *name, int
  * L->gate_up_exps) or as gate_proj and up_proj [E, Fm, C] each, and down_proj [E, C, Fm] (into
  * L->down_exps); expert e's gate, up and down become row views of them (any dtype, GGUF blocks too).
  * fused: which form a missing pair is reported as. */
+/* Whether a and b are stored in one format (dtype, and MLX or GGUF quantization). */
+static int stored_alike(const lmx_tensor *a, const lmx_tensor *b) {
+    return a->dtype == b->dtype && a->q.bits == b->q.bits && a->q.group == b->q.group &&
+           a->q.scale_dtype == b->q.scale_dtype && a->q.ggml_type == b->q.ggml_type;
+}
+
 static lmx_status bind_stacked_experts(binder *b, lmx_layer *L, const char *p, const char *where, int fused) {
     const lmx_config *c = &b->m->cfg;
     const int64_t C = c->hidden, E = c->n_experts, Fm = c->moe_ffn;
@@ -251,6 +257,7 @@ static lmx_status bind_stacked_experts(binder *b, lmx_layer *L, const char *p, c
         L->experts[3 * e + 1] = split ? weight_rows(&up, Fm * e, Fm) : weight_rows(&L->gate_up_exps, 2 * Fm * e + Fm, Fm);
         L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C); /* [C, Fm] */
     }
+    L->experts_alike = 1; /* views of the same stacked tensors */
     return LMX_OK;
 }
 
@@ -330,6 +337,8 @@ static lmx_status bind_layer(binder *b, int i) {
                 BIND(&L->experts[3 * e + 1], n[1], 0, Fm, C);
                 BIND(&L->experts[3 * e + 2], n[2], 0, C, Fm);
             }
+            L->experts_alike = 1;
+            for (int i = 3; i < 3 * E; i++) L->experts_alike &= stored_alike(&L->experts[i], &L->experts[i % 3]);
         }
     }
     if (!L->moe || c->moe_beside_mlp) {

@@ -778,18 +778,14 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
 
 int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E) {
     if (E < 1 || E > GV_MOE_MAX) return 0;
+    const lmx_tensor *g = &experts[0]; /* every expert is stored as expert 0 (lmx_moe_args.alike) */
     for (int j = 0; j < 3; j++) {
-        const lmx_tensor *w0 = &experts[j];
-        if (!cuda_gemv_one_row(cb, w0, 1) || w0->q.ggml_type) return 0;
-        for (int e = 1; e < E; e++) {
-            const lmx_tensor *w = &experts[3 * e + j];
-            if (gv_kind(w) != gv_kind(w0) || w->dtype != w0->dtype || w->shape[0] != w0->shape[0] ||
-                w->shape[1] != w0->shape[1] || w->q.group != w0->q.group || w->q.scale_dtype != w0->q.scale_dtype)
-                return 0;
-        }
+        const lmx_tensor *w = &experts[j];
+        if (!cuda_gemv_one_row(cb, w, 1) || w->q.ggml_type || gv_kind(w) != gv_kind(g) || w->dtype != g->dtype ||
+            w->q.group != g->q.group || w->q.scale_dtype != g->q.scale_dtype)
+            return 0;
     }
-    return gv_kind(&experts[0]) == gv_kind(&experts[2]) && experts[0].q.scale_dtype == experts[2].q.scale_dtype &&
-           experts[0].q.group == experts[2].q.group;
+    return 1;
 }
 
 lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,

@@ -158,7 +158,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
 lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *bias, float *y, const float *x,
                          int M);
 /* Mixture of experts (cuda_gemv.cu, for cuda_moe.cu): whether the one-row kernel takes the experts
- * [3 E] (gate, up, down of each; one format and shape each), and one launch of the gate/up pair with
+ * [3 E] (gate, up, down of each; every expert stored as expert 0, whose three must share one format), and one launch of the gate/up pair with
  * the GLU (down 0: y0 [pairs, F] = act(gate x) * up x, y1 = up x, x row pair / kused) or the down
  * projection (down 1: y0 [pairs, C], x row pair) of expert pick[pair] (device) for each pair. */
 int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E);
