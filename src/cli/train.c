@@ -197,6 +197,9 @@ static int load_state(lmx_trainer *tr, const char *dir, train_state *st, int n_e
 
 static int train_run(const train_opts *op);
 
+/* The options parse_args takes without a value (a config's true / false turns them on / leaves them off). */
+static int is_flag(const char *opt) { return !strcmp(opt, "--mask-prompt") || !strcmp(opt, "--skip-bad"); }
+
 /* Options from argv[first..] into o; -1 when all are taken, else the exit code (help: 0, bad: 2). */
 static int parse_args(train_opts *o, int argc, char **argv, int first) {
     for (int i = first; i < argc; i++) {
@@ -235,7 +238,7 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
         else if (OPT("--seed")) o->seed = strtoull(v, NULL, 10);
         else if (OPT("--threads")) o->threads = atoi(v);
         else if (OPT("--config")) continue; /* read before the other options (cmd_train) */
-        else if (!strcmp(a, "--mask-prompt")) o->mask_prompt = 1;
+        else if (!strcmp(a, "--mask-prompt")) o->mask_prompt = 1; /* the flags: is_flag */
         else if (!strcmp(a, "--skip-bad")) o->skip_bad = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: lmx train MODEL --data DIR [--adapter-out DIR] [--rank 8] [--alpha 16] [--targets q,k,v,o,gate,up,down]\n"
@@ -286,10 +289,11 @@ static int config_args(const char *path, char ***args, int *n) {
         snprintf(key, sizeof key, "--%s", it->string);
         for (char *c = key; *c; c++) *c = *c == '_' ? '-' : *c;
         int flag = 0;
-        if (cJSON_IsBool(it) && (!strcmp(key, "--mask-prompt") || !strcmp(key, "--skip-bad"))) {
+        if (cJSON_IsBool(it) && is_flag(key)) {
             if (!cJSON_IsTrue(it)) continue;
             flag = 1;
-        } else if (cJSON_IsBool(it)) snprintf(val, sizeof val, "%s", cJSON_IsTrue(it) ? "on" : "off"); /* grad_checkpoint: on */ else if (cJSON_IsNumber(it)) snprintf(val, sizeof val, "%.17g", it->valuedouble);
+        } else if (cJSON_IsBool(it)) snprintf(val, sizeof val, "%s", cJSON_IsTrue(it) ? "on" : "off"); /* grad_checkpoint */
+        else if (cJSON_IsNumber(it)) snprintf(val, sizeof val, "%.17g", it->valuedouble);
         else if (cJSON_IsString(it)) snprintf(val, sizeof val, "%s", it->valuestring);
         else if (cJSON_IsArray(it)) {
             const cJSON *e;
