@@ -241,6 +241,14 @@ static void test_write_meta(const char *tmp) {
         CHECK(v && !strcmp(v, "1") && w && !strcmp(w, meta[1].value));
         lmx_st_close(f);
     }
+    /* metadata and no tensor: still one JSON object */
+    CHECK_MSG(lmx_st_write_meta(path, NULL, 0, meta, 1, &err) == LMX_OK, "%s", err.msg);
+    CHECK_MSG(lmx_st_open(path, &f, &err) == LMX_OK, "%s", err.msg);
+    if (f) {
+        const char *v = lmx_st_metadata(f, "layers.3.shared_from");
+        CHECK(lmx_st_count(f) == 0 && v && !strcmp(v, "1"));
+        lmx_st_close(f);
+    }
     char *bad = lmx_path_join(tmp, "bad_meta.safetensors");
     lmx_st_meta twice[] = {{"k", "1"}, {"k", "2"}}, null_value[] = {{"k", NULL}};
     CHECK(lmx_st_write_meta(bad, items, 1, twice, 2, &err) == LMX_ERR_INVALID_ARG);

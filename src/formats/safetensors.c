@@ -593,24 +593,29 @@ static int64_t item_bytes(const lmx_st_write_item *it) {
     return nb > 0 && !it->data ? -1 : nb;
 }
 
-/* The "__metadata__" entry of meta [n_meta] (validated here) and a comma, or nothing when n_meta is 0. */
+/* The "__metadata__" entry of meta [n_meta] (validated here: keys distinct through the tensor names'
+ * hash), or nothing when n_meta is 0. */
 static lmx_status put_meta(FILE *ms, const char *path, const lmx_st_meta *meta, size_t n_meta, lmx_err *err) {
     if (!n_meta) return LMX_OK;
     if (!meta) return lmx_err_set(err, LMX_ERR_INVALID_ARG, "%s: NULL metadata", path);
+    st_hash seen = {0};
+    if (hash_init(&seen, meta, sizeof *meta, n_meta) != 0) return lmx_err_set(err, LMX_ERR_NOMEM, "%s: out of memory", path);
+    lmx_status st = LMX_OK;
     fputs("\"__metadata__\":{", ms);
-    for (size_t i = 0; i < n_meta; i++) {
-        int dup = 0;
-        for (size_t j = 0; meta[i].key && j < i; j++) dup |= !strcmp(meta[j].key, meta[i].key);
-        if (!meta[i].key || !meta[i].value || dup)
-            return lmx_err_set(err, LMX_ERR_INVALID_ARG, "%s: metadata entry %s: NULL key or value, or given twice",
-                               path, meta[i].key ? LMX_QUOTED(meta[i].key) : "(null)");
+    for (size_t i = 0; i < n_meta && !st; i++) {
+        if (!meta[i].key || !meta[i].value || hash_insert(&seen, i) != SIZE_MAX) {
+            st = lmx_err_set(err, LMX_ERR_INVALID_ARG, "%s: metadata entry %s: NULL key or value, or given twice", path,
+                             meta[i].key ? LMX_QUOTED(meta[i].key) : "(null)");
+            break;
+        }
         if (i) fputc(',', ms);
         put_json_str(ms, meta[i].key);
         fputc(':', ms);
         put_json_str(ms, meta[i].value);
     }
-    fputs("},", ms);
-    return LMX_OK;
+    fputc('}', ms);
+    hash_free(&seen);
+    return st;
 }
 
 /* The header JSON for items and meta (validated here), padded with spaces to a multiple of 8 bytes, in a
@@ -635,7 +640,7 @@ static lmx_status build_header(const char *path, const lmx_st_write_item *items,
         const char *lower = lmx_dtype_name(it->dtype);
         for (size_t k = 0; k < sizeof dt - 1 && lower[k]; k++)
             dt[k] = lower[k] >= 'a' && lower[k] <= 'z' ? (char)(lower[k] - 'a' + 'A') : lower[k];
-        if (i) fputc(',', ms);
+        if (i || n_meta) fputc(',', ms);
         put_json_str(ms, it->name);
         fprintf(ms, ":{\"dtype\":\"%s\",\"shape\":[", dt);
         for (int d = 0; d < it->ndim; d++)
