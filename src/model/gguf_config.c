@@ -268,11 +268,13 @@ lmx_status lmx_gguf_config(const lmx_gguf *g, const char *arch, lmx_config *c, l
         (st = get_int(&m, "attention.sliding_window", &c->sliding_window, 0, 1000000000)))
         goto done;
     for (int l = 0; !found_kv && l < n; l++) kv[l] = c->n_heads;
-    if (gemma4) st = gemma4_layers(&m, c, ffn, kv);
-    else if (!(st = same_in_all(&m, "feed_forward_length", ffn, n, &c->ffn)))
+    if (gemma4) {
+        st = gemma4_layers(&m, c, ffn, kv);
+        c->n_kv_heads = kv[0]; /* the per-layer counts are in c->layer_kv_heads */
+    } else if (!(st = same_in_all(&m, "feed_forward_length", ffn, n, &c->ffn))) {
         st = same_in_all(&m, "attention.head_count_kv", kv, n, &c->n_kv_heads);
+    }
     if (st) goto done;
-    c->n_kv_heads = kv[0];
     if (c->hidden == 0 || c->n_heads == 0 || c->ffn == 0 || c->n_kv_heads == 0 || c->n_heads % c->n_kv_heads) {
         st = lmx_err_set(err, LMX_ERR_FORMAT, "%s: inconsistent sizes in the metadata", m.path);
         goto done;

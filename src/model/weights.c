@@ -251,11 +251,14 @@ static lmx_status bind_stacked_experts(binder *b, lmx_layer *L, const char *p, c
         return st;
     }
     if ((st = bind_as(b, &L->down_exps, p, d, 0, E * C, Fm, (int)E))) return st;
-    const int split = L->gate_up_exps.data == NULL;
+    /* expert e's gate and up: rows e*stride (+ off) of gate and up, or of the fused tensor (gate rows, then up) */
+    const int fused_rows = L->gate_up_exps.data != NULL;
+    const lmx_tensor *g_src = fused_rows ? &L->gate_up_exps : &gate, *u_src = fused_rows ? &L->gate_up_exps : &up;
+    const int64_t stride = fused_rows ? 2 * Fm : Fm, off = fused_rows ? Fm : 0;
     for (int64_t e = 0; e < E; e++) {
-        L->experts[3 * e] = split ? weight_rows(&gate, Fm * e, Fm) : weight_rows(&L->gate_up_exps, 2 * Fm * e, Fm);
-        L->experts[3 * e + 1] = split ? weight_rows(&up, Fm * e, Fm) : weight_rows(&L->gate_up_exps, 2 * Fm * e + Fm, Fm);
-        L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C); /* [C, Fm] */
+        L->experts[3 * e] = weight_rows(g_src, stride * e, Fm);                /* [Fm, C] */
+        L->experts[3 * e + 1] = weight_rows(u_src, stride * e + off, Fm);      /* [Fm, C] */
+        L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C);          /* [C, Fm] */
     }
     L->experts_alike = 1; /* views of the same stacked tensors */
     return LMX_OK;
