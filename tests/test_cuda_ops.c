@@ -41,23 +41,35 @@ static void test_matmul_case(const char *name, lmx_dtype dt, int bits, int group
 }
 
 static void test_matmul(void) {
-    const int Ms[] = {1, 2, 3, 5, 8, 9, 33};
+    /* bf16 / f16 (2..16 rows) and MLX 4-bit (2..32) run on the tensor cores with x rounded to bf16 (f16), as the
+     * cuBLAS GEMMs beyond take it; odd K (not a multiple of 8) and f32 weights stay on the CUDA cores.
+     * N from a few rows (K split among blocks) to 40000 (no split), K not a multiple of 32. */
+    const int Ms[] = {1, 2, 3, 5, 8, 9, 16, 17, 32, 33};
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
         int M = Ms[i];
-        double t16 = M > 8 ? 2e-2 : 1e-4;
+        double t16 = M > 32 ? 2e-2 : M > 1 ? 5e-3 : 1e-4, todd = M > 8 ? 2e-2 : 1e-4;
         test_matmul_case("bf16", LMX_DTYPE_BF16, 0, 0, 0, 37, 256, M, 1, t16);
         test_matmul_case("bf16", LMX_DTYPE_BF16, 0, 0, 0, 130, 1000, M, 0, t16);
-        test_matmul_case("bf16 odd K", LMX_DTYPE_BF16, 0, 0, 0, 19, 75, M, 1, t16);
-        test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 33, 264, M, 1, M > 8 ? 5e-3 : 1e-4);
+        test_matmul_case("bf16 odd K", LMX_DTYPE_BF16, 0, 0, 0, 19, 75, M, 1, todd);
+        test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 33, 264, M, 1, M > 1 ? 5e-3 : 1e-4);
         test_matmul_case("f32", LMX_DTYPE_F32, 0, 0, 0, 21, 100, M, 1, 1e-4);
         test_matmul_case("f32 odd K", LMX_DTYPE_F32, 0, 0, 0, 9, 77, M, 0, 1e-4);
     }
-    const int Mq[] = {1, 3, 8, 12, 40};
+    const int Mw[] = {2, 8, 13, 32}; /* K split among 16, 4, 8 blocks; none for wide N */
+    for (size_t i = 0; i < sizeof Mw / sizeof Mw[0]; i++) {
+        test_matmul_case("bf16 long K", LMX_DTYPE_BF16, 0, 0, 0, 37, 4104, Mw[i], 1, 5e-3);
+        test_matmul_case("bf16 parts", LMX_DTYPE_BF16, 0, 0, 0, 9001, 1000, Mw[i], 0, 5e-3);
+        test_matmul_case("bf16 wide", LMX_DTYPE_BF16, 0, 0, 0, 40000, 72, Mw[i], 1, 5e-3);
+        test_matmul_case("mlx q4 long K", LMX_DTYPE_U32, 4, 64, 0, 45, 8192, Mw[i], 1, 5e-3);
+        test_matmul_case("mlx q4 g64 wide", LMX_DTYPE_U32, 4, 64, 0, 20000, 192, Mw[i], 1, 5e-3);
+        test_matmul_case("mlx q4 g128", LMX_DTYPE_U32, 4, 128, 0, 300, 1024, Mw[i], 0, 5e-3);
+    }
+    const int Mq[] = {1, 2, 3, 8, 12, 32, 40};
     for (size_t i = 0; i < sizeof Mq / sizeof Mq[0]; i++) {
         int M = Mq[i];
-        double tq = M > 32 ? 2e-2 : 1e-4;
-        test_matmul_case("mlx q4 g64", LMX_DTYPE_U32, 4, 64, 0, 45, 512, M, 1, tq);
-        test_matmul_case("mlx q4 g32", LMX_DTYPE_U32, 4, 32, 0, 17, 96, M, 0, tq);
+        double tq = M > 32 ? 2e-2 : 1e-4, t4 = M > 32 ? 2e-2 : M > 1 ? 5e-3 : 1e-4;
+        test_matmul_case("mlx q4 g64", LMX_DTYPE_U32, 4, 64, 0, 45, 512, M, 1, t4);
+        test_matmul_case("mlx q4 g32", LMX_DTYPE_U32, 4, 32, 0, 17, 96, M, 0, t4);
         test_matmul_case("mlx q8 g64", LMX_DTYPE_U32, 8, 64, 0, 29, 192, M, 1, tq);
         test_matmul_case("mlx q2 g32", LMX_DTYPE_U32, 2, 32, 0, 13, 128, M, 0, tq);
     }

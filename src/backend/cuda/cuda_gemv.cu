@@ -715,6 +715,11 @@ static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
     return glu >= 0 ? 8 : 16;
 }
 
+int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w) {
+    const int kind = w->q.ggml_type ? -1 : gv_kind(w);
+    return kind >= 0 && cuda_gemv_tc_takes(cb, kind, w, 2) ? cuda_gemv_tc_rows(kind) : CUDA_GEMV_ROWS;
+}
+
 int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
     if (w->q.ggml_type) return M == 1 && cuda_ggml_gemv_takes(w, M); /* cuda_ggml.cu: any K */
     const int kind = gv_kind(w);
@@ -728,10 +733,13 @@ int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
 
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
-    if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
-    if (ws[0]->q.ggml_type) return cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
+    if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_TC_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
+    if (ws[0]->q.ggml_type)
+        return M > CUDA_GEMV_ROWS ? LMX_ERR_UNSUPPORTED : cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
     const int kind = gv_kind(ws[0]);
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
+    const int tcore = cuda_gemv_tc_takes(cb, kind, ws[0], M);
+    if (M > CUDA_GEMV_ROWS && !tcore) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];
     const int one_row = cuda_gemv_one_row(cb, ws[0], M);
     int norm, resid, lora;
@@ -748,6 +756,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
+    if (tcore) return cuda_gemv_tc(cb, kind, n, &sg, glu, x, M, (int)K);
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
     unsigned gx = 1;
     for (int i = 0; i < n; i++) {

@@ -35,6 +35,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_XQ,        /* GGUF GEMV of several rows: x quantized to int16   see cuda_ggml.cu */
        CUDA_SCRATCH_BWD,       /* training: attention scores of a query tile, the loss's rows   see cuda_backward.cu */
        CUDA_SCRATCH_MOE,       /* a mixture of experts' routing and expert outputs  see cuda_moe.cu */
+       CUDA_SCRATCH_GEMV,      /* tensor-core GEMV: K parts' tickets and sums       see cuda_gemv_tc.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -130,7 +131,8 @@ lmx_status cuda_lora_shrink_row(cuda_backend *cb, int np, const lmx_lora_pair *c
 lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *batch,
                           const lmx_tensor *k, const lmx_tensor *v);
 /* GEMV (cuda_gemv.cu): y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for n (1..3) weights of one format
- * and K as one launch, M <= CUDA_GEMV_ROWS; glu >= 0 (an lmx_act, n = 2): also y_0 = act(y_0) * y_1
+ * and K as one launch, M <= CUDA_GEMV_ROWS (CUDA_GEMV_TC_ROWS for the formats of the tensor-core
+ * kernels: cuda_gemv_rows); glu >= 0 (an lmx_act, n = 2): also y_0 = act(y_0) * y_1
  * as the glu op would leave it.  With opts (M = 1 only), the launch also folds in: the RMSNorm of
  * x (norm_w: W multiplies rmsnorm(x) * (norm_w + add_one), computed as the norm op computes it; x
  * itself is only read), or the residual add of its result (resid, n = 1: y_0 += W x + b), and LoRA
@@ -142,6 +144,7 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
  * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
  * LMX_ERR_UNSUPPORTED otherwise. */
 #define CUDA_GEMV_ROWS 8
+#define CUDA_GEMV_TC_ROWS 32 /* the tensor-core kernels' most rows (MLX 4-bit; bf16 / f16: 16) */
 typedef struct cuda_gemv_opts {
     const lmx_tensor *norm_w;
     float eps, add_one;
@@ -151,6 +154,8 @@ typedef struct cuda_gemv_opts {
     const float *lora_b[3], *lora_t[3];
     int lora_r[3];
 } cuda_gemv_opts;
+/* The most rows cuda_gemv takes for weight w. */
+int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w);
 /* 1 when cuda_gemv takes weight w for M rows with its one-row kernel (what opts need). */
 int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M);
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,

@@ -1,8 +1,8 @@
 /* cuda_matmul.cu - out[M, N] = x[M, K] @ w[N, K]^T (+ bias) on the GPU, embedding rows and weight
  * dequantization.
  *
- * Few rows (decode: dense M <= 8, quantized M <= 32): the GEMV kernels of cuda_gemv.cu, which
- * stream each weight byte once.  Many rows (prefill): cuBLAS tensor-core GEMM with bf16 (f16)
+ * Few rows (decode: dense M <= 8, or 16 for bf16 / f16; quantized M <= 32): the GEMV kernels of
+ * cuda_gemv.cu and cuda_gemv_tc.cu, which stream each weight byte once per launch.  Many rows (prefill): cuBLAS tensor-core GEMM with bf16 (f16)
  * operands and f32 output; x is narrowed once, quantized weights are dequantized to bf16 in blocks
  * of rows first. */
 #include <string.h>
@@ -165,9 +165,10 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     if (M <= 0) return LMX_OK;
     const int quant = w->q.bits || w->q.ggml_type;
     lmx_status st;
-    if (M <= (quant ? QGEMV_MAX_ROWS : CUDA_GEMV_ROWS)) {
-        for (int m0 = 0; m0 < M; m0 += CUDA_GEMV_ROWS) { /* quantized: each chunk of 8 rows streams w once */
-            const int mc = M - m0 < CUDA_GEMV_ROWS ? M - m0 : CUDA_GEMV_ROWS;
+    const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
+    if (M <= (quant ? QGEMV_MAX_ROWS : rows)) {
+        for (int m0 = 0; m0 < M; m0 += rows) { /* quantized: each chunk of rows streams w once */
+            const int mc = M - m0 < rows ? M - m0 : rows;
             float *ym = y + (size_t)m0 * N;
             st = cuda_gemv(cb, 1, &w, &bias, &ym, xs + (size_t)m0 * K, mc, -1, NULL);
             if (st == LMX_ERR_UNSUPPORTED) st = cuda_gemv_any(cb, w, bias, ym, xs + (size_t)m0 * K, mc);

@@ -1,0 +1,121 @@
+/* bench_cuda_gemv.c - the cuda backend's matmul op alone on decode shapes: per weight format, shape
+ * [N, K] and row count M, the time of one call (mean of REPS back-to-back calls, after warm-up) and
+ * the weight bytes it streams per second.  The shapes are Llama-3.1-8B's projections and lm head.
+ * usage: bench_cuda_gemv [REPS]     (LMX_CUDA_GEMV=2: the CUDA-core kernels for 2..8 rows, cuBLAS above)
+ * Prints one line per case: format N K M  us/call  GB/s; then the time of reading M rows of logits to
+ * the host. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "base/half.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 32);
+}
+static float next_f(void) { return (float)(next_u32() >> 8) / 16777216.0f - 0.5f; }
+
+/* A random [N, K] weight: bf16 (bits 0) or MLX 4-bit with groups of 64; its bytes in *bytes.  The
+ * backend owns the uploaded copy until it is freed; the host copy is left to the process's end. */
+static int make_weight(lmx_backend *be, int bits, int64_t N, int64_t K, lmx_tensor *w, double *bytes) {
+    memset(w, 0, sizeof *w);
+    w->ndim = 2;
+    w->shape[0] = N;
+    w->shape[1] = K;
+    if (bits) {
+        const int64_t words = N * K / 8, groups = N * K / 64;
+        uint32_t *p = malloc((size_t)words * 4);
+        uint16_t *s = malloc((size_t)groups * 2), *b = malloc((size_t)groups * 2);
+        if (!p || !s || !b) return -1;
+        for (int64_t i = 0; i < words; i++) p[i] = next_u32();
+        for (int64_t i = 0; i < groups; i++) s[i] = lmx_f32_to_bf16(0.01f), b[i] = lmx_f32_to_bf16(0.02f * next_f());
+        w->dtype = LMX_DTYPE_U32;
+        w->data = p;
+        w->q = (lmx_quant){.bits = 4, .group = 64, .scale_dtype = LMX_DTYPE_BF16, .scales = s, .biases = b};
+        *bytes = (double)words * 4 + (double)groups * 4;
+    } else {
+        uint16_t *p = malloc((size_t)(N * K) * 2);
+        if (!p) return -1;
+        for (int64_t i = 0; i < N * K; i++) p[i] = lmx_f32_to_bf16(0.05f * next_f());
+        w->dtype = LMX_DTYPE_BF16;
+        w->data = p;
+        *bytes = (double)N * K * 2;
+    }
+    return be->ops->upload_weight(be, w) == LMX_OK ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    lmx_err err = {0};
+    lmx_backend *be = NULL;
+    if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&be, &err) != LMX_OK) {
+        printf("no usable GPU (%s)\n", err.msg);
+        return 0;
+    }
+    const struct { const char *name; int64_t N, K; } shapes[] = {
+        {"q/o", 4096, 4096}, {"k/v", 1024, 4096}, {"gate/up", 14336, 4096}, {"down", 4096, 14336}, {"lm head", 128256, 4096}};
+    const int Ms[] = {1, 2, 4, 8, 16, 32};
+    printf("%-6s %-8s %7s %6s %3s %10s %8s\n", "format", "shape", "N", "K", "M", "us/call", "GB/s");
+    for (int bits = 0; bits <= 4; bits += 4)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            lmx_tensor w;
+            double bytes;
+            if (make_weight(be, bits, shapes[s].N, shapes[s].K, &w, &bytes)) {
+                printf("weight upload failed: %s\n", be->err.msg);
+                return 1;
+            }
+            for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+                const int M = Ms[i];
+                lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, shapes[s].K}};
+                lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, shapes[s].N}};
+                if (be->ops->alloc(be, &x) || be->ops->alloc(be, &y)) return 1;
+                float *h = malloc((size_t)(M * shapes[s].K) * 4), probe;
+                for (int64_t k = 0; k < M * shapes[s].K; k++) h[k] = next_f();
+                be->ops->write(be, &x, 0, h, (size_t)(M * shapes[s].K) * 4);
+                for (int r = 0; r < 3; r++) be->ops->matmul(be, &y, &x, &w, NULL, M);
+                be->ops->read(be, &y, 0, &probe, 4);
+                const double t0 = now_s();
+                for (int r = 0; r < reps; r++)
+                    if (be->ops->matmul(be, &y, &x, &w, NULL, M) != LMX_OK) {
+                        printf("matmul failed: %s\n", be->err.msg);
+                        return 1;
+                    }
+                be->ops->read(be, &y, 0, &probe, 4);
+                const double t = (now_s() - t0) / reps;
+                printf("%-6s %-8s %7lld %6lld %3d %10.1f %8.0f\n", bits ? "q4" : "bf16", shapes[s].name,
+                       (long long)shapes[s].N, (long long)shapes[s].K, M, t * 1e6, bytes / t * 1e-9);
+                be->ops->release(be, &x);
+                be->ops->release(be, &y);
+                free(h);
+            }
+        }
+    /* what a batched decode step's logits cost to bring to the host (128256-entry vocabulary) */
+    for (int M = 1; M <= 32; M *= 2) {
+        lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, 128256}};
+        if (be->ops->alloc(be, &y)) return 1;
+        const size_t n = (size_t)M * 128256 * 4;
+        float *h = malloc(n);
+        be->ops->read(be, &y, 0, h, n);
+        const double t0 = now_s();
+        for (int r = 0; r < 10; r++) be->ops->read(be, &y, 0, h, n);
+        const double t = (now_s() - t0) / 10;
+        printf("read logits of %2d rows (%5.1f MB): %7.1f us, %5.1f GB/s\n", M, n / 1e6, t * 1e6, n / t * 1e-9);
+        be->ops->release(be, &y);
+        free(h);
+    }
+    lmx_backend_free(be);
+    return 0;
+}

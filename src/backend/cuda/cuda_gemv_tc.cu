@@ -1,0 +1,356 @@
+/* cuda_gemv_tc.cu - decode GEMVs of 2..CUDA_GEMV_TC_ROWS rows on the tensor cores (batched decode).
+ *
+ * y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for bf16 / f16 and MLX 4-bit weights, one weight or a q/k/v
+ * group (blockIdx.y picks it) or the gate/up pair with the GLU, as cuda_gemv's contract says.  Each
+ * weight byte is read once for all M rows: the weights are the A operand of mma.sync m16n8k16 (16 rows
+ * a warp), x the B operand (8 rows of x per n-tile, NT n-tiles), f32 accumulators.  The CUDA-core
+ * kernels of cuda_gemv.cu spend 2 * M flops and M loads of x per weight: from M = 2 they run out of
+ * issue slots before bandwidth; here a weight costs the same whatever M is.
+ *
+ * Operand layout.  A dot product may take its K index in any order as long as A and B agree, so each
+ * lane loads whole 16-byte vectors and the k slots of the mma fragments are assigned to them: with
+ * g = lane / 4 and c = lane % 4, the fragment gives lane (g, c) the k slots {2c, 2c+1, 2c+8, 2c+9} of
+ * rows g and g+8 (A) and of column g (B).  Dense: lane c reads the 8 values at 32 s + 8 c of its two
+ * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  4-bit: lane
+ * c reads 4 words = 32 values at 128 s + 32 c (one MLX group at most, as group % 32 == 0); word i feeds
+ * two mmas, its codes paired (e, e + 4) as a mask of the word pairs them.  x is read as f32 and rounded
+ * to bf16 (f16 for f16 weights), as the prefill GEMMs round it; 4-bit codes become bf16 exactly
+ * (0x4300 | q reads 128 + q, less 128) and then scale * q + bias rounded to bf16, as the prefill's
+ * dequantization rounds it.
+ *
+ * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
+ * warps on the same range of K so that the x they read comes from L1 once the first warp brought it:
+ * x costs L2 traffic once per 128 rows.  When the row blocks alone would not fill the GPU, KP blocks
+ * share a row block, each a part of K: each leaves its sums in scratch, and the last to finish (a
+ * ticket counter, reset for the next launch) adds them in part order and stores.  KP depends only on
+ * the launch's shapes and the GPU, so a weight gives the same bits in any launch. */
+#include "cuda_gemv.h"
+
+#define TC_WARPS 8
+#define TC_PAD 32    /* bf16 after each staged row: consecutive rows start 16 banks apart */
+
+static __device__ __forceinline__ uint32_t tc_pack(float a, float b, int f16) {
+    uint32_t r;
+    if (f16) {
+        __half2 v = __floats2half2_rn(a, b);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    }
+    return r;
+}
+
+template <int F16>
+static __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+    if constexpr (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Per kind: k values per lane and load (E), per warp and step (SK = 4 E), loads in flight (U); x values
+ * a row staged in shared memory at a time (CH: 33 KB for 8 or 16 rows, 35 KB for 24 or 32). */
+template <int KIND, int PAIR, int NT> struct tc {
+    static constexpr int Q = KIND == GV_Q4, E = Q ? 32 : 8, SK = 4 * E, U = Q ? 2 : PAIR ? 2 : 4;
+    static constexpr int F16 = KIND == GV_F16, CH = NT <= 2 ? 2048 / NT : 512;
+};
+
+/* One step's loads of a lane: per row tile t, rows g and g + 8 (16 bytes each) and for 4-bit their
+ * group's raw scale and bias. */
+template <int T> struct tc_ld {
+    uint4 w[T][2];
+    uint32_t s[T][2], b[T][2];
+};
+
+/* 4-bit word -> the A registers of its two mmas: bf16 pairs (q_e, q_{e+4}) * scale + bias. */
+static __device__ __forceinline__ void tc_dequant4(uint32_t w, __nv_bfloat162 s, __nv_bfloat162 b, uint32_t (&p)[4]) {
+    const __nv_bfloat162 c128 = __floats2bfloat162_rn(128.0f, 128.0f);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t t = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+        __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&t), c128);
+        __nv_bfloat162 v = __hfma2(q, s, b);
+        p[j] = *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+template <int KIND, int NT, int PAIR>
+__global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, int M, const gv_segs sg, int K, int act,
+                                                 int kp, float *__restrict__ part, int *__restrict__ ticket) {
+    typedef tc<KIND, PAIR, NT> C;
+    constexpr int T = PAIR ? 2 : 1, F = T * NT * 4; /* row tiles per warp (the pair's gate and up); sums per thread */
+    __shared__ int last;
+    cuda_pdl_trigger();
+    const gv_seg S = seg_pick(sg, blockIdx.y);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int grp = blockIdx.x / kp, kq = blockIdx.x % kp, n0 = grp * 16 * TC_WARPS + warp * 16;
+    if (grp * 16 * TC_WARPS >= S.N) { /* the whole block past this segment's rows */
+        cuda_pdl_wait();
+        return;
+    }
+    const bool live = n0 < S.N; /* a dead warp still meets the block's barrier */
+    /* rows g and g + 8 of each tile (clamped: rows past N compute row N - 1 and are not stored) */
+    const char *wr[T][2];
+    const void *sp[T], *bp[T];
+    int64_t grow[T][2];
+    const int64_t rb = C::Q ? (int64_t)K / 2 : (int64_t)K * 2; /* row bytes */
+    const int gpr = C::Q ? K / sg.group : 1;
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        const void *base = PAIR ? (t == 0 ? sg.s[0].w : sg.s[1].w) : S.w;
+        sp[t] = PAIR ? (t == 0 ? sg.s[0].scales : sg.s[1].scales) : S.scales;
+        bp[t] = PAIR ? (t == 0 ? sg.s[0].biases : sg.s[1].biases) : S.biases;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int n = n0 + g + 8 * h, row = n < S.N ? n : S.N - 1 < 0 ? 0 : S.N - 1;
+            wr[t][h] = (const char *)base + (int64_t)row * rb;
+            grow[t][h] = (int64_t)row * gpr;
+        }
+    }
+    const int steps = (K + C::SK - 1) / C::SK, per = (steps + kp - 1) / kp;
+    const int s0 = kq * per, s1 = s0 + per < steps ? s0 + per : steps; /* this block's steps */
+
+    auto load = [&](tc_ld<T> &L, int s) {
+        const int k = s * C::SK + c * C::E; /* this lane's first k; a lane's vector is all in K or all out */
+        const bool in = live && s < s1 && k < K;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                L.w[t][h] = in ? __ldcs((const uint4 *)(wr[t][h] + (C::Q ? k / 2 : (int64_t)k * 2))) : make_uint4(0, 0, 0, 0);
+                if constexpr (C::Q) {
+                    const int64_t gi = grow[t][h] + (in ? k : 0) / sg.group;
+                    L.s[t][h] = in ? raw_at(sp[t], sg.sdt, gi) : 0u;
+                    L.b[t][h] = in ? raw_at(bp[t], sg.sdt, gi) : 0u; /* a zero word with a zero bias adds 0 */
+                }
+            }
+    };
+
+    float d[T][NT][4];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[t][j][i] = 0.0f;
+
+    /* x of the chunk being computed: 8 NT rows of C::CH values as bf16 (f16) pairs in the order the B
+     * registers take them (stage), read back as one 16-byte load per n-tile and pair of mmas */
+    __shared__ __align__(16) uint32_t xs[NT * 8][(C::CH + TC_PAD) / 2];
+    auto stage = [&](int cs, int ce) {
+        const int n8 = (ce - cs) * C::SK / 8, k0 = cs * C::SK; /* groups of 8 values a row */
+        for (int idx = threadIdx.x; idx < NT * 8 * n8; idx += blockDim.x) {
+            const int r = idx / n8, q = idx % n8, k = k0 + 8 * q;
+            float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+            if (r < M && k < K) {
+                lo = __ldg((const float4 *)(x + (int64_t)r * K + k));
+                hi = __ldg((const float4 *)(x + (int64_t)r * K + k + 4));
+            }
+            uint4 v;
+            int at = 8 * q; /* dense: in order, pairs (0,1) (2,3) (4,5) (6,7) */
+            if constexpr (C::Q) { /* word i of lane c at 32 i + 8 c of its step; pairs (e, e + 4) */
+                const int kk = at % 128;
+                at = at - kk + 32 * (kk % 32 / 8) + 8 * (kk / 32);
+                v = make_uint4(tc_pack(lo.x, hi.x, 0), tc_pack(lo.y, hi.y, 0), tc_pack(lo.z, hi.z, 0), tc_pack(lo.w, hi.w, 0));
+            } else {
+                v = make_uint4(tc_pack(lo.x, lo.y, C::F16), tc_pack(lo.z, lo.w, C::F16), tc_pack(hi.x, hi.y, C::F16),
+                               tc_pack(hi.z, hi.w, C::F16));
+            }
+            *(uint4 *)&xs[r][at / 2] = v;
+        }
+    };
+
+    auto compute = [&](const tc_ld<T> &L, int s, int cs) {
+        const int kc = (s - cs) * C::SK; /* the step's first value in the chunk */
+        if constexpr (C::Q) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* word i: values k + 8 i .. k + 8 i + 7 */
+                uint4 b[NT];
+#pragma unroll
+                for (int j = 0; j < NT; j++) b[j] = *(const uint4 *)&xs[8 * j + g][(kc + 32 * i + 8 * c) / 2];
+                uint32_t a[T][2][4];
+#pragma unroll
+                for (int t = 0; t < T; t++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t wi = i == 0 ? L.w[t][h].x : i == 1 ? L.w[t][h].y : i == 2 ? L.w[t][h].z : L.w[t][h].w;
+                        tc_dequant4(wi, __float2bfloat162_rn(raw_val(L.s[t][h], sg.sdt)),
+                                    __float2bfloat162_rn(raw_val(L.b[t][h], sg.sdt)), a[t][h]);
+                    }
+#pragma unroll
+                for (int t = 0; t < T; t++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        tc_mma<0>(d[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b[j].x, b[j].y);
+                        tc_mma<0>(d[t][j], a[t][0][2], a[t][1][2], a[t][0][3], a[t][1][3], b[j].z, b[j].w);
+                    }
+            }
+        } else {
+            uint4 b[NT];
+#pragma unroll
+            for (int j = 0; j < NT; j++) b[j] = *(const uint4 *)&xs[8 * j + g][(kc + 8 * c) / 2];
+#pragma unroll
+            for (int t = 0; t < T; t++)
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const uint4 &w0 = L.w[t][0], &w1 = L.w[t][1];
+                    tc_mma<C::F16>(d[t][j], w0.x, w1.x, w0.y, w1.y, b[j].x, b[j].y);
+                    tc_mma<C::F16>(d[t][j], w0.z, w1.z, w0.w, w1.w, b[j].z, b[j].w);
+                }
+        }
+    };
+
+    /* chunks of C::CH values (a whole number of U-step rounds, so a round never straddles two);
+     * the weights of the next round are in flight across the chunk's barriers */
+    constexpr int SPC = C::CH / C::SK;
+    static_assert(SPC % C::U == 0, "a chunk holds whole rounds of loads");
+    tc_ld<T> cur[C::U], nxt[C::U];
+#pragma unroll
+    for (int u = 0; u < C::U; u++) load(cur[u], s0 + u);
+    cuda_pdl_wait(); /* x is ready */
+    for (int cs = s0; cs < s1; cs += SPC) {
+        const int ce = cs + SPC < s1 ? cs + SPC : s1;
+        __syncthreads(); /* the previous chunk is read */
+        stage(cs, ce);
+        __syncthreads();
+        for (int s = cs; s < ce; s += C::U) {
+            const bool more = s + C::U < s1;
+            if (more)
+#pragma unroll
+                for (int u = 0; u < C::U; u++) load(nxt[u], s + C::U + u);
+            if (live)
+#pragma unroll
+                for (int u = 0; u < C::U; u++)
+                    if (s + u < ce) compute(cur[u], s + u, cs);
+            if (more)
+#pragma unroll
+                for (int u = 0; u < C::U; u++) cur[u] = nxt[u];
+        }
+    }
+
+    /* the K parts of a row block meet in scratch; the last block to arrive adds them in part order */
+    if (kp > 1) {
+        float *mine = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * F * 256;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) __stcg(mine + ((t * NT + j) * 4 + i) * 256 + threadIdx.x, d[t][j][i]);
+        __threadfence();
+        __syncthreads();
+        int *tk = ticket + blockIdx.y * (gridDim.x / kp) + grp;
+        if (threadIdx.x == 0) last = atomicAdd(tk, 1) == kp - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        const float *all = part + ((int64_t)blockIdx.y * gridDim.x + (int64_t)grp * kp) * F * 256;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float sum = 0.0f;
+                    for (int q = 0; q < kp; q++) sum += __ldcg(all + ((int64_t)q * F + (t * NT + j) * 4 + i) * 256 + threadIdx.x);
+                    d[t][j][i] = sum;
+                }
+        if (threadIdx.x == 0) *tk = 0;
+    }
+    /* d[t][j][i]: row n0 + g + 8 (i / 2), column (x row) 8 j + 2 c + i % 2 */
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int m = 8 * j + 2 * c + (i & 1), n = n0 + g + 8 * (i >> 1);
+            if (!live || m >= M || n >= S.N) continue;
+            if constexpr (PAIR) {
+                const float gt = d[0][j][i] + bias_at(sg.s[0].bias, sg.s[0].bt, n);
+                const float up = d[1][j][i] + bias_at(sg.s[1].bias, sg.s[1].bt, n);
+                sg.s[0].y[(int64_t)m * S.N + n] = glu_act(gt, act) * up;
+                sg.s[1].y[(int64_t)m * S.N + n] = up;
+            } else {
+                S.y[(int64_t)m * S.N + n] = d[0][j][i] + bias_at(S.bias, S.bt, n);
+            }
+        }
+}
+
+int cuda_gemv_tc_rows(int kind) { return kind == GV_Q4 ? CUDA_GEMV_TC_ROWS : CUDA_GEMV_TC_ROWS / 2; }
+
+int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, int M) {
+    if (M < 2 || M > cuda_gemv_tc_rows(kind) || cb->gemv_variant == 2 || w->shape[1] % 8) return 0;
+    if (kind == GV_Q4) return w->q.group > 0 && w->q.group % 32 == 0;
+    return kind == GV_BF16 || kind == GV_F16;
+}
+
+/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor two
+ * blocks, while each part keeps at least 8 steps of K. */
+static int tc_parts(const cuda_backend *cb, int groups, int steps) {
+    int kp = 1;
+    while (kp < 16 && (int64_t)groups * kp < 2 * cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
+    return kp;
+}
+
+typedef void (*tc_fn)(const float *, int, const gv_segs, int, int, int, float *, int *);
+template <int KIND, int PAIR> static tc_fn tc_kernel(int nt) {
+    switch (nt) {
+    case 1: return k_gemv_tc<KIND, 1, PAIR>;
+    case 2: return k_gemv_tc<KIND, 2, PAIR>;
+    case 3: return k_gemv_tc<KIND, 3, PAIR>;
+    default: return k_gemv_tc<KIND, 4, PAIR>;
+    }
+}
+template <int PAIR> static tc_fn tc_kernel(int kind, int nt) {
+    switch (kind) {
+    case GV_BF16: return tc_kernel<GV_BF16, PAIR>(nt);
+    case GV_F16: return tc_kernel<GV_F16, PAIR>(nt);
+    default: return tc_kernel<GV_Q4, PAIR>(nt);
+    }
+}
+
+/* The K parts' scratch: tickets [3, 4 SMs] (zeroed when new) and sums [3, 4 SMs, 32 * 256] floats, the
+ * most a launch of kp > 1 needs (groups * kp < 4 SMs per segment; one size, so a graph capture never
+ * grows it).  NULL (no error kept) when it does not fit: the launch then takes no K parts. */
+static int *tc_scratch(cuda_backend *cb, float **part) {
+    const size_t cells = (size_t)3 * 4 * cb->sm_count, bytes = cells * sizeof(int) + cells * 32 * 256 * sizeof(float);
+    const void *old = cb->scratch[CUDA_SCRATCH_GEMV];
+    const size_t old_bytes = cb->scratch_bytes[CUDA_SCRATCH_GEMV];
+    const lmx_err keep = cb->base.err;
+    char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_GEMV, bytes);
+    if (!buf) {
+        cb->base.err = keep;
+        return NULL;
+    }
+    if ((buf != old || cb->scratch_bytes[CUDA_SCRATCH_GEMV] != old_bytes) &&
+        cudaMemsetAsync(buf, 0, cells * sizeof(int), cb->stream) != cudaSuccess)
+        return NULL;
+    *part = (float *)(buf + cells * sizeof(int));
+    return (int *)buf;
+}
+
+lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K) {
+    const int rows = 16 * TC_WARPS, sk = kind == GV_Q4 ? 128 : 32;
+    int groups = 0, gmax = 1;
+    for (int i = 0; i < n; i++) {
+        const int gi = (sg->s[i].N + rows - 1) / rows;
+        groups += gi;
+        if (gi > gmax) gmax = gi;
+    }
+    int kp = tc_parts(cb, groups, (K + sk - 1) / sk);
+    float *part = NULL;
+    int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
+    if (!ticket) kp = 1;
+    const int nt = (M + 7) / 8;
+    const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
+    cuda_launch(cb, k, dim3((unsigned)(gmax * kp), glu >= 0 ? 1 : n), 256, 0, x, M, *sg, K, glu < 0 ? 0 : glu, kp, part,
+                ticket);
+    return cuda_check_launch(cb, glu >= 0 ? "matmul + glu (tensor cores)" : "matmul (tensor cores)");
+}
