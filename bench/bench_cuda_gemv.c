@@ -1,7 +1,8 @@
 /* bench_cuda_gemv.c - the cuda backend's matmul op alone on decode shapes: per weight format, shape
  * [N, K] and row count M, the time of one call (mean of REPS back-to-back calls, after warm-up) and
  * the weight bytes it streams per second.  The shapes are Llama-3.1-8B's projections and lm head.
- * usage: bench_cuda_gemv [REPS]     (LMX_CUDA_GEMV=2: the CUDA-core kernels for 2..8 rows, cuBLAS above)
+ * usage: bench_cuda_gemv [REPS [FORMAT SHAPE M]]   (LMX_CUDA_GEMV=2: the CUDA-core kernels for 2..8 rows,
+ * cuBLAS above; FORMAT bf16 or q4, SHAPE as printed ("q/o", "lm head"...), M: only that case, e.g. for ncu)
  * Prints one line per case: format N K M  us/call  GB/s; then the time of reading M rows of logits to
  * the host. */
 #include <stdint.h>
@@ -59,6 +60,8 @@ static int make_weight(lmx_backend *be, int bits, int64_t N, int64_t K, lmx_tens
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    const char *only_fmt = argc > 4 ? argv[2] : NULL, *only_shape = argc > 4 ? argv[3] : NULL;
+    const int only_m = argc > 4 ? atoi(argv[4]) : 0;
     lmx_err err = {0};
     lmx_backend *be = NULL;
     if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&be, &err) != LMX_OK) {
@@ -71,6 +74,7 @@ int main(int argc, char **argv) {
     printf("%-6s %-8s %7s %6s %3s %10s %8s\n", "format", "shape", "N", "K", "M", "us/call", "GB/s");
     for (int bits = 0; bits <= 4; bits += 4)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            if (only_fmt && (strcmp(only_fmt, bits ? "q4" : "bf16") || strcmp(only_shape, shapes[s].name))) continue;
             lmx_tensor w;
             double bytes;
             if (make_weight(be, bits, shapes[s].N, shapes[s].K, &w, &bytes)) {
@@ -79,6 +83,7 @@ int main(int argc, char **argv) {
             }
             for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
                 const int M = Ms[i];
+                if (only_m && M != only_m) continue;
                 lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, shapes[s].K}};
                 lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, shapes[s].N}};
                 if (be->ops->alloc(be, &x) || be->ops->alloc(be, &y)) return 1;
@@ -103,7 +108,7 @@ int main(int argc, char **argv) {
             }
         }
     /* what a batched decode step's logits cost to bring to the host (128256-entry vocabulary) */
-    for (int M = 1; M <= 32; M *= 2) {
+    for (int M = 1; M <= 32 && !only_fmt; M *= 2) {
         lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, 128256}};
         if (be->ops->alloc(be, &y)) return 1;
         const size_t n = (size_t)M * 128256 * 4;
