@@ -59,6 +59,11 @@ static int make_weight(lmx_backend *be, int bits, int64_t N, int64_t K, lmx_tens
 }
 
 int main(int argc, char **argv) {
+#ifndef LMX_HAVE_CUDA
+    (void)argc, (void)argv, (void)make_weight, (void)now_s;
+    printf("built without CUDA\n");
+    return 0;
+#else
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     const char *only_fmt = argc > 4 ? argv[2] : NULL, *only_shape = argc > 4 ? argv[3] : NULL;
     const int only_m = argc > 4 ? atoi(argv[4]) : 0;
@@ -123,4 +128,5 @@ int main(int argc, char **argv) {
     }
     lmx_backend_free(be);
     return 0;
+#endif
 }
