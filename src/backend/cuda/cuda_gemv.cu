@@ -418,11 +418,13 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
                 const int n = n0 + lane;
                 if (L.lb && n < S.N) asm volatile("prefetch.global.L2 [%0];" ::"l"(L.lb + (int64_t)n * L.lr));
             }
+    if constexpr (NORM != 0) /* the norm's weights + add_one, a weight read before the wait (each thread its own) */
+        for (int i = tid; i < K; i += 256) xsm[G1_PAD(i)] = cuda_elem(nm.w, nm.wt, i) + nm.add_one;
     cuda_pdl_wait(); /* x is ready */
 
     if constexpr (NORM != 0) { /* rmsnorm(x), as the norm kernels compute it */
         const float inv = cuda_rms_inv256(x, K, nm.eps, part);
-        for (int i = tid; i < K; i += 256) xsm[G1_PAD(i)] = x[i] * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
+        for (int i = tid; i < K; i += 256) xsm[G1_PAD(i)] = x[i] * inv * xsm[G1_PAD(i)];
     } else {
         for (int i = tid; i < K / 4; i += 256) *(float4 *)(xsm + G1_PAD(4 * i)) = __ldg((const float4 *)x + i);
     }

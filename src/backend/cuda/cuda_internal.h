@@ -246,9 +246,28 @@ static __device__ __forceinline__ float cuda_rms_inv256(const float *x, int K, f
 }
 
 /* B[n, :] . t over rank r: LoRA's expand term for one output, one fixed chain of fused multiply-adds
- * (the expand kernel and the GEMVs that fold it in agree bit for bit). */
+ * (the expand kernel and the GEMVs that fold it in agree bit for bit).  Up to rank 16 every load is
+ * issued before the chain starts: the GEMVs' epilogue waits for one round trip to L2, not one per 4. */
 static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const float *t, int r) {
     float acc = 0.0f;
+    if ((r & 3) == 0 && r <= 16 && ((uintptr_t)t & 15) == 0) { /* every load in flight before the first FMA */
+        float4 b4[4], t4[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (4 * q < r) {
+                b4[q] = __ldg((const float4 *)(brow + 4 * q));
+                t4[q] = __ldg((const float4 *)(t + 4 * q)); /* t: written by an earlier kernel, read-only here */
+            }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (4 * q < r) {
+                acc = __fmaf_rn(b4[q].x, t4[q].x, acc);
+                acc = __fmaf_rn(b4[q].y, t4[q].y, acc);
+                acc = __fmaf_rn(b4[q].z, t4[q].z, acc);
+                acc = __fmaf_rn(b4[q].w, t4[q].w, acc);
+            }
+        return acc;
+    }
     int j = 0;
     if ((r & 3) == 0) /* the rows of B are 16-byte aligned: r * 4 bytes, a multiple of 16 */
         for (; j < r; j += 4) {

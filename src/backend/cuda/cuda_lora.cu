@@ -85,10 +85,16 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_
     if ((g.K & 3) == 0) {
         const float4 *a4 = (const float4 *)arow, *x4 = (const float4 *)xr;
         const int64_t nv = g.K / 4, k0 = (int64_t)c * LORA_CHUNK + threadIdx.x;
-        float4 av[LORA_UNROLL];
+        float4 av[LORA_UNROLL], wv[NORM ? LORA_UNROLL : 1]; /* A and the norm's weights + add_one: before the wait */
 #pragma unroll
-        for (int u = 0; u < LORA_UNROLL; u++)
-            av[u] = k0 + u * LORA_SHRINK_THREADS < nv ? __ldg(a4 + k0 + u * LORA_SHRINK_THREADS) : make_float4(0, 0, 0, 0);
+        for (int u = 0; u < LORA_UNROLL; u++) {
+            const int64_t kk = k0 + u * LORA_SHRINK_THREADS;
+            av[u] = kk < nv ? __ldg(a4 + kk) : make_float4(0, 0, 0, 0);
+            if constexpr (NORM != 0)
+                wv[u] = kk < nv ? make_float4(cuda_elem(nm.w, nm.wt, 4 * kk) + nm.add_one, cuda_elem(nm.w, nm.wt, 4 * kk + 1) + nm.add_one,
+                                              cuda_elem(nm.w, nm.wt, 4 * kk + 2) + nm.add_one, cuda_elem(nm.w, nm.wt, 4 * kk + 3) + nm.add_one)
+                                : make_float4(0, 0, 0, 0);
+        }
         cuda_pdl_wait();
         float4 xs[LORA_UNROLL]; /* loaded before the norm's pass over x, so that both are in flight at once */
 #pragma unroll
@@ -100,11 +106,11 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_
             const int64_t kk = k0 + u * LORA_SHRINK_THREADS;
             if (kk < nv) {
                 float4 xv = xs[u];
-                if (NORM) { /* the norm op's arithmetic, element by element */
-                    xv.x = xv.x * inv * (cuda_elem(nm.w, nm.wt, 4 * kk) + nm.add_one);
-                    xv.y = xv.y * inv * (cuda_elem(nm.w, nm.wt, 4 * kk + 1) + nm.add_one);
-                    xv.z = xv.z * inv * (cuda_elem(nm.w, nm.wt, 4 * kk + 2) + nm.add_one);
-                    xv.w = xv.w * inv * (cuda_elem(nm.w, nm.wt, 4 * kk + 3) + nm.add_one);
+                if constexpr (NORM != 0) { /* the norm op's arithmetic, element by element */
+                    xv.x = xv.x * inv * wv[u].x;
+                    xv.y = xv.y * inv * wv[u].y;
+                    xv.z = xv.z * inv * wv[u].z;
+                    xv.w = xv.w * inv * wv[u].w;
                 }
                 acc = __fmaf_rn(av[u].x, xv.x, acc);
                 acc = __fmaf_rn(av[u].y, xv.y, acc);
