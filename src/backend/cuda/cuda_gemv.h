@@ -112,8 +112,9 @@ static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *
 }
 
 /* Tensor cores (cuda_gemv_tc.cu): 1 when k_gemv_tc takes weight w (of kind, gv_kind) for M rows (2 ..
- * cuda_gemv_tc_rows: 32 for MLX 4-bit with groups of 32k, 16 for bf16 and f16, beyond which cuBLAS is
- * as fast); cuda_gemv_tc launches it for the n segments of sg, no opts. */
+ * cuda_gemv_tc_rows: 32; bf16, f16, MLX 4-bit with groups of 32k; at 17-32 rows cuBLAS is ~15% faster
+ * on the big matrices, but cannot sit in a decode graph as cheaply); cuda_gemv_tc launches it for the
+ * n segments of sg, no opts. */
 int cuda_gemv_tc_rows(int kind);
 int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, int M);
 lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K);

@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
         }
 }
 
-int cuda_gemv_tc_rows(int kind) { return kind == GV_Q4 ? CUDA_GEMV_TC_ROWS : CUDA_GEMV_TC_ROWS / 2; }
+int cuda_gemv_tc_rows(int kind) { return kind >= 0 ? CUDA_GEMV_TC_ROWS : 0; }
 
 int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, int M) {
     if (M < 2 || M > cuda_gemv_tc_rows(kind) || cb->gemv_variant == 2 || w->shape[1] % 8) return 0;

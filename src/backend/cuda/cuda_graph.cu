@@ -241,7 +241,7 @@ static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, con
         if (g->mode == G_REC) g->n_rec = 0;
     }
     if (g->mode == G_REPLAY) {
-        if (fits && g->pos < g->n_rec && memcmp(r, &g->rec[g->pos], sizeof *r) == 0 && g_stash(g, r, ids, bt)) {
+        if (fits && g->pos < g->n_rec && g_rec_same(r, &g->rec[g->pos]) && g_stash(g, r, ids, bt)) {
             g->pos++;
             *absorbed = 1;
             /* From the first attention on, the step's token ids, positions and KV caches are the ones
@@ -277,7 +277,7 @@ static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, con
                 if (!nr || !ns) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda graph: out of memory");
                 g->cap_rec = cap;
             }
-            memcpy(&g->rec[g->n_rec++], r, sizeof *r);
+            g_rec_copy(&g->rec[g->n_rec++], r);
             if (!g_stash(g, r, ids, bt)) { /* inconsistent batches within a step: no graph */
                 g->mode = G_OFF;
                 g->n_rec = 0;
@@ -343,7 +343,7 @@ static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ta
                                (long long)V);
     if (M <= 0) return LMX_OK;
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_EMBED;
     r.M = M;
     r.f0 = scale;
@@ -355,7 +355,7 @@ static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ta
 static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                             int n, float eps, float add_one) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_RMSNORM;
     r.M = rows;
     r.n = n;
@@ -370,7 +370,7 @@ static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
 static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                            const lmx_tensor *bias, int M) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_MATMUL;
     r.M = M;
     rec_t(&r, 0, out);
@@ -382,7 +382,7 @@ static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x
 
 static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_ADD;
     r.n = n;
     rec_t(&r, 0, y);
@@ -393,7 +393,7 @@ static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
 static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                         lmx_act act) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_GLU;
     r.n = n;
     r.i0 = (int)act;
@@ -406,7 +406,7 @@ static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate
 /* an in-place op on n values of x with one parameter f (softcap, scale) */
 static lmx_status w_in_place(lmx_backend *be, int op, lmx_tensor *x, int64_t n, float f) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = op;
     r.n = n;
     r.f0 = f;
@@ -417,7 +417,7 @@ static lmx_status w_in_place(lmx_backend *be, int op, lmx_tensor *x, int64_t n, 
 static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
     if (!cuda_moe_takes((cuda_backend *)be, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_MOE;
     r.M = a->M;
     r.i0 = a->E;
@@ -436,12 +436,13 @@ static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
 static void rec_batch(g_rec *r, const lmx_batch *bt) {
     r->B = bt->B;
     r->T = bt->T;
+    g_rec_clear_seq(r, bt->B);
 }
 
 static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
                          const lmx_rope *rope) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_ROPE;
     rec_batch(&r, batch);
     r.i0 = nh;
@@ -469,7 +470,7 @@ static void rec_kv(g_rec *r, lmx_kv_layer *const *kv, int B) {
 static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
     cuda_backend *cb = (cuda_backend *)be;
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_ATTENTION;
     rec_batch(&r, a->batch);
     r.i0 = a->H;
@@ -496,7 +497,7 @@ static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lm
                                batch->n_past[b] + batch->n_new[b]);
     }
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_KV_APPEND;
     rec_batch(&r, batch);
     rec_t(&r, 0, k);
@@ -508,9 +509,10 @@ static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lm
 static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
                                 int64_t n) {
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_GATHER;
     r.M = R;
+    g_rec_clear_seq(&r, R);
     r.n = n;
     rec_t(&r, 0, out);
     rec_t(&r, 1, x);
@@ -523,10 +525,11 @@ static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, in
                          const lmx_lora_pair *const *pairs) {
     cuda_backend *cb = (cuda_backend *)be;
     g_rec r;
-    memset(&r, 0, sizeof r);
+    g_rec_clear(&r);
     r.op = G_LORA;
     r.M = B * T;
     r.B = B;
+    g_rec_clear_seq(&r, B);
     r.T = T;
     if (B > CUDA_G_MAX || T != 1) { /* never graphed (the record cannot hold the pairs): leave graph mode */
         int absorbed = 0;

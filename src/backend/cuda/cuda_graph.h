@@ -3,26 +3,71 @@
 #ifndef LMX_BACKEND_CUDA_GRAPH_H
 #define LMX_BACKEND_CUDA_GRAPH_H
 
+#include <stddef.h>
+#include <string.h>
+
 #include "cuda_internal.h"
 
 enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA, G_SCALE, G_MOE };
 enum { G_OFF = 0, G_REC, G_REPLAY };
 
-/* One op call; zero-filled before use so that memcmp compares it. */
+/* One op call.  The fields up to kvp are zero-filled before use (g_rec_clear) so that memcmp compares
+ * them; of the per-sequence arrays after them only the first g_rec_nseq entries mean anything (zeroed
+ * and filled by the op's wrapper), so a record costs its batch, not CUDA_G_MAX, to clear and compare. */
 typedef struct g_rec {
     int op, M, B, T, i0, i1, i2, splits, has[4];
     int64_t n;
     float f0, f1;
     lmx_tensor t[4];
     lmx_rope rope;
+    const lmx_tensor *experts;        /* G_MOE: the layer's experts [3 E] (t[0..2]: out, x, logits) */
+    const float *escale;              /*        their scales [E], or NULL */
+    int act;                          /*        the experts' activation (i0..i2: E, K, norm_topk) */
     lmx_kv_layer *kvp[CUDA_G_MAX];
     void *kd[CUDA_G_MAX], *vd[CUDA_G_MAX];
     int cap[CUDA_G_MAX], rot[CUDA_G_MAX], win[CUDA_G_MAX], rows[CUDA_G_MAX];
     lmx_lora_pair lora[CUDA_G_MAX];   /* G_LORA: each sequence's pair (a.data NULL: none) */
-    const lmx_tensor *experts;        /* G_MOE: the layer's experts [3 E] (t[0..2]: out, x, logits) */
-    const float *escale;              /*        their scales [E], or NULL */
-    int act;                          /*        the experts' activation (i0..i2: E, K, norm_topk) */
 } g_rec;
+
+/* Entries of r's per-sequence arrays in use: its rows (gather) or sequences, at most CUDA_G_MAX. */
+static inline int g_rec_nseq(const g_rec *r) {
+    const int n = r->op == G_GATHER ? r->M : r->B;
+    return n < 0 ? 0 : n > CUDA_G_MAX ? CUDA_G_MAX : n;
+}
+/* The fixed fields zeroed; then the first n entries of every per-sequence array. */
+static inline void g_rec_clear(g_rec *r) { memset(r, 0, offsetof(g_rec, kvp)); }
+static inline void g_rec_clear_seq(g_rec *r, int n) {
+    n = n < 0 ? 0 : n > CUDA_G_MAX ? CUDA_G_MAX : n;
+    memset(r->kvp, 0, (size_t)n * sizeof r->kvp[0]);
+    memset(r->kd, 0, (size_t)n * sizeof r->kd[0]);
+    memset(r->vd, 0, (size_t)n * sizeof r->vd[0]);
+    memset(r->cap, 0, (size_t)n * sizeof r->cap[0]);
+    memset(r->rot, 0, (size_t)n * sizeof r->rot[0]);
+    memset(r->win, 0, (size_t)n * sizeof r->win[0]);
+    memset(r->rows, 0, (size_t)n * sizeof r->rows[0]);
+    memset(r->lora, 0, (size_t)n * sizeof r->lora[0]);
+}
+/* 1 when a and b record the same call (fixed fields and the entries in use). */
+static inline int g_rec_same(const g_rec *a, const g_rec *b) {
+    if (memcmp(a, b, offsetof(g_rec, kvp))) return 0;
+    const size_t n = (size_t)g_rec_nseq(a);
+    return !memcmp(a->kvp, b->kvp, n * sizeof a->kvp[0]) && !memcmp(a->kd, b->kd, n * sizeof a->kd[0]) &&
+           !memcmp(a->vd, b->vd, n * sizeof a->vd[0]) && !memcmp(a->cap, b->cap, n * sizeof a->cap[0]) &&
+           !memcmp(a->rot, b->rot, n * sizeof a->rot[0]) && !memcmp(a->win, b->win, n * sizeof a->win[0]) &&
+           !memcmp(a->rows, b->rows, n * sizeof a->rows[0]) && !memcmp(a->lora, b->lora, n * sizeof a->lora[0]);
+}
+static inline void g_rec_copy(g_rec *dst, const g_rec *src) {
+    const size_t n = (size_t)g_rec_nseq(src);
+    memcpy(dst, src, offsetof(g_rec, kvp));
+    memcpy(dst->kvp, src->kvp, n * sizeof src->kvp[0]);
+    memcpy(dst->kd, src->kd, n * sizeof src->kd[0]);
+    memcpy(dst->vd, src->vd, n * sizeof src->vd[0]);
+    memcpy(dst->cap, src->cap, n * sizeof src->cap[0]);
+    memcpy(dst->rot, src->rot, n * sizeof src->rot[0]);
+    memcpy(dst->win, src->win, n * sizeof src->win[0]);
+    memcpy(dst->rows, src->rows, n * sizeof src->rows[0]);
+    memcpy(dst->lora, src->lora, n * sizeof src->lora[0]);
+}
 
 typedef struct cuda_graph {
     int mode, pos;

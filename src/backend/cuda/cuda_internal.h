@@ -42,7 +42,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
  * sequence) are recorded op by op; once a step repeats with the same ops and tensors, the backend
  * replays one captured graph.  The per-step values (token ids, n_past, n_new) then come from a small
  * device array (dyn, layout below) that is refreshed with one copy before each replay. */
-#define CUDA_G_MAX 8
+#define CUDA_G_MAX 32
 enum { CUDA_DYN_IDS = 0, CUDA_DYN_PAST = CUDA_G_MAX, CUDA_DYN_NEW = 2 * CUDA_G_MAX, CUDA_DYN_N = 3 * CUDA_G_MAX };
 
 struct cuda_graph;
@@ -144,7 +144,7 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
  * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
  * LMX_ERR_UNSUPPORTED otherwise. */
 #define CUDA_GEMV_ROWS 8
-#define CUDA_GEMV_TC_ROWS 32 /* the tensor-core kernels' most rows (MLX 4-bit; bf16 / f16: 16) */
+#define CUDA_GEMV_TC_ROWS 32 /* the tensor-core kernels' most rows (bf16 / f16 / MLX 4-bit) */
 typedef struct cuda_gemv_opts {
     const lmx_tensor *norm_w;
     float eps, add_one;

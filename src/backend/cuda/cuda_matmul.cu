@@ -1,7 +1,7 @@
 /* cuda_matmul.cu - out[M, N] = x[M, K] @ w[N, K]^T (+ bias) on the GPU, embedding rows and weight
  * dequantization.
  *
- * Few rows (decode: dense M <= 8, or 16 for bf16 / f16; quantized M <= 32): the GEMV kernels of
+ * Few rows (decode: dense M <= 8, or 32 for bf16 / f16; quantized M <= 32): the GEMV kernels of
  * cuda_gemv.cu and cuda_gemv_tc.cu, which stream each weight byte once per launch.  Many rows (prefill): cuBLAS tensor-core GEMM with bf16 (f16)
  * operands and f32 output; x is narrowed once, quantized weights are dequantized to bf16 in blocks
  * of rows first. */

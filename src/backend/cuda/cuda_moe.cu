@@ -13,7 +13,7 @@
  * the host (per-expert GEMMs on the rows gathered for each). */
 #include "cuda_internal.h"
 
-#define CUDA_MOE_PAIRS 64 /* rows x choices a launch takes: CUDA_G_MAX rows of 8 choices */
+#define CUDA_MOE_PAIRS 64 /* rows x choices a launch takes (8 rows of 8 choices); more: routed on the host */
 #define MOE_ROUTE_MAX 256 /* experts the routing kernel takes: 8 per lane */
 
 typedef struct moe_escale { float s[MOE_ROUTE_MAX]; int on; } moe_escale;
