@@ -73,20 +73,26 @@ static void test_matmul(void) {
         test_matmul_case("mlx q8 g64", LMX_DTYPE_U32, 8, 64, 0, 29, 192, M, 1, tq);
         test_matmul_case("mlx q2 g32", LMX_DTYPE_U32, 2, 32, 0, 13, 128, M, 0, tq);
     }
-    /* GGUF blocks: up to 32 rows take x in int16 per 32 values (cuda_ggml.cu), beyond that the weights
-     * are dequantized to bf16 for cuBLAS.  Shapes with several blocks per row, rows that split among
-     * warps, and row counts that end mid-warp. */
+    /* GGUF blocks: one row, and up to 8 rows of the types without a tensor-core kernel, take x in int16
+     * per 32 values (cuda_ggml.cu); 9-32 rows of Q4_0, Q8_0, Q4_K, Q5_K and Q6_K, and 2-8 of such matrices
+     * of 4M values or more ("big"), run on the tensor cores with x in bf16 (cuda_gemv_tc.cu); beyond that the weights are dequantized to bf16 for cuBLAS.
+     * Shapes with several blocks per row, rows that split among warps, and row counts that end mid-warp. */
     const struct { const char *name; int type, N, K; } gg[] = {
         {"gguf q4_0", LMX_GGML_Q4_0, 23, 160}, {"gguf q4_1", LMX_GGML_Q4_1, 19, 96},   {"gguf q5_0", LMX_GGML_Q5_0, 21, 224},
         {"gguf q5_1", LMX_GGML_Q5_1, 17, 64},  {"gguf q8_0", LMX_GGML_Q8_0, 23, 96},   {"gguf q2_k", LMX_GGML_Q2_K, 13, 512},
         {"gguf q3_k", LMX_GGML_Q3_K, 11, 256}, {"gguf q4_k", LMX_GGML_Q4_K, 11, 512},  {"gguf q5_k", LMX_GGML_Q5_K, 9, 768},
         {"gguf q6_k", LMX_GGML_Q6_K, 11, 256}, {"gguf q4_k long", LMX_GGML_Q4_K, 300, 4096},
-        {"gguf q6_k long", LMX_GGML_Q6_K, 77, 2816}};
-    const int Mg[] = {1, 2, 3, 5, 8, 12, 40};
+        {"gguf q6_k long", LMX_GGML_Q6_K, 77, 2816}, {"gguf q4_k big", LMX_GGML_Q4_K, 1100, 4096},
+        {"gguf q8_0 big", LMX_GGML_Q8_0, 1030, 4096}};
+    const int Mg[] = {1, 2, 3, 5, 8, 12, 32, 40};
     for (size_t t = 0; t < sizeof gg / sizeof gg[0]; t++)
         for (size_t i = 0; i < sizeof Mg / sizeof Mg[0]; i++)
-            test_matmul_case(gg[t].name, LMX_DTYPE_U8, 0, 0, gg[t].type, gg[t].N, gg[t].K, Mg[i], (int)(t & 1),
-                             Mg[i] > 32 ? 2e-2 : 2e-4);
+        {
+            const int ty = gg[t].type, tc = ty == LMX_GGML_Q4_0 || ty == LMX_GGML_Q8_0 || ty == LMX_GGML_Q4_K ||
+                                               ty == LMX_GGML_Q5_K || ty == LMX_GGML_Q6_K;
+            test_matmul_case(gg[t].name, LMX_DTYPE_U8, 0, 0, ty, gg[t].N, gg[t].K, Mg[i], (int)(t & 1),
+                             Mg[i] > 32 ? 2e-2 : tc && (Mg[i] > 8 || (Mg[i] > 1 && gg[t].N * gg[t].K >= (1 << 22))) ? 5e-3 : 2e-4);
+        }
     /* unsupported GGUF types are refused, not computed wrongly */
     lmx_tensor t = {.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {4, 256}};
     static uint8_t junk[4 * 256];
@@ -138,7 +144,9 @@ static void test_elementwise(void) {
             lmx_tensor og = act(gpu, rows, n, NULL), oc = act(cpu, rows, n, NULL);
             CHECK(gpu->ops->glu(gpu, &og, &xg, &yg, m, (lmx_act)a) == LMX_OK);
             CHECK(cpu->ops->glu(cpu, &oc, &xc, &yc, m, (lmx_act)a) == LMX_OK);
-            compare(a ? "glu gelu_tanh" : "glu silu", &og, &oc, m, 1e-5);
+            /* gelu_tanh near x = -3 multiplies by 1 + tanh(...) ~ 0.006: the two backends' tanhf (fast math
+             * on the GPU) differ there by ~1e-7 absolute, which that cancellation makes ~3e-5 relative */
+            compare(a ? "glu gelu_tanh" : "glu silu", &og, &oc, m, a ? 1e-4 : 1e-5);
             free_pair(&og, &oc);
         }
         CHECK(gpu->ops->softcap(gpu, &yg, m, 2.5f) == LMX_OK && cpu->ops->softcap(cpu, &yc, m, 2.5f) == LMX_OK);

@@ -718,7 +718,8 @@ static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
 }
 
 int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w) {
-    const int kind = w->q.ggml_type ? -1 : gv_kind(w);
+    if (w->q.ggml_type) return cuda_gemv_tc_kind_gguf(cb, w, CUDA_GEMV_TC_ROWS) >= 0 ? CUDA_GEMV_TC_ROWS : CUDA_GEMV_ROWS;
+    const int kind = gv_kind(w);
     return kind >= 0 && cuda_gemv_tc_takes(cb, kind, w, 2) ? cuda_gemv_tc_rows(kind) : CUDA_GEMV_ROWS;
 }
 
@@ -736,8 +737,18 @@ int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
     if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_TC_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
-    if (ws[0]->q.ggml_type)
-        return M > CUDA_GEMV_ROWS ? LMX_ERR_UNSUPPORTED : cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
+    if (ws[0]->q.ggml_type) {
+        const int gk = opts ? -1 : cuda_gemv_tc_kind_gguf(cb, ws[0], M);
+        if (gk < 0) return M > CUDA_GEMV_ROWS ? LMX_ERR_UNSUPPORTED : cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
+        gv_segs sg;
+        memset(&sg, 0, sizeof sg);
+        for (int i = 0; i < n; i++) {
+            if (ws[i]->q.ggml_type != ws[0]->q.ggml_type || ws[i]->shape[1] != ws[0]->shape[1]) return LMX_ERR_UNSUPPORTED;
+            gv_seg_set(&sg.s[i], ws[i], biases[i], ys[i], NULL, i, 0);
+        }
+        if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
+        return cuda_gemv_tc(cb, gk, n, &sg, glu, x, M, (int)ws[0]->shape[1]);
+    }
     const int kind = gv_kind(ws[0]);
     if (kind < 0) return LMX_ERR_UNSUPPORTED;
     const int tcore = cuda_gemv_tc_takes(cb, kind, ws[0], M);
