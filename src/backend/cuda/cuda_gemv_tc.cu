@@ -175,51 +175,29 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 
     auto compute = [&](const tc_ld<T> &L, int s, int cs) {
         const int kc = (s - cs) * C::SK; /* the step's first value in the chunk */
-        if constexpr (C::GT != 0) { /* this lane's part of rows g and g + 8: values k .. k + 31 */
-            constexpr int EL = gq_traits<C::GT>::ELEMS, BY = gq_traits<C::GT>::BYTES;
-            const int k = s * C::SK + c * 32;
+        if constexpr (C::Q) {
+            /* GGUF: this lane's part of rows g and g + 8 (values k .. k + 31), decoded once for its 4 words */
             uint32_t q[T][2][8];
             float sc[T][2][2], mn[T][2][2];
-#pragma unroll
-            for (int t = 0; t < T; t++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    if (k < K) {
-                        gq_part<C::GT>((const uint8_t *)wr[t][h] + (int64_t)(k / EL) * BY, k % EL / 32, q[t][h], sc[t][h], mn[t][h]);
-                    } else {
-#pragma unroll
-                        for (int w = 0; w < 8; w++) q[t][h][w] = 0;
-                        sc[t][h][0] = sc[t][h][1] = mn[t][h][0] = mn[t][h][1] = 0.0f;
-                    }
-                }
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* values 8 i .. 8 i + 7 of the part, paired (e, e + 4) as the Q4 words */
-                uint4 b[NT];
-#pragma unroll
-                for (int j = 0; j < NT; j++) b[j] = *(const uint4 *)&xs[8 * j + g][(kc + 32 * i + 8 * c) / 2];
-                uint32_t a[T][2][4];
+            if constexpr (C::GT != 0) {
+                constexpr int EL = gq_traits<C::GT>::ELEMS, BY = gq_traits<C::GT>::BYTES;
+                const int k = s * C::SK + c * 32;
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++) {
+                        if (k < K) {
+                            gq_part<C::GT>((const uint8_t *)wr[t][h] + (int64_t)(k / EL) * BY, k % EL / 32, q[t][h], sc[t][h],
+                                           mn[t][h]);
+                        } else {
 #pragma unroll
-                        for (int jj = 0; jj < 4; jj++) { /* the prefill dequantizer's value, rounded to bf16 */
-                            __nv_bfloat162 v = __floats2bfloat162_rn(
-                                gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + jj, C::GT == LMX_GGML_Q8_0),
-                                gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + 4 + jj, C::GT == LMX_GGML_Q8_0));
-                            a[t][h][jj] = *reinterpret_cast<uint32_t *>(&v);
+                            for (int w = 0; w < 8; w++) q[t][h][w] = 0;
+                            sc[t][h][0] = sc[t][h][1] = mn[t][h][0] = mn[t][h][1] = 0.0f;
                         }
-#pragma unroll
-                for (int t = 0; t < T; t++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        tc_mma<0>(d[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b[j].x, b[j].y);
-                        tc_mma<0>(d[t][j], a[t][0][2], a[t][1][2], a[t][0][3], a[t][1][3], b[j].z, b[j].w);
                     }
             }
-        } else if constexpr (C::Q) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) { /* word i: values k + 8 i .. k + 8 i + 7 */
+            for (int i = 0; i < 4; i++) { /* word i: values k + 8 i .. k + 8 i + 7, paired (e, e + 4) */
                 uint4 b[NT];
 #pragma unroll
                 for (int j = 0; j < NT; j++) b[j] = *(const uint4 *)&xs[8 * j + g][(kc + 32 * i + 8 * c) / 2];
@@ -228,9 +206,19 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                 for (int t = 0; t < T; t++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const uint32_t wi = i == 0 ? L.w[t][h].x : i == 1 ? L.w[t][h].y : i == 2 ? L.w[t][h].z : L.w[t][h].w;
-                        tc_dequant4(wi, __float2bfloat162_rn(raw_val(L.s[t][h], sg.sdt)),
-                                    __float2bfloat162_rn(raw_val(L.b[t][h], sg.sdt)), a[t][h]);
+                        if constexpr (C::GT != 0) {
+#pragma unroll
+                            for (int jj = 0; jj < 4; jj++) { /* the prefill dequantizer's value, rounded to bf16 */
+                                __nv_bfloat162 v = __floats2bfloat162_rn(
+                                    gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + jj, C::GT == LMX_GGML_Q8_0),
+                                    gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + 4 + jj, C::GT == LMX_GGML_Q8_0));
+                                a[t][h][jj] = *reinterpret_cast<uint32_t *>(&v);
+                            }
+                        } else {
+                            const uint32_t wi = i == 0 ? L.w[t][h].x : i == 1 ? L.w[t][h].y : i == 2 ? L.w[t][h].z : L.w[t][h].w;
+                            tc_dequant4(wi, __float2bfloat162_rn(raw_val(L.s[t][h], sg.sdt)),
+                                        __float2bfloat162_rn(raw_val(L.b[t][h], sg.sdt)), a[t][h]);
+                        }
                     }
 #pragma unroll
                 for (int t = 0; t < T; t++)
