@@ -27,6 +27,7 @@
 #include "check.h"
 #include "lmx.h"
 #include "runtime/bridge.h"
+#include "test_files.h"
 
 static char tmpdir[256];
 
@@ -240,9 +241,7 @@ static void stopping(lmx_model *m, const char *path) {
  * <s> / </s>, a one-line chat template), read by lmx natively and by transformers in the child. */
 static void text_calls(const char *llama) {
     char dir[600], cmd[4096], data[512];
-    const char *env = getenv("LMX_TESTS_DATA"), *f = __FILE__, *slash = strrchr(f, '/');
-    if (env && *env) snprintf(data, sizeof data, "%s/bridge", env);
-    else snprintf(data, sizeof data, "%.*s/data/bridge", slash ? (int)(slash - f) : 1, slash ? f : ".");
+    test_data_dir(data, sizeof data, "bridge");
     snprintf(dir, sizeof dir, "%s/model", tmpdir);
     snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -s '%s'/config.json '%s'/model.safetensors '%s'/ && cp '%s'/tokenizer*.json '%s'/",
              dir, llama, llama, dir, data, dir);

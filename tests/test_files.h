@@ -27,6 +27,13 @@ TEST_HELPER char *fixture(const char *model, const char *file) {
     return strdup(buf);
 }
 
+/* The test data folder sub: LMX_TESTS_DATA/sub when set, else tests/data/sub next to this header. */
+TEST_HELPER void test_data_dir(char *out, size_t n, const char *sub) {
+    const char *env = getenv("LMX_TESTS_DATA"), *f = __FILE__, *slash = strrchr(f, '/');
+    if (env && *env) snprintf(out, n, "%s/%s", env, sub);
+    else snprintf(out, n, "%.*s/data/%s", slash ? (int)(slash - f) : 1, slash ? f : ".", sub);
+}
+
 TEST_HELPER char *case_dir(const char *tag) {
     char buf[256];
     snprintf(buf, sizeof buf, "/tmp/lmx_test_%s_XXXXXX", tag);

@@ -21,6 +21,7 @@
 #include "backend/cpu/ggml_quant.h"
 #include "base/half.h"
 #include "check.h"
+#include "test_files.h"
 
 /* Defined in ggml_quant.c (not in the header): the dot without SIMD dispatch. */
 
@@ -40,17 +41,6 @@ static const struct {
     {LMX_GGML_Q6_K, 256, 210, "Q6_K", {208, -1}},
 };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
-
-static void data_dir(char *out, size_t n) {
-    const char *env = getenv("LMX_TESTS_DATA");
-    if (env && env[0]) {
-        snprintf(out, n, "%s/ggml_quant", env);
-        return;
-    }
-    const char *f = __FILE__, *slash = strrchr(f, '/');
-    int len = slash ? (int)(slash - f) : 1;
-    snprintf(out, n, "%.*s/data/ggml_quant", len, slash ? f : ".");
-}
 
 /* Reads a whole file; *size gets its length.  NULL (and a failed check) if it cannot. */
 static void *read_all(const char *dir, const char *name, const char *ext, size_t *size) {
@@ -266,7 +256,7 @@ static void test_simd_vs_portable(int i) {
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     char dir[1024];
-    data_dir(dir, sizeof dir);
+    test_data_dir(dir, sizeof dir, "ggml_quant");
     test_sizes();
     size_t nx = 0;
     float *x = read_all(dir, "x", "f32", &nx);

@@ -24,12 +24,6 @@
 
 static const char *g_backend = "cpu";
 
-static void data_dir(char *out, size_t n) {
-    const char *env = getenv("LMX_TESTS_DATA"), *f = __FILE__, *slash = strrchr(f, '/');
-    if (env && *env) snprintf(out, n, "%s/inspect", env);
-    else snprintf(out, n, "%.*s/data/inspect", slash ? (int)(slash - f) : 1, slash ? f : ".");
-}
-
 static lmx_model *load(const char *name) {
     char *dir = fixture(name, NULL);
     lmx_load_params lp = lmx_load_default_params();
@@ -79,7 +73,7 @@ static void compare(const char *what, const float *got, const lmx_st_tensor *ref
 /* Every layer's keys, shared-from layer and probabilities of one prompt against the reference; 0 when absent. */
 static int case_reference(const char *name, const char *tag) {
     char dir[1024], path[1200], key[96], what[160];
-    data_dir(dir, sizeof dir);
+    test_data_dir(dir, sizeof dir, "inspect");
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);
     lmx_st_file *f = NULL;
     if (lmx_st_open(path, &f, NULL) != LMX_OK) {

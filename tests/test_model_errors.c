@@ -289,10 +289,9 @@ static void case_bad_gemma4(void) {
 
 /* tests/data/gguf/<file> (LMX_TESTS_DATA/gguf if set) as a malloc'ed buffer. */
 static unsigned char *read_gguf_data(const char *file, size_t *n) {
-    const char *env = getenv("LMX_TESTS_DATA"), *f = __FILE__, *slash = strrchr(f, '/');
-    char path[1024];
-    if (env && *env) snprintf(path, sizeof path, "%s/gguf/%s", env, file);
-    else snprintf(path, sizeof path, "%.*s/data/gguf/%s", slash ? (int)(slash - f) : 1, slash ? f : ".", file);
+    char dir[900], path[1024];
+    test_data_dir(dir, sizeof dir, "gguf");
+    snprintf(path, sizeof path, "%s/%s", dir, file);
     char *data = NULL;
     lmx_err err = {0};
     CHECK_MSG(lmx_read_file(path, &data, n, &err) == LMX_OK, "%s", err.msg);
