@@ -1,29 +1,30 @@
 /* cuda_gemv_tc.cu - decode GEMVs of 2..CUDA_GEMV_TC_ROWS rows on the tensor cores (batched decode).
  *
- * y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for bf16 / f16 and MLX 4-bit weights, one weight or a q/k/v
- * group (blockIdx.y picks it) or the gate/up pair with the GLU, as cuda_gemv's contract says.  Each
- * weight byte is read once for all M rows: the weights are the A operand of mma.sync m16n8k16 (16 rows
- * a warp), x the B operand (8 rows of x per n-tile, NT n-tiles), f32 accumulators.  The CUDA-core
- * kernels of cuda_gemv.cu spend 2 * M flops and M loads of x per weight: from M = 2 they run out of
- * issue slots before bandwidth; here a weight costs the same whatever M is.
+ * y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for bf16 / f16, MLX 4-bit and GGUF Q4_0 / Q8_0 / Q4_K / Q5_K /
+ * Q6_K weights, one weight or a q/k/v group (blockIdx.y picks it) or the gate/up pair with the GLU, as
+ * cuda_gemv's contract says.  Each weight byte is read once for all M rows: the weights are the A
+ * operand of mma.sync m16n8k16 (16 rows a warp), x the B operand (8 rows of x per n-tile, NT n-tiles),
+ * f32 accumulators.  The CUDA-core kernels of cuda_gemv.cu spend 2 * M flops and M loads of x per
+ * weight: from M = 2 they run out of issue slots before bandwidth; here a weight costs the same
+ * whatever M is.
  *
  * Operand layout.  A dot product may take its K index in any order as long as A and B agree, so each
  * lane loads whole 16-byte vectors and the k slots of the mma fragments are assigned to them: with
  * g = lane / 4 and c = lane % 4, the fragment gives lane (g, c) the k slots {2c, 2c+1, 2c+8, 2c+9} of
  * rows g and g+8 (A) and of column g (B).  Dense: lane c reads the 8 values at 32 s + 8 c of its two
- * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  4-bit: lane
- * c reads 4 words = 32 values at 128 s + 32 c (one MLX group at most, as group % 32 == 0); word i feeds
- * two mmas, its codes paired (e, e + 4) as a mask of the word pairs them.  x is read as f32 and rounded
- * to bf16 (f16 for f16 weights), as the prefill GEMMs round it; 4-bit codes become bf16 exactly
- * (0x4300 | q reads 128 + q, less 128) and then scale * q + bias rounded to bf16, as the prefill's
- * dequantization rounds it.
+ * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  4-bit and
+ * GGUF: lane c takes the 32 values at 128 s + 32 c (MLX: 4 words, one group at most, as group % 32 == 0;
+ * GGUF: one part, decoded by gq_part); each 8 of them feed two mmas, paired (e, e + 4) as a mask of an
+ * MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q, less 128) and then
+ * scale * q + bias rounded to bf16, GGUF parts their gq_value rounded to bf16: the values the prefill
+ * dequantizers produce.  x is rounded to bf16 (f16 for f16 weights), as the prefill GEMMs round it,
+ * and staged in shared memory a chunk of K at a time, already in the order the B registers take it.
  *
  * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
- * warps on the same range of K so that the x they read comes from L1 once the first warp brought it:
- * x costs L2 traffic once per 128 rows.  When the row blocks alone would not fill the GPU, KP blocks
- * share a row block, each a part of K: each leaves its sums in scratch, and the last to finish (a
- * ticket counter, reset for the next launch) adds them in part order and stores.  KP depends only on
- * the launch's shapes and the GPU, so a weight gives the same bits in any launch. */
+ * warps on the same range of K, so x is staged once per 128 rows.  When the row blocks alone would not
+ * fill the GPU, KP blocks share a row block, each a part of K: each leaves its sums in scratch, and the
+ * last to finish (a ticket counter, reset for the next launch) adds them in part order and stores.  KP
+ * depends only on the launch's shapes and the GPU, so a weight gives the same bits in any launch. */
 #include "cuda_gemv.h"
 #include "cuda_ggml.h"
 
