@@ -540,6 +540,8 @@ static void test_errors(void) {
         {"{% if x %}{% endfor %}", LMX_ERR_FORMAT, "unknown or unexpected tag"},
         {"{{ 99999999999999999999 }}", LMX_ERR_FORMAT, "integer literal too large"},
         {"{{ raise_exception('boom: ' ~ 42) }}", LMX_ERR_INVALID_ARG, "boom: 42"},
+        {"{{ raise_exception('') }}", LMX_ERR_INVALID_ARG, "without a message"},
+        {"{{ raise_exception() }}", LMX_ERR_INVALID_ARG, "without a message"},
         {"{{ u() }}", LMX_ERR_INVALID_ARG, "'u' is undefined"},
         {"a\n{{ u.attr }}", LMX_ERR_INVALID_ARG, "line 2: 'u' is undefined"},
         {"{{ {}.a.b }}", LMX_ERR_INVALID_ARG, "'dict object' has no attribute 'a'"},

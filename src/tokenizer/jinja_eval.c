@@ -335,8 +335,12 @@ static int call_func(jj_render *r, const jj_node *at, int fn, int n, const jj_va
     if (fn == JJ_FN_RAISE) {
         jj_str s = {"", 0};
         if (n >= 1 && jj_to_str(r, args[0], &s)) return -1;
-        if (r->err->status == LMX_OK)
-            lmx_err_set(r->err, LMX_ERR_INVALID_ARG, "%.*s", (int)s.n, s.p);
+        /* The message is the template's own, up to any NUL; an empty one still says what happened. */
+        int len = (int)strnlen(s.p, s.n);
+        if (r->err->status == LMX_OK) {
+            if (len) lmx_err_set(r->err, LMX_ERR_INVALID_ARG, "%.*s", len, s.p);
+            else lmx_err_set(r->err, LMX_ERR_INVALID_ARG, "template raised an exception without a message");
+        }
         return -1;
     }
     if (fn == JJ_FN_STRFTIME) {
