@@ -229,6 +229,7 @@ static const struct { const char *tpl, *vars, *want; } ENGINE_CASES[] = {
      "3 }} {{ 1.5 * 2 }}",
      NULL,
      "a1NoneTrue ab [1, 2] ababab 3.0"},
+    {"{{ '' * 1000000000000 }}|{{ ([] * 1000000000000)|length }}|{{ 'ab' * -2 }}|", NULL, "|0||"},
     {"{{ 1 == 1.0 }} {{ 1 != 2 }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' "
      "}} {{ [1,2] < [1,3] }} {{ true == 1 }}",
      NULL,

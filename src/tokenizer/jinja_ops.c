@@ -45,6 +45,8 @@ static int concat(jj_render *r, jj_str a, jj_str b, jj_val *out) {
 
 static int repeat(jj_render *r, const jj_node *at, jj_val seq, int64_t k, jj_val *out) {
     if (k < 0) k = 0;
+    /* an empty sequence repeated is empty, however large k: no loop of k steps */
+    if (seq.t == JJ_STR ? !seq.u.s.n : !seq.u.list->n) k = 0;
     if (seq.t == JJ_STR) {
         if (seq.u.s.n && (uint64_t)k > JJ_MAX_OUTPUT / seq.u.s.n)
             return jj_fail(r, at, "repeated string too long");

@@ -25,4 +25,16 @@ typedef struct att_arg {
 lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
                                 float *out);
 
+/* Training (cuda_flash_bwd.cu): for the sequences of a (n_past 0, no cache), each query row's log-sum-exp
+ * of its scaled scores and dO . O, lse / dsum [a.B, H, T] f32, from q, dout [B*T, H*D] f32 and k16, v16
+ * [B*T, Hk*D] bf16.  LMX_ERR_UNSUPPORTED for head dims other than 32, 64 and 128. */
+lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                            const __nv_bfloat16 *v16, const float *dout, float *lse, float *dsum);
+
+/* Attention backward on the tensor cores for the sequences of args (n_past 0; windows[b] or none):
+ * dq, dk, dv += ... (f32, [B*T, H*D] / [B*T, Hk*D]) from dout [B*T, H*D].  LMX_ERR_UNSUPPORTED
+ * (nothing launched) for head dims other than 32, 64 and 128. */
+lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
+                                    float *dq, float *dk, float *dv);
+
 #endif

@@ -3,15 +3,17 @@
  * Matrix products are cuBLAS.  A frozen weight's input gradient dx += dy W narrows dy to bf16 and runs
  * on the tensor cores with f32 accumulation into dx; f16 and quantized weights are dequantized to bf16
  * a block of rows at a time first (as the forward matmul does; f16 gradients would underflow).  LoRA's
- * five small products run in TF32, as its forward does.  Attention recomputes its scores a tile of TQ query rows at a time
- * (never T x T): per tile and head, S = Q K^T and dP = dO V^T ([H, TQ, keys] in scratch, TF32), one
- * kernel turns each row into P and dS, and three more GEMMs add dV += P^T dO, dK += dS^T Q and
- * dQ += dS K.  Elementwise ops are one thread per element; RMSNorm and the loss one block per row.
+ * five small products run in TF32, as its forward does.  Attention runs on the tensor cores in flash
+ * form for head dims 32, 64 and 128 (cuda_flash_bwd.cu); otherwise it recomputes its scores a tile of
+ * TQ query rows at a time (never T x T): per tile and head, S = Q K^T and dP = dO V^T ([H, TQ, keys] in
+ * scratch, TF32), one kernel turns each row into P and dS, and three more GEMMs add dV += P^T dO,
+ * dK += dS^T Q and dQ += dS K.  Elementwise ops are one thread per element; RMSNorm and the loss one block per row.
  * Every op first ends a pending decode-graph step (cuda_graph_flush): the forward ops before it may
  * still be recorded, not issued. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "cuda_attention.h"
 #include "cuda_weights.h"
 
 #include "../act_grad.h"
@@ -417,8 +419,16 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     const lmx_batch *bt = a->batch;
     const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
     if ((st = lmx_attention_bwd_check(be, a))) return st;
-    /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys (LMX_CUDA_ATTN_BWD_ROWS: tests) */
+    /* the tensor cores' flash form where it has kernels for the head dim (LMX_CUDA_ATTN_BWD_ROWS, for tests
+     * and measurements, forces the tiled form) */
     const char *env = getenv("LMX_CUDA_ATTN_BWD_ROWS");
+    if (!env) {
+        st = cuda_flash_attention_bwd(cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
+                                      (float *)dv->data);
+        if (st != LMX_ERR_UNSUPPORTED) return st;
+        st = LMX_OK;
+    }
+    /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys */
     int tq = env && atoi(env) > 0 ? atoi(env) : (int)(BWD_ATTN_BYTES / (8 * (int64_t)H * (T > 0 ? T : 1)));
     tq = tq > T ? T : tq < 16 && !env ? 16 : tq > 16 ? tq & ~15 : tq;
     if (tq <= 0) return LMX_OK;

@@ -12,55 +12,23 @@
 #include <math.h>
 
 #include "cuda_attention.h"
+#include "cuda_mma.h"
 
 #define FA_ROWS 64             /* query rows per block */
 #define FA_THREADS 128
-
-static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* c += a (16x16, row) * b (16x8, col), bf16 operands, f32 accumulators */
-static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 /* Shared memory: Q [64][D+8], K [2][KT][D+8], V [2][KT][D+8] (bf16; the 8-element pad puts the
  * rows of every 8x8 ldmatrix tile in different banks). */
 template <int D, int KT> constexpr size_t flash_smem() { return (size_t)2 * (D + 8) * (FA_ROWS + 4 * KT); }
 
-template <int D, int KT>
+/* STATS (training, cuda_flash_bwd.cu): instead of O, row t of head h of sequence b writes the row's
+ * log-sum-exp of its scaled (soft-capped) scores to lse[(b H + h) T + t] and dO . O to dsum there (0 for
+ * padding rows), with dO = dout [B*T, H*D] f32. */
+template <int D, int KT, bool STATS>
 __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ k16,
                                                       const __nv_bfloat16 *__restrict__ v16, float *__restrict__ out,
-                                                      const att_arg a) {
+                                                      const att_arg a, const float *__restrict__ dout,
+                                                      float *__restrict__ lse, float *__restrict__ dsum) {
     constexpr int LD = D + 8, NS = KT / 8, ND = D / 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem;   /* [64][LD] */
@@ -139,11 +107,11 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 uint32_t qa[4];
-                ldsm_x4(qa, smem_addr(Qs + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LD + kk * 16 + 8 * (lane / 16)));
+                ldsm_a(qa, Qs, LD, warp * 16, kk * 16);
 #pragma unroll
                 for (int j = 0; j < NS; j += 2) {
                     uint32_t kb[4];
-                    ldsm_x4(kb, smem_addr(ks + (8 * j + (lane % 8) + 8 * (lane / 16)) * LD + kk * 16 + 8 * ((lane / 8) % 2)));
+                    ldsm_b_nk(kb, ks, LD, 8 * j, kk * 16);
                     mma_bf16(s[j], qa, kb[0], kb[1]);
                     mma_bf16(s[j + 1], qa, kb[2], kb[3]);
                 }
@@ -191,13 +159,12 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
             /* O += P V: the score accumulators of two key octets are the A operand of one k-step */
 #pragma unroll
             for (int kk = 0; kk < KT / 16; kk++) {
-                const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                uint32_t pa[4];
+                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
                 for (int j = 0; j < ND; j += 2) {
                     uint32_t vb[4];
-                    ldsm_x4_trans(vb, smem_addr(vs + (16 * kk + (lane % 8) + 8 * ((lane / 8) % 2)) * LD + 8 * j + 8 * (lane / 16)));
+                    ldsm_b_kn(vb, vs, LD, 8 * j, 16 * kk);
                     mma_bf16(o[j], pa, vb[0], vb[1]);
                     mma_bf16(o[j + 1], pa, vb[2], vb[3]);
                 }
@@ -214,6 +181,34 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
         inv[r] = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
     }
     const int r0 = wrow + g, r1 = r0 + 8;
+    if (STATS) {
+        const float *d0 = dout + ((int64_t)b * a.T + r0) * HD + (int64_t)h * D + 2 * tq, *d1 = d0 + 8 * HD;
+        float dot[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            if (r0 < a.T) {
+                const float2 d = *(const float2 *)(d0 + 8 * j);
+                dot[0] += o[j][0] * d.x + o[j][1] * d.y;
+            }
+            if (r1 < a.T) {
+                const float2 d = *(const float2 *)(d1 + 8 * j);
+                dot[1] += o[j][2] * d.x + o[j][3] * d.y;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 1);
+            dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 2);
+            const int t = r ? r1 : r0;
+            if (tq == 0 && t < a.T) {
+                const bool ok = (r ? ok1 : ok0) && l_r[r] > 0.f;
+                const int64_t i = ((int64_t)b * a.H + h) * a.T + t;
+                lse[i] = ok ? m_r[r] + logf(l_r[r]) : 0.f;
+                dsum[i] = ok ? dot[r] * inv[r] : 0.f;
+            }
+        }
+        return;
+    }
     float *o0 = out + ((int64_t)b * a.T + r0) * HD + (int64_t)h * D + 2 * tq;
     float *o1 = o0 + 8 * HD;
 #pragma unroll
@@ -223,14 +218,14 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
     }
 }
 
-template <int D, int KT>
+template <int D, int KT, bool STATS>
 static lmx_status launch_flash(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
-                               const __nv_bfloat16 *v16, float *out) {
+                               const __nv_bfloat16 *v16, float *out, const float *dout, float *lse, float *dsum) {
     const size_t sm = flash_smem<D, KT>();
-    cudaError_t e = cudaFuncSetAttribute(k_flash<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    cudaError_t e = cudaFuncSetAttribute(k_flash<D, KT, STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (e != cudaSuccess) return cuda_fail(cb, e, "attention");
     dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
-    k_flash<D, KT><<<grid, FA_THREADS, sm, cb->stream>>>(q, k16, v16, out, a);
+    k_flash<D, KT, STATS><<<grid, FA_THREADS, sm, cb->stream>>>(q, k16, v16, out, a, dout, lse, dsum);
     return cuda_check_launch(cb, "attention");
 }
 
@@ -244,9 +239,19 @@ lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float 
     lmx_status st;
     if ((st = cuda_narrow_bf16(cb, k16, k, n)) || (st = cuda_narrow_bf16(cb, v16, v, n))) return st;
     switch (a.D) {
-    case 32: return launch_flash<32, 64>(cb, a, q, k16, v16, out);
-    case 64: return launch_flash<64, 64>(cb, a, q, k16, v16, out);
-    case 128: return launch_flash<128, 64>(cb, a, q, k16, v16, out);
-    default: return launch_flash<256, 32>(cb, a, q, k16, v16, out);
+    case 32: return launch_flash<32, 64, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
+    case 64: return launch_flash<64, 64, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
+    case 128: return launch_flash<128, 64, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
+    default: return launch_flash<256, 32, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
+    }
+}
+
+lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                            const __nv_bfloat16 *v16, const float *dout, float *lse, float *dsum) {
+    switch (a.D) {
+    case 32: return launch_flash<32, 64, true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
+    case 64: return launch_flash<64, 64, true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
+    case 128: return launch_flash<128, 64, true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
+    default: return LMX_ERR_UNSUPPORTED;
     }
 }

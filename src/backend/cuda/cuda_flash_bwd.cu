@@ -1,0 +1,368 @@
+/* cuda_flash_bwd.cu - attention backward for training on the tensor cores (flash-attention style).
+ *
+ * Three kernels, none of which holds a T x T matrix:
+ *   1. k_flash in its STATS form (cuda_flash.cu): each query row's log-sum-exp L_i of its scaled scores
+ *      and D_i = dO_i . O_i (the forward pass run again; O never leaves registers).
+ *   2. k_fa_dq, query-major (a block = 64 query rows of one head, 4 warps of 16): for each key tile,
+ *      S = Qs K^T and dP = dO V^T, P = exp(S - L), dS = P (dP - D) (times the soft-cap's slope), and
+ *      dQ += scale dS K in registers; one += into dq at the end.
+ *   3. k_fa_dkdv, key-major (a block = 64 keys of one kv head, 4 warps of 16): for each query head of
+ *      the group and each query tile, S^T = K Qs^T and dP^T = V dO^T, and dV += P^T dO, dK += dS^T Qs in
+ *      registers; one += into dk, dv at the end (the block owns its keys: no atomics).
+ * Qs = scale q, K, V and dO are bf16 (q and k, v narrowed as the forward's flash attention narrows
+ * them); products accumulate in f32.  Query row t of a sequence sees keys p <= t and, with a window W,
+ * p > t - W; rows t >= n_new are padding and contribute nothing.  S and dP are recomputed in both
+ * kernels (9 products of T x T x D per head instead of 7, for no atomics and no transposes through
+ * shared memory). */
+#include <math.h>
+
+#include "cuda_attention.h"
+#include "cuda_mma.h"
+
+#define FB_ROWS 64   /* query rows (k_fa_dq) or keys (k_fa_dkdv) per block */
+#define FB_THREADS 128
+
+/* One score's P and dS given its scaled score s (before soft-capping), visibility, L, dP and D. */
+static __device__ __forceinline__ void fb_grad(float &s, float &dp, bool vis, float L, float D, float cap) {
+    float x = s, slope = 1.0f;
+    if (cap > 0) {
+        x = cap * tanhf(s / cap);
+        const float c = x / cap;
+        slope = 1.0f - c * c;
+    }
+    const float p = vis ? __expf(x - L) : 0.0f;
+    s = p;
+    dp = vis ? p * (dp - D) * slope : 0.0f;
+}
+
+/* Shared memory of k_fa_dq: Qs, dO [64][D+8], K, V [2][KT][D+8] (bf16). */
+template <int D, int KT> constexpr size_t fa_dq_smem() { return (size_t)2 * (D + 8) * (2 * FB_ROWS + 4 * KT); }
+
+template <int D, int KT>
+__global__ void __launch_bounds__(FB_THREADS)
+    k_fa_dq(const __nv_bfloat16 *__restrict__ q16, const __nv_bfloat16 *__restrict__ k16,
+            const __nv_bfloat16 *__restrict__ v16, const __nv_bfloat16 *__restrict__ do16, const float *__restrict__ lse,
+            const float *__restrict__ dsum, float *__restrict__ dq, const att_arg a) {
+    constexpr int LD = D + 8, NS = KT / 8, ND = D / 8;
+    extern __shared__ __align__(16) unsigned char fb_smem[];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fb_smem; /* [64][LD] */
+    __nv_bfloat16 *Os = Qs + FB_ROWS * LD;         /* dO [64][LD] */
+    __nv_bfloat16 *Ks = Os + FB_ROWS * LD;         /* [2][KT][LD] */
+    __nv_bfloat16 *Vs = Ks + 2 * KT * LD;          /* [2][KT][LD] */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * FB_ROWS; /* the longest tiles first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / a.G;
+    const int n = a.s[b].n_new, window = a.s[b].window;
+    if (t0 >= n) return;
+    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
+    const int tmax = t0 + FB_ROWS - 1 < n - 1 ? t0 + FB_ROWS - 1 : n - 1;
+
+    for (int i = tid; i < FB_ROWS * D / 8; i += FB_THREADS) { /* Qs and dO rows t0.. (rows past n: row n - 1) */
+        const int r = i / (D / 8), c = (i % (D / 8)) * 8, t = t0 + r <= tmax ? t0 + r : tmax;
+        const int64_t o = ((int64_t)b * a.T + t) * HD + (int64_t)h * D + c;
+        cp_async16(smem_addr(Qs + r * LD + c), q16 + o);
+        cp_async16(smem_addr(Os + r * LD + c), do16 + o);
+    }
+    cp_async_commit();
+
+    const int pmin = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0, pmax = tmax;
+    const int ntiles = (pmax - pmin) / KT + 1;
+    auto load_tile = [&](int p0, int stage) {
+        __nv_bfloat16 *ks = Ks + stage * KT * LD, *vs = Vs + stage * KT * LD;
+        for (int i = tid; i < KT * D / 8; i += FB_THREADS) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8, p = p0 + r < pmax ? p0 + r : pmax;
+            const int64_t o = ((int64_t)b * a.T + p) * KD + (int64_t)kvh * D + c;
+            cp_async16(smem_addr(ks + r * LD + c), k16 + o);
+            cp_async16(smem_addr(vs + r * LD + c), v16 + o);
+        }
+        cp_async_commit();
+    };
+
+    const int wrow = t0 + warp * 16, pos0 = wrow + g, pos1 = pos0 + 8;
+    const bool ok0 = pos0 < n, ok1 = pos1 < n;
+    const int wlast = wrow + 15 < n - 1 ? wrow + 15 : n - 1;
+    const int64_t si = ((int64_t)b * a.H + h) * a.T;
+    const float L0 = ok0 ? lse[si + pos0] : 0.f, L1 = ok1 ? lse[si + pos1] : 0.f;
+    const float D0 = ok0 ? dsum[si + pos0] : 0.f, D1 = ok1 ? dsum[si + pos1] : 0.f;
+    float acc[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    load_tile(pmin, 0);
+    for (int it = 0; it < ntiles; it++) {
+        const int p0 = pmin + it * KT;
+        if (it + 1 < ntiles) {
+            load_tile(p0 + KT, (it + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16 *ks = Ks + (it & 1) * KT * LD, *vs = Vs + (it & 1) * KT * LD;
+        const bool live = wrow < n && p0 <= wlast && (window <= 0 || p0 + KT - 1 > wrow - window);
+        if (live) {
+            float s[NS][4], dp[NS][4];
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t qa[4], oa[4];
+                ldsm_a(qa, Qs, LD, warp * 16, kk * 16);
+                ldsm_a(oa, Os, LD, warp * 16, kk * 16);
+#pragma unroll
+                for (int j = 0; j < NS; j += 2) {
+                    uint32_t kb[4], vb[4];
+                    ldsm_b_nk(kb, ks, LD, 8 * j, kk * 16);
+                    ldsm_b_nk(vb, vs, LD, 8 * j, kk * 16);
+                    mma_bf16(s[j], qa, kb[0], kb[1]);
+                    mma_bf16(s[j + 1], qa, kb[2], kb[3]);
+                    mma_bf16(dp[j], oa, vb[0], vb[1]);
+                    mma_bf16(dp[j + 1], oa, vb[2], vb[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = e / 2, p = p0 + 8 * j + 2 * tq + (e & 1), pos = row ? pos1 : pos0;
+                    const bool vis = (row ? ok1 : ok0) && p <= pos && (window <= 0 || p > pos - window);
+                    fb_grad(s[j][e], dp[j][e], vis, row ? L1 : L0, row ? D1 : D0, a.softcap);
+                }
+            /* dQ += dS K: dS's accumulators are the A operand, K [keys][D] the B operand (keys as k) */
+#pragma unroll
+            for (int kk = 0; kk < KT / 16; kk++) {
+                uint32_t da[4];
+                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int j = 0; j < ND; j += 2) {
+                    uint32_t kb[4];
+                    ldsm_b_kn(kb, ks, LD, 8 * j, 16 * kk);
+                    mma_bf16(acc[j], da, kb[0], kb[1]);
+                    mma_bf16(acc[j + 1], da, kb[2], kb[3]);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with this stage before it is refilled */
+    }
+
+    float *o0 = dq + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D + 2 * tq, *o1 = o0 + 8 * HD;
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        if (ok0) {
+            float2 *p = (float2 *)(o0 + 8 * j), v = *p;
+            *p = make_float2(v.x + a.scale * acc[j][0], v.y + a.scale * acc[j][1]);
+        }
+        if (ok1) {
+            float2 *p = (float2 *)(o1 + 8 * j), v = *p;
+            *p = make_float2(v.x + a.scale * acc[j][2], v.y + a.scale * acc[j][3]);
+        }
+    }
+}
+
+/* Shared memory of k_fa_dkdv: K, V [64][D+8], Qs, dO [2][QT][D+8] (bf16), L, D [2][QT] (f32). */
+template <int D, int QT> constexpr size_t fa_dkdv_smem() {
+    return (size_t)2 * (D + 8) * (2 * FB_ROWS + 4 * QT) + (size_t)4 * 4 * QT;
+}
+
+template <int D, int QT>
+__global__ void __launch_bounds__(FB_THREADS)
+    k_fa_dkdv(const __nv_bfloat16 *__restrict__ q16, const __nv_bfloat16 *__restrict__ k16,
+              const __nv_bfloat16 *__restrict__ v16, const __nv_bfloat16 *__restrict__ do16,
+              const float *__restrict__ lse, const float *__restrict__ dsum, float *__restrict__ dk,
+              float *__restrict__ dv, const att_arg a) {
+    constexpr int LD = D + 8, NQ = QT / 8, ND = D / 8;
+    extern __shared__ __align__(16) unsigned char fb_smem[];
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)fb_smem; /* [64][LD] */
+    __nv_bfloat16 *Vs = Ks + FB_ROWS * LD;         /* [64][LD] */
+    __nv_bfloat16 *Qs = Vs + FB_ROWS * LD;         /* [2][QT][LD] */
+    __nv_bfloat16 *Os = Qs + 2 * QT * LD;          /* dO [2][QT][LD] */
+    float *Ls = (float *)(Os + 2 * QT * LD);       /* [2][QT] */
+    float *Ds = Ls + 2 * QT;                       /* [2][QT] */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+    const int k0 = blockIdx.x * FB_ROWS, kvh = blockIdx.y, b = blockIdx.z;
+    const int n = a.s[b].n_new, window = a.s[b].window;
+    if (k0 >= n) return;
+    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
+    const int kmax = k0 + FB_ROWS - 1 < n - 1 ? k0 + FB_ROWS - 1 : n - 1;
+
+    for (int i = tid; i < FB_ROWS * D / 8; i += FB_THREADS) { /* the block's keys and values */
+        const int r = i / (D / 8), c = (i % (D / 8)) * 8, p = k0 + r <= kmax ? k0 + r : kmax;
+        const int64_t o = ((int64_t)b * a.T + p) * KD + (int64_t)kvh * D + c;
+        cp_async16(smem_addr(Ks + r * LD + c), k16 + o);
+        cp_async16(smem_addr(Vs + r * LD + c), v16 + o);
+    }
+    cp_async_commit();
+
+    /* queries [qmin, qmax] see some key of the block; tiles of QT of them for each head of the group */
+    const int qmin = k0, qmax = window > 0 && kmax + window - 1 < n - 1 ? kmax + window - 1 : n - 1;
+    const int per_head = (qmax - qmin) / QT + 1, ntiles = per_head * a.G;
+    auto load_tile = [&](int it, int stage) {
+        const int h = kvh * a.G + it / per_head, t0 = qmin + (it % per_head) * QT;
+        __nv_bfloat16 *qs = Qs + stage * QT * LD, *os = Os + stage * QT * LD;
+        for (int i = tid; i < QT * D / 8; i += FB_THREADS) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8, t = t0 + r < qmax ? t0 + r : qmax;
+            const int64_t o = ((int64_t)b * a.T + t) * HD + (int64_t)h * D + c;
+            cp_async16(smem_addr(qs + r * LD + c), q16 + o);
+            cp_async16(smem_addr(os + r * LD + c), do16 + o);
+        }
+        const int64_t si = ((int64_t)b * a.H + h) * a.T;
+        for (int r = tid; r < QT; r += FB_THREADS) {
+            const int t = t0 + r < qmax ? t0 + r : qmax;
+            Ls[stage * QT + r] = lse[si + t];
+            Ds[stage * QT + r] = dsum[si + t];
+        }
+        cp_async_commit();
+    };
+
+    const int wkey = k0 + warp * 16, key0 = wkey + g, key1 = key0 + 8;
+    float adk[ND][4], adv[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) adk[j][e] = adv[j][e] = 0.f;
+
+    load_tile(0, 0);
+    for (int it = 0; it < ntiles; it++) {
+        const int t0 = qmin + (it % per_head) * QT;
+        if (it + 1 < ntiles) {
+            load_tile(it + 1, (it + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int st = it & 1;
+        const __nv_bfloat16 *qs = Qs + st * QT * LD, *os = Os + st * QT * LD;
+        const float *ls = Ls + st * QT, *ds = Ds + st * QT;
+        const int tlast = t0 + QT - 1 < qmax ? t0 + QT - 1 : qmax;
+        const bool live = wkey <= kmax && wkey <= tlast && (window <= 0 || t0 < wkey + 15 + window);
+        if (live) {
+            float s[NQ][4], dp[NQ][4];
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t ka[4], va[4];
+                ldsm_a(ka, Ks, LD, warp * 16, kk * 16);
+                ldsm_a(va, Vs, LD, warp * 16, kk * 16);
+#pragma unroll
+                for (int j = 0; j < NQ; j += 2) {
+                    uint32_t qb[4], ob[4];
+                    ldsm_b_nk(qb, qs, LD, 8 * j, kk * 16);
+                    ldsm_b_nk(ob, os, LD, 8 * j, kk * 16);
+                    mma_bf16(s[j], ka, qb[0], qb[1]);
+                    mma_bf16(s[j + 1], ka, qb[2], qb[3]);
+                    mma_bf16(dp[j], va, ob[0], ob[1]);
+                    mma_bf16(dp[j + 1], va, ob[2], ob[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = 8 * j + 2 * tq + (e & 1), t = t0 + c, key = e / 2 ? key1 : key0;
+                    const bool vis = t <= qmax && key <= t && key <= kmax && (window <= 0 || key > t - window);
+                    fb_grad(s[j][e], dp[j][e], vis, ls[c], ds[c], a.softcap);
+                }
+            /* dV += P^T dO and dK += dS^T Qs: the accumulators are the A operands, dO and Qs [queries][D]
+             * the B operands (queries as k) */
+#pragma unroll
+            for (int kk = 0; kk < QT / 16; kk++) {
+                uint32_t pa[4], da[4];
+                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int j = 0; j < ND; j += 2) {
+                    uint32_t ob[4], qb[4];
+                    ldsm_b_kn(ob, os, LD, 8 * j, 16 * kk);
+                    ldsm_b_kn(qb, qs, LD, 8 * j, 16 * kk);
+                    mma_bf16(adv[j], pa, ob[0], ob[1]);
+                    mma_bf16(adv[j + 1], pa, ob[2], ob[3]);
+                    mma_bf16(adk[j], da, qb[0], qb[1]);
+                    mma_bf16(adk[j + 1], da, qb[2], qb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = r ? key1 : key0;
+        if (key > kmax) continue;
+        const int64_t o = ((int64_t)b * a.T + key) * KD + (int64_t)kvh * D + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            float2 *pk = (float2 *)(dk + o + 8 * j), *pv = (float2 *)(dv + o + 8 * j), x = *pk, y = *pv;
+            *pk = make_float2(x.x + adk[j][2 * r], x.y + adk[j][2 * r + 1]);
+            *pv = make_float2(y.x + adv[j][2 * r], y.y + adv[j][2 * r + 1]);
+        }
+    }
+}
+
+/* q (or dout) [n] f32 -> bf16 times scale, rounded once (as k_flash rounds its Q tile) */
+__global__ void k_narrow_scaled(__nv_bfloat16 *dst, const float *src, int64_t n, float scale) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i] * scale);
+}
+
+template <int D, int KT, int QT>
+static lmx_status fb_launch(cuda_backend *cb, const att_arg &a, const __nv_bfloat16 *q16, const __nv_bfloat16 *k16,
+                            const __nv_bfloat16 *v16, const __nv_bfloat16 *do16, const float *lse, const float *dsum,
+                            float *dq, float *dk, float *dv) {
+    const size_t s1 = fa_dq_smem<D, KT>(), s2 = fa_dkdv_smem<D, QT>();
+    cudaError_t e = cudaFuncSetAttribute(k_fa_dq<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_fa_dkdv<D, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
+    if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
+    const unsigned tiles = (unsigned)((a.T + FB_ROWS - 1) / FB_ROWS);
+    k_fa_dq<D, KT><<<dim3(tiles, a.H, a.B), FB_THREADS, s1, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dq, a);
+    lmx_status st = cuda_check_launch(cb, "attention backward");
+    if (st) return st;
+    k_fa_dkdv<D, QT><<<dim3(tiles, a.Hk, a.B), FB_THREADS, s2, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dk, dv, a);
+    return cuda_check_launch(cb, "attention backward");
+}
+
+lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
+                                    float *dq, float *dk, float *dv) {
+    const lmx_batch *bt = args->batch;
+    const int D = args->D, T = bt->T;
+    if (D != 32 && D != 64 && D != 128) return LMX_ERR_UNSUPPORTED;
+    const int64_t HD = (int64_t)args->H * D, KD = (int64_t)args->Hk * D;
+    const int nb = bt->B < ATT_SEQ_MAX ? bt->B : ATT_SEQ_MAX; /* sequences per launch */
+    const int64_t nq = nb * (int64_t)T * HD, nk = nb * (int64_t)T * KD, ns = (int64_t)nb * args->H * T;
+    __nv_bfloat16 *q16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_BWD, (size_t)(2 * nq + 2 * nk) * 2 + ns * 8);
+    if (!q16) return cb->base.err.status;
+    __nv_bfloat16 *do16 = q16 + nq, *k16 = do16 + nq, *v16 = k16 + nk;
+    float *lse = (float *)(v16 + nk), *dsum = lse + ns;
+    att_arg a;
+    a.T = T, a.H = args->H, a.Hk = args->Hk, a.D = D, a.G = args->H / args->Hk;
+    a.hchunks = 1, a.splits = 1, a.scale = args->scale, a.softcap = args->softcap, a.dyn = NULL;
+    lmx_status st = LMX_OK;
+    for (int b0 = 0; b0 < bt->B && !st; b0 += nb) {
+        a.B = bt->B - b0 < nb ? bt->B - b0 : nb;
+        for (int b = 0; b < a.B; b++)
+            a.s[b] = (att_seq){NULL, NULL, 0, bt->n_new[b0 + b], 1, 0, windows ? windows[b0 + b] : 0};
+        const int64_t r0 = (int64_t)b0 * T, mq = a.B * (int64_t)T * HD, mk = a.B * (int64_t)T * KD;
+        const float *q = (const float *)args->q->data + r0 * HD, *o = dout + r0 * HD;
+        const unsigned grid = cuda_blocks(mq, 256) < 4096 ? cuda_blocks(mq, 256) : 4096;
+        k_narrow_scaled<<<grid, 256, 0, cb->stream>>>(q16, q, mq, a.scale);
+        k_narrow_scaled<<<grid, 256, 0, cb->stream>>>(do16, o, mq, 1.0f);
+        if ((st = cuda_check_launch(cb, "attention backward")) ||
+            (st = cuda_narrow_bf16(cb, k16, (const float *)args->k->data + r0 * KD, mk)) ||
+            (st = cuda_narrow_bf16(cb, v16, (const float *)args->v->data + r0 * KD, mk)) ||
+            (st = cuda_flash_stats(cb, a, q, k16, v16, o, lse, dsum)))
+            break;
+        float *gq = dq + r0 * HD, *gk = dk + r0 * KD, *gv = dv + r0 * KD;
+        switch (D) {
+        case 32: st = fb_launch<32, 64, 64>(cb, a, q16, k16, v16, do16, lse, dsum, gq, gk, gv); break;
+        case 64: st = fb_launch<64, 64, 64>(cb, a, q16, k16, v16, do16, lse, dsum, gq, gk, gv); break;
+        default: st = fb_launch<128, 64, 32>(cb, a, q16, k16, v16, do16, lse, dsum, gq, gk, gv); break;
+        }
+    }
+    return st;
+}
