@@ -532,6 +532,7 @@ static void test_errors(void) {
         {"{{ x is nosuchtest }}", LMX_ERR_FORMAT, "no test named 'nosuchtest'"},
         {"{% for %}", LMX_ERR_FORMAT, "line 1, column 8"},
         {"{{ 'abc }}", LMX_ERR_FORMAT, "unterminated string"},
+        {"{{ '\\UFFFFFFFF' }}", LMX_ERR_FORMAT, "escape out of the Unicode range"},
         {"{% endif %}", LMX_ERR_FORMAT, "unknown or unexpected tag"},
         {"{{ }}", LMX_ERR_FORMAT, "expected an expression"},
         {"x\n\n  {{ 1 + }}", LMX_ERR_FORMAT, "line 3, column 10"},

@@ -123,21 +123,21 @@ static int lex_string(lexer *L, size_t pos, size_t *end) {
         case 'v': jj_buf_putc(&b, '\v'); break;
         case 'x': case 'u': case 'U': {
             int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-            int32_t cp = 0;
+            uint32_t cp = 0; /* 8 hex digits fit in 32 bits unsigned */
             for (int k = 0; k < nd; k++) {
                 int h = i + (size_t)k < L->n ? hexval(L->s[i + (size_t)k]) : -1;
                 if (h < 0) {
                     jj_buf_free(&b);
                     return fail_at(L, i - 2, "truncated \\x, \\u or \\U escape in a string");
                 }
-                cp = cp * 16 + h;
+                cp = cp * 16 + (uint32_t)h;
             }
             i += (size_t)nd;
             if (cp > 0x10ffff) {
                 jj_buf_free(&b);
                 return fail_at(L, i, "escape out of the Unicode range");
             }
-            jj_utf8_put(&b, cp);
+            jj_utf8_put(&b, (int32_t)cp);
             break;
         }
         default:
