@@ -85,37 +85,18 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
     const bool ok0 = wrow + g < S.n_new, ok1 = wrow + g + 8 < S.n_new;
     const int wlast = n_past + (wrow + 15 < S.n_new - 1 ? wrow + 15 : S.n_new - 1); /* last position of the warp */
     float o[ND][4], m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    acc_zero(o);
 
     if (ntiles > 0) load_tile(pmin, 0);
     for (int it = 0; it < ntiles; it++) {
         const int p0 = pmin + it * KT;
-        if (it + 1 < ntiles) {
-            load_tile(p0 + KT, (it + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads(); /* tile it (and Q) visible to every warp */
+        cp_async_turn(it + 1 < ntiles, [&] { load_tile(p0 + KT, (it + 1) & 1); }); /* tile it (and Q) */
         const __nv_bfloat16 *ks = Ks + (it & 1) * KT * LD, *vs = Vs + (it & 1) * KT * LD;
         const bool live = wrow < S.n_new && p0 <= wlast && (window <= 0 || p0 + KT - 1 > n_past + wrow - window);
         if (live) {
             float s[NS][4];
-#pragma unroll
-            for (int j = 0; j < NS; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t qa[4];
-                ldsm_a(qa, Qs, LD, warp * 16, kk * 16);
-#pragma unroll
-                for (int j = 0; j < NS; j += 2) {
-                    uint32_t kb[4];
-                    ldsm_b_nk(kb, ks, LD, 8 * j, kk * 16);
-                    mma_bf16(s[j], qa, kb[0], kb[1]);
-                    mma_bf16(s[j + 1], qa, kb[2], kb[3]);
-                }
-            }
+            acc_zero(s);
+            mma_abt<D, NS>(s, Qs, warp * 16, ks, LD);
             /* mask, soft-cap, online softmax (rows g and g + 8; a row's 4 threads share it) */
             float mx[2] = {m_r[0], m_r[1]};
 #pragma unroll
@@ -157,18 +138,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
                 o[j][3] *= corr[1];
             }
             /* O += P V: the score accumulators of two key octets are the A operand of one k-step */
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++) {
-                uint32_t pa[4];
-                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-                for (int j = 0; j < ND; j += 2) {
-                    uint32_t vb[4];
-                    ldsm_b_kn(vb, vs, LD, 8 * j, 16 * kk);
-                    mma_bf16(o[j], pa, vb[0], vb[1]);
-                    mma_bf16(o[j + 1], pa, vb[2], vb[3]);
-                }
-            }
+            mma_acc_pt<KT, ND>(o, s, vs, LD);
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
     }

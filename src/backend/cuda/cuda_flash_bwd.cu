@@ -85,43 +85,20 @@ __global__ void __launch_bounds__(FB_THREADS)
     const float L0 = ok0 ? lse[si + pos0] : 0.f, L1 = ok1 ? lse[si + pos1] : 0.f;
     const float D0 = ok0 ? dsum[si + pos0] : 0.f, D1 = ok1 ? dsum[si + pos1] : 0.f;
     float acc[ND][4];
-#pragma unroll
-    for (int j = 0; j < ND; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    acc_zero(acc);
 
     load_tile(pmin, 0);
     for (int it = 0; it < ntiles; it++) {
         const int p0 = pmin + it * KT;
-        if (it + 1 < ntiles) {
-            load_tile(p0 + KT, (it + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        cp_async_turn(it + 1 < ntiles, [&] { load_tile(p0 + KT, (it + 1) & 1); });
         const __nv_bfloat16 *ks = Ks + (it & 1) * KT * LD, *vs = Vs + (it & 1) * KT * LD;
         const bool live = wrow < n && p0 <= wlast && (window <= 0 || p0 + KT - 1 > wrow - window);
         if (live) {
             float s[NS][4], dp[NS][4];
-#pragma unroll
-            for (int j = 0; j < NS; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t qa[4], oa[4];
-                ldsm_a(qa, Qs, LD, warp * 16, kk * 16);
-                ldsm_a(oa, Os, LD, warp * 16, kk * 16);
-#pragma unroll
-                for (int j = 0; j < NS; j += 2) {
-                    uint32_t kb[4], vb[4];
-                    ldsm_b_nk(kb, ks, LD, 8 * j, kk * 16);
-                    ldsm_b_nk(vb, vs, LD, 8 * j, kk * 16);
-                    mma_bf16(s[j], qa, kb[0], kb[1]);
-                    mma_bf16(s[j + 1], qa, kb[2], kb[3]);
-                    mma_bf16(dp[j], oa, vb[0], vb[1]);
-                    mma_bf16(dp[j + 1], oa, vb[2], vb[3]);
-                }
-            }
+            acc_zero(s);
+            acc_zero(dp);
+            mma_abt<D, NS>(s, Qs, warp * 16, ks, LD);
+            mma_abt<D, NS>(dp, Os, warp * 16, vs, LD);
 #pragma unroll
             for (int j = 0; j < NS; j++)
 #pragma unroll
@@ -131,18 +108,7 @@ __global__ void __launch_bounds__(FB_THREADS)
                     fb_grad(s[j][e], dp[j][e], vis, row ? L1 : L0, row ? D1 : D0, a.softcap);
                 }
             /* dQ += dS K: dS's accumulators are the A operand, K [keys][D] the B operand (keys as k) */
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++) {
-                uint32_t da[4];
-                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-                for (int j = 0; j < ND; j += 2) {
-                    uint32_t kb[4];
-                    ldsm_b_kn(kb, ks, LD, 8 * j, 16 * kk);
-                    mma_bf16(acc[j], da, kb[0], kb[1]);
-                    mma_bf16(acc[j + 1], da, kb[2], kb[3]);
-                }
-            }
+            mma_acc_pt<KT, ND>(acc, dp, ks, LD);
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
     }
@@ -218,21 +184,13 @@ __global__ void __launch_bounds__(FB_THREADS)
 
     const int wkey = k0 + warp * 16, key0 = wkey + g, key1 = key0 + 8;
     float adk[ND][4], adv[ND][4];
-#pragma unroll
-    for (int j = 0; j < ND; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) adk[j][e] = adv[j][e] = 0.f;
+    acc_zero(adk);
+    acc_zero(adv);
 
     load_tile(0, 0);
     for (int it = 0; it < ntiles; it++) {
         const int t0 = qmin + (it % per_head) * QT;
-        if (it + 1 < ntiles) {
-            load_tile(it + 1, (it + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        cp_async_turn(it + 1 < ntiles, [&] { load_tile(it + 1, (it + 1) & 1); });
         const int st = it & 1;
         const __nv_bfloat16 *qs = Qs + st * QT * LD, *os = Os + st * QT * LD;
         const float *ls = Ls + st * QT, *ds = Ds + st * QT;
@@ -240,26 +198,10 @@ __global__ void __launch_bounds__(FB_THREADS)
         const bool live = wkey <= kmax && wkey <= tlast && (window <= 0 || t0 < wkey + 15 + window);
         if (live) {
             float s[NQ][4], dp[NQ][4];
-#pragma unroll
-            for (int j = 0; j < NQ; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t ka[4], va[4];
-                ldsm_a(ka, Ks, LD, warp * 16, kk * 16);
-                ldsm_a(va, Vs, LD, warp * 16, kk * 16);
-#pragma unroll
-                for (int j = 0; j < NQ; j += 2) {
-                    uint32_t qb[4], ob[4];
-                    ldsm_b_nk(qb, qs, LD, 8 * j, kk * 16);
-                    ldsm_b_nk(ob, os, LD, 8 * j, kk * 16);
-                    mma_bf16(s[j], ka, qb[0], qb[1]);
-                    mma_bf16(s[j + 1], ka, qb[2], qb[3]);
-                    mma_bf16(dp[j], va, ob[0], ob[1]);
-                    mma_bf16(dp[j + 1], va, ob[2], ob[3]);
-                }
-            }
+            acc_zero(s);
+            acc_zero(dp);
+            mma_abt<D, NQ>(s, Ks, warp * 16, qs, LD);
+            mma_abt<D, NQ>(dp, Vs, warp * 16, os, LD);
 #pragma unroll
             for (int j = 0; j < NQ; j++)
 #pragma unroll
@@ -270,22 +212,8 @@ __global__ void __launch_bounds__(FB_THREADS)
                 }
             /* dV += P^T dO and dK += dS^T Qs: the accumulators are the A operands, dO and Qs [queries][D]
              * the B operands (queries as k) */
-#pragma unroll
-            for (int kk = 0; kk < QT / 16; kk++) {
-                uint32_t pa[4], da[4];
-                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-                for (int j = 0; j < ND; j += 2) {
-                    uint32_t ob[4], qb[4];
-                    ldsm_b_kn(ob, os, LD, 8 * j, 16 * kk);
-                    ldsm_b_kn(qb, qs, LD, 8 * j, 16 * kk);
-                    mma_bf16(adv[j], pa, ob[0], ob[1]);
-                    mma_bf16(adv[j + 1], pa, ob[2], ob[3]);
-                    mma_bf16(adk[j], da, qb[0], qb[1]);
-                    mma_bf16(adk[j + 1], da, qb[2], qb[3]);
-                }
-            }
+            mma_acc_pt<QT, ND>(adv, s, os, LD);
+            mma_acc_pt<QT, ND>(adk, dp, qs, LD);
         }
         __syncthreads();
     }

@@ -43,6 +43,18 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* A double-buffered loop's turn: start the next tile's copies (more: there is one; load_next issues and
+ * commits them), wait for this tile's, and make them visible to the block. */
+template <class F> static __device__ __forceinline__ void cp_async_turn(bool more, F &&load_next) {
+    if (more) {
+        load_next();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
@@ -73,6 +85,50 @@ static __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+/* One warp's c [N][4] += A B^T over K columns: A the 16 rows from row0 of a tile [rows][K], B the 8 N rows
+ * of a tile [8 N][K] (both bf16, ld elements a row). */
+template <int K, int N>
+static __device__ __forceinline__ void mma_abt(float (&c)[N][4], const __nv_bfloat16 *a, int row0,
+                                               const __nv_bfloat16 *b, int ld) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t af[4];
+        ldsm_a(af, a, ld, row0, kk * 16);
+#pragma unroll
+        for (int j = 0; j < N; j += 2) {
+            uint32_t bf[4];
+            ldsm_b_nk(bf, b, ld, 8 * j, kk * 16);
+            mma_bf16(c[j], af, bf[0], bf[1]);
+            mma_bf16(c[j + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* One warp's c [N][4] += P T: P the accumulators p [K/8][4] of a 16 x K product (rounded to bf16 as the A
+ * operand), T a tile [K][8 N] (bf16, ld elements a row). */
+template <int K, int N>
+static __device__ __forceinline__ void mma_acc_pt(float (&c)[N][4], const float (&p)[K / 8][4],
+                                                  const __nv_bfloat16 *t, int ld) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t af[4];
+        acc_to_a(af, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+        for (int j = 0; j < N; j += 2) {
+            uint32_t bf[4];
+            ldsm_b_kn(bf, t, ld, 8 * j, 16 * kk);
+            mma_bf16(c[j], af, bf[0], bf[1]);
+            mma_bf16(c[j + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* c [N][4] = 0 */
+template <int N> static __device__ __forceinline__ void acc_zero(float (&c)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 }
 
 #endif
