@@ -128,6 +128,11 @@ int lmx_is_dir(const char *path) {
     return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+int lmx_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && memcmp(s + n - k, suffix, k) == 0;
+}
+
 char *lmx_path_join(const char *dir, const char *name) {
     if (!dir || !name) return NULL;
     size_t dl = strlen(dir), nl = strlen(name);

@@ -24,6 +24,9 @@ lmx_status lmx_write_file(const char *path, const void *data, size_t n, lmx_err 
 int lmx_is_file(const char *path);
 int lmx_is_dir(const char *path);
 
+/* 1 when s ends with suffix (a file name's extension, a tensor name's last part). */
+int lmx_ends_with(const char *s, const char *suffix);
+
 /* Join dir and name with '/' into a malloc'ed string (NULL on allocation failure). */
 char *lmx_path_join(const char *dir, const char *name);
 

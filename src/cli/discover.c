@@ -6,15 +6,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../base/fileio.h"
 #include "cli.h"
 #include "lmx.h"
 
 #define MAX_DEPTH 8
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
 
 static void show(const char *path, long long disk_bytes, int *found) {
     lmx_load_params lp = lmx_load_default_params();
@@ -55,8 +51,8 @@ static void walk(const char *dir, int depth, int *found) {
         }
         dir_bytes += (long long)st.st_size;
         if (!strcmp(e->d_name, "config.json")) has_config = 1;
-        if (ends_with(e->d_name, ".safetensors") && strcmp(e->d_name, "reference.safetensors")) has_st = 1;
-        if (ends_with(e->d_name, ".gguf")) show(path, (long long)st.st_size, found);
+        if (lmx_ends_with(e->d_name, ".safetensors") && strcmp(e->d_name, "reference.safetensors")) has_st = 1;
+        if (lmx_ends_with(e->d_name, ".gguf")) show(path, (long long)st.st_size, found);
     }
     closedir(d);
     if (has_config && has_st) show(dir, dir_bytes, found);

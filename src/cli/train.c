@@ -270,8 +270,7 @@ static int config_args(const char *path, char ***args, int *n) {
     lmx_err err = {0};
     cJSON *js = NULL;
     char ymsg[256] = "";
-    const size_t pl = strlen(path);
-    const int yaml = pl > 5 && (!strcmp(path + pl - 5, ".yaml") || !strcmp(path + pl - 4, ".yml"));
+    const int yaml = lmx_ends_with(path, ".yaml") || lmx_ends_with(path, ".yml");
     if (lmx_read_file(path, &text, &len, &err) ||
         !(js = yaml ? cli_yaml_object(text, len, ymsg, sizeof ymsg) : cJSON_ParseWithLength(text, len)) ||
         !cJSON_IsObject(js)) {

@@ -20,11 +20,6 @@ static const char *const proj_modules[LMX_PROJ_N] = {"self_attn.q_proj", "self_a
 const char *lmx_proj_module(lmx_proj p) { return p >= 0 && p < LMX_PROJ_N ? proj_modules[p] : "?"; }
 const char *lmx_proj_short(lmx_proj p) { return p >= 0 && p < LMX_PROJ_N ? strchr(proj_modules[p], '.') + 1 : "?"; }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && memcmp(s + n - k, suffix, k) == 0;
-}
-
 /* key == t, or key ends with "." + t (PEFT's list matching) */
 static int suffix_match(const char *key, const char *t) {
     size_t n = strlen(key), k = strlen(t);
@@ -137,7 +132,7 @@ static const char *short_file(const char *path) {
 
 static lmx_status unsupported_tensor(const lmx_st_tensor *t, const char *file, lmx_err *err) {
     const char *n = t->name;
-    const char *why = strstr(n, "lora_magnitude_vector") || ends_with(n, ".m") ? "a DoRA magnitude (DoRA is not supported)"
+    const char *why = strstr(n, "lora_magnitude_vector") || lmx_ends_with(n, ".m") ? "a DoRA magnitude (DoRA is not supported)"
                       : strstr(n, "lora_embedding") || strstr(n, "embed_tokens") ? "an embedding adapter (not supported)"
                       : strstr(n, "lm_head")                                     ? "an lm_head adapter (not supported)"
                       : strstr(n, "bias")                                        ? "a LoRA bias (not supported)"
@@ -416,7 +411,7 @@ lmx_status lmx_lora_file_open(const char *path, lmx_lora_file *f, lmx_err *err) 
     lmx_status st = LMX_OK;
     int is_file = lmx_is_file(path);
     if (is_file) {
-        if (!ends_with(path, ".safetensors")) {
+        if (!lmx_ends_with(path, ".safetensors")) {
             st = lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: an adapter is a folder or a .safetensors file", path);
             goto done;
         }

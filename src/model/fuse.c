@@ -58,11 +58,6 @@ typedef struct fuser {
     lmx_err *err;
 } fuser;
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && memcmp(s + n - k, suffix, k) == 0;
-}
-
 static const char *base_name(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;
@@ -76,7 +71,7 @@ static int is_float(lmx_dtype t) { return t == LMX_DTYPE_F32 || t == LMX_DTYPE_F
 static const lmx_st_tensor *sibling(const fuser *f, const char *weight_name, const char *role) {
     char buf[1024];
     size_t len = strlen(weight_name);
-    if (!ends_with(weight_name, ".weight") || len + strlen(role) >= sizeof buf) return NULL;
+    if (!lmx_ends_with(weight_name, ".weight") || len + strlen(role) >= sizeof buf) return NULL;
     memcpy(buf, weight_name, len - 6); /* keeps the '.' */
     memcpy(buf + len - 6, role, strlen(role) + 1);
     return lmx_st_set_find(f->set, buf);
@@ -272,7 +267,7 @@ done:
 /* The weight a ".scales" / ".biases" tensor belongs to, when that weight is quantized. */
 static const lmx_st_tensor *quant_owner(const fuser *f, const lmx_st_tensor *t) {
     const char *n = t->name;
-    if (!ends_with(n, ".scales") && !ends_with(n, ".biases")) return NULL;
+    if (!lmx_ends_with(n, ".scales") && !lmx_ends_with(n, ".biases")) return NULL;
     char buf[1024];
     snprintf(buf, sizeof buf, "%.*s.weight", (int)(strlen(n) - 7), n);
     const lmx_st_tensor *w = lmx_st_set_find(f->set, buf);
@@ -380,7 +375,7 @@ static lmx_status write_out(fuser *f, const char *out) {
 static lmx_status open_base(fuser *f) {
     const char *base = f->base;
     if (lmx_is_file(base)) {
-        if (lmx_gguf_is_gguf(base) || ends_with(base, ".gguf"))
+        if (lmx_gguf_is_gguf(base) || lmx_ends_with(base, ".gguf"))
             return lmx_err_set(f->err, LMX_ERR_UNSUPPORTED, "%s: fuse needs a HF model directory; GGUF bases are not supported",
                                base);
         return lmx_err_set(f->err, LMX_ERR_UNSUPPORTED, "%s: fuse needs a HF model directory", base);

@@ -117,11 +117,6 @@ lmx_status lmx_chat_template_builtin(const char *family, lmx_chat_template **out
     return make(src, out, err);
 }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 /* Read and parse a JSON file; *out NULL (and LMX_OK) when the file does not exist. */
 static lmx_status read_json(const char *path, cJSON **out, lmx_err *err) {
     *out = NULL;
@@ -220,7 +215,7 @@ lmx_status lmx_chat_template_load(const char *path, const char *family, lmx_chat
         char *slash = dir ? strrchr(dir, '/') : NULL;
         if (slash) *slash = '\0';
         else if (dir) strcpy(dir, ".");
-        if (ends_with(path, ".json")) cfg_path = dup_str(path);
+        if (lmx_ends_with(path, ".json")) cfg_path = dup_str(path);
         else {
             jinja_path = dup_str(path);
             cfg_path = dir ? lmx_path_join(dir, "tokenizer_config.json") : NULL;
