@@ -2,8 +2,9 @@
  * forward ops, accumulated into the input gradients.
  *
  * Matrix products go through OpenBLAS sgemm: a frozen weight is widened a tile of rows at a time
- * (cpu_row_to_f32: dense, MLX or GGUF), never whole.  Element-wise ops and attention are plain loops;
- * attention recomputes each query row's probabilities from q and k (one row of scores at a time).
+ * (cpu_row_to_f32: dense, MLX or GGUF), never whole.  Element-wise ops are plain loops; attention
+ * recomputes each query row's probabilities from q and k (one row of scores at a time) through the
+ * kernel table's dot / axpy kernels, a task per (sequence, kv head) on the pool.
  * Each op's working memory is allocated per call and counted against the backend's memory. */
 #include <cblas.h>
 #include <math.h>
@@ -156,67 +157,78 @@ static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor
     return LMX_OK;
 }
 
-static float dotf(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+/* One attention backward task: sequence b, kv head kvh and the query heads of its group; it alone
+ * writes those heads' dq rows and the kv head's dk / dv rows of the sequence, so tasks run in parallel
+ * and each sums in a fixed order. */
+typedef struct attn_bwd_job {
+    const cpu_backend *cb;
+    const lmx_attn_args *a;
+    const int *windows;
+    const float *dout;
+    float *dq, *dk, *dv;
+    float *scratch; /* [threads][3 T]: one query row's capped scores, probabilities and dP */
+} attn_bwd_job;
+
+static void attn_bwd_task(void *arg, int task, int thread) {
+    const attn_bwd_job *j = arg;
+    const lmx_attn_args *a = j->a;
+    const lmx_cpu_kernels *kn = &j->cb->k;
+    const int H = a->H, Hk = a->Hk, D = a->D, T = a->batch->T, G = H / Hk;
+    const int b = task / Hk, kvh = task % Hk, W = j->windows ? j->windows[b] : 0;
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D, base = (int64_t)b * T;
+    const float cap = a->softcap;
+    float *x = j->scratch + (size_t)thread * 3 * T, *p = x + T, *dp = p + T;
+    const float *K = (const float *)a->k->data + base * ks + (int64_t)kvh * D;
+    const float *V = (const float *)a->v->data + base * ks + (int64_t)kvh * D;
+    float *dK = j->dk + base * ks + (int64_t)kvh * D, *dV = j->dv + base * ks + (int64_t)kvh * D;
+    for (int h = kvh * G; h < (kvh + 1) * G; h++)
+        for (int t = 0; t < a->batch->n_new[b]; t++) {
+            const int64_t qr = (base + t) * qs + (int64_t)h * D;
+            const float *q = (const float *)a->q->data + qr, *go = j->dout + qr;
+            const int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0, n = t - lo + 1;
+            /* the forward's scores (soft-capped) and softmax, and dP = dO . v */
+            kn->dot_rows_f32(q, K + (int64_t)lo * ks, ks, n, D, x);
+            kn->dot_rows_f32(go, V + (int64_t)lo * ks, ks, n, D, dp);
+            float mx = -INFINITY;
+            for (int i = 0; i < n; i++) {
+                float s = x[i] * a->scale;
+                if (cap > 0) s = cap * tanhf(s / cap);
+                x[i] = s;
+                if (s > mx) mx = s;
+            }
+            double sum = 0;
+            for (int i = 0; i < n; i++) sum += p[i] = expf(x[i] - mx);
+            double dsum = 0; /* sum_i p_i dp_i */
+            for (int i = 0; i < n; i++) {
+                p[i] = (float)(p[i] / sum);
+                dsum += (double)p[i] * dp[i];
+            }
+            /* dS = p (dP - dsum) (times the soft-cap's slope), scaled; x becomes dS */
+            for (int i = 0; i < n; i++) {
+                float ds = p[i] * (float)(dp[i] - dsum);
+                if (cap > 0) ds *= 1.0f - (x[i] / cap) * (x[i] / cap);
+                x[i] = ds * a->scale;
+            }
+            kn->axpy_rows_f32(j->dq + qr, x, K + (int64_t)lo * ks, ks, n, D); /* dq += dS K */
+            for (int i = 0; i < n; i++) {                                     /* dk += dS q, dv += p dO */
+                kn->axpy_f32(dK + (int64_t)(lo + i) * ks, x[i], q, D);
+                kn->axpy_f32(dV + (int64_t)(lo + i) * ks, p[i], go, D);
+            }
+        }
 }
 
 static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv,
                                     const lmx_tensor *dout, const lmx_attn_args *a, const int *windows) {
-    const lmx_batch *bt = a->batch;
-    const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
+    const cpu_backend *cb = (const cpu_backend *)be;
     lmx_status st = lmx_attention_bwd_check(be, a);
     if (st) return st;
-    float *p = work(be, (size_t)2 * T, "attention backward");
-    if (!p) return be->err.status;
-    float *dp = p + T;
-    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D;
-    for (int b = 0; b < bt->B; b++)
-        for (int h = 0; h < H; h++) {
-            const int kvh = h / (H / Hk), W = windows ? windows[b] : 0;
-            const int64_t base = (int64_t)b * T;
-            for (int t = 0; t < bt->n_new[b]; t++) {
-                const float *q = (const float *)a->q->data + (base + t) * qs + (int64_t)h * D;
-                const float *go = (const float *)dout->data + (base + t) * qs + (int64_t)h * D;
-                float *gq = (float *)dq->data + (base + t) * qs + (int64_t)h * D;
-                const int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0, n = t - lo + 1;
-                float mx = -INFINITY;
-                for (int j = 0; j < n; j++) { /* the forward's scores and softmax */
-                    const float *k = (const float *)a->k->data + (base + lo + j) * ks + (int64_t)kvh * D;
-                    float s = dotf(q, k, D) * a->scale;
-                    if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-                    p[j] = s;
-                    if (s > mx) mx = s;
-                }
-                double sum = 0;
-                for (int j = 0; j < n; j++) sum += p[j] = expf(p[j] - mx);
-                double dsum = 0; /* sum_j p_j dp_j */
-                for (int j = 0; j < n; j++) {
-                    const float *v = (const float *)a->v->data + (base + lo + j) * ks + (int64_t)kvh * D;
-                    p[j] = (float)(p[j] / sum);
-                    dp[j] = dotf(go, v, D);
-                    dsum += (double)p[j] * dp[j];
-                }
-                for (int j = 0; j < n; j++) {
-                    const int64_t kr = (base + lo + j) * ks + (int64_t)kvh * D;
-                    const float *k = (const float *)a->k->data + kr;
-                    float *gk = (float *)dk->data + kr, *gv = (float *)dv->data + kr;
-                    float ds = p[j] * (float)(dp[j] - dsum); /* d loss / d (capped score) */
-                    if (a->softcap > 0) {
-                        const float s = a->softcap * tanhf(dotf(q, k, D) * a->scale / a->softcap) / a->softcap;
-                        ds *= 1.0f - s * s;
-                    }
-                    ds *= a->scale;
-                    for (int i = 0; i < D; i++) {
-                        gq[i] += ds * k[i];
-                        gk[i] += ds * q[i];
-                        gv[i] += p[j] * go[i];
-                    }
-                }
-            }
-        }
-    work_free(be, p, (size_t)2 * T);
+    const int threads = lmx_pool_size(cb->pool), T = a->batch->T;
+    const size_t n = (size_t)threads * 3 * (size_t)(T > 0 ? T : 1);
+    attn_bwd_job j = {cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
+                      (float *)dv->data, work(be, n, "attention backward")};
+    if (!j.scratch) return be->err.status;
+    lmx_pool_run(cb->pool, a->batch->B * a->Hk, attn_bwd_task, &j);
+    work_free(be, j.scratch, n);
     return LMX_OK;
 }
 
