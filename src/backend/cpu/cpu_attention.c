@@ -20,6 +20,22 @@ typedef struct attn_job {
     int row_blocks;          /* ceil(T / ROWS_PER_TASK) */
 } attn_job;
 
+double cpu_attn_exp(float *x, float *e, int n, float scale, float cap) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        float s = x[j] * scale;
+        if (cap > 0) s = cap * tanhf(s / cap);
+        x[j] = s;
+        if (s > mx) mx = s;
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        e[j] = expf(x[j] - mx);
+        sum += e[j];
+    }
+    return sum;
+}
+
 static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int h, int t,
                        float *scores) {
     const lmx_batch *bt = a->batch;
@@ -55,18 +71,7 @@ static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int
 
     for (int r = 0, j = 0; r < ns; j += len[r], r++)
         cb->k.dot_rows_f32(q, ks[r] + off[r], kstride, len[r], D, scores + j);
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        float s = scores[j] * a->scale;
-        if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-        scores[j] = s;
-        if (s > mx) mx = s;
-    }
-    double sum = 0;
-    for (int j = 0; j < n; j++) {
-        scores[j] = expf(scores[j] - mx);
-        sum += scores[j];
-    }
+    double sum = cpu_attn_exp(scores, scores, n, a->scale, a->softcap);
     float inv = (float)(1.0 / sum);
     for (int j = 0; j < n; j++) scores[j] *= inv;
     memset(out, 0, (size_t)D * sizeof(float));
