@@ -19,6 +19,23 @@ typedef struct att_arg {
     att_seq s[ATT_SEQ_MAX];
 } att_arg;
 
+/* Whether the query at position query sees the key at position key: causal, and inside a window of W
+ * positions (W <= 0: none). */
+static __device__ __forceinline__ bool att_sees(int query, int key, int window) {
+    return key <= query && (window <= 0 || key > query - window);
+}
+
+/* Attention backward's dS of one score: p (dP - sum_j P_j dP_j), times the soft-cap's slope at the capped
+ * score v (cap 0: none) */
+static __device__ __forceinline__ float att_ds(float p, float dp, float dsum, float v, float cap) {
+    float ds = p * (dp - dsum);
+    if (cap > 0) {
+        const float c = v / cap;
+        ds *= 1.0f - c * c;
+    }
+    return ds;
+}
+
 /* Prefill attention on tensor cores for the a.B sequences of a (T rows each): q, out [B*T, H*D]
  * f32; k, v [B*T, Hk*D] f32 new rows (narrowed to bf16 in scratch first).  LMX_ERR_UNSUPPORTED
  * (nothing launched) for head dims other than 32, 64, 128 and 256. */

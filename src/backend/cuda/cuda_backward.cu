@@ -266,16 +266,6 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
 
 /* ---- attention ------------------------------------------------------------------------------------ */
 
-/* dS of one score: p (dP - sum_j P_j dP_j), times the soft-cap's slope at the capped score v */
-static __device__ __forceinline__ float ds_of(float p, float dp, float dsum, float v, float cap) {
-    float ds = p * (dp - dsum);
-    if (cap > 0) {
-        const float c = v / cap;
-        ds *= 1.0f - c * c;
-    }
-    return ds;
-}
-
 /* Row r (query i0 + r) of head blockIdx.y: S [nk] (scores of keys lo..lo+nk) becomes P, dP becomes
  * dS = scale * P (dP - sum_j P_j dP_j) (times the soft-cap's slope); keys after the query or outside its
  * window give 0.  A block of 256 threads holds the row in registers (PER values each: nk <= 256 PER),
@@ -318,7 +308,7 @@ __global__ void __launch_bounds__(256) k_attn_ds(float *S, float *dP, int tq, in
         float p = 0.0f, ds = 0.0f;
         if (v[e] != -INFINITY) {
             p = expf(v[e] - mx) * inv;
-            ds = ds_of(p, d[e], dsum, v[e], cap);
+            ds = att_ds(p, d[e], dsum, v[e], cap);
         }
         s[j] = p;
         dp[j] = ds * scale;
@@ -352,7 +342,7 @@ __global__ void k_attn_ds_long(float *S, float *dP, int tq, int nk, int i0, int 
         float p = 0.0f, ds = 0.0f;
         if (j >= jlo && j < jhi) {
             p = expf(s[j] - mx) / sum;
-            ds = ds_of(p, dp[j], dsum, s[j], cap);
+            ds = att_ds(p, dp[j], dsum, s[j], cap);
         }
         s[j] = p;
         dp[j] = ds * scale;

@@ -95,7 +95,6 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
         const bool live = wrow < S.n_new && p0 <= wlast && (window <= 0 || p0 + KT - 1 > n_past + wrow - window);
         if (live) {
             float s[NS][4];
-            acc_zero(s);
             mma_abt<D, NS>(s, Qs, warp * 16, ks, LD);
             /* mask, soft-cap, online softmax (rows g and g + 8; a row's 4 threads share it) */
             float mx[2] = {m_r[0], m_r[1]};
@@ -107,7 +106,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
                     const int pos = row ? pos1 : pos0;
                     float x = s[j][e];
                     if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
-                    const bool vis = (row ? ok1 : ok0) && p <= pos && (window <= 0 || p > pos - window);
+                    const bool vis = (row ? ok1 : ok0) && att_sees(pos, p, window);
                     x = vis ? x : -INFINITY;
                     s[j][e] = x;
                     mx[row] = fmaxf(mx[row], x);
@@ -199,6 +198,19 @@ static lmx_status launch_flash(cuda_backend *cb, const att_arg &a, const float *
     return cuda_check_launch(cb, "attention");
 }
 
+/* launch_flash for a.D (the STATS form has no kernel for 256) */
+template <bool STATS>
+static lmx_status flash_by_dim(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                               const __nv_bfloat16 *v16, float *out, const float *dout, float *lse, float *dsum) {
+    switch (a.D) {
+    case 32: return launch_flash<32, 64, STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 64: return launch_flash<64, 64, STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 128: return launch_flash<128, 64, STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 256: return STATS ? LMX_ERR_UNSUPPORTED : launch_flash<256, 32, false>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    default: return LMX_ERR_UNSUPPORTED;
+    }
+}
+
 lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
                                 float *out) {
     if (a.D != 32 && a.D != 64 && a.D != 128 && a.D != 256) return LMX_ERR_UNSUPPORTED;
@@ -208,20 +220,10 @@ lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float 
     __nv_bfloat16 *v16 = k16 + n;
     lmx_status st;
     if ((st = cuda_narrow_bf16(cb, k16, k, n)) || (st = cuda_narrow_bf16(cb, v16, v, n))) return st;
-    switch (a.D) {
-    case 32: return launch_flash<32, 64, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
-    case 64: return launch_flash<64, 64, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
-    case 128: return launch_flash<128, 64, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
-    default: return launch_flash<256, 32, false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
-    }
+    return flash_by_dim<false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
 }
 
 lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
                             const __nv_bfloat16 *v16, const float *dout, float *lse, float *dsum) {
-    switch (a.D) {
-    case 32: return launch_flash<32, 64, true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
-    case 64: return launch_flash<64, 64, true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
-    case 128: return launch_flash<128, 64, true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
-    default: return LMX_ERR_UNSUPPORTED;
-    }
+    return flash_by_dim<true>(cb, a, q, k16, v16, NULL, dout, lse, dsum);
 }

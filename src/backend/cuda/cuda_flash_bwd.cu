@@ -24,15 +24,10 @@
 
 /* One score's P and dS given its scaled score s (before soft-capping), visibility, L, dP and D. */
 static __device__ __forceinline__ void fb_grad(float &s, float &dp, bool vis, float L, float D, float cap) {
-    float x = s, slope = 1.0f;
-    if (cap > 0) {
-        x = cap * tanhf(s / cap);
-        const float c = x / cap;
-        slope = 1.0f - c * c;
-    }
+    const float x = cap > 0 ? cap * tanhf(s / cap) : s;
     const float p = vis ? __expf(x - L) : 0.0f;
     s = p;
-    dp = vis ? p * (dp - D) * slope : 0.0f;
+    dp = vis ? att_ds(p, dp, D, x, cap) : 0.0f;
 }
 
 /* Shared memory of k_fa_dq: Qs, dO [64][D+8], K, V [2][KT][D+8] (bf16). */
@@ -95,8 +90,6 @@ __global__ void __launch_bounds__(FB_THREADS)
         const bool live = wrow < n && p0 <= wlast && (window <= 0 || p0 + KT - 1 > wrow - window);
         if (live) {
             float s[NS][4], dp[NS][4];
-            acc_zero(s);
-            acc_zero(dp);
             mma_abt<D, NS>(s, Qs, warp * 16, ks, LD);
             mma_abt<D, NS>(dp, Os, warp * 16, vs, LD);
 #pragma unroll
@@ -104,7 +97,7 @@ __global__ void __launch_bounds__(FB_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int row = e / 2, p = p0 + 8 * j + 2 * tq + (e & 1), pos = row ? pos1 : pos0;
-                    const bool vis = (row ? ok1 : ok0) && p <= pos && (window <= 0 || p > pos - window);
+                    const bool vis = (row ? ok1 : ok0) && att_sees(pos, p, window);
                     fb_grad(s[j][e], dp[j][e], vis, row ? L1 : L0, row ? D1 : D0, a.softcap);
                 }
             /* dQ += dS K: dS's accumulators are the A operand, K [keys][D] the B operand (keys as k) */
@@ -198,8 +191,6 @@ __global__ void __launch_bounds__(FB_THREADS)
         const bool live = wkey <= kmax && wkey <= tlast && (window <= 0 || t0 < wkey + 15 + window);
         if (live) {
             float s[NQ][4], dp[NQ][4];
-            acc_zero(s);
-            acc_zero(dp);
             mma_abt<D, NQ>(s, Ks, warp * 16, qs, LD);
             mma_abt<D, NQ>(dp, Vs, warp * 16, os, LD);
 #pragma unroll
@@ -207,7 +198,7 @@ __global__ void __launch_bounds__(FB_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = 8 * j + 2 * tq + (e & 1), t = t0 + c, key = e / 2 ? key1 : key0;
-                    const bool vis = t <= qmax && key <= t && key <= kmax && (window <= 0 || key > t - window);
+                    const bool vis = t <= qmax && key <= kmax && att_sees(t, key, window);
                     fb_grad(s[j][e], dp[j][e], vis, ls[c], ds[c], a.softcap);
                 }
             /* dV += P^T dO and dK += dS^T Qs: the accumulators are the A operands, dO and Qs [queries][D]
@@ -230,12 +221,6 @@ __global__ void __launch_bounds__(FB_THREADS)
             *pv = make_float2(y.x + adv[j][2 * r], y.y + adv[j][2 * r + 1]);
         }
     }
-}
-
-/* q (or dout) [n] f32 -> bf16 times scale, rounded once (as k_flash rounds its Q tile) */
-__global__ void k_narrow_scaled(__nv_bfloat16 *dst, const float *src, int64_t n, float scale) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(src[i] * scale);
 }
 
 template <int D, int KT, int QT>
@@ -277,10 +262,7 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
             a.s[b] = (att_seq){NULL, NULL, 0, bt->n_new[b0 + b], 1, 0, windows ? windows[b0 + b] : 0};
         const int64_t r0 = (int64_t)b0 * T, mq = a.B * (int64_t)T * HD, mk = a.B * (int64_t)T * KD;
         const float *q = (const float *)args->q->data + r0 * HD, *o = dout + r0 * HD;
-        const unsigned grid = cuda_blocks(mq, 256) < 4096 ? cuda_blocks(mq, 256) : 4096;
-        k_narrow_scaled<<<grid, 256, 0, cb->stream>>>(q16, q, mq, a.scale);
-        k_narrow_scaled<<<grid, 256, 0, cb->stream>>>(do16, o, mq, 1.0f);
-        if ((st = cuda_check_launch(cb, "attention backward")) ||
+        if ((st = cuda_narrow_bf16_scaled(cb, q16, q, mq, a.scale)) || (st = cuda_narrow_bf16(cb, do16, o, mq)) ||
             (st = cuda_narrow_bf16(cb, k16, (const float *)args->k->data + r0 * KD, mk)) ||
             (st = cuda_narrow_bf16(cb, v16, (const float *)args->v->data + r0 * KD, mk)) ||
             (st = cuda_flash_stats(cb, a, q, k16, v16, o, lse, dsum)))

@@ -190,8 +190,9 @@ lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope
                           const cuda_kv_dst *app);
 /* Bytes of weight w's packed data (dense, MLX or GGUF); 0 if the layout is not supported. */
 size_t cuda_weight_bytes(const lmx_tensor *w);
-/* dst[i] = bf16(src[i]) for n values, on the stream. */
+/* dst[i] = bf16(src[i]) for n values, on the stream; the _scaled form narrows src[i] * scale (rounded once). */
 lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n);
+lmx_status cuda_narrow_bf16_scaled(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n, float scale);
 /* Dequantize rows [n0, n0+rows) of w into dst (bf16 [rows, K]) on the stream. */
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst);

@@ -87,9 +87,9 @@ lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t
 
 /* ---- GEMM (cuBLAS) ---------------------------------------------------------------------------- */
 
-__global__ void k_narrow_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+__global__ void k_narrow_bf16(__nv_bfloat16 *dst, const float *src, int64_t n, float scale) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(src[i]);
+        dst[i] = __float2bfloat16(scale == 1.0f ? src[i] : src[i] * scale); /* 1: no flush of denormals */
 }
 __global__ void k_narrow_f16(__half *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -106,9 +106,13 @@ static unsigned grid_for(int64_t n) {
     return (unsigned)(b < 16384 ? (b ? b : 1) : 16384);
 }
 
-lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n) {
-    k_narrow_bf16<<<grid_for(n), 256, 0, cb->stream>>>(dst, src, n);
+lmx_status cuda_narrow_bf16_scaled(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n, float scale) {
+    k_narrow_bf16<<<grid_for(n), 256, 0, cb->stream>>>(dst, src, n, scale);
     return cuda_check_launch(cb, "narrow to bf16");
+}
+
+lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n) {
+    return cuda_narrow_bf16_scaled(cb, dst, src, n, 1.0f);
 }
 
 /* y[:, n0:n0+nb] = x16 [M, K] @ w16[nb, K]^T with f32 output (ldc N). */

@@ -87,11 +87,18 @@ static __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-/* One warp's c [N][4] += A B^T over K columns: A the 16 rows from row0 of a tile [rows][K], B the 8 N rows
+/* c [N][4] = 0 */
+template <int N> static __device__ __forceinline__ void acc_zero(float (&c)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+}
+
+/* One warp's c [N][4] = A B^T over K columns: A the 16 rows from row0 of a tile [rows][K], B the 8 N rows
  * of a tile [8 N][K] (both bf16, ld elements a row). */
 template <int K, int N>
 static __device__ __forceinline__ void mma_abt(float (&c)[N][4], const __nv_bfloat16 *a, int row0,
                                                const __nv_bfloat16 *b, int ld) {
+    acc_zero(c);
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t af[4];
@@ -123,12 +130,6 @@ static __device__ __forceinline__ void mma_acc_pt(float (&c)[N][4], const float 
             mma_bf16(c[j + 1], af, bf[2], bf[3]);
         }
     }
-}
-
-/* c [N][4] = 0 */
-template <int N> static __device__ __forceinline__ void acc_zero(float (&c)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 }
 
 #endif
