@@ -3,7 +3,7 @@
 # Llama-3.1-8B bf16 models (bench/make_random_model.py), `lmx bench-train` (rank 16, all seven
 # projections, sequence 2048, checkpointing on) with the attention backward's flash form and, for
 # comparison, its tiled cuBLAS form (LMX_CUDA_ATTN_BWD_ROWS=512), and with `hf` last also HF transformers
-# + peft on the same weights (bench/hf_train.py, SDPA, checkpointing).  One line of JSON per run in OUT_DIR.
+# + peft on the same weights (bench/hf_train.py, SDPA, checkpointing).  Each run's output in OUT_DIR/NAME-FORM.txt.
 # usage: bench/train_bench.sh LMX OUT_DIR [hf]
 set -u
 lmx=$1 out=$2 hf=${3:-}
