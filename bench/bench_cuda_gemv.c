@@ -2,7 +2,8 @@
  * [N, K] and row count M, the time of one call (mean of REPS back-to-back calls, after warm-up) and
  * the weight bytes it streams per second.  The shapes are Llama-3.1-8B's projections and lm head.
  * usage: bench_cuda_gemv [REPS [FORMAT SHAPE M]]   (LMX_CUDA_GEMV=2: the CUDA-core kernels for 2..8 rows,
- * cuBLAS above; FORMAT bf16 or q4, SHAPE as printed ("q/o", "lm head"...), M: only that case, e.g. for ncu)
+ * cuBLAS above; FORMAT bf16, q4 (MLX, groups of 64) or a GGUF block type (q4_0 q8_0 q4_k q5_k q6_k), SHAPE
+ * as printed ("q/o", "lm head"...) or "all", M: only that case (0: all), e.g. for ncu)
  * Prints one line per case: format N K M  us/call  GB/s; then the time of reading M rows of logits to
  * the host. */
 #include <stdint.h>
@@ -13,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "base/half.h"
+#include "formats/ggml_types.h"
 
 static double now_s(void) {
     struct timespec t;
@@ -29,14 +31,46 @@ static uint32_t next_u32(void) {
 }
 static float next_f(void) { return (float)(next_u32() >> 8) / 16777216.0f - 0.5f; }
 
-/* A random [N, K] weight: bf16 (bits 0) or MLX 4-bit with groups of 64; its bytes in *bytes.  The
- * backend owns the uploaded copy until it is freed; the host copy is left to the process's end. */
-static int make_weight(lmx_backend *be, int bits, int64_t N, int64_t K, lmx_tensor *w, double *bytes) {
+/* The formats: bits 4 MLX 4-bit, else gtype > 0 a GGUF block type, else bf16. */
+static const struct fmt { const char *name; int bits, gtype; } fmts[] = {
+    {"bf16", 0, 0},  {"q4", 4, 0}, {"q4_0", 0, LMX_GGML_Q4_0}, {"q8_0", 0, LMX_GGML_Q8_0},
+    {"q4_k", 0, LMX_GGML_Q4_K}, {"q5_k", 0, LMX_GGML_Q5_K}, {"q6_k", 0, LMX_GGML_Q6_K}};
+
+static void put_f16(uint8_t *p, float v) {
+    const uint16_t h = lmx_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* A random [N, K] weight of format f; its bytes in *bytes.  GGUF blocks are random bytes with sane f16
+ * scale fields.  The backend owns the uploaded copy until it is freed; the host copy is left to the
+ * process's end. */
+static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t K, lmx_tensor *w, double *bytes) {
     memset(w, 0, sizeof *w);
     w->ndim = 2;
     w->shape[0] = N;
     w->shape[1] = K;
-    if (bits) {
+    if (f->gtype) {
+        const size_t rb = lmx_ggml_row_bytes(f->gtype, K), bb = (size_t)lmx_ggml_block_bytes(f->gtype), n = rb * (size_t)N;
+        uint8_t *p = malloc(n);
+        if (!p) return -1;
+        for (size_t i = 0; i < n; i += 4) {
+            const uint32_t r = next_u32();
+            memcpy(p + i, &r, n - i < 4 ? n - i : 4);
+        }
+        for (size_t b = 0; b < n / bb; b++) { /* d (and dmin) where each layout keeps them */
+            uint8_t *blk = p + b * bb;
+            switch (f->gtype) {
+            case LMX_GGML_Q4_0: case LMX_GGML_Q8_0: put_f16(blk, 0.01f); break;
+            case LMX_GGML_Q4_K: case LMX_GGML_Q5_K: put_f16(blk, 0.002f), put_f16(blk + 2, 0.001f); break;
+            case LMX_GGML_Q6_K: put_f16(blk + 208, 0.001f); break;
+            default: break;
+            }
+        }
+        w->dtype = LMX_DTYPE_U8;
+        w->data = p;
+        w->q.ggml_type = f->gtype;
+        *bytes = (double)n;
+    } else if (f->bits) {
         const int64_t words = N * K / 8, groups = N * K / 64;
         uint32_t *p = malloc((size_t)words * 4);
         uint16_t *s = malloc((size_t)groups * 2), *b = malloc((size_t)groups * 2);
@@ -60,7 +94,7 @@ static int make_weight(lmx_backend *be, int bits, int64_t N, int64_t K, lmx_tens
 
 int main(int argc, char **argv) {
 #ifndef LMX_HAVE_CUDA
-    (void)argc, (void)argv, (void)make_weight, (void)now_s;
+    (void)argc, (void)argv, (void)make_weight, (void)now_s, (void)fmts;
     printf("built without CUDA\n");
     return 0;
 #else
@@ -77,12 +111,14 @@ int main(int argc, char **argv) {
         {"q/o", 4096, 4096}, {"k/v", 1024, 4096}, {"gate/up", 14336, 4096}, {"down", 4096, 14336}, {"lm head", 128256, 4096}};
     const int Ms[] = {1, 2, 4, 8, 16, 32};
     printf("%-6s %-8s %7s %6s %3s %10s %8s\n", "format", "shape", "N", "K", "M", "us/call", "GB/s");
-    for (int bits = 0; bits <= 4; bits += 4)
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            if (only_fmt && (strcmp(only_fmt, bits ? "q4" : "bf16") || strcmp(only_shape, shapes[s].name))) continue;
+            if (only_fmt ? strcmp(only_fmt, fmts[f].name) || (strcmp(only_shape, "all") && strcmp(only_shape, shapes[s].name))
+                         : fmts[f].gtype != 0)
+                continue;
             lmx_tensor w;
             double bytes;
-            if (make_weight(be, bits, shapes[s].N, shapes[s].K, &w, &bytes)) {
+            if (make_weight(be, &fmts[f], shapes[s].N, shapes[s].K, &w, &bytes)) {
                 printf("weight upload failed: %s\n", be->err.msg);
                 return 1;
             }
@@ -105,7 +141,7 @@ int main(int argc, char **argv) {
                     }
                 be->ops->read(be, &y, 0, &probe, 4);
                 const double t = (now_s() - t0) / reps;
-                printf("%-6s %-8s %7lld %6lld %3d %10.1f %8.0f\n", bits ? "q4" : "bf16", shapes[s].name,
+                printf("%-6s %-8s %7lld %6lld %3d %10.1f %8.0f\n", fmts[f].name, shapes[s].name,
                        (long long)shapes[s].N, (long long)shapes[s].K, M, t * 1e6, bytes / t * 1e-9);
                 be->ops->release(be, &x);
                 be->ops->release(be, &y);

@@ -14,17 +14,32 @@
  *
  * k_gquant_x quantizes x once per launch into scratch (for one row with the RMSNorm folded in when
  * the decode graph asks), before the GEMV kernel reads it.  A warp takes two
- * weight rows (the GLU pair: row n of gate and of up), lane l the parts l, l + 32, ... of them; when
- * the rows alone would not fill the GPU, KS warps share each row (warp k the parts 32 k + l,
- * 32 (KS + k) + l, ...; KS a function of the shape, so a weight gives the same bits in every
+ * weight rows (the GLU pair: row n of gate and of up), lane l the units l, l + 32, ... of them (a
+ * unit: the parts that share code bytes, gq_unit: 64 elements of Q4_K / Q5_K, 128 of Q6_K, else 32);
+ * when the rows alone would not fill the GPU, KS warps share each row (warp k the units 32 k + l,
+ * 32 (KS + k) + l, ...; KS a function of the type and shape, so a weight gives the same bits in every
  * launch).  Results are stored, or go through the GLU, or (one row) are added into y, with the
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_gemv.h"
 
-/* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v: codes to q[32],
- * {d, d * sum of codes 0..15, d * sum of codes 16..31, 0} to *m; store 0: the reductions only (every
- * lane of the warp takes part in them). */
-static __device__ __forceinline__ void gq_quant_part(float4 v, int16_t *q, float4 *m, bool store) {
+/* Where part pp of a row of x goes in the GEMV's layout of quantized x (UP = 1 << ul parts a unit,
+ * gq_unit): the kernel's lane l takes units 32 g + l, so the 16-byte chunks i (0..3) of part k of
+ * unit 32 g + l lie at int4 ((g UP + k) 4 + i) 32 + l, and its {d, s0, s1} at float4 (g UP + k) 32 + l:
+ * the 32 lanes read each as one contiguous run.  A row takes gq_row_parts parts' room. */
+static __device__ __forceinline__ int gq_xchunk(int pp, int ul) {
+    const int u = pp >> ul, k = pp & ((1 << ul) - 1);
+    return ((((u >> 5) << ul) + k) * 4) * 32 + (u & 31);
+}
+static __device__ __forceinline__ int gq_xpart(int pp, int ul) {
+    const int u = pp >> ul, k = pp & ((1 << ul) - 1);
+    return (((u >> 5) << ul) + k) * 32 + (u & 31);
+}
+static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31) / 32 * 32 * UP; }
+
+/* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v: codes to the part's
+ * chunks q (chunk c at q + 32 c int4s, gq_xchunk), {d, d * sum of codes 0..15, d * sum of codes 16..31,
+ * 0} to *m; store 0: the reductions only (every lane of the warp takes part in them). */
+static __device__ __forceinline__ void gq_quant_part(float4 v, int4 *q, float4 *m, bool store) {
     const int i = threadIdx.x & 7;
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
@@ -37,14 +52,15 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, int16_t *q, float
     for (int o = 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* lanes 0-3: half 0, 4-7: half 1 */
     const int s1 = __shfl_down_sync(0xffffffffu, s, 4);
     if (!store) return;
-    *(uint2 *)(q + 4 * i) = make_uint2((uint32_t)(a & 0xffff) | ((uint32_t)b << 16), (uint32_t)(c & 0xffff) | ((uint32_t)e << 16));
+    ((uint2 *)(q + 32 * (i >> 1)))[i & 1] = make_uint2((uint32_t)(a & 0xffff) | ((uint32_t)b << 16), (uint32_t)(c & 0xffff) | ((uint32_t)e << 16));
     if (i == 0) *m = make_float4(d, d * (float)s, d * (float)s1, 0.0f);
 }
 
-/* x [M, K] -> xq int16 [M, K] and xm [M, K / 32] ({d, s0, s1, 0}): eight lanes per part, 32 parts
- * per block; with nm.w (one row) the RMSNorm of x, as the norm kernels compute it. */
-__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int16_t *__restrict__ xq,
-                                                  float4 *__restrict__ xm, int K, const cuda_row_norm nm) {
+/* x [M, K] -> xq int16 and xm ({d, s0, s1, 0}), each row PR parts' room in the layout of gq_xchunk for
+ * units of 1 << ul parts: eight lanes per part, 32 parts per block; with nm.w (one row) the RMSNorm of
+ * x, as the norm kernels compute it. */
+__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int4 *__restrict__ xq,
+                                                  float4 *__restrict__ xm, int K, int PR, int ul, const cuda_row_norm nm) {
     __shared__ float part[8];
     cuda_pdl_trigger();
     cuda_pdl_wait();
@@ -59,7 +75,7 @@ __global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, i
         v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
         v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
     }
-    gq_quant_part(v, xq + (size_t)m * K + 32 * pc, xm + (size_t)m * P + pc, p < P);
+    gq_quant_part(v, xq + (size_t)m * PR * 4 + gq_xchunk(pc, ul), xm + (size_t)m * PR + gq_xpart(pc, ul), p < P);
 }
 
 static __device__ __forceinline__ void gq_prefetch(const void *p) {
@@ -78,19 +94,20 @@ static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4
     }
 }
 
-/* MM: the most input rows (M <= MM); U: parts per lane in flight.  resid (one row, one weight):
- * y += W x + b. */
+/* MM: the most input rows (M <= MM); U: units per lane in flight (a unit: UP parts, gq_unit).  resid
+ * (one row, one weight): y += W x + b. */
 template <int T, int MM, int PAIR>
-__global__ void __launch_bounds__(256) k_ggemv(const int16_t *__restrict__ xq, const float4 *__restrict__ xm,
-                                               const gv_segs sg, int K, int M, int act, int resid) {
-    constexpr int R = 2, RO = PAIR ? 1 : 2, U = MM <= 2 ? 2 : 1, BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
+__global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                               const gv_segs sg, int K, int PR, int M, int act, int resid) {
+    constexpr int UP = gq_unit<T>::UP, R = 2, RO = PAIR ? 1 : 2, U = MM <= 2 && UP == 1 ? 2 : 1;
+    constexpr int BYTES = gq_traits<T>::BYTES, UPB = gq_traits<T>::PARTS / UP; /* units per block */
     __shared__ float red[8][R * MM];
     cuda_pdl_trigger();
     const gv_seg S = seg_pick(sg, blockIdx.y);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
     const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
     const bool active = n0 < S.N;
-    const int P = K / 32, vstride = 32 * KS;
+    const int P = K / 32, NU = P / UP, vstride = 32 * KS;
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
     const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
 #pragma unroll
@@ -98,13 +115,13 @@ __global__ void __launch_bounds__(256) k_ggemv(const int16_t *__restrict__ xq, c
         const int n = n0 + (PAIR ? 0 : r), row = n < S.N ? n : S.N - 1;
         wr[r] = (const uint8_t *)(PAIR ? (r ? sg.s[1].w : sg.s[0].w) : S.w) + row * row_bytes;
     }
-    int p = 32 * kslice + lane;
+    int p = 32 * kslice + lane; /* this lane's first unit */
     if (active)
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (p + vstride * u < P)
+            if (p + vstride * u < NU)
 #pragma unroll
-                for (int r = 0; r < R; r++) gq_prefetch(wr[r] + (int64_t)((p + vstride * u) / PPB) * BYTES);
+                for (int r = 0; r < R; r++) gq_prefetch(wr[r] + (int64_t)((p + vstride * u) / UPB) * BYTES);
     cuda_pdl_wait(); /* x is ready */
 
     float acc[R][MM];
@@ -113,32 +130,39 @@ __global__ void __launch_bounds__(256) k_ggemv(const int16_t *__restrict__ xq, c
 #pragma unroll
         for (int m = 0; m < MM; m++) acc[r][m] = 0.0f;
     if (active)
-        for (; p < P; p += vstride * U) {
-            uint32_t q[U][R][8];
-            float sc[U][R][2], mn[U][R][2];
+        for (; p < NU; p += vstride * U) {
+            gq_unit<T> wu[U][R];
 #pragma unroll
-            for (int u = 0; u < U; u++) { /* every part's loads before any use */
-                const int pu = p + vstride * u < P ? p + vstride * u : p;
-                const int64_t boff = (int64_t)(pu / PPB) * BYTES;
+            for (int u = 0; u < U; u++) { /* every unit's loads before any use */
+                const int pu = p + vstride * u < NU ? p + vstride * u : p;
+                const int64_t boff = (int64_t)(pu / UPB) * BYTES;
 #pragma unroll
-                for (int r = 0; r < R; r++) gq_part<T>(wr[r] + boff, pu % PPB, q[u][r], sc[u][r], mn[u][r]);
+                for (int r = 0; r < R; r++) wu[u][r].load(wr[r] + boff, pu % UPB);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int pu = p + vstride * u;
-                if (pu >= P) break;
+                if (pu >= NU) break;
 #pragma unroll
-                for (int m = 0; m < MM; m++) {
-                    if (m >= M) break;
-                    const int4 *xv = (const int4 *)(xq + (size_t)m * K + 32 * pu);
-                    const int4 X[4] = {__ldg(xv), __ldg(xv + 1), __ldg(xv + 2), __ldg(xv + 3)};
-                    const float4 xs = __ldg(xm + (size_t)m * P + pu);
+                for (int k = 0; k < UP; k++) {
+                    const int xi = ((pu >> 5) * UP + k) * 32 + (pu & 31); /* the part's place in x (gq_xpart) */
+                    uint32_t q[R][8];
+                    float sc[R][2], mn[R][2];
 #pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        int i0, i1;
-                        gq_dot(q[u][r], X, i0, i1);
-                        const float dot = fmaf(sc[u][r][0], (float)i0, sc[u][r][1] * (float)i1);
-                        acc[r][m] = fmaf(xs.x, dot, acc[r][m] - fmaf(mn[u][r][0], xs.y, mn[u][r][1] * xs.z));
+                    for (int r = 0; r < R; r++) wu[u][r].part(k, q[r], sc[r], mn[r]);
+#pragma unroll
+                    for (int m = 0; m < MM; m++) {
+                        if (m >= M) break;
+                        const int4 *xv = xq + (size_t)m * PR * 4 + (xi - (pu & 31)) * 4 + (pu & 31);
+                        const int4 X[4] = {__ldg(xv), __ldg(xv + 32), __ldg(xv + 64), __ldg(xv + 96)};
+                        const float4 xs = __ldg(xm + (size_t)m * PR + xi);
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            int i0, i1;
+                            gq_dot(q[r], X, i0, i1);
+                            const float dot = fmaf(sc[r][0], (float)i0, sc[r][1] * (float)i1);
+                            acc[r][m] = fmaf(xs.x, dot, acc[r][m] - fmaf(mn[r][0], xs.y, mn[r][1] * xs.z));
+                        }
                     }
                 }
             }
@@ -223,7 +247,7 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 /* ---- launch ------------------------------------------------------------------------------------ */
 
 /* The GEMV instances of type T. */
-typedef void (*gq_fn)(const int16_t *, const float4 *, gv_segs, int, int, int, int);
+typedef void (*gq_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, int);
 template <int T> static gq_fn gq_kernel(int M, int pair) {
     if (M == 1) return pair ? k_ggemv<T, 1, 1> : k_ggemv<T, 1, 0>;
     if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
@@ -247,12 +271,22 @@ int cuda_ggml_gemv_takes(const lmx_tensor *w, int M) {
 }
 
 /* Warps sharing each row: the fewest (1, 2, 4, 8) that give two blocks per multiprocessor while
- * every lane keeps a part. */
-static int gq_split(const cuda_backend *cb, int N, int K, int rows_per_block) {
-    const int blocks = (int)cuda_blocks(N, rows_per_block), P = K / 32;
+ * every lane keeps two units (UP parts each). */
+static int gq_split(const cuda_backend *cb, int N, int K, int UP, int rows_per_block) {
+    const int blocks = (int)cuda_blocks(N, rows_per_block), NU = K / 32 / UP;
     int ks = 1;
-    while (ks < 8 && blocks * ks < 2 * cb->sm_count && P >= 64 * ks) ks *= 2;
+    while (ks < 8 && blocks * ks < 2 * cb->sm_count && NU >= 64 * ks) ks *= 2;
     return ks;
+}
+
+/* Parts of type's units (gq_unit). */
+static int gq_unit_parts(int type) {
+    switch (type) {
+#define GQ_UP(t) case t: return gq_unit<t>::UP;
+        GQ_TYPES(GQ_UP)
+#undef GQ_UP
+    default: return 1;
+    }
 }
 
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
@@ -273,20 +307,21 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx = 1;
     for (int i = 0; i < n; i++) {
-        sg.s[i].ks = gq_split(cb, sg.s[i].N, (int)K, rpb);
+        sg.s[i].ks = gq_split(cb, sg.s[i].N, (int)K, gq_unit_parts(type), rpb);
         const unsigned b = cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
         if (b > gx) gx = b;
     }
     const dim3 grid(gx, glu >= 0 ? 1 : n);
     const int act = glu < 0 ? 0 : glu;
     const cuda_row_norm nm = gv_row_norm(opts);
-    const int64_t P = K / 32;
-    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * P * sizeof(float4) + 2 * (size_t)M * K);
+    const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
+    const int64_t P = K / 32, PR = gq_row_parts(K, UP); /* parts, and the room of a row of x */
+    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * PR * (sizeof(float4) + 64));
     if (!xm) return cb->base.err.status;
-    int16_t *xq = (int16_t *)(xm + (size_t)M * P);
-    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xq, xm, (int)K, nm);
-    cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int16_t *)xq, (const float4 *)xm, sg, (int)K, M, act,
-                resid);
+    int4 *xq = (int4 *)(xm + (size_t)M * PR);
+    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xq, xm, (int)K, (int)PR, ul, nm);
+    cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, (int)K, (int)PR,
+                M, act, resid);
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
 }
 

@@ -78,8 +78,22 @@ static __device__ __forceinline__ uint32_t gq_bit4(uint32_t h) {
     return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
 }
 
-/* Byte i (0..11) of three words. */
-static __device__ __forceinline__ int gq_byte(const uint32_t (&s)[3], int i) { return (s[i >> 2] >> (8 * (i & 3))) & 255; }
+/* Byte i (0..11) of three words, by selects: indexing the array with a variable would put it in local memory. */
+static __device__ __forceinline__ int gq_byte(const uint32_t (&s)[3], int i) {
+    const uint32_t w = i < 4 ? s[0] : i < 8 ? s[1] : s[2];
+    return (w >> (8 * (i & 3))) & 255;
+}
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 scale bytes. */
+static __device__ __forceinline__ void gq_k4_scale(const uint32_t (&sw)[3], int j, int &s6, int &m6) {
+    const int sh = 8 * (j & 3), b0 = (sw[0] >> sh) & 255, b1 = (sw[1] >> sh) & 255, b2 = (sw[2] >> sh) & 255;
+    if (j < 4) {
+        s6 = b0 & 63, m6 = b1 & 63;
+    } else {
+        s6 = (b2 & 15) | ((b0 >> 6) << 4);
+        m6 = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+}
 
 /* Part j of the block at b (see the top of this file). */
 template <int T>
@@ -154,12 +168,7 @@ static __device__ __forceinline__ void gq_part(const uint8_t *b, int j, uint32_t
         const uint32_t dd = __ldg((const unsigned *)b);
         gq_words<3, 4>(b + 4, sw);
         int s6, m6;
-        if (j < 4) {
-            s6 = gq_byte(sw, j) & 63, m6 = gq_byte(sw, j + 4) & 63;
-        } else {
-            s6 = (gq_byte(sw, j + 4) & 15) | ((gq_byte(sw, j - 4) >> 6) << 4);
-            m6 = (gq_byte(sw, j + 4) >> 4) | ((gq_byte(sw, j) >> 6) << 4);
-        }
+        gq_k4_scale(sw, j, s6, m6);
         sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
         mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
     } else { /* Q6_K: ql[128], qh[64], int8 scales[16], d; element 128 a + 32 i + l: low nibble (i < 2) or
@@ -180,6 +189,73 @@ static __device__ __forceinline__ void gq_part(const uint8_t *b, int j, uint32_t
         }
     }
 }
+
+/* ---- units: the parts one lane decodes together ----------------------------------------------------
+ * Where parts of a block share code bytes (Q4_K / Q5_K: the two nibbles of a 64-element chunk; Q6_K: the
+ * low and high bits of a 128-element half), a GEMV lane takes all of them as one unit, so that every
+ * byte is loaded once and the scales are read once: load(b, u) reads unit u of the block at b, part(k)
+ * decodes its part k (part UP u + k of the block).  Every other type's unit is one part. */
+template <int T> struct gq_unit {
+    static constexpr int UP = 1;
+    uint32_t q_[8];
+    float sc_[2], mn_[2];
+    __device__ __forceinline__ void load(const uint8_t *b, int u) { gq_part<T>(b, u, q_, sc_, mn_); }
+    __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = q_[i];
+        sc[0] = sc_[0], sc[1] = sc_[1], mn[0] = mn_[0], mn[1] = mn_[1];
+    }
+};
+
+template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (parts 2c, 2c + 1) */
+    static constexpr int UP = 2, QS = T == LMX_GGML_Q4_K ? 16 : 48;
+    uint32_t v[8], hb[T == LMX_GGML_Q5_K ? 8 : 1], dd, sw[3];
+    int c;
+    __device__ __forceinline__ void load(const uint8_t *b, int u) {
+        c = u;
+        gq_words<8, 16>(b + QS + 32 * u, v);
+        if constexpr (T == LMX_GGML_Q5_K) gq_words<8, 16>(b + 16, hb);
+        dd = __ldg((const unsigned *)b);
+        gq_words<3, 4>(b + 4, sw);
+    }
+    __device__ __forceinline__ void part(int k, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        const int j = 2 * c + k;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            q[i] = (v[i] >> (4 * k)) & 0x0F0F0F0Fu;
+            if constexpr (T == LMX_GGML_Q5_K) q[i] |= ((hb[i] >> j) & 0x01010101u) << 4;
+        }
+        int s6, m6;
+        gq_k4_scale(sw, j, s6, m6);
+        sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
+        mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+    }
+};
+template <> struct gq_unit<LMX_GGML_Q4_K> : gq_unit_k4<LMX_GGML_Q4_K> {};
+template <> struct gq_unit<LMX_GGML_Q5_K> : gq_unit_k4<LMX_GGML_Q5_K> {};
+
+template <> struct gq_unit<LMX_GGML_Q6_K> { /* half a of 128 elements (parts 4a .. 4a + 3), as in gq_part */
+    static constexpr int UP = 4;
+    uint32_t lo[16], hi[8], s2[2];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int a) {
+        gq_words<16, 2>(b + 64 * a, lo);
+        gq_words<8, 2>(b + 128 + 32 * a, hi);
+        gq_words<2, 2>(b + 192 + 8 * a, s2);
+        d = gq_f16(b + 208);
+    }
+    __device__ __forceinline__ void part(int i4, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            q[i] = ((lo[8 * (i4 & 1) + i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((hi[i] >> (2 * i4)) & 0x03030303u) << 4);
+        const uint32_t s = s2[i4 >> 1] >> (16 * (i4 & 1));
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float ds = d * (float)(int8_t)((s >> (8 * k)) & 255u);
+            sc[k] = ds, mn[k] = 32.0f * ds;
+        }
+    }
+};
 
 /* Element e of part j: sc * q - mn. */
 static __device__ __forceinline__ float gq_value(const uint32_t (&q)[8], const float (&sc)[2], const float (&mn)[2],
