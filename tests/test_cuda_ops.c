@@ -55,7 +55,7 @@ static void test_matmul(void) {
         test_matmul_case("f32", LMX_DTYPE_F32, 0, 0, 0, 21, 100, M, 1, 1e-4);
         test_matmul_case("f32 odd K", LMX_DTYPE_F32, 0, 0, 0, 9, 77, M, 0, 1e-4);
     }
-    const int Mw[] = {2, 8, 13, 32}; /* K split among 16, 4, 8 blocks; none for wide N */
+    const int Mw[] = {1, 2, 8, 13, 32}; /* K split among 16, 4, 8 blocks; none for wide N (one row of MLX 4-bit: x in int16) */
     for (size_t i = 0; i < sizeof Mw / sizeof Mw[0]; i++) {
         test_matmul_case("bf16 long K", LMX_DTYPE_BF16, 0, 0, 0, 37, 4104, Mw[i], 1, 5e-3);
         test_matmul_case("bf16 parts", LMX_DTYPE_BF16, 0, 0, 0, 9001, 1000, Mw[i], 0, 5e-3);

@@ -22,6 +22,28 @@
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_gemv.h"
 
+template <> struct gq_unit<GQ_MLX4> { /* 32 elements: four words; the group's scale and bias, raw (raw_at,
+                                        * converted when used) */
+    static constexpr int UP = 1;
+    uint4 w;
+    uint32_t s, b;
+    lmx_dtype t;
+    __device__ __forceinline__ void load_mlx(const uint8_t *p, uint32_t s_raw, uint32_t b_raw, lmx_dtype dt) {
+        w = __ldcs((const uint4 *)p);
+        s = s_raw, b = b_raw, t = dt;
+    }
+    __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* even elements in lo, odd in hi: interleaved back to element order */
+            const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
+            q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
+        }
+        sc[0] = sc[1] = raw_val(s, t);
+        mn[0] = mn[1] = -raw_val(b, t);
+    }
+};
+
 /* Where part pp of a row of x goes in the GEMV's layout of quantized x (UP = 1 << ul parts a unit,
  * gq_unit): the kernel's lane l takes units 32 g + l, so the 16-byte chunks i (0..3) of part k of
  * unit 32 g + l lie at int4 ((g UP + k) 4 + i) 32 + l, and its {d, s0, s1} at float4 (g UP + k) 32 + l:
@@ -110,10 +132,16 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
     const int P = K / 32, NU = P / UP, vstride = 32 * KS;
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
     const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
+    const void *sp[R], *bp[R]; /* MLX: its scales and biases, from group gi[r] */
+    int64_t gi[R];
+    const int lg = T == GQ_MLX4 ? __ffs(sg.group / 32) - 1 : 0; /* units per group: 1 << lg */
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int n = n0 + (PAIR ? 0 : r), row = n < S.N ? n : S.N - 1;
-        wr[r] = (const uint8_t *)(PAIR ? (r ? sg.s[1].w : sg.s[0].w) : S.w) + row * row_bytes;
+        const gv_seg &W = PAIR ? (r ? sg.s[1] : sg.s[0]) : S;
+        wr[r] = (const uint8_t *)W.w + row * row_bytes;
+        sp[r] = W.scales, bp[r] = W.biases;
+        gi[r] = T == GQ_MLX4 ? (int64_t)row * (K / sg.group) : 0;
     }
     int p = 32 * kslice + lane; /* this lane's first unit */
     if (active)
@@ -137,7 +165,12 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
                 const int pu = p + vstride * u < NU ? p + vstride * u : p;
                 const int64_t boff = (int64_t)(pu / UPB) * BYTES;
 #pragma unroll
-                for (int r = 0; r < R; r++) wu[u][r].load(wr[r] + boff, pu % UPB);
+                for (int r = 0; r < R; r++)
+                    if constexpr (T == GQ_MLX4)
+                        wu[u][r].load_mlx(wr[r] + boff, raw_at(sp[r], sg.sdt, gi[r] + (pu >> lg)),
+                                          raw_at(bp[r], sg.sdt, gi[r] + (pu >> lg)), sg.sdt);
+                    else
+                        wu[u][r].load(wr[r] + boff, pu % UPB);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -250,9 +283,13 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 typedef void (*gq_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, int);
 template <int T> static gq_fn gq_kernel(int M, int pair) {
     if (M == 1) return pair ? k_ggemv<T, 1, 1> : k_ggemv<T, 1, 0>;
-    if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
-    if (M <= 4) return pair ? k_ggemv<T, 4, 1> : k_ggemv<T, 4, 0>;
-    return pair ? k_ggemv<T, 8, 1> : k_ggemv<T, 8, 0>;
+    if constexpr (T == GQ_MLX4) { /* one row only: several take the tensor-core or k_qgemv kernels */
+        return NULL;
+    } else {
+        if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
+        if (M <= 4) return pair ? k_ggemv<T, 4, 1> : k_ggemv<T, 4, 0>;
+        return pair ? k_ggemv<T, 8, 1> : k_ggemv<T, 8, 0>;
+    }
 }
 
 /* The type's kernels, or NULL for types without them. */
@@ -261,12 +298,22 @@ static gq_fn gq_pick(int type, int M, int pair) {
 #define GQ_PICK(t) case t: return gq_kernel<t>(M, pair);
         GQ_TYPES(GQ_PICK)
 #undef GQ_PICK
+    case GQ_MLX4: return gq_kernel<GQ_MLX4>(M, pair);
     default: return NULL;
     }
 }
 
+/* The block type these kernels take w as (its GGUF type, or GQ_MLX4: groups of 32, 64 or 128), or 0. */
+static int gq_type_of(const lmx_tensor *w) {
+    if (w->q.ggml_type) return w->q.ggml_type;
+    const int g = w->q.group;
+    return w->q.bits == 4 && (g == 32 || g == 64 || g == 128) && w->shape[1] % g == 0 ? GQ_MLX4 : 0;
+}
+
 int cuda_ggml_gemv_takes(const lmx_tensor *w, int M) {
-    if (w->ndim != 2 || !gq_pick(w->q.ggml_type, 1, 0) || w->shape[1] % lmx_ggml_block_elems(w->q.ggml_type)) return 0;
+    const int type = gq_type_of(w);
+    if (w->ndim != 2 || !type || !gq_pick(type, M, 0) || w->shape[1] % (type == GQ_MLX4 ? 32 : lmx_ggml_block_elems(type)))
+        return 0;
     return M >= 1 && M <= CUDA_GEMV_ROWS;
 }
 
@@ -285,22 +332,25 @@ static int gq_unit_parts(int type) {
 #define GQ_UP(t) case t: return gq_unit<t>::UP;
         GQ_TYPES(GQ_UP)
 #undef GQ_UP
-    default: return 1;
+    default: return 1; /* GQ_MLX4 too */
     }
 }
 
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                           float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
-    const int type = ws[0]->q.ggml_type;
+    const int type = gq_type_of(ws[0]);
     const int64_t K = ws[0]->shape[1];
     if (!cuda_ggml_gemv_takes(ws[0], M)) return LMX_ERR_UNSUPPORTED;
     int norm, resid, lora;
     if (gv_opts_check(opts, M == 1, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
+    sg.group = ws[0]->q.group; /* MLX */
+    sg.sdt = ws[0]->q.scale_dtype;
     for (int i = 0; i < n; i++) {
         const lmx_tensor *w = ws[i];
-        if (w->ndim != 2 || w->q.ggml_type != type || w->shape[1] != K) return LMX_ERR_UNSUPPORTED;
+        if (w->ndim != 2 || gq_type_of(w) != type || w->shape[1] != K || w->q.group != sg.group || w->q.scale_dtype != sg.sdt)
+            return LMX_ERR_UNSUPPORTED;
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
