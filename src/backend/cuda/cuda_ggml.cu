@@ -1,5 +1,6 @@
 /* cuda_ggml.cu - GGUF block weights on the GPU: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for few
- * rows (decode, M <= 8), and the bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
+ * rows (decode, M <= 8; MLX 4-bit rows too, for one row, as the pseudo block type GQ_MLX4), and the
+ * bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
  *
  * Activations in int16: x is quantized per 32 values (a part), x ~ d * qx with d = max|x| / 32767,
  * and a part of a weight row decodes (cuda_ggml.h) to 8-bit codes q with per-16 pairs (sc, mn), so
