@@ -2,7 +2,7 @@
  * [N, K] and row count M, the time of one call (mean of REPS back-to-back calls, after warm-up) and
  * the weight bytes it streams per second.  The shapes are Llama-3.1-8B's projections and lm head.
  * usage: bench_cuda_gemv [REPS [FORMAT SHAPE M]]   (LMX_CUDA_GEMV=2: the CUDA-core kernels for 2..8 rows,
- * cuBLAS above; FORMAT bf16, q4 (MLX, groups of 64) or a GGUF block type (q4_0 q8_0 q4_k q5_k q6_k), SHAPE
+ * cuBLAS above; FORMAT bf16, q4 / q8 (MLX, groups of 64) or a GGUF block type (q4_0 q8_0 q4_k q5_k q6_k), SHAPE
  * as printed ("q/o", "lm head"...) or "all", M: only that case (0: all), e.g. for ncu)
  * Prints one line per case: format N K M  us/call  GB/s; then the time of reading M rows of logits to
  * the host. */
@@ -31,9 +31,9 @@ static uint32_t next_u32(void) {
 }
 static float next_f(void) { return (float)(next_u32() >> 8) / 16777216.0f - 0.5f; }
 
-/* The formats: bits 4 MLX 4-bit, else gtype > 0 a GGUF block type, else bf16. */
+/* The formats: bits 4 or 8 MLX (groups of 64), else gtype > 0 a GGUF block type, else bf16. */
 static const struct fmt { const char *name; int bits, gtype; } fmts[] = {
-    {"bf16", 0, 0},  {"q4", 4, 0}, {"q4_0", 0, LMX_GGML_Q4_0}, {"q8_0", 0, LMX_GGML_Q8_0},
+    {"bf16", 0, 0},  {"q4", 4, 0}, {"q8", 8, 0}, {"q4_0", 0, LMX_GGML_Q4_0}, {"q8_0", 0, LMX_GGML_Q8_0},
     {"q4_k", 0, LMX_GGML_Q4_K}, {"q5_k", 0, LMX_GGML_Q5_K}, {"q6_k", 0, LMX_GGML_Q6_K}};
 
 static void put_f16(uint8_t *p, float v) {
@@ -71,7 +71,7 @@ static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t 
         w->q.ggml_type = f->gtype;
         *bytes = (double)n;
     } else if (f->bits) {
-        const int64_t words = N * K / 8, groups = N * K / 64;
+        const int64_t words = N * K * f->bits / 32, groups = N * K / 64;
         uint32_t *p = malloc((size_t)words * 4);
         uint16_t *s = malloc((size_t)groups * 2), *b = malloc((size_t)groups * 2);
         if (!p || !s || !b) return -1;
@@ -79,7 +79,7 @@ static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t 
         for (int64_t i = 0; i < groups; i++) s[i] = lmx_f32_to_bf16(0.01f), b[i] = lmx_f32_to_bf16(0.02f * next_f());
         w->dtype = LMX_DTYPE_U32;
         w->data = p;
-        w->q = (lmx_quant){.bits = 4, .group = 64, .scale_dtype = LMX_DTYPE_BF16, .scales = s, .biases = b};
+        w->q = (lmx_quant){.bits = f->bits, .group = 64, .scale_dtype = LMX_DTYPE_BF16, .scales = s, .biases = b};
         *bytes = (double)words * 4 + (double)groups * 4;
     } else {
         uint16_t *p = malloc((size_t)(N * K) * 2);
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             if (only_fmt ? strcmp(only_fmt, fmts[f].name) || (strcmp(only_shape, "all") && strcmp(only_shape, shapes[s].name))
-                         : fmts[f].gtype != 0)
+                         : fmts[f].gtype != 0 || fmts[f].bits == 8)
                 continue;
             lmx_tensor w;
             double bytes;

@@ -63,6 +63,7 @@ static void test_matmul(void) {
         test_matmul_case("mlx q4 long K", LMX_DTYPE_U32, 4, 64, 0, 45, 8192, Mw[i], 1, 5e-3);
         test_matmul_case("mlx q4 g64 wide", LMX_DTYPE_U32, 4, 64, 0, 20000, 192, Mw[i], 1, 5e-3);
         test_matmul_case("mlx q4 g128", LMX_DTYPE_U32, 4, 128, 0, 300, 1024, Mw[i], 0, 5e-3);
+        test_matmul_case("mlx q8 g128", LMX_DTYPE_U32, 8, 128, 0, 300, 1024, Mw[i], 1, 5e-3);
     }
     const int Mq[] = {1, 2, 3, 8, 12, 32, 40};
     for (size_t i = 0; i < sizeof Mq / sizeof Mq[0]; i++) {

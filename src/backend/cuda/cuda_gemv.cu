@@ -778,7 +778,7 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         if (b > gx) gx = b;
     }
     const unsigned gy = glu >= 0 ? 1 : n;
-    if (one_row && kind == GV_Q4 && cb->gemv_variant != 3 && cuda_ggml_gemv_takes(ws[0], 1)) /* x in int16, as GGUF */
+    if (one_row && (kind == GV_Q4 || kind == GV_Q8) && cb->gemv_variant != 3 && cuda_ggml_gemv_takes(ws[0], 1)) /* x in int16, as GGUF */
         return cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
     if (one_row) {
         cuda_launch(cb, g1_kernel(kind, glu >= 0, norm, resid, lora), dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K,

@@ -1,6 +1,6 @@
 /* cuda_ggml.cu - GGUF block weights on the GPU: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for few
- * rows (decode, M <= 8; MLX 4-bit rows too, for one row, as the pseudo block type GQ_MLX4), and the
- * bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
+ * rows (decode, M <= 8; MLX 4- and 8-bit rows too, for one row, as the pseudo block types GQ_MLX4 and
+ * GQ_MLX8), and the bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
  *
  * Activations in int16: x is quantized per 32 values (a part), x ~ d * qx with d = max|x| / 32767,
  * and a part of a weight row decodes (cuda_ggml.h) to 8-bit codes q with per-16 pairs (sc, mn), so
@@ -42,6 +42,25 @@ template <> struct gq_unit<GQ_MLX4> { /* 32 elements: four words; the group's sc
         }
         sc[0] = sc[1] = raw_val(s, t);
         mn[0] = mn[1] = -raw_val(b, t);
+    }
+};
+
+template <> struct gq_unit<GQ_MLX8> { /* 32 elements: eight words of codes in element order; as GQ_MLX4 */
+    static constexpr int UP = 1;
+    uint4 w[2];
+    uint32_t s, b;
+    lmx_dtype t;
+    __device__ __forceinline__ void load_mlx(const uint8_t *p, uint32_t s_raw, uint32_t b_raw, lmx_dtype dt) {
+        w[0] = __ldcs((const uint4 *)p), w[1] = __ldcs((const uint4 *)p + 1);
+        s = s_raw, b = b_raw, t = dt;
+    }
+    __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        const uint32_t ws[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = ws[i] ^ 0x80808080u; /* signed bytes for dp2a: the code - 128 */
+        const float sv = raw_val(s, t);
+        sc[0] = sc[1] = sv;
+        mn[0] = mn[1] = -(raw_val(b, t) + 128.0f * sv); /* s q + b = s (q - 128) + (b + 128 s) */
     }
 };
 
@@ -135,14 +154,14 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
     const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
     const void *sp[R], *bp[R]; /* MLX: its scales and biases, from group gi[r] */
     int64_t gi[R];
-    const int lg = T == GQ_MLX4 ? __ffs(sg.group / 32) - 1 : 0; /* units per group: 1 << lg */
+    const int lg = GQ_IS_MLX(T) ? __ffs(sg.group / 32) - 1 : 0; /* units per group: 1 << lg */
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int n = n0 + (PAIR ? 0 : r), row = n < S.N ? n : S.N - 1;
         const gv_seg &W = PAIR ? (r ? sg.s[1] : sg.s[0]) : S;
         wr[r] = (const uint8_t *)W.w + row * row_bytes;
         sp[r] = W.scales, bp[r] = W.biases;
-        gi[r] = T == GQ_MLX4 ? (int64_t)row * (K / sg.group) : 0;
+        gi[r] = GQ_IS_MLX(T) ? (int64_t)row * (K / sg.group) : 0;
     }
     int p = 32 * kslice + lane; /* this lane's first unit */
     if (active)
@@ -167,7 +186,7 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
                 const int64_t boff = (int64_t)(pu / UPB) * BYTES;
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    if constexpr (T == GQ_MLX4)
+                    if constexpr (GQ_IS_MLX(T))
                         wu[u][r].load_mlx(wr[r] + boff, raw_at(sp[r], sg.sdt, gi[r] + (pu >> lg)),
                                           raw_at(bp[r], sg.sdt, gi[r] + (pu >> lg)), sg.sdt);
                     else
@@ -284,7 +303,7 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 typedef void (*gq_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, int);
 template <int T> static gq_fn gq_kernel(int M, int pair) {
     if (M == 1) return pair ? k_ggemv<T, 1, 1> : k_ggemv<T, 1, 0>;
-    if constexpr (T == GQ_MLX4) { /* one row only: several take the tensor-core or k_qgemv kernels */
+    if constexpr (GQ_IS_MLX(T)) { /* one row only: several take the tensor-core or k_qgemv kernels */
         return NULL;
     } else {
         if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
@@ -300,20 +319,23 @@ static gq_fn gq_pick(int type, int M, int pair) {
         GQ_TYPES(GQ_PICK)
 #undef GQ_PICK
     case GQ_MLX4: return gq_kernel<GQ_MLX4>(M, pair);
+    case GQ_MLX8: return gq_kernel<GQ_MLX8>(M, pair);
     default: return NULL;
     }
 }
 
-/* The block type these kernels take w as (its GGUF type, or GQ_MLX4: groups of 32, 64 or 128), or 0. */
+/* The block type these kernels take w as (its GGUF type, or GQ_MLX4 / GQ_MLX8: groups of 32, 64 or 128),
+ * or 0. */
 static int gq_type_of(const lmx_tensor *w) {
     if (w->q.ggml_type) return w->q.ggml_type;
     const int g = w->q.group;
-    return w->q.bits == 4 && (g == 32 || g == 64 || g == 128) && w->shape[1] % g == 0 ? GQ_MLX4 : 0;
+    if ((w->q.bits != 4 && w->q.bits != 8) || (g != 32 && g != 64 && g != 128) || w->shape[1] % g) return 0;
+    return w->q.bits == 4 ? GQ_MLX4 : GQ_MLX8;
 }
 
 int cuda_ggml_gemv_takes(const lmx_tensor *w, int M) {
     const int type = gq_type_of(w);
-    if (w->ndim != 2 || !type || !gq_pick(type, M, 0) || w->shape[1] % (type == GQ_MLX4 ? 32 : lmx_ggml_block_elems(type)))
+    if (w->ndim != 2 || !type || !gq_pick(type, M, 0) || w->shape[1] % (GQ_IS_MLX(type) ? 32 : lmx_ggml_block_elems(type)))
         return 0;
     return M >= 1 && M <= CUDA_GEMV_ROWS;
 }
@@ -333,7 +355,7 @@ static int gq_unit_parts(int type) {
 #define GQ_UP(t) case t: return gq_unit<t>::UP;
         GQ_TYPES(GQ_UP)
 #undef GQ_UP
-    default: return 1; /* GQ_MLX4 too */
+    default: return 1; /* GQ_MLX4 / 8 too */
     }
 }
 

@@ -21,10 +21,12 @@
     X(LMX_GGML_Q4_0) X(LMX_GGML_Q4_1) X(LMX_GGML_Q5_0) X(LMX_GGML_Q5_1) X(LMX_GGML_Q8_0) X(LMX_GGML_Q2_K)           \
     X(LMX_GGML_Q3_K) X(LMX_GGML_Q4_K) X(LMX_GGML_Q5_K) X(LMX_GGML_Q6_K)
 
-/* MLX 4-bit rows (eight codes a word, element 8 i + k at bits 4 k of word i; a scale and a bias per group
- * of 32, 64 or 128) taken by the same GEMV as a pseudo block type of 32 elements in 16 bytes, its
- * scales and biases read beside (k_ggemv). */
+/* MLX 4-bit and 8-bit rows (element 8 i + k at bits 4 k of word i, or 4 i + k at bits 8 k; a scale and a
+ * bias per group of 32, 64 or 128) taken by the same GEMV as pseudo block types of 32 elements in 16 or 32
+ * bytes, their scales and biases read beside (k_ggemv). */
 #define GQ_MLX4 1000
+#define GQ_MLX8 1001
+#define GQ_IS_MLX(t) ((t) == GQ_MLX4 || (t) == GQ_MLX8)
 
 /* Bytes and elements of a block (the same table as formats/ggml_types.c, for device code). */
 template <int T> struct gq_traits;
@@ -43,6 +45,7 @@ GQ_TRAITS(LMX_GGML_Q4_K, 256, 144);
 GQ_TRAITS(LMX_GGML_Q5_K, 256, 176);
 GQ_TRAITS(LMX_GGML_Q6_K, 256, 210);
 GQ_TRAITS(GQ_MLX4, 32, 16);
+GQ_TRAITS(GQ_MLX8, 32, 32);
 #undef GQ_TRAITS
 
 /* N little-endian words from p, whose address is a multiple of AL (2, 4 or 16) bytes: 16-byte
