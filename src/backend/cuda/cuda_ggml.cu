@@ -1,6 +1,6 @@
 /* cuda_ggml.cu - GGUF block weights on the GPU: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for few
- * rows (decode, M <= 8; MLX 4- and 8-bit rows too, for one row, as the pseudo block types GQ_MLX4 and
- * GQ_MLX8), and the bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
+ * rows (decode, M <= 8; MLX 4- and 8-bit rows too, as the pseudo block types GQ_MLX4 and GQ_MLX8), and
+ * the bf16 dequantization of blocks of rows for prefill's cuBLAS GEMM.
  *
  * Activations in int16: x is quantized per 32 values (a part), x ~ d * qx with d = max|x| / 32767,
  * and a part of a weight row decodes (cuda_ggml.h) to 8-bit codes q with per-16 pairs (sc, mn), so
@@ -303,13 +303,9 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 typedef void (*gq_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, int);
 template <int T> static gq_fn gq_kernel(int M, int pair) {
     if (M == 1) return pair ? k_ggemv<T, 1, 1> : k_ggemv<T, 1, 0>;
-    if constexpr (GQ_IS_MLX(T)) { /* one row only: several take the tensor-core or k_qgemv kernels */
-        return NULL;
-    } else {
-        if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
-        if (M <= 4) return pair ? k_ggemv<T, 4, 1> : k_ggemv<T, 4, 0>;
-        return pair ? k_ggemv<T, 8, 1> : k_ggemv<T, 8, 0>;
-    }
+    if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
+    if (M <= 4) return pair ? k_ggemv<T, 4, 1> : k_ggemv<T, 4, 0>;
+    return pair ? k_ggemv<T, 8, 1> : k_ggemv<T, 8, 0>;
 }
 
 /* The type's kernels, or NULL for types without them. */
