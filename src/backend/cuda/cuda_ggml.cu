@@ -23,46 +23,40 @@
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_gemv.h"
 
-template <> struct gq_unit<GQ_MLX4> { /* 32 elements: four words; the group's scale and bias, raw (raw_at,
-                                        * converted when used) */
-    static constexpr int UP = 1;
-    uint4 w;
+/* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors, the group's scale and bias raw
+ * (raw_at, converted when used).  4-bit words hold even elements in the low nibbles and odd ones in the
+ * high, interleaved back to element order; 8-bit codes are read as signed bytes less 128 for dp2a. */
+template <int BITS> struct gq_unit_mlx {
+    static constexpr int UP = 1, V = BITS / 4;
+    uint4 w[V];
     uint32_t s, b;
     lmx_dtype t;
     __device__ __forceinline__ void load_mlx(const uint8_t *p, uint32_t s_raw, uint32_t b_raw, lmx_dtype dt) {
-        w = __ldcs((const uint4 *)p);
+#pragma unroll
+        for (int v = 0; v < V; v++) w[v] = __ldcs((const uint4 *)p + v);
         s = s_raw, b = b_raw, t = dt;
     }
     __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) { /* even elements in lo, odd in hi: interleaved back to element order */
-            const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
-            q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
+        for (int v = 0; v < V; v++) {
+            const uint32_t ws[4] = {w[v].x, w[v].y, w[v].z, w[v].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if constexpr (BITS == 4) {
+                    const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
+                    q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
+                } else {
+                    q[4 * v + i] = ws[i] ^ 0x80808080u;
+                }
+            }
         }
-        sc[0] = sc[1] = raw_val(s, t);
-        mn[0] = mn[1] = -raw_val(b, t);
-    }
-};
-
-template <> struct gq_unit<GQ_MLX8> { /* 32 elements: eight words of codes in element order; as GQ_MLX4 */
-    static constexpr int UP = 1;
-    uint4 w[2];
-    uint32_t s, b;
-    lmx_dtype t;
-    __device__ __forceinline__ void load_mlx(const uint8_t *p, uint32_t s_raw, uint32_t b_raw, lmx_dtype dt) {
-        w[0] = __ldcs((const uint4 *)p), w[1] = __ldcs((const uint4 *)p + 1);
-        s = s_raw, b = b_raw, t = dt;
-    }
-    __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-        const uint32_t ws[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = ws[i] ^ 0x80808080u; /* signed bytes for dp2a: the code - 128 */
         const float sv = raw_val(s, t);
-        sc[0] = sc[1] = sv;
-        mn[0] = mn[1] = -(raw_val(b, t) + 128.0f * sv); /* s q + b = s (q - 128) + (b + 128 s) */
+        sc[0] = sc[1] = sv; /* s q + b, and for 8 bits s (q - 128) + (b + 128 s) */
+        mn[0] = mn[1] = BITS == 8 ? -(raw_val(b, t) + 128.0f * sv) : -raw_val(b, t);
     }
 };
+template <> struct gq_unit<GQ_MLX4> : gq_unit_mlx<4> {};
+template <> struct gq_unit<GQ_MLX8> : gq_unit_mlx<8> {};
 
 /* Where part pp of a row of x goes in the GEMV's layout of quantized x (UP = 1 << ul parts a unit,
  * gq_unit): the kernel's lane l takes units 32 g + l, so the 16-byte chunks i (0..3) of part k of
