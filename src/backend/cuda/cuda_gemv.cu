@@ -755,6 +755,12 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     if (M > CUDA_GEMV_ROWS && !tcore) return LMX_ERR_UNSUPPORTED;
     const int64_t K = ws[0]->shape[1];
     const int one_row = cuda_gemv_one_row(cb, ws[0], M);
+    /* MLX 4/8-bit with x in int16, as GGUF blocks (cuda_ggml.cu, which checks the weights and opts itself):
+     * one row; 8-bit up to 8 rows (k_qgemv's float decode is 2-3x slower); 4-bit where it beats the
+     * tensor cores */
+    if ((kind == GV_Q4 || kind == GV_Q8) && cb->gemv_variant != 3 && cuda_ggml_gemv_takes(ws[0], M) &&
+        (one_row || (M <= CUDA_GEMV_ROWS && (kind == GV_Q8 || cuda_ggml_beats_tc(M, K)))))
+        return cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
     int norm, resid, lora;
     if (gv_opts_check(opts, one_row, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
@@ -769,12 +775,6 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-    /* MLX 4/8-bit with x in int16, as GGUF blocks (cuda_ggml.cu): one row; 8-bit up to 8 rows (k_qgemv's
-     * float decode is several times slower); 4-bit at 2 rows, and 3-4 up to K = 8192, where that kernel
-     * beats the tensor-core one (the GGUF measurements of cuda_gemv_tc_kind_gguf) */
-    const int mlx_int16 = one_row || (M <= CUDA_GEMV_ROWS && (kind == GV_Q8 || M <= 2 || (M <= 4 && K <= 8192)));
-    if ((kind == GV_Q4 || kind == GV_Q8) && mlx_int16 && cb->gemv_variant != 3 && cuda_ggml_gemv_takes(ws[0], M))
-        return cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);
     if (tcore) return cuda_gemv_tc(cb, kind, n, &sg, glu, x, M, (int)K);
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
     unsigned gx = 1;

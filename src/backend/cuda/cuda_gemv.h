@@ -127,5 +127,10 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                           float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts);
 int cuda_ggml_gemv_takes(const lmx_tensor *w, int M);
+/* 1 when those int16 kernels beat the tensor-core GEMV on 4-bit weights (GGUF, MLX) of width K for M rows
+ * (2..CUDA_GEMV_ROWS): at 2 rows, and at 3-4 up to K = 8192.  Measured on an H100, 8B shapes
+ * (bench_cuda_gemv): Q4_K gate/up 22.3 / 28.0 us against 32.0 / 32.2 at 2 / 4 rows, the K = 14336 down
+ * projection 35.3 against 31.1 at 4 rows; at 8 rows the tensor cores win everywhere. */
+static inline int cuda_ggml_beats_tc(int M, int64_t K) { return M <= 2 || (M <= 4 && K <= 8192); }
 
 #endif

@@ -326,13 +326,11 @@ int cuda_gemv_tc_rows(int kind) { return kind >= 0 ? CUDA_GEMV_TC_ROWS : 0; }
 
 int cuda_gemv_tc_kind_gguf(const cuda_backend *cb, const lmx_tensor *w, int M) {
     if (M < 2 || M > CUDA_GEMV_TC_ROWS || cb->gemv_variant == 2 || w->ndim != 2) return -1;
-    /* up to 8 rows, the int16 kernels (cuda_ggml.cu) are faster on small matrices: measured on an H100,
-     * Qwen3-0.6B Q4_0 batch 8 2,617 against 1,971 tok/s here, Llama-3.1-8B Q4_0 584 against 953; since
-     * their units and x layout also on every matrix at 2 rows and at 3-4 rows up to K = 8192
-     * (bench_cuda_gemv, 8B shapes: Q4_K gate/up 22.3 / 28.0 us against 32.0 / 32.2 here at 2 / 4 rows,
-     * its down projection, K = 14336, 35.3 against 31.1 at 4 rows) */
-    const int64_t K = w->shape[1];
-    if (M <= CUDA_GEMV_ROWS && (M == 2 || (M <= 4 && K <= 8192) || w->shape[0] * K < ((int64_t)1 << 22))) return -1;
+    /* up to 8 rows, the int16 kernels (cuda_ggml.cu) are faster on small matrices (measured on an H100,
+     * Qwen3-0.6B Q4_0 batch 8 2,617 against 1,971 tok/s here, Llama-3.1-8B Q4_0 584 against 953) and
+     * where cuda_ggml_beats_tc says */
+    if (M <= CUDA_GEMV_ROWS && (cuda_ggml_beats_tc(M, w->shape[1]) || w->shape[0] * w->shape[1] < ((int64_t)1 << 22)))
+        return -1;
     switch (w->q.ggml_type) {
 #define TC_GQ_TAKES(t) case t: return w->shape[1] % lmx_ggml_block_elems(t) ? -1 : TC_GQ + t;
         TC_GQ_TYPES(TC_GQ_TAKES)

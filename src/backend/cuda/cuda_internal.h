@@ -64,7 +64,8 @@ typedef struct cuda_backend {
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
     int moe_off;             /* LMX_CUDA_MOE=0: the moe op declines (the model routes on the host) */
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
-                                tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not cuda_ggml.cu's int16 kernel */
+                                tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
+                                cuda_ggml.cu's int16 kernel */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
     cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
     cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
