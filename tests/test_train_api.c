@@ -284,6 +284,54 @@ int main(int argc, char **argv) {
         lmx_model_free(mm);
     }
 
+    /* gemma2 (soft-capped attention and logits, (1 + w) norms, post-norms, GELU): after a few steps, the
+     * gradients of elements of layer 0's q A and layer 3's down B match central differences of the loss,
+     * with checkpointing off and on (the final soft-cap's backward reads its output, which the loss then
+     * overwrites with its gradient: the tape must keep the value, not the buffer) */
+    {
+        char gp[1024];
+        snprintf(gp, sizeof gp, "%s/models/gemma2", fix);
+        lmx_model *mg = NULL;
+        CHECK(lmx_model_load(gp, &lp, &mg) == LMX_OK);
+        lmx_adapter *ag = NULL;
+        lmx_trainer *tgr = NULL;
+        CHECK(mg && lmx_adapter_new(mg, &p, &ag) == LMX_OK && lmx_trainer_open(mg, ag, &tgr) == LMX_OK);
+        double lg = 0;
+        for (int s = 0; tgr && s < 5; s++) {
+            CHECK(lmx_trainer_value_and_grad(tgr, in, tg, mask, B, T, 0, &lg) == LMX_OK);
+            CHECK(lmx_trainer_step(tgr, &o, NULL) == LMX_OK);
+        }
+        const int q0 = 0 * LMX_PROJ_N + LMX_PROJ_Q, d3 = 3 * LMX_PROJ_N + LMX_PROJ_DOWN;
+        struct { int grad, e; float *w; } probe[2] = {
+            {2 * q0, 17, tgr ? (float *)ag->pairs[q0].a.data : NULL},     /* q A [4, 64] */
+            {2 * d3 + 1, 9, tgr ? (float *)ag->pairs[d3].b.data : NULL},  /* down B [64, 4] */
+        };
+        for (int ck = 0; tgr && ck < 2; ck++) {
+            lmx_trainer_set_checkpointing(tgr, ck);
+            for (int k = 0; k < 2; k++) {
+                float grad[4 * 128];
+                double l0 = 0, lp1 = 0, lm1 = 0;
+                CHECK(lmx_trainer_value_and_grad(tgr, in, tg, mask, B, T, 0, &l0) == LMX_OK);
+                CHECK(lmx_trainer_read_grad(tgr, probe[k].grad, grad) == LMX_OK);
+                float *w = probe[k].w;
+                const int e = probe[k].e;
+                const float h = 1e-2f, w0 = w[e];
+                w[e] = w0 + h;
+                CHECK(lmx_trainer_loss_only(tgr, in, tg, mask, B, T, &lp1) == LMX_OK);
+                w[e] = w0 - h;
+                CHECK(lmx_trainer_loss_only(tgr, in, tg, mask, B, T, &lm1) == LMX_OK);
+                w[e] = w0;
+                const double num = (lp1 - lm1) / (2.0 * h);
+                CHECK_MSG(fabs(num) > 1e-5, "gemma2 probe %d: a zero central difference checks nothing", k);
+                CHECK_MSG(fabs(num - grad[e]) <= 1e-4 + 2e-2 * fabs(num),
+                          "gemma2 gradient %d (checkpointing %d): %.6g, central difference %.6g", k, ck, grad[e], num);
+            }
+        }
+        lmx_trainer_close(tgr);
+        lmx_adapter_free(ag);
+        lmx_model_free(mg);
+    }
+
     /* bad batches fail with a message; the trainer stays usable */
     float zero[B * T] = {0};
     int32_t badtg[B * T];

@@ -63,6 +63,9 @@ typedef struct lmx_backward_ops {
      * mask is a function of (seed, i) alone: the same on every backend, and the backward of the op is
      * the op itself with the same seed. */
     lmx_status (*dropout)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
+    /* A copy of a forward value that backward reads: *dst becomes a new f32 tensor of x's shape (x is
+     * f32 [rows, cols]) holding x's values, released with the backend's release. */
+    lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

@@ -73,7 +73,7 @@ int cmd_bench_train(int argc, char **argv) {
     }
     tr->profile = profile;
     tr->checkpoint = ckpt;
-    if (profile) lmx_tape_profile(tr->tape, tr->prof_bwd);
+    if (profile) lmx_tape_profile(tr->tape, tr->prof_bwd, tr->prof_fwd);
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
     const double params = (double)c->n_layers * (C * HD * 2 + C * KD * 2 + 3.0 * C * c->ffn) + (double)C * c->vocab;
@@ -91,7 +91,8 @@ int cmd_bench_train(int argc, char **argv) {
             goto done;
         }
         if (s >= 0) times[s] = cli_now_s() - t0;
-        if (s < 0) memset(tr->prof, 0, sizeof tr->prof), memset(tr->prof_bwd, 0, sizeof tr->prof_bwd); /* warm-up */
+        if (s < 0) memset(tr->prof, 0, sizeof tr->prof), memset(tr->prof_bwd, 0, sizeof tr->prof_bwd),
+                    memset(tr->prof_fwd, 0, sizeof tr->prof_fwd); /* warm-up */
         if (!json) fprintf(stderr, "step %d: %.3f s, loss %.4f\n", s, cli_now_s() - t0, loss);
     }
     const double med = cli_median(times, steps);
@@ -109,7 +110,9 @@ int cmd_bench_train(int argc, char **argv) {
         fprintf(stderr, "phases a step: forward %.3f s, head + loss %.3f s, backward %.3f s, AdamW %.3f s\n",
                 tr->prof[0] / steps, tr->prof[1] / steps, tr->prof[2] / steps, tr->prof[3] / steps);
     for (int k = 1; profile && k < LMX_TAPE_KINDS; k++)
-        if (tr->prof_bwd[k] > 0) fprintf(stderr, "  backward of %-10s %.4f s a step\n", lmx_tape_kind(k), tr->prof_bwd[k] / steps);
+        if (tr->prof_bwd[k] > 0 || tr->prof_fwd[k] > 0)
+            fprintf(stderr, "  %-10s backward %.4f s, recorded forward %.4f s a step\n", lmx_tape_kind(k),
+                    tr->prof_bwd[k] / steps, tr->prof_fwd[k] / steps);
     rc = 0;
 done:
     lmx_trainer_free(tr);

@@ -2,8 +2,11 @@
  *
  * Vars: one per buffer version ([rows, cols] as written, whether it depends on a watched pair, its
  * gradient once backward reaches it).  bufs maps each buffer to its current var.  Records: what
- * backward needs of one op, with copies of the inputs it reads (made by alloc + add on the inner
- * backend, so any backend's memory works). */
+ * backward needs of one op, with the inputs it reads as keeps.  A keep is a buffer's version that
+ * backward reads: the buffer itself while nothing writes it again, copied (the backward ops' keep op)
+ * just before an op writes it, or it is released; records that read one version share one keep.  So a
+ * value that survives until backward (a checkpointed layer's last activations) is never copied, and
+ * q, k and v's LoRA records keep their one input once. */
 #include "tape.h"
 
 #include <stdlib.h>
@@ -21,12 +24,13 @@ typedef struct tape_var {
 typedef struct tape_rec {
     int op;
     int out, in[3];              /* var ids; -1: none (a constant) */
-    lmx_tensor saved[3];         /* copies of what the backward op reads */
+    int keep[3];                 /* keeps of what the backward op reads; -1: none */
+    lmx_tensor own;              /* lora with dropout: the dropped input, which backward reads (owned) */
     const lmx_tensor *w;         /* rmsnorm / matmul weight (the model's) */
     int rows, n, M, nh, hd, R;
     int64_t count;
     float eps, one, cap;
-    float drop;                  /* lora: dropout on the input (saved[0] is the dropped input) */
+    float drop;                  /* lora: dropout on the input (own is the dropped input) */
     uint64_t seed;               /* lora: its mask's seed */
     lmx_act act;
     lmx_rope rope;
@@ -35,6 +39,14 @@ typedef struct tape_rec {
     const lmx_lora_pair **pairs; /* owned [B] */
     lmx_attn_args attn;          /* H, Hk, D, scale, softcap (no pointers: records move) */
 } tape_rec;
+
+typedef struct tape_keep {
+    const void *src;             /* the buffer that held the value when it was kept */
+    int64_t rows, cols;          /* its first rows * cols floats */
+    int var;                     /* the version kept (-1: a buffer the tape never saw written) */
+    int refs;                    /* records reading it; 0: dropped */
+    lmx_tensor copy;             /* data NULL while src still holds the value */
+} tape_keep;
 
 typedef struct tape_watch {
     const void *a;               /* the pair's a.data */
@@ -59,7 +71,10 @@ struct lmx_tape {
     int n_recs, cap_recs;
     tape_watch *watches;
     int n_watches, cap_watches;
+    tape_keep *keeps;
+    int n_keeps, cap_keeps;
     double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
+    double *prof_fwd;            /* non-NULL: seconds of each kind's recorded forward op (savings included) */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
 };
@@ -83,6 +98,16 @@ static lmx_status pass(lmx_tape *t, lmx_status st) {
     return st;
 }
 static lmx_status nomem(lmx_tape *t) { return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: out of memory"); }
+
+static double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0);
+/* With t->prof_fwd: a forward op's seconds (x: a tensor it writes; its start waited for at *t0) */
+static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0, lmx_status st) {
+    if (t->prof_fwd && !st && *t0 > 0) t->prof_fwd[kind] += prof_lap(t, x, t0);
+    return st;
+}
+#define FWD_START(x)                                    \
+    double fwd_t0 = 0;                                  \
+    if (t->prof_fwd) prof_lap(t, (x), &fwd_t0)
 
 /* ---- vars and buffers ---------------------------------------------------------------------------- */
 
@@ -109,12 +134,50 @@ static int new_var(lmx_tape *t, const void *data, int64_t rows, int64_t cols, in
     return t->n_vars++;
 }
 
-/* A copy of the first rows * cols floats of x, in inner's memory. */
-static lmx_status save(lmx_tape *t, lmx_tensor *dst, const lmx_tensor *x, int64_t rows, int64_t cols) {
-    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, cols}};
-    lmx_status st = t->in->ops->alloc(t->in, dst);
-    if (!st) st = t->in->ops->add(t->in, dst, x, rows * cols);
-    return pass(t, st);
+/* Record slot *id reads x's first rows * cols floats as they are now: a keep, shared with the records
+ * that read the same version. */
+static lmx_status save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, int64_t cols) {
+    const int v = var_of(t, x->data);
+    for (int i = t->n_keeps - 1; i >= 0; i--) {
+        tape_keep *k = &t->keeps[i];
+        if (k->refs > 0 && !k->copy.data && k->src == x->data && k->var == v && k->rows == rows && k->cols == cols) {
+            k->refs++;
+            *id = i;
+            return LMX_OK;
+        }
+    }
+    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) return nomem(t);
+    t->keeps[t->n_keeps] = (tape_keep){.src = x->data, .rows = rows, .cols = cols, .var = v, .refs = 1};
+    *id = t->n_keeps++;
+    return LMX_OK;
+}
+
+/* Buffer data is about to be written or released: the keeps that still read it get their copies. */
+static lmx_status guard(lmx_tape *t, const void *data) {
+    for (int i = 0; i < t->n_keeps; i++) {
+        tape_keep *k = &t->keeps[i];
+        if (k->refs <= 0 || k->copy.data || k->src != data) continue;
+        const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)data};
+        lmx_status st = pass(t, t->bwd->keep(t->in, &k->copy, &x));
+        if (st) {
+            k->src = NULL; /* lost: backward fails where it reads it */
+            return st;
+        }
+    }
+    return LMX_OK;
+}
+
+/* The value keep id holds, as a tensor to read (its copy, or the buffer that still holds it; data NULL:
+ * lost, its copy failed). */
+static lmx_tensor kept(const lmx_tape *t, int id) {
+    const tape_keep *k = &t->keeps[id];
+    if (k->copy.data) return k->copy;
+    return (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)k->src};
+}
+
+static void unkeep(lmx_tape *t, int id) {
+    tape_keep *k = &t->keeps[id];
+    if (--k->refs == 0 && k->copy.data) t->in->ops->release(t->in, &k->copy);
 }
 
 static tape_rec *new_rec(lmx_tape *t, int op) {
@@ -123,6 +186,7 @@ static tape_rec *new_rec(lmx_tape *t, int op) {
     memset(r, 0, sizeof *r);
     r->op = op;
     r->out = r->in[0] = r->in[1] = r->in[2] = -1;
+    r->keep[0] = r->keep[1] = r->keep[2] = -1;
     return r;
 }
 
@@ -137,23 +201,25 @@ static const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair *p) {
 static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
                           float scale) {
     lmx_tape *t = TAPE(be);
-    lmx_status st = pass(t, t->in->ops->embed(t->in, out, table, ids, M, scale));
+    lmx_status st = guard(t, out->data);
+    if (!st) st = pass(t, t->in->ops->embed(t->in, out, table, ids, M, scale));
     if (!st && new_var(t, out->data, M, table->shape[1], 0) < 0) st = nomem(t);
     return st;
 }
 
-static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
+static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
                             float eps, float add_one) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
     tape_rec *r = NULL;
     if (requires(t, vx)) {
         if (!(r = new_rec(t, T_RMSNORM))) return nomem(t);
-        lmx_status st = save(t, &r->saved[0], x, rows, n);
+        lmx_status st = save(t, &r->keep[0], x, rows, n);
         if (st) return st;
         r->in[0] = vx, r->w = w, r->rows = rows, r->n = n, r->eps = eps, r->one = add_one;
     }
-    lmx_status st = pass(t, t->in->ops->rmsnorm(t->in, out, x, w, rows, n, eps, add_one));
+    lmx_status st = guard(t, out->data);
+    if (!st) st = pass(t, t->in->ops->rmsnorm(t->in, out, x, w, rows, n, eps, add_one));
     if (st) return st;
     const int v = new_var(t, out->data, rows, n, r != NULL);
     if (v < 0) return nomem(t);
@@ -161,11 +227,12 @@ static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
     return LMX_OK;
 }
 
-static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                            const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = pass(t, t->in->ops->matmul(t->in, out, x, w, bias, M));
+    lmx_status st = guard(t, out->data);
+    if (!st) st = pass(t, t->in->ops->matmul(t->in, out, x, w, bias, M));
     if (st) return st;
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
@@ -183,7 +250,7 @@ static int watch_index(const lmx_tape *t, const lmx_lora_pair *p) {
     return w ? (int)(w - t->watches) : -1;
 }
 
-static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                          const lmx_lora_pair *const *pairs) {
     lmx_tape *t = TAPE(be);
     int watched = 0, frozen = 0, first = -1;
@@ -209,17 +276,18 @@ static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, in
         for (int b = 0; b < B; b++) r->pairs[b] = pairs[b];
         lmx_status st = LMX_OK;
         if (drop) { /* the pairs read dropout(x), which backward reads too */
-            r->saved[0] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, K}};
-            st = pass(t, t->in->ops->alloc(t->in, &r->saved[0]));
-            if (!st) st = pass(t, t->bwd->dropout(t->in, &r->saved[0], x, rows * K, t->drop_p, seed));
+            r->own = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, K}};
+            st = pass(t, t->in->ops->alloc(t->in, &r->own));
+            if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
         } else if (watched) {
-            st = save(t, &r->saved[0], x, rows, K);
+            st = save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
     }
-    lmx_status st = pass(t, t->in->ops->lora(t->in, y, drop ? &r->saved[0] : x, B, T, pairs));
+    lmx_status st = guard(t, y->data);
+    if (!st) st = pass(t, t->in->ops->lora(t->in, y, drop ? &r->own : x, B, T, pairs));
     if (st) return st;
     if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
     const int v = new_var(t, y->data, rows, N, 1);
@@ -229,10 +297,11 @@ static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, in
     return LMX_OK;
 }
 
-static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
+static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
-    lmx_status st = pass(t, t->in->ops->add(t->in, y, x, n));
+    lmx_status st = guard(t, y->data);
+    if (!st) st = pass(t, t->in->ops->add(t->in, y, x, n));
     if (st) return st;
     const int req = requires(t, vy) || requires(t, vx);
     const int64_t cols = vy >= 0 && t->vars[vy].cols ? t->vars[vy].cols : vx >= 0 ? t->vars[vx].cols : n;
@@ -246,7 +315,7 @@ static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
     return LMX_OK;
 }
 
-static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                         lmx_act act) {
     lmx_tape *t = TAPE(be);
     const int vg = var_of(t, gate->data), vu = var_of(t, up->data);
@@ -255,12 +324,13 @@ static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate
     tape_rec *r = NULL;
     if (req) {
         if (!(r = new_rec(t, T_GLU))) return nomem(t);
-        lmx_status st = save(t, &r->saved[0], gate, n / cols, cols);
-        if (!st) st = save(t, &r->saved[1], up, n / cols, cols);
+        lmx_status st = save(t, &r->keep[0], gate, n / cols, cols);
+        if (!st) st = save(t, &r->keep[1], up, n / cols, cols);
         if (st) return st;
         r->in[0] = vg, r->in[1] = vu, r->count = n, r->act = act;
     }
-    lmx_status st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
+    lmx_status st = guard(t, out->data);
+    if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
     if (st) return st;
     const int v = new_var(t, out->data, n / cols, cols, req);
     if (v < 0) return nomem(t);
@@ -271,7 +341,8 @@ static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate
 static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
+    lmx_status st = guard(t, x->data);
+    if (!st) st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
     if (st) return st;
     const int req = requires(t, vx);
     const int64_t cols = vx >= 0 && t->vars[vx].cols ? t->vars[vx].cols : n;
@@ -280,7 +351,7 @@ static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap
     if (req) {
         tape_rec *r = new_rec(t, T_SOFTCAP);
         if (!r) return nomem(t);
-        if ((st = save(t, &r->saved[0], x, n / cols, cols))) return st; /* the output */
+        if ((st = save(t, &r->keep[0], x, n / cols, cols))) return st; /* the output */
         r->in[0] = vx, r->out = v, r->count = n, r->cap = cap;
     }
     return LMX_OK;
@@ -296,10 +367,11 @@ static lmx_status keep_batch(lmx_tape *t, tape_rec *r, const lmx_batch *bt) {
     return LMX_OK;
 }
 
-static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, int nh, int hd, const lmx_rope *rope) {
+static lmx_status rec_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, int nh, int hd, const lmx_rope *rope) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
+    lmx_status st = guard(t, x->data);
+    if (!st) st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
     if (st) return st;
     const int req = requires(t, vx);
     const int v = new_var(t, x->data, (int64_t)bt->B * bt->T, (int64_t)nh * hd, req);
@@ -313,7 +385,7 @@ static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, in
     return LMX_OK;
 }
 
-static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
+static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
     lmx_tape *t = TAPE(be);
     const int vq = var_of(t, a->q->data), vk = var_of(t, a->k->data), vv = var_of(t, a->v->data);
     const int req = requires(t, vq) || requires(t, vk) || requires(t, vv);
@@ -322,16 +394,17 @@ static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
     if (req) {
         if (!(r = new_rec(t, T_ATTENTION))) return nomem(t);
         lmx_status st = keep_batch(t, r, a->batch);
-        if (!st) st = save(t, &r->saved[0], a->q, M, (int64_t)a->H * a->D);
-        if (!st) st = save(t, &r->saved[1], a->k, M, (int64_t)a->Hk * a->D);
-        if (!st) st = save(t, &r->saved[2], a->v, M, (int64_t)a->Hk * a->D);
+        if (!st) st = save(t, &r->keep[0], a->q, M, (int64_t)a->H * a->D);
+        if (!st) st = save(t, &r->keep[1], a->k, M, (int64_t)a->Hk * a->D);
+        if (!st) st = save(t, &r->keep[2], a->v, M, (int64_t)a->Hk * a->D);
         if (st) return st;
         for (int b = 0; b < a->batch->B; b++) r->ints[2 * a->batch->B + b] = a->kv[b]->window;
         r->attn = *a; /* its pointers are set at backward: records move as the tape grows */
         r->attn.batch = NULL, r->attn.q = r->attn.k = r->attn.v = NULL, r->attn.out = NULL, r->attn.kv = NULL;
         r->in[0] = vq, r->in[1] = vk, r->in[2] = vv;
     }
-    lmx_status st = pass(t, t->in->ops->attention(t->in, a));
+    lmx_status st = guard(t, a->out->data);
+    if (!st) st = pass(t, t->in->ops->attention(t->in, a));
     if (st) return st;
     const int v = new_var(t, a->out->data, M, (int64_t)a->H * a->D, req);
     if (v < 0) return nomem(t);
@@ -343,7 +416,8 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
                                 int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
+    lmx_status st = guard(t, out->data);
+    if (!st) st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
     if (st) return st;
     const int req = requires(t, vx), v = new_var(t, out->data, R, n, req);
     if (v < 0) return nomem(t);
@@ -354,6 +428,43 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
         r->in[0] = vx, r->out = v, r->R = R, r->count = n;
     }
     return LMX_OK;
+}
+
+/* the recorded ops, timed by kind with t->prof_fwd */
+static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(out);
+    return fwd_lap(t, T_RMSNORM, out, &fwd_t0, rec_rmsnorm(be, out, x, w, rows, n, eps, add_one));
+}
+static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, const lmx_tensor *bias, int M) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(out);
+    return fwd_lap(t, T_MATMUL, out, &fwd_t0, rec_matmul(be, out, x, w, bias, M));
+}
+static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(y);
+    return fwd_lap(t, T_LORA, y, &fwd_t0, rec_lora(be, y, x, B, T, pairs));
+}
+static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(y);
+    return fwd_lap(t, T_ADD, y, &fwd_t0, rec_add(be, y, x, n));
+}
+static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(out);
+    return fwd_lap(t, T_GLU, out, &fwd_t0, rec_glu(be, out, gate, up, n, act));
+}
+static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, int nh, int hd, const lmx_rope *rope) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(x);
+    return fwd_lap(t, T_ROPE, x, &fwd_t0, rec_rope(be, x, bt, nh, hd, rope));
+}
+static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
+    lmx_tape *t = TAPE(be);
+    FWD_START(a->out);
+    return fwd_lap(t, T_ATTENTION, a->out, &fwd_t0, rec_attention(be, a));
 }
 
 static lmx_status w_scatter_add_rows(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, const int *rows, const float *w,
@@ -377,10 +488,15 @@ static lmx_status w_alloc(lmx_backend *be, lmx_tensor *x) {
     if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t); /* a fresh buffer: no stale version */
     return st;
 }
-static void w_release(lmx_backend *be, lmx_tensor *x) { TAPE(be)->in->ops->release(TAPE(be)->in, x); }
+static void w_release(lmx_backend *be, lmx_tensor *x) {
+    lmx_tape *t = TAPE(be);
+    if (x->data) guard(t, x->data); /* a failed copy leaves its keep lost: backward fails there */
+    t->in->ops->release(t->in, x);
+}
 static lmx_status w_write(lmx_backend *be, lmx_tensor *x, size_t off, const void *src, size_t n) {
     lmx_tape *t = TAPE(be);
-    lmx_status st = pass(t, t->in->ops->write(t->in, x, off, src, n));
+    lmx_status st = guard(t, x->data);
+    if (!st) st = pass(t, t->in->ops->write(t->in, x, off, src, n));
     if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t);
     return st;
 }
@@ -446,10 +562,11 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
 
 lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 
-/* release record r's copies and arrays */
+/* release record r's keeps and arrays */
 static void rec_free(lmx_tape *t, tape_rec *r) {
     for (int k = 0; k < 3; k++)
-        if (r->saved[k].data) t->in->ops->release(t->in, &r->saved[k]);
+        if (r->keep[k] >= 0) unkeep(t, r->keep[k]);
+    if (r->own.data) t->in->ops->release(t->in, &r->own);
     free(r->ints);
     free(r->pairs);
 }
@@ -466,7 +583,7 @@ void lmx_tape_reset(lmx_tape *t) {
     for (int i = 0; i < t->n_recs; i++) rec_free(t, &t->recs[i]);
     for (int i = 0; i < t->n_vars; i++)
         if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);
-    t->n_recs = t->n_vars = t->n_bufs = 0;
+    t->n_recs = t->n_vars = t->n_bufs = t->n_keeps = 0;
 }
 
 void lmx_tape_free(lmx_tape *t) {
@@ -476,6 +593,7 @@ void lmx_tape_free(lmx_tape *t) {
     free(t->bufs);
     free(t->recs);
     free(t->watches);
+    free(t->keeps);
     free(t);
 }
 
@@ -495,22 +613,44 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
         if (requires(t, (v)) && !(dst = grad_of(t, (v)))) return t->base.err.status; \
     } while (0)
 
-static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
+/* Var v's gradient gains the gradient dy of var from (the output of an op that passes it through): v
+ * takes dy's buffer over when it has none yet (dy is used up then), else dy is added. */
+static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
+    if (!requires(t, v)) return LMX_OK;
+    tape_var *x = &t->vars[v];
+    if (!x->grad.data && x->rows * x->cols == lmx_tensor_nelem(dy)) {
+        x->grad = *dy;
+        x->grad.ndim = 2, x->grad.shape[0] = x->rows, x->grad.shape[1] = x->cols;
+        memset(dy, 0, sizeof *dy);
+        return LMX_OK;
+    }
+    lmx_tensor *g = grad_of(t, v);
+    return g ? pass(t, t->in->ops->add(t->in, g, dy, lmx_tensor_nelem(g))) : t->base.err.status;
+}
+
+/* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
+ * may hand over to an input, leaving dy empty). */
+static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
     lmx_backend *in = t->in;
     const lmx_backward_ops *bw = t->bwd;
-    lmx_tensor *g0, *g1, *g2;
+    lmx_tensor *g0, *g1, *g2, saved[3] = {{0}};
+    for (int k = 0; k < 3; k++) {
+        if (r->keep[k] < 0) continue;
+        saved[k] = kept(t, r->keep[k]);
+        if (!saved[k].data)
+            return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
+    }
     switch (r->op) {
     case T_RMSNORM:
         GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &r->saved[0], r->w, r->rows, r->n, r->eps, r->one)) : LMX_OK;
+        return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &saved[0], r->w, r->rows, r->n, r->eps, r->one)) : LMX_OK;
     case T_MATMUL:
         GRAD(r->in[0], g0);
         return g0 ? pass(t, bw->matmul_bwd(in, g0, dy, r->w, r->M)) : LMX_OK;
-    case T_LORA: {
-        GRAD(r->in[0], g0);
+    case T_LORA: { /* y's gradient passes on to y's input version (pass_grad, last: it may take dy over) */
         GRAD(r->in[1], g1);
-        lmx_status st = g0 ? pass(t, in->ops->add(in, g0, dy, lmx_tensor_nelem(dy))) : LMX_OK;
-        if (st) return st;
+        lmx_status st = LMX_OK;
+        const lmx_tensor *x = r->own.data ? &r->own : &saved[0];
         lmx_tensor **da = malloc((size_t)r->bt.B * 2 * sizeof *da);
         if (!da) return nomem(t);
         lmx_tensor **db = da + r->bt.B;
@@ -519,24 +659,25 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
             da[b] = w ? w->da : NULL, db[b] = w ? w->db : NULL;
         }
         lmx_tensor tmp = {0}; /* with dropout, x's gradient goes through the same mask */
-        const int64_t nx = lmx_tensor_nelem(&r->saved[0]);
+        const int64_t nx = lmx_tensor_nelem(x);
         if (g1 && r->drop > 0) {
-            tmp = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {r->saved[0].shape[0], r->saved[0].shape[1]}};
+            tmp = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
             st = pass(t, in->ops->alloc(in, &tmp));
         }
-        if (!st) st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy, &r->saved[0], r->bt.B, r->bt.T, r->pairs));
+        if (!st) st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy, x, r->bt.B, r->bt.T, r->pairs));
         if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
         if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
         if (tmp.data) in->ops->release(in, &tmp);
         free(da);
-        return st;
+        return st ? st : pass_grad(t, r->in[0], dy);
     }
-    case T_ADD:
-        GRAD(r->in[0], g0);
+    case T_ADD: { /* y += x: both gain dy (x's first, as y's may take dy over) */
+        const int64_t n = lmx_tensor_nelem(dy);
         GRAD(r->in[1], g1);
-        if (g0 && pass(t, in->ops->add(in, g0, dy, lmx_tensor_nelem(g0)))) return t->base.err.status;
-        if (g1 && pass(t, in->ops->add(in, g1, dy, lmx_tensor_nelem(g1)))) return t->base.err.status;
-        return LMX_OK;
+        if (g1 && pass(t, in->ops->add(in, g1, dy, n < lmx_tensor_nelem(g1) ? n : lmx_tensor_nelem(g1))))
+            return t->base.err.status;
+        return pass_grad(t, r->in[0], dy);
+    }
     case T_GLU: {
         GRAD(r->in[0], g0);
         GRAD(r->in[1], g1);
@@ -545,14 +686,14 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
             sink = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {r->count}};
             if (pass(t, in->ops->alloc(in, &sink))) return t->base.err.status;
         }
-        lmx_status st = pass(t, bw->glu_bwd(in, g0 ? g0 : &sink, g1 ? g1 : &sink, dy, &r->saved[0], &r->saved[1],
+        lmx_status st = pass(t, bw->glu_bwd(in, g0 ? g0 : &sink, g1 ? g1 : &sink, dy, &saved[0], &saved[1],
                                             r->count, r->act));
         if (sink.data) in->ops->release(in, &sink);
         return st;
     }
     case T_SOFTCAP:
         GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->softcap_bwd(in, g0, dy, &r->saved[0], r->count, r->cap)) : LMX_OK;
+        return g0 ? pass(t, bw->softcap_bwd(in, g0, dy, &saved[0], r->count, r->cap)) : LMX_OK;
     case T_ROPE:
         GRAD(r->in[0], g0);
         return g0 ? pass(t, bw->rope_bwd(in, g0, dy, &r->bt, r->nh, r->hd, &r->rope)) : LMX_OK;
@@ -564,12 +705,12 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
         lmx_tensor *gs[3] = {g0, g1, g2};
         for (int k = 0; k < 3; k++)
             if (!gs[k]) {
-                sink[k] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {r->saved[k].shape[0], r->saved[k].shape[1]}};
+                sink[k] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {saved[k].shape[0], saved[k].shape[1]}};
                 if (pass(t, in->ops->alloc(in, &sink[k]))) return t->base.err.status;
                 gs[k] = &sink[k];
             }
         lmx_attn_args a = r->attn;
-        a.batch = &r->bt, a.q = &r->saved[0], a.k = &r->saved[1], a.v = &r->saved[2];
+        a.batch = &r->bt, a.q = &saved[0], a.k = &saved[1], a.v = &saved[2];
         lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &a, r->ints + 2 * r->bt.B));
         for (int k = 0; k < 3; k++)
             if (sink[k].data) in->ops->release(in, &sink[k]);
@@ -584,6 +725,8 @@ static lmx_status backward_rec(lmx_tape *t, tape_rec *r, const lmx_tensor *dy) {
 
 int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 
+lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) { return x->data ? guard(t, x->data) : LMX_OK; }
+
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
     const int v = new_var(t, x->data, rows, cols, 1);
     if (v < 0) nomem(t);
@@ -597,7 +740,10 @@ void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g) {
     memset(&t->vars[v].grad, 0, sizeof t->vars[v].grad);
 }
 
-void lmx_tape_profile(lmx_tape *t, double *acc) { t->prof = acc; }
+void lmx_tape_profile(lmx_tape *t, double *acc, double *acc_fwd) {
+    t->prof = acc;
+    t->prof_fwd = acc_fwd;
+}
 
 void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed) {
     t->drop_p = p;

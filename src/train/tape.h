@@ -39,6 +39,10 @@ int lmx_tape_mark(const lmx_tape *t);
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
 lmx_status lmx_tape_walk(lmx_tape *t, int mark);
 
+/* Buffer x is about to be written outside the tape (by the inner backend's ops): what the records keep
+ * of it is copied first. */
+lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x);
+
 /* LoRA dropout: from now on, each trained pair's lora op reads dropout(x) with probability p (0: none),
  * its mask drawn from (seed, the pair's watch) alone, so that a layer run again draws the same one. */
 void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed);
@@ -51,9 +55,11 @@ int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols);
 void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g);
 
 /* Profiling: with acc non-NULL ([LMX_TAPE_KINDS]), backward waits for inner after each record and adds
- * its seconds to acc[kind]; lmx_tape_kind names kind k (1 .. LMX_TAPE_KINDS - 1). */
+ * its seconds to acc[kind]; with acc_fwd non-NULL, each op run on the tape's backend (a recorded pass,
+ * or a layer run again by checkpointing) likewise adds its own and its saved copies' seconds to
+ * acc_fwd[kind]; lmx_tape_kind names kind k (1 .. LMX_TAPE_KINDS - 1). */
 #define LMX_TAPE_KINDS 10
-void lmx_tape_profile(lmx_tape *t, double *acc);
+void lmx_tape_profile(lmx_tape *t, double *acc, double *acc_fwd);
 const char *lmx_tape_kind(int k);
 
 #endif

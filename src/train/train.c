@@ -110,10 +110,8 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
 static lmx_status save_input(lmx_trainer *tr, lmx_tensor *dst, int M) {
     lmx_model *m = tr->m;
     lmx_backend *be = m->be;
-    const int64_t C = m->cfg.hidden;
-    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}};
-    lmx_status st = be->ops->alloc(be, dst);
-    if (!st) st = be->ops->add(be, dst, &m->ws.x, (int64_t)M * C);
+    const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, m->cfg.hidden}, .data = m->ws.x.data};
+    lmx_status st = be->ops->backward->keep(be, dst, &x);
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 
@@ -164,7 +162,8 @@ static lmx_status chunk_loss(lmx_trainer *tr, lmx_backend *inner, const int32_t 
                              lmx_loss_fn fn, void *user, int row0, int R, double grad_weight, float *host, double *part) {
     lmx_model *m = tr->m;
     const int V = m->cfg.vocab;
-    lmx_status st;
+    lmx_status st = lmx_tape_guard(tr->tape, &m->ws.logits); /* overwritten here: a soft-cap keeps its output */
+    if (st) return lmx_err_set(&m->err, st, "%s", lmx_tape_backend(tr->tape)->err.msg);
     if (!fn) {
         st = inner->ops->backward->xent(inner, &m->ws.logits, targets + row0, mask ? mask + row0 : NULL, R, V,
                                         grad_weight / wsum, part);
@@ -276,11 +275,11 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         m->be = inner;
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
+    lmx_tape_reset(tr->tape); /* first: its keeps may read the saved inputs */
     for (int l = 0; saved && l < L; l++)
         if (saved[l].data) inner->ops->release(inner, &saved[l]);
     free(saved);
     if (!st) *loss = sum / wsum;
-    lmx_tape_reset(tr->tape);
     kv_free(inner, kv, B * L);
     free(kvs);
     free(ads);

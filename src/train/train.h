@@ -38,6 +38,7 @@ typedef struct lmx_trainer {
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
     double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */
     double prof_bwd[LMX_TAPE_KINDS]; /* backward's seconds by record kind (lmx_tape_kind) */
+    double prof_fwd[LMX_TAPE_KINDS]; /* recorded forward ops' seconds by kind */
     lmx_err err;
 } lmx_trainer;
 

@@ -288,6 +288,13 @@ static lmx_status cpu_dropout(lmx_backend *be, lmx_tensor *yt, const lmx_tensor 
     return LMX_OK;
 }
 
+static lmx_status cpu_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
+    lmx_status st = be->ops->alloc(be, dst);
+    if (!st) memcpy(dst->data, x->data, (size_t)lmx_tensor_nelem(dst) * sizeof(float));
+    return st;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -301,4 +308,5 @@ const lmx_backward_ops lmx_cpu_backward = {
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
     .dropout = cpu_dropout,
+    .keep = cpu_keep,
 };

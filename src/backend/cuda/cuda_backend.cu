@@ -170,8 +170,8 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
 /* Activations come from the backend's stream-ordered pool: a release returns the block to the pool on
  * the stream (no wait), and a later allocation on the stream reuses it.  mem_now counts the tensors'
  * bytes; the pool's idle blocks stay reserved for reuse until trim gives them back to the device. */
-static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
-    cuda_backend *cb = (cuda_backend *)be;
+lmx_status cuda_alloc_raw(cuda_backend *cb, lmx_tensor *t) {
+    lmx_backend *be = &cb->base;
     lmx_status gst = cuda_graph_flush(cb);
     if (gst) return gst;
     size_t bytes = (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype);
@@ -179,14 +179,21 @@ static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     if (st) return st;
     void *p = NULL;
     CUDA_TRY(cb, cudaMallocFromPoolAsync(&p, bytes ? bytes : 16, cb->pool, cb->stream), "tensor allocation");
-    cudaError_t e = cudaMemsetAsync(p, 0, bytes, cb->stream);
-    if (e != cudaSuccess) {
-        cudaFreeAsync(p, cb->stream);
-        return cuda_fail(cb, e, "tensor allocation");
-    }
     t->data = p;
     t->owned = 1;
     lmx_backend_mem(be, (int64_t)bytes);
+    return LMX_OK;
+}
+
+static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_alloc_raw(cb, t);
+    if (st) return st;
+    cudaError_t e = cudaMemsetAsync(t->data, 0, (size_t)lmx_tensor_nelem(t) * lmx_dtype_size(t->dtype), cb->stream);
+    if (e != cudaSuccess) {
+        be->ops->release(be, t);
+        return cuda_fail(cb, e, "tensor allocation");
+    }
     return LMX_OK;
 }
 

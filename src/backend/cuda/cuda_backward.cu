@@ -599,6 +599,20 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     return cuda_check_launch(cb, "dropout");
 }
 
+static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
+    cuda_backend *cb = (cuda_backend *)be;
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
+    lmx_status st = cuda_alloc_raw(cb, dst);
+    if (st) return st;
+    cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)lmx_tensor_nelem(dst) * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, cb->stream);
+    if (e != cudaSuccess) {
+        be->ops->release(be, dst);
+        return cuda_fail(cb, e, "keeping an activation");
+    }
+    return LMX_OK;
+}
+
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
@@ -612,4 +626,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .sumsq = */ bwd_sumsq,
     /* .adamw = */ bwd_adamw,
     /* .dropout = */ bwd_dropout,
+    /* .keep = */ bwd_keep,
 };

@@ -76,6 +76,9 @@ lmx_status cuda_fail(cuda_backend *cb, cudaError_t e, const char *what);
 lmx_status cuda_blas_fail(cuda_backend *cb, cublasStatus_t s, const char *what);
 /* The launch error of the last kernel, if any. */
 lmx_status cuda_check_launch(cuda_backend *cb, const char *what);
+/* A tensor from the activation pool as the alloc op makes one, but left uninitialised (its writer
+ * fills it); released with the release op. */
+lmx_status cuda_alloc_raw(cuda_backend *cb, lmx_tensor *t);
 /* A device scratch buffer of at least bytes (grown, contents lost); NULL with err set on failure. */
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes);
 
