@@ -63,9 +63,12 @@ typedef struct lmx_backward_ops {
      * mask is a function of (seed, i) alone: the same on every backend, and the backward of the op is
      * the op itself with the same seed. */
     lmx_status (*dropout)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
-    /* A copy of a forward value that backward reads: *dst becomes a new f32 tensor of x's shape (x is
-     * f32 [rows, cols]) holding x's values, released with the backend's release. */
+    /* A copy of a forward value that backward reads: *dst becomes a new tensor of x's shape (x is f32
+     * [rows, cols]) holding x's values, released with the backend's release; in f32, or in bf16 where the
+     * backend keeps activations as bf16 training does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps
+     * f32).  widen: *dst becomes a new f32 tensor of a bf16 keep's values, for the op that reads it. */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
+    lmx_status (*widen)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

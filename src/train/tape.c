@@ -628,18 +628,32 @@ static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
     return g ? pass(t, t->in->ops->add(t->in, g, dy, lmx_tensor_nelem(g))) : t->base.err.status;
 }
 
+static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tensor *saved);
+
 /* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
  * may hand over to an input, leaving dy empty). */
 static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
     lmx_backend *in = t->in;
-    const lmx_backward_ops *bw = t->bwd;
-    lmx_tensor *g0, *g1, *g2, saved[3] = {{0}};
-    for (int k = 0; k < 3; k++) {
+    lmx_tensor saved[3] = {{0}}, wide[3] = {{0}}; /* what the op reads; f32 copies of bf16 keeps */
+    lmx_status st = LMX_OK;
+    for (int k = 0; k < 3 && !st; k++) {
         if (r->keep[k] < 0) continue;
         saved[k] = kept(t, r->keep[k]);
         if (!saved[k].data)
-            return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
+            st = lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
+        else if (saved[k].dtype != LMX_DTYPE_F32 && !(st = pass(t, t->bwd->widen(in, &wide[k], &saved[k]))))
+            saved[k] = wide[k];
     }
+    if (!st) st = backward_op(t, r, dy, saved);
+    for (int k = 0; k < 3; k++)
+        if (wide[k].data) in->ops->release(in, &wide[k]);
+    return st;
+}
+
+static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tensor *saved) {
+    lmx_backend *in = t->in;
+    const lmx_backward_ops *bw = t->bwd;
+    lmx_tensor *g0, *g1, *g2;
     switch (r->op) {
     case T_RMSNORM:
         GRAD(r->in[0], g0);
@@ -790,9 +804,10 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
         if (r->out < 0 || !t->vars[r->out].grad.data) continue; /* nothing flows back through it */
-        if (t->prof) prof_lap(t, &t->vars[r->out].grad, &t0);
+        const lmx_tensor dy = t->vars[r->out].grad; /* backward may hand its buffer over, still live */
+        if (t->prof) prof_lap(t, &dy, &t0);
         st = backward_rec(t, r, &t->vars[r->out].grad);
-        if (t->prof) t->prof[r->op] += prof_lap(t, &t->vars[r->out].grad, &t0);
+        if (t->prof) t->prof[r->op] += prof_lap(t, &dy, &t0);
         t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
     }
     for (int i = mark; i < t->n_recs; i++) rec_free(t, &t->recs[i]); /* walked: forgotten */

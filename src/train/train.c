@@ -106,12 +106,15 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
     free(kv);
 }
 
-/* A copy of ws.x's first M rows (a layer's input, kept for checkpointing) in *dst. */
+/* A copy of ws.x's first M rows (a layer's input, kept for checkpointing: f32, as the layer runs on it
+ * again in place) in *dst. */
 static lmx_status save_input(lmx_trainer *tr, lmx_tensor *dst, int M) {
     lmx_model *m = tr->m;
     lmx_backend *be = m->be;
-    const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, m->cfg.hidden}, .data = m->ws.x.data};
-    lmx_status st = be->ops->backward->keep(be, dst, &x);
+    const int64_t C = m->cfg.hidden;
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}};
+    lmx_status st = be->ops->alloc(be, dst);
+    if (!st) st = be->ops->add(be, dst, &m->ws.x, (int64_t)M * C);
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 

@@ -599,18 +599,41 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     return cuda_check_launch(cb, "dropout");
 }
 
+/* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), widened again when read. */
 static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
-    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
-    lmx_status st = cuda_alloc_raw(cb, dst);
+    lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
-    cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)lmx_tensor_nelem(dst) * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, cb->stream);
-    if (e != cudaSuccess) {
-        be->ops->release(be, dst);
-        return cuda_fail(cb, e, "keeping an activation");
+    *dst = (lmx_tensor){.dtype = cb->keep_f32 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16, .ndim = 2,
+                        .shape = {x->shape[0], x->shape[1]}};
+    if ((st = cuda_alloc_raw(cb, dst))) return st;
+    const int64_t n = lmx_tensor_nelem(dst);
+    if (dst->dtype == LMX_DTYPE_BF16) {
+        st = cuda_narrow_bf16(cb, (__nv_bfloat16 *)dst->data, (const float *)x->data, n);
+    } else {
+        cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
+        if (e != cudaSuccess) st = cuda_fail(cb, e, "keeping an activation");
     }
-    return LMX_OK;
+    if (st) be->ops->release(be, dst);
+    return st;
+}
+
+__global__ void k_widen_bf16(float *__restrict__ y, const __nv_bfloat16 *__restrict__ x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+
+static lmx_status bwd_widen(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st) return st;
+    if (x->dtype != LMX_DTYPE_BF16) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: widen takes bf16");
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
+    if ((st = cuda_alloc_raw(cb, dst))) return st;
+    const int64_t n = lmx_tensor_nelem(dst);
+    k_widen_bf16<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dst->data, (const __nv_bfloat16 *)x->data, n);
+    if ((st = cuda_check_launch(cb, "widen"))) be->ops->release(be, dst);
+    return st;
 }
 
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
@@ -627,4 +650,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .adamw = */ bwd_adamw,
     /* .dropout = */ bwd_dropout,
     /* .keep = */ bwd_keep,
+    /* .widen = */ bwd_widen,
 };

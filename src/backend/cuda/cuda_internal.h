@@ -63,6 +63,7 @@ typedef struct cuda_backend {
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
     int moe_off;             /* LMX_CUDA_MOE=0: the moe op declines (the model routes on the host) */
+    int keep_f32;            /* LMX_CUDA_KEEP=f32: training keeps forward values in f32, not bf16 */
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
                                 cuda_ggml.cu's int16 kernel */
