@@ -141,7 +141,7 @@ static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N
 }
 
 static float *rand_vec(int64_t n, float amp) {
-    float *v = malloc((size_t)n * 4);
+    float *v = calloc((size_t)n, 4);
     for (int64_t i = 0; i < n; i++) v[i] = amp * frand();
     return v;
 }

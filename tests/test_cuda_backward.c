@@ -3,11 +3,13 @@
  * odd sizes, dense and quantized frozen weights, LoRA segments with a sequence without a pair, padded
  * batches, GQA, sliding windows, soft-capping, attention split into query tiles, repeated gather rows;
  * the optimizer's gradient norm and AdamW update.
- * Each gradient accumulates onto a random start (+= is checked too).  Exits 77 (skipped) when lmx is
- * built without CUDA or no GPU is present. */
+ * Each gradient accumulates onto a random start (+= is checked too).  The ops that read forward values
+ * also run on the cuda backend's bf16 keeps of them (keep op) against the cpu on the same values.
+ * Exits 77 (skipped) when lmx is built without CUDA or no GPU is present. */
 #include <stdio.h>
 
 #include "backend/backward.h"
+#include "base/half.h"
 
 #ifndef LMX_HAVE_CUDA
 int main(void) {
@@ -30,20 +32,35 @@ static tpair rand_both(int64_t rows, int64_t cols, float amp) {
     free(v);
     return t;
 }
+/* a forward value: with kept, the gpu side is the cuda backend's bf16 keep of it and the cpu side the
+ * same values in f32 */
+static tpair rand_in(int64_t rows, int64_t cols, float amp, int kept) {
+    float *v = rand_vec(rows * cols, amp);
+    for (int64_t i = 0; kept && i < rows * cols; i++) v[i] = lmx_bf16_to_f32(lmx_f32_to_bf16(v[i]));
+    tpair t = both(rows, cols, v);
+    free(v);
+    if (!kept) return t;
+    lmx_tensor k = {0};
+    CHECK(lmx_cuda_backward.keep(gpu, &k, &t.g) == LMX_OK);
+    CHECK_MSG(k.dtype == LMX_DTYPE_BF16, "the cuda backend keeps dtype %d, not bf16", (int)k.dtype);
+    gpu->ops->release(gpu, &t.g);
+    t.g = k;
+    return t;
+}
 static void check_both(const char *what, tpair *t, double tol) {
     compare(what, &t->g, &t->c, t->n, tol);
     free_pair(&t->g, &t->c);
 }
 static void drop(tpair *t) { free_pair(&t->g, &t->c); }
 
-static void test_rmsnorm(lmx_dtype dt, int n, float one) {
+static void test_rmsnorm(lmx_dtype dt, int n, float one, int kept) {
     const int rows = 7;
     wpair w = make_weight(dt, 0, 0, 0, 1, n);
-    tpair x = rand_both(rows, n, 1.5f), dy = rand_both(rows, n, 1.0f), dx = rand_both(rows, n, 0.1f);
+    tpair x = rand_in(rows, n, 1.5f, kept), dy = rand_both(rows, n, 1.0f), dx = rand_both(rows, n, 0.1f);
     CHECK(lmx_cuda_backward.rmsnorm_bwd(gpu, &dx.g, &dy.g, &x.g, &w.g, rows, n, 1e-5f, one) == LMX_OK);
     CHECK(lmx_cpu_backward.rmsnorm_bwd(cpu, &dx.c, &dy.c, &x.c, &w.c, rows, n, 1e-5f, one) == LMX_OK);
     char what[64];
-    snprintf(what, sizeof what, "rmsnorm backward (dtype %d, n %d, +%g)", (int)dt, n, one);
+    snprintf(what, sizeof what, "rmsnorm backward (dtype %d, n %d, +%g, kept %d)", (int)dt, n, one, kept);
     check_both(what, &dx, 1e-5);
     drop(&x), drop(&dy);
 }
@@ -59,8 +76,9 @@ static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int
     drop(&dy);
 }
 
-/* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx */
-static void test_lora(int with_dx) {
+/* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx; x kept in bf16
+ * (then the products that read it take bf16 operands) */
+static void test_lora(int with_dx, int kept) {
     const int B = 4, T = 5, K = 48, N = 40, r = 8;
     tpair a[2], b[2], da[2], db[2];
     lmx_lora_pair pg[2], pc[2];
@@ -72,23 +90,25 @@ static void test_lora(int with_dx) {
     const lmx_lora_pair *pairs_g[4] = {&pg[0], &pg[0], NULL, &pg[1]}, *pairs_c[4] = {&pc[0], &pc[0], NULL, &pc[1]};
     lmx_tensor *dag[4] = {&da[0].g, &da[0].g, NULL, &da[1].g}, *dbg[4] = {&db[0].g, &db[0].g, NULL, &db[1].g};
     lmx_tensor *dac[4] = {&da[0].c, &da[0].c, NULL, &da[1].c}, *dbc[4] = {&db[0].c, &db[0].c, NULL, &db[1].c};
-    tpair x = rand_both(B * T, K, 1.0f), dy = rand_both(B * T, N, 1.0f), dx = rand_both(B * T, K, 0.1f);
+    tpair x = rand_in(B * T, K, 1.0f, kept), dy = rand_both(B * T, N, 1.0f), dx = rand_both(B * T, K, 0.1f);
     CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g) == LMX_OK);
     CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c) == LMX_OK);
-    check_both("lora backward dx", &dx, 2e-3); /* TF32 products, as the forward */
+    const double tol = kept ? 1e-2 : 2e-3; /* TF32 products, as the forward; bf16 ones with a kept x */
+    check_both("lora backward dx", &dx, tol);
     for (int i = 0; i < 2; i++) {
-        check_both("lora backward dA", &da[i], 2e-3);
-        check_both("lora backward dB", &db[i], 2e-3);
+        check_both("lora backward dA", &da[i], tol);
+        check_both("lora backward dB", &db[i], tol);
         drop(&a[i]), drop(&b[i]);
     }
     drop(&x), drop(&dy);
 }
 
-static void test_elementwise(void) {
+/* kept: gate from a bf16 keep, and up too for GELU (a layer's kept gate beside its up still in f32) */
+static void test_elementwise(int kept) {
     const int64_t n = 1001;
     for (int act_i = 0; act_i < 2; act_i++) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
-        tpair g = rand_both(1, n, 4.0f), u = rand_both(1, n, 2.0f), dy = rand_both(1, n, 1.0f);
+        tpair g = rand_in(1, n, 4.0f, kept), u = rand_in(1, n, 2.0f, kept && act_i), dy = rand_both(1, n, 1.0f);
         tpair dg = rand_both(1, n, 0.1f), du = rand_both(1, n, 0.1f);
         CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg.g, &du.g, &dy.g, &g.g, &u.g, n, a) == LMX_OK);
         CHECK(lmx_cpu_backward.glu_bwd(cpu, &dg.c, &du.c, &dy.c, &g.c, &u.c, n, a) == LMX_OK);
@@ -96,7 +116,7 @@ static void test_elementwise(void) {
         check_both("glu backward dup", &du, 1e-5);
         drop(&g), drop(&u), drop(&dy);
     }
-    tpair y = rand_both(1, n, 29.0f), dy = rand_both(1, n, 1.0f), dx = rand_both(1, n, 0.1f);
+    tpair y = rand_in(1, n, 29.0f, kept), dy = rand_both(1, n, 1.0f), dx = rand_both(1, n, 0.1f);
     CHECK(lmx_cuda_backward.softcap_bwd(gpu, &dx.g, &dy.g, &y.g, n, 30.0f) == LMX_OK);
     CHECK(lmx_cpu_backward.softcap_bwd(cpu, &dx.c, &dy.c, &y.c, n, 30.0f) == LMX_OK);
     check_both("softcap backward", &dx, 1e-6);
@@ -120,10 +140,10 @@ static void test_rope(int rot_dim, int interleaved) {
 
 /* attention of 2 sequences (the second padded), H heads over Hk kv heads; tile > 0 forces query tiles
  * of that many rows */
-static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile) {
+static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile, int kept) {
     const int past[2] = {0, 0}, nnew[2] = {T, T / 2 + 1}, M = 2 * T;
     const lmx_batch bt = {.B = 2, .T = T, .n_past = past, .n_new = nnew};
-    tpair q = rand_both(M, H * D, 1.5f), k = rand_both(M, Hk * D, 1.5f), v = rand_both(M, Hk * D, 1.0f);
+    tpair q = rand_in(M, H * D, 1.5f, kept), k = rand_in(M, Hk * D, 1.5f, kept), v = rand_in(M, Hk * D, 1.0f, kept);
     tpair dout = rand_both(M, H * D, 1.0f);
     tpair dq = rand_both(M, H * D, 0.1f), dk = rand_both(M, Hk * D, 0.1f), dv = rand_both(M, Hk * D, 0.1f);
     lmx_attn_args ag = {.batch = &bt, .q = &q.g, .k = &k.g, .v = &v.g, .H = H, .Hk = Hk, .D = D,
@@ -144,8 +164,8 @@ static void test_attention(int T, int H, int Hk, int D, int window, float softca
      * tiled form's TF32 products about 1e-3 */
     const double tol = !tile && (D == 32 || D == 64 || D == 128) ? 2e-2 : 5e-3;
     for (int i = 0; i < 3; i++) {
-        snprintf(what, sizeof what, "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d)", names[i],
-                 T, H, Hk, D, window, softcap, tile);
+        snprintf(what, sizeof what, "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d, kept %d)",
+                 names[i], T, H, Hk, D, window, softcap, tile, kept);
         check_both(what, gs[i], tol);
     }
     drop(&q), drop(&k), drop(&v), drop(&dout);
@@ -202,8 +222,9 @@ static void test_dropout(void) {
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
-    test_rmsnorm(LMX_DTYPE_F32, 300, 0.0f);
-    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f);
+    test_rmsnorm(LMX_DTYPE_F32, 300, 0.0f, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 1);
     test_matmul("f32", LMX_DTYPE_F32, 0, 0, 37, 65, 9, 1e-5);
     test_matmul("bf16", LMX_DTYPE_BF16, 0, 0, 100, 256, 33, 1e-2);
     test_matmul("f16", LMX_DTYPE_F16, 0, 0, 96, 128, 17, 1e-2);
@@ -211,23 +232,27 @@ int main(void) {
     test_matmul("mlx8", LMX_DTYPE_U32, 8, 0, 64, 192, 3, 1e-2);
     test_matmul("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 64, 512, 21, 1e-2);
     test_matmul("q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 50, 96, 12, 1e-2);
-    test_lora(1);
-    test_lora(0);
-    test_elementwise();
+    test_lora(1, 0);
+    test_lora(0, 0);
+    test_lora(1, 1);
+    test_elementwise(0);
+    test_elementwise(1);
     test_rope(64, 0);
     test_rope(64, 1);
     test_rope(32, 0);
-    test_attention(37, 4, 2, 64, 0, 0.0f, 0);
-    test_attention(37, 4, 2, 64, 8, 0.0f, 0);
-    test_attention(37, 4, 4, 32, 0, 20.0f, 0);
-    test_attention(100, 6, 2, 64, 0, 0.0f, 16);
-    test_attention(100, 6, 3, 64, 24, 30.0f, 5);
-    test_attention(150, 8, 2, 128, 0, 0.0f, 0);   /* flash: several key and query tiles, a ragged last one */
-    test_attention(150, 4, 1, 128, 40, 30.0f, 0); /* flash: a window across tiles, soft-capping, 4 heads a kv head */
-    test_attention(200, 2, 2, 64, 70, 0.0f, 0);
-    test_attention(130, 4, 2, 32, 0, 0.0f, 0);
-    test_attention(150, 8, 2, 128, 0, 0.0f, 48);  /* the tiled form at D 128 */
-    test_attention(70, 2, 1, 256, 0, 0.0f, 0);    /* no flash kernels for D 256: the tiled form */
+    test_attention(37, 4, 2, 64, 0, 0.0f, 0, 0);
+    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 0);
+    test_attention(37, 4, 4, 32, 0, 20.0f, 0, 0);
+    test_attention(100, 6, 2, 64, 0, 0.0f, 16, 0);
+    test_attention(100, 6, 3, 64, 24, 30.0f, 5, 0);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0);   /* flash: several key and query tiles, a ragged last one */
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 0); /* flash: a window across tiles, soft-capping, 4 heads a kv head */
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1); /* the same from bf16 keeps */
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1);   /* the tiled form from bf16 keeps */
+    test_attention(200, 2, 2, 64, 70, 0.0f, 0, 0);
+    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 0);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 48, 0);  /* the tiled form at D 128 */
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 0);    /* no flash kernels for D 256: the tiled form */
     test_gather();
     test_xent(0.37);
     test_xent(0.0);

@@ -66,9 +66,9 @@ typedef struct lmx_backward_ops {
     /* A copy of a forward value that backward reads: *dst becomes a new tensor of x's shape (x is f32
      * [rows, cols]) holding x's values, released with the backend's release; in f32, or in bf16 where the
      * backend keeps activations as bf16 training does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps
-     * f32).  widen: *dst becomes a new f32 tensor of a bf16 keep's values, for the op that reads it. */
+     * f32).  The ops above take what they read of the forward pass (rmsnorm's x, lora's x, glu's gate
+     * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps. */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
-    lmx_status (*widen)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

@@ -628,28 +628,7 @@ static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
     return g ? pass(t, t->in->ops->add(t->in, g, dy, lmx_tensor_nelem(g))) : t->base.err.status;
 }
 
-static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tensor *saved);
-
-/* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
- * may hand over to an input, leaving dy empty). */
-static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
-    lmx_backend *in = t->in;
-    lmx_tensor saved[3] = {{0}}, wide[3] = {{0}}; /* what the op reads; f32 copies of bf16 keeps */
-    lmx_status st = LMX_OK;
-    for (int k = 0; k < 3 && !st; k++) {
-        if (r->keep[k] < 0) continue;
-        saved[k] = kept(t, r->keep[k]);
-        if (!saved[k].data)
-            st = lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
-        else if (saved[k].dtype != LMX_DTYPE_F32 && !(st = pass(t, t->bwd->widen(in, &wide[k], &saved[k]))))
-            saved[k] = wide[k];
-    }
-    if (!st) st = backward_op(t, r, dy, saved);
-    for (int k = 0; k < 3; k++)
-        if (wide[k].data) in->ops->release(in, &wide[k]);
-    return st;
-}
-
+/* The backward op of record r, reading saved (its keeps' values). */
 static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tensor *saved) {
     lmx_backend *in = t->in;
     const lmx_backward_ops *bw = t->bwd;
@@ -735,6 +714,19 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         return g0 ? pass(t, bw->gather_rows_bwd(in, g0, dy, r->ints, r->R, r->count)) : LMX_OK;
     }
     return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: unknown record %d", r->op);
+}
+
+/* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
+ * may hand over to an input, leaving dy empty). */
+static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
+    lmx_tensor saved[3] = {{0}}; /* what the op reads (f32, or the backend's keep dtype) */
+    for (int k = 0; k < 3; k++) {
+        if (r->keep[k] < 0) continue;
+        saved[k] = kept(t, r->keep[k]);
+        if (!saved[k].data)
+            return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
+    }
+    return backward_op(t, r, dy, saved);
 }
 
 int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }

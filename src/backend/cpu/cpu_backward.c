@@ -309,5 +309,4 @@ const lmx_backward_ops lmx_cpu_backward = {
     .adamw = cpu_adamw,
     .dropout = cpu_dropout,
     .keep = cpu_keep,
-    .widen = NULL, /* the cpu keeps f32 */
 };

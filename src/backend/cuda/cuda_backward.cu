@@ -48,13 +48,14 @@ static __device__ float block_reduce(float v, float *sh, int op) {
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
 /* y_i = x_i inv g_i with inv = (ss/n + eps)^-1/2: dx_i += inv g_i dy_i - x_i inv^3 (sum_j dy_j g_j x_j) / n */
-__global__ void k_rmsnorm_bwd(float *dx, const float *dy, const float *x, const void *w, lmx_dtype wt, int n, float eps,
+template <typename X>
+__global__ void k_rmsnorm_bwd(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt, int n, float eps,
                               float one) {
     __shared__ float sh[33];
     const int64_t off = (int64_t)blockIdx.x * n;
     float ss = 0.0f, dot = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float xi = x[off + i];
+        const float xi = cuda_ld_f(x + off + i);
         ss += xi * xi;
         dot += dy[off + i] * (cuda_elem(w, wt, i) + one) * xi;
     }
@@ -62,7 +63,7 @@ __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const float *x, const 
     dot = block_reduce(dot, sh, 0);
     const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-        dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - x[off + i] * c;
+        dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
 }
 
 static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
@@ -72,8 +73,12 @@ static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
     if (st || rows <= 0) return st;
     if (w->q.bits || w->q.ggml_type)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm backward with a quantized norm weight");
-    k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data, (const float *)x->data,
-                                                w->data, w->dtype, n, eps, add_one);
+    if (x->dtype == LMX_DTYPE_BF16)
+        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
+                                                    (const __nv_bfloat16 *)x->data, w->data, w->dtype, n, eps, add_one);
+    else
+        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data, (const float *)x->data,
+                                                    w->data, w->dtype, n, eps, add_one);
     return cuda_check_launch(cb, "rmsnorm backward");
 }
 
@@ -121,17 +126,39 @@ static lmx_status sgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_
                 "lora backward");
 }
 
+/* bf16 operands (a bf16 keep of x), f32 output */
+static lmx_status hgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                        const __nv_bfloat16 *a, int lda, const __nv_bfloat16 *b, int ldb, float beta, float *c, int ldc) {
+    return blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c,
+                                 CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "lora backward");
+}
+
 /* rows of one segment (consecutive sequences sharing pair p): t = x A^T, u = s dy B ([rows, r] each,
- * column-major r x rows), then the three gradients */
+ * column-major r x rows), then the three gradients.  x is f32 (TF32 products) or bf16 (x16: a bf16 keep;
+ * then A and u are narrowed into h16 [r K + rows r] for the two products that read x). */
 static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy, const float *x,
-                                   int rows, int K, int N, const lmx_lora_pair *p, float *t) {
+                                   const __nv_bfloat16 *x16, int rows, int K, int N, const lmx_lora_pair *p, float *t,
+                                   __nv_bfloat16 *h16) {
     const int r = (int)p->a.shape[0];
     const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
     float *u = t + (size_t)rows * r;
-    lmx_status st = sgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A, K, x, K, 0.0f, t, r);
+    __nv_bfloat16 *A16 = h16, *u16 = h16 ? h16 + (size_t)r * K : NULL;
+    lmx_status st = LMX_OK;
+    if (x16) {
+        st = cuda_narrow_bf16(cb, A16, A, (int64_t)r * K);
+        if (!st) st = hgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A16, K, x16, K, 0.0f, t, r);
+    } else {
+        st = sgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A, K, x, K, 0.0f, t, r);
+    }
     if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B, r, dy, N, 0.0f, u, r);
     if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t, r, dy, N, 1.0f, db, r);   /* dB [N, r] */
-    if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x, K, u, r, 1.0f, da, K);  /* dA [r, K] */
+    if (!st && x16) { /* dA [r, K] */
+        st = cuda_narrow_bf16(cb, u16, u, (int64_t)rows * r);
+        if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x16, K, u16, r, 1.0f, da, K);
+    } else if (!st) {
+        st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x, K, u, r, 1.0f, da, K);
+    }
     if (!st && dx) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, K, rows, r, 1.0f, A, K, u, r, 1.0f, dx, K);
     return st;
 }
@@ -142,7 +169,7 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
-    int64_t need = 0;
+    int64_t need = 0, rk = 0;
     for (int b0 = 0; b0 < B;) { /* segments: consecutive sequences with one pair and one gradient */
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
@@ -151,10 +178,15 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]",
                                b0, (long long)K, (long long)N);
         if (p && 2 * (int64_t)(b1 - b0) * T * p->a.shape[0] > need) need = 2 * (int64_t)(b1 - b0) * T * p->a.shape[0];
+        if (p && p->a.shape[0] * K > rk) rk = p->a.shape[0] * K;
         b0 = b1;
     }
-    float *t = need ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)need * sizeof(float)) : NULL;
+    const int half = x->dtype == LMX_DTYPE_BF16; /* then A and u in bf16 beside t and u: rk + need / 2 more */
+    float *t = need ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)need * sizeof(float) +
+                                                                       (half ? (size_t)(rk + need / 2) * 2 : 0))
+                    : NULL;
     if (need && !t) return cb->base.err.status;
+    __nv_bfloat16 *h16 = half && need ? (__nv_bfloat16 *)(t + need) : NULL;
     for (int b0 = 0; b0 < B && !st;) {
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
@@ -162,7 +194,9 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
             const int64_t r0 = (int64_t)b0 * T;
             st = lora_segment_bwd(cb, dx ? (float *)dx->data + r0 * K : NULL, (float *)da[b0]->data,
                                   (float *)db[b0]->data, (const float *)dy->data + r0 * N,
-                                  (const float *)x->data + r0 * K, (b1 - b0) * T, (int)K, (int)N, pairs[b0], t);
+                                  half ? NULL : (const float *)x->data + r0 * K,
+                                  half ? (const __nv_bfloat16 *)x->data + r0 * K : NULL, (b1 - b0) * T, (int)K, (int)N,
+                                  pairs[b0], t, h16);
         }
         b0 = b1;
     }
@@ -171,11 +205,12 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
 
 /* ---- elementwise -------------------------------------------------------------------------------- */
 
-__global__ void k_glu_bwd(float *dg, float *du, const float *dy, const float *g, const float *u, int64_t n, int act) {
+template <typename G, typename U>
+__global__ void k_glu_bwd(float *dg, float *du, const float *dy, const G *g, const U *u, int64_t n, int act) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, da; /* act(x) and its derivative */
-        lmx_act_grad(g[i], act == LMX_ACT_SILU, &a, &da);
-        dg[i] += dy[i] * u[i] * da;
+        lmx_act_grad(cuda_ld_f(g + i), act == LMX_ACT_SILU, &a, &da);
+        dg[i] += dy[i] * cuda_ld_f(u + i) * da;
         du[i] += dy[i] * a;
     }
 }
@@ -185,14 +220,22 @@ static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, c
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    k_glu_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dgate->data, (float *)dup->data, (const float *)dy->data,
-                                                    (const float *)gate->data, (const float *)up->data, n, (int)act);
+    float *dg = (float *)dgate->data, *du = (float *)dup->data;
+    const float *d = (const float *)dy->data;
+    const unsigned grid = cuda_ew_grid(n);
+    const int g16 = gate->dtype == LMX_DTYPE_BF16, u16 = up->dtype == LMX_DTYPE_BF16; /* keeps, or f32 */
+    const __nv_bfloat16 *gh = (const __nv_bfloat16 *)gate->data, *uh = (const __nv_bfloat16 *)up->data;
+    const float *gf = (const float *)gate->data, *uf = (const float *)up->data;
+    if (g16 && u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uh, n, (int)act);
+    else if (g16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uf, n, (int)act);
+    else if (u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uh, n, (int)act);
+    else k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uf, n, (int)act);
     return cuda_check_launch(cb, "glu backward");
 }
 
-__global__ void k_softcap_bwd(float *dx, const float *dy, const float *y, int64_t n, float cap) {
+template <typename X> __global__ void k_softcap_bwd(float *dx, const float *dy, const X *y, int64_t n, float cap) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float t = y[i] / cap;
+        const float t = cuda_ld_f(y + i) / cap;
         dx[i] += dy[i] * (1.0f - t * t);
     }
 }
@@ -202,8 +245,12 @@ static lmx_status bwd_softcap(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    k_softcap_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
-                                                        (const float *)y->data, n, cap);
+    if (y->dtype == LMX_DTYPE_BF16)
+        k_softcap_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
+                                                            (const __nv_bfloat16 *)y->data, n, cap);
+    else
+        k_softcap_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
+                                                            (const float *)y->data, n, cap);
     return cuda_check_launch(cb, "softcap backward");
 }
 
@@ -401,11 +448,41 @@ static lmx_status attn_tile(cuda_backend *cb, const lmx_attn_args *a, const floa
     return st;
 }
 
+__global__ void k_widen_bf16(float *__restrict__ y, const __nv_bfloat16 *__restrict__ x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+
+/* *dst = a new f32 copy of bf16 x (a keep, for an op that reads f32) */
+static lmx_status widen(cuda_backend *cb, lmx_tensor *dst, const lmx_tensor *x) {
+    lmx_backend *be = &cb->base;
+    lmx_status st;
+    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
+    if ((st = cuda_alloc_raw(cb, dst))) return st;
+    const int64_t n = lmx_tensor_nelem(dst);
+    k_widen_bf16<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dst->data, (const __nv_bfloat16 *)x->data, n);
+    if ((st = cuda_check_launch(cb, "widen"))) be->ops->release(be, dst);
+    return st;
+}
+
 static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
                                 const lmx_attn_args *a, const int *windows) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
+    if (a->q->dtype != LMX_DTYPE_F32 || a->k->dtype != LMX_DTYPE_F32 || a->v->dtype != LMX_DTYPE_F32) {
+        lmx_tensor w[3]; /* bf16 keeps: the kernels read f32 q, k, v */
+        memset(w, 0, sizeof w);
+        const lmx_tensor *in[3] = {a->q, a->k, a->v};
+        for (int i = 0; i < 3 && !st; i++)
+            if (in[i]->dtype != LMX_DTYPE_F32 && !(st = widen(cb, &w[i], in[i]))) in[i] = &w[i];
+        lmx_attn_args af = *a;
+        af.q = in[0], af.k = in[1], af.v = in[2];
+        if (!st) st = bwd_attention(be, dq, dk, dv, dout, &af, windows);
+        for (int i = 0; i < 3; i++)
+            if (w[i].data) be->ops->release(be, &w[i]);
+        return st;
+    }
     const lmx_batch *bt = a->batch;
     const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
     if ((st = lmx_attention_bwd_check(be, a))) return st;
@@ -599,7 +676,8 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     return cuda_check_launch(cb, "dropout");
 }
 
-/* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), widened again when read. */
+/* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), which the backward ops read as they are
+ * (attention widens its q, k and v first). */
 static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
@@ -618,24 +696,6 @@ static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x
     return st;
 }
 
-__global__ void k_widen_bf16(float *__restrict__ y, const __nv_bfloat16 *__restrict__ x, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = __bfloat162float(x[i]);
-}
-
-static lmx_status bwd_widen(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st) return st;
-    if (x->dtype != LMX_DTYPE_BF16) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: widen takes bf16");
-    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
-    if ((st = cuda_alloc_raw(cb, dst))) return st;
-    const int64_t n = lmx_tensor_nelem(dst);
-    k_widen_bf16<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dst->data, (const __nv_bfloat16 *)x->data, n);
-    if ((st = cuda_check_launch(cb, "widen"))) be->ops->release(be, dst);
-    return st;
-}
-
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
@@ -650,5 +710,4 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .adamw = */ bwd_adamw,
     /* .dropout = */ bwd_dropout,
     /* .keep = */ bwd_keep,
-    /* .widen = */ bwd_widen,
 };
