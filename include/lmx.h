@@ -243,7 +243,8 @@ lmx_optim_params lmx_optim_default_params(void);
 lmx_status lmx_trainer_open(lmx_model *m, lmx_adapter *a, lmx_trainer **out);
 void lmx_trainer_close(lmx_trainer *t);
 /* Gradient checkpointing: 1 keeps only each layer's input and runs the layer again in backward, 0
- * records every layer, -1 (default) checkpoints sequences of 1024 tokens and more. */
+ * records every layer, -1 (default) checkpoints when a step without it would not fit the GPU's free
+ * memory (cuda), or sequences of 1024 tokens and more (cpu). */
 void lmx_trainer_set_checkpointing(lmx_trainer *t, int mode);
 /* Value and grad: the masked cross-entropy of B sequences of T tokens from position 0 (mean over the
  * positions with mask > 0, weighted by mask, of -log softmax(logits)[target]) into *loss, and its

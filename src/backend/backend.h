@@ -193,6 +193,9 @@ typedef struct lmx_backend_ops {
     /* A mixture of experts routed on the backend (lmx_moe_args).  Optional: NULL, or LMX_ERR_UNSUPPORTED
      * (nothing done) for what it does not take, and the model routes on the host (forward.c). */
     lmx_status (*moe)(lmx_backend *be, const lmx_moe_args *a);
+    /* Bytes the backend's device could still allocate (optional; NULL where it is not known, as on the
+     * cpu): training decides from it whether a step fits without checkpointing. */
+    int64_t (*free_bytes)(const lmx_backend *be);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

@@ -97,7 +97,7 @@ int cmd_bench_train(int argc, char **argv) {
     }
     const double med = cli_median(times, steps);
     const double tok_s = B * T / med, peak_gib = m->be->mem_peak / 1073741824.0;
-    const int ckpt_on = lmx_trainer_checkpoints(tr, T);
+    const int ckpt_on = lmx_trainer_checkpoints(tr, B, T);
     const double mfu = peak_tflops > 0 ? tok_s * flops_tok / (peak_tflops * 1e12) : 0;
     if (json)
         printf("{\"backend\": \"%s\", \"rank\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, \"step_s\": %.4f, "

@@ -26,7 +26,7 @@
 typedef struct train_opts {
     const char *model, *data, *out, *backend, *schedule, *resume;
     int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
-    int ckpt;                    /* gradient checkpointing: 1 on, 0 off, -1 by sequence length */
+    int ckpt;                    /* gradient checkpointing: 1 on, 0 off, -1 by memory (cuda) or length (cpu) */
     unsigned targets;
     double alpha, lr, wd, clip, dropout;
     uint64_t seed;
@@ -245,7 +245,8 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                    "         [--num-layers N] [--lr 1e-4] [--schedule constant|linear|cosine] [--warmup N] [--weight-decay X]\n"
                    "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
-                   "         [--grad-checkpoint on|off|auto]   (auto: from sequences of 1024 tokens) [--lora-dropout P]\n"
+                   "         [--grad-checkpoint on|off|auto]   (auto: when a step would not fit the GPU without it; on the cpu,\n"
+                   "         from 1024-token sequences) [--lora-dropout P]\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
                    "         [--config FILE.json|FILE.yaml]   (the same settings as keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...}\n"
                    "                                 or YAML lines such as lr: 1e-4; options on the command line win)\n"

@@ -517,6 +517,10 @@ static int64_t w_cached(const lmx_backend *be) {
     const lmx_backend *in = ((const lmx_tape *)be)->in;
     return in->ops->cached_bytes ? in->ops->cached_bytes(in) : 0;
 }
+static int64_t w_free(const lmx_backend *be) {
+    const lmx_backend *in = ((const lmx_tape *)be)->in;
+    return in->ops->free_bytes(in);
+}
 static void w_destroy(lmx_backend *be) { (void)be; /* lmx_tape_free owns it */ }
 
 /* ---- public ------------------------------------------------------------------------------------- */
@@ -555,6 +559,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.topk = NULL; /* whole logits: the loss reads them */
     t->ops.trim = w_trim;
     t->ops.cached_bytes = w_cached;
+    t->ops.free_bytes = inner->ops->free_bytes ? w_free : NULL;
     t->base.ops = &t->ops;
     *out = t;
     return LMX_OK;

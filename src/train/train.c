@@ -89,6 +89,33 @@ static void prof_mark(lmx_trainer *tr, int k, double *t0) {
     *t0 = t;
 }
 
+/* The default (tr->checkpoint < 0): where the backend knows its free memory, checkpoint when a recorded
+ * step would not fit in 90% of it: per layer and token the tape keeps (in the backend's keep dtype, f32
+ * or bf16) the two norms' inputs and outputs, q, k, v, the attention output, and the GLU's gate, up and
+ * output, counted 15% over for what the estimate misses; beside them the largest layer's gradients in
+ * flight and the loss's logits.  Elsewhere, from LMX_CHECKPOINT_FROM tokens a sequence. */
+int lmx_trainer_checkpoints(const lmx_trainer *tr, int B, int T) {
+    if (tr->checkpoint >= 0) return tr->checkpoint > 0;
+    const lmx_model *m = tr->m;
+    const lmx_backend *be = m->be;
+    if (!be->ops->free_bytes) return T >= LMX_CHECKPOINT_FROM;
+    const lmx_config *c = &m->cfg;
+    const double M = (double)B * T, C = c->hidden;
+    double keep = 0, widest = 0;
+    for (int l = tr->lowest; l < c->n_layers; l++) {
+        const lmx_layer *L = &m->layers[l];
+        const double qkv = (double)(c->n_heads + 2 * L->n_kv_heads) * L->head_dim;
+        keep += 4 * C + qkv + (double)c->n_heads * L->head_dim + 3.0 * L->ffn;
+        if (L->ffn > widest) widest = L->ffn;
+    }
+    const double keep_bytes = strcmp(be->ops->name, "cuda") ? 4 : 2; /* cuda keeps bf16 (LMX_CUDA_KEEP=f32: more) */
+    const double need = 1.15 * keep * M * keep_bytes + 8.0 * M * (4 * C + 2 * widest) + (512 << 20) * 2.0;
+    int64_t room = be->ops->free_bytes(be);
+    if (be->mem_limit > 0 && be->mem_limit - be->mem_now - be->mem_mapped < room)
+        room = be->mem_limit - be->mem_now - be->mem_mapped;
+    return need > 0.9 * (double)room;
+}
+
 /* Fresh caches for B sequences (a layer's window as a context of unbounded length has it). */
 static lmx_kv_layer *kv_new(const lmx_model *m, int B) {
     lmx_kv_layer *kv = calloc((size_t)B * m->cfg.n_layers, sizeof *kv);
@@ -235,7 +262,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
-        const int ckpt = grad_weight != 0 && lmx_trainer_checkpoints(tr, T);
+        const int ckpt = grad_weight != 0 && lmx_trainer_checkpoints(tr, B, T);
         int leaf = -1;
         double t0 = 0;
         prof_mark(tr, 0, &t0);

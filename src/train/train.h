@@ -15,9 +15,10 @@ typedef struct lmx_adamw {
     double clip_grad_norm;       /* > 0: scale the gradients to at most this global L2 norm */
 } lmx_adamw;
 
-/* Sequence length from which training checkpoints every layer by default: it keeps only each layer's
- * input through the forward pass, and runs each layer again in backward (about a third more compute
- * for a fraction of the memory). */
+/* Sequence length from which training checkpoints every layer by default where the backend cannot say
+ * how much memory is free (the cpu): it keeps only each layer's input through the forward pass, and runs
+ * each layer again in backward (about a third more compute for a fraction of the memory).  Where it
+ * can (cuda), the default checkpoints when a step without would not fit (lmx_trainer_checkpoints). */
 #define LMX_CHECKPOINT_FROM 1024
 
 typedef struct lmx_trainer {
@@ -33,7 +34,8 @@ typedef struct lmx_trainer {
     float dropout;               /* LoRA dropout on the pairs' inputs while training (0: none) */
     uint64_t seed;               /* its masks' seed */
     int64_t micro;               /* the micro-batch of this step (gradient accumulation), for dropout's masks */
-    int checkpoint;              /* gradient checkpointing: 1 on, 0 off, -1 (default) from LMX_CHECKPOINT_FROM tokens */
+    int checkpoint;              /* gradient checkpointing: 1 on, 0 off, -1 (default): by memory, or from
+                                  * LMX_CHECKPOINT_FROM tokens (lmx_trainer_checkpoints) */
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
     double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */
@@ -42,10 +44,8 @@ typedef struct lmx_trainer {
     lmx_err err;
 } lmx_trainer;
 
-/* 1 when a step of sequences of T tokens runs with gradient checkpointing (tr->checkpoint's rule). */
-static inline int lmx_trainer_checkpoints(const lmx_trainer *tr, int T) {
-    return tr->checkpoint > 0 || (tr->checkpoint < 0 && T >= LMX_CHECKPOINT_FROM);
-}
+/* 1 when a step of B sequences of T tokens runs with gradient checkpointing (tr->checkpoint's rule). */
+int lmx_trainer_checkpoints(const lmx_trainer *tr, int B, int T);
 
 /* A trainer of adapter ad's pairs on model m (m's backend must have backward ops). */
 lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, lmx_err *err);

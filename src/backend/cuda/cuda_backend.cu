@@ -85,6 +85,18 @@ static int64_t cuda_cached_bytes(const lmx_backend *be) {
     return n;
 }
 
+/* The device's free memory, plus the pool's idle blocks (its reserve, which later allocations reuse). */
+static int64_t cuda_free_bytes(const lmx_backend *be) {
+    const cuda_backend *cb = (const cuda_backend *)be;
+    size_t free_b = 0, total_b = 0, reserved = 0, used = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = 0;
+    if (cudaMemPoolGetAttribute(cb->pool, cudaMemPoolAttrReservedMemCurrent, &reserved) != cudaSuccess ||
+        cudaMemPoolGetAttribute(cb->pool, cudaMemPoolAttrUsedMemCurrent, &used) != cudaSuccess)
+        reserved = used = 0;
+    cudaGetLastError();
+    return (int64_t)free_b + (int64_t)(reserved > used ? reserved - used : 0);
+}
+
 /* Free the scratch buffers (cuda_scratch allocates them again when an op needs them) and the pool's
  * idle blocks. */
 static void cuda_trim(lmx_backend *be) {
@@ -346,6 +358,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .scatter_add_rows = */ cuda_scatter_add_rows,
     /* .scale = */ cuda_op_scale,
     /* .moe = */ cuda_op_moe,
+    /* .free_bytes = */ cuda_free_bytes,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
