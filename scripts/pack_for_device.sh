@@ -22,5 +22,5 @@ for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled qwen3_moe llama_q4 llama_
 done
 mkdir -p "$stage/fixtures/real" && cp "$fix/real/stories260K.gguf" "$stage/fixtures/real/"
 cp -r "$fix/real/adapters" "$stage/fixtures/real/"
-tar cJf "$root/.devbuild/pack.tar.xz" -C "$stage" .
+XZ_OPT=${XZ_OPT:--9 -T2} tar cJf "$root/.devbuild/pack.tar.xz" -C "$stage" .
 ls -la "$root/.devbuild/pack.tar.xz"
