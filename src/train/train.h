@@ -36,6 +36,8 @@ typedef struct lmx_trainer {
     int64_t micro;               /* the micro-batch of this step (gradient accumulation), for dropout's masks */
     int checkpoint;              /* gradient checkpointing: 1 on, 0 off, -1 (default): by memory, or from
                                   * LMX_CHECKPOINT_FROM tokens (lmx_trainer_checkpoints) */
+    int auto_B, auto_T, auto_ckpt; /* the default's decision for steps of auto_B x auto_T tokens, made once:
+                                    * memory held between steps must not flip it */
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
     double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */
@@ -45,7 +47,7 @@ typedef struct lmx_trainer {
 } lmx_trainer;
 
 /* 1 when a step of B sequences of T tokens runs with gradient checkpointing (tr->checkpoint's rule). */
-int lmx_trainer_checkpoints(const lmx_trainer *tr, int B, int T);
+int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T);
 
 /* A trainer of adapter ad's pairs on model m (m's backend must have backward ops). */
 lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, lmx_err *err);
