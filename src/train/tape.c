@@ -207,8 +207,8 @@ static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ta
     return st;
 }
 
-static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
-                            float eps, float add_one) {
+static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                              int n, float eps, float add_one) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
     tape_rec *r = NULL;
@@ -228,7 +228,7 @@ static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
 }
 
 static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
-                           const lmx_tensor *bias, int M) {
+                             const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
     lmx_status st = guard(t, out->data);
@@ -251,7 +251,7 @@ static int watch_index(const lmx_tape *t, const lmx_lora_pair *p) {
 }
 
 static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
-                         const lmx_lora_pair *const *pairs) {
+                           const lmx_lora_pair *const *pairs) {
     lmx_tape *t = TAPE(be);
     int watched = 0, frozen = 0, first = -1;
     for (int b = 0; b < B; b++)
@@ -316,7 +316,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
 }
 
 static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                        lmx_act act) {
+                          lmx_act act) {
     lmx_tape *t = TAPE(be);
     const int vg = var_of(t, gate->data), vu = var_of(t, up->data);
     const int req = requires(t, vg) || requires(t, vu);
@@ -431,17 +431,20 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
 }
 
 /* the recorded ops, timed by kind with t->prof_fwd */
-static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
+                            float eps, float add_one) {
     lmx_tape *t = TAPE(be);
     FWD_START(out);
     return fwd_lap(t, T_RMSNORM, out, &fwd_t0, rec_rmsnorm(be, out, x, w, rows, n, eps, add_one));
 }
-static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, const lmx_tensor *bias, int M) {
+static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
+                           const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
     FWD_START(out);
     return fwd_lap(t, T_MATMUL, out, &fwd_t0, rec_matmul(be, out, x, w, bias, M));
 }
-static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs) {
+static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                         const lmx_lora_pair *const *pairs) {
     lmx_tape *t = TAPE(be);
     FWD_START(y);
     return fwd_lap(t, T_LORA, y, &fwd_t0, rec_lora(be, y, x, B, T, pairs));
@@ -451,7 +454,8 @@ static lmx_status w_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
     FWD_START(y);
     return fwd_lap(t, T_ADD, y, &fwd_t0, rec_add(be, y, x, n));
 }
-static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
+static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                        lmx_act act) {
     lmx_tape *t = TAPE(be);
     FWD_START(out);
     return fwd_lap(t, T_GLU, out, &fwd_t0, rec_glu(be, out, gate, up, n, act));
