@@ -66,6 +66,35 @@ __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const X *x, const void
         dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
 }
 
+/* The same, one warp per row (short rows: the per-head q / k norms, where a block a row idles) */
+template <typename X>
+__global__ void k_rmsnorm_bwd_warp(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt, int rows, int n,
+                                   float eps, float one) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int64_t off = (int64_t)row * n;
+    float ss = 0.0f, dot = 0.0f;
+    for (int i = lane; i < n; i += 32) {
+        const float xi = cuda_ld_f(x + off + i);
+        ss += xi * xi;
+        dot += dy[off + i] * (cuda_elem(w, wt, i) + one) * xi;
+    }
+    ss = cuda_warp_sum(ss);
+    dot = cuda_warp_sum(dot);
+    const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
+    for (int i = lane; i < n; i += 32)
+        dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
+}
+
+template <typename X>
+static void rmsnorm_bwd_launch(cuda_backend *cb, float *dx, const float *dy, const X *x, const lmx_tensor *w, int rows,
+                               int n, float eps, float one) {
+    if (n <= 256)
+        k_rmsnorm_bwd_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, rows, n, eps, one);
+    else
+        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, n, eps, one);
+}
+
 static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
                               const lmx_tensor *w, int rows, int n, float eps, float add_one) {
     cuda_backend *cb = (cuda_backend *)be;
@@ -74,11 +103,11 @@ static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
     if (w->q.bits || w->q.ggml_type)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm backward with a quantized norm weight");
     if (x->dtype == LMX_DTYPE_BF16)
-        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data,
-                                                    (const __nv_bfloat16 *)x->data, w->data, w->dtype, n, eps, add_one);
+        rmsnorm_bwd_launch(cb, (float *)dx->data, (const float *)dy->data, (const __nv_bfloat16 *)x->data, w, rows, n,
+                           eps, add_one);
     else
-        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>((float *)dx->data, (const float *)dy->data, (const float *)x->data,
-                                                    w->data, w->dtype, n, eps, add_one);
+        rmsnorm_bwd_launch(cb, (float *)dx->data, (const float *)dy->data, (const float *)x->data, w, rows, n, eps,
+                           add_one);
     return cuda_check_launch(cb, "rmsnorm backward");
 }
 
