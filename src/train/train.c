@@ -92,7 +92,7 @@ static void prof_mark(lmx_trainer *tr, int k, double *t0) {
 /* The default (tr->checkpoint < 0): where the backend knows its free memory, checkpoint when a recorded
  * step would not fit in 95% of it: per layer and token the tape keeps (in the backend's keep dtype, f32
  * or bf16) the two norms' inputs and outputs, q, k, v, the attention output, and the GLU's gate, up and
- * output; beside them the largest layer's gradients in flight, the loss's logits and 2 GiB to spare
+ * output (and the inputs of q / k norms and post-norms where the model has them); beside them the largest layer's gradients in flight, the loss's logits and 2 GiB to spare
  * (measured on the H100: the 8B at 6 x 2048 tokens needs 57.8 GiB beside its weights, this says 58).
  * Elsewhere, from LMX_CHECKPOINT_FROM tokens a sequence.  Decided at the first step of a shape, while the
  * memory the steps hold on to (the pool's blocks, scratch buffers) is still free. */
@@ -109,6 +109,9 @@ int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
         const lmx_layer *L = &m->layers[l];
         const double qkv = (double)(c->n_heads + 2 * L->n_kv_heads) * L->head_dim;
         keep += 4 * C + qkv + (double)c->n_heads * L->head_dim + 3.0 * L->ffn;
+        if (m->traits.qk_norm) keep += (double)(c->n_heads + L->n_kv_heads) * L->head_dim; /* the norms' inputs */
+        if (L->post_attn_norm.data) keep += C; /* gemma's post-norms' inputs */
+        if (L->post_ffn_norm.data) keep += C;
         if (L->ffn > widest) widest = L->ffn;
     }
     const double keep_bytes = strcmp(be->ops->name, "cuda") ? 4 : 2; /* cuda keeps bf16 (LMX_CUDA_KEEP=f32: more) */
