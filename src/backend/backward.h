@@ -67,8 +67,9 @@ typedef struct lmx_backward_ops {
      * [rows, cols]) holding x's values, released with the backend's release; in f32, or in bf16 where the
      * backend keeps activations as bf16 training does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps
      * f32).  The ops above take what they read of the forward pass (rmsnorm's x, lora's x, glu's gate
-     * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps. */
+     * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps (keep_dtype). */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
+    lmx_dtype (*keep_dtype)(const lmx_backend *be);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

@@ -90,10 +90,11 @@ static void prof_mark(lmx_trainer *tr, int k, double *t0) {
 }
 
 /* The default (tr->checkpoint < 0): where the backend knows its free memory, checkpoint when a recorded
- * step would not fit in 95% of it: per layer and token the tape keeps (in the backend's keep dtype, f32
+ * step would not fit in 95% of it: per layer and token the tape keeps (in the backend's keep_dtype, f32
  * or bf16) the two norms' inputs and outputs, q, k, v, the attention output, and the GLU's gate, up and
- * output (and the inputs of q / k norms and post-norms where the model has them); beside them the largest layer's gradients in flight, the loss's logits and 2 GiB to spare
- * (measured on the H100: the 8B at 6 x 2048 tokens needs 57.8 GiB beside its weights, this says 58).
+ * output (and the inputs of q / k norms and post-norms where the model has them); beside them the
+ * largest layer's gradients in flight, the loss's logits (1 GiB) and 2 GiB to spare (measured on the
+ * H100: the 8B at 6 x 2048 tokens needs 57.8 GiB beside its weights, this says 58).
  * Elsewhere, from LMX_CHECKPOINT_FROM tokens a sequence.  Decided at the first step of a shape, while the
  * memory the steps hold on to (the pool's blocks, scratch buffers) is still free. */
 int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
@@ -114,7 +115,7 @@ int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
         if (L->post_ffn_norm.data) keep += C;
         if (L->ffn > widest) widest = L->ffn;
     }
-    const double keep_bytes = strcmp(be->ops->name, "cuda") ? 4 : 2; /* cuda keeps bf16 (LMX_CUDA_KEEP=f32: more) */
+    const double keep_bytes = (double)lmx_dtype_size(be->ops->backward->keep_dtype(be));
     const double need = keep * M * keep_bytes + 8.0 * M * (4 * C + 2 * widest) + (double)(3u << 30);
     int64_t room = be->ops->free_bytes(be);
     if (be->mem_limit > 0 && be->mem_limit - be->mem_now - be->mem_mapped < room)

@@ -295,6 +295,11 @@ static lmx_status cpu_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x
     return st;
 }
 
+static lmx_dtype cpu_keep_dtype(const lmx_backend *be) {
+    (void)be;
+    return LMX_DTYPE_F32;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -309,4 +314,5 @@ const lmx_backward_ops lmx_cpu_backward = {
     .adamw = cpu_adamw,
     .dropout = cpu_dropout,
     .keep = cpu_keep,
+    .keep_dtype = cpu_keep_dtype,
 };

@@ -707,12 +707,15 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
 
 /* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), which the backward ops read as they are
  * (attention widens its q, k and v first). */
+static lmx_dtype bwd_keep_dtype(const lmx_backend *be) {
+    return ((const cuda_backend *)be)->keep_f32 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16;
+}
+
 static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
-    *dst = (lmx_tensor){.dtype = cb->keep_f32 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16, .ndim = 2,
-                        .shape = {x->shape[0], x->shape[1]}};
+    *dst = (lmx_tensor){.dtype = bwd_keep_dtype(be), .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
     if ((st = cuda_alloc_raw(cb, dst))) return st;
     const int64_t n = lmx_tensor_nelem(dst);
     if (dst->dtype == LMX_DTYPE_BF16) {
@@ -739,4 +742,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .adamw = */ bwd_adamw,
     /* .dropout = */ bwd_dropout,
     /* .keep = */ bwd_keep,
+    /* .keep_dtype = */ bwd_keep_dtype,
 };
