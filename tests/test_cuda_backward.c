@@ -26,12 +26,6 @@ static tpair both(int64_t rows, int64_t cols, const float *data) {
     tpair t = {act(gpu, rows, cols, data), act(cpu, rows, cols, data), rows * cols};
     return t;
 }
-static tpair rand_both(int64_t rows, int64_t cols, float amp) {
-    float *v = rand_vec(rows * cols, amp);
-    tpair t = both(rows, cols, v);
-    free(v);
-    return t;
-}
 /* a forward value: with kept, the gpu side is the cuda backend's bf16 keep of it and the cpu side the
  * same values in f32 */
 static tpair rand_in(int64_t rows, int64_t cols, float amp, int kept) {
@@ -47,6 +41,7 @@ static tpair rand_in(int64_t rows, int64_t cols, float amp, int kept) {
     t.g = k;
     return t;
 }
+static tpair rand_both(int64_t rows, int64_t cols, float amp) { return rand_in(rows, cols, amp, 0); }
 static void check_both(const char *what, tpair *t, double tol) {
     compare(what, &t->g, &t->c, t->n, tol);
     free_pair(&t->g, &t->c);

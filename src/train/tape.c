@@ -99,7 +99,17 @@ static lmx_status pass(lmx_tape *t, lmx_status st) {
 }
 static lmx_status nomem(lmx_tape *t) { return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: out of memory"); }
 
-static double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0);
+/* With t->prof or prof_fwd: wait for inner (a read waits for every op before it); the seconds since *t0 */
+static double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0) {
+    float v;
+    t->in->ops->read(t->in, x, 0, &v, sizeof v);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = ts.tv_sec + ts.tv_nsec * 1e-9, d = now - *t0;
+    *t0 = now;
+    return d;
+}
+
 /* With t->prof_fwd: a forward op's seconds (x: a tensor it writes; its start waited for at *t0) */
 static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0, lmx_status st) {
     if (t->prof_fwd && !st && *t0 > 0) t->prof_fwd[kind] += prof_lap(t, x, t0);
@@ -784,17 +794,6 @@ static int seed_var(lmx_tape *t, const lmx_tensor *y, int64_t n) {
         return -1;
     }
     return grad_of(t, vy) ? vy : -1;
-}
-
-/* With t->prof: wait for inner (a read waits for every op before it); the seconds since *t0 */
-static double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0) {
-    float v;
-    t->in->ops->read(t->in, x, 0, &v, sizeof v);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double now = ts.tv_sec + ts.tv_nsec * 1e-9, d = now - *t0;
-    *t0 = now;
-    return d;
 }
 
 /* Walk the records from the last back to mark, then forget them. */
