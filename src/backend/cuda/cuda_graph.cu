@@ -415,7 +415,13 @@ static lmx_status w_in_place(lmx_backend *be, int op, lmx_tensor *x, int64_t n, 
 }
 
 static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
-    if (!cuda_moe_takes((cuda_backend *)be, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
+    cuda_backend *cb = (cuda_backend *)be;
+    if (!cuda_moe_takes(cb, a)) {
+        if (!cuda_moe_grouped_takes(cb, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
+        lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
+        cuda_graph_step_off(cb);              /* the host waits for each round's counts */
+        return st ? st : cuda_moe_grouped(be, a);
+    }
     g_rec r;
     g_rec_clear(&r);
     r.op = G_MOE;

@@ -36,6 +36,8 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_BWD,       /* training: attention scores of a query tile, the loss's rows   see cuda_backward.cu */
        CUDA_SCRATCH_MOE,       /* a mixture of experts' routing and expert outputs  see cuda_moe.cu */
        CUDA_SCRATCH_GEMV,      /* tensor-core GEMV: K parts' tickets and sums       see cuda_gemv_tc.cu */
+       CUDA_SCRATCH_MOE_ROWS,  /* a mixture of experts over many rows: places, rows grouped by expert
+                                  see cuda_moe_grouped.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -63,6 +65,8 @@ typedef struct cuda_backend {
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
     int moe_off;             /* LMX_CUDA_MOE=0: the moe op declines (the model routes on the host) */
+    int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
+                                none in this cuBLAS: a GEMM per expert) */
     int keep_f32;            /* LMX_CUDA_KEEP=f32: training keeps forward values in f32, not bf16 */
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
@@ -177,6 +181,11 @@ lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
+/* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
+lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);
+/* Any number of rows, any expert type the GEMMs dequantize (cuda_moe_grouped.cu); eager, not a graph op */
+int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a);
+lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a);
 /* Raise the shared memory limits of the GEMV kernels that stage x (once, at backend creation). */
 void cuda_gemv_init(void);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,

@@ -8,12 +8,14 @@
  *   combine   k_moe_combine: out[i] += sum over the row's choices k (in order) of pw[i, k] y[i K + k]
  *
  * Only the chosen experts' weights are read (each pair reads its expert's; rows that chose the same
- * expert read it again).  More rows than CUDA_MOE_PAIRS choices (prefill), more than 256 experts, or
- * experts the one-row GEMV does not take (GGUF blocks): LMX_ERR_UNSUPPORTED, and the model routes on
- * the host (per-expert GEMMs on the rows gathered for each). */
+ * expert read it again).  Rows come in rounds of at most CUDA_MOE_PAIRS choices.  More rows than
+ * CUDA_MOE_ROUNDS rounds (prefill) or experts the one-row GEMV does not take (GGUF blocks): the grouped
+ * GEMMs of cuda_moe_grouped.cu.  More than 256 experts:
+ * LMX_ERR_UNSUPPORTED, and the model routes on the host (per-expert GEMMs on the rows gathered for each). */
 #include "cuda_internal.h"
 
-#define CUDA_MOE_PAIRS 64 /* rows x choices a launch takes (8 rows of 8 choices); more: routed on the host */
+#define CUDA_MOE_PAIRS 64 /* rows x choices a launch takes (8 rows of 8 choices) */
+#define CUDA_MOE_ROUNDS 8 /* launches of CUDA_MOE_PAIRS an op takes (batch 64 of 8 choices); more: grouped GEMMs */
 #define MOE_ROUTE_MAX 256 /* experts the routing kernel takes: 8 per lane */
 
 typedef struct moe_escale { float s[MOE_ROUTE_MAX]; int on; } moe_escale;
@@ -85,15 +87,26 @@ __global__ void k_moe_combine(float *out, const float *y, const float *pw, int k
     }
 }
 
+lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw) {
+    moe_escale es;
+    memset(&es, 0, sizeof es);
+    if (a->expert_scale) {
+        es.on = 1;
+        memcpy(es.s, a->expert_scale, (size_t)a->E * sizeof(float));
+    }
+    cuda_launch(cb, k_moe_route, (unsigned)R, 32, 0, (const float *)a->logits->data + (int64_t)i0 * a->E, a->E, a->K,
+                a->norm_topk, a->logit_scale, es, pick, pw);
+    return cuda_check_launch(cb, "moe routing");
+}
+
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     return !cb->moe_off && a->alike && a->M >= 1 && a->K >= 1 && a->K <= 32 && a->K <= a->E &&
-           (int64_t)a->M * a->K <= CUDA_MOE_PAIRS && a->E <= MOE_ROUTE_MAX && a->logits->dtype == LMX_DTYPE_F32 &&
+           (int64_t)a->M * a->K <= CUDA_MOE_ROUNDS * CUDA_MOE_PAIRS && a->E <= MOE_ROUTE_MAX && a->logits->dtype == LMX_DTYPE_F32 &&
            cuda_moe_gemv_takes(cb, a->experts, a->E) && (a->act == LMX_ACT_SILU || a->act == LMX_ACT_GELU_TANH);
 }
 
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrapper (w_moe) checked cuda_moe_takes */
     cuda_backend *cb = (cuda_backend *)be;
-    const int P = a->M * a->K;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     /* scratch: pick, pw [CUDA_MOE_PAIRS]; h, u [CUDA_MOE_PAIRS, F]; y [CUDA_MOE_PAIRS, C] (the largest launch's
      * size from the first, so that a decode graph never sees it move) */
@@ -102,19 +115,20 @@ lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrappe
     int *pick = (int *)buf;
     float *pw = (float *)buf + CUDA_MOE_PAIRS, *h = pw + CUDA_MOE_PAIRS, *u = h + CUDA_MOE_PAIRS * F;
     float *y = u + CUDA_MOE_PAIRS * F;
-    moe_escale es;
-    memset(&es, 0, sizeof es);
-    if (a->expert_scale) {
-        es.on = 1;
-        memcpy(es.s, a->expert_scale, (size_t)a->E * sizeof(float));
+    const int RM = CUDA_MOE_PAIRS / a->K; /* rows a round */
+    lmx_status st = LMX_OK;
+    for (int i0 = 0; i0 < a->M && !st; i0 += RM) {
+        const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * a->K;
+        st = cuda_moe_route(cb, a, i0, R, pick, pw);
+        if (!st)
+            st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, (const float *)a->x->data + (int64_t)i0 * C, h, u,
+                               (int)a->act);
+        if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
+        if (st) break;
+        const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)R);
+        cuda_launch(cb, k_moe_combine, grid, 256, 0, (float *)a->out->data + (int64_t)i0 * C, (const float *)y,
+                    (const float *)pw, a->K, C);
+        st = cuda_check_launch(cb, "moe combine");
     }
-    cuda_launch(cb, k_moe_route, (unsigned)a->M, 32, 0, (const float *)a->logits->data, a->E, a->K, a->norm_topk,
-                a->logit_scale, es, pick, pw);
-    lmx_status st = cuda_check_launch(cb, "moe routing");
-    if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, (const float *)a->x->data, h, u, (int)a->act);
-    if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
-    if (st) return st;
-    const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)a->M);
-    cuda_launch(cb, k_moe_combine, grid, 256, 0, (float *)a->out->data, (const float *)y, (const float *)pw, a->K, C);
-    return cuda_check_launch(cb, "moe combine");
+    return st;
 }

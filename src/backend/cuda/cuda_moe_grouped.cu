@@ -1,0 +1,250 @@
+/* cuda_moe_grouped.cu - a mixture of experts for many rows (prefill, large batches): the rows routed on
+ * the GPU, grouped by expert, and each projection as one grouped GEMM over the experts that have rows.
+ *
+ *   route    cuda_moe_route (cuda_moe.cu): pick, pw [R, K] for a round of R rows
+ *   count    k_moe_count: rows per expert, read to the host (the GEMMs' sizes: one wait a round)
+ *   place    k_moe_place: the round's P = R K (row, choice) pairs ordered by expert and, within an
+ *            expert, by row: slot [P] (pair -> its place), src [P] (place -> row)
+ *   gather   k_moe_gather: xs [P, C] bf16 = x[src]
+ *   gate/up  grouped GEMM: g, u [P, F] f32, expert e's places times gate_e^T and up_e^T
+ *   glu      k_moe_glu: h [P, F] bf16 = act(g) u
+ *   down     grouped GEMM: y [P, C] f32 = h down_e^T on each expert's places
+ *   combine  k_moe_combine_slots: out[i] += sum over k in order of pw[i, k] y[slot[i K + k]]
+ *
+ * bf16 experts are read where they are; other types (MLX, GGUF, f16, f32) are dequantized to bf16 a run
+ * of experts at a time (at most CUDA_MOE_DEQUANT_BYTES, at least one expert).  Rows come at most
+ * MOE_ROUND_PAIRS pairs a round.  Not a graph op: the host waits for the counts. */
+#include "cuda_gemv.h"
+
+#define MOE_ROUND_PAIRS 8192                 /* (row, choice) pairs a round: bounds the scratch */
+#define CUDA_MOE_DEQUANT_BYTES (256u << 20)  /* experts dequantized to bf16 at once */
+#define MOE_E_MAX 256                        /* experts (k_moe_route's limit) */
+
+typedef struct moe_offs { int off[MOE_E_MAX]; } moe_offs;
+
+/* count[e] = pairs that chose e: a warp per expert */
+__global__ void k_moe_count(const int *pick, int P, int E, int *count) {
+    const int e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (e >= E) return;
+    int n = 0;
+    for (int p0 = 0; p0 < P; p0 += 32) {
+        const int p = p0 + lane;
+        n += __popc(__ballot_sync(0xffffffffu, p < P && pick[p] == e));
+    }
+    if (lane == 0) count[e] = n;
+}
+
+/* Expert e's pairs, in pair order, take places o.off[e] ..: slot[p] = place, src[place] = p / K */
+__global__ void k_moe_place(const int *pick, int P, int E, int K, const __grid_constant__ moe_offs o, int *slot,
+                            int *src) {
+    const int e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (e >= E) return;
+    int base = o.off[e];
+    for (int p0 = 0; p0 < P; p0 += 32) {
+        const int p = p0 + lane;
+        const int mine = p < P && pick[p] == e;
+        const unsigned b = __ballot_sync(0xffffffffu, mine);
+        if (mine) {
+            const int s = base + __popc(b & ((1u << lane) - 1u));
+            slot[p] = s;
+            src[s] = p / K;
+        }
+        base += __popc(b);
+    }
+}
+
+/* xs[s] = bf16(x[src[s]]): blockIdx.y = place */
+__global__ void k_moe_gather(__nv_bfloat16 *xs, const float *x, const int *src, int64_t C) {
+    const int64_t s = blockIdx.y;
+    const float *xi = x + (int64_t)src[s] * C;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
+        xs[s * C + c] = __float2bfloat16(xi[c]);
+}
+
+/* h[i] = bf16(act(g[i]) u[i]) */
+__global__ void k_moe_glu(__nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        h[i] = __float2bfloat16(glu_act(g[i], act) * u[i]);
+}
+
+/* out[i, c] += sum_k pw[i, k] y[slot[i K + k], c]: blockIdx.y = row i */
+__global__ void k_moe_combine_slots(float *out, const float *y, const float *pw, const int *slot, int K, int64_t C) {
+    const int i = blockIdx.y;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
+        float s = out[(int64_t)i * C + c];
+        for (int k = 0; k < K; k++) s += pw[i * K + k] * y[(int64_t)slot[i * K + k] * C + c];
+        out[(int64_t)i * C + c] = s;
+    }
+}
+
+static int direct(const lmx_tensor *w) { return !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_BF16; }
+
+int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
+    if (cb->moe_off || a->M < 1 || a->K < 1 || a->K > 32 || a->K > a->E || a->E > MOE_E_MAX ||
+        a->logits->dtype != LMX_DTYPE_F32 || (a->act != LMX_ACT_SILU && a->act != LMX_ACT_GELU_TANH))
+        return 0;
+    const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    for (int e = 0; e < a->E; e++) /* every expert's shapes agree (one GEMM's m and k per projection) */
+        for (int j = 0; j < 3; j++) {
+            const lmx_tensor *w = &a->experts[3 * e + j];
+            if (w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
+        }
+    return 1;
+}
+
+/* One grouped GEMM: for each group i, C_i [n_i, m] = B_i [n_i, k] A_i [m, k]^T, bf16 in, f32 out.  The
+ * pointer arrays lie on the device at dA, dB, dC (written by the caller); hA, hB, hC are the same on the
+ * host for the loop of single GEMMs that replaces the grouped call where cuBLAS has none
+ * (LMX_CUDA_MOE_GROUPED=0, or not supported). */
+static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int *n, const void *const *dA,
+                               const void *const *dB, void *const *dC, const void *const *hA, const void *const *hB,
+                               void *const *hC) {
+    if (G <= 0) return LMX_OK;
+    const float one = 1.0f, zero = 0.0f;
+    if (cb->moe_grouped) {
+        cublasOperation_t ta[MOE_E_MAX], tb[MOE_E_MAX];
+        int ms[MOE_E_MAX], ks[MOE_E_MAX], ldc[MOE_E_MAX], sizes[MOE_E_MAX];
+        float alpha[MOE_E_MAX], beta[MOE_E_MAX];
+        for (int i = 0; i < G; i++)
+            ta[i] = CUBLAS_OP_T, tb[i] = CUBLAS_OP_N, ms[i] = m, ks[i] = k, ldc[i] = m, sizes[i] = 1, alpha[i] = one,
+            beta[i] = zero;
+        cublasStatus_t s = cublasGemmGroupedBatchedEx(cb->blas, ta, tb, ms, n, ks, alpha, dA, CUDA_R_16BF, ks, dB,
+                                                      CUDA_R_16BF, ks, beta, dC, CUDA_R_32F, ldc, G, sizes,
+                                                      CUBLAS_COMPUTE_32F);
+        if (s == CUBLAS_STATUS_SUCCESS) return LMX_OK;
+        if (s != CUBLAS_STATUS_NOT_SUPPORTED) return cuda_blas_fail(cb, s, "moe grouped GEMM");
+        cb->moe_grouped = 0; /* this cuBLAS has no grouped GEMM of these types: single GEMMs from now on */
+    }
+    for (int i = 0; i < G; i++) {
+        cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n[i], k, &one, hA[i], CUDA_R_16BF, k,
+                                        hB[i], CUDA_R_16BF, k, &zero, hC[i], CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) return cuda_blas_fail(cb, s, "moe GEMM");
+    }
+    return LMX_OK;
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The host's plan of a round: the active experts (count > 0) in order and the GEMMs' pointers.  For
+ * active expert j, its gate and up GEMMs are groups 2 j and 2 j + 1, its down GEMM group 2 n_act + j. */
+typedef struct moe_plan {
+    int n_act, act[MOE_E_MAX], rows[3 * MOE_E_MAX]; /* rows of each group */
+    const void *A[3 * MOE_E_MAX], *B[3 * MOE_E_MAX];
+    void *Cp[3 * MOE_E_MAX];
+} moe_plan;
+
+lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
+    cuda_backend *cb = (cuda_backend *)be;
+    const int E = a->E, K = a->K;
+    const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    const int RM = MOE_ROUND_PAIRS / K > 0 ? MOE_ROUND_PAIRS / K : 1; /* rows a round */
+    const int PM = RM * K;
+    /* scratch: pick, pw, slot, src [PM]; count [E]; pointers [3, 3 E]; xs [PM, C] bf16; g, u [PM, F] f32;
+     * h [PM, F] bf16; y [PM, C] f32 */
+    const size_t o_pw = align256((size_t)PM * 4), o_slot = o_pw + align256((size_t)PM * 4),
+                 o_src = o_slot + align256((size_t)PM * 4), o_cnt = o_src + align256((size_t)PM * 4),
+                 o_ptr = o_cnt + align256((size_t)MOE_E_MAX * 4), o_xs = o_ptr + align256(9 * MOE_E_MAX * sizeof(void *)),
+                 o_g = o_xs + align256((size_t)PM * C * 2), o_u = o_g + align256((size_t)PM * F * 4),
+                 o_h = o_u + align256((size_t)PM * F * 4), o_y = o_h + align256((size_t)PM * F * 2),
+                 total = o_y + align256((size_t)PM * C * 4);
+    char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_MOE_ROWS, total);
+    if (!buf) return cb->base.err.status;
+    int *pick = (int *)buf, *slot = (int *)(buf + o_slot), *src = (int *)(buf + o_src), *count = (int *)(buf + o_cnt);
+    float *pw = (float *)(buf + o_pw), *g = (float *)(buf + o_g), *u = (float *)(buf + o_u), *y = (float *)(buf + o_y);
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)(buf + o_xs), *h = (__nv_bfloat16 *)(buf + o_h);
+    void **dptr = (void **)(buf + o_ptr); /* A [3 E], B [3 E], C [3 E] */
+    int alldirect = 1;
+    for (int e = 0; e < E && alldirect; e++)
+        for (int j = 0; j < 3; j++) alldirect &= direct(&a->experts[3 * e + j]);
+    const size_t per_expert = (size_t)3 * F * C * 2; /* bf16 gate, up, down */
+    int run = alldirect ? E : (int)(CUDA_MOE_DEQUANT_BYTES / per_expert);
+    if (run < 1) run = 1;
+    if (run > E) run = E;
+    __nv_bfloat16 *wq = NULL;
+    if (!alldirect && !(wq = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)run * per_expert)))
+        return cb->base.err.status;
+    moe_plan *pl = (moe_plan *)malloc(sizeof *pl);
+    if (!pl) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "moe: out of host memory");
+    lmx_status st = LMX_OK;
+    for (int i0 = 0; i0 < a->M && !st; i0 += RM) {
+        const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * K;
+        if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
+        k_moe_count<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, count);
+        int hc[MOE_E_MAX];
+        if (cudaMemcpyAsync(hc, count, (size_t)E * sizeof *hc, cudaMemcpyDeviceToHost, cb->stream) != cudaSuccess ||
+            cudaStreamSynchronize(cb->stream) != cudaSuccess) {
+            st = cuda_fail(cb, cudaGetLastError(), "moe counts");
+            break;
+        }
+        moe_offs o;
+        int sum = 0;
+        pl->n_act = 0;
+        for (int e = 0; e < E; e++) {
+            o.off[e] = sum, sum += hc[e];
+            if (hc[e]) pl->act[pl->n_act++] = e;
+        }
+        if (sum != P) {
+            st = lmx_err_set(&be->err, LMX_ERR_BACKEND, "moe: %d of %d pairs routed", sum, P);
+            break;
+        }
+        k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
+        k_moe_gather<<<dim3(cuda_blocks(C, 256) < 8 ? cuda_blocks(C, 256) : 8, (unsigned)P), 256, 0, cb->stream>>>(
+            xs, (const float *)a->x->data + (int64_t)i0 * C, src, C);
+        if ((st = cuda_check_launch(cb, "moe placing"))) break;
+        /* active expert j is expert q = j % run of its run's dequantized weights */
+        const int na = pl->n_act;
+        for (int j = 0; j < na; j++) {
+            const int e = pl->act[j], q = j % run;
+            const lmx_tensor *w = &a->experts[3 * e];
+            for (int t = 0; t < 3; t++) {
+                const int grp = t < 2 ? 2 * j + t : 2 * na + j;
+                pl->A[grp] = alldirect ? w[t].data : (const void *)(wq + (size_t)q * 3 * F * C + (size_t)t * F * C);
+                pl->B[grp] = t < 2 ? (const void *)(xs + (int64_t)o.off[e] * C) : (const void *)(h + (int64_t)o.off[e] * F);
+                pl->Cp[grp] = t < 2 ? (void *)((t ? u : g) + (int64_t)o.off[e] * F) : (void *)(y + (int64_t)o.off[e] * C);
+            }
+            pl->rows[2 * j] = pl->rows[2 * j + 1] = pl->rows[2 * na + j] = hc[e];
+        }
+        if (cb->moe_grouped) {
+            void *hp[9 * MOE_E_MAX];
+            memcpy(hp, pl->A, 3 * (size_t)na * sizeof(void *));
+            memcpy(hp + 3 * na, pl->B, 3 * (size_t)na * sizeof(void *));
+            memcpy(hp + 6 * na, pl->Cp, 3 * (size_t)na * sizeof(void *));
+            if (cudaMemcpyAsync(dptr, hp, 9 * (size_t)na * sizeof(void *), cudaMemcpyHostToDevice, cb->stream) !=
+                cudaSuccess) {
+                st = cuda_fail(cb, cudaGetLastError(), "moe GEMM pointers");
+                break;
+            }
+        }
+        void **dA = dptr, **dB = dptr + 3 * na, **dC = dptr + 6 * na;
+        for (int j0 = 0; j0 < na && !st; j0 += run) {
+            const int nr = na - j0 < run ? na - j0 : run;
+            for (int j = j0; j < j0 + nr && !alldirect && !st; j++) {
+                const lmx_tensor *w = &a->experts[3 * pl->act[j]];
+                for (int t = 0; t < 3 && !st; t++)
+                    st = cuda_dequant_rows_bf16(cb, &w[t], 0, w[t].shape[0], (__nv_bfloat16 *)pl->A[t < 2 ? 2 * j + t : 2 * na + j]);
+            }
+            if (!st)
+                st = gemm_grouped(cb, 2 * nr, (int)F, (int)C, pl->rows + 2 * j0, (const void *const *)dA + 2 * j0,
+                                  (const void *const *)dB + 2 * j0, dC + 2 * j0, pl->A + 2 * j0, pl->B + 2 * j0,
+                                  pl->Cp + 2 * j0);
+            const int elast = pl->act[j0 + nr - 1];
+            const int64_t s0 = o.off[pl->act[j0]], s1 = o.off[elast] + hc[elast]; /* the run's places */
+            if (!st) {
+                k_moe_glu<<<cuda_ew_grid((s1 - s0) * F), 256, 0, cb->stream>>>(h + s0 * F, g + s0 * F, u + s0 * F,
+                                                                              (s1 - s0) * F, (int)a->act);
+                st = cuda_check_launch(cb, "moe glu");
+            }
+            if (!st)
+                st = gemm_grouped(cb, nr, (int)C, (int)F, pl->rows + 2 * na + j0, (const void *const *)dA + 2 * na + j0,
+                                  (const void *const *)dB + 2 * na + j0, dC + 2 * na + j0, pl->A + 2 * na + j0,
+                                  pl->B + 2 * na + j0, pl->Cp + 2 * na + j0);
+        }
+        if (st) break;
+        const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)R);
+        k_moe_combine_slots<<<grid, 256, 0, cb->stream>>>((float *)a->out->data + (int64_t)i0 * C, y, pw, slot, K, C);
+        st = cuda_check_launch(cb, "moe combine");
+    }
+    free(pl);
+    return st;
+}
