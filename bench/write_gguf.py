@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """write_gguf.py - write the weights of a model directory made by make_random_model.py as an F16 (or
 Q4_0) GGUF file that llama.cpp loads, so that llama.cpp is timed on the same weights as lmx.
-Q4_0 blocks come from gguf-py's reference quantizer (numpy), every matrix in Q4_0.
+Q4_0 blocks come from gguf-py's reference quantizer (numpy), every matrix in Q4_0.  qwen3_moe is written
+as llama.cpp's converter writes it (architecture "qwen3moe"): the router as ffn_gate_inp, each layer's
+experts stacked into ffn_gate_exps / ffn_up_exps [E, F, C] and ffn_down_exps [E, C, F].
 
 The vocabulary is a placeholder (llama.cpp's benchmarks feed token ids, or text by byte fallback): "llama"
 (SentencePiece) with <unk>, <s>, </s>, the 256 byte tokens and numbered tokens.  Q/K rows are written as stored (a speed
@@ -25,7 +27,7 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     q4 = len(sys.argv) > 3 and sys.argv[3] == "q4_0"
     cfg = json.load(open(os.path.join(src, "config.json")))
-    arch = cfg["model_type"]  # "llama" or "qwen3": GGUF uses the same names
+    arch = {"qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])  # llama, qwen3: the same names
     C, L, H, Hk = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim", C // H)
     V = cfg["vocab_size"]
@@ -34,6 +36,10 @@ def main():
     w.add_embedding_length(C)
     w.add_block_count(L)
     w.add_feed_forward_length(cfg["intermediate_size"])
+    if arch == "qwen3moe":
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_head_count(H)
     w.add_head_count_kv(Hk)
     w.add_key_length(D)
@@ -57,6 +63,15 @@ def main():
     tensors = {}
     for f in sorted(glob.glob(os.path.join(src, "*.safetensors"))):
         tensors.update(load_file(f))
+    if arch == "qwen3moe":  # experts stacked per layer and projection, in expert order
+        E = cfg["num_experts"]
+        for i in range(cfg["num_hidden_layers"]):
+            p = "model.layers.%d.mlp." % i
+            tensors[p + "ffn_gate_inp.weight"] = tensors.pop(p + "gate.weight")
+            for proj, g in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+                tensors[p + g + ".weight"] = torch.stack([tensors.pop(p + "experts.%d.%s.weight" % (e, proj))
+                                                          for e in range(E)])
+        names.update({"mlp." + n: n for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")})
     for name, t in tensors.items():
         if name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
@@ -67,7 +82,7 @@ def main():
         else:
             parts = name.split(".")  # model.layers.N.<module>.weight
             gname = "blk.%s.%s.weight" % (parts[2], names[".".join(parts[3:-1])])
-        if t.dim() == 1:  # norms stay f32, as llama.cpp's converter does
+        if t.dim() == 1 or "ffn_gate_inp" in gname:  # norms and the router stay f32, as llama.cpp's converter does
             w.add_tensor(gname, t.to(torch.float32).numpy())
         elif q4:
             qt = gguf.GGMLQuantizationType.Q4_0

@@ -535,11 +535,6 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
  * block does k_gemv1's work on that expert's weights (read through the pointer tables mo, a kernel
  * parameter read in place) and on row i of x (gate/up) or row p (down), writing row p of the results.
  * Only the chosen experts' bytes are read, and the routing never goes through the host. */
-#define GV_MOE_MAX 256
-typedef struct gv_moe {
-    const void *w[2][GV_MOE_MAX];                          /* expert e's gate (or down) and up weights */
-    const void *scales[2][GV_MOE_MAX], *biases[2][GV_MOE_MAX]; /* MLX */
-} gv_moe;
 
 template <int KIND, int PAIR>
 __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4)

@@ -28,6 +28,13 @@ typedef struct gv_segs {
     lmx_dtype sdt;                /* MLX scale / bias dtype */
 } gv_segs;
 
+/* A mixture of experts' weights, by expert (k_moe_gemv1, k_moe_ggemv): a kernel parameter read in place. */
+#define GV_MOE_MAX 256
+typedef struct gv_moe {
+    const void *w[2][GV_MOE_MAX];                          /* expert e's gate (or down) and up weights */
+    const void *scales[2][GV_MOE_MAX], *biases[2][GV_MOE_MAX]; /* MLX */
+} gv_moe;
+
 /* The kernel families by weight format. */
 enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
 

@@ -130,16 +130,16 @@ static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4
     }
 }
 
-/* MM: the most input rows (M <= MM); U: units per lane in flight (a unit: UP parts, gq_unit).  resid
- * (one row, one weight): y += W x + b. */
+/* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over the M rows of quantized x; k_ggemv and
+ * k_moe_ggemv around it.  MM: the most input rows (M <= MM); U: units per lane in flight (a unit: UP
+ * parts, gq_unit).  resid (one row, one weight): y += W x + b. */
 template <int T, int MM, int PAIR>
-__global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
-                                               const gv_segs sg, int K, int PR, int M, int act, int resid) {
+static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                                  const gv_segs &sg, const gv_seg &S, int K, int PR, int M, int act,
+                                                  int resid) {
     constexpr int UP = gq_unit<T>::UP, R = 2, RO = PAIR ? 1 : 2, U = MM <= 2 && UP == 1 ? 2 : 1;
     constexpr int BYTES = gq_traits<T>::BYTES, UPB = gq_traits<T>::PARTS / UP; /* units per block */
     __shared__ float red[8][R * MM];
-    cuda_pdl_trigger();
-    const gv_seg S = seg_pick(sg, blockIdx.y);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
     const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
     const bool active = n0 < S.N;
@@ -265,6 +265,32 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
     }
 }
 
+template <int T, int MM, int PAIR>
+__global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                               const gv_segs sg, int K, int PR, int M, int act, int resid) {
+    cuda_pdl_trigger();
+    ggemv_body<T, MM, PAIR>(xq, xm, sg, seg_pick(sg, blockIdx.y), K, PR, M, act, resid);
+}
+
+/* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y
+ * is pair p = row i * kused + choice, on expert pick[p]'s weights (the table mo) and on row i of the
+ * quantized x (gate/up) or row p (down), writing row p of the results. */
+template <int T, int PAIR>
+__global__ void __launch_bounds__(256) k_moe_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                                   const gv_segs sg, const __grid_constant__ gv_moe mo,
+                                                   const int *pick, int kused, int K, int PR, int act) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait(); /* pick and x come from the kernels before (a volatile read of pick: k_moe_gemv1) */
+    const int p = blockIdx.y, e = *(volatile const int *)(pick + p), row = PAIR ? p / kused : p;
+    gv_segs s = sg;
+#pragma unroll
+    for (int j = 0; j < (PAIR ? 2 : 1); j++) {
+        s.s[j].w = mo.w[j][e];
+        s.s[j].y = sg.s[j].y + (int64_t)p * sg.s[j].N;
+    }
+    ggemv_body<T, 1, PAIR>(xq + (size_t)row * PR * 4, xm + (size_t)row * PR, s, s.s[0], K, PR, 1, act, 0);
+}
+
 /* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores. */
 template <int T>
 __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w, int K, int64_t n0,
@@ -386,6 +412,60 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, (int)K, (int)PR,
                 M, act, resid);
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
+}
+
+/* ---- mixture of experts (cuda_moe.cu) ------------------------------------------------------------ */
+
+typedef void (*gq_moe_fn)(const int4 *, const float4 *, gv_segs, gv_moe, const int *, int, int, int, int);
+static gq_moe_fn gq_moe_pick(int type, int pair) {
+    switch (type) {
+#define GQ_MOE(t) case t: return pair ? k_moe_ggemv<t, 1> : k_moe_ggemv<t, 0>;
+        GQ_TYPES(GQ_MOE)
+#undef GQ_MOE
+    default: return NULL;
+    }
+}
+
+int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
+    if (E < 1 || E > GV_MOE_MAX) return 0;
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 3; j++) { /* gate and up of one type, down of one type, for every expert */
+            const lmx_tensor *w = &experts[3 * e + j], *w0 = &experts[j == 2 ? 2 : 0];
+            if (!w->q.ggml_type || w->q.ggml_type != w0->q.ggml_type || w->ndim != 2 || !gq_moe_pick(w->q.ggml_type, 0) ||
+                w->shape[1] % lmx_ggml_block_elems(w->q.ggml_type))
+                return 0;
+        }
+    return 1;
+}
+
+lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
+                          int kused, const float *x, int rows, float *y0, float *y1, int act) {
+    const lmx_tensor *w0 = &experts[down ? 2 : 0];
+    const int type = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
+    gv_moe tab; /* 12 KiB of pointers, passed by value */
+    memset(&tab, 0, sizeof tab);
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < (down ? 1 : 2); j++) tab.w[j][e] = experts[3 * e + (down ? 2 : j)].data;
+    gv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    const int rpb = down ? 16 : 8; /* output rows of a block of 8 warps, unsplit */
+    const int ks = gq_split(cb, N * pairs, K, gq_unit_parts(type), rpb);
+    for (int j = 0; j < 2; j++) {
+        sg.s[j].N = N;
+        sg.s[j].ks = ks;
+        sg.s[j].bt = LMX_DTYPE_F32;
+        sg.s[j].y = j ? y1 : y0;
+    }
+    const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
+    const int64_t P = K / 32, PR = gq_row_parts(K, UP);
+    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)rows * PR * (sizeof(float4) + 64));
+    if (!xm) return cb->base.err.status;
+    int4 *xq = (int4 *)(xm + (size_t)rows * PR);
+    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), rows), 256, 0, x, xq, xm, K, (int)PR, ul, cuda_row_norm{});
+    const dim3 grid(cuda_blocks(N, rpb / ks), (unsigned)pairs);
+    cuda_launch(cb, gq_moe_pick(type, !down), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, tab, pick, kused,
+                K, (int)PR, act);
+    return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
 }
 
 template <int T> static void gq_dequant_launch(cuda_backend *cb, __nv_bfloat16 *dst, const lmx_tensor *w, int64_t n0,

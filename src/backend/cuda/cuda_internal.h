@@ -177,6 +177,11 @@ lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor
  * the GLU (down 0: y0 [pairs, F] = act(gate x) * up x, y1 = up x, x row pair / kused) or the down
  * projection (down 1: y0 [pairs, C], x row pair) of expert pick[pair] (device) for each pair. */
 int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E);
+/* The same for GGUF experts (cuda_ggml.cu): x [rows, K] f32 quantized first (rows: the round's rows for
+ * gate/up, its pairs for down) */
+int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
+lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
+                          int kused, const float *x, int rows, float *y0, float *y1, int act);
 lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
