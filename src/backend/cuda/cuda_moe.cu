@@ -9,14 +9,12 @@
  *
  * Only the chosen experts' weights are read (each pair reads its expert's; rows that chose the same
  * expert read it again).  GGUF experts take k_moe_ggemv (cuda_ggml.cu) the same way, on x quantized
- * first.  Rows come in rounds of at most CUDA_MOE_PAIRS choices.  More rows than CUDA_MOE_ROUNDS
- * rounds (prefill) or experts neither GEMV takes: the grouped GEMMs of cuda_moe_grouped.cu.  More than
- * 256 experts: LMX_ERR_UNSUPPORTED, and the model routes on the host (per-expert GEMMs on the rows
- * gathered for each). */
+ * first.  More than CUDA_MOE_PAIRS (row, choice) pairs (prefill) or experts neither GEMV takes: the
+ * grouped GEMMs of cuda_moe_grouped.cu.  More than 256 experts: LMX_ERR_UNSUPPORTED, and the model
+ * routes on the host (per-expert GEMMs on the rows gathered for each). */
 #include "cuda_internal.h"
 
-#define CUDA_MOE_PAIRS 64 /* rows x choices a launch takes (8 rows of 8 choices) */
-#define CUDA_MOE_ROUNDS 8 /* launches of CUDA_MOE_PAIRS an op takes (batch 64 of 8 choices); more: grouped GEMMs */
+#define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
 #define MOE_ROUTE_MAX 256 /* experts the routing kernel takes: 8 per lane */
 
 typedef struct moe_escale { float s[MOE_ROUTE_MAX]; int on; } moe_escale;
@@ -102,8 +100,9 @@ lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R
 
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     return !cb->moe_off && a->alike && a->M >= 1 && a->K >= 1 && a->K <= 32 && a->K <= a->E &&
-           (int64_t)a->M * a->K <= CUDA_MOE_ROUNDS * CUDA_MOE_PAIRS && a->E <= MOE_ROUTE_MAX && a->logits->dtype == LMX_DTYPE_F32 &&
-           (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E)) && (a->act == LMX_ACT_SILU || a->act == LMX_ACT_GELU_TANH);
+           (int64_t)a->M * a->K <= CUDA_MOE_PAIRS && a->E <= MOE_ROUTE_MAX && a->logits->dtype == LMX_DTYPE_F32 &&
+           (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E)) &&
+           (a->act == LMX_ACT_SILU || a->act == LMX_ACT_GELU_TANH);
 }
 
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrapper (w_moe) checked cuda_moe_takes */
@@ -116,24 +115,18 @@ lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrappe
     int *pick = (int *)buf;
     float *pw = (float *)buf + CUDA_MOE_PAIRS, *h = pw + CUDA_MOE_PAIRS, *u = h + CUDA_MOE_PAIRS * F;
     float *y = u + CUDA_MOE_PAIRS * F;
-    const int RM = CUDA_MOE_PAIRS / a->K, gguf = a->experts[0].q.ggml_type != 0; /* rows a round */
-    lmx_status st = LMX_OK;
-    for (int i0 = 0; i0 < a->M && !st; i0 += RM) {
-        const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * a->K;
-        const float *xi = (const float *)a->x->data + (int64_t)i0 * C;
-        if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
-        if (gguf) {
-            st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, xi, R, h, u, (int)a->act);
-            if (!st) st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0);
-        } else {
-            st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, xi, h, u, (int)a->act);
-            if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
-        }
-        if (st) break;
-        const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)R);
-        cuda_launch(cb, k_moe_combine, grid, 256, 0, (float *)a->out->data + (int64_t)i0 * C, (const float *)y,
-                    (const float *)pw, a->K, C);
-        st = cuda_check_launch(cb, "moe combine");
+    const int P = a->M * a->K;
+    const float *x = (const float *)a->x->data;
+    lmx_status st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
+    if (!st && a->experts[0].q.ggml_type) {
+        st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, x, a->M, h, u, (int)a->act);
+        if (!st) st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0);
+    } else if (!st) {
+        st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
+        if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
     }
-    return st;
+    if (st) return st;
+    const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)a->M);
+    cuda_launch(cb, k_moe_combine, grid, 256, 0, (float *)a->out->data, (const float *)y, (const float *)pw, a->K, C);
+    return cuda_check_launch(cb, "moe combine");
 }
