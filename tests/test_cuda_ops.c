@@ -274,6 +274,9 @@ static void test_attention(void) {
         {"prefill llama shape", 1, 32, 8, 128, 0, 0, 0.0f, 1, 300, 40},
         {"prefill head dim 256 sliding", 2, 4, 1, 256, 48, 48, 0.0f, 2, 100, 50},
         {"prefill odd head dim", 1, 4, 2, 96, 0, 0, 0.0f, 1, 50, 1},
+        {"head dim 512 (gemma 4 global)", 2, 8, 2, 512, 0, 0, 0.0f, 3, 40, 1},
+        {"head dim 512, long, gqa 8", 1, 8, 1, 512, 0, 0, 30.0f, 2, 300, 2},
+        {"head dim 320, sliding", 1, 6, 3, 320, 16, 0, 0.0f, 2, 50, 5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }

@@ -271,6 +271,10 @@ int cmd_bench(int argc, char **argv) {
     double bt[3];
     for (int i = 0; i < 3; i++) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
+    const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
+                       bt[1] < 0 || bt[2] < 0;
+    if (failed) /* the figures print as -1; the last error says why */
+        fprintf(stderr, "lmx bench: a measurement failed: %s\n", lmx_last_error(b.m));
 
     if (json) {
         printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", "
@@ -304,5 +308,5 @@ int cmd_bench(int argc, char **argv) {
     }
     free(logits);
     lmx_model_free(b.m);
-    return 0;
+    return failed;
 }

@@ -15,7 +15,11 @@ every model with --outtype, follow the converter's rules: 1-D tensors, norms, ro
 and names not ending in ".weight" F32, the other matrices OUTTYPE (bf16 by default; f16 and f32 convert
 the bf16 values; quantized copies: quantize_gguf.py).
 
-usage: hf_to_gguf.py MODEL_DIR OUT.gguf [--outtype bf16|f16|f32]      (needs numpy and the gguf package)
+--placeholder-vocab writes a vocabulary of numbered tokens (llama.cpp loads no model without one) for
+random-weight models made for benchmarks, which have no tokenizer (bench/gemma4_bench.sh).
+
+usage: hf_to_gguf.py MODEL_DIR OUT.gguf [--outtype bf16|f16|f32] [--placeholder-vocab]
+       (needs numpy and the gguf package)
 """
 import argparse
 import json
@@ -30,6 +34,7 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("src")
 ap.add_argument("out")
 ap.add_argument("--outtype", choices=["bf16", "f16", "f32"])
+ap.add_argument("--placeholder-vocab", action="store_true")
 args = ap.parse_args()
 src, out = args.src, args.out
 cfg = json.load(open(f"{src}/config.json"))
@@ -89,6 +94,13 @@ if cfg.get("attn_logit_softcapping"):
     w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
 if cfg.get("final_logit_softcapping"):
     w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+if args.placeholder_vocab:  # SentencePiece-style: <unk> <s> </s>, the 256 byte tokens, then t259 ...
+    V = cfg["vocab_size"]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + ["t%d" % i for i in range(259, V)])
+    w.add_token_scores([0.0] * V)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (V - 259))
+    w.add_unk_token_id(0)
 w.add_bos_token_id(cfg.get("bos_token_id", 1))
 w.add_eos_token_id(cfg.get("eos_token_id", 2))
 

@@ -14,9 +14,11 @@
 #include "cuda_attention.h"
 
 #define ATT_WARPS 4
-#define ATT_GMAX 8             /* query heads per block */
-#define ATT_DMAX 256
-#define ATT_DPL (ATT_DMAX / 32)
+#define ATT_GMAX 8             /* query heads per block, head dims up to 256 */
+#define ATT_DMAX 512           /* head dims above 256 (Gemma 4's global layers): ATT_GMAX / 2 heads a block */
+#define ATT_SMEM (ATT_WARPS * ATT_GMAX * 256) /* the warps' partial outputs, floats */
+
+static int att_gmax(int D) { return D > 256 ? ATT_GMAX / 2 : ATT_GMAX; }
 
 /* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
  * part [rows, H, splits, D + 2] when splits > 1. */
@@ -72,11 +74,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
                                                               const float *__restrict__ vn, float *__restrict__ out,
                                                               float *__restrict__ part, const att_arg a) {
     __shared__ float sm_m[ATT_WARPS][ATT_GMAX], sm_l[ATT_WARPS][ATT_GMAX];
-    __shared__ float sm_acc[ATT_WARPS][ATT_GMAX][ATT_DMAX];
+    __shared__ float sm_acc[ATT_SMEM]; /* [ATT_WARPS][a.gmax][D] */
     const int split = blockIdx.x, row = blockIdx.z;
-    const int kvh = blockIdx.y / a.hchunks, h0 = kvh * a.G + (blockIdx.y % a.hchunks) * ATT_GMAX;
-    int ng = a.G - (blockIdx.y % a.hchunks) * ATT_GMAX;
-    if (ng > ATT_GMAX) ng = ATT_GMAX;
+    const int kvh = blockIdx.y / a.hchunks, h0 = kvh * a.G + (blockIdx.y % a.hchunks) * a.gmax;
+    int ng = a.G - (blockIdx.y % a.hchunks) * a.gmax;
+    if (ng > a.gmax) ng = a.gmax;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = row / a.T, t = row % a.T, D = a.D;
     cuda_pdl_trigger();
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
         if (lane == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
 #pragma unroll
         for (int jj = 0; jj < DPL; jj++)
-            if (lane + 32 * jj < ATT_DMAX) sm_acc[warp][g][lane + 32 * jj] = acc[g][jj];
+            if (g < a.gmax && lane + 32 * jj < D) sm_acc[(warp * a.gmax + g) * D + lane + 32 * jj] = acc[g][jj];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < ng * D; idx += blockDim.x) {
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
             for (int w = 0; w < ATT_WARPS; w++) {
                 float c = __expf(sm_m[w][g] - mx);
                 L += sm_l[w][g] * c;
-                o += sm_acc[w][g][d] * c;
+                o += sm_acc[(w * a.gmax + g) * D + d] * c;
             }
         int h = h0 + g;
         if (a.splits == 1) {
@@ -237,7 +239,9 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
     case 1: cuda_launch(cb, k_attention<DPL, 1, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
     case 2: cuda_launch(cb, k_attention<DPL, 2, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
     case 4: cuda_launch(cb, k_attention<DPL, 4, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
-    default: cuda_launch(cb, k_attention<DPL, 8, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
+    default:
+        if constexpr (DPL * 32 <= 256) cuda_launch(cb, k_attention<DPL, 8, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a);
+        break;
     }
 }
 
@@ -251,7 +255,7 @@ int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *args, int b0, i
         if (kv->window > 0 && held > kv->window) held = kv->window;
         if (held + bt->T > max_n) max_n = held + bt->T;
     }
-    int hchunks = (args->H / args->Hk + ATT_GMAX - 1) / ATT_GMAX;
+    int hchunks = (args->H / args->Hk + att_gmax(args->D) - 1) / att_gmax(args->D);
     int64_t base = (int64_t)nb * bt->T * args->Hk * hchunks;
     int splits = (int)((2 * cb->sm_count + base - 1) / base);
     int max_splits = (max_n + 127) / 128;
@@ -276,7 +280,8 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     a.Hk = args->Hk;
     a.D = args->D;
     a.G = args->H / args->Hk;
-    a.hchunks = (a.G + ATT_GMAX - 1) / ATT_GMAX;
+    a.gmax = att_gmax(a.D);
+    a.hchunks = (a.G + a.gmax - 1) / a.gmax;
     a.scale = args->scale;
     a.softcap = args->softcap;
     a.dyn = cb->dyn_on ? cb->dyn : NULL;
@@ -313,9 +318,11 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
         }
         dim3 grid(splits, a.Hk * a.hchunks, rows);
         int gm = a.G > 4 ? 8 : a.G > 2 ? 4 : a.G;
+        if (gm > a.gmax) gm = a.gmax;
         if (a.D <= 64) launch_dpl<2>(cb, gm, grid, qp, kp, vp, op, part, a);
         else if (a.D <= 128) launch_dpl<4>(cb, gm, grid, qp, kp, vp, op, part, a);
-        else launch_dpl<8>(cb, gm, grid, qp, kp, vp, op, part, a);
+        else if (a.D <= 256) launch_dpl<8>(cb, gm, grid, qp, kp, vp, op, part, a);
+        else launch_dpl<16>(cb, gm, grid, qp, kp, vp, op, part, a);
         lmx_status st = cuda_check_launch(cb, "attention");
         if (st) return st;
         if (splits > 1) {

@@ -13,7 +13,7 @@ typedef struct att_seq {
 } att_seq;
 
 typedef struct att_arg {
-    int B, T, H, Hk, D, G, hchunks, splits;
+    int B, T, H, Hk, D, G, gmax, hchunks, splits; /* gmax: query heads a decode block takes */
     float scale, softcap;
     const int *dyn;          /* non-NULL: n_past / n_new from this device array (decode graphs) */
     att_seq s[ATT_SEQ_MAX];

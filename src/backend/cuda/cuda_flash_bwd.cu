@@ -254,7 +254,7 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
     float *lse = (float *)(v16 + nk), *dsum = lse + ns;
     att_arg a;
     a.T = T, a.H = args->H, a.Hk = args->Hk, a.D = D, a.G = args->H / args->Hk;
-    a.hchunks = 1, a.splits = 1, a.scale = args->scale, a.softcap = args->softcap, a.dyn = NULL;
+    a.gmax = a.G, a.hchunks = 1, a.splits = 1, a.scale = args->scale, a.softcap = args->softcap, a.dyn = NULL;
     lmx_status st = LMX_OK;
     for (int b0 = 0; b0 < bt->B && !st; b0 += nb) {
         a.B = bt->B - b0 < nb ? bt->B - b0 : nb;

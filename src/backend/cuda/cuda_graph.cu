@@ -197,6 +197,7 @@ lmx_status cuda_graph_flush(cuda_backend *cb) {
     }
     g->mode = G_OFF;
     g->pos = 0;
+    g->in_step = 0;
     return st;
 }
 
@@ -233,8 +234,10 @@ static lmx_status g_op(cuda_backend *cb, const g_rec *r, const int32_t *ids, con
     lmx_status st;
     int fits = g_fits(r);
     *absorbed = 0;
-    if (r->op == G_EMBED) {
+    if (r->op == G_EMBED && (!g->in_step || r->t[1].data == g->step_table)) { /* a step begins */
         if ((st = cuda_graph_flush(cb))) return st;
+        g->in_step = 1;
+        g->step_table = r->t[1].data;
         g->have_batch = 0;
         g->launched = 0;
         g->mode = !fits || g->failed ? G_OFF : g->exec ? G_REPLAY : G_REC;
