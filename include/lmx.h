@@ -102,6 +102,9 @@ typedef struct lmx_model_info {
     int n_experts;              /* mixture of experts: experts per MoE layer (0: none) */
     int n_experts_used;         /*   of which each token uses this many */
     int64_t expert_bytes;       /*   bytes of all experts' weights (part of weight_bytes) */
+    int64_t table_bytes;        /* bytes of the tables a token reads one row of (part of weight_bytes): the
+                                   token embedding when the lm head is not tied to it, gemma4's
+                                   per-layer embedding */
 } lmx_model_info;
 
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out);

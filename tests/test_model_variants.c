@@ -667,6 +667,32 @@ static void case_chunks(const char *model, int chunk) {
     long_close(&k);
 }
 
+/* ---- model info: the tables a token reads one row of (lmx bench's bytes per token) ---------------- */
+
+/* table_bytes against the sizes of the file's own tensors: the token embedding when the head has its own
+ * weight (qwen3), gemma4's per-layer table, nothing for a tied llama. */
+static void case_table_bytes(const char *model) {
+    char *path = fixture(model, "model.safetensors");
+    lmx_st_set *s = NULL;
+    lmx_err err = {0};
+    CHECK_MSG(lmx_st_set_open_file(path, &s, &err) == LMX_OK, "%s", err.msg);
+    char *dir = fixture(model, NULL);
+    lmx_model *m = load(dir, model);
+    lmx_model_info in;
+    if (s && m && lmx_model_get_info(m, &in) == LMX_OK) {
+        const lmx_st_tensor *emb = lmx_st_set_find(s, "model.embed_tokens.weight"),
+                            *head = lmx_st_set_find(s, "lm_head.weight"),
+                            *ple = lmx_st_set_find(s, "model.embed_tokens_per_layer.weight");
+        const int64_t want = (head && emb ? (int64_t)emb->nbytes : 0) + (ple ? (int64_t)ple->nbytes : 0);
+        CHECK_MSG(in.table_bytes == want, "%s: table_bytes %lld, want %lld", model, (long long)in.table_bytes,
+                  (long long)want);
+    }
+    lmx_model_free(m);
+    lmx_st_set_close(s);
+    free(dir);
+    free(path);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_fixtures = argv[1];
     else if (getenv("LMX_FIXTURES")) g_fixtures = getenv("LMX_FIXTURES");
@@ -689,5 +715,8 @@ int main(int argc, char **argv) {
     case_chunks("gemma4_kv", 5);
     case_chunks("gemma4_kv", 13);
     case_chunks("gemma4_moe", 7);
+    case_table_bytes("llama");
+    case_table_bytes("qwen3");
+    case_table_bytes("gemma4");
     return check_summary("test_model_variants");
 }

@@ -250,12 +250,8 @@ int cmd_bench(int argc, char **argv) {
 
     /* bytes per decoded token */
     const lmx_model_info *in = &b.in;
-    double C = in->hidden_size, HD = (double)in->n_heads * in->head_dim, KD = (double)in->n_kv_heads * in->head_dim;
-    double layer_params = in->n_layers * (2 * C * HD + 2 * C * KD + 3 * C * in->ffn_size);
-    double embed_params = (double)in->vocab_size * C;
-    double bpp = (double)in->weight_bytes / (double)in->n_params;
-    int untied = in->n_params - layer_params > 1.5 * embed_params;
-    double bytes_tok = (double)in->weight_bytes - (untied ? embed_params * bpp : 0);
+    double KD = (double)in->n_kv_heads * in->head_dim;
+    double bytes_tok = (double)in->weight_bytes - (double)in->table_bytes; /* a row of each table */
     if (in->n_experts > 0) /* a mixture of experts reads only the experts each token chooses */
         bytes_tok -= (double)in->expert_bytes * (1.0 - (double)in->n_experts_used / in->n_experts);
     double kv_bytes_pos = 2.0 * in->n_layers * KD * (b.cuda ? 2 : 4);

@@ -146,6 +146,8 @@ lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
     out->n_ctx = m->rt ? m->rt->n_ctx : 0;
     out->memory_bytes = m->be->mem_now;
     out->peak_memory_bytes = m->be->mem_peak;
+    if (m->lm_head.data != m->embed.data) out->table_bytes += lmx_weight_bytes(&m->embed);
+    if (m->embed_ple.data) out->table_bytes += lmx_weight_bytes(&m->embed_ple);
     if (c->layer_moe) {
         out->n_experts = c->n_experts;
         out->n_experts_used = c->n_experts_used;
