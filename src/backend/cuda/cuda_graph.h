@@ -78,7 +78,8 @@ typedef struct cuda_graph {
     int dyn[CUDA_DYN_N];     /* this step's values, host copy */
     int have_batch;          /* dyn holds this step's n_past / n_new */
     int in_step;             /* an embedding of table step_table began a step that no flush has ended: an
-                                embedding of another table (gemma4's per-layer inputs) belongs to it */
+                                embedding of another table (gemma4's per-layer inputs) belongs to it and
+                                must take the same token ids (the step's graph reads them from dyn) */
     const void *step_table;
     int launched;            /* this step's graph is already running (launched early) */
     int failed;              /* capture failed once: stay eager */
