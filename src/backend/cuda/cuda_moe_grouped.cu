@@ -92,7 +92,8 @@ int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     return 1;
 }
 
-/* One grouped GEMM: for each group i, C_i [n_i, m] = B_i [n_i, k] A_i [m, k]^T, bf16 in, f32 out.  The
+/* One grouped GEMM of G <= 2 MOE_E_MAX groups (gate and up of every expert): for each group i,
+ * C_i [n_i, m] = B_i [n_i, k] A_i [m, k]^T, bf16 in, f32 out.  The
  * pointer arrays lie on the device at dA, dB, dC (written by the caller); hA, hB, hC are the same on the
  * host for the loop of single GEMMs that replaces the grouped call where cuBLAS has none
  * (LMX_CUDA_MOE_GROUPED=0, or not supported). */
@@ -100,11 +101,12 @@ static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int 
                                const void *const *dB, void *const *dC, const void *const *hA, const void *const *hB,
                                void *const *hC) {
     if (G <= 0) return LMX_OK;
+    if (G > 2 * MOE_E_MAX) return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "moe: %d GEMM groups", G);
     const float one = 1.0f, zero = 0.0f;
     if (cb->moe_grouped) {
-        cublasOperation_t ta[MOE_E_MAX], tb[MOE_E_MAX];
-        int ms[MOE_E_MAX], ks[MOE_E_MAX], ldc[MOE_E_MAX], sizes[MOE_E_MAX];
-        float alpha[MOE_E_MAX], beta[MOE_E_MAX];
+        cublasOperation_t ta[2 * MOE_E_MAX], tb[2 * MOE_E_MAX];
+        int ms[2 * MOE_E_MAX], ks[2 * MOE_E_MAX], ldc[2 * MOE_E_MAX], sizes[2 * MOE_E_MAX];
+        float alpha[2 * MOE_E_MAX], beta[2 * MOE_E_MAX];
         for (int i = 0; i < G; i++)
             ta[i] = CUBLAS_OP_T, tb[i] = CUBLAS_OP_N, ms[i] = m, ks[i] = k, ldc[i] = m, sizes[i] = 1, alpha[i] = one,
             beta[i] = zero;
