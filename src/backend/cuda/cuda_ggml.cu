@@ -375,6 +375,20 @@ static int gq_unit_parts(int type) {
     }
 }
 
+/* x [M, K] quantized for type's GEMV (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch:
+ * *xq, *xm, each row *PR parts' room.  0 with the error set when the scratch cannot grow. */
+static int gq_quant_x(cuda_backend *cb, int type, const float *x, int M, int K, const cuda_row_norm &nm, int4 **xq,
+                      float4 **xm, int *PR) {
+    const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
+    const int64_t P = K / 32, pr = gq_row_parts(K, UP); /* parts, and the room of a row of x */
+    *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * pr * (sizeof(float4) + 64));
+    if (!*xm) return 0;
+    *xq = (int4 *)(*xm + (size_t)M * pr);
+    *PR = (int)pr;
+    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm);
+    return 1;
+}
+
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                           float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
     const int type = gq_type_of(ws[0]);
@@ -403,14 +417,12 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     const dim3 grid(gx, glu >= 0 ? 1 : n);
     const int act = glu < 0 ? 0 : glu;
     const cuda_row_norm nm = gv_row_norm(opts);
-    const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
-    const int64_t P = K / 32, PR = gq_row_parts(K, UP); /* parts, and the room of a row of x */
-    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * PR * (sizeof(float4) + 64));
-    if (!xm) return cb->base.err.status;
-    int4 *xq = (int4 *)(xm + (size_t)M * PR);
-    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xq, xm, (int)K, (int)PR, ul, nm);
-    cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, (int)K, (int)PR,
-                M, act, resid);
+    int4 *xq;
+    float4 *xm;
+    int PR;
+    if (!gq_quant_x(cb, type, x, M, (int)K, nm, &xq, &xm, &PR)) return cb->base.err.status;
+    cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, (int)K, PR, M,
+                act, resid);
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
 }
 
@@ -428,13 +440,12 @@ static gq_moe_fn gq_moe_pick(int type, int pair) {
 
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
     if (E < 1 || E > GV_MOE_MAX) return 0;
-    for (int e = 0; e < E; e++)
-        for (int j = 0; j < 3; j++) { /* gate and up of one type, down of one type, for every expert */
-            const lmx_tensor *w = &experts[3 * e + j], *w0 = &experts[j == 2 ? 2 : 0];
-            if (!w->q.ggml_type || w->q.ggml_type != w0->q.ggml_type || w->ndim != 2 || !gq_moe_pick(w->q.ggml_type, 0) ||
-                w->shape[1] % lmx_ggml_block_elems(w->q.ggml_type))
-                return 0;
-        }
+    for (int j = 0; j < 3; j++) { /* every expert is stored as expert 0 (lmx_moe_args.alike); gate and up alike */
+        const lmx_tensor *w = &experts[j];
+        if (!w->q.ggml_type || w->q.ggml_type != experts[j == 2 ? 2 : 0].q.ggml_type || w->ndim != 2 ||
+            !gq_moe_pick(w->q.ggml_type, 0) || w->shape[1] % lmx_ggml_block_elems(w->q.ggml_type))
+            return 0;
+    }
     return 1;
 }
 
@@ -456,15 +467,13 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
         sg.s[j].bt = LMX_DTYPE_F32;
         sg.s[j].y = j ? y1 : y0;
     }
-    const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
-    const int64_t P = K / 32, PR = gq_row_parts(K, UP);
-    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)rows * PR * (sizeof(float4) + 64));
-    if (!xm) return cb->base.err.status;
-    int4 *xq = (int4 *)(xm + (size_t)rows * PR);
-    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), rows), 256, 0, x, xq, xm, K, (int)PR, ul, cuda_row_norm{});
+    int4 *xq;
+    float4 *xm;
+    int PR;
+    if (!gq_quant_x(cb, type, x, rows, K, cuda_row_norm{}, &xq, &xm, &PR)) return cb->base.err.status;
     const dim3 grid(cuda_blocks(N, rpb / ks), (unsigned)pairs);
     cuda_launch(cb, gq_moe_pick(type, !down), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, tab, pick, kused,
-                K, (int)PR, act);
+                K, PR, act);
     return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
 }
 

@@ -177,8 +177,8 @@ lmx_status cuda_gemv_any(cuda_backend *cb, const lmx_tensor *w, const lmx_tensor
  * the GLU (down 0: y0 [pairs, F] = act(gate x) * up x, y1 = up x, x row pair / kused) or the down
  * projection (down 1: y0 [pairs, C], x row pair) of expert pick[pair] (device) for each pair. */
 int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E);
-/* The same for GGUF experts (cuda_ggml.cu): x [rows, K] f32 quantized first (rows: the round's rows for
- * gate/up, its pairs for down) */
+/* The same for GGUF experts (cuda_ggml.cu): x [rows, K] f32 quantized first (rows: M for gate/up, the
+ * pairs for down) */
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
 lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                           int kused, const float *x, int rows, float *y0, float *y1, int act);
@@ -188,6 +188,10 @@ lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);
+/* out [M, C] += each row's K outputs of y weighted by pw [M, K], in choice order; y's row of pair i K + k
+ * is that pair's (slot NULL) or slot[i K + k] (cuda_moe.cu) */
+lmx_status cuda_moe_combine(cuda_backend *cb, float *out, const float *y, const float *pw, const int *slot, int M,
+                            int kused, int64_t C);
 /* Any number of rows, any expert type the GEMMs dequantize (cuda_moe_grouped.cu); eager, not a graph op */
 int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a);
 lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a);

@@ -73,17 +73,27 @@ __global__ void __launch_bounds__(32) k_moe_route(const float *logits, int E, in
     }
 }
 
-/* out[i, c] += sum_k pw[i, k] y[i K + k, c]: blockIdx.y = i */
-__global__ void k_moe_combine(float *out, const float *y, const float *pw, int kused, int64_t C) {
+/* out[i, c] += sum_k pw[i, k] y[p, c] with p = i K + k, or slot[i K + k] (the grouped path's places):
+ * blockIdx.y = i */
+__global__ void k_moe_combine(float *out, const float *y, const float *pw, const int *slot, int kused, int64_t C) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
     const int i = blockIdx.y;
     for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
         float s = out[(int64_t)i * C + c];
-        for (int k = 0; k < kused; k++)
-            s += *(volatile const float *)(pw + i * kused + k) * __ldcg(y + ((int64_t)i * kused + k) * C + c);
+        for (int k = 0; k < kused; k++) {
+            const int p = i * kused + k, row = slot ? slot[p] : p;
+            s += *(volatile const float *)(pw + p) * __ldcg(y + (int64_t)row * C + c);
+        }
         out[(int64_t)i * C + c] = s;
     }
+}
+
+lmx_status cuda_moe_combine(cuda_backend *cb, float *out, const float *y, const float *pw, const int *slot, int M,
+                            int kused, int64_t C) {
+    const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)M);
+    cuda_launch(cb, k_moe_combine, grid, 256, 0, out, y, pw, slot, kused, C);
+    return cuda_check_launch(cb, "moe combine");
 }
 
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw) {
@@ -125,8 +135,5 @@ lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrappe
         st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
         if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
     }
-    if (st) return st;
-    const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)a->M);
-    cuda_launch(cb, k_moe_combine, grid, 256, 0, (float *)a->out->data, (const float *)y, (const float *)pw, a->K, C);
-    return cuda_check_launch(cb, "moe combine");
+    return st ? st : cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, a->M, a->K, C);
 }

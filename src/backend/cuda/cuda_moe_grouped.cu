@@ -9,7 +9,7 @@
  *   gate/up  grouped GEMM: g, u [P, F] f32, expert e's places times gate_e^T and up_e^T
  *   glu      k_moe_glu: h [P, F] bf16 = act(g) u
  *   down     grouped GEMM: y [P, C] f32 = h down_e^T on each expert's places
- *   combine  k_moe_combine_slots: out[i] += sum over k in order of pw[i, k] y[slot[i K + k]]
+ *   combine  cuda_moe_combine (cuda_moe.cu): out[i] += sum over k in order of pw[i, k] y[slot[i K + k]]
  *
  * bf16 experts are read where they are; other types (MLX, GGUF, f16, f32) are dequantized to bf16 a run
  * of experts at a time (at most CUDA_MOE_DEQUANT_BYTES, at least one expert).  Rows come at most
@@ -67,16 +67,6 @@ __global__ void k_moe_glu(__nv_bfloat16 *h, const float *g, const float *u, int6
         h[i] = __float2bfloat16(glu_act(g[i], act) * u[i]);
 }
 
-/* out[i, c] += sum_k pw[i, k] y[slot[i K + k], c]: blockIdx.y = row i */
-__global__ void k_moe_combine_slots(float *out, const float *y, const float *pw, const int *slot, int K, int64_t C) {
-    const int i = blockIdx.y;
-    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
-        float s = out[(int64_t)i * C + c];
-        for (int k = 0; k < K; k++) s += pw[i * K + k] * y[(int64_t)slot[i * K + k] * C + c];
-        out[(int64_t)i * C + c] = s;
-    }
-}
-
 static int direct(const lmx_tensor *w) { return !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_BF16; }
 
 int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
@@ -93,34 +83,32 @@ int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
 }
 
 /* One grouped GEMM of G <= 2 MOE_E_MAX groups (gate and up of every expert): for each group i,
- * C_i [n_i, m] = B_i [n_i, k] A_i [m, k]^T, bf16 in, f32 out.  The
- * pointer arrays lie on the device at dA, dB, dC (written by the caller); hA, hB, hC are the same on the
- * host for the loop of single GEMMs that replaces the grouped call where cuBLAS has none
- * (LMX_CUDA_MOE_GROUPED=0, or not supported). */
-static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int *n, const void *const *dA,
-                               const void *const *dB, void *const *dC, const void *const *hA, const void *const *hB,
-                               void *const *hC) {
+ * C_i [n_i, m] = B_i [n_i, k] A_i [m, k]^T, bf16 in, f32 out, with A_i = p[i], B_i = p[stride + i] and
+ * C_i = p[2 stride + i] of the pointer table p: dp on the device for the grouped call, hp (the same) on the
+ * host for the loop of single GEMMs that replaces it where cuBLAS has none (LMX_CUDA_MOE_GROUPED=0, or not
+ * supported). */
+static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int *n, void *const *hp, void *const *dp,
+                               int stride) {
     if (G <= 0) return LMX_OK;
     if (G > 2 * MOE_E_MAX) return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "moe: %d GEMM groups", G);
     const float one = 1.0f, zero = 0.0f;
     if (cb->moe_grouped) {
         cublasOperation_t ta[2 * MOE_E_MAX], tb[2 * MOE_E_MAX];
-        int ms[2 * MOE_E_MAX], ks[2 * MOE_E_MAX], ldc[2 * MOE_E_MAX], sizes[2 * MOE_E_MAX];
+        int ms[2 * MOE_E_MAX], ks[2 * MOE_E_MAX], sizes[2 * MOE_E_MAX];
         float alpha[2 * MOE_E_MAX], beta[2 * MOE_E_MAX];
         for (int i = 0; i < G; i++)
-            ta[i] = CUBLAS_OP_T, tb[i] = CUBLAS_OP_N, ms[i] = m, ks[i] = k, ldc[i] = m, sizes[i] = 1, alpha[i] = one,
-            beta[i] = zero;
-        cublasStatus_t s = cublasGemmGroupedBatchedEx(cb->blas, ta, tb, ms, n, ks, alpha, dA, CUDA_R_16BF, ks, dB,
-                                                      CUDA_R_16BF, ks, beta, dC, CUDA_R_32F, ldc, G, sizes,
-                                                      CUBLAS_COMPUTE_32F);
+            ta[i] = CUBLAS_OP_T, tb[i] = CUBLAS_OP_N, ms[i] = m, ks[i] = k, sizes[i] = 1, alpha[i] = one, beta[i] = zero;
+        cublasStatus_t s = cublasGemmGroupedBatchedEx(cb->blas, ta, tb, ms, n, ks, alpha, (const void *const *)dp,
+                                                      CUDA_R_16BF, ks, (const void *const *)dp + stride, CUDA_R_16BF, ks,
+                                                      beta, dp + 2 * stride, CUDA_R_32F, ms, G, sizes, CUBLAS_COMPUTE_32F);
         if (s == CUBLAS_STATUS_SUCCESS) return LMX_OK;
         if (s != CUBLAS_STATUS_NOT_SUPPORTED) return cuda_blas_fail(cb, s, "moe grouped GEMM");
         cb->moe_grouped = 0; /* this cuBLAS has no grouped GEMM of these types: single GEMMs from now on */
     }
     for (int i = 0; i < G; i++) {
-        cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n[i], k, &one, hA[i], CUDA_R_16BF, k,
-                                        hB[i], CUDA_R_16BF, k, &zero, hC[i], CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT);
+        cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n[i], k, &one, hp[i], CUDA_R_16BF, k,
+                                        hp[stride + i], CUDA_R_16BF, k, &zero, hp[2 * stride + i], CUDA_R_32F, m,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) return cuda_blas_fail(cb, s, "moe GEMM");
     }
     return LMX_OK;
@@ -128,12 +116,12 @@ static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int 
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-/* The host's plan of a round: the active experts (count > 0) in order and the GEMMs' pointers.  For
- * active expert j, its gate and up GEMMs are groups 2 j and 2 j + 1, its down GEMM group 2 n_act + j. */
+/* The host's plan of a round: the active experts (count > 0) in order, the rows of each GEMM group and
+ * the GEMMs' pointer table (gemm_grouped's layout: A, B, C of the 3 n_act groups).  Active expert j's gate
+ * and up GEMMs are groups 2 j and 2 j + 1, its down GEMM group 2 n_act + j. */
 typedef struct moe_plan {
-    int n_act, act[MOE_E_MAX], rows[3 * MOE_E_MAX]; /* rows of each group */
-    const void *A[3 * MOE_E_MAX], *B[3 * MOE_E_MAX];
-    void *Cp[3 * MOE_E_MAX];
+    int n_act, act[MOE_E_MAX], rows[3 * MOE_E_MAX];
+    void *ptr[9 * MOE_E_MAX];
 } moe_plan;
 
 lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
@@ -155,7 +143,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
     int *pick = (int *)buf, *slot = (int *)(buf + o_slot), *src = (int *)(buf + o_src), *count = (int *)(buf + o_cnt);
     float *pw = (float *)(buf + o_pw), *g = (float *)(buf + o_g), *u = (float *)(buf + o_u), *y = (float *)(buf + o_y);
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(buf + o_xs), *h = (__nv_bfloat16 *)(buf + o_h);
-    void **dptr = (void **)(buf + o_ptr); /* A [3 E], B [3 E], C [3 E] */
+    void **dptr = (void **)(buf + o_ptr); /* the plan's pointer table on the device */
     int alldirect = 1;
     for (int e = 0; e < E && alldirect; e++)
         for (int j = 0; j < 3; j++) alldirect &= direct(&a->experts[3 * e + j]);
@@ -195,41 +183,35 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
             xs, (const float *)a->x->data + (int64_t)i0 * C, src, C);
         if ((st = cuda_check_launch(cb, "moe placing"))) break;
         /* active expert j is expert q = j % run of its run's dequantized weights */
-        const int na = pl->n_act;
+        const int na = pl->n_act, G = 3 * na;
+        void **A = pl->ptr, **Bp = pl->ptr + G, **Cp = pl->ptr + 2 * G;
         for (int j = 0; j < na; j++) {
             const int e = pl->act[j], q = j % run;
             const lmx_tensor *w = &a->experts[3 * e];
             for (int t = 0; t < 3; t++) {
                 const int grp = t < 2 ? 2 * j + t : 2 * na + j;
-                pl->A[grp] = alldirect ? w[t].data : (const void *)(wq + (size_t)q * 3 * F * C + (size_t)t * F * C);
-                pl->B[grp] = t < 2 ? (const void *)(xs + (int64_t)o.off[e] * C) : (const void *)(h + (int64_t)o.off[e] * F);
-                pl->Cp[grp] = t < 2 ? (void *)((t ? u : g) + (int64_t)o.off[e] * F) : (void *)(y + (int64_t)o.off[e] * C);
+                A[grp] = alldirect ? w[t].data : (void *)(wq + (size_t)q * 3 * F * C + (size_t)t * F * C);
+                Bp[grp] = t < 2 ? (void *)(xs + (int64_t)o.off[e] * C) : (void *)(h + (int64_t)o.off[e] * F);
+                Cp[grp] = t < 2 ? (void *)((t ? u : g) + (int64_t)o.off[e] * F) : (void *)(y + (int64_t)o.off[e] * C);
             }
             pl->rows[2 * j] = pl->rows[2 * j + 1] = pl->rows[2 * na + j] = hc[e];
         }
-        if (cb->moe_grouped) {
-            void *hp[9 * MOE_E_MAX];
-            memcpy(hp, pl->A, 3 * (size_t)na * sizeof(void *));
-            memcpy(hp + 3 * na, pl->B, 3 * (size_t)na * sizeof(void *));
-            memcpy(hp + 6 * na, pl->Cp, 3 * (size_t)na * sizeof(void *));
-            if (cudaMemcpyAsync(dptr, hp, 9 * (size_t)na * sizeof(void *), cudaMemcpyHostToDevice, cb->stream) !=
+        if (cb->moe_grouped &&
+            cudaMemcpyAsync(dptr, pl->ptr, (size_t)3 * G * sizeof(void *), cudaMemcpyHostToDevice, cb->stream) !=
                 cudaSuccess) {
-                st = cuda_fail(cb, cudaGetLastError(), "moe GEMM pointers");
-                break;
-            }
+            st = cuda_fail(cb, cudaGetLastError(), "moe GEMM pointers");
+            break;
         }
-        void **dA = dptr, **dB = dptr + 3 * na, **dC = dptr + 6 * na;
         for (int j0 = 0; j0 < na && !st; j0 += run) {
             const int nr = na - j0 < run ? na - j0 : run;
             for (int j = j0; j < j0 + nr && !alldirect && !st; j++) {
                 const lmx_tensor *w = &a->experts[3 * pl->act[j]];
                 for (int t = 0; t < 3 && !st; t++)
-                    st = cuda_dequant_rows_bf16(cb, &w[t], 0, w[t].shape[0], (__nv_bfloat16 *)pl->A[t < 2 ? 2 * j + t : 2 * na + j]);
+                    st = cuda_dequant_rows_bf16(cb, &w[t], 0, w[t].shape[0],
+                                                (__nv_bfloat16 *)A[t < 2 ? 2 * j + t : 2 * na + j]);
             }
             if (!st)
-                st = gemm_grouped(cb, 2 * nr, (int)F, (int)C, pl->rows + 2 * j0, (const void *const *)dA + 2 * j0,
-                                  (const void *const *)dB + 2 * j0, dC + 2 * j0, pl->A + 2 * j0, pl->B + 2 * j0,
-                                  pl->Cp + 2 * j0);
+                st = gemm_grouped(cb, 2 * nr, (int)F, (int)C, pl->rows + 2 * j0, pl->ptr + 2 * j0, dptr + 2 * j0, G);
             const int elast = pl->act[j0 + nr - 1];
             const int64_t s0 = o.off[pl->act[j0]], s1 = o.off[elast] + hc[elast]; /* the run's places */
             if (!st) {
@@ -238,14 +220,11 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
                 st = cuda_check_launch(cb, "moe glu");
             }
             if (!st)
-                st = gemm_grouped(cb, nr, (int)C, (int)F, pl->rows + 2 * na + j0, (const void *const *)dA + 2 * na + j0,
-                                  (const void *const *)dB + 2 * na + j0, dC + 2 * na + j0, pl->A + 2 * na + j0,
-                                  pl->B + 2 * na + j0, pl->Cp + 2 * na + j0);
+                st = gemm_grouped(cb, nr, (int)C, (int)F, pl->rows + 2 * na + j0, pl->ptr + 2 * na + j0,
+                                  dptr + 2 * na + j0, G);
         }
         if (st) break;
-        const dim3 grid(cuda_blocks(C, 256) < 16 ? cuda_blocks(C, 256) : 16, (unsigned)R);
-        k_moe_combine_slots<<<grid, 256, 0, cb->stream>>>((float *)a->out->data + (int64_t)i0 * C, y, pw, slot, K, C);
-        st = cuda_check_launch(cb, "moe combine");
+        st = cuda_moe_combine(cb, (float *)a->out->data + (int64_t)i0 * C, y, pw, slot, R, K, C);
     }
     free(pl);
     return st;
