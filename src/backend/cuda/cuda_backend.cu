@@ -455,7 +455,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     const char *mo = getenv("LMX_CUDA_MOE");
     cb->moe_off = mo && mo[0] == '0';
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
-    cb->moe_grouped = !(mg && mg[0] == '0');
+    cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *kp = getenv("LMX_CUDA_KEEP");
     cb->keep_f32 = kp && !strcmp(kp, "f32");
     const char *gv = getenv("LMX_CUDA_GEMV");

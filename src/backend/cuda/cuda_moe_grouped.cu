@@ -92,6 +92,7 @@ static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int 
     if (G <= 0) return LMX_OK;
     if (G > 2 * MOE_E_MAX) return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "moe: %d GEMM groups", G);
     const float one = 1.0f, zero = 0.0f;
+#if CUBLAS_VERSION >= 120500 /* cuBLAS's grouped GEMM came with CUDA 12.5 (Debian's toolkits are older) */
     if (cb->moe_grouped) {
         cublasOperation_t ta[2 * MOE_E_MAX], tb[2 * MOE_E_MAX];
         int ms[2 * MOE_E_MAX], ks[2 * MOE_E_MAX], sizes[2 * MOE_E_MAX];
@@ -105,6 +106,7 @@ static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int 
         if (s != CUBLAS_STATUS_NOT_SUPPORTED) return cuda_blas_fail(cb, s, "moe grouped GEMM");
         cb->moe_grouped = 0; /* this cuBLAS has no grouped GEMM of these types: single GEMMs from now on */
     }
+#endif
     for (int i = 0; i < G; i++) {
         cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n[i], k, &one, hp[i], CUDA_R_16BF, k,
                                         hp[stride + i], CUDA_R_16BF, k, &zero, hp[2 * stride + i], CUDA_R_32F, m,
