@@ -576,7 +576,10 @@ static void case_batch(const char *model) {
     lmx_context *ctxs[MAX_B] = {0};
     int ok = m && prompts && lens32 && want && B > 0 && B <= MAX_B && nl == B && T + 3 * B <= MAX_SEQ;
     CHECK_MSG(ok, "%s: setup failed", label);
-    float *out = ok ? malloc((size_t)B * V * sizeof *out) : NULL, *alone = ok ? malloc((size_t)V * sizeof *alone) : NULL;
+    /* the batch's logits in the backend's host memory (lmx_host_alloc), as an application reading them
+     * every step would hold them */
+    float *out = ok ? lmx_host_alloc(m, (size_t)B * V * sizeof *out) : NULL, *alone = ok ? malloc((size_t)V * sizeof *alone) : NULL;
+    ok = ok && out && alone;
     int lens[MAX_B], lens2[MAX_B], T2 = 0;
     int32_t seqs[MAX_B][MAX_SEQ], tokens2[MAX_B * MAX_SEQ];
     for (int b = 0; ok && b < B; b++) {
@@ -630,7 +633,7 @@ static void case_batch(const char *model) {
         printf("  %-34s continuation vs alone err/tol %.4f\n", label, worst);
     }
     for (int b = 0; b < MAX_B; b++) lmx_context_free(ctxs[b]);
-    free(out);
+    lmx_host_free(m, out);
     free(alone);
     free(want);
     free(prompts);

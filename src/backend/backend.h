@@ -196,6 +196,10 @@ typedef struct lmx_backend_ops {
     /* Bytes the backend's device could still allocate (optional; NULL where it is not known, as on the
      * cpu): training decides from it whether a step fits without checkpointing. */
     int64_t (*free_bytes)(const lmx_backend *be);
+    /* Host memory that read copies into fastest (page-locked), and its free (optional: NULL where
+     * ordinary memory is as fast, as on the cpu; lmx_host_alloc then uses malloc). */
+    void *(*host_alloc)(lmx_backend *be, size_t n);
+    void (*host_free)(lmx_backend *be, void *p);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

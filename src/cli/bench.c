@@ -1,7 +1,9 @@
 /* bench.c - `lmx bench MODEL [--json]`: load time, prefill and decode speed, batched decode, peak
  * GPU memory and the achieved weight bandwidth next to the device's measured copy bandwidth.
  *
- * Every timed call returns logits to the host, so wall-clock time covers the device work.  Token
+ * Every timed call returns logits to the host, so wall-clock time covers the device work; they land in
+ * the backend's fastest host memory (lmx_host_alloc: page-locked on cuda), as an application reading
+ * logits every step would hold them.  Token
  * ids are random (xorshift); each figure is the median of its repetitions after one warm-up.
  * "generate" runs the stream API (sampling included; only the sampler's top-k candidates cross to
  * the host on a GPU) and reports its decode tokens/s.
@@ -167,7 +169,7 @@ static double decode_batch(bench *b, int B, int steps) {
     lmx_context **cs = calloc((size_t)B, sizeof *cs);
     int32_t *ids = malloc((size_t)B * P * sizeof *ids);
     int *lens = malloc((size_t)B * sizeof *lens);
-    float *logits = malloc((size_t)B * b->V * sizeof *logits);
+    float *logits = lmx_host_alloc(b->m, (size_t)B * b->V * sizeof *logits);
     double *t = malloc((size_t)steps * sizeof *t), r = -1;
     if (!cs || !ids || !lens || !logits || !t) goto done;
     for (int i = 0; i < B; i++)
@@ -191,7 +193,7 @@ done:
     free(cs);
     free(ids);
     free(lens);
-    free(logits);
+    lmx_host_free(b->m, logits);
     free(t);
     return r;
 }
@@ -245,8 +247,11 @@ int cmd_bench(int argc, char **argv) {
     b.V = b.in.vocab_size;
     b.cuda = !strcmp(b.in.backend, "cuda");
     sample_gpu_mem(&b);
-    float *logits = malloc((size_t)b.V * sizeof *logits);
-    if (!logits) return 1;
+    float *logits = lmx_host_alloc(b.m, (size_t)b.V * sizeof *logits);
+    if (!logits) {
+        lmx_model_free(b.m);
+        return 1;
+    }
 
     /* bytes per decoded token */
     const lmx_model_info *in = &b.in;
@@ -302,7 +307,7 @@ int cmd_bench(int argc, char **argv) {
             if (copy_bw > 0) printf("roofline (ctx 0)     %8.1f %% of copy bandwidth\n", 100 * bw0 / copy_bw);
         }
     }
-    free(logits);
+    lmx_host_free(b.m, logits);
     lmx_model_free(b.m);
     return failed;
 }

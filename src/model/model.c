@@ -122,6 +122,19 @@ fail:
     return st;
 }
 
+void *lmx_host_alloc(lmx_model *m, size_t bytes) {
+    if (!m) return NULL;
+    const lmx_backend_ops *op = m->be ? m->be->ops : NULL;
+    return op && op->host_alloc ? op->host_alloc(m->be, bytes) : malloc(bytes);
+}
+
+void lmx_host_free(lmx_model *m, void *p) {
+    if (!m || !p) return;
+    const lmx_backend_ops *op = m->be ? m->be->ops : NULL;
+    if (op && op->host_free) op->host_free(m->be, p);
+    else free(p);
+}
+
 lmx_status lmx_model_get_info(const lmx_model *m, lmx_model_info *out) {
     if (!m || !out) return LMX_ERR_INVALID_ARG;
     memset(out, 0, sizeof *out);

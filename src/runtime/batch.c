@@ -141,7 +141,7 @@ static void batch_state_free(lmx_model *m, batch_state *b, int N) {
     }
     free(b->ctx);
     free(b->hist);
-    free(b->logits);
+    lmx_host_free(m, b->logits);
     free(b->cvals);
     free(b->cids);
     free(b->act_ctx);
@@ -176,7 +176,7 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     batch_state b = {0};
     b.ctx = calloc((size_t)N, sizeof *b.ctx);
     b.hist = calloc((size_t)N, sizeof *b.hist);
-    b.logits = malloc((size_t)N * V * sizeof *b.logits);
+    b.logits = lmx_host_alloc(m, (size_t)N * V * sizeof *b.logits); /* read every step */
     b.cvals = malloc((size_t)N * LMX_TOPK_MAX * sizeof *b.cvals);
     b.cids = malloc((size_t)N * LMX_TOPK_MAX * sizeof *b.cids);
     b.act_ctx = malloc((size_t)N * sizeof *b.act_ctx);

@@ -77,7 +77,7 @@ void lmx_runtime_free(lmx_model *m) {
     lmx_context_free(rt->ctx);
     lmx_buf_free(be, &rt->hist);
     if (rt->logits) lmx_backend_mem(be, -(int64_t)((size_t)m->cfg.vocab * sizeof(float)));
-    free(rt->logits);
+    lmx_host_free(m, rt->logits);
     if (rt->sampler.cand) lmx_backend_mem(be, -(int64_t)lmx_sampler_bytes(m->cfg.vocab));
     lmx_sampler_free(&rt->sampler);
     lmx_tok_free(rt->tok);
@@ -139,7 +139,7 @@ lmx_status lmx_runtime_ready(lmx_model *m) {
     if (!rt->logits) {
         if (lmx_backend_mem_check(m->be, (int64_t)((size_t)V * sizeof(float)) + (int64_t)lmx_sampler_bytes(V)))
             return lmx_err_set(&m->err, LMX_ERR_NOMEM, "%s", m->be->err.msg);
-        if (!(rt->logits = malloc((size_t)V * sizeof(float))))
+        if (!(rt->logits = lmx_host_alloc(m, (size_t)V * sizeof(float)))) /* read every step */
             return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         lmx_backend_mem(m->be, (int64_t)((size_t)V * sizeof(float)));
     }

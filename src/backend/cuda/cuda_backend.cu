@@ -85,6 +85,21 @@ static int64_t cuda_cached_bytes(const lmx_backend *be) {
     return n;
 }
 
+/* Page-locked host memory (NULL when it cannot be had: no error kept, lmx_host_alloc's contract). */
+static void *cuda_host_alloc(lmx_backend *be, size_t n) {
+    (void)be;
+    void *p = NULL;
+    if (cudaMallocHost(&p, n ? n : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+static void cuda_host_free(lmx_backend *be, void *p) {
+    (void)be;
+    cudaFreeHost(p);
+}
+
 /* The device's free memory, plus the pool's idle blocks (its reserve, which later allocations reuse). */
 static int64_t cuda_free_bytes(const lmx_backend *be) {
     const cuda_backend *cb = (const cuda_backend *)be;
@@ -359,6 +374,8 @@ static const lmx_backend_ops cuda_ops = {
     /* .scale = */ cuda_op_scale,
     /* .moe = */ cuda_op_moe,
     /* .free_bytes = */ cuda_free_bytes,
+    /* .host_alloc = */ cuda_host_alloc,
+    /* .host_free = */ cuda_host_free,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

@@ -345,11 +345,13 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
     return kind == GV_BF16 || kind == GV_F16;
 }
 
-/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor two
- * blocks, while each part keeps at least 8 steps of K. */
+/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor a
+ * block, while each part keeps at least 8 steps of K.  Two blocks a multiprocessor (the rule before)
+ * made the parts short: on an H100, 8B Llama batch 8 / 32 MLX 4-bit 1,418 / 3,499 -> 1,520 / 4,003 tok/s,
+ * bf16 1,094 / 3,421 -> 1,111 / 3,401 (lmx bench, one call). */
 static int tc_parts(const cuda_backend *cb, int groups, int steps) {
     int kp = 1;
-    while (kp < 16 && (int64_t)groups * kp < 2 * cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
+    while (kp < 16 && (int64_t)groups * kp < cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
     return kp;
 }
 
