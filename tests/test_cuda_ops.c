@@ -126,7 +126,7 @@ static void test_embed(void) {
 }
 
 static void test_elementwise(void) {
-    const int ns[] = {1, 37, 2051};
+    const int ns[] = {1, 37, 300, 2051, 5000, 9001}; /* rmsnorm: a warp a row; a block, 8 / 16 / 32 values a thread; a loop */
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
         int n = ns[i], rows = 5;
         float *x = rand_vec((int64_t)rows * n, 3.0f), *y = rand_vec((int64_t)rows * n, 3.0f);

@@ -200,18 +200,20 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *backend = "auto", *adapters[4];
-    int json = 0, steps = 64, long_ctx = 4096, n_adapters = 0;
+    int json = 0, steps = 64, long_ctx = 4096, n_adapters = 0, only_batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) {
-            printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--adapter DIR]... [--json]\n\n"
+            printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--adapter DIR]... [--batch B]\n"
+                   "                 [--json]\n\n"
                    "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
                    "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
                    "batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
                    "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
                    "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n"
                    "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
-                   "several, the sequences of a batch take them in turn (one batch mixes them).\n");
+                   "several, the sequences of a batch take them in turn (one batch mixes them).\n"
+                   "--batch B measures batched decode at batch B alone (for a profiler); the rest print 0.\n");
             return 0;
         }
         if (!strcmp(a, "--json")) json = 1;
@@ -221,6 +223,7 @@ int cmd_bench(int argc, char **argv) {
             adapters[n_adapters++] = argv[++i];
         }
         else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench: bad --steps"); }
+        else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &only_batch) || only_batch < 1) return cli_usage_error("bench: bad --batch"); }
         else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx) || long_ctx < 0) return cli_usage_error("bench: bad --long-ctx"); }
         else if (a[0] == '-') return cli_usage_error("bench: unknown option or missing value: %s", a);
         else if (path) return cli_usage_error("bench: more than one model given");
@@ -261,16 +264,22 @@ int cmd_bench(int argc, char **argv) {
         bytes_tok -= (double)in->expert_bytes * (1.0 - (double)in->n_experts_used / in->n_experts);
     double kv_bytes_pos = 2.0 * in->n_layers * KD * (b.cuda ? 2 : 4);
 
-    double copy_bw = copy_bandwidth(&b);
-    double pp512 = prefill(&b, 512, 3, logits);
-    double pp2048 = prefill(&b, 2048, 3, logits);
-    double tg0 = decode(&b, 0, steps, logits);
-    double tgL = long_ctx > 0 ? decode(&b, long_ctx, steps / 2 > 8 ? steps / 2 : 8, logits) : 0;
-    generate(&b, 8, 0.0f); /* warm-up */
-    double gen_greedy = generate(&b, steps, 0.0f), gen_sampled = generate(&b, steps, 0.8f);
+    const int all = !only_batch;
+    double copy_bw = all ? copy_bandwidth(&b) : 0;
+    double pp512 = all ? prefill(&b, 512, 3, logits) : 0;
+    double pp2048 = all ? prefill(&b, 2048, 3, logits) : 0;
+    double tg0 = all ? decode(&b, 0, steps, logits) : 0;
+    double tgL = all && long_ctx > 0 ? decode(&b, long_ctx, steps / 2 > 8 ? steps / 2 : 8, logits) : 0;
+    if (all) generate(&b, 8, 0.0f); /* warm-up */
+    double gen_greedy = all ? generate(&b, steps, 0.0f) : 0, gen_sampled = all ? generate(&b, steps, 0.8f) : 0;
     int Bs[3] = {1, 8, 32};
-    double bt[3];
-    for (int i = 0; i < 3; i++) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
+    double bt[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++)
+        if (all || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
+    if (!all && only_batch != 1 && only_batch != 8 && only_batch != 32) {
+        Bs[0] = only_batch; /* printed in batch 1's place */
+        bt[0] = decode_batch(&b, only_batch, steps / 4 > 8 ? steps / 4 : 8);
+    }
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
                        bt[1] < 0 || bt[2] < 0;

@@ -78,23 +78,77 @@ __global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dt
     for (int i = lane; i < n; i += 32) orow[i] = xr[i] * inv * (cuda_elem(w, wt, i) + add_one);
 }
 
-/* One block of 256 threads per row. */
-__global__ void k_rmsnorm_block(float *out, const float *x, const void *w, lmx_dtype wt, int n, float eps,
-                                float add_one) {
+/* Rows of n > 256 values, a block of 256 threads per row: thread t sums the squares of the values
+ * t, t + 256, ... in that order, then the warps' sums in warp order (the eager op and the decode
+ * graph's fused add + norm agree bit for bit).  Up to 256 J values (J_MAX: 8192) a thread holds its
+ * values in registers, so every load of the row is in flight at once, and the norm's weights are read
+ * before the kernel waits for the one before it; longer rows loop over the row twice.
+ * ADD: y += p first (the residual add of a decode graph), and the norm reads the sum. */
+#define RMS_J_MAX 32
+template <int J, bool ADD>
+__global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, float *__restrict__ y,
+                                                       const float *__restrict__ p, const void *__restrict__ w,
+                                                       lmx_dtype wt, int n, float eps, float add_one) {
     cuda_pdl_trigger();
-    cuda_pdl_wait();
     __shared__ float part[8];
-    const float *xr = x + (int64_t)blockIdx.x * n;
-    float *orow = out + (int64_t)blockIdx.x * n;
+    const int t = threadIdx.x;
+    float *yr = y + (int64_t)blockIdx.x * n, *orow = out + (int64_t)blockIdx.x * n;
+    const float *pr = ADD ? p + (int64_t)blockIdx.x * n : NULL;
     float ss = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = cuda_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = 0;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
-    float inv = rsqrtf(tot / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+    if constexpr (J > 0) {
+        float wv[J], v[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) wv[j] = t + 256 * j < n ? cuda_elem(w, wt, t + 256 * j) + add_one : 0.0f;
+        cuda_pdl_wait();
+#pragma unroll
+        for (int j = 0; j < J; j++) v[j] = t + 256 * j < n ? yr[t + 256 * j] : 0.0f;
+        if constexpr (ADD) {
+#pragma unroll
+            for (int j = 0; j < J; j++) v[j] += t + 256 * j < n ? pr[t + 256 * j] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < J; j++)
+                if (t + 256 * j < n) yr[t + 256 * j] = v[j];
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            if (t + 256 * j < n) ss += v[j] * v[j];
+        ss = cuda_warp_sum(ss);
+        if (t % 32 == 0) part[t / 32] = ss;
+        __syncthreads();
+        float tot = 0;
+        for (int i = 0; i < 8; i++) tot += part[i];
+        const float inv = rsqrtf(tot / n + eps);
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            if (t + 256 * j < n) orow[t + 256 * j] = v[j] * inv * wv[j];
+    } else {
+        cuda_pdl_wait();
+        for (int i = t; i < n; i += 256) {
+            float v = yr[i];
+            if constexpr (ADD) {
+                v += pr[i];
+                yr[i] = v;
+            }
+            ss += v * v;
+        }
+        ss = cuda_warp_sum(ss);
+        if (t % 32 == 0) part[t / 32] = ss;
+        __syncthreads();
+        float tot = 0;
+        for (int i = 0; i < 8; i++) tot += part[i];
+        const float inv = rsqrtf(tot / n + eps);
+        for (int i = t; i < n; i += 256) orow[i] = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+    }
+}
+
+/* k_rmsnorm_block's launch for rows of n > 256 (p NULL: no add; y is then only read). */
+template <bool ADD>
+static void rmsnorm_block_launch(cuda_backend *cb, float *out, float *y, const float *p, const lmx_tensor *w, int rows,
+                                 int n, float eps, float add_one) {
+    void (*k)(float *, float *, const float *, const void *, lmx_dtype, int, float, float) =
+        n <= 256 * 8 ? k_rmsnorm_block<8, ADD> : n <= 256 * 16 ? k_rmsnorm_block<16, ADD>
+        : n <= 256 * RMS_J_MAX ? k_rmsnorm_block<RMS_J_MAX, ADD> : k_rmsnorm_block<0, ADD>;
+    cuda_launch(cb, k, rows, 256, 0, out, y, p, (const void *)w->data, w->dtype, n, eps, add_one);
 }
 
 lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
@@ -107,41 +161,15 @@ lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, c
         cuda_launch(cb, k_rmsnorm_warp, cuda_blocks(rows, 8), 256, 0, (float *)out->data, (const float *)x->data,
                     (const void *)w->data, w->dtype, rows, n, eps, add_one);
     else
-        cuda_launch(cb, k_rmsnorm_block, rows, 256, 0, (float *)out->data, (const float *)x->data,
-                    (const void *)w->data, w->dtype, n, eps, add_one);
+        rmsnorm_block_launch<false>(cb, (float *)out->data, (float *)x->data, NULL, w, rows, n, eps, add_one);
     return cuda_check_launch(cb, "rmsnorm");
 }
 
-/* y += p, then out = rmsnorm(y) (the residual add and the next norm of a decode graph): one block
- * of 256 threads per row, the same reduction order as k_rmsnorm_block. */
-__global__ void k_add_rmsnorm(float *y, const float *p, float *out, const void *w, lmx_dtype wt, int n, float eps,
-                              float add_one) {
-    cuda_pdl_trigger();
-    cuda_pdl_wait();
-    __shared__ float part[8];
-    float *yr = y + (int64_t)blockIdx.x * n;
-    const float *pr = p + (int64_t)blockIdx.x * n;
-    float *orow = out + (int64_t)blockIdx.x * n;
-    float ss = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = yr[i] + pr[i];
-        yr[i] = v;
-        ss += v * v;
-    }
-    ss = cuda_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = 0;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
-    float inv = rsqrtf(tot / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
-}
-
+/* y += p, then out = rmsnorm(y) (the residual add and the next norm of a decode graph) as one launch. */
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
                             const lmx_tensor *w, int rows, int n, float eps, float add_one) {
     if (w->q.bits || w->q.ggml_type || n <= 256 || rows <= 0) return LMX_ERR_UNSUPPORTED;
-    cuda_launch(cb, k_add_rmsnorm, rows, 256, 0, (float *)y->data, (const float *)p->data, (float *)out->data,
-                (const void *)w->data, w->dtype, n, eps, add_one);
+    rmsnorm_block_launch<true>(cb, (float *)out->data, (float *)y->data, (const float *)p->data, w, rows, n, eps, add_one);
     return cuda_check_launch(cb, "add + rmsnorm");
 }
 
