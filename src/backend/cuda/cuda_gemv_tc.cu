@@ -345,13 +345,15 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
     return kind == GV_BF16 || kind == GV_F16;
 }
 
-/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor a
- * block, while each part keeps at least 8 steps of K.  Two blocks a multiprocessor (the rule before)
- * made the parts short: on an H100, 8B Llama batch 8 / 32 MLX 4-bit 1,418 / 3,499 -> 1,520 / 4,003 tok/s,
- * bf16 1,094 / 3,421 -> 1,111 / 3,401 (lmx bench, one call). */
-static int tc_parts(const cuda_backend *cb, int groups, int steps) {
+/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor
+ * per_sm blocks, while each part keeps at least 8 steps of K.  Measured on an H100 (8B Llama shapes):
+ * dense and MLX weights want one block a multiprocessor (batch 8 / 32 MLX 4-bit 1,418 / 3,499 -> 1,520 /
+ * 4,003 tok/s against two; bf16 alike or better: q/o at 8 rows 17.8 -> 12.2 us); GGUF kinds, which
+ * decode each part where it is used with no loads in flight ahead, want two (Q4_K gate/up at 8 rows
+ * 36.6 us with one, 32.4 with two; Q6_K 55.3 / 45.7; 8B Q4_K_M batch 8 833 -> 729 tok/s with one). */
+static int tc_parts(const cuda_backend *cb, int groups, int steps, int per_sm) {
     int kp = 1;
-    while (kp < 16 && (int64_t)groups * kp < cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
+    while (kp < 16 && (int64_t)groups * kp < per_sm * cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
     return kp;
 }
 
@@ -404,7 +406,7 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
         groups += gi;
         if (gi > gmax) gmax = gi;
     }
-    int kp = tc_parts(cb, groups, (K + sk - 1) / sk);
+    int kp = tc_parts(cb, groups, (K + sk - 1) / sk, kind >= TC_GQ ? 2 : 1);
     float *part = NULL;
     int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;
