@@ -213,7 +213,7 @@ int cmd_bench(int argc, char **argv) {
                    "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n"
                    "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
                    "several, the sequences of a batch take them in turn (one batch mixes them).\n"
-                   "--batch B measures batched decode at batch B alone (for a profiler); the rest print 0.\n");
+                   "--batch B (1, 8 or 32) measures batched decode at batch B alone (for a profiler); the rest print 0.\n");
             return 0;
         }
         if (!strcmp(a, "--json")) json = 1;
@@ -223,7 +223,7 @@ int cmd_bench(int argc, char **argv) {
             adapters[n_adapters++] = argv[++i];
         }
         else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench: bad --steps"); }
-        else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &only_batch) || only_batch < 1) return cli_usage_error("bench: bad --batch"); }
+        else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &only_batch) || (only_batch != 1 && only_batch != 8 && only_batch != 32)) return cli_usage_error("bench: --batch takes 1, 8 or 32"); }
         else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx) || long_ctx < 0) return cli_usage_error("bench: bad --long-ctx"); }
         else if (a[0] == '-') return cli_usage_error("bench: unknown option or missing value: %s", a);
         else if (path) return cli_usage_error("bench: more than one model given");
@@ -276,10 +276,6 @@ int cmd_bench(int argc, char **argv) {
     double bt[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++)
         if (all || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
-    if (!all && only_batch != 1 && only_batch != 8 && only_batch != 32) {
-        Bs[0] = only_batch; /* printed in batch 1's place */
-        bt[0] = decode_batch(&b, only_batch, steps / 4 > 8 ? steps / 4 : 8);
-    }
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
                        bt[1] < 0 || bt[2] < 0;
