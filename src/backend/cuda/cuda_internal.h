@@ -251,19 +251,25 @@ static __device__ __forceinline__ float cuda_warp_max(float v) {
     return v;
 }
 
+/* 1 / rms of a row of K values + eps folded in, from each thread's sum of squares, by a block of 256
+ * threads (part: 8 floats of shared memory): the warps' sums, then the 8 warps' in warp order. */
+static __device__ __forceinline__ float cuda_rms_inv_block(float ss, int K, float eps, float *part) {
+    ss = cuda_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < 8; i++) tot += part[i];
+    return rsqrtf(tot / K + eps);
+}
+
 /* 1 / rms(x[0..K)) + eps folded in, by a block of 256 threads (part: 8 floats of shared memory), in the
  * reduction order of the rmsnorm op's kernels. */
 static __device__ __forceinline__ float cuda_rms_inv256(const float *x, int K, float eps, float *part) {
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tid = threadIdx.x, lane = tid % 32;
     float ss = 0.0f;
     if (K > 256) {
         for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
-        ss = cuda_warp_sum(ss);
-        if (lane == 0) part[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int i = 0; i < 8; i++) tot += part[i];
-        return rsqrtf(tot / K + eps);
+        return cuda_rms_inv_block(ss, K, eps, part);
     }
     for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
     ss = cuda_warp_sum(ss);

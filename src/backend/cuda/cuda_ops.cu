@@ -112,12 +112,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
 #pragma unroll
         for (int j = 0; j < J; j++)
             if (t + 256 * j < n) ss += v[j] * v[j];
-        ss = cuda_warp_sum(ss);
-        if (t % 32 == 0) part[t / 32] = ss;
-        __syncthreads();
-        float tot = 0;
-        for (int i = 0; i < 8; i++) tot += part[i];
-        const float inv = rsqrtf(tot / n + eps);
+        const float inv = cuda_rms_inv_block(ss, n, eps, part);
 #pragma unroll
         for (int j = 0; j < J; j++)
             if (t + 256 * j < n) orow[t + 256 * j] = v[j] * inv * wv[j];
@@ -131,12 +126,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
             }
             ss += v * v;
         }
-        ss = cuda_warp_sum(ss);
-        if (t % 32 == 0) part[t / 32] = ss;
-        __syncthreads();
-        float tot = 0;
-        for (int i = 0; i < 8; i++) tot += part[i];
-        const float inv = rsqrtf(tot / n + eps);
+        const float inv = cuda_rms_inv_block(ss, n, eps, part);
         for (int i = t; i < n; i += 256) orow[i] = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
     }
 }
