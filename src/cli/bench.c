@@ -3,8 +3,8 @@
  *
  * Every timed call returns logits to the host, so wall-clock time covers the device work; they land in
  * the backend's fastest host memory (lmx_host_alloc: page-locked on cuda), as an application reading
- * logits every step would hold them.  Token
- * ids are random (xorshift); each figure is the median of its repetitions after one warm-up.
+ * logits every step would hold them.  Token ids are random (xorshift); each figure is the median of its
+ * repetitions after one warm-up.
  * "generate" runs the stream API (sampling included; only the sampler's top-k candidates cross to
  * the host on a GPU) and reports its decode tokens/s.
  * Bytes per decoded token = every weight byte except the embedding table (one row is read), plus
