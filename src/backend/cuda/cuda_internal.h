@@ -185,6 +185,10 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
 lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
+#define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
+/* 1 when the GPU routes a's rows (both paths): on, 1..CUDA_MOE_E_MAX experts, 1..32 choices, f32 router
+ * logits, a SiLU or GELU-tanh GLU */
+int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);

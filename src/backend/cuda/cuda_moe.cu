@@ -15,9 +15,7 @@
 #include "cuda_internal.h"
 
 #define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
-#define MOE_ROUTE_MAX 256 /* experts the routing kernel takes: 8 per lane */
-
-typedef struct moe_escale { float s[MOE_ROUTE_MAX]; int on; } moe_escale;
+typedef struct moe_escale { float s[CUDA_MOE_E_MAX]; int on; } moe_escale;
 
 /* One warp per row: lane l holds logits l, l + 32, ... (NaN as -inf, so that a choice is always an
  * expert); the k-th choice is the largest not taken, the lower index first among equals. */
@@ -28,10 +26,10 @@ __global__ void __launch_bounds__(32) k_moe_route(const float *logits, int E, in
     cuda_pdl_wait();
     const int i = blockIdx.x, lane = threadIdx.x;
     const float *z = logits + (int64_t)i * E;
-    float v[MOE_ROUTE_MAX / 32];
+    float v[CUDA_MOE_E_MAX / 32];
     float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < MOE_ROUTE_MAX / 32; j++) {
+    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
         const int e = lane + 32 * j;
         const float t = e < E ? *(volatile const float *)(z + e) : -INFINITY; /* after the wait (k_moe_gemv1) */
         v[j] = t != t ? -INFINITY : t;
@@ -41,7 +39,7 @@ __global__ void __launch_bounds__(32) k_moe_route(const float *logits, int E, in
     const float base = mx == -INFINITY ? 0.0f : mx; /* every logit -inf or NaN: equal weights of 0 / 0 */
     float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < MOE_ROUTE_MAX / 32; j++) sum += lane + 32 * j < E ? expf((v[j] - base) * scale) : 0.0f;
+    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) sum += lane + 32 * j < E ? expf((v[j] - base) * scale) : 0.0f;
     sum = cuda_warp_sum(sum);
     unsigned taken = 0;
     float ksum = 0.0f, p[32];
@@ -50,7 +48,7 @@ __global__ void __launch_bounds__(32) k_moe_route(const float *logits, int E, in
         float bv = -INFINITY;
         int be = INT_MAX;
 #pragma unroll
-        for (int j = 0; j < MOE_ROUTE_MAX / 32; j++) {
+        for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
             const int e = lane + 32 * j;
             if (e < E && !(taken >> j & 1) && (be == INT_MAX || v[j] > bv)) bv = v[j], be = e;
         }
@@ -108,11 +106,14 @@ lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R
     return cuda_check_launch(cb, "moe routing");
 }
 
+int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a) {
+    return !cb->moe_off && a->M >= 1 && a->K >= 1 && a->K <= 32 && a->K <= a->E && a->E <= CUDA_MOE_E_MAX &&
+           a->logits->dtype == LMX_DTYPE_F32 && (a->act == LMX_ACT_SILU || a->act == LMX_ACT_GELU_TANH);
+}
+
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    return !cb->moe_off && a->alike && a->M >= 1 && a->K >= 1 && a->K <= 32 && a->K <= a->E &&
-           (int64_t)a->M * a->K <= CUDA_MOE_PAIRS && a->E <= MOE_ROUTE_MAX && a->logits->dtype == LMX_DTYPE_F32 &&
-           (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E)) &&
-           (a->act == LMX_ACT_SILU || a->act == LMX_ACT_GELU_TANH);
+    return cuda_moe_routes(cb, a) && a->alike && (int64_t)a->M * a->K <= CUDA_MOE_PAIRS &&
+           (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E));
 }
 
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrapper (w_moe) checked cuda_moe_takes */

@@ -18,9 +18,8 @@
 
 #define MOE_ROUND_PAIRS 8192                 /* (row, choice) pairs a round: bounds the scratch */
 #define CUDA_MOE_DEQUANT_BYTES (256u << 20)  /* experts dequantized to bf16 at once */
-#define MOE_E_MAX 256                        /* experts (k_moe_route's limit) */
 
-typedef struct moe_offs { int off[MOE_E_MAX]; } moe_offs;
+typedef struct moe_offs { int off[CUDA_MOE_E_MAX]; } moe_offs;
 
 /* count[e] = pairs that chose e: a warp per expert */
 __global__ void k_moe_count(const int *pick, int P, int E, int *count) {
@@ -70,9 +69,7 @@ __global__ void k_moe_glu(__nv_bfloat16 *h, const float *g, const float *u, int6
 static int direct(const lmx_tensor *w) { return !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_BF16; }
 
 int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    if (cb->moe_off || a->M < 1 || a->K < 1 || a->K > 32 || a->K > a->E || a->E > MOE_E_MAX ||
-        a->logits->dtype != LMX_DTYPE_F32 || (a->act != LMX_ACT_SILU && a->act != LMX_ACT_GELU_TANH))
-        return 0;
+    if (!cuda_moe_routes(cb, a)) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     for (int e = 0; e < a->E; e++) /* every expert's shapes agree (one GEMM's m and k per projection) */
         for (int j = 0; j < 3; j++) {
@@ -82,7 +79,7 @@ int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     return 1;
 }
 
-/* One grouped GEMM of G <= 2 MOE_E_MAX groups (gate and up of every expert): for each group i,
+/* One grouped GEMM of G <= 2 CUDA_MOE_E_MAX groups (gate and up of every expert): for each group i,
  * C_i [n_i, m] = B_i [n_i, k] A_i [m, k]^T, bf16 in, f32 out, with A_i = p[i], B_i = p[stride + i] and
  * C_i = p[2 stride + i] of the pointer table p: dp on the device for the grouped call, hp (the same) on the
  * host for the loop of single GEMMs that replaces it where cuBLAS has none (LMX_CUDA_MOE_GROUPED=0, or not
@@ -90,13 +87,13 @@ int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a) {
 static lmx_status gemm_grouped(cuda_backend *cb, int G, int m, int k, const int *n, void *const *hp, void *const *dp,
                                int stride) {
     if (G <= 0) return LMX_OK;
-    if (G > 2 * MOE_E_MAX) return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "moe: %d GEMM groups", G);
+    if (G > 2 * CUDA_MOE_E_MAX) return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "moe: %d GEMM groups", G);
     const float one = 1.0f, zero = 0.0f;
 #if CUBLAS_VERSION >= 120500 /* cuBLAS's grouped GEMM came with CUDA 12.5 (Debian's toolkits are older) */
     if (cb->moe_grouped) {
-        cublasOperation_t ta[2 * MOE_E_MAX], tb[2 * MOE_E_MAX];
-        int ms[2 * MOE_E_MAX], ks[2 * MOE_E_MAX], sizes[2 * MOE_E_MAX];
-        float alpha[2 * MOE_E_MAX], beta[2 * MOE_E_MAX];
+        cublasOperation_t ta[2 * CUDA_MOE_E_MAX], tb[2 * CUDA_MOE_E_MAX];
+        int ms[2 * CUDA_MOE_E_MAX], ks[2 * CUDA_MOE_E_MAX], sizes[2 * CUDA_MOE_E_MAX];
+        float alpha[2 * CUDA_MOE_E_MAX], beta[2 * CUDA_MOE_E_MAX];
         for (int i = 0; i < G; i++)
             ta[i] = CUBLAS_OP_T, tb[i] = CUBLAS_OP_N, ms[i] = m, ks[i] = k, sizes[i] = 1, alpha[i] = one, beta[i] = zero;
         cublasStatus_t s = cublasGemmGroupedBatchedEx(cb->blas, ta, tb, ms, n, ks, alpha, (const void *const *)dp,
@@ -122,8 +119,8 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
  * the GEMMs' pointer table (gemm_grouped's layout: A, B, C of the 3 n_act groups).  Active expert j's gate
  * and up GEMMs are groups 2 j and 2 j + 1, its down GEMM group 2 n_act + j. */
 typedef struct moe_plan {
-    int n_act, act[MOE_E_MAX], rows[3 * MOE_E_MAX];
-    void *ptr[9 * MOE_E_MAX];
+    int n_act, act[CUDA_MOE_E_MAX], rows[3 * CUDA_MOE_E_MAX];
+    void *ptr[9 * CUDA_MOE_E_MAX];
 } moe_plan;
 
 lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
@@ -136,7 +133,8 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
      * h [PM, F] bf16; y [PM, C] f32 */
     const size_t o_pw = align256((size_t)PM * 4), o_slot = o_pw + align256((size_t)PM * 4),
                  o_src = o_slot + align256((size_t)PM * 4), o_cnt = o_src + align256((size_t)PM * 4),
-                 o_ptr = o_cnt + align256((size_t)MOE_E_MAX * 4), o_xs = o_ptr + align256(9 * MOE_E_MAX * sizeof(void *)),
+                 o_ptr = o_cnt + align256((size_t)CUDA_MOE_E_MAX * 4),
+                 o_xs = o_ptr + align256(9 * CUDA_MOE_E_MAX * sizeof(void *)),
                  o_g = o_xs + align256((size_t)PM * C * 2), o_u = o_g + align256((size_t)PM * F * 4),
                  o_h = o_u + align256((size_t)PM * F * 4), o_y = o_h + align256((size_t)PM * F * 2),
                  total = o_y + align256((size_t)PM * C * 4);
@@ -163,7 +161,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
         const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * K;
         if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
         k_moe_count<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, count);
-        int hc[MOE_E_MAX];
+        int hc[CUDA_MOE_E_MAX];
         if (cudaMemcpyAsync(hc, count, (size_t)E * sizeof *hc, cudaMemcpyDeviceToHost, cb->stream) != cudaSuccess ||
             cudaStreamSynchronize(cb->stream) != cudaSuccess) {
             st = cuda_fail(cb, cudaGetLastError(), "moe counts");
