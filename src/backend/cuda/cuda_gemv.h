@@ -63,11 +63,6 @@ static __device__ __forceinline__ float raw_val(uint32_t r, lmx_dtype t) {
                                 : __uint_as_float(r);
 }
 
-static __device__ __forceinline__ float glu_act(float a, int act) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi); the same arithmetic as the glu op */
-    return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
-}
-
 /* seg s's LoRA expand term for output n (the one-row kernels; lane 0 at the end, B and t read then: holding
  * them across the main loop, in registers or shared memory, or a wider sum measured slower) */
 static __device__ __forceinline__ float gv_lora_term(const gv_seg &s, int n) {

@@ -185,6 +185,8 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
 lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
+/* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
+lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
 /* 1 when the GPU routes a's rows (both paths): on, 1..CUDA_MOE_E_MAX experts, 1..32 choices, f32 router
  * logits, a SiLU or GELU-tanh GLU */
@@ -253,6 +255,12 @@ static __device__ __forceinline__ float cuda_warp_sum(float v) {
 static __device__ __forceinline__ float cuda_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU */
+static __device__ __forceinline__ float glu_act(float a, int act) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
 }
 
 /* 1 / rms of a row of K values + eps folded in, from each thread's sum of squares, by a block of 256

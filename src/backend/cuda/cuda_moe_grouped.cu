@@ -7,7 +7,7 @@
  *            expert, by row: slot [P] (pair -> its place), src [P] (place -> row)
  *   gather   k_moe_gather: xs [P, C] bf16 = x[src]
  *   gate/up  grouped GEMM: g, u [P, F] f32, expert e's places times gate_e^T and up_e^T
- *   glu      k_moe_glu: h [P, F] bf16 = act(g) u
+ *   glu      cuda_glu_bf16: h [P, F] bf16 = act(g) u
  *   down     grouped GEMM: y [P, C] f32 = h down_e^T on each expert's places
  *   combine  cuda_moe_combine (cuda_moe.cu): out[i] += sum over k in order of pw[i, k] y[slot[i K + k]]
  *
@@ -58,12 +58,6 @@ __global__ void k_moe_gather(__nv_bfloat16 *xs, const float *x, const int *src, 
     const float *xi = x + (int64_t)src[s] * C;
     for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
         xs[s * C + c] = __float2bfloat16(xi[c]);
-}
-
-/* h[i] = bf16(act(g[i]) u[i]) */
-__global__ void k_moe_glu(__nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        h[i] = __float2bfloat16(glu_act(g[i], act) * u[i]);
 }
 
 static int direct(const lmx_tensor *w) { return !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_BF16; }
@@ -214,11 +208,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
                 st = gemm_grouped(cb, 2 * nr, (int)F, (int)C, pl->rows + 2 * j0, pl->ptr + 2 * j0, dptr + 2 * j0, G);
             const int elast = pl->act[j0 + nr - 1];
             const int64_t s0 = o.off[pl->act[j0]], s1 = o.off[elast] + hc[elast]; /* the run's places */
-            if (!st) {
-                k_moe_glu<<<cuda_ew_grid((s1 - s0) * F), 256, 0, cb->stream>>>(h + s0 * F, g + s0 * F, u + s0 * F,
-                                                                              (s1 - s0) * F, (int)a->act);
-                st = cuda_check_launch(cb, "moe glu");
-            }
+            if (!st) st = cuda_glu_bf16(cb, h + s0 * F, g + s0 * F, u + s0 * F, (s1 - s0) * F, (int)a->act);
             if (!st)
                 st = gemm_grouped(cb, nr, (int)C, (int)F, pl->rows + 2 * na + j0, pl->ptr + 2 * na + j0,
                                   dptr + 2 * na + j0, G);

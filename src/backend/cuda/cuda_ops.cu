@@ -18,19 +18,12 @@ __global__ void k_add(float *y, const float *x, int64_t n) {
         y[i] += x[i];
 }
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
-__global__ void k_glu(float *o, const float *g, const float *u, int64_t n, int act) {
+/* o = act(g) u, stored as O (f32; bf16 for the grouped experts' GEMMs, rounded once) */
+template <typename O> __global__ void k_glu(O *o, const float *g, const float *u, int64_t n, int act) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float a = g[i];
-        a = act == LMX_ACT_SILU ? a / (1.0f + expf(-a)) : gelu_tanh(a);
-        o[i] = a * u[i];
-    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        o[i] = O(glu_act(g[i], act) * u[i]);
 }
 
 __global__ void k_softcap(float *x, int64_t n, float cap) {
@@ -49,8 +42,13 @@ lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t
 lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                     lmx_act act) {
     cuda_backend *cb = (cuda_backend *)be;
-    cuda_launch(cb, k_glu, cuda_ew_grid(n), 256, 0, (float *)out->data, (const float *)gate->data, (const float *)up->data,
-                n, (int)act);
+    cuda_launch(cb, k_glu<float>, cuda_ew_grid(n), 256, 0, (float *)out->data, (const float *)gate->data,
+                (const float *)up->data, n, (int)act);
+    return cuda_check_launch(cb, "glu");
+}
+
+lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act) {
+    cuda_launch(cb, k_glu<__nv_bfloat16>, cuda_ew_grid(n), 256, 0, h, g, u, n, act);
     return cuda_check_launch(cb, "glu");
 }
 
