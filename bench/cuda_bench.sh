@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 peers=${PEERS-hf llamacpp}
 llcpp=${LLAMACPP:-/tmp/peer}
 mkdir -p "$out" /tmp/lmxb
-nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
+. "$root/bench/peer_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader >"$out/gpu.txt" 2>&1
 for spec in "$@"; do
     arch=${spec%%:*} bits=0
@@ -47,7 +47,7 @@ for spec in "$@"; do
                 for q in f16 q4_0; do
                     PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$dir" "$gg-$q.gguf" $q \
                         >"$out/$name.gguf-$q.log" 2>&1 &&
-                        LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-bench" -m "$gg-$q.gguf" \
+                        LD_LIBRARY_PATH=$peer_ld "$llcpp/bin/llama-bench" -m "$gg-$q.gguf" \
                             -ngl 99 -p 512,2048 -n 128 -r 3 -o json >"$out/$name.llamacpp-$q.json" 2>"$out/$name.llamacpp-$q.err"
                     rm -f "$gg-$q.gguf"
                 done

@@ -29,8 +29,8 @@ timeout 200 python3 "$root/bench/hf_decode.py" "$d" --steps 16 --prompt 2048 >"$
 if [ -x "$llcpp/bin/llama-bench" ]; then
     PYTHONPATH=$llcpp/gguf-py timeout 300 python3 "$root/tests/ref/hf_to_gguf.py" "$d" "$d.gguf" --placeholder-vocab \
         >"$out/gguf.log" 2>&1 || tail -3 "$out/gguf.log"
-    nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
-    LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} timeout 200 "$llcpp/bin/llama-bench" -m "$d.gguf" -ngl 99 \
+    . "$root/bench/peer_env.sh"
+    LD_LIBRARY_PATH=$peer_ld timeout 200 "$llcpp/bin/llama-bench" -m "$d.gguf" -ngl 99 \
         -p 2048 -n 128 -r 2 -o json >"$out/llama-bench.json" 2>"$out/llama-bench.err" || tail -3 "$out/llama-bench.err"
 fi
 python3 - "$out" <<'PY'

@@ -14,8 +14,8 @@ shift 3
 root=$(cd "$(dirname "$0")/.." && pwd)
 llcpp=${LLAMACPP:-/tmp/peer}
 mkdir -p "$out" /tmp/lmxb
-nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
-export LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-}
+. "$root/bench/peer_env.sh"
+export LD_LIBRARY_PATH=$peer_ld
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader >"$out/gpu.txt" 2>&1
 dir=/tmp/lmxb/$arch f16=/tmp/lmxb/$arch-f16.gguf
 t0=$(date +%s)

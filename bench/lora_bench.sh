@@ -31,12 +31,12 @@ run lora1 --adapter "$dir-lora1"
 run lora4 --adapter "$dir-lora1" --adapter "$dir-lora2" --adapter "$dir-lora3" --adapter "$dir-lora4"
 llcpp=${LLAMACPP:-/tmp/peer}
 if [ -x "$llcpp/bin/llama-batched-bench" ]; then
-    nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
+    . "$root/bench/peer_env.sh"
     gg=/tmp/lmxb/$spec-f16.gguf
     [ -f "$gg" ] || PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$dir" "$gg" >>"$out/make.log" 2>&1
     PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_lora_gguf.py" "$dir-lora1" "$dir-lora1.gguf" >>"$out/make.log" 2>&1
     echo "== llama.cpp base, batched"
-    LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-batched-bench" -m "$gg" -ngl 99 -c 8192 \
+    LD_LIBRARY_PATH=$peer_ld "$llcpp/bin/llama-batched-bench" -m "$gg" -ngl 99 -c 8192 \
         -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$out/llamacpp-base.txt" 2>"$out/llamacpp-base.err" ||
         { echo "llama.cpp base failed"; tail -3 "$out/llamacpp-base.err"; }
     grep '^|' "$out/llamacpp-base.txt"
@@ -45,7 +45,7 @@ if [ -x "$llcpp/bin/llama-batched-bench" ]; then
     for v in base lora1; do
         la=()
         [ $v = lora1 ] && la=(--lora "$dir-lora1.gguf")
-        LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-completion" -m "$gg" "${la[@]}" -ngl 99 \
+        LD_LIBRARY_PATH=$peer_ld "$llcpp/bin/llama-completion" -m "$gg" "${la[@]}" -ngl 99 \
             -c 1024 -p "The quick brown fox" -n 256 --ignore-eos -no-cnv -s 1 --temp 0 </dev/null \
             >"$out/llamacpp-decode-$v.txt" 2>"$out/llamacpp-decode-$v.err" ||
             { echo "llama-completion $v failed"; tail -3 "$out/llamacpp-decode-$v.err"; }

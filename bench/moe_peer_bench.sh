@@ -19,7 +19,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 llcpp=${LLAMACPP:-/tmp/peer}
 m=/tmp/lmxb/moe$layers
 mkdir -p "$out" /tmp/lmxb
-nccl=$(dirname "$(find /opt /usr /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null || true)
+. "$root/bench/peer_env.sh"
 [ -f "$m-F16.gguf" ] || {
     python3 "$root/bench/make_random_model.py" qwen3-30b-a3b "$m" --layers "$layers" >"$out/make.log" 2>&1 &&
         PYTHONPATH=$llcpp/gguf-py python3 "$root/bench/write_gguf.py" "$m" "$m-F16.gguf" >"$out/f16.log" 2>&1 ||
@@ -36,9 +36,9 @@ for t in $types; do
         env "${env[@]}" "$lmx" bench "$f" --steps 16 --long-ctx 0 --json >"$out/$t.lmx-$mode.json" 2>"$out/$t.lmx-$mode.err" ||
             { echo "$t $mode: lmx bench failed"; tail -3 "$out/$t.lmx-$mode.err"; }
     done
-    LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-bench" -m "$f" -ngl 99 -p 2048 -n 128 -r 2 \
+    LD_LIBRARY_PATH=$peer_ld "$llcpp/bin/llama-bench" -m "$f" -ngl 99 -p 2048 -n 128 -r 2 \
         -o json >"$out/$t.llama-bench.json" 2>"$out/$t.llama-bench.err" || tail -3 "$out/$t.llama-bench.err"
-    LD_LIBRARY_PATH=$llcpp/lib:$nccl:${LD_LIBRARY_PATH:-} "$llcpp/bin/llama-batched-bench" -m "$f" -ngl 99 -c 16384 \
+    LD_LIBRARY_PATH=$peer_ld "$llcpp/bin/llama-batched-bench" -m "$f" -ngl 99 -c 16384 \
         -npp 128 -ntg 128 -npl 1,8,32 >"$out/$t.batched.txt" 2>"$out/$t.batched.err" || tail -3 "$out/$t.batched.err"
 done
 python3 - "$out" $types <<'PY'
