@@ -22,6 +22,9 @@ from safetensors.torch import load_file
 
 import gguf
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
+from gguf_vocab import add_placeholder_vocab  # noqa: E402
+
 
 def main():
     src, out = sys.argv[1], sys.argv[2]
@@ -47,12 +50,7 @@ def main():
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_file_type(2 if q4 else 1)  # mostly Q4_0 / mostly F16
-    w.add_tokenizer_model("llama")
-    nb = 256  # byte tokens <0x00>..<0xFF> (type 6): text tokenizes by byte fallback (llama-completion's prompt)
-    w.add_token_list(["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(nb)] + ["t%d" % i for i in range(3 + nb, V)])
-    w.add_token_scores([0.0] * V)
-    w.add_token_types([2, 3, 3] + [6] * nb + [1] * (V - 3 - nb))
-    w.add_unk_token_id(0)
+    add_placeholder_vocab(w, V)  # byte tokens: text tokenizes by byte fallback (llama-completion's prompt)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 

@@ -29,6 +29,8 @@ import struct
 import numpy as np
 import gguf
 
+from gguf_vocab import add_placeholder_vocab
+
 T = gguf.MODEL_TENSOR
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("src")
@@ -94,13 +96,8 @@ if cfg.get("attn_logit_softcapping"):
     w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
 if cfg.get("final_logit_softcapping"):
     w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-if args.placeholder_vocab:  # SentencePiece-style: <unk> <s> </s>, the 256 byte tokens, then t259 ...
-    V = cfg["vocab_size"]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + ["t%d" % i for i in range(259, V)])
-    w.add_token_scores([0.0] * V)
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (V - 259))
-    w.add_unk_token_id(0)
+if args.placeholder_vocab:
+    add_placeholder_vocab(w, cfg["vocab_size"])
 w.add_bos_token_id(cfg.get("bos_token_id", 1))
 w.add_eos_token_id(cfg.get("eos_token_id", 2))
 
