@@ -264,18 +264,21 @@ int cmd_bench(int argc, char **argv) {
         bytes_tok -= (double)in->expert_bytes * (1.0 - (double)in->n_experts_used / in->n_experts);
     double kv_bytes_pos = 2.0 * in->n_layers * KD * (b.cuda ? 2 : 4);
 
-    const int all = !only_batch;
-    double copy_bw = all ? copy_bandwidth(&b) : 0;
-    double pp512 = all ? prefill(&b, 512, 3, logits) : 0;
-    double pp2048 = all ? prefill(&b, 2048, 3, logits) : 0;
-    double tg0 = all ? decode(&b, 0, steps, logits) : 0;
-    double tgL = all && long_ctx > 0 ? decode(&b, long_ctx, steps / 2 > 8 ? steps / 2 : 8, logits) : 0;
-    if (all) generate(&b, 8, 0.0f); /* warm-up */
-    double gen_greedy = all ? generate(&b, steps, 0.0f) : 0, gen_sampled = all ? generate(&b, steps, 0.8f) : 0;
+    double copy_bw = 0, pp512 = 0, pp2048 = 0, tg0 = 0, tgL = 0, gen_greedy = 0, gen_sampled = 0; /* --batch: 0 */
+    if (!only_batch) {
+        copy_bw = copy_bandwidth(&b);
+        pp512 = prefill(&b, 512, 3, logits);
+        pp2048 = prefill(&b, 2048, 3, logits);
+        tg0 = decode(&b, 0, steps, logits);
+        tgL = long_ctx > 0 ? decode(&b, long_ctx, steps / 2 > 8 ? steps / 2 : 8, logits) : 0;
+        generate(&b, 8, 0.0f); /* warm-up */
+        gen_greedy = generate(&b, steps, 0.0f);
+        gen_sampled = generate(&b, steps, 0.8f);
+    }
     int Bs[3] = {1, 8, 32};
     double bt[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++)
-        if (all || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
+        if (!only_batch || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
                        bt[1] < 0 || bt[2] < 0;
