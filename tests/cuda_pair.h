@@ -83,13 +83,14 @@ static void compare(const char *what, lmx_tensor *g, lmx_tensor *c, int64_t n, d
     free(b);
 }
 
-/* A weight [N, K] (dtype dense; bits > 0 MLX; gtype > 0 GGUF) uploaded to both backends.  Host
- * buffers stay alive (the cpu backend aliases them): they are leaked on purpose. */
+/* A weight [N, K] (dtype dense; bits > 0 MLX, its scales and biases of dtype sdt: bf16, f16 or f32; gtype > 0
+ * GGUF) uploaded to both backends.  Host buffers stay alive (the cpu backend aliases them): they are leaked
+ * on purpose. */
 typedef struct wpair { lmx_tensor g, c; } wpair;
 
 static void put_f16(uint8_t *p, float v) { uint16_t h = lmx_f32_to_f16(v); memcpy(p, &h, 2); }
 
-static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K) {
+static wpair make_weight_sdt(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K, lmx_dtype sdt) {
     lmx_tensor t = {.dtype = dt, .ndim = 2, .shape = {N, K}};
     if (gtype) {
         size_t rb = lmx_ggml_row_bytes(gtype, K), bb = (size_t)lmx_ggml_block_bytes(gtype);
@@ -115,14 +116,20 @@ static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N
         int64_t W = K * bits / 32, G = K / group;
         uint32_t *p = malloc((size_t)(N * W) * 4);
         for (int64_t i = 0; i < N * W; i++) p[i] = urand() ^ (urand() << 15);
-        uint16_t *s = malloc((size_t)(N * G) * 2), *b = malloc((size_t)(N * G) * 2);
+        const size_t es = lmx_dtype_size(sdt);
+        uint8_t *s = malloc((size_t)(N * G) * es), *b = malloc((size_t)(N * G) * es);
         for (int64_t i = 0; i < N * G; i++) {
-            s[i] = lmx_f32_to_bf16(0.02f * (1.2f + frand()));
-            b[i] = lmx_f32_to_bf16(0.05f * frand());
+            const float sv = 0.02f * (1.2f + frand()), bv = 0.05f * frand();
+            if (sdt == LMX_DTYPE_F32) memcpy(s + 4 * i, &sv, 4), memcpy(b + 4 * i, &bv, 4);
+            else {
+                const uint16_t hs = sdt == LMX_DTYPE_F16 ? lmx_f32_to_f16(sv) : lmx_f32_to_bf16(sv);
+                const uint16_t hb = sdt == LMX_DTYPE_F16 ? lmx_f32_to_f16(bv) : lmx_f32_to_bf16(bv);
+                memcpy(s + 2 * i, &hs, 2), memcpy(b + 2 * i, &hb, 2);
+            }
         }
         t.dtype = LMX_DTYPE_U32;
         t.data = p;
-        t.q = (lmx_quant){.bits = bits, .group = group, .scale_dtype = LMX_DTYPE_BF16, .scales = s, .biases = b};
+        t.q = (lmx_quant){.bits = bits, .group = group, .scale_dtype = sdt, .scales = s, .biases = b};
     } else {
         size_t es = lmx_dtype_size(dt);
         uint8_t *p = malloc((size_t)(N * K) * es);
@@ -138,6 +145,10 @@ static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N
     CHECK(gpu->ops->upload_weight(gpu, &w.g) == LMX_OK);
     CHECK(cpu->ops->upload_weight(cpu, &w.c) == LMX_OK);
     return w;
+}
+
+static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K) {
+    return make_weight_sdt(dt, bits, group, gtype, N, K, LMX_DTYPE_BF16);
 }
 
 static float *rand_vec(int64_t n, float amp) {

@@ -24,9 +24,9 @@ int main(void) {
 
 /* ---- matmul ---------------------------------------------------------------------------------- */
 
-static void test_matmul_case(const char *name, lmx_dtype dt, int bits, int group, int gtype, int N, int K, int M,
-                             int with_bias, double tol) {
-    wpair w = make_weight(dt, bits, group, gtype, N, K);
+static void test_matmul_case_sdt(const char *name, lmx_dtype dt, int bits, int group, int gtype, int N, int K, int M,
+                                 int with_bias, double tol, lmx_dtype sdt) {
+    wpair w = make_weight_sdt(dt, bits, group, gtype, N, K, sdt);
     wpair b = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, N);
     float *x = rand_vec((int64_t)M * K, 1.0f);
     lmx_tensor xg = act(gpu, M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, NULL), yc = act(cpu, M, N, NULL);
@@ -38,6 +38,11 @@ static void test_matmul_case(const char *name, lmx_dtype dt, int bits, int group
     free_pair(&xg, &xc);
     free_pair(&yg, &yc);
     free(x);
+}
+
+static void test_matmul_case(const char *name, lmx_dtype dt, int bits, int group, int gtype, int N, int K, int M,
+                             int with_bias, double tol) {
+    test_matmul_case_sdt(name, dt, bits, group, gtype, N, K, M, with_bias, tol, LMX_DTYPE_BF16);
 }
 
 static void test_matmul(void) {
@@ -71,6 +76,9 @@ static void test_matmul(void) {
         double tq = M > 32 ? 2e-2 : 1e-4, t4 = M > 32 ? 2e-2 : M > 1 ? 5e-3 : 1e-4;
         test_matmul_case("mlx q4 g64", LMX_DTYPE_U32, 4, 64, 0, 45, 512, M, 1, t4);
         test_matmul_case("mlx q4 g32", LMX_DTYPE_U32, 4, 32, 0, 17, 96, M, 0, t4);
+        /* f16 scales and biases (rounded to bf16 on the tensor cores), f32 ones (the CUDA-core kernels) */
+        test_matmul_case_sdt("mlx q4 g64 f16 scales", LMX_DTYPE_U32, 4, 64, 0, 150, 512, M, 1, t4, LMX_DTYPE_F16);
+        test_matmul_case_sdt("mlx q4 g32 f32 scales", LMX_DTYPE_U32, 4, 32, 0, 150, 256, M, 0, t4, LMX_DTYPE_F32);
         test_matmul_case("mlx q8 g64", LMX_DTYPE_U32, 8, 64, 0, 29, 192, M, 1, tq);
         test_matmul_case("mlx q2 g32", LMX_DTYPE_U32, 2, 32, 0, 13, 128, M, 0, tq);
     }
