@@ -154,7 +154,7 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
  * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
  * LMX_ERR_UNSUPPORTED otherwise. */
 #define CUDA_GEMV_ROWS 8
-#define CUDA_GEMV_TC_ROWS 32 /* the tensor-core kernels' most rows (bf16 / f16 / MLX 4-bit) */
+#define CUDA_GEMV_TC_ROWS 32 /* the tensor-core kernels' most rows (MLX 4-bit, GGUF; bf16 / f16: cuda_gemv_tc_rows) */
 typedef struct cuda_gemv_opts {
     const lmx_tensor *norm_w;
     float eps, add_one;
