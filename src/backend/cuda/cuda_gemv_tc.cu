@@ -14,8 +14,8 @@
  * rows g and g+8 (A) and of column g (B).  Dense: lane c reads the 8 values at 32 s + 8 c of its two
  * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  4-bit and
  * GGUF: lane c takes the 32 values at 128 s + 32 c (MLX: 4 words, one group at most, as group % 32 == 0;
- * GGUF: one part, decoded by gq_part); each 8 of them feed two mmas, paired (e, e + 4) as a mask of an
- * MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q, less 128) and then
+ * GGUF: one part, its raw bytes loaded a step ahead, gq_raw); each 8 of them feed two mmas, paired (e,
+ * e + 4) as a mask of an MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q, less 128) and then
  * scale * q + bias rounded to bf16, GGUF parts their gq_value rounded to bf16: the values the prefill
  * dequantizers produce.  x is rounded to bf16 (f16 for f16 weights), as the prefill GEMMs round it,
  * and staged in shared memory a chunk of K at a time, already in the order the B registers take it.
@@ -58,20 +58,22 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Per kind: k values per lane and load (E), per warp and step (SK = 4 E), loads in flight (U); x values
- * a row staged in shared memory at a time (CH: 33 KB for 8 or 16 rows, 35 KB for 24 or 32). */
+/* Per kind: k values per lane and load (E), per warp and step (SK = 4 E), steps of loads in flight (U;
+ * GGUF one: its raw parts take 6-21 registers a row); x values a row staged in shared memory at a time
+ * (CH: 33 KB for 8 or 16 rows, 35 KB for 24 or 32). */
 #define TC_GQ 64 /* KIND TC_GQ + t: GGUF blocks of type t (decoded a part of 32 at a time, cuda_ggml.h) */
 template <int KIND, int PAIR, int NT> struct tc {
     static constexpr int GT = KIND >= TC_GQ ? KIND - TC_GQ : 0, Q = KIND == GV_Q4 || GT;
-    static constexpr int E = Q ? 32 : 8, SK = 4 * E, U = Q ? 2 : PAIR ? 2 : 4;
+    static constexpr int E = Q ? 32 : 8, SK = 4 * E, U = GT ? 1 : Q ? 2 : PAIR ? 2 : 4;
     static constexpr int F16 = KIND == GV_F16, CH = NT <= 2 ? 2048 / NT : 512;
 };
 
 /* One step's loads of a lane: per row tile t, rows g and g + 8 (16 bytes each) and for 4-bit their
- * group's raw scale and bias. */
-template <int T> struct tc_ld {
+ * group's raw scale and bias; GGUF (type GT): the raw part of each row. */
+template <int T, int GT> struct tc_ld {
     uint4 w[T][2];
     uint32_t s[T][2], b[T][2];
+    gq_raw<GT> r[T][2];
 };
 
 /* 4-bit word -> the A registers of its two mmas: bf16 pairs (q_e, q_{e+4}) * scale + bias.  The code
@@ -149,14 +151,18 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
     const int steps = (K + C::SK - 1) / C::SK, per = (steps + kp - 1) / kp;
     const int s0 = kq * per, s1 = s0 + per < steps ? s0 + per : steps; /* this block's steps */
 
-    auto load = [&](tc_ld<T> &L, int s) {
-        if constexpr (C::GT != 0) return; /* GGUF parts are read and decoded where they are used */
+    auto load = [&](tc_ld<T, C::GT> &L, int s) {
         const int k = s * C::SK + c * C::E; /* this lane's first k; a lane's vector is all in K or all out */
         const bool in = live && s < s1 && k < K;
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
+                if constexpr (C::GT != 0) { /* the part's raw bytes (out: part 0 of the row, read as zeros) */
+                    constexpr int EL = gq_traits<C::GT>::ELEMS, BY = gq_traits<C::GT>::BYTES;
+                    L.r[t][h].load((const uint8_t *)wr[t][h] + (in ? (int64_t)(k / EL) * BY : 0), in ? k % EL / 32 : 0, in);
+                    continue;
+                }
                 const char *a = wr[t][h] + (C::Q ? k / 2 : (int64_t)k * 2);
                 L.w[t][h] = in ? tc_ld16<!C::Q>(a) : make_uint4(0, 0, 0, 0);
                 if constexpr (C::Q) { /* 16-bit scales and biases (cuda_gemv_tc_takes) */
@@ -214,10 +220,11 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
         }
     };
 
-    auto compute = [&](const tc_ld<T> &L, int s, int cs) {
+    auto compute = [&](const tc_ld<T, C::GT> &L, int s, int cs) {
         const int kc = (s - cs) * C::SK; /* the step's first value in the chunk */
         if constexpr (C::Q) {
-            /* GGUF: this lane's part of rows g and g + 8 (values k .. k + 31), decoded once for its 4 words */
+            /* GGUF: this lane's part of rows g and g + 8 (values k .. k + 31, loaded a step ahead), decoded
+             * once for its 4 words */
             uint32_t q[T][2][8];
             float sc[T][2][2], mn[T][2][2];
             __nv_bfloat162 s2[T][2], b2[T][2]; /* MLX: the step's scale and bias of each row */
@@ -226,23 +233,11 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                 for (int t = 0; t < T; t++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) s2[t][h] = tc_sb(L.s[t][h], sbf), b2[t][h] = tc_sb(L.b[t][h], sbf);
-            if constexpr (C::GT != 0) {
-                constexpr int EL = gq_traits<C::GT>::ELEMS, BY = gq_traits<C::GT>::BYTES;
-                const int k = s * C::SK + c * 32;
+            if constexpr (C::GT != 0)
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        if (k < K) {
-                            gq_part<C::GT>((const uint8_t *)wr[t][h] + (int64_t)(k / EL) * BY, k % EL / 32, q[t][h], sc[t][h],
-                                           mn[t][h]);
-                        } else {
-#pragma unroll
-                            for (int w = 0; w < 8; w++) q[t][h][w] = 0;
-                            sc[t][h][0] = sc[t][h][1] = mn[t][h][0] = mn[t][h][1] = 0.0f;
-                        }
-                    }
-            }
+                    for (int h = 0; h < 2; h++) L.r[t][h].part(q[t][h], sc[t][h], mn[t][h]);
 #pragma unroll
             for (int i = 0; i < 4; i++) { /* word i: values k + 8 i .. k + 8 i + 7, paired (e, e + 4) */
                 uint4 b[NT];
@@ -293,7 +288,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
      * the weights of the next round are in flight across the chunk's barriers */
     constexpr int SPC = C::CH / C::SK;
     static_assert(SPC % C::U == 0, "a chunk holds whole rounds of loads");
-    tc_ld<T> cur[C::U], nxt[C::U];
+    tc_ld<T, C::GT> cur[C::U], nxt[C::U];
 #pragma unroll
     for (int u = 0; u < C::U; u++) load(cur[u], s0 + u);
     cuda_pdl_wait(); /* x is ready */
@@ -392,15 +387,15 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
     return kind == GV_BF16 || kind == GV_F16;
 }
 
-/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor
- * per_sm blocks, while each part keeps at least 8 steps of K.  Measured on an H100 (8B Llama shapes):
- * dense and MLX weights want one block a multiprocessor (batch 8 / 32 MLX 4-bit 1,418 / 3,499 -> 1,520 /
- * 4,003 tok/s against two; bf16 alike or better: q/o at 8 rows 17.8 -> 12.2 us); GGUF kinds, which
- * decode each part where it is used with no loads in flight ahead, want two (Q4_K gate/up at 8 rows
- * 36.6 us with one, 32.4 with two; Q6_K 55.3 / 45.7; 8B Q4_K_M batch 8 833 -> 729 tok/s with one). */
-static int tc_parts(const cuda_backend *cb, int groups, int steps, int per_sm) {
+/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor a
+ * block, while each part keeps at least 8 steps of K.  Measured on an H100 (8B Llama shapes): one block a
+ * multiprocessor beats two (MLX 4-bit batch 8 / 32 1,418 / 3,499 -> 1,520 / 4,003 tok/s; bf16 q/o at 8
+ * rows 17.8 -> 12.2 us; GGUF, since its parts are loaded a step ahead: Q4_K gate/up at 8 rows 34.3 -> 30.4
+ * us, Q4_K_M batch 8 / 32 1,264 / 2,981 -> 1,338 / 3,370, Q4_0 batch 32 3,562 -> 3,901, but Q4_0 batch 8
+ * 1,460 -> 1,234). */
+static int tc_parts(const cuda_backend *cb, int groups, int steps) {
     int kp = 1;
-    while (kp < 16 && (int64_t)groups * kp < per_sm * cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
+    while (kp < 16 && (int64_t)groups * kp < cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
     return kp;
 }
 
@@ -453,7 +448,7 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
         groups += gi;
         if (gi > gmax) gmax = gi;
     }
-    int kp = tc_parts(cb, groups, (K + sk - 1) / sk, kind >= TC_GQ ? 2 : 1);
+    int kp = tc_parts(cb, groups, (K + sk - 1) / sk);
     float *part = NULL;
     int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;

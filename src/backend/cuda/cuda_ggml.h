@@ -50,29 +50,42 @@ GQ_TRAITS(GQ_MLX8, 32, 32);
 
 /* N little-endian words from p, whose address is a multiple of AL (2, 4 or 16) bytes: 16-byte
  * loads, word loads, or (AL 2) the aligned words around the run joined by funnel shifts, the word
- * after the run read only when the run is not itself aligned (never a byte past the run's word). */
+ * after the run read only when the run is not itself aligned (never a byte past the run's word).
+ * load issues the loads and keeps what they return; get makes the words (after the loads have come,
+ * so a kernel can have a run in flight while it computes with the previous one). */
+template <int N, int AL> struct gq_run {
+    static constexpr int X = AL < 4 ? 1 : 0; /* the extra word of an unaligned run */
+    uint32_t r[N + X], sh;
+    __device__ __forceinline__ void load(const uint8_t *p) {
+        if constexpr (AL >= 16 && N % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < N / 4; i++) {
+                const uint4 v = __ldg((const uint4 *)p + i);
+                r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
+            }
+        } else if constexpr (AL >= 4) {
+#pragma unroll
+            for (int i = 0; i < N; i++) r[i] = __ldg((const unsigned *)p + i);
+        } else {
+            const uintptr_t a = (uintptr_t)p;
+            const unsigned *b = (const unsigned *)(a & ~(uintptr_t)3);
+            sh = (unsigned)(a & 3) * 8;
+#pragma unroll
+            for (int i = 0; i < N; i++) r[i] = __ldg(b + i);
+            r[N] = sh ? __ldg(b + N) : 0u;
+        }
+    }
+    __device__ __forceinline__ void get(uint32_t (&w)[N]) const {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = X ? __funnelshift_r(r[i], r[i + X], sh) : r[i];
+    }
+};
+
 template <int N, int AL>
 static __device__ __forceinline__ void gq_words(const uint8_t *p, uint32_t (&w)[N]) {
-    if constexpr (AL >= 16 && N % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < N / 4; i++) {
-            const uint4 v = __ldg((const uint4 *)p + i);
-            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-        }
-    } else if constexpr (AL >= 4) {
-#pragma unroll
-        for (int i = 0; i < N; i++) w[i] = __ldg((const unsigned *)p + i);
-    } else {
-        const uintptr_t a = (uintptr_t)p;
-        const unsigned *b = (const unsigned *)(a & ~(uintptr_t)3);
-        const unsigned sh = (unsigned)(a & 3) * 8;
-        uint32_t r[N + 1];
-#pragma unroll
-        for (int i = 0; i < N; i++) r[i] = __ldg(b + i);
-        r[N] = sh ? __ldg(b + N) : 0u;
-#pragma unroll
-        for (int i = 0; i < N; i++) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
-    }
+    gq_run<N, AL> run;
+    run.load(p);
+    run.get(w);
 }
 
 static __device__ __forceinline__ float gq_f16(const uint8_t *p) { /* p 2-byte aligned */
@@ -104,14 +117,118 @@ static __device__ __forceinline__ void gq_k4_scale(const uint32_t (&sw)[3], int 
     }
 }
 
+/* ---- raw parts: the loads of part j of a block apart from its decoding ----------------------------
+ * gq_raw<T>::load(b, j, in) reads what part j of the block at b needs (in false: b must still be a valid
+ * block; its scales read as zero, so the part decodes to zeros); part() decodes it as gq_part does (gq_part
+ * of these types is load + part).  The tensor-core GEMV loads a step's parts a step ahead of their use.
+ * Types without a raw form: an empty struct. */
+template <int T> struct gq_raw {};
+
+template <> struct gq_raw<LMX_GGML_Q8_0> { /* d, int8 q[32] */
+    gq_run<8, 2> qs;
+    uint32_t d;
+    __device__ __forceinline__ void load(const uint8_t *b, int, bool in) {
+        qs.load(b + 2);
+        d = in ? __ldg((const unsigned short *)b) : 0u;
+    }
+    __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        qs.get(q);
+        sc[0] = sc[1] = gq_half(d, 0), mn[0] = mn[1] = 0.0f;
+    }
+};
+
+template <> struct gq_raw<LMX_GGML_Q4_0> { /* d, qs[16]: elements 0..15 low nibbles, 16..31 high */
+    gq_run<4, 2> qs;
+    uint32_t d;
+    __device__ __forceinline__ void load(const uint8_t *b, int, bool in) {
+        qs.load(b + 2);
+        d = in ? __ldg((const unsigned short *)b) : 0u;
+    }
+    __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        uint32_t v[4];
+        qs.get(v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = v[i] & 0x0F0F0F0Fu, q[4 + i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        sc[0] = sc[1] = gq_half(d, 0), mn[0] = mn[1] = 8.0f * sc[0];
+    }
+};
+
+/* Q4_K, Q5_K: d, dmin, scales[12] (6-bit scale and min of 8 sub-blocks) [, qh[32]: bit j of byte l is bit 4 of
+ * element 32 j + l], qs[128]: element 64 c + 32 h + l is nibble h of qs[32 c + l] */
+template <int T> struct gq_raw_k4 {
+    static constexpr int QS = T == LMX_GGML_Q4_K ? 16 : 48;
+    gq_run<8, 16> v;
+    gq_run<T == LMX_GGML_Q5_K ? 8 : 1, 16> hb;
+    gq_run<3, 4> sw;
+    uint32_t dd;
+    int j;
+    __device__ __forceinline__ void load(const uint8_t *b, int j_, bool in) {
+        j = j_;
+        v.load(b + QS + 32 * (j >> 1));
+        if constexpr (T == LMX_GGML_Q5_K) hb.load(b + 16);
+        dd = in ? __ldg((const unsigned *)b) : 0u;
+        sw.load(b + 4);
+    }
+    __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        uint32_t w[8], s[3];
+        v.get(w);
+        sw.get(s);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = (w[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+        if constexpr (T == LMX_GGML_Q5_K) {
+            uint32_t h[8];
+            hb.get(h);
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] |= ((h[i] >> j) & 0x01010101u) << 4;
+        }
+        int s6, m6;
+        gq_k4_scale(s, j, s6, m6);
+        sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
+        mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+    }
+};
+template <> struct gq_raw<LMX_GGML_Q4_K> : gq_raw_k4<LMX_GGML_Q4_K> {};
+template <> struct gq_raw<LMX_GGML_Q5_K> : gq_raw_k4<LMX_GGML_Q5_K> {};
+
+/* Q6_K: ql[128], qh[64], int8 scales[16], d; element 128 a + 32 i + l: low nibble (i < 2) or high nibble of
+ * ql[64 a + 32 (i & 1) + l], bits 2 i.. of qh[32 a + l] above it; minus 32 */
+template <> struct gq_raw<LMX_GGML_Q6_K> {
+    gq_run<8, 2> lo, hi;
+    uint32_t s2, d;
+    int j;
+    __device__ __forceinline__ void load(const uint8_t *b, int j_, bool in) {
+        j = j_;
+        const int a = j >> 2;
+        lo.load(b + 64 * a + 32 * (j & 1));
+        hi.load(b + 128 + 32 * a);
+        s2 = __ldg((const unsigned short *)(b + 192 + 2 * j));
+        d = in ? __ldg((const unsigned short *)(b + 208)) : 0u;
+    }
+    __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
+        const int i4 = j & 3;
+        uint32_t l[8], h[8];
+        lo.get(l);
+        hi.get(h);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            q[i] = ((l[i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((h[i] >> (2 * i4)) & 0x03030303u) << 4);
+        const float dv = gq_half(d, 0);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float ds = dv * (float)(int8_t)((s2 >> (8 * k)) & 255u);
+            sc[k] = ds, mn[k] = 32.0f * ds;
+        }
+    }
+};
+
 /* Part j of the block at b (see the top of this file). */
 template <int T>
 static __device__ __forceinline__ void gq_part(const uint8_t *b, int j, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) {
-    if constexpr (T == LMX_GGML_Q8_0) { /* d, int8 q[32] */
-        const float d = gq_f16(b);
-        gq_words<8, 2>(b + 2, q);
-        sc[0] = sc[1] = d, mn[0] = mn[1] = 0.0f;
-    } else if constexpr (T == LMX_GGML_Q4_0 || T == LMX_GGML_Q4_1 || T == LMX_GGML_Q5_0 || T == LMX_GGML_Q5_1) {
+    if constexpr (T == LMX_GGML_Q8_0 || T == LMX_GGML_Q4_0 || T == LMX_GGML_Q4_K || T == LMX_GGML_Q5_K || T == LMX_GGML_Q6_K) {
+        gq_raw<T> r;
+        r.load(b, j, true);
+        r.part(q, sc, mn);
+    } else if constexpr (T == LMX_GGML_Q4_1 || T == LMX_GGML_Q5_0 || T == LMX_GGML_Q5_1) {
         /* d [, m] [, qh: bit e is bit 4 of element e], qs[16]: elements 0..15 low nibbles, 16..31 high */
         constexpr int MIN = T == LMX_GGML_Q4_1 || T == LMX_GGML_Q5_1, FIVE = T == LMX_GGML_Q5_0 || T == LMX_GGML_Q5_1;
         constexpr int QS = 2 + 2 * MIN + 4 * FIVE;
@@ -158,43 +275,6 @@ static __device__ __forceinline__ void gq_part(const uint8_t *b, int j, uint32_t
             const int hi = (gq_byte(sw, 8 + (t & 3)) >> (2 * (t >> 2))) & 3;
             const float ds = d * (float)((lo | hi << 4) - 32);
             sc[k] = ds, mn[k] = 4.0f * ds;
-        }
-    } else if constexpr (T == LMX_GGML_Q4_K || T == LMX_GGML_Q5_K) {
-        /* d, dmin, scales[12] (6-bit scale and min of 8 sub-blocks) [, qh[32]: bit j of byte l is bit 4 of
-         * element 32 j + l], qs[128]: element 64 c + 32 h + l is nibble h of qs[32 c + l] */
-        constexpr int QS = T == LMX_GGML_Q4_K ? 16 : 48;
-        const int c = j >> 1, hf = j & 1;
-        uint32_t v[8], sw[3];
-        gq_words<8, 16>(b + QS + 32 * c, v);
-#pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = (v[i] >> (4 * hf)) & 0x0F0F0F0Fu;
-        if constexpr (T == LMX_GGML_Q5_K) {
-            uint32_t hb[8];
-            gq_words<8, 16>(b + 16, hb);
-#pragma unroll
-            for (int i = 0; i < 8; i++) q[i] |= ((hb[i] >> j) & 0x01010101u) << 4;
-        }
-        const uint32_t dd = __ldg((const unsigned *)b);
-        gq_words<3, 4>(b + 4, sw);
-        int s6, m6;
-        gq_k4_scale(sw, j, s6, m6);
-        sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
-        mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
-    } else { /* Q6_K: ql[128], qh[64], int8 scales[16], d; element 128 a + 32 i + l: low nibble (i < 2) or
-              * high nibble of ql[64 a + 32 (i & 1) + l], bits 2 i.. of qh[32 a + l] above it; minus 32 */
-        const int a = j >> 2, i4 = j & 3;
-        uint32_t lo[8], hi[8];
-        gq_words<8, 2>(b + 64 * a + 32 * (i4 & 1), lo);
-        gq_words<8, 2>(b + 128 + 32 * a, hi);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = ((lo[i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((hi[i] >> (2 * i4)) & 0x03030303u) << 4);
-        const float d = gq_f16(b + 208);
-        const unsigned s2 = __ldg((const unsigned short *)(b + 192 + 2 * j));
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const float ds = d * (float)(int8_t)((s2 >> (8 * k)) & 255u);
-            sc[k] = ds, mn[k] = 32.0f * ds;
         }
     }
 }
@@ -243,7 +323,7 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
 template <> struct gq_unit<LMX_GGML_Q4_K> : gq_unit_k4<LMX_GGML_Q4_K> {};
 template <> struct gq_unit<LMX_GGML_Q5_K> : gq_unit_k4<LMX_GGML_Q5_K> {};
 
-template <> struct gq_unit<LMX_GGML_Q6_K> { /* half a of 128 elements (parts 4a .. 4a + 3), as in gq_part */
+template <> struct gq_unit<LMX_GGML_Q6_K> { /* half a of 128 elements (parts 4a .. 4a + 3), as in gq_raw */
     static constexpr int UP = 4;
     uint32_t lo[16], hi[8], s2[2];
     float d;
