@@ -117,6 +117,14 @@ static __device__ __forceinline__ void gq_k4_scale(const uint32_t (&sw)[3], int 
     }
 }
 
+/* ... and the part's scale and min: d * scale, dmin * min (dd: d and dmin, f16 each) */
+static __device__ __forceinline__ void gq_k4_scales(const uint32_t (&sw)[3], uint32_t dd, int j, float (&sc)[2], float (&mn)[2]) {
+    int s6, m6;
+    gq_k4_scale(sw, j, s6, m6);
+    sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
+    mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+}
+
 /* ---- raw parts: the loads of part j of a block apart from its decoding ----------------------------
  * gq_raw<T>::load(b, j, in) reads what part j of the block at b needs (in false: b must still be a valid
  * block; its scales read as zero, so the part decodes to zeros); part() decodes it as gq_part does (gq_part
@@ -124,26 +132,23 @@ static __device__ __forceinline__ void gq_k4_scale(const uint32_t (&sw)[3], int 
  * Types without a raw form: an empty struct. */
 template <int T> struct gq_raw {};
 
-template <> struct gq_raw<LMX_GGML_Q8_0> { /* d, int8 q[32] */
-    gq_run<8, 2> qs;
+template <int N> struct gq_raw_d { /* Q8_0, Q4_0: d, then N words of codes */
+    gq_run<N, 2> qs;
     uint32_t d;
     __device__ __forceinline__ void load(const uint8_t *b, int, bool in) {
         qs.load(b + 2);
         d = in ? __ldg((const unsigned short *)b) : 0u;
     }
+};
+
+template <> struct gq_raw<LMX_GGML_Q8_0> : gq_raw_d<8> { /* d, int8 q[32] */
     __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
         qs.get(q);
         sc[0] = sc[1] = gq_half(d, 0), mn[0] = mn[1] = 0.0f;
     }
 };
 
-template <> struct gq_raw<LMX_GGML_Q4_0> { /* d, qs[16]: elements 0..15 low nibbles, 16..31 high */
-    gq_run<4, 2> qs;
-    uint32_t d;
-    __device__ __forceinline__ void load(const uint8_t *b, int, bool in) {
-        qs.load(b + 2);
-        d = in ? __ldg((const unsigned short *)b) : 0u;
-    }
+template <> struct gq_raw<LMX_GGML_Q4_0> : gq_raw_d<4> { /* d, qs[16]: elements 0..15 low nibbles, 16..31 high */
     __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
         uint32_t v[4];
         qs.get(v);
@@ -181,10 +186,7 @@ template <int T> struct gq_raw_k4 {
 #pragma unroll
             for (int i = 0; i < 8; i++) q[i] |= ((h[i] >> j) & 0x01010101u) << 4;
         }
-        int s6, m6;
-        gq_k4_scale(s, j, s6, m6);
-        sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
-        mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+        gq_k4_scales(s, dd, j, sc, mn);
     }
 };
 template <> struct gq_raw<LMX_GGML_Q4_K> : gq_raw_k4<LMX_GGML_Q4_K> {};
@@ -314,10 +316,7 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
             q[i] = (v[i] >> (4 * k)) & 0x0F0F0F0Fu;
             if constexpr (T == LMX_GGML_Q5_K) q[i] |= ((hb[i] >> j) & 0x01010101u) << 4;
         }
-        int s6, m6;
-        gq_k4_scale(sw, j, s6, m6);
-        sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
-        mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+        gq_k4_scales(sw, dd, j, sc, mn);
     }
 };
 template <> struct gq_unit<LMX_GGML_Q4_K> : gq_unit_k4<LMX_GGML_Q4_K> {};
