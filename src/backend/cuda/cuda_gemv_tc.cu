@@ -15,9 +15,9 @@
  * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  4-bit and
  * GGUF: lane c takes the 32 values at 128 s + 32 c (MLX: 4 words, one group at most, as group % 32 == 0;
  * GGUF: one part, its raw bytes loaded a step ahead, gq_raw); each 8 of them feed two mmas, paired (e,
- * e + 4) as a mask of an MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q, less 128) and then
- * scale * q + bias rounded to bf16, GGUF parts their gq_value rounded to bf16: the values the prefill
- * dequantizers produce.  x is rounded to bf16 (f16 for f16 weights), as the prefill GEMMs round it,
+ * e + 4) as a mask of an MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q,
+ * less 128) and then scale * q + bias rounded to bf16, GGUF parts their gq_value rounded to bf16: the
+ * values the prefill dequantizers produce.  x is rounded to bf16 (f16 for f16 weights), as the prefill GEMMs round it,
  * and staged in shared memory a chunk of K at a time, already in the order the B registers take it.
  *
  * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
      * registers take them (stage), read back as one 16-byte load per n-tile and pair of mmas */
     __shared__ __align__(16) uint32_t xs[NT * 8][(C::CH + TC_PAD) / 2];
     auto stage = [&](int cs, int ce) {
-        constexpr int N8 = C::CH / 8, IT = NT * 8 * N8 / 256, B = NT < 4 || C::Q ? 2 : 1; /* groups of 8 values a row; per thread, together */
+        /* groups of 8 values a row; per thread; loaded together (bf16 at 32 rows: one, for registers) */
+        constexpr int N8 = C::CH / 8, IT = NT * 8 * N8 / 256, B = NT < 4 || C::Q ? 2 : 1;
         static_assert(IT % B == 0, "whole rounds of the block");
         const int n8 = (ce - cs) * C::SK / 8, k0 = cs * C::SK; /* the chunk's groups a row */
 #pragma unroll 1
