@@ -97,7 +97,7 @@ static __device__ __forceinline__ __nv_bfloat162 tc_sb(uint32_t r, bool bf16) {
         const uint32_t v = __byte_perm(r, 0, 0x1010);
         return *reinterpret_cast<const __nv_bfloat162 *>(&v);
     }
-    return __float2bfloat162_rn(__half2float(__ushort_as_half((unsigned short)r)));
+    return __float2bfloat162_rn(raw_val(r, LMX_DTYPE_F16));
 }
 
 /* 16 bytes at p, streamed (evict first).  HINT: L2 fetches the whole 256-byte run around it, which the
@@ -161,14 +161,14 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                 if constexpr (C::GT != 0) { /* the part's raw bytes (out: part 0 of the row, read as zeros) */
                     constexpr int EL = gq_traits<C::GT>::ELEMS, BY = gq_traits<C::GT>::BYTES;
                     L.r[t][h].load((const uint8_t *)wr[t][h] + (in ? (int64_t)(k / EL) * BY : 0), in ? k % EL / 32 : 0, in);
-                    continue;
-                }
-                const char *a = wr[t][h] + (C::Q ? k / 2 : (int64_t)k * 2);
-                L.w[t][h] = in ? tc_ld16<!C::Q>(a) : make_uint4(0, 0, 0, 0);
-                if constexpr (C::Q) { /* 16-bit scales and biases (cuda_gemv_tc_takes) */
-                    const int64_t gi = grow[t][h] + ((in ? k : 0) >> lg);
-                    L.s[t][h] = in ? __ldg((const unsigned short *)sp[t] + gi) : 0u;
-                    L.b[t][h] = in ? __ldg((const unsigned short *)bp[t] + gi) : 0u; /* a zero word with a zero bias adds 0 */
+                } else {
+                    const char *a = wr[t][h] + (C::Q ? k / 2 : (int64_t)k * 2);
+                    L.w[t][h] = in ? tc_ld16<!C::Q>(a) : make_uint4(0, 0, 0, 0);
+                    if constexpr (C::Q) { /* MLX: 16-bit scales and biases (cuda_gemv_tc_takes) */
+                        const int64_t gi = grow[t][h] + ((in ? k : 0) >> lg);
+                        L.s[t][h] = in ? __ldg((const unsigned short *)sp[t] + gi) : 0u;
+                        L.b[t][h] = in ? __ldg((const unsigned short *)bp[t] + gi) : 0u; /* a zero word with a zero bias adds 0 */
+                    }
                 }
             }
     };
