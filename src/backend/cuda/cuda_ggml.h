@@ -125,6 +125,30 @@ static __device__ __forceinline__ void gq_k4_scales(const uint32_t (&sw)[3], uin
     mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
 }
 
+/* Q4_K / Q5_K codes of part j from its chunk's code words v (nibble j & 1) [and Q5_K's high bits hb]. */
+template <int T>
+static __device__ __forceinline__ void gq_k4_codes(const uint32_t *v, const uint32_t *hb, int j, uint32_t (&q)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        q[i] = (v[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+        if constexpr (T == LMX_GGML_Q5_K) q[i] |= ((hb[i] >> j) & 0x01010101u) << 4;
+    }
+}
+
+/* Q6_K part i4 (0..3) of a 128-element half: codes from its low-bit words l and high-bit words h; scale and
+ * min from its two int8 scales (the low 16 bits of s) and d. */
+static __device__ __forceinline__ void gq_q6_part(const uint32_t *l, const uint32_t *h, int i4, uint32_t s, float d,
+                                                  uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        q[i] = ((l[i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((h[i] >> (2 * i4)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const float ds = d * (float)(int8_t)((s >> (8 * k)) & 255u);
+        sc[k] = ds, mn[k] = 32.0f * ds;
+    }
+}
+
 /* ---- raw parts: the loads of part j of a block apart from its decoding ----------------------------
  * gq_raw<T>::load(b, j, in) reads what part j of the block at b needs (in false: b must still be a valid
  * block; its scales read as zero, so the part decodes to zeros); part() decodes it as gq_part does (gq_part
@@ -175,17 +199,11 @@ template <int T> struct gq_raw_k4 {
         sw.load(b + 4);
     }
     __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-        uint32_t w[8], s[3];
+        uint32_t w[8], h[8], s[3];
         v.get(w);
+        if constexpr (T == LMX_GGML_Q5_K) hb.get(h);
         sw.get(s);
-#pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = (w[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu;
-        if constexpr (T == LMX_GGML_Q5_K) {
-            uint32_t h[8];
-            hb.get(h);
-#pragma unroll
-            for (int i = 0; i < 8; i++) q[i] |= ((h[i] >> j) & 0x01010101u) << 4;
-        }
+        gq_k4_codes<T>(w, h, j, q);
         gq_k4_scales(s, dd, j, sc, mn);
     }
 };
@@ -207,19 +225,10 @@ template <> struct gq_raw<LMX_GGML_Q6_K> {
         d = in ? __ldg((const unsigned short *)(b + 208)) : 0u;
     }
     __device__ __forceinline__ void part(uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-        const int i4 = j & 3;
         uint32_t l[8], h[8];
         lo.get(l);
         hi.get(h);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = ((l[i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((h[i] >> (2 * i4)) & 0x03030303u) << 4);
-        const float dv = gq_half(d, 0);
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const float ds = dv * (float)(int8_t)((s2 >> (8 * k)) & 255u);
-            sc[k] = ds, mn[k] = 32.0f * ds;
-        }
+        gq_q6_part(l, h, j & 3, s2, gq_half(d, 0), q, sc, mn);
     }
 };
 
@@ -310,13 +319,8 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
         gq_words<3, 4>(b + 4, sw);
     }
     __device__ __forceinline__ void part(int k, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-        const int j = 2 * c + k;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            q[i] = (v[i] >> (4 * k)) & 0x0F0F0F0Fu;
-            if constexpr (T == LMX_GGML_Q5_K) q[i] |= ((hb[i] >> j) & 0x01010101u) << 4;
-        }
-        gq_k4_scales(sw, dd, j, sc, mn);
+        gq_k4_codes<T>(v, hb, 2 * c + k, q);
+        gq_k4_scales(sw, dd, 2 * c + k, sc, mn);
     }
 };
 template <> struct gq_unit<LMX_GGML_Q4_K> : gq_unit_k4<LMX_GGML_Q4_K> {};
@@ -333,15 +337,7 @@ template <> struct gq_unit<LMX_GGML_Q6_K> { /* half a of 128 elements (parts 4a 
         d = gq_f16(b + 208);
     }
     __device__ __forceinline__ void part(int i4, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = ((lo[8 * (i4 & 1) + i] >> (i4 >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((hi[i] >> (2 * i4)) & 0x03030303u) << 4);
-        const uint32_t s = s2[i4 >> 1] >> (16 * (i4 & 1));
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const float ds = d * (float)(int8_t)((s >> (8 * k)) & 255u);
-            sc[k] = ds, mn[k] = 32.0f * ds;
-        }
+        gq_q6_part(lo + 8 * (i4 & 1), hi, i4, s2[i4 >> 1] >> (16 * (i4 & 1)), d, q, sc, mn);
     }
 };
 
