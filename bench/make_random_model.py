@@ -17,9 +17,6 @@ import argparse
 import json
 import os
 
-import torch
-from safetensors.torch import save_file
-
 ARCHS = {
     "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
@@ -54,6 +51,9 @@ def main():
     ap.add_argument("--bits", type=int, choices=(0, 4, 8), default=0)
     ap.add_argument("--layers", type=int, default=0)
     args = ap.parse_args()
+    import torch  # here, so that random_gguf.py can read ARCHS without torch
+    from safetensors.torch import save_file
+
     cfg = dict(ARCHS[args.arch], architectures=["X"], torch_dtype="bfloat16")
     if args.layers:
         cfg["num_hidden_layers"] = args.layers

@@ -2,8 +2,9 @@
  * and appending new keys/values to the caches.  Calls of 32 or more rows per sequence (prefill) go
  * to the tensor-core kernel of cuda_flash.cu; this file's kernel serves decode steps and short calls.
  *
- * Flash-decoding layout: a block of 4 warps takes one query row, one kv head (all of its G query
- * heads, so each key/value row is loaded once per group) and one split of that row's visible keys.
+ * Flash-decoding layout: a block of 4 warps takes one query row, one kv head (gmax of its G query
+ * heads, all of them where the GPU is filled anyway, so that each key/value row is loaded once per
+ * group: cuda_attention_plan) and one split of that row's visible keys.
  * Each warp walks keys with an online softmax, lanes holding strided dims of q, k, v; the warps'
  * partial (max, sum, acc) merge in shared memory.  With several splits the block writes its
  * partial to scratch and a second kernel merges the splits.  Scores never leave registers, so
@@ -245,7 +246,12 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
     }
 }
 
-int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
+/* The decode kernel's layout for sequences [b0, b0 + nb) of args: heads, query heads a block (a power of
+ * two, at most att_gmax), and splits of each row's keys, so that rows x Hk x hchunks x splits blocks fill
+ * the GPU.  Keys are split first, down to 128 a split (each kv head's keys read once a row); a context too
+ * short to fill half the multiprocessors so takes fewer query heads a block instead (a decode step of 32
+ * heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys). */
+int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
     for (int b = 0; b < nb; b++) {
@@ -255,14 +261,18 @@ int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *args, int b0, i
         if (kv->window > 0 && held > kv->window) held = kv->window;
         if (held + bt->T > max_n) max_n = held + bt->T;
     }
-    int hchunks = (args->H / args->Hk + att_gmax(args->D) - 1) / att_gmax(args->D);
-    int64_t base = (int64_t)nb * bt->T * args->Hk * hchunks;
-    int splits = (int)((2 * cb->sm_count + base - 1) / base);
-    int max_splits = (max_n + 127) / 128;
-    if (splits > max_splits) splits = max_splits;
-    if (splits > 64) splits = 64;
-    if (splits < 1) splits = 1;
-    return splits;
+    const int G = args->H / args->Hk, max_splits = (max_n + 127) / 128;
+    int gmax = 1, splits;
+    while (gmax < G && gmax < att_gmax(args->D)) gmax *= 2;
+    for (;; gmax /= 2) {
+        const int64_t base = (int64_t)nb * bt->T * args->Hk * ((G + gmax - 1) / gmax);
+        splits = (int)((2 * cb->sm_count + base - 1) / base);
+        if (splits > max_splits) splits = max_splits;
+        if (splits > 64) splits = 64;
+        if (splits < 1) splits = 1;
+        if (gmax == 1 || base * splits >= cb->sm_count / 2) break;
+    }
+    return splits | gmax << 8;
 }
 
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
@@ -280,8 +290,6 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     a.Hk = args->Hk;
     a.D = args->D;
     a.G = args->H / args->Hk;
-    a.gmax = att_gmax(a.D);
-    a.hchunks = (a.G + a.gmax - 1) / a.gmax;
     a.scale = args->scale;
     a.softcap = args->softcap;
     a.dyn = cb->dyn_on ? cb->dyn : NULL;
@@ -309,16 +317,17 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
             if (st != LMX_ERR_UNSUPPORTED) return st;
         }
         int rows = a.B * a.T;
-        int splits = cuda_attention_splits(cb, args, b0, a.B);
+        const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255;
         a.splits = splits;
+        a.gmax = plan >> 8;
+        a.hchunks = (a.G + a.gmax - 1) / a.gmax;
         float *part = NULL;
         if (splits > 1) {
             part = (float *)cuda_scratch(cb, CUDA_SCRATCH_ATTN, (size_t)rows * a.H * splits * (a.D + 2) * sizeof(float));
             if (!part) return be->err.status;
         }
         dim3 grid(splits, a.Hk * a.hchunks, rows);
-        int gm = a.G > 4 ? 8 : a.G > 2 ? 4 : a.G;
-        if (gm > a.gmax) gm = a.gmax;
+        const int gm = a.gmax; /* heads a block: the kernel's GM */
         if (a.D <= 64) launch_dpl<2>(cb, gm, grid, qp, kp, vp, op, part, a);
         else if (a.D <= 128) launch_dpl<4>(cb, gm, grid, qp, kp, vp, op, part, a);
         else if (a.D <= 256) launch_dpl<8>(cb, gm, grid, qp, kp, vp, op, part, a);

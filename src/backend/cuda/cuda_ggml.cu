@@ -130,6 +130,15 @@ static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4
     }
 }
 
+/* Lanes that share a row: a warp's 32, or, for a row of NU < 32 units and one warp a row (KS 1), the
+ * fewest (a power of two) that hold a unit each, so that a warp takes 32 / lanes rows at once (a
+ * mixture of experts' down projection of K = 768 is 6 Q6_K units: 26 of 32 lanes were idle). */
+static __host__ __device__ __forceinline__ int gq_lanes(int NU, int KS) {
+    int n = 1;
+    while (n < NU && n < 32) n *= 2;
+    return KS == 1 ? n : 32;
+}
+
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over the M rows of quantized x; k_ggemv and
  * k_moe_ggemv around it.  MM: the most input rows (M <= MM); U: units per lane in flight (a unit: UP
  * parts, gq_unit).  resid (one row, one weight): y += W x + b. */
@@ -141,9 +150,9 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     constexpr int BYTES = gq_traits<T>::BYTES, UPB = gq_traits<T>::PARTS / UP; /* units per block */
     __shared__ float red[8][R * MM];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
-    const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
+    const int P = K / 32, NU = P / UP, LG = gq_lanes(NU, KS), l = lane % LG, vstride = LG * KS;
+    const int n0 = ((blockIdx.x * (8 / KS) + warp / KS) * (32 / LG) + lane / LG) * RO; /* this lane group's */
     const bool active = n0 < S.N;
-    const int P = K / 32, NU = P / UP, vstride = 32 * KS;
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
     const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
     const void *sp[R], *bp[R]; /* MLX: its scales and biases, from group gi[r] */
@@ -157,7 +166,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
         sp[r] = W.scales, bp[r] = W.biases;
         gi[r] = GQ_IS_MLX(T) ? (int64_t)row * (K / sg.group) : 0;
     }
-    int p = 32 * kslice + lane; /* this lane's first unit */
+    int p = LG * kslice + l; /* this lane's first unit */
     if (active)
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -214,11 +223,13 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                 }
             }
         }
-    /* the sums of each row: lanes, then the KS warps sharing it (in order) */
+    /* the sums of each row: the group's lanes, then the KS warps sharing it (in order) */
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int m = 0; m < MM; m++) acc[r][m] = cuda_warp_sum(acc[r][m]);
+        for (int m = 0; m < MM; m++)
+            for (int o = 16; o > 0; o >>= 1)
+                if (o < LG) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
     if (KS > 1) {
         if (lane == 0)
 #pragma unroll
@@ -236,7 +247,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                 acc[r][m] = t;
             }
     }
-    if (lane != 0 || !active) return;
+    if (l != 0 || !active) return;
 #pragma unroll
     for (int m = 0; m < MM; m++) {
         if (m >= M) break;
@@ -410,8 +421,9 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx = 1;
     for (int i = 0; i < n; i++) {
-        sg.s[i].ks = gq_split(cb, sg.s[i].N, (int)K, gq_unit_parts(type), rpb);
-        const unsigned b = cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
+        const int ks = gq_split(cb, sg.s[i].N, (int)K, gq_unit_parts(type), rpb);
+        sg.s[i].ks = ks;
+        const unsigned b = cuda_blocks(sg.s[i].N, rpb / ks * (32 / gq_lanes((int)K / 32 / gq_unit_parts(type), ks)));
         if (b > gx) gx = b;
     }
     const dim3 grid(gx, glu >= 0 ? 1 : n);
@@ -471,7 +483,7 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     float4 *xm;
     int PR;
     if (!gq_quant_x(cb, type, x, rows, K, cuda_row_norm{}, &xq, &xm, &PR)) return cb->base.err.status;
-    const dim3 grid(cuda_blocks(N, rpb / ks), (unsigned)pairs);
+    const dim3 grid(cuda_blocks(N, rpb / ks * (32 / gq_lanes(K / 32 / gq_unit_parts(type), ks))), (unsigned)pairs);
     cuda_launch(cb, gq_moe_pick(type, !down), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, tab, pick, kused,
                 K, PR, act);
     return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");

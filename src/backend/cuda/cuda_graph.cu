@@ -6,7 +6,7 @@
  *   - a step starts at embed and ends at the next entry point that is not an op (read, write, ...)
  *     or the next embed;
  *   - a step whose ops all fit a graph (at most CUDA_G_MAX rows, one new row per sequence) runs
- *     eagerly while its ops are recorded (op kind, tensors, sizes, kv caches, attention splits:
+ *     eagerly while its ops are recorded (op kind, tensors, sizes, kv caches, attention layout:
  *     everything but the per-step token ids, n_past and n_new); at its end the record is captured
  *     into a graph whose kernels read those per-step values from the device array cb->dyn;
  *   - the next step compares each op with the record and launches nothing; once the step's first
@@ -493,7 +493,7 @@ static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
     rec_t(&r, 3, a->v);
     rec_kv(&r, a->kv, a->batch->B);
     if (a->batch->T < 32 && a->batch->B <= CUDA_G_MAX && a->Hk > 0 && a->H % a->Hk == 0)
-        r.splits = cuda_attention_splits(cb, a, 0, a->batch->B);
+        r.splits = cuda_attention_plan(cb, a, 0, a->batch->B);
     return g_dispatch(cb, &r, NULL, a->batch, a->kv, NULL);
 }
 

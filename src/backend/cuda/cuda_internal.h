@@ -104,8 +104,8 @@ void cuda_graph_drop(cuda_backend *cb);
  * record does not compare (experts routed on the host) must not be replayed.  The next step may
  * record and replay again. */
 void cuda_graph_step_off(cuda_backend *cb);
-/* The split count decode attention uses for sequences [b0, b0+nb) of a (T < 32). */
-int cuda_attention_splits(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
+/* Decode attention's layout for sequences [b0, b0+nb) of a (T < 32): splits | query heads a block << 8. */
+int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
 
 /* ops implemented in the other files (the eager versions; cuda_graph.cu wraps them) */
 lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
