@@ -91,6 +91,16 @@ done
 for m in llama qwen3; do graph_same "$fix/models/$m" --max-tokens 40 --adapter "$fix/models/${m}_lora/peft_adapter"; done
 # GGUF blocks (cuda_ggml.cu): the graph's fused launches (norm folded in, gate/up + GLU, residual add)
 for g in llama_gguf_q4_0/llama_q4_0 qwen3_gguf_q8_0/qwen3_q8_0; do graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40; done
+# GGUF experts: the norm before the router folded into the router's GEMV and the experts' x quantization,
+# the routing in that quantization's launch; and at a real shape (Q4_K / Q6_K experts, K = 768 rows in lane
+# groups) when gguf-py is at hand (GGUF_PY: its directory)
+for g in qwen3_moe_q8_0 qwen3_moe_q4_0; do graph_same "$root/tests/data/gguf/$g/$g.gguf" --max-tokens 40; done
+if PYTHONPATH=${GGUF_PY:-} python3 -c "import gguf, numpy" 2>/dev/null; then
+    moe=$(mktemp -d)
+    PYTHONPATH=${GGUF_PY:-} python3 "$root/bench/random_gguf.py" qwen3-30b-a3b "$moe/moe2.gguf" --layers 2 >/dev/null &&
+        graph_same "$moe/moe2.gguf" --max-tokens 40
+    rm -rf "$moe"
+fi
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws
 # from every logit (LMX_CUDA_TOPK=0): greedy, and seeded top-k / top-p / min-p sampling
 topk_same() {

@@ -95,12 +95,11 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, int4 *q, float4 *
 /* x [M, K] -> xq int16 and xm ({d, s0, s1, 0}), each row PR parts' room in the layout of gq_xchunk for
  * units of 1 << ul parts: eight lanes per part, 32 parts per block; with nm.w (one row) the RMSNorm of
  * x, as the norm kernels compute it. */
-__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int4 *__restrict__ xq,
-                                                  float4 *__restrict__ xm, int K, int PR, int ul, const cuda_row_norm nm) {
+static __device__ __forceinline__ void gquant_x_block(const float *__restrict__ x, int4 *__restrict__ xq,
+                                                      float4 *__restrict__ xm, int K, int PR, int ul,
+                                                      const cuda_row_norm &nm, int m) {
     __shared__ float part[8];
-    cuda_pdl_trigger();
-    cuda_pdl_wait();
-    const int P = K / 32, p = blockIdx.x * 32 + threadIdx.x / 8, m = blockIdx.y, pc = p < P ? p : P - 1;
+    const int P = K / 32, p = blockIdx.x * 32 + threadIdx.x / 8, pc = p < P ? p : P - 1;
     const float *xr = x + (size_t)m * K;
     const float inv = nm.w ? cuda_rms_inv256(xr, K, nm.eps, part) : 1.0f;
     const int i = 32 * pc + 4 * (threadIdx.x & 7);
@@ -112,6 +111,26 @@ __global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, i
         v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
     }
     gq_quant_part(v, xq + (size_t)m * PR * 4 + gq_xchunk(pc, ul), xm + (size_t)m * PR + gq_xpart(pc, ul), p < P);
+}
+
+__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int4 *__restrict__ xq,
+                                                  float4 *__restrict__ xm, int K, int PR, int ul, const cuda_row_norm nm) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y);
+}
+
+/* A mixture of experts' first launch for GGUF experts (cuda_moe.cu): blocks (x, m < M) quantize row m as
+ * k_gquant_x does, and the first warp of block (0, M + i) routes row i (cuda_moe_route_row): one
+ * dependent launch fewer in each layer of a decode step. */
+__global__ void __launch_bounds__(256) k_moe_quant_route(const float *__restrict__ x, int4 *__restrict__ xq,
+                                                         float4 *__restrict__ xm, int K, int PR, int ul,
+                                                         const cuda_row_norm nm, const __grid_constant__ cuda_moe_router rt) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    const int M = gridDim.y / 2;
+    if ((int)blockIdx.y < M) gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y);
+    else if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, blockIdx.y - M, threadIdx.x);
 }
 
 static __device__ __forceinline__ void gq_prefetch(const void *p) {
@@ -389,14 +408,17 @@ static int gq_unit_parts(int type) {
 /* x [M, K] quantized for type's GEMV (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch:
  * *xq, *xm, each row *PR parts' room.  0 with the error set when the scratch cannot grow. */
 static int gq_quant_x(cuda_backend *cb, int type, const float *x, int M, int K, const cuda_row_norm &nm, int4 **xq,
-                      float4 **xm, int *PR) {
+                      float4 **xm, int *PR, const cuda_moe_router *rt = NULL) {
     const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
     const int64_t P = K / 32, pr = gq_row_parts(K, UP); /* parts, and the room of a row of x */
     *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * pr * (sizeof(float4) + 64));
     if (!*xm) return 0;
     *xq = (int4 *)(*xm + (size_t)M * pr);
     *PR = (int)pr;
-    cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm);
+    if (rt)
+        cuda_launch(cb, k_moe_quant_route, dim3(cuda_blocks(P, 32), 2 * M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm, *rt);
+    else
+        cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm);
     return 1;
 }
 
@@ -462,7 +484,8 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
 }
 
 lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
-                          int kused, const float *x, int rows, float *y0, float *y1, int act) {
+                          int kused, const float *x, int rows, float *y0, float *y1, int act,
+                          const cuda_moe_router *rt, const cuda_row_norm *nm) {
     const lmx_tensor *w0 = &experts[down ? 2 : 0];
     const int type = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
     gv_moe tab; /* 12 KiB of pointers, passed by value */
@@ -482,7 +505,7 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     int4 *xq;
     float4 *xm;
     int PR;
-    if (!gq_quant_x(cb, type, x, rows, K, cuda_row_norm{}, &xq, &xm, &PR)) return cb->base.err.status;
+    if (!gq_quant_x(cb, type, x, rows, K, nm ? *nm : cuda_row_norm{}, &xq, &xm, &PR, rt)) return cb->base.err.status;
     const dim3 grid(cuda_blocks(N, rpb / ks * (32 / gq_lanes(K / 32 / gq_unit_parts(type), ks))), (unsigned)pairs);
     cuda_launch(cb, gq_moe_pick(type, !down), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, tab, pick, kused,
                 K, PR, act);

@@ -215,7 +215,8 @@ static lmx_status g_exec_lora_row(cuda_backend *cb, int i, int n, int nl, const 
  * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
  * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
  * layer's kv append when it is safe to write the cache before the attention reads it), and a
- * residual add followed by the norm of its result as one launch.  Each does the arithmetic of the
+ * residual add followed by the norm of its result as one launch, and (one row, GGUF experts) the norm
+ * before a mixture of experts folded into its router's GEMV and its experts' x quantization.  Each does the arithmetic of the
  * ops it replaces in the same order, so graphs and eager steps agree bit for bit.  With LoRA records
  * after a matmul group: for one row, the pairs' shrink (with the group's norm) and then the group's GEMV
  * with the expands folded in (g_exec_lora_row); for several, the group's launch and then one shrink (on
@@ -248,6 +249,29 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
         }
         if (n < 2) return LMX_OK;
         return g_gemv_group(cb, i, n, glu, (const float *)r->t[1].data, NULL, NULL, used);
+    }
+    if (r->op == G_RMSNORM && r->M == 1 && i + 2 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
+        g->rec[i + 2].op == G_MOE) {
+        /* a row's norm read only by the router and the GGUF experts after it: the router's GEMV and the
+         * experts' x quantization both normalise as they read x */
+        g_rec *ro = &g->rec[i + 1], *mo = &g->rec[i + 2];
+        if (ro->M == 1 && mo->M == 1 && ro->t[1].data == r->t[0].data && mo->t[1].data == r->t[0].data &&
+            mo->t[2].data == ro->t[0].data && ro->t[0].data != r->t[1].data && mo->experts[0].q.ggml_type &&
+            r->n == ro->t[2].shape[1] && g_dead_after(g, i + 2, r->t[0].data)) {
+            cuda_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.norm_w = &r->t[2];
+            o.eps = r->f0;
+            o.add_one = r->f1;
+            int u = 0;
+            lmx_status st = g_gemv_group(cb, i + 1, 1, -1, (const float *)r->t[1].data, &o, NULL, &u);
+            if (st || !u) return st;
+            const cuda_row_norm nm = {r->t[2].data, r->t[2].dtype, r->f0, r->f1};
+            const lmx_moe_args a = {&mo->t[0], &r->t[1], &mo->t[2], mo->experts, mo->escale, mo->M, mo->i0, mo->i1,
+                                    mo->i2, mo->f0, (lmx_act)mo->act, 1};
+            *used = 3;
+            return cuda_moe_normed(&cb->base, &a, &nm);
+        }
     }
     if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
         g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {

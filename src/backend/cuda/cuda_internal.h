@@ -180,11 +180,18 @@ int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E
 /* The same for GGUF experts (cuda_ggml.cu): x [rows, K] f32 quantized first (rows: M for gate/up, the
  * pairs for down) */
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
+struct cuda_moe_router;
+/* rt (gate/up only; NULL: none): the routing that writes pick, done in x's quantization launch; nm (gate/up,
+ * one row; NULL or nm->w NULL: none): x's RMSNorm, folded into that quantization */
 lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
-                          int kused, const float *x, int rows, float *y0, float *y1, int act);
+                          int kused, const float *x, int rows, float *y0, float *y1, int act,
+                          const struct cuda_moe_router *rt, const struct cuda_row_norm *nm);
 lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
+/* The moe op on x's RMSNorm by nm (a decode graph's fusion of the norm before the router and the experts:
+ * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL) */
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const struct cuda_row_norm *nm);
 /* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
 lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
@@ -192,6 +199,16 @@ lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, con
  * logits, a SiLU or GELU-tanh GLU */
 int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
+/* The routing of row i0 + i of a, as a kernel parameter (cuda_moe_route_row) */
+typedef struct cuda_moe_router {
+    const float *logits; /* [R, E] from row i0 */
+    int E, kused, norm_topk, es_on;
+    float scale;           /* on the logits before the softmax */
+    int *pick;             /* [R, kused] */
+    float *pw;             /* [R, kused] */
+    float es[CUDA_MOE_E_MAX]; /* es_on: each expert's weight scale */
+} cuda_moe_router;
+void cuda_moe_router_set(cuda_moe_router *rt, const lmx_moe_args *a, int i0, int *pick, float *pw);
 /* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);
 /* out [M, C] += each row's K outputs of y weighted by pw [M, K], in choice order; y's row of pair i K + k
@@ -255,6 +272,57 @@ static __device__ __forceinline__ float cuda_warp_sum(float v) {
 static __device__ __forceinline__ float cuda_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* The routing of row i by one warp (after the wait for the logits): lane l holds logits l, l + 32, ... (NaN as -inf, so that a choice is always an
+ * expert); the k-th choice is the largest not taken, the lower index first among equals. */
+static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router &rt, int i, int lane) {
+    const int E = rt.E, kused = rt.kused;
+    const float scale = rt.scale;
+    const float *z = rt.logits + (int64_t)i * E;
+    float v[CUDA_MOE_E_MAX / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
+        const int e = lane + 32 * j;
+        const float t = e < E ? *(volatile const float *)(z + e) : -INFINITY; /* a volatile read: k_moe_gemv1 */
+        v[j] = t != t ? -INFINITY : t;
+        mx = fmaxf(mx, v[j]);
+    }
+    mx = cuda_warp_max(mx);
+    const float base = mx == -INFINITY ? 0.0f : mx; /* every logit -inf or NaN: equal weights of 0 / 0 */
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) sum += lane + 32 * j < E ? expf((v[j] - base) * scale) : 0.0f;
+    sum = cuda_warp_sum(sum);
+    unsigned taken = 0;
+    float ksum = 0.0f, p[32];
+    int ex[32];
+    for (int k = 0; k < kused; k++) {
+        float bv = -INFINITY;
+        int be = INT_MAX;
+#pragma unroll
+        for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
+            const int e = lane + 32 * j;
+            if (e < E && !(taken >> j & 1) && (be == INT_MAX || v[j] > bv)) bv = v[j], be = e;
+        }
+        for (int o = 16; o > 0; o >>= 1) { /* the larger value, the lower index among equals */
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
+        }
+        if (be % 32 == lane) taken |= 1u << (be / 32);
+        ex[k] = be;
+        p[k] = expf((bv - base) * scale) / sum;
+        ksum += p[k];
+    }
+    if (lane != 0) return;
+    for (int k = 0; k < kused; k++) {
+        float w = rt.norm_topk ? p[k] / ksum : p[k];
+        if (rt.es_on) w *= rt.es[ex[k]];
+        rt.pick[i * kused + k] = ex[k];
+        rt.pw[i * kused + k] = w;
+    }
 }
 
 /* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU */

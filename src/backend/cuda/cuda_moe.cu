@@ -1,8 +1,9 @@
 /* cuda_moe.cu - a mixture of experts for a few rows (decode) without the host: the routing, the chosen
  * experts' GEMVs and their weighted sum as four launches that a decode graph can hold (backend.h, moe).
  *
- *   route     k_moe_route: per row, the softmax of its router logits, its K best experts and their
- *             weights (pick, pw [M, K]), as forward.c's route() computes them on the host
+ *   route     k_moe_route (cuda_moe_route_row): per row, the softmax of its router logits, its K best
+ *             experts and their weights (pick, pw [M, K]), as forward.c's route() computes them on the
+ *             host; for GGUF experts, in the launch that quantizes x (k_moe_quant_route)
  *   gate/up   cuda_moe_gemv: h [M K, F] = act(gate_e x_i) * (up_e x_i) for each (row i, choice) pair
  *   down      cuda_moe_gemv: y [M K, C] = down_e h_p
  *   combine   k_moe_combine: out[i] += sum over the row's choices k (in order) of pw[i, k] y[i K + k]
@@ -15,60 +16,11 @@
 #include "cuda_internal.h"
 
 #define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
-typedef struct moe_escale { float s[CUDA_MOE_E_MAX]; int on; } moe_escale;
 
-/* One warp per row: lane l holds logits l, l + 32, ... (NaN as -inf, so that a choice is always an
- * expert); the k-th choice is the largest not taken, the lower index first among equals. */
-__global__ void __launch_bounds__(32) k_moe_route(const float *logits, int E, int kused, int norm_topk,
-                                                  float scale, const __grid_constant__ moe_escale es, int *pick,
-                                                  float *pw) {
+__global__ void __launch_bounds__(32) k_moe_route(const __grid_constant__ cuda_moe_router rt) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    const int i = blockIdx.x, lane = threadIdx.x;
-    const float *z = logits + (int64_t)i * E;
-    float v[CUDA_MOE_E_MAX / 32];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
-        const int e = lane + 32 * j;
-        const float t = e < E ? *(volatile const float *)(z + e) : -INFINITY; /* after the wait (k_moe_gemv1) */
-        v[j] = t != t ? -INFINITY : t;
-        mx = fmaxf(mx, v[j]);
-    }
-    mx = cuda_warp_max(mx);
-    const float base = mx == -INFINITY ? 0.0f : mx; /* every logit -inf or NaN: equal weights of 0 / 0 */
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) sum += lane + 32 * j < E ? expf((v[j] - base) * scale) : 0.0f;
-    sum = cuda_warp_sum(sum);
-    unsigned taken = 0;
-    float ksum = 0.0f, p[32];
-    int ex[32];
-    for (int k = 0; k < kused; k++) {
-        float bv = -INFINITY;
-        int be = INT_MAX;
-#pragma unroll
-        for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
-            const int e = lane + 32 * j;
-            if (e < E && !(taken >> j & 1) && (be == INT_MAX || v[j] > bv)) bv = v[j], be = e;
-        }
-        for (int o = 16; o > 0; o >>= 1) { /* the larger value, the lower index among equals */
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
-        }
-        if (be % 32 == lane) taken |= 1u << (be / 32);
-        ex[k] = be;
-        p[k] = expf((bv - base) * scale) / sum;
-        ksum += p[k];
-    }
-    if (lane != 0) return;
-    for (int k = 0; k < kused; k++) {
-        float w = norm_topk ? p[k] / ksum : p[k];
-        if (es.on) w *= es.s[ex[k]];
-        pick[i * kused + k] = ex[k];
-        pw[i * kused + k] = w;
-    }
+    cuda_moe_route_row(rt, blockIdx.x, threadIdx.x);
 }
 
 /* out[i, c] += sum_k pw[i, k] y[p, c] with p = i K + k, or slot[i K + k] (the grouped path's places):
@@ -94,15 +46,25 @@ lmx_status cuda_moe_combine(cuda_backend *cb, float *out, const float *y, const 
     return cuda_check_launch(cb, "moe combine");
 }
 
-lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw) {
-    moe_escale es;
-    memset(&es, 0, sizeof es);
+void cuda_moe_router_set(cuda_moe_router *rt, const lmx_moe_args *a, int i0, int *pick, float *pw) {
+    memset(rt, 0, sizeof *rt);
+    rt->logits = (const float *)a->logits->data + (int64_t)i0 * a->E;
+    rt->E = a->E;
+    rt->kused = a->K;
+    rt->norm_topk = a->norm_topk;
+    rt->scale = a->logit_scale;
+    rt->pick = pick;
+    rt->pw = pw;
     if (a->expert_scale) {
-        es.on = 1;
-        memcpy(es.s, a->expert_scale, (size_t)a->E * sizeof(float));
+        rt->es_on = 1;
+        memcpy(rt->es, a->expert_scale, (size_t)a->E * sizeof(float));
     }
-    cuda_launch(cb, k_moe_route, (unsigned)R, 32, 0, (const float *)a->logits->data + (int64_t)i0 * a->E, a->E, a->K,
-                a->norm_topk, a->logit_scale, es, pick, pw);
+}
+
+lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw) {
+    cuda_moe_router rt;
+    cuda_moe_router_set(&rt, a, i0, pick, pw);
+    cuda_launch(cb, k_moe_route, (unsigned)R, 32, 0, rt);
     return cuda_check_launch(cb, "moe routing");
 }
 
@@ -116,9 +78,11 @@ int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
            (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E));
 }
 
-lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrapper (w_moe) checked cuda_moe_takes */
-    cuda_backend *cb = (cuda_backend *)be;
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm) {
+    cuda_backend *cb = (cuda_backend *)be; /* the op's wrapper (w_moe) checked cuda_moe_takes */
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    const int gguf = a->experts[0].q.ggml_type != 0;
+    if (nm && nm->w && (!gguf || a->M != 1)) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "moe: a folded norm");
     /* scratch: pick, pw [CUDA_MOE_PAIRS]; h, u [CUDA_MOE_PAIRS, F]; y [CUDA_MOE_PAIRS, C] (the largest launch's
      * size from the first, so that a decode graph never sees it move) */
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_MOE, (size_t)CUDA_MOE_PAIRS * (2 + 2 * F + C) * sizeof(float));
@@ -128,13 +92,18 @@ lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { /* the op's wrappe
     float *y = u + CUDA_MOE_PAIRS * F;
     const int P = a->M * a->K;
     const float *x = (const float *)a->x->data;
-    lmx_status st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
-    if (!st && a->experts[0].q.ggml_type) {
-        st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, x, a->M, h, u, (int)a->act);
-        if (!st) st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0);
-    } else if (!st) {
-        st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
+    lmx_status st;
+    if (gguf) { /* the routing joins x's quantization */
+        cuda_moe_router rt;
+        cuda_moe_router_set(&rt, a, 0, pick, pw);
+        st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, x, a->M, h, u, (int)a->act, &rt, nm);
+        if (!st) st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0, NULL, NULL);
+    } else {
+        st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
+        if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
         if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
     }
     return st ? st : cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, a->M, a->K, C);
 }
+
+lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { return cuda_moe_normed(be, a, NULL); }
