@@ -304,11 +304,13 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
 
 /* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y
  * is pair p = row i * kused + choice, on expert pick[p]'s weights (the table mo) and on row i of the
- * quantized x (gate/up) or row p (down), writing row p of the results. */
+ * quantized x (gate/up) or row p (down), writing row p of the results.  Q4_K's down projection is held to
+ * 64 registers, four blocks a multiprocessor (76 unbounded, three: 9.8 -> 8.6 us a layer of Qwen3-30B-A3B's
+ * shape; the other types spill so held, or gain nothing). */
 template <int T, int PAIR>
-__global__ void __launch_bounds__(256) k_moe_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
-                                                   const gv_segs sg, const __grid_constant__ gv_moe mo,
-                                                   const int *pick, int kused, int K, int PR, int act) {
+__global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
+    k_moe_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm, const gv_segs sg,
+                const __grid_constant__ gv_moe mo, const int *pick, int kused, int K, int PR, int act) {
     cuda_pdl_trigger();
     cuda_pdl_wait(); /* pick and x come from the kernels before (a volatile read of pick: k_moe_gemv1) */
     const int p = blockIdx.y, e = *(volatile const int *)(pick + p), row = PAIR ? p / kused : p;

@@ -274,16 +274,24 @@ static __device__ __forceinline__ float cuda_warp_max(float v) {
     return v;
 }
 
-/* The routing of row i by one warp (after the wait for the logits): lane l holds logits l, l + 32, ... (NaN as -inf, so that a choice is always an
- * expert); the k-th choice is the largest not taken, the lower index first among equals. */
+/* The routing of row i by one warp (after the wait for the logits): lane l holds logits l, l + 32, ... (NaN
+ * as -inf, so that a choice is always an expert; -0 as +0); the k-th choice is the largest not taken, the
+ * lower index first among equals: the largest of the 64-bit keys (order-preserving bits of the value, then
+ * the complement of the index), one butterfly a choice.  Every lane follows every choice; lane k writes
+ * choice k (no per-choice arrays, so nothing in local memory). */
+static __device__ __forceinline__ unsigned long long cuda_moe_key(float v, int e) {
+    const unsigned r = __float_as_uint(v), u = r == 0x80000000u ? 0u : r, o = u >> 31 ? ~u : u | 0x80000000u;
+    return (unsigned long long)o << 32 | (unsigned)~e;
+}
 static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router &rt, int i, int lane) {
+    constexpr int J = CUDA_MOE_E_MAX / 32;
     const int E = rt.E, kused = rt.kused;
     const float scale = rt.scale;
     const float *z = rt.logits + (int64_t)i * E;
-    float v[CUDA_MOE_E_MAX / 32];
+    float v[J];
     float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
+    for (int j = 0; j < J; j++) {
         const int e = lane + 32 * j;
         const float t = e < E ? *(volatile const float *)(z + e) : -INFINITY; /* a volatile read: k_moe_gemv1 */
         v[j] = t != t ? -INFINITY : t;
@@ -292,37 +300,39 @@ static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router 
     mx = cuda_warp_max(mx);
     const float base = mx == -INFINITY ? 0.0f : mx; /* every logit -inf or NaN: equal weights of 0 / 0 */
     float sum = 0.0f;
+    unsigned long long key[J]; /* 0: no expert (past E, or taken) */
 #pragma unroll
-    for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) sum += lane + 32 * j < E ? expf((v[j] - base) * scale) : 0.0f;
+    for (int j = 0; j < J; j++) {
+        const int e = lane + 32 * j;
+        sum += e < E ? expf((v[j] - base) * scale) : 0.0f;
+        key[j] = e < E ? cuda_moe_key(v[j], e) : 0ull;
+    }
     sum = cuda_warp_sum(sum);
-    unsigned taken = 0;
-    float ksum = 0.0f, p[32];
-    int ex[32];
+    float ksum = 0.0f, mine = 0.0f;
+    int mine_e = 0;
     for (int k = 0; k < kused; k++) {
-        float bv = -INFINITY;
-        int be = INT_MAX;
+        unsigned long long b = 0;
 #pragma unroll
-        for (int j = 0; j < CUDA_MOE_E_MAX / 32; j++) {
-            const int e = lane + 32 * j;
-            if (e < E && !(taken >> j & 1) && (be == INT_MAX || v[j] > bv)) bv = v[j], be = e;
+        for (int j = 0; j < J; j++) b = key[j] > b ? key[j] : b;
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long ob = __shfl_xor_sync(0xffffffffu, b, o);
+            b = ob > b ? ob : b;
         }
-        for (int o = 16; o > 0; o >>= 1) { /* the larger value, the lower index among equals */
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
-        }
-        if (be % 32 == lane) taken |= 1u << (be / 32);
-        ex[k] = be;
-        p[k] = expf((bv - base) * scale) / sum;
-        ksum += p[k];
+        const int be = (int)~(unsigned)b;
+        const unsigned ub = (unsigned)(b >> 32);
+        const float bv = __uint_as_float(ub >> 31 ? ub & 0x7fffffffu : ~ub);
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            if (be == lane + 32 * j) key[j] = 0;
+        const float pk = expf((bv - base) * scale) / sum;
+        ksum += pk;
+        if (lane == k) mine = pk, mine_e = be;
     }
-    if (lane != 0) return;
-    for (int k = 0; k < kused; k++) {
-        float w = rt.norm_topk ? p[k] / ksum : p[k];
-        if (rt.es_on) w *= rt.es[ex[k]];
-        rt.pick[i * kused + k] = ex[k];
-        rt.pw[i * kused + k] = w;
-    }
+    if (lane >= kused) return;
+    float w = rt.norm_topk ? mine / ksum : mine;
+    if (rt.es_on) w *= rt.es[mine_e];
+    rt.pick[i * kused + lane] = mine_e;
+    rt.pw[i * kused + lane] = w;
 }
 
 /* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU */
