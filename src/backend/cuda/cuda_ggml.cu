@@ -97,9 +97,9 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, int4 *q, float4 *
  * x, as the norm kernels compute it. */
 static __device__ __forceinline__ void gquant_x_block(const float *__restrict__ x, int4 *__restrict__ xq,
                                                       float4 *__restrict__ xm, int K, int PR, int ul,
-                                                      const cuda_row_norm &nm, int m) {
+                                                      const cuda_row_norm &nm, int m, int bx) {
     __shared__ float part[8];
-    const int P = K / 32, p = blockIdx.x * 32 + threadIdx.x / 8, pc = p < P ? p : P - 1;
+    const int P = K / 32, p = bx * 32 + threadIdx.x / 8, pc = p < P ? p : P - 1;
     const float *xr = x + (size_t)m * K;
     const float inv = nm.w ? cuda_rms_inv256(xr, K, nm.eps, part) : 1.0f;
     const int i = 32 * pc + 4 * (threadIdx.x & 7);
@@ -117,7 +117,31 @@ __global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, i
                                                   float4 *__restrict__ xm, int K, int PR, int ul, const cuda_row_norm nm) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y);
+    gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y, blockIdx.x);
+}
+
+#define GQ_SUM_MAX_K 8192 /* k_gquant_x_sum's row in shared memory (32 KB) */
+/* One row x [K] as k_gquant_x quantizes it, after a mixture of experts' combine (k_moe_combine's arithmetic):
+ * x += sum over k < kk of pw[k] y[k, :], in order, written back to x; one block, x' staged in shared memory
+ * (K floats) for the norm and the parts: the combine joins the next layer's first launch. */
+__global__ void __launch_bounds__(256) k_gquant_x_sum(float *__restrict__ x, int4 *__restrict__ xq,
+                                                      float4 *__restrict__ xm, int K, int PR, int ul,
+                                                      const cuda_row_norm nm, const float *__restrict__ y,
+                                                      const float *pw, int kk) {
+    extern __shared__ float xs[]; /* [K] */
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {
+        float s = x[c];
+        for (int k = 0; k < kk; k++) s += *(volatile const float *)(pw + k) * __ldcg(y + (int64_t)k * K + c);
+        x[c] = s;
+        xs[c] = s;
+    }
+    __syncthreads();
+    for (int b = 0; b * 32 < K / 32; b++) {
+        gquant_x_block(xs, xq, xm, K, PR, ul, nm, 0, b);
+        __syncthreads(); /* part[] of the norm is reused */
+    }
 }
 
 /* A mixture of experts' first launch for GGUF experts (cuda_moe.cu): blocks (x, m < M) quantize row m as
@@ -129,7 +153,7 @@ __global__ void __launch_bounds__(256) k_moe_quant_route(const float *__restrict
     cuda_pdl_trigger();
     cuda_pdl_wait();
     const int M = gridDim.y / 2;
-    if ((int)blockIdx.y < M) gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y);
+    if ((int)blockIdx.y < M) gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y, blockIdx.x);
     else if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, blockIdx.y - M, threadIdx.x);
 }
 
@@ -410,14 +434,17 @@ static int gq_unit_parts(int type) {
 /* x [M, K] quantized for type's GEMV (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch:
  * *xq, *xm, each row *PR parts' room.  0 with the error set when the scratch cannot grow. */
 static int gq_quant_x(cuda_backend *cb, int type, const float *x, int M, int K, const cuda_row_norm &nm, int4 **xq,
-                      float4 **xm, int *PR, const cuda_moe_router *rt = NULL) {
+                      float4 **xm, int *PR, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
     const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
     const int64_t P = K / 32, pr = gq_row_parts(K, UP); /* parts, and the room of a row of x */
     *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * pr * (sizeof(float4) + 64));
     if (!*xm) return 0;
     *xq = (int4 *)(*xm + (size_t)M * pr);
     *PR = (int)pr;
-    if (rt)
+    if (sum && sum->sum_y) /* one row (cuda_gemv_ggml checked) */
+        cuda_launch(cb, k_gquant_x_sum, 1, 256, (size_t)K * sizeof(float), (float *)x, *xq, *xm, K, (int)pr, ul, nm,
+                    sum->sum_y, sum->sum_pw, sum->sum_k);
+    else if (rt)
         cuda_launch(cb, k_moe_quant_route, dim3(cuda_blocks(P, 32), 2 * M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm, *rt);
     else
         cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm);
@@ -431,6 +458,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     if (!cuda_ggml_gemv_takes(ws[0], M)) return LMX_ERR_UNSUPPORTED;
     int norm, resid, lora;
     if (gv_opts_check(opts, M == 1, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
+    if (opts && opts->sum_y && (M != 1 || !norm || K > GQ_SUM_MAX_K || GQ_IS_MLX(type))) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     sg.group = ws[0]->q.group; /* MLX */
@@ -456,7 +484,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     int4 *xq;
     float4 *xm;
     int PR;
-    if (!gq_quant_x(cb, type, x, M, (int)K, nm, &xq, &xm, &PR)) return cb->base.err.status;
+    if (!gq_quant_x(cb, type, x, M, (int)K, nm, &xq, &xm, &PR, NULL, opts)) return cb->base.err.status;
     cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, (int)K, PR, M,
                 act, resid);
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");

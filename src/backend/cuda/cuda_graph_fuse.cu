@@ -211,12 +211,58 @@ static lmx_status g_exec_lora_row(cuda_backend *cb, int i, int n, int nl, const 
     return st;
 }
 
+/* Whether the norm at i can fold into the n matmuls after it (and their GLU: glu >= 0): they read only
+ * its output, which nothing reads after them, and none writes its input. */
+static int g_norm_folds(const cuda_graph *g, int i, int n, int glu) {
+    const g_rec *r = &g->rec[i];
+    int ok = r->n == g->rec[i + 1].t[2].shape[1] && g_dead_after(g, i + n + (glu >= 0 ? 1 : 0), r->t[0].data);
+    for (int j = 1; j <= n; j++) ok &= g->rec[i + j].t[0].data != r->t[1].data;
+    return ok;
+}
+
+/* The one-row GGUF mixture of experts a at record i (nm: the norm folded into it, or NULL), and when the
+ * next records are a norm of its output and GGUF matmuls reading that (the next layer's q/k/v, or the
+ * final norm and the head): the experts' combine joins those matmuls' x quantization, which adds the
+ * experts' outputs to the residual stream before the norm (k_gquant_x_sum): one dependent launch fewer.
+ * *used = records consumed from i. */
+static lmx_status g_moe_exec(cuda_backend *cb, int i, const lmx_moe_args *a, const cuda_row_norm *nm, int *used) {
+    cuda_graph *g = cb->g;
+    const int j = i + 1; /* the norm */
+    int n = 0, glu = -1, mi[3], lglu;
+    int ok = a->M == 1 && j + 1 < g->n_rec && g->rec[j].op == G_RMSNORM && g->rec[j].M == 1 &&
+             g->rec[j].t[1].data == a->out->data && g->rec[j + 1].op == G_MATMUL && g->rec[j + 1].M == 1 &&
+             g->rec[j + 1].t[1].data == g->rec[j].t[0].data && g->rec[j + 1].t[2].q.ggml_type;
+    if (ok) {
+        n = g_matmul_group(g, j + 1, &glu);
+        ok = g_lora_after(g, j + 1, n, mi, &lglu) == 0 && g_norm_folds(g, j, n, glu);
+    }
+    const float *y = NULL, *pw = NULL;
+    *used = 1;
+    lmx_status st = cuda_moe_normed(&cb->base, a, nm, ok ? &y : NULL, ok ? &pw : NULL);
+    if (st || !ok) return st;
+    const g_rec *r = &g->rec[j];
+    cuda_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.norm_w = &r->t[2];
+    o.eps = r->f0;
+    o.add_one = r->f1;
+    o.sum_y = y;
+    o.sum_pw = pw;
+    o.sum_k = a->K;
+    int u = 0;
+    if ((st = g_gemv_group(cb, j + 1, n, glu, (const float *)r->t[1].data, &o, NULL, &u))) return st;
+    if (!u) return cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, 1, a->K, a->out->shape[a->out->ndim - 1]);
+    *used = 2 + u;
+    return LMX_OK;
+}
+
 /* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
  * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
  * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
  * layer's kv append when it is safe to write the cache before the attention reads it), and a
  * residual add followed by the norm of its result as one launch, and (one row, GGUF experts) the norm
- * before a mixture of experts folded into its router's GEMV and its experts' x quantization.  Each does the arithmetic of the
+ * before a mixture of experts folded into its router's GEMV and its experts' x quantization, and its
+ * combine into the next norm's GGUF matmuls (g_moe_exec).  Each does the arithmetic of the
  * ops it replaces in the same order, so graphs and eager steps agree bit for bit.  With LoRA records
  * after a matmul group: for one row, the pairs' shrink (with the group's norm) and then the group's GEMV
  * with the expands folded in (g_exec_lora_row); for several, the group's launch and then one shrink (on
@@ -269,9 +315,16 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
             const cuda_row_norm nm = {r->t[2].data, r->t[2].dtype, r->f0, r->f1};
             const lmx_moe_args a = {&mo->t[0], &r->t[1], &mo->t[2], mo->experts, mo->escale, mo->M, mo->i0, mo->i1,
                                     mo->i2, mo->f0, (lmx_act)mo->act, 1};
-            *used = 3;
-            return cuda_moe_normed(&cb->base, &a, &nm);
+            int um = 0;
+            st = g_moe_exec(cb, i + 2, &a, &nm, &um);
+            *used = 2 + um;
+            return st;
         }
+    }
+    if (r->op == G_MOE && r->M == 1 && r->experts[0].q.ggml_type) {
+        const lmx_moe_args a = {&r->t[0], &r->t[1], &r->t[2], r->experts, r->escale, r->M, r->i0, r->i1, r->i2, r->f0,
+                                (lmx_act)r->act, 1}; /* recorded only once cuda_moe_takes took it: alike */
+        return g_moe_exec(cb, i, &a, NULL, used);
     }
     if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
         g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {
@@ -285,10 +338,7 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
             if (u) *used = 1 + u;
             return st;
         }
-        const int last = i + n + (glu >= 0 ? 1 : 0);
-        int ok = r->n == g->rec[i + 1].t[2].shape[1] && g_dead_after(g, last, r->t[0].data);
-        for (int j = 1; j <= n; j++) ok &= g->rec[i + j].t[0].data != r->t[1].data;
-        if (ok) {
+        if (g_norm_folds(g, i, n, glu)) {
             cuda_gemv_opts o;
             memset(&o, 0, sizeof o);
             o.norm_w = &r->t[2];

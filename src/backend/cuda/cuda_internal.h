@@ -163,6 +163,10 @@ typedef struct cuda_gemv_opts {
      * B_i f32 [N_i, lora_r[i]] and t_i [lora_r[i]] the scaled shrink (cuda_lora_shrink_row) */
     const float *lora_b[3], *lora_t[3];
     int lora_r[3];
+    /* a mixture of experts' combine folded in (sum_y NULL: none; one row, GGUF weights, with norm_w): x [1, K]
+     * += sum over k < sum_k of sum_pw[k] sum_y[k, :], in order, written back to x before the norm */
+    const float *sum_y, *sum_pw;
+    int sum_k;
 } cuda_gemv_opts;
 /* The most rows cuda_gemv takes for weight w. */
 int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w);
@@ -190,8 +194,11 @@ lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
 /* The moe op on x's RMSNorm by nm (a decode graph's fusion of the norm before the router and the experts:
- * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL) */
-lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const struct cuda_row_norm *nm);
+ * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL).  With y and pw
+ * non-NULL the combine is left to the caller: *y [K, C] the chosen experts' outputs and *pw [K] their
+ * weights (one row), to add to out in choice order (cuda_gemv_opts.sum_y). */
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const struct cuda_row_norm *nm, const float **y,
+                           const float **pw);
 /* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
 lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */

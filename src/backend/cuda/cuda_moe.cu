@@ -78,11 +78,13 @@ int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
            (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E));
 }
 
-lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm) {
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm, const float **ys,
+                           const float **pws) {
     cuda_backend *cb = (cuda_backend *)be; /* the op's wrapper (w_moe) checked cuda_moe_takes */
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     const int gguf = a->experts[0].q.ggml_type != 0;
-    if (nm && nm->w && (!gguf || a->M != 1)) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "moe: a folded norm");
+    if ((nm && nm->w && (!gguf || a->M != 1)) || (ys && a->M != 1))
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "moe: a folded norm or combine");
     /* scratch: pick, pw [CUDA_MOE_PAIRS]; h, u [CUDA_MOE_PAIRS, F]; y [CUDA_MOE_PAIRS, C] (the largest launch's
      * size from the first, so that a decode graph never sees it move) */
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_MOE, (size_t)CUDA_MOE_PAIRS * (2 + 2 * F + C) * sizeof(float));
@@ -103,7 +105,11 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
         if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
         if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
     }
-    return st ? st : cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, a->M, a->K, C);
+    if (st || ys) {
+        if (ys) *ys = y, *pws = pw;
+        return st;
+    }
+    return cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, a->M, a->K, C);
 }
 
-lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { return cuda_moe_normed(be, a, NULL); }
+lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { return cuda_moe_normed(be, a, NULL, NULL, NULL); }
