@@ -305,8 +305,7 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
     case G_SOFTCAP: return cuda_softcap(be, &c->t[0], c->n, c->f0);
     case G_SCALE: return cuda_scale(be, &c->t[0], c->n, c->f0);
     case G_MOE: {
-        const lmx_moe_args a = {&c->t[0], &c->t[1], &c->t[2], c->experts, c->escale, c->M, c->i0, c->i1, c->i2, c->f0,
-                                (lmx_act)c->act, 1}; /* recorded only once cuda_moe_takes took it: alike */
+        const lmx_moe_args a = g_moe_args(c, &c->t[1]);
         return cuda_moe(be, &a);
     }
     case G_ROPE: return cuda_rope(be, &c->t[0], bt, c->i0, c->i1, &c->rope);

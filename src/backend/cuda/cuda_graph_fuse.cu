@@ -211,6 +211,16 @@ static lmx_status g_exec_lora_row(cuda_backend *cb, int i, int n, int nl, const 
     return st;
 }
 
+/* GEMV opts folding in norm record r */
+static cuda_gemv_opts g_norm_opts(const g_rec *r) {
+    cuda_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.norm_w = &r->t[2];
+    o.eps = r->f0;
+    o.add_one = r->f1;
+    return o;
+}
+
 /* Whether the norm at i can fold into the n matmuls after it (and their GLU: glu >= 0): they read only
  * its output, which nothing reads after them, and none writes its input. */
 static int g_norm_folds(const cuda_graph *g, int i, int n, int glu) {
@@ -241,11 +251,7 @@ static lmx_status g_moe_exec(cuda_backend *cb, int i, const lmx_moe_args *a, con
     lmx_status st = cuda_moe_normed(&cb->base, a, nm, ok ? &y : NULL, ok ? &pw : NULL);
     if (st || !ok) return st;
     const g_rec *r = &g->rec[j];
-    cuda_gemv_opts o;
-    memset(&o, 0, sizeof o);
-    o.norm_w = &r->t[2];
-    o.eps = r->f0;
-    o.add_one = r->f1;
+    cuda_gemv_opts o = g_norm_opts(r);
     o.sum_y = y;
     o.sum_pw = pw;
     o.sum_k = a->K;
@@ -304,17 +310,12 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
         if (ro->M == 1 && mo->M == 1 && ro->t[1].data == r->t[0].data && mo->t[1].data == r->t[0].data &&
             mo->t[2].data == ro->t[0].data && ro->t[0].data != r->t[1].data && mo->experts[0].q.ggml_type &&
             r->n == ro->t[2].shape[1] && g_dead_after(g, i + 2, r->t[0].data)) {
-            cuda_gemv_opts o;
-            memset(&o, 0, sizeof o);
-            o.norm_w = &r->t[2];
-            o.eps = r->f0;
-            o.add_one = r->f1;
+            const cuda_gemv_opts o = g_norm_opts(r);
             int u = 0;
             lmx_status st = g_gemv_group(cb, i + 1, 1, -1, (const float *)r->t[1].data, &o, NULL, &u);
             if (st || !u) return st;
             const cuda_row_norm nm = {r->t[2].data, r->t[2].dtype, r->f0, r->f1};
-            const lmx_moe_args a = {&mo->t[0], &r->t[1], &mo->t[2], mo->experts, mo->escale, mo->M, mo->i0, mo->i1,
-                                    mo->i2, mo->f0, (lmx_act)mo->act, 1};
+            const lmx_moe_args a = g_moe_args(mo, &r->t[1]);
             int um = 0;
             st = g_moe_exec(cb, i + 2, &a, &nm, &um);
             *used = 2 + um;
@@ -322,8 +323,7 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
         }
     }
     if (r->op == G_MOE && r->M == 1 && r->experts[0].q.ggml_type) {
-        const lmx_moe_args a = {&r->t[0], &r->t[1], &r->t[2], r->experts, r->escale, r->M, r->i0, r->i1, r->i2, r->f0,
-                                (lmx_act)r->act, 1}; /* recorded only once cuda_moe_takes took it: alike */
+        const lmx_moe_args a = g_moe_args(r, &r->t[1]);
         return g_moe_exec(cb, i, &a, NULL, used);
     }
     if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
@@ -339,11 +339,7 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
             return st;
         }
         if (g_norm_folds(g, i, n, glu)) {
-            cuda_gemv_opts o;
-            memset(&o, 0, sizeof o);
-            o.norm_w = &r->t[2];
-            o.eps = r->f0;
-            o.add_one = r->f1;
+            const cuda_gemv_opts o = g_norm_opts(r);
             int u = 0;
             lmx_status st = g_gemv_group(cb, i + 1, n, glu, (const float *)r->t[1].data, &o, NULL, &u);
             if (st) return st;
