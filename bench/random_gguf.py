@@ -25,8 +25,8 @@ import gguf
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "tests", "ref"))
-from gguf_vocab import add_placeholder_vocab  # noqa: E402
 from make_random_model import ARCHS  # noqa: E402
+from write_gguf import add_header, gguf_arch  # noqa: E402
 
 Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
 BLOCK = {Q4_K: 144, Q6_K: 210}  # bytes per 256 weights
@@ -61,7 +61,7 @@ def main():
         sys.exit("random_gguf.py: %s is not written (llama, qwen3, qwen3_moe only)" % args.arch)
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
-    arch = {"qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
+    arch = gguf_arch(cfg)
     C, L, H, Hk, D, F, V = (cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"))
     moe = arch == "qwen3moe"
@@ -69,24 +69,7 @@ def main():
     pools = {qt: make_pool(rng, qt) for qt in (Q4_K, Q6_K)}
 
     w = gguf.GGUFWriter(args.out, arch)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(C)
-    w.add_block_count(L)
-    w.add_feed_forward_length(F)
-    if moe:
-        w.add_expert_count(cfg["num_experts"])
-        w.add_expert_used_count(cfg["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_head_count(H)
-    w.add_head_count_kv(Hk)
-    w.add_key_length(D)
-    w.add_value_length(D)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-    add_placeholder_vocab(w, V)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_header(w, cfg, 15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
     def blocks(name, qt, *shape):
         """shape [..., rows, K] of type qt, as a slice of the pool (bytes [..., rows, K / 256 * BLOCK])."""

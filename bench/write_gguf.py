@@ -16,43 +16,52 @@ import json
 import os
 import sys
 
-import numpy as np
-import torch
-from safetensors.torch import load_file
-
 import gguf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
 from gguf_vocab import add_placeholder_vocab  # noqa: E402
 
 
-def main():
-    src, out = sys.argv[1], sys.argv[2]
-    q4 = len(sys.argv) > 3 and sys.argv[3] == "q4_0"
-    cfg = json.load(open(os.path.join(src, "config.json")))
-    arch = {"qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])  # llama, qwen3: the same names
-    C, L, H, Hk = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+def gguf_arch(cfg):
+    """The GGUF architecture of an HF config (llama, qwen3: the same names)."""
+    return {"qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
+
+
+def add_header(w, cfg, file_type):
+    """The model metadata of config cfg and the placeholder vocabulary (byte tokens: text tokenizes by byte
+    fallback, llama-completion's prompt), to gguf.GGUFWriter w; file_type: llama.cpp's LLAMA_FTYPE."""
+    C, H = cfg["hidden_size"], cfg["num_attention_heads"]
     D = cfg.get("head_dim", C // H)
-    V = cfg["vocab_size"]
-    w = gguf.GGUFWriter(out, arch)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(C)
-    w.add_block_count(L)
+    w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
-    if arch == "qwen3moe":
+    if gguf_arch(cfg) == "qwen3moe":
         w.add_expert_count(cfg["num_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_head_count(H)
-    w.add_head_count_kv(Hk)
+    w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_file_type(2 if q4 else 1)  # mostly Q4_0 / mostly F16
-    add_placeholder_vocab(w, V)  # byte tokens: text tokenizes by byte fallback (llama-completion's prompt)
+    w.add_file_type(file_type)
+    add_placeholder_vocab(w, cfg["vocab_size"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+
+
+def main():
+    import torch  # here, so that random_gguf.py can use add_header without torch
+    from safetensors.torch import load_file
+
+    src, out = sys.argv[1], sys.argv[2]
+    q4 = len(sys.argv) > 3 and sys.argv[3] == "q4_0"
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    arch = gguf_arch(cfg)
+    w = gguf.GGUFWriter(out, arch)
+    add_header(w, cfg, 2 if q4 else 1)  # mostly Q4_0 / mostly F16
 
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
