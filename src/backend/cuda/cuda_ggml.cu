@@ -431,8 +431,16 @@ static int gq_unit_parts(int type) {
     }
 }
 
+/* Output rows a block of type's GEMV takes: rpb (8 warps, rows unsplit) over ks warps a row, times the rows a
+ * warp takes in lane groups (gq_lanes). */
+static int gq_block_rows(int type, int K, int rpb, int ks) {
+    return rpb / ks * (32 / gq_lanes(K / 32 / gq_unit_parts(type), ks));
+}
+
 /* x [M, K] quantized for type's GEMV (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch:
- * *xq, *xm, each row *PR parts' room.  0 with the error set when the scratch cannot grow. */
+ * *xq, *xm, each row *PR parts' room.  With rt, the launch also routes the rows (k_moe_quant_route); with
+ * sum->sum_y (one row), it first adds a mixture of experts' outputs to x (k_gquant_x_sum).  0 with the
+ * error set when the scratch cannot grow. */
 static int gq_quant_x(cuda_backend *cb, int type, const float *x, int M, int K, const cuda_row_norm &nm, int4 **xq,
                       float4 **xm, int *PR, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
     const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
@@ -475,7 +483,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     for (int i = 0; i < n; i++) {
         const int ks = gq_split(cb, sg.s[i].N, (int)K, gq_unit_parts(type), rpb);
         sg.s[i].ks = ks;
-        const unsigned b = cuda_blocks(sg.s[i].N, rpb / ks * (32 / gq_lanes((int)K / 32 / gq_unit_parts(type), ks)));
+        const unsigned b = cuda_blocks(sg.s[i].N, gq_block_rows(type, (int)K, rpb, ks));
         if (b > gx) gx = b;
     }
     const dim3 grid(gx, glu >= 0 ? 1 : n);
@@ -536,7 +544,7 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     float4 *xm;
     int PR;
     if (!gq_quant_x(cb, type, x, rows, K, nm ? *nm : cuda_row_norm{}, &xq, &xm, &PR, rt)) return cb->base.err.status;
-    const dim3 grid(cuda_blocks(N, rpb / ks * (32 / gq_lanes(K / 32 / gq_unit_parts(type), ks))), (unsigned)pairs);
+    const dim3 grid(cuda_blocks(N, gq_block_rows(type, K, rpb, ks)), (unsigned)pairs);
     cuda_launch(cb, gq_moe_pick(type, !down), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, tab, pick, kused,
                 K, PR, act);
     return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
