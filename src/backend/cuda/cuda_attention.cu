@@ -246,8 +246,8 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
     }
 }
 
-/* The decode kernel's layout for sequences [b0, b0 + nb) of args: heads, query heads a block (a power of
- * two, at most att_gmax), and splits of each row's keys, so that rows x Hk x hchunks x splits blocks fill
+/* The decode kernel's layout for sequences [b0, b0 + nb) of args: the query heads a block takes (a power of
+ * two, at most att_gmax) and the splits of each row's keys, so that rows x Hk x hchunks x splits blocks fill
  * the GPU.  Keys are split first, down to 128 a split (each kv head's keys read once a row); a context too
  * short to fill half the multiprocessors so takes fewer query heads a block instead (a decode step of 32
  * heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys). */
@@ -290,6 +290,7 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     a.Hk = args->Hk;
     a.D = args->D;
     a.G = args->H / args->Hk;
+    a.gmax = a.G, a.hchunks = 1; /* the decode launch's, per cuda_attention_plan, below */
     a.scale = args->scale;
     a.softcap = args->softcap;
     a.dyn = cb->dyn_on ? cb->dyn : NULL;

@@ -6,7 +6,9 @@
  *             host; for GGUF experts, in the launch that quantizes x (k_moe_quant_route)
  *   gate/up   cuda_moe_gemv: h [M K, F] = act(gate_e x_i) * (up_e x_i) for each (row i, choice) pair
  *   down      cuda_moe_gemv: y [M K, C] = down_e h_p
- *   combine   k_moe_combine: out[i] += sum over the row's choices k (in order) of pw[i, k] y[i K + k]
+ *   combine   k_moe_combine: out[i] += sum over the row's choices k (in order) of pw[i, k] y[i K + k]; for
+ *             one row of GGUF experts in a decode graph, in the next norm's x quantization instead
+ *             (cuda_graph_fuse.cu, g_moe_exec)
  *
  * Only the chosen experts' weights are read (each pair reads its expert's; rows that chose the same
  * expert read it again).  GGUF experts take k_moe_ggemv (cuda_ggml.cu) the same way, on x quantized
