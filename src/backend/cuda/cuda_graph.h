@@ -47,7 +47,6 @@ static inline void g_rec_clear_seq(g_rec *r, int n) {
     memset(r->rows, 0, (size_t)n * sizeof r->rows[0]);
     memset(r->lora, 0, (size_t)n * sizeof r->lora[0]);
 }
-/* 1 when a and b record the same call (fixed fields and the entries in use). */
 /* The moe op's arguments of record c (G_MOE) on input x (its own, or the norm's input when the norm folds
  * in); recorded only once cuda_moe_takes took it: alike */
 static inline lmx_moe_args g_moe_args(g_rec *c, lmx_tensor *x) {
@@ -55,7 +54,7 @@ static inline lmx_moe_args g_moe_args(g_rec *c, lmx_tensor *x) {
                             (lmx_act)c->act, 1};
     return a;
 }
-
+/* 1 when a and b record the same call (fixed fields and the entries in use). */
 static inline int g_rec_same(const g_rec *a, const g_rec *b) {
     if (memcmp(a, b, offsetof(g_rec, kvp))) return 0;
     const size_t n = (size_t)g_rec_nseq(a);

@@ -184,28 +184,7 @@ int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E
 /* The same for GGUF experts (cuda_ggml.cu): x [rows, K] f32 quantized first (rows: M for gate/up, the
  * pairs for down) */
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
-struct cuda_moe_router;
-/* rt (gate/up only; NULL: none): the routing that writes pick, done in x's quantization launch; nm (gate/up,
- * one row; NULL or nm->w NULL: none): x's RMSNorm, folded into that quantization */
-lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
-                          int kused, const float *x, int rows, float *y0, float *y1, int act,
-                          const struct cuda_moe_router *rt, const struct cuda_row_norm *nm);
-lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
-                         int kused, const float *x, float *y0, float *y1, int act);
-lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
-/* The moe op on x's RMSNorm by nm (a decode graph's fusion of the norm before the router and the experts:
- * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL).  With y and pw
- * non-NULL the combine is left to the caller: *y [K, C] the chosen experts' outputs and *pw [K] their
- * weights (one row), to add to out in choice order (cuda_gemv_opts.sum_y). */
-lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const struct cuda_row_norm *nm, const float **y,
-                           const float **pw);
-/* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
-lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
-/* 1 when the GPU routes a's rows (both paths): on, 1..CUDA_MOE_E_MAX experts, 1..32 choices, f32 router
- * logits, a SiLU or GELU-tanh GLU */
-int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);
-int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* The routing of row i0 + i of a, as a kernel parameter (cuda_moe_route_row) */
 typedef struct cuda_moe_router {
     const float *logits; /* [R, E] from row i0 */
@@ -215,7 +194,28 @@ typedef struct cuda_moe_router {
     float *pw;             /* [R, kused] */
     float es[CUDA_MOE_E_MAX]; /* es_on: each expert's weight scale */
 } cuda_moe_router;
+/* rt for rows i0 .. of a, writing pick and pw (cuda_moe.cu) */
 void cuda_moe_router_set(cuda_moe_router *rt, const lmx_moe_args *a, int i0, int *pick, float *pw);
+/* rt (gate/up only; NULL: none): the routing that writes pick, done in x's quantization launch; nm (gate/up,
+ * one row; NULL or nm->w NULL: none): x's RMSNorm, folded into that quantization */
+lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
+                          int kused, const float *x, int rows, float *y0, float *y1, int act,
+                          const cuda_moe_router *rt, const cuda_row_norm *nm);
+lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
+                         int kused, const float *x, float *y0, float *y1, int act);
+lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
+/* The moe op on x's RMSNorm by nm (a decode graph's fusion of the norm before the router and the experts:
+ * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL).  With y and pw
+ * non-NULL the combine is left to the caller: *y [K, C] the chosen experts' outputs and *pw [K] their
+ * weights (one row), to add to out in choice order (cuda_gemv_opts.sum_y). */
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm, const float **y,
+                           const float **pw);
+/* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
+lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
+/* 1 when the GPU routes a's rows (both paths): on, 1..CUDA_MOE_E_MAX experts, 1..32 choices, f32 router
+ * logits, a SiLU or GELU-tanh GLU */
+int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);
+int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);
 /* out [M, C] += each row's K outputs of y weighted by pw [M, K], in choice order; y's row of pair i K + k
