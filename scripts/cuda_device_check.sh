@@ -99,6 +99,9 @@ if PYTHONPATH=${GGUF_PY:-} python3 -c "import gguf, numpy" 2>/dev/null; then
     moe=$(mktemp -d)
     PYTHONPATH=${GGUF_PY:-} python3 "$root/bench/random_gguf.py" qwen3-30b-a3b "$moe/moe2.gguf" --layers 2 >/dev/null &&
         graph_same "$moe/moe2.gguf" --max-tokens 40
+    # a dense Q4_K_M: q/k/v of two types (Q6_K v) in one launch, one row and batched
+    PYTHONPATH=${GGUF_PY:-} python3 "$root/bench/random_gguf.py" qwen3-0.6b "$moe/q06.gguf" >/dev/null &&
+        graph_same "$moe/q06.gguf" --max-tokens 40
     rm -rf "$moe"
 fi
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws

@@ -2,6 +2,7 @@
  * including odd sizes, quantized weights, padded batches, GQA, sliding windows, rotating caches
  * and split attention over long contexts.  Exits 77 (skipped) when lmx is built without CUDA or
  * no GPU is present. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -431,6 +432,120 @@ static void test_moe(void) {
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 200, 1, 0, 0);
 }
 
+/* ---- decode graphs: fused groups of GGUF weights ------------------------------------------------ */
+
+#define GG_C 512 /* hidden size */
+#define GG_E 8   /* experts, 2 chosen, each an FFN of 256 */
+/* One backend's tensors for a decode step: x = table[ids]; [h = norm1(x), z = router h, x += experts(h, z);]
+ * xn = norm2(x); y[j] = w[j] xn (the q/k/v group, of the types the case gives). */
+typedef struct gg_set {
+    lmx_tensor table, n1, n2, router, w[3], ex[3 * GG_E];
+    lmx_tensor x, h, z, xn, y[3];
+} gg_set;
+
+static void gg_alloc(lmx_backend *be, gg_set *s, int M, const int *N) {
+    s->x = act(be, M, GG_C, NULL), s->h = act(be, M, GG_C, NULL), s->z = act(be, M, GG_E, NULL);
+    s->xn = act(be, M, GG_C, NULL);
+    for (int j = 0; j < 3; j++) s->y[j] = act(be, M, N[j], NULL);
+}
+static void gg_release(lmx_backend *be, gg_set *s) {
+    lmx_tensor *t[] = {&s->x, &s->h, &s->z, &s->xn, &s->y[0], &s->y[1], &s->y[2]};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) be->ops->release(be, t[i]);
+}
+/* weight w (its host form) uploaded to backend be as well */
+static lmx_tensor gg_upload(lmx_backend *be, const lmx_tensor *host) {
+    lmx_tensor t = *host;
+    CHECK(be->ops->upload_weight(be, &t) == LMX_OK);
+    return t;
+}
+
+static void gg_step(lmx_backend *be, gg_set *s, const int32_t *ids, int M, int moe) {
+    CHECK(be->ops->embed(be, &s->x, &s->table, ids, M, 1.0f) == LMX_OK);
+    if (moe) {
+        CHECK(be->ops->rmsnorm(be, &s->h, &s->x, &s->n1, M, GG_C, 1e-6f, 0.0f) == LMX_OK);
+        CHECK(be->ops->matmul(be, &s->z, &s->h, &s->router, NULL, M) == LMX_OK);
+        const lmx_moe_args a = {&s->x, &s->h, &s->z, s->ex, NULL, M, GG_E, 2, 1, 1.0f, LMX_ACT_SILU, 1};
+        CHECK(be->ops->moe(be, &a) == LMX_OK);
+    }
+    CHECK(be->ops->rmsnorm(be, &s->xn, &s->x, &s->n2, M, GG_C, 1e-6f, 0.0f) == LMX_OK);
+    for (int j = 0; j < 3; j++) CHECK(be->ops->matmul(be, &s->y[j], &s->xn, &s->w[j], NULL, M) == LMX_OK);
+}
+
+/* A decode step run three times: the first records it, the next two replay it as a graph whose launches
+ * fold the norm into q/k/v, take q/k/v of one or two GGUF types as one launch after one quantization of x
+ * (k_ggemv_mix; other mixes a launch per type), and (moe) fold the norm before the router into it and the
+ * experts' combine into q/k/v's quantization.  Without moe every step is checked against the cpu
+ * (int16 x: 2e-4, as one row of test_matmul); with it against the same steps on a second cuda backend
+ * with graphs off, which test_moe checks against the cpu: the fusions do the eager arithmetic in its
+ * order (1e-6). */
+static void test_graph_gguf_case(const char *name, const int *types, int M, int moe, lmx_backend *eager) {
+    const int N[3] = {200, 64, 72};
+    wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GG_C), n1 = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GG_C),
+          n2 = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GG_C), router = make_weight(LMX_DTYPE_F32, 0, 0, 0, GG_E, GG_C);
+    gg_set g, c;
+    memset(&g, 0, sizeof g), memset(&c, 0, sizeof c);
+    g.table = table.g, g.n1 = n1.g, g.n2 = n2.g, g.router = router.g;
+    c.table = table.c, c.n1 = n1.c, c.n2 = n2.c, c.router = router.c;
+    for (int j = 0; j < 3; j++) {
+        wpair w = make_weight(LMX_DTYPE_U8, 0, 0, types[j], N[j], GG_C);
+        g.w[j] = w.g, c.w[j] = w.c;
+    }
+    for (int e = 0; moe && e < GG_E; e++)
+        for (int j = 0; j < 3; j++) {
+            wpair w = make_weight(LMX_DTYPE_U8, 0, 0, j == 2 ? LMX_GGML_Q6_K : LMX_GGML_Q4_K, j == 2 ? GG_C : 256,
+                                  j == 2 ? 256 : GG_C);
+            g.ex[3 * e + j] = w.g, c.ex[3 * e + j] = w.c;
+        }
+    lmx_backend *ref = moe ? eager : cpu;
+    if (moe) { /* the reference is the eager cuda backend: c's weights there */
+        c.table = gg_upload(ref, &table.c), c.n1 = gg_upload(ref, &n1.c), c.n2 = gg_upload(ref, &n2.c);
+        c.router = gg_upload(ref, &router.c);
+        for (int j = 0; j < 3; j++) c.w[j] = gg_upload(ref, &c.w[j]);
+        for (int i = 0; i < 3 * GG_E; i++) c.ex[i] = gg_upload(ref, &c.ex[i]);
+    }
+    gg_alloc(gpu, &g, M, N);
+    gg_alloc(ref, &c, M, N);
+    for (int step = 0; step < 3; step++) {
+        const int32_t ids[3] = {1 + step, 9 - step, 15 - 2 * step};
+        gg_step(gpu, &g, ids, M, moe);
+        gg_step(ref, &c, ids, M, moe);
+        for (int j = 0; j < 4; j++) {
+            const lmx_tensor *tg = j < 3 ? &g.y[j] : &g.x, *tc = j < 3 ? &c.y[j] : &c.x;
+            const int64_t n = (int64_t)M * (j < 3 ? N[j] : GG_C);
+            float *a = fetch(gpu, tg, n), *b = fetch(ref, tc, n);
+            const double e = rel_err(a, b, n), tol = moe ? 1e-6 : 2e-4;
+            CHECK_MSG(e <= tol, "graph %s M=%d step %d %s: relative error %.3g > %.3g", name, M, step,
+                      j < 3 ? (const char *[]){"y0", "y1", "y2"}[j] : "x", e, tol);
+            free(a), free(b);
+        }
+    }
+    gg_release(gpu, &g);
+    gg_release(ref, &c);
+}
+
+static void test_graph_gguf(void) {
+    const struct { const char *name; int t[3]; } cases[] = {
+        {"q4_k q4_k q6_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
+        {"q6_k q5_k q5_k", {LMX_GGML_Q6_K, LMX_GGML_Q5_K, LMX_GGML_Q5_K}},
+        {"q4_0 q8_0 q4_0", {LMX_GGML_Q4_0, LMX_GGML_Q8_0, LMX_GGML_Q4_0}},
+        {"q4_0 q6_k q4_0", {LMX_GGML_Q4_0, LMX_GGML_Q6_K, LMX_GGML_Q4_0}},
+        {"q3_k q4_k q6_k", {LMX_GGML_Q3_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
+        {"q4_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q4_K}}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        test_graph_gguf_case(cases[i].name, cases[i].t, 1, 0, NULL);
+        test_graph_gguf_case(cases[i].name, cases[i].t, 3, 0, NULL);
+    }
+    lmx_backend *eager = NULL;
+    lmx_err err = {0};
+    setenv("LMX_CUDA_GRAPH", "0", 1);
+    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
+    unsetenv("LMX_CUDA_GRAPH");
+    if (!eager) return;
+    test_graph_gguf_case("moe, q4_k q4_k q6_k", cases[0].t, 1, 1, eager);
+    test_graph_gguf_case("moe, q4_k", cases[5].t, 1, 1, eager);
+    lmx_backend_free(eager);
+}
+
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
@@ -441,6 +556,7 @@ int main(void) {
     test_attention();
     test_topk();
     test_moe();
+    test_graph_gguf();
     return pair_close("test_cuda_ops");
 }
 #endif

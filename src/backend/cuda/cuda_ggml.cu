@@ -13,8 +13,12 @@
  * of each part's largest value (bf16 would round each value by up to 1/512 of itself).  int8 (as
  * llama.cpp's MMVQ kernels take x) measured up to 2.4x the bf16 criterion on the GGUF fixtures.
  *
- * k_gquant_x quantizes x once per launch into scratch (for one row with the RMSNorm folded in when
- * the decode graph asks), before the GEMV kernel reads it.  A warp takes two
+ * Several rows: k_gquant_x quantizes x once per launch into scratch, before the GEMV kernel reads it.
+ * One row of up to GQ_XS_MAX_K values: each GEMV block quantizes x itself into shared memory once its
+ * first weight loads are in flight (XS), with the RMSNorm folded in when the decode graph asks; a
+ * mixture of experts' combine before the norm (one block, k_gquant_x_sum) still runs first.  Weights of
+ * one input in two types (a Q4_K_M file's Q4_K q and k with a Q6_K v) take one launch (k_ggemv_mix),
+ * x quantized in the layout of each type's units.  A warp takes two
  * weight rows (the GLU pair: row n of gate and of up), lane l the units l, l + 32, ... of them (a
  * unit: the parts that share code bytes, gq_unit: 64 elements of Q4_K / Q5_K, 128 of Q6_K, else 32);
  * when the rows alone would not fill the GPU, KS warps share each row (warp k the units 32 k + l,
@@ -72,10 +76,21 @@ static __device__ __forceinline__ int gq_xpart(int pp, int ul) {
 }
 static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31) / 32 * 32 * UP; }
 
-/* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v: codes to the part's
- * chunks q (chunk c at q + 32 c int4s, gq_xchunk), {d, d * sum of codes 0..15, d * sum of codes 16..31,
- * 0} to *m; store 0: the reductions only (every lane of the warp takes part in them). */
-static __device__ __forceinline__ void gq_quant_part(float4 v, int4 *q, float4 *m, bool store) {
+/* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
+ * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
+ * with a Q6_K v); xq NULL: none. */
+struct gq_xq {
+    int4 *xq;
+    float4 *xm;
+    int PR, ul;
+};
+
+/* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v, into part pc of row m of
+ * o (and of o1 where o1.xq): codes to the part's chunks (gq_xchunk), {d, d * sum of codes 0..15, d * sum
+ * of codes 16..31, 0} to its xm (gq_xpart); store 0: the reductions only (every lane of the warp takes
+ * part in them). */
+static __device__ __forceinline__ void gq_quant_part(float4 v, const gq_xq &o, const gq_xq &o1, int m, int pc,
+                                                     bool store) {
     const int i = threadIdx.x & 7;
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
@@ -88,20 +103,23 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, int4 *q, float4 *
     for (int o = 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* lanes 0-3: half 0, 4-7: half 1 */
     const int s1 = __shfl_down_sync(0xffffffffu, s, 4);
     if (!store) return;
-    ((uint2 *)(q + 32 * (i >> 1)))[i & 1] = make_uint2((uint32_t)(a & 0xffff) | ((uint32_t)b << 16), (uint32_t)(c & 0xffff) | ((uint32_t)e << 16));
-    if (i == 0) *m = make_float4(d, d * (float)s, d * (float)s1, 0.0f);
+    const uint2 w = make_uint2((uint32_t)(a & 0xffff) | ((uint32_t)b << 16), (uint32_t)(c & 0xffff) | ((uint32_t)e << 16));
+    const float4 mv = make_float4(d, d * (float)s, d * (float)s1, 0.0f);
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+        const gq_xq &q = t ? o1 : o;
+        if (!q.xq) break;
+        ((uint2 *)(q.xq + (size_t)m * q.PR * 4 + gq_xchunk(pc, q.ul) + 32 * (i >> 1)))[i & 1] = w;
+        if (i == 0) q.xm[(size_t)m * q.PR + gq_xpart(pc, q.ul)] = mv;
+    }
 }
 
-/* x [M, K] -> xq int16 and xm ({d, s0, s1, 0}), each row PR parts' room in the layout of gq_xchunk for
- * units of 1 << ul parts: eight lanes per part, 32 parts per block; with nm.w (one row) the RMSNorm of
- * x, as the norm kernels compute it. */
-static __device__ __forceinline__ void gquant_x_block(const float *__restrict__ x, int4 *__restrict__ xq,
-                                                      float4 *__restrict__ xm, int K, int PR, int ul,
-                                                      const cuda_row_norm &nm, int m, int bx) {
-    __shared__ float part[8];
-    const int P = K / 32, p = bx * 32 + threadIdx.x / 8, pc = p < P ? p : P - 1;
+/* Parts B bx .. B bx + B - 1 of row m of x [M, K] (eight lanes a part, B = blockDim.x / 8) into o [and o1]; with
+ * nm.w (one row) the RMSNorm of x as the norm kernels compute it, inv its 1 / rms (cuda_rms_inv256). */
+static __device__ __forceinline__ void gquant_x_parts(const float *__restrict__ x, const gq_xq &o, const gq_xq &o1,
+                                                      int K, const cuda_row_norm &nm, float inv, int m, int bx) {
+    const int P = K / 32, p = bx * (blockDim.x / 8) + threadIdx.x / 8, pc = p < P ? p : P - 1;
     const float *xr = x + (size_t)m * K;
-    const float inv = nm.w ? cuda_rms_inv256(xr, K, nm.eps, part) : 1.0f;
     const int i = 32 * pc + 4 * (threadIdx.x & 7);
     float4 v = *(const float4 *)(xr + i);
     if (nm.w) {
@@ -110,25 +128,35 @@ static __device__ __forceinline__ void gquant_x_block(const float *__restrict__ 
         v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
         v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
     }
-    gq_quant_part(v, xq + (size_t)m * PR * 4 + gq_xchunk(pc, ul), xm + (size_t)m * PR + gq_xpart(pc, ul), p < P);
+    gq_quant_part(v, o, o1, m, pc, p < P);
 }
 
-__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, int4 *__restrict__ xq,
-                                                  float4 *__restrict__ xm, int K, int PR, int ul, const cuda_row_norm nm) {
+/* Block (bx, m) of x's quantization: its 32 parts of row m, normalised where nm.w. */
+static __device__ __forceinline__ void gquant_x_block(const float *__restrict__ x, const gq_xq &o, const gq_xq &o1,
+                                                      int K, const cuda_row_norm &nm, int m, int bx) {
+    __shared__ float part[8];
+    const float inv = nm.w ? cuda_rms_inv256(x + (size_t)m * K, K, nm.eps, part) : 1.0f;
+    gquant_x_parts(x, o, o1, K, nm, inv, m, bx);
+}
+
+__global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, const gq_xq o, const gq_xq o1, int K,
+                                                  const cuda_row_norm nm) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y, blockIdx.x);
+    gquant_x_block(x, o, o1, K, nm, blockIdx.y, blockIdx.x);
 }
 
 #define GQ_SUM_MAX_K 8192 /* k_gquant_x_sum's row in shared memory (32 KB) */
 /* One row x [K] as k_gquant_x quantizes it, after a mixture of experts' combine (k_moe_combine's arithmetic):
- * x += sum over k < kk of pw[k] y[k, :], in order, written back to x; one block, x' staged in shared memory
- * (K floats) for the norm and the parts: the combine joins the next layer's first launch. */
-__global__ void __launch_bounds__(256) k_gquant_x_sum(float *__restrict__ x, int4 *__restrict__ xq,
-                                                      float4 *__restrict__ xm, int K, int PR, int ul,
+ * x += sum over k < kk of pw[k] y[k, :], in order, written back to x; one block of 1024 threads, x' staged in
+ * shared memory (K floats) for the norm (once) and the parts: the combine joins the next layer's first
+ * launch. */
+#define GQ_SUM_THREADS 1024
+__global__ void __launch_bounds__(GQ_SUM_THREADS) k_gquant_x_sum(float *__restrict__ x, const gq_xq o, const gq_xq o1, int K,
                                                       const cuda_row_norm nm, const float *__restrict__ y,
                                                       const float *pw, int kk) {
     extern __shared__ float xs[]; /* [K] */
+    __shared__ float part[8];
     cuda_pdl_trigger();
     cuda_pdl_wait();
     for (int c = threadIdx.x; c < K; c += blockDim.x) {
@@ -138,22 +166,19 @@ __global__ void __launch_bounds__(256) k_gquant_x_sum(float *__restrict__ x, int
         xs[c] = s;
     }
     __syncthreads();
-    for (int b = 0; b * 32 < K / 32; b++) {
-        gquant_x_block(xs, xq, xm, K, PR, ul, nm, 0, b);
-        __syncthreads(); /* part[] of the norm is reused */
-    }
+    const float inv = nm.w ? cuda_rms_inv256(xs, K, nm.eps, part) : 1.0f;
+    for (int b = 0; b * (GQ_SUM_THREADS / 8) < K / 32; b++) gquant_x_parts(xs, o, o1, K, nm, inv, 0, b);
 }
 
 /* A mixture of experts' first launch for GGUF experts (cuda_moe.cu): blocks (x, m < M) quantize row m as
  * k_gquant_x does, and the first warp of block (0, M + i) routes row i (cuda_moe_route_row): one
  * dependent launch fewer in each layer of a decode step. */
-__global__ void __launch_bounds__(256) k_moe_quant_route(const float *__restrict__ x, int4 *__restrict__ xq,
-                                                         float4 *__restrict__ xm, int K, int PR, int ul,
+__global__ void __launch_bounds__(256) k_moe_quant_route(const float *__restrict__ x, const gq_xq o, int K,
                                                          const cuda_row_norm nm, const __grid_constant__ cuda_moe_router rt) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
     const int M = gridDim.y / 2;
-    if ((int)blockIdx.y < M) gquant_x_block(x, xq, xm, K, PR, ul, nm, blockIdx.y, blockIdx.x);
+    if ((int)blockIdx.y < M) gquant_x_block(x, o, gq_xq{}, K, nm, blockIdx.y, blockIdx.x);
     else if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, blockIdx.y - M, threadIdx.x);
 }
 
@@ -182,13 +207,22 @@ static __host__ __device__ __forceinline__ int gq_lanes(int NU, int KS) {
     return KS == 1 ? n : 32;
 }
 
+/* x's codes and scales as the GEMV reads them: from global memory (read-only cache), or (XS) from the
+ * block's shared memory. */
+template <int XS, class V> static __device__ __forceinline__ V gq_ldx(const V *p) {
+    if constexpr (XS) return *p;
+    else return __ldg(p);
+}
+
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over the M rows of quantized x; k_ggemv and
  * k_moe_ggemv around it.  MM: the most input rows (M <= MM); U: units per lane in flight (a unit: UP
- * parts, gq_unit).  resid (one row, one weight): y += W x + b. */
-template <int T, int MM, int PAIR>
+ * parts, gq_unit).  resid (one row, one weight): y += W x + b.  XS (one row): the block quantizes x
+ * itself (xf [K], nm's norm where nm.w, as k_gquant_x) into shared memory at xq / xm, after its first
+ * weight loads are in flight: no launch of its own before the GEMV. */
+template <int T, int MM, int PAIR, int XS = 0>
 static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                   const gv_segs &sg, const gv_seg &S, int K, int PR, int M, int act,
-                                                  int resid) {
+                                                  int resid, const float *xf = NULL, const cuda_row_norm *nm = NULL) {
     constexpr int UP = gq_unit<T>::UP, R = 2, RO = PAIR ? 1 : 2, U = MM <= 2 && UP == 1 ? 2 : 1;
     constexpr int BYTES = gq_traits<T>::BYTES, UPB = gq_traits<T>::PARTS / UP; /* units per block */
     __shared__ float red[8][R * MM];
@@ -196,6 +230,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     const int P = K / 32, NU = P / UP, LG = gq_lanes(NU, KS), l = lane % LG, vstride = LG * KS;
     const int n0 = ((blockIdx.x * (8 / KS) + warp / KS) * (32 / LG) + lane / LG) * RO; /* this lane group's */
     const bool active = n0 < S.N;
+    if (blockIdx.x * (8 / KS) * (32 / LG) * RO >= S.N) return; /* a block past this segment's rows (a wider one's grid) */
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
     const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
     const void *sp[R], *bp[R]; /* MLX: its scales and biases, from group gi[r] */
@@ -217,6 +252,13 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
 #pragma unroll
                 for (int r = 0; r < R; r++) gq_prefetch(wr[r] + (int64_t)((p + vstride * u) / UPB) * BYTES);
     cuda_pdl_wait(); /* x is ready */
+    if constexpr (XS) {
+        __shared__ float part[8];
+        const gq_xq o = {(int4 *)xq, (float4 *)xm, PR, UP == 4 ? 2 : UP == 2 ? 1 : 0};
+        const float inv = nm->w ? cuda_rms_inv256(xf, K, nm->eps, part) : 1.0f;
+        for (int b = 0; b * 32 < P; b++) gquant_x_parts(xf, o, gq_xq{}, K, *nm, inv, 0, b);
+        __syncthreads();
+    }
 
     float acc[R][MM];
 #pragma unroll
@@ -253,8 +295,9 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                     for (int m = 0; m < MM; m++) {
                         if (m >= M) break;
                         const int4 *xv = xq + (size_t)m * PR * 4 + (xi - (pu & 31)) * 4 + (pu & 31);
-                        const int4 X[4] = {__ldg(xv), __ldg(xv + 32), __ldg(xv + 64), __ldg(xv + 96)};
-                        const float4 xs = __ldg(xm + (size_t)m * PR + xi);
+                        const int4 X[4] = {gq_ldx<XS>(xv), gq_ldx<XS>(xv + 32), gq_ldx<XS>(xv + 64),
+                                           gq_ldx<XS>(xv + 96)};
+                        const float4 xs = gq_ldx<XS>(xm + (size_t)m * PR + xi);
 #pragma unroll
                         for (int r = 0; r < R; r++) {
                             int i0, i1;
@@ -319,11 +362,40 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     }
 }
 
-template <int T, int MM, int PAIR>
+extern __shared__ int4 gq_xs[]; /* XS: x's codes [PR * 4], then its scales [PR] (float4) */
+
+/* XS: the one row xf, quantized by each block (ggemv_body) into gq_xs; else x quantized before (xq, xm). */
+template <int T, int MM, int PAIR, int XS>
 __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
-                                               const gv_segs sg, int K, int PR, int M, int act, int resid) {
+                                               const gv_segs sg, int K, int PR, int M, int act, int resid,
+                                               const float *__restrict__ xf, const cuda_row_norm nm) {
     cuda_pdl_trigger();
-    ggemv_body<T, MM, PAIR>(xq, xm, sg, seg_pick(sg, blockIdx.y), K, PR, M, act, resid);
+    if constexpr (XS)
+        ggemv_body<T, 1, PAIR, 1>(gq_xs, (const float4 *)(gq_xs + PR * 4), sg, seg_pick(sg, blockIdx.y), K, PR, 1, act,
+                                  resid, xf, &nm);
+    else
+        ggemv_body<T, MM, PAIR>(xq, xm, sg, seg_pick(sg, blockIdx.y), K, PR, M, act, resid);
+}
+
+/* Weights of two types in one launch (no GLU): segment blockIdx.y is of type T2 where bit blockIdx.y of alt is set,
+ * on x in its own layout (x2, PR2: T2's units), else of type T.  Q4_K_M and Q5_K_M files store some layers'
+ * attn_v as Q6_K beside Q4_K / Q5_K q and k: q/k/v stay one launch after one quantization of x. */
+template <int T, int T2, int MM, int XS>
+__global__ void __launch_bounds__(256) k_ggemv_mix(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                                   const int4 *__restrict__ xq2, const float4 *__restrict__ xm2,
+                                                   const gv_segs sg, int alt, int K, int PR, int PR2, int M,
+                                                   const float *__restrict__ xf, const cuda_row_norm nm) {
+    cuda_pdl_trigger();
+    const gv_seg S = seg_pick(sg, blockIdx.y);
+    if constexpr (XS) { /* each block's x in its own type's layout */
+        if ((alt >> blockIdx.y) & 1)
+            ggemv_body<T2, 1, 0, 1>(gq_xs, (const float4 *)(gq_xs + PR2 * 4), sg, S, K, PR2, 1, 0, 0, xf, &nm);
+        else
+            ggemv_body<T, 1, 0, 1>(gq_xs, (const float4 *)(gq_xs + PR * 4), sg, S, K, PR, 1, 0, 0, xf, &nm);
+    } else {
+        if ((alt >> blockIdx.y) & 1) ggemv_body<T2, MM, 0>(xq2, xm2, sg, S, K, PR2, M, 0, 0);
+        else ggemv_body<T, MM, 0>(xq, xm, sg, S, K, PR, M, 0, 0);
+    }
 }
 
 /* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y
@@ -331,10 +403,11 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
  * quantized x (gate/up) or row p (down), writing row p of the results.  Q4_K's down projection is held to
  * 64 registers, four blocks a multiprocessor (76 unbounded, three: 9.8 -> 8.6 us a layer of Qwen3-30B-A3B's
  * shape; the other types spill so held, or gain nothing). */
-template <int T, int PAIR>
+template <int T, int PAIR, int XS>
 __global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
     k_moe_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm, const gv_segs sg,
-                const __grid_constant__ gv_moe mo, const int *pick, int kused, int K, int PR, int act) {
+                const __grid_constant__ gv_moe mo, const int *pick, int kused, int K, int PR, int act,
+                const float *__restrict__ xf) {
     cuda_pdl_trigger();
     cuda_pdl_wait(); /* pick and x come from the kernels before (a volatile read of pick: k_moe_gemv1) */
     const int p = blockIdx.y, e = *(volatile const int *)(pick + p), row = PAIR ? p / kused : p;
@@ -344,7 +417,13 @@ __global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
         s.s[j].w = mo.w[j][e];
         s.s[j].y = sg.s[j].y + (int64_t)p * sg.s[j].N;
     }
-    ggemv_body<T, 1, PAIR>(xq + (size_t)row * PR * 4, xm + (size_t)row * PR, s, s.s[0], K, PR, 1, act, 0);
+    if constexpr (XS) { /* the down projection: h's row p quantized here */
+        const cuda_row_norm none = {};
+        ggemv_body<T, 1, PAIR, 1>(gq_xs, (const float4 *)(gq_xs + PR * 4), s, s.s[0], K, PR, 1, act, 0,
+                                  xf + (size_t)row * K, &none);
+    } else {
+        ggemv_body<T, 1, PAIR>(xq + (size_t)row * PR * 4, xm + (size_t)row * PR, s, s.s[0], K, PR, 1, act, 0);
+    }
 }
 
 /* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores. */
@@ -376,24 +455,43 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 /* ---- launch ------------------------------------------------------------------------------------ */
 
 /* The GEMV instances of type T. */
-typedef void (*gq_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, int);
-template <int T> static gq_fn gq_kernel(int M, int pair) {
-    if (M == 1) return pair ? k_ggemv<T, 1, 1> : k_ggemv<T, 1, 0>;
-    if (M == 2) return pair ? k_ggemv<T, 2, 1> : k_ggemv<T, 2, 0>;
-    if (M <= 4) return pair ? k_ggemv<T, 4, 1> : k_ggemv<T, 4, 0>;
-    return pair ? k_ggemv<T, 8, 1> : k_ggemv<T, 8, 0>;
+typedef void (*gq_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, int, const float *, cuda_row_norm);
+template <int T> static gq_fn gq_kernel(int M, int pair, int xs) {
+    if (xs) return pair ? k_ggemv<T, 1, 1, 1> : k_ggemv<T, 1, 0, 1>;
+    if (M == 1) return pair ? k_ggemv<T, 1, 1, 0> : k_ggemv<T, 1, 0, 0>;
+    if (M == 2) return pair ? k_ggemv<T, 2, 1, 0> : k_ggemv<T, 2, 0, 0>;
+    if (M <= 4) return pair ? k_ggemv<T, 4, 1, 0> : k_ggemv<T, 4, 0, 0>;
+    return pair ? k_ggemv<T, 8, 1, 0> : k_ggemv<T, 8, 0, 0>;
 }
 
-/* The type's kernels, or NULL for types without them. */
-static gq_fn gq_pick(int type, int M, int pair) {
+/* The type's kernels (xs: one row, x quantized in each block), or NULL for types without them. */
+static gq_fn gq_pick(int type, int M, int pair, int xs = 0) {
     switch (type) {
-#define GQ_PICK(t) case t: return gq_kernel<t>(M, pair);
+#define GQ_PICK(t) case t: return gq_kernel<t>(M, pair, xs);
         GQ_TYPES(GQ_PICK)
 #undef GQ_PICK
-    case GQ_MLX4: return gq_kernel<GQ_MLX4>(M, pair);
-    case GQ_MLX8: return gq_kernel<GQ_MLX8>(M, pair);
+    case GQ_MLX4: return gq_kernel<GQ_MLX4>(M, pair, xs);
+    case GQ_MLX8: return gq_kernel<GQ_MLX8>(M, pair, xs);
     default: return NULL;
     }
+}
+
+/* The two-type instances (k_ggemv_mix): the pairs k-quant files mix in one group of weights (X(T, T2)). */
+#define GQ_MIXES(X) X(LMX_GGML_Q4_K, LMX_GGML_Q6_K) X(LMX_GGML_Q5_K, LMX_GGML_Q6_K)
+typedef void (*gq_mix_fn)(const int4 *, const float4 *, const int4 *, const float4 *, gv_segs, int, int, int, int, int,
+                          const float *, cuda_row_norm);
+template <int T, int T2> static gq_mix_fn gq_mix_kernel(int M, int xs) {
+    if (xs) return k_ggemv_mix<T, T2, 1, 1>;
+    return M == 1   ? k_ggemv_mix<T, T2, 1, 0>
+           : M == 2 ? k_ggemv_mix<T, T2, 2, 0>
+           : M <= 4 ? k_ggemv_mix<T, T2, 4, 0>
+                    : k_ggemv_mix<T, T2, 8, 0>;
+}
+static gq_mix_fn gq_mix_pick(int t, int t2, int M, int xs) {
+#define GQ_MIX(a, b) if (t == a && t2 == b) return gq_mix_kernel<a, b>(M, xs);
+    GQ_MIXES(GQ_MIX)
+#undef GQ_MIX
+    return NULL;
 }
 
 /* The block type these kernels take w as (its GGUF type, or GQ_MLX4 / GQ_MLX8: groups of 32, 64 or 128),
@@ -437,73 +535,149 @@ static int gq_block_rows(int type, int K, int rpb, int ks) {
     return rpb / ks * (32 / gq_lanes(K / 32 / gq_unit_parts(type), ks));
 }
 
-/* x [M, K] quantized for type's GEMV (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch:
- * *xq, *xm, each row *PR parts' room.  With rt, the launch also routes the rows (k_moe_quant_route); with
- * sum->sum_y (one row), it first adds a mixture of experts' outputs to x (k_gquant_x_sum).  0 with the
- * error set when the scratch cannot grow. */
-static int gq_quant_x(cuda_backend *cb, int type, const float *x, int M, int K, const cuda_row_norm &nm, int4 **xq,
-                      float4 **xm, int *PR, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
-    const int UP = gq_unit_parts(type), ul = UP == 4 ? 2 : UP == 2 ? 1 : 0;
-    const int64_t P = K / 32, pr = gq_row_parts(K, UP); /* parts, and the room of a row of x */
-    *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * pr * (sizeof(float4) + 64));
-    if (!*xm) return 0;
-    *xq = (int4 *)(*xm + (size_t)M * pr);
-    *PR = (int)pr;
+#define GQ_XS_MAX_K 4096 /* the longest row of x a GEMV block quantizes itself (XS; 10 KB of shared memory) */
+/* Whether a GEMV of M rows of K values in `blocks` blocks quantizes x in each block (XS: one row, K <=
+ * GQ_XS_MAX_K, at most four blocks a multiprocessor: beyond, the blocks' repeated quantization costs more than
+ * the launch it saves (H100, a 151,936-row head: 2% of a 12-layer mixture of experts' step); LMX_CUDA_GEMV=4
+ * turns it off), and the shared memory that takes for layout o. */
+static int gq_xs_takes(const cuda_backend *cb, int M, int64_t K, int64_t blocks) {
+    return M == 1 && K <= GQ_XS_MAX_K && blocks <= 4 * cb->sm_count && cb->gemv_variant != 4;
+}
+static size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o.PR * (4 * sizeof(int4) + sizeof(float4)) : 0; }
+
+/* The scratch for M rows of x quantized (gq_quant_x), as every launch that might take them sizes it, XS or not: a
+ * decode graph's launches then find the scratch its eager step made (growing it while capturing drops the
+ * graph).  NULL with the error set when it cannot grow. */
+static int64_t gq_xq_room(int64_t K) { /* two layouts of the largest units */
+    int64_t r = 0;
+    for (int up = 1; up <= 4; up *= 2) r = gq_row_parts(K, up) > r ? gq_row_parts(K, up) : r;
+    return 2 * r;
+}
+static float4 *gq_xq_reserve(cuda_backend *cb, int M, int64_t K) {
+    const int64_t room = gq_xq_room(K);
+    return (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
+}
+
+/* x [M, K] quantized (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch for GEMVs of units of
+ * ups[j] parts (j < nl, 1 or 2): xo[j], its layout.  With rt (one layout), the launch also routes the rows
+ * (k_moe_quant_route); with sum->sum_y (one row), it first adds a mixture of experts' outputs to x
+ * (k_gquant_x_sum).  0 with the error set when the scratch cannot grow. */
+static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm,
+                      gq_xq *xo, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
+    int64_t pr[2], tot = 0; /* the room of a row of x in each layout */
+    for (int j = 0; j < nl; j++) tot += pr[j] = gq_row_parts(K, ups[j]);
+    const int64_t room = gq_xq_room(K);
+    float4 *xm = gq_xq_reserve(cb, M, K);
+    if (!xm) return 0;
+    int4 *xq = (int4 *)(xm + (size_t)M * room);
+    for (int j = 0; j < nl; j++) {
+        xo[j] = gq_xq{xq, xm, (int)pr[j], ups[j] == 4 ? 2 : ups[j] == 2 ? 1 : 0};
+        xq += (size_t)M * pr[j] * 4, xm += (size_t)M * pr[j];
+    }
+    const gq_xq o1 = nl > 1 ? xo[1] : gq_xq{};
+    const int64_t P = K / 32;
     if (sum && sum->sum_y) /* one row (cuda_gemv_ggml checked) */
-        cuda_launch(cb, k_gquant_x_sum, 1, 256, (size_t)K * sizeof(float), (float *)x, *xq, *xm, K, (int)pr, ul, nm,
-                    sum->sum_y, sum->sum_pw, sum->sum_k);
+        cuda_launch(cb, k_gquant_x_sum, 1, GQ_SUM_THREADS, (size_t)K * sizeof(float), (float *)x, xo[0], o1, K, nm, sum->sum_y,
+                    sum->sum_pw, sum->sum_k);
     else if (rt)
-        cuda_launch(cb, k_moe_quant_route, dim3(cuda_blocks(P, 32), 2 * M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm, *rt);
+        cuda_launch(cb, k_moe_quant_route, dim3(cuda_blocks(P, 32), 2 * M), 256, 0, x, xo[0], K, nm, *rt);
     else
-        cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, *xq, *xm, K, (int)pr, ul, nm);
+        cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xo[0], o1, K, nm);
     return 1;
 }
 
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                           float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
-    const int type = gq_type_of(ws[0]);
     const int64_t K = ws[0]->shape[1];
-    if (!cuda_ggml_gemv_takes(ws[0], M)) return LMX_ERR_UNSUPPORTED;
+    /* the group's types (one, or for weights without GLU two: segment i's is types[ti[i]]) and the layouts of x
+     * they read (ups: their units' parts; a type's layout is lay[its index]) */
+    int types[3], ti[3], nt = 0, ups[3], lay[3], nl = 0;
+    for (int i = 0; i < n; i++) {
+        const int t = gq_type_of(ws[i]);
+        if (!cuda_ggml_gemv_takes(ws[i], M) || ws[i]->shape[1] != K) return LMX_ERR_UNSUPPORTED;
+        int k = 0;
+        while (k < nt && types[k] != t) k++;
+        if (k == nt) types[nt++] = t;
+        ti[i] = k;
+    }
+    if (nt > 2 || (nt > 1 && (glu >= 0 || GQ_IS_MLX(types[0]) || GQ_IS_MLX(types[1])))) return LMX_ERR_UNSUPPORTED;
+    for (int k = 0; k < nt; k++) {
+        const int up = gq_unit_parts(types[k]);
+        int j = 0;
+        while (j < nl && ups[j] != up) j++;
+        if (j == nl) ups[nl++] = up;
+        lay[k] = j;
+    }
     int norm, resid, lora;
     if (gv_opts_check(opts, M == 1, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
-    if (opts && opts->sum_y && (M != 1 || !norm || K > GQ_SUM_MAX_K || GQ_IS_MLX(type))) return LMX_ERR_UNSUPPORTED;
+    if (opts && opts->sum_y && (M != 1 || !norm || K > GQ_SUM_MAX_K || GQ_IS_MLX(types[0]))) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     sg.group = ws[0]->q.group; /* MLX */
     sg.sdt = ws[0]->q.scale_dtype;
     for (int i = 0; i < n; i++) {
         const lmx_tensor *w = ws[i];
-        if (w->ndim != 2 || gq_type_of(w) != type || w->shape[1] != K || w->q.group != sg.group || w->q.scale_dtype != sg.sdt)
-            return LMX_ERR_UNSUPPORTED;
+        if (w->ndim != 2 || w->q.group != sg.group || w->q.scale_dtype != sg.sdt) return LMX_ERR_UNSUPPORTED;
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
-    unsigned gx = 1;
+    unsigned gx[2] = {1, 1}; /* blocks of each type's segments */
+    int64_t busy = 0;        /* blocks with rows to compute */
     for (int i = 0; i < n; i++) {
-        const int ks = gq_split(cb, sg.s[i].N, (int)K, gq_unit_parts(type), rpb);
+        const int type = types[ti[i]], ks = gq_split(cb, sg.s[i].N, (int)K, gq_unit_parts(type), rpb);
         sg.s[i].ks = ks;
         const unsigned b = cuda_blocks(sg.s[i].N, gq_block_rows(type, (int)K, rpb, ks));
-        if (b > gx) gx = b;
+        if (b > gx[ti[i]]) gx[ti[i]] = b;
+        if (glu < 0 || i == 0) busy += b;
     }
-    const dim3 grid(gx, glu >= 0 ? 1 : n);
     const int act = glu < 0 ? 0 : glu;
     const cuda_row_norm nm = gv_row_norm(opts);
-    int4 *xq;
-    float4 *xm;
-    int PR;
-    if (!gq_quant_x(cb, type, x, M, (int)K, nm, &xq, &xm, &PR, NULL, opts)) return cb->base.err.status;
-    cuda_launch(cb, gq_pick(type, M, glu >= 0), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, (int)K, PR, M,
-                act, resid);
-    return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
+    /* one row: each block quantizes x itself (ggemv_body's XS), unless a combine comes first (sum_y) */
+    const int xs = gq_xs_takes(cb, M, K, busy) && !(opts && opts->sum_y);
+    if (!gq_xq_reserve(cb, M, K)) return cb->base.err.status;
+    gq_xq xo[2];
+    for (int j = 0; xs && j < nl; j++) xo[j] = gq_xq{NULL, NULL, (int)gq_row_parts(K, ups[j]), 0};
+    if (!xs && !gq_quant_x(cb, ups, nl, x, M, (int)K, nm, xo, NULL, opts)) return cb->base.err.status;
+    const char *what = glu >= 0 ? "matmul + glu" : "matmul";
+    if (nt == 1) {
+        cuda_launch(cb, gq_pick(types[0], M, glu >= 0, xs), dim3(gx[0], glu >= 0 ? 1 : n), 256, gq_xs_bytes(xs, xo[0]),
+                    (const int4 *)xo[0].xq, (const float4 *)xo[0].xm, sg, (int)K, xo[0].PR, M, act, resid, x, nm);
+        return cuda_check_launch(cb, what);
+    }
+    /* two types: one launch where an instance takes the pair, else one launch of each type's segments */
+    for (int f = 0; f < 2; f++) {
+        const int a = f, b = 1 - f; /* a: the instance's T */
+        gq_mix_fn k = gq_mix_pick(types[a], types[b], M, xs);
+        if (!k) continue;
+        int alt = 0;
+        for (int i = 0; i < n; i++) alt |= (ti[i] == b) << i;
+        const gq_xq &xa = xo[lay[a]], &xb = xo[lay[b]];
+        const size_t smem = gq_xs_bytes(xs, xa.PR > xb.PR ? xa : xb);
+        cuda_launch(cb, k, dim3(gx[0] > gx[1] ? gx[0] : gx[1], n), 256, smem, (const int4 *)xa.xq, (const float4 *)xa.xm,
+                    (const int4 *)xb.xq, (const float4 *)xb.xm, sg, alt, (int)K, xa.PR, xb.PR, M, x, nm);
+        return cuda_check_launch(cb, what);
+    }
+    for (int k = 0; k < nt; k++) {
+        gv_segs sk = sg;
+        int c = 0;
+        for (int i = 0; i < n; i++)
+            if (ti[i] == k) sk.s[c++] = sg.s[i];
+        const gq_xq &xk = xo[lay[k]];
+        cuda_launch(cb, gq_pick(types[k], M, 0, xs), dim3(gx[k], c), 256, gq_xs_bytes(xs, xk), (const int4 *)xk.xq,
+                    (const float4 *)xk.xm, sk, (int)K, xk.PR, M, 0, 0, x, nm);
+        lmx_status st = cuda_check_launch(cb, what);
+        if (st) return st;
+    }
+    return LMX_OK;
 }
 
 /* ---- mixture of experts (cuda_moe.cu) ------------------------------------------------------------ */
 
-typedef void (*gq_moe_fn)(const int4 *, const float4 *, gv_segs, gv_moe, const int *, int, int, int, int);
-static gq_moe_fn gq_moe_pick(int type, int pair) {
+typedef void (*gq_moe_fn)(const int4 *, const float4 *, gv_segs, gv_moe, const int *, int, int, int, int, const float *);
+static gq_moe_fn gq_moe_pick(int type, int pair, int xs = 0) {
     switch (type) {
-#define GQ_MOE(t) case t: return pair ? k_moe_ggemv<t, 1> : k_moe_ggemv<t, 0>;
+#define GQ_MOE(t) case t: return pair ? k_moe_ggemv<t, 1, 0> : xs ? k_moe_ggemv<t, 0, 1> : k_moe_ggemv<t, 0, 0>;
         GQ_TYPES(GQ_MOE)
 #undef GQ_MOE
     default: return NULL;
@@ -540,13 +714,13 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
         sg.s[j].bt = LMX_DTYPE_F32;
         sg.s[j].y = j ? y1 : y0;
     }
-    int4 *xq;
-    float4 *xm;
-    int PR;
-    if (!gq_quant_x(cb, type, x, rows, K, nm ? *nm : cuda_row_norm{}, &xq, &xm, &PR, rt)) return cb->base.err.status;
     const dim3 grid(cuda_blocks(N, gq_block_rows(type, K, rpb, ks)), (unsigned)pairs);
-    cuda_launch(cb, gq_moe_pick(type, !down), grid, 256, 0, (const int4 *)xq, (const float4 *)xm, sg, tab, pick, kused,
-                K, PR, act);
+    const int up = gq_unit_parts(type), xs = down && gq_xs_takes(cb, 1, K, (int64_t)grid.x * grid.y); /* down: XS */
+    if (!gq_xq_reserve(cb, rows, K)) return cb->base.err.status;
+    gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
+    if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
+    cuda_launch(cb, gq_moe_pick(type, !down, xs), grid, 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq,
+                (const float4 *)xo.xm, sg, tab, pick, kused, K, xo.PR, act, x);
     return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
 }
 

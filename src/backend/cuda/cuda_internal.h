@@ -70,7 +70,8 @@ typedef struct cuda_backend {
     int keep_f32;            /* LMX_CUDA_KEEP=f32: training keeps forward values in f32, not bf16 */
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
-                                cuda_ggml.cu's int16 kernel */
+                                cuda_ggml.cu's int16 kernel; 4 that kernel's one row with x quantized
+                                in a launch before it, not by each block */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
     cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
     cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
@@ -349,23 +350,25 @@ static __device__ __forceinline__ float glu_act(float a, int act) {
 }
 
 /* 1 / rms of a row of K values + eps folded in, from each thread's sum of squares, by a block of 256
- * threads (part: 8 floats of shared memory): the warps' sums, then the 8 warps' in warp order. */
+ * threads (part: 8 floats of shared memory): the warps' sums, then the 8 warps' in warp order.  A larger
+ * block's threads past 256 take part in the barrier only. */
 static __device__ __forceinline__ float cuda_rms_inv_block(float ss, int K, float eps, float *part) {
     ss = cuda_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    if (threadIdx.x % 32 == 0 && threadIdx.x < 256) part[threadIdx.x / 32] = ss;
     __syncthreads();
     float tot = 0.0f;
     for (int i = 0; i < 8; i++) tot += part[i];
     return rsqrtf(tot / K + eps);
 }
 
-/* 1 / rms(x[0..K)) + eps folded in, by a block of 256 threads (part: 8 floats of shared memory), in the
- * reduction order of the rmsnorm op's kernels. */
+/* 1 / rms(x[0..K)) + eps folded in, by a block of 256 threads or more (part: 8 floats of shared memory), in
+ * the reduction order of the rmsnorm op's kernels (the first 256 threads' sums). */
 static __device__ __forceinline__ float cuda_rms_inv256(const float *x, int K, float eps, float *part) {
     const int tid = threadIdx.x, lane = tid % 32;
     float ss = 0.0f;
     if (K > 256) {
-        for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
+        if (tid < 256)
+            for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
         return cuda_rms_inv_block(ss, K, eps, part);
     }
     for (int i = lane; i < K; i += 32) ss += x[i] * x[i];

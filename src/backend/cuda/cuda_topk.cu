@@ -56,13 +56,14 @@ static __device__ void tk_select(int n, int k, F key_at, uint64_t &pref, uint64_
                 h[j] = sh.hist[8 * lane + j];
                 ls += h[j];
             }
+            const unsigned need = sh.need;
+            __syncwarp(); /* every lane has read sh.need before the lane that finds the bin rewrites it */
             unsigned suf = ls; /* sum over lanes >= this one */
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
                 const unsigned t = __shfl_down_sync(0xffffffffu, suf, o);
                 if (lane + o < 32) suf += t;
             }
-            const unsigned need = sh.need;
             unsigned cum = suf - ls;
 #pragma unroll
             for (int j = 7; j >= 0; j--) {
