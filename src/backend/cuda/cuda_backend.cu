@@ -477,6 +477,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->keep_f32 = kp && !strcmp(kp, "f32");
     const char *gv = getenv("LMX_CUDA_GEMV");
     cb->gemv_variant = gv ? atoi(gv) : 0;
+    const char *xb = getenv("LMX_CUDA_XS_BLOCKS");
+    cb->xs_blocks = xb ? atoi(xb) : 4 * cb->sm_count;
     cuda_gemv_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {

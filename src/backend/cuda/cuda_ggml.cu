@@ -541,7 +541,7 @@ static int gq_block_rows(int type, int K, int rpb, int ks) {
  * the launch it saves (H100, a 151,936-row head: 2% of a 12-layer mixture of experts' step); LMX_CUDA_GEMV=4
  * turns it off), and the shared memory that takes for layout o. */
 static int gq_xs_takes(const cuda_backend *cb, int M, int64_t K, int64_t blocks) {
-    return M == 1 && K <= GQ_XS_MAX_K && blocks <= 4 * cb->sm_count && cb->gemv_variant != 4;
+    return M == 1 && K <= GQ_XS_MAX_K && blocks <= cb->xs_blocks && cb->gemv_variant != 4;
 }
 static size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o.PR * (4 * sizeof(int4) + sizeof(float4)) : 0; }
 

@@ -72,6 +72,8 @@ typedef struct cuda_backend {
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
                                 cuda_ggml.cu's int16 kernel; 4 that kernel's one row with x quantized
                                 in a launch before it, not by each block */
+    int xs_blocks;           /* the most blocks of a one-row GGUF / MLX GEMV that quantize x each (cuda_ggml.cu;
+                                4 a multiprocessor, LMX_CUDA_XS_BLOCKS for A/B measurements) */
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
     cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
     cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
