@@ -545,14 +545,15 @@ static int gq_xs_takes(const cuda_backend *cb, int M, int64_t K, int64_t blocks)
 }
 static size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o.PR * (4 * sizeof(int4) + sizeof(float4)) : 0; }
 
-/* The scratch for M rows of x quantized (gq_quant_x), as every launch that might take them sizes it, XS or not: a
- * decode graph's launches then find the scratch its eager step made (growing it while capturing drops the
- * graph).  NULL with the error set when it cannot grow. */
-static int64_t gq_xq_room(int64_t K) { /* two layouts of the largest units */
+/* The room of a row of x quantized in scratch: two layouts of the largest units. */
+static int64_t gq_xq_room(int64_t K) {
     int64_t r = 0;
     for (int up = 1; up <= 4; up *= 2) r = gq_row_parts(K, up) > r ? gq_row_parts(K, up) : r;
     return 2 * r;
 }
+/* The scratch for M rows of x quantized (gq_quant_x), as every launch that might take them sizes it, XS or not: a
+ * decode graph's launches then find the scratch its eager step made (growing it while capturing drops the
+ * graph).  NULL with the error set when it cannot grow. */
 static float4 *gq_xq_reserve(cuda_backend *cb, int M, int64_t K) {
     const int64_t room = gq_xq_room(K);
     return (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
@@ -564,8 +565,8 @@ static float4 *gq_xq_reserve(cuda_backend *cb, int M, int64_t K) {
  * (k_gquant_x_sum).  0 with the error set when the scratch cannot grow. */
 static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm,
                       gq_xq *xo, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
-    int64_t pr[2], tot = 0; /* the room of a row of x in each layout */
-    for (int j = 0; j < nl; j++) tot += pr[j] = gq_row_parts(K, ups[j]);
+    int64_t pr[2]; /* the room of a row of x in each layout */
+    for (int j = 0; j < nl; j++) pr[j] = gq_row_parts(K, ups[j]);
     const int64_t room = gq_xq_room(K);
     float4 *xm = gq_xq_reserve(cb, M, K);
     if (!xm) return 0;
