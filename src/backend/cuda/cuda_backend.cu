@@ -50,6 +50,11 @@ static void scratch_free(cuda_backend *cb, int slot) {
 
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     if (bytes <= cb->scratch_bytes[slot]) return cb->scratch[slot];
+    if (cb->dyn_on) { /* a decode graph capturing: no allocation now; the capture grows the slot and tries again */
+        if (bytes > cb->scratch_due[slot]) cb->scratch_due[slot] = bytes;
+        lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda graph: scratch %d grows while capturing", slot);
+        return NULL;
+    }
     size_t want = bytes + bytes / 4;
     if (lmx_backend_mem_check(&cb->base, (int64_t)want - (int64_t)cb->scratch_bytes[slot]) != LMX_OK) {
         want = bytes; /* without the headroom, if that fits */
@@ -70,6 +75,16 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     cb->scratch[slot] = p;
     cb->scratch_bytes[slot] = want;
     return p;
+}
+
+int cuda_scratch_catch_up(cuda_backend *cb) {
+    int grew = 0;
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) {
+        const size_t due = cb->scratch_due[i];
+        cb->scratch_due[i] = 0;
+        if (due > cb->scratch_bytes[i]) grew |= cuda_scratch(cb, i, due) != NULL;
+    }
+    return grew;
 }
 
 /* Give the activation pool's idle blocks back to the device (cuda_alloc), after the stream's work. */

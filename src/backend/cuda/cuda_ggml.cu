@@ -545,30 +545,15 @@ static int gq_xs_takes(const cuda_backend *cb, int M, int64_t K, int64_t blocks)
 }
 static size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o.PR * (4 * sizeof(int4) + sizeof(float4)) : 0; }
 
-/* The room of a row of x quantized in scratch: two layouts of the largest units. */
-static int64_t gq_xq_room(int64_t K) {
-    int64_t r = 0;
-    for (int up = 1; up <= 4; up *= 2) r = gq_row_parts(K, up) > r ? gq_row_parts(K, up) : r;
-    return 2 * r;
-}
-/* The scratch for M rows of x quantized (gq_quant_x), as every launch that might take them sizes it, XS or not: a
- * decode graph's launches then find the scratch its eager step made (growing it while capturing drops the
- * graph).  NULL with the error set when it cannot grow. */
-static float4 *gq_xq_reserve(cuda_backend *cb, int M, int64_t K) {
-    const int64_t room = gq_xq_room(K);
-    return (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
-}
-
 /* x [M, K] quantized (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch for GEMVs of units of
  * ups[j] parts (j < nl, 1 or 2): xo[j], its layout.  With rt (one layout), the launch also routes the rows
  * (k_moe_quant_route); with sum->sum_y (one row), it first adds a mixture of experts' outputs to x
  * (k_gquant_x_sum).  0 with the error set when the scratch cannot grow. */
 static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm,
                       gq_xq *xo, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
-    int64_t pr[2]; /* the room of a row of x in each layout */
-    for (int j = 0; j < nl; j++) pr[j] = gq_row_parts(K, ups[j]);
-    const int64_t room = gq_xq_room(K);
-    float4 *xm = gq_xq_reserve(cb, M, K);
+    int64_t pr[2], room = 0; /* the room of a row of x in each layout, in all */
+    for (int j = 0; j < nl; j++) room += pr[j] = gq_row_parts(K, ups[j]);
+    float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
     if (!xm) return 0;
     int4 *xq = (int4 *)(xm + (size_t)M * room);
     for (int j = 0; j < nl; j++) {
@@ -636,7 +621,6 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     const cuda_row_norm nm = gv_row_norm(opts);
     /* one row: each block quantizes x itself (ggemv_body's XS), unless a combine comes first (sum_y) */
     const int xs = gq_xs_takes(cb, M, K, busy) && !(opts && opts->sum_y);
-    if (!gq_xq_reserve(cb, M, K)) return cb->base.err.status;
     gq_xq xo[2];
     for (int j = 0; xs && j < nl; j++) xo[j] = gq_xq{NULL, NULL, (int)gq_row_parts(K, ups[j]), 0};
     if (!xs && !gq_quant_x(cb, ups, nl, x, M, (int)K, nm, xo, NULL, opts)) return cb->base.err.status;
@@ -717,7 +701,6 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     }
     const dim3 grid(cuda_blocks(N, gq_block_rows(type, K, rpb, ks)), (unsigned)pairs);
     const int up = gq_unit_parts(type), xs = down && gq_xs_takes(cb, 1, K, (int64_t)grid.x * grid.y); /* down: XS */
-    if (!gq_xq_reserve(cb, rows, K)) return cb->base.err.status;
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
     if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
     cuda_launch(cb, gq_moe_pick(type, !down, xs), grid, 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq,

@@ -108,11 +108,10 @@ lmx_status cuda_g_exec(cuda_backend *cb, g_rec *r) {
     return g_run_direct(cb, r, g->dyn + CUDA_DYN_IDS, &bt, r->kvp, r->rows);
 }
 
-/* Capture the recorded step into a graph (nothing runs). */
-static void g_capture(cuda_backend *cb) {
+/* One capture of the recorded step; retry: a failure that a scratch slot's growth may mend leaves g->failed
+ * unset (the error cleared) for the caller to capture again. */
+static void g_capture_once(cuda_backend *cb, int retry) {
     cuda_graph *g = cb->g;
-    cuda_graph_drop(cb);
-    if (g->failed || g->n_rec == 0) return;
     if (cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         cudaGetLastError();
         g->failed = 1;
@@ -142,7 +141,8 @@ static void g_capture(cuda_backend *cb) {
     if (st != LMX_OK || e != cudaSuccess || !graph) {
         cudaGetLastError();
         if (graph) cudaGraphDestroy(graph);
-        g->failed = 1;
+        if (retry && cuda_scratch_catch_up(cb)) lmx_err_clear(&cb->base.err);
+        else g->failed = 1;
         return;
     }
     cudaGraphExec_t ex = NULL;
@@ -154,6 +154,15 @@ static void g_capture(cuda_backend *cb) {
         return;
     }
     g->exec = ex;
+}
+
+/* Capture the recorded step into a graph (nothing runs).  A fused launch may need a scratch slot larger than
+ * the eager step made it (cuda_scratch): the slot grows after that capture, and the step is captured again. */
+static void g_capture(cuda_backend *cb) {
+    cuda_graph *g = cb->g;
+    cuda_graph_drop(cb);
+    if (g->failed || g->n_rec == 0) return;
+    for (int tries = 0; tries < 2 && !g->exec && !g->failed; tries++) g_capture_once(cb, tries == 0);
 }
 
 /* Issue the first n recorded ops eagerly (a replay that stopped matching). */

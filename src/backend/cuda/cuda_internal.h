@@ -58,6 +58,7 @@ typedef struct cuda_backend {
     cudaMemPool_t pool;      /* activations (alloc / release): stream-ordered, idle blocks kept until trim */
     void *scratch[CUDA_SCRATCH_SLOTS];
     size_t scratch_bytes[CUDA_SCRATCH_SLOTS];
+    size_t scratch_due[CUDA_SCRATCH_SLOTS]; /* bytes asked of a slot while a decode graph was capturing */
     void **weights;          /* device blocks made by upload_weight, freed by destroy */
     int n_weights, cap_weights;
     int *dyn;                /* device [CUDA_DYN_N]: this step's ids / n_past / n_new */
@@ -87,8 +88,12 @@ lmx_status cuda_check_launch(cuda_backend *cb, const char *what);
 /* A tensor from the activation pool as the alloc op makes one, but left uninitialised (its writer
  * fills it); released with the release op. */
 lmx_status cuda_alloc_raw(cuda_backend *cb, lmx_tensor *t);
-/* A device scratch buffer of at least bytes (grown, contents lost); NULL with err set on failure. */
+/* A device scratch buffer of at least bytes (grown, contents lost); NULL with err set on failure.  While a
+ * decode graph is capturing (dyn_on) a slot cannot grow (that needs the stream idle): the size is kept as
+ * due and the call fails, and cuda_scratch_catch_up, after the capture, grows the slots due (1: some grew,
+ * capture again). */
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes);
+int cuda_scratch_catch_up(cuda_backend *cb);
 
 #define CUDA_TRY(cb, call, what)                            \
     do {                                                    \
