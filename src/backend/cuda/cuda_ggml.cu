@@ -75,6 +75,7 @@ static __device__ __forceinline__ int gq_xpart(int pp, int ul) {
     return (((u >> 5) << ul) + k) * 32 + (u & 31);
 }
 static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31) / 32 * 32 * UP; }
+static __host__ __device__ __forceinline__ int gq_ul(int UP) { return UP == 4 ? 2 : UP == 2 ? 1 : 0; } /* log2 UP */
 
 /* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
  * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
@@ -159,12 +160,7 @@ __global__ void __launch_bounds__(GQ_SUM_THREADS) k_gquant_x_sum(float *__restri
     __shared__ float part[8];
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    for (int c = threadIdx.x; c < K; c += blockDim.x) {
-        float s = x[c];
-        for (int k = 0; k < kk; k++) s += *(volatile const float *)(pw + k) * __ldcg(y + (int64_t)k * K + c);
-        x[c] = s;
-        xs[c] = s;
-    }
+    for (int c = threadIdx.x; c < K; c += blockDim.x) xs[c] = x[c] = cuda_moe_sum(x[c], y, pw, NULL, kk, K, c);
     __syncthreads();
     const float inv = nm.w ? cuda_rms_inv256(xs, K, nm.eps, part) : 1.0f;
     for (int b = 0; b * (GQ_SUM_THREADS / 8) < K / 32; b++) gquant_x_parts(xs, o, o1, K, nm, inv, 0, b);
@@ -254,7 +250,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     cuda_pdl_wait(); /* x is ready */
     if constexpr (XS) {
         __shared__ float part[8];
-        const gq_xq o = {(int4 *)xq, (float4 *)xm, PR, UP == 4 ? 2 : UP == 2 ? 1 : 0};
+        const gq_xq o = {(int4 *)xq, (float4 *)xm, PR, gq_ul(UP)};
         const float inv = nm->w ? cuda_rms_inv256(xf, K, nm->eps, part) : 1.0f;
         for (int b = 0; b * 32 < P; b++) gquant_x_parts(xf, o, gq_xq{}, K, *nm, inv, 0, b);
         __syncthreads();
@@ -557,7 +553,7 @@ static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, 
     if (!xm) return 0;
     int4 *xq = (int4 *)(xm + (size_t)M * room);
     for (int j = 0; j < nl; j++) {
-        xo[j] = gq_xq{xq, xm, (int)pr[j], ups[j] == 4 ? 2 : ups[j] == 2 ? 1 : 0};
+        xo[j] = gq_xq{xq, xm, (int)pr[j], gq_ul(ups[j])};
         xq += (size_t)M * pr[j] * 4, xm += (size_t)M * pr[j];
     }
     const gq_xq o1 = nl > 1 ? xo[1] : gq_xq{};

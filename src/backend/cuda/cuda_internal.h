@@ -350,6 +350,16 @@ static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router 
     rt.pw[i * kused + lane] = w;
 }
 
+/* s + the sum over a row's choices k < kused, in order, of pw[k] y[row k, c] (rows of C values; row k: slot[k], or
+ * k without slots): a mixture of experts' combine, the same bits wherever it runs (k_moe_combine, and
+ * k_gquant_x_sum in a decode graph).  pw and y come from earlier kernels: read past any cache they might miss. */
+static __device__ __forceinline__ float cuda_moe_sum(float s, const float *y, const float *pw, const int *slot,
+                                                     int kused, int64_t C, int64_t c) {
+    for (int k = 0; k < kused; k++)
+        s += *(volatile const float *)(pw + k) * __ldcg(y + (int64_t)(slot ? slot[k] : k) * C + c);
+    return s;
+}
+
 /* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU */
 static __device__ __forceinline__ float glu_act(float a, int act) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */

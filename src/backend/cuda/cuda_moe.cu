@@ -31,14 +31,10 @@ __global__ void k_moe_combine(float *out, const float *y, const float *pw, const
     cuda_pdl_trigger();
     cuda_pdl_wait();
     const int i = blockIdx.y;
-    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
-        float s = out[(int64_t)i * C + c];
-        for (int k = 0; k < kused; k++) {
-            const int p = i * kused + k, row = slot ? slot[p] : p;
-            s += *(volatile const float *)(pw + p) * __ldcg(y + (int64_t)row * C + c);
-        }
-        out[(int64_t)i * C + c] = s;
-    }
+    const float *yi = slot ? y : y + (int64_t)i * kused * C; /* row i's choices: rows i K + k, or slot[i K + k] */
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
+        out[(int64_t)i * C + c] =
+            cuda_moe_sum(out[(int64_t)i * C + c], yi, pw + i * kused, slot ? slot + i * kused : NULL, kused, C, c);
 }
 
 lmx_status cuda_moe_combine(cuda_backend *cb, float *out, const float *y, const float *pw, const int *slot, int M,
