@@ -134,8 +134,9 @@ static void test_rope(int rot_dim, int interleaved) {
 }
 
 /* attention of 2 sequences (the second padded), H heads over Hk kv heads; tile > 0 forces query tiles
- * of that many rows */
-static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile, int kept) {
+ * of that many rows; with saved, the cuda backward takes the output and log-sum-exp of the cuda forward
+ * op (run with lse, as the tape runs it; the output kept as q, k, v are) while the cpu recomputes them */
+static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile, int kept, int saved) {
     const int past[2] = {0, 0}, nnew[2] = {T, T / 2 + 1}, M = 2 * T;
     const lmx_batch bt = {.B = 2, .T = T, .n_past = past, .n_new = nnew};
     tpair q = rand_in(M, H * D, 1.5f, kept), k = rand_in(M, Hk * D, 1.5f, kept), v = rand_in(M, Hk * D, 1.0f, kept);
@@ -146,24 +147,49 @@ static void test_attention(int T, int H, int Hk, int D, int window, float softca
     lmx_attn_args ac = ag;
     ac.q = &q.c, ac.k = &k.c, ac.v = &v.c;
     const int windows[2] = {window, window};
+    lmx_tensor out = {0}, lse = {.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {2 * (int64_t)H * T}};
+    if (saved) {
+        lmx_tensor qf = act(gpu, M, H * D, q.c.data), kf = act(gpu, M, Hk * D, k.c.data), vf = act(gpu, M, Hk * D, v.c.data);
+        lmx_kv_layer kvl = {.window = window}; /* no cache: n_past 0 */
+        lmx_kv_layer *kvs[2] = {&kvl, &kvl};
+        out = act(gpu, M, H * D, NULL);
+        CHECK(gpu->ops->alloc(gpu, &lse) == LMX_OK);
+        lmx_attn_args fa = ag;
+        fa.q = &qf, fa.k = &kf, fa.v = &vf, fa.kv = kvs, fa.out = &out, fa.lse = &lse;
+        CHECK(gpu->ops->attention(gpu, &fa) == LMX_OK);
+        lmx_attn_args fc = ac; /* the cpu leaves the log-sum-exp to its backward */
+        fc.kv = kvs, fc.out = &out, fc.lse = &lse;
+        CHECK(cpu->ops->attention(cpu, &fc) == LMX_ERR_UNSUPPORTED);
+        if (kept) {
+            lmx_tensor o16 = {0};
+            CHECK(lmx_cuda_backward.keep(gpu, &o16, &out) == LMX_OK);
+            gpu->ops->release(gpu, &out);
+            out = o16;
+        }
+        ag.out = &out, ag.lse = &lse;
+        gpu->ops->release(gpu, &qf), gpu->ops->release(gpu, &kf), gpu->ops->release(gpu, &vf);
+    }
     char n[16];
     snprintf(n, sizeof n, "%d", tile);
     if (tile) setenv("LMX_CUDA_ATTN_BWD_ROWS", n, 1);
     CHECK(lmx_cuda_backward.attention_bwd(gpu, &dq.g, &dk.g, &dv.g, &dout.g, &ag, windows) == LMX_OK);
     unsetenv("LMX_CUDA_ATTN_BWD_ROWS");
     CHECK(lmx_cpu_backward.attention_bwd(cpu, &dq.c, &dk.c, &dv.c, &dout.c, &ac, windows) == LMX_OK);
-    char what[96];
+    char what[160];
     const char *names[3] = {"dq", "dk", "dv"};
     tpair *gs[3] = {&dq, &dk, &dv};
     /* the flash form (head dims 32, 64, 128 without forced tiles) takes bf16 operands: about 4e-3; the
      * tiled form's TF32 products about 1e-3 */
     const double tol = !tile && (D == 32 || D == 64 || D == 128) ? 2e-2 : 5e-3;
     for (int i = 0; i < 3; i++) {
-        snprintf(what, sizeof what, "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d, kept %d)",
-                 names[i], T, H, Hk, D, window, softcap, tile, kept);
+        snprintf(what, sizeof what,
+                 "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d, kept %d, saved %d)", names[i],
+                 T, H, Hk, D, window, softcap, tile, kept, saved);
         check_both(what, gs[i], tol);
     }
     drop(&q), drop(&k), drop(&v), drop(&dout);
+    if (out.data) gpu->ops->release(gpu, &out);
+    if (lse.data) gpu->ops->release(gpu, &lse);
 }
 
 static void test_gather(void) {
@@ -191,8 +217,9 @@ static void test_optimizer(void) {
     const int64_t n = 4099;
     tpair p = rand_both(1, n, 0.5f), g = rand_both(1, n, 1e-3f), m1 = rand_both(1, n, 1e-4f), m2 = rand_both(1, n, 0.0f);
     double sg = 0, sc = 0;
-    CHECK(lmx_cuda_backward.sumsq(gpu, &g.g, n, &sg) == LMX_OK);
-    CHECK(lmx_cpu_backward.sumsq(cpu, &g.c, n, &sc) == LMX_OK);
+    const lmx_tensor gs[2] = {g.g, m1.g}, cs[2] = {g.c, m1.c}; /* two tensors into one sum */
+    CHECK(lmx_cuda_backward.sumsq(gpu, gs, 2, &sg) == LMX_OK);
+    CHECK(lmx_cpu_backward.sumsq(cpu, cs, 2, &sc) == LMX_OK);
     CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq %.12g, cpu %.12g", sg, sc);
     const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
                               .bc1 = 1 - 0.9 * 0.9, .bc2 = 1 - 0.999 * 0.999, .clip = 0.7};
@@ -237,19 +264,27 @@ int main(void) {
     test_rope(64, 0);
     test_rope(64, 1);
     test_rope(32, 0);
-    test_attention(37, 4, 2, 64, 0, 0.0f, 0, 0);
-    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 0);
-    test_attention(37, 4, 4, 32, 0, 20.0f, 0, 0);
-    test_attention(100, 6, 2, 64, 0, 0.0f, 16, 0);
-    test_attention(100, 6, 3, 64, 24, 30.0f, 5, 0);
-    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0);   /* flash: several key and query tiles, a ragged last one */
-    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 0); /* flash: a window across tiles, soft-capping, 4 heads a kv head */
-    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1); /* the same from bf16 keeps */
-    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1);   /* the tiled form from bf16 keeps */
-    test_attention(200, 2, 2, 64, 70, 0.0f, 0, 0);
-    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 0);
-    test_attention(150, 8, 2, 128, 0, 0.0f, 48, 0);  /* the tiled form at D 128 */
-    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 0);    /* no flash kernels for D 256: the tiled form */
+    test_attention(37, 4, 2, 64, 0, 0.0f, 0, 0, 0);
+    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 0, 0);
+    test_attention(37, 4, 4, 32, 0, 20.0f, 0, 0, 0);
+    test_attention(100, 6, 2, 64, 0, 0.0f, 16, 0, 0);
+    test_attention(100, 6, 3, 64, 24, 30.0f, 5, 0, 0);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0, 0);   /* flash: several key and query tiles, a ragged last one */
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 0, 0); /* flash: a window across tiles, soft-capping, 4 heads a kv head */
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1, 0); /* the same from bf16 keeps */
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 0);   /* the tiled form from bf16 keeps */
+    test_attention(200, 2, 2, 64, 70, 0.0f, 0, 0, 0);
+    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 0, 0);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 48, 0, 0);  /* the tiled form at D 128 */
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 0, 0);    /* no flash kernels for D 256: the tiled form */
+    /* the forward's output and log-sum-exp taken, not recomputed: f32 and bf16 keeps, GQA, windows,
+     * soft-capping, ragged tiles; D 256 (the forward writes it, the tiled form recomputes it) */
+    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0, 1);
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1, 1);
+    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 1, 1);
+    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 1, 1);
+    test_attention(20, 4, 4, 64, 0, 20.0f, 0, 0, 1);
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 1);
     test_gather();
     test_xent(0.37);
     test_xent(0.0);

@@ -83,6 +83,10 @@ typedef struct lmx_attn_args {
     int H, Hk, D;            /* each sequence's window comes from its kv layer */
     float scale;             /* multiplies q.k */
     float softcap;           /* > 0: scores = softcap * tanh(scores / softcap) */
+    lmx_tensor *lse;         /* NULL, or (training: every n_past 0) [B, H, T] f32 that the op also fills
+                              * with each new row's log-sum-exp of its scaled (soft-capped) scores, 0 for
+                              * padding rows; a backend that cannot returns LMX_ERR_UNSUPPORTED, having
+                              * done nothing and set no message */
 } lmx_attn_args;
 
 /* One LoRA pair of one projection: the projection's output gains scale * B (A x).

@@ -43,7 +43,9 @@ typedef struct lmx_backward_ops {
     lmx_status (*rope_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *batch, int nh,
                            int hd, const lmx_rope *rope);
     /* out = attention(q, k, v) of lmx_attn_args a with n_past 0 and a->kv ignored (each sequence's
-     * window: windows[b], 0 for none): dq, dk, dv += ...; dout [M, H*D] */
+     * window: windows[b], 0 for none): dq, dk, dv += ...; dout [M, H*D].  a->out and a->lse: both NULL,
+     * or the forward's output (f32 or keep dtype) and the log-sum-exp it wrote, which the backend may
+     * take instead of recomputing them. */
     lmx_status (*attention_bwd)(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
                                 const lmx_attn_args *a, const int *windows);
     /* out[r] = x[rows[r]]                             dx[rows[r]] += dout[r]    dout [R, n] */
@@ -54,9 +56,10 @@ typedef struct lmx_backward_ops {
      * and with c != 0, z is overwritten by its gradient times c: c w_r (softmax(z_r) - onehot(t_r)). */
     lmx_status (*xent)(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
                        double *loss);
-    /* The optimizer (not tape ops either): *out = sum of g[i]^2 over n values; and one AdamW update of n
-     * parameters p with gradients g and moments m1, m2 (all f32 in backend memory), in double. */
-    lmx_status (*sumsq)(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out);
+    /* The optimizer (not tape ops either): *out = sum of x^2 over every value of the count tensors g[]
+     * (one wait for all of them); and one AdamW update of n parameters p with gradients g and moments
+     * m1, m2 (all f32 in backend memory), in double. */
+    lmx_status (*sumsq)(lmx_backend *be, const lmx_tensor *g, int count, double *out);
     lmx_status (*adamw)(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, lmx_tensor *m1, lmx_tensor *m2, int64_t n,
                         const lmx_adamw_step *s);
     /* LoRA dropout: y[i] = x[i] / (1 - p) where lmx_dropout_keep(seed, i, p), else 0 (y may be x).  The

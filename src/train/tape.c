@@ -24,8 +24,9 @@ typedef struct tape_var {
 typedef struct tape_rec {
     int op;
     int out, in[3];              /* var ids; -1: none (a constant) */
-    int keep[3];                 /* keeps of what the backward op reads; -1: none */
+    int keep[4];                 /* keeps of what the backward op reads; -1: none */
     lmx_tensor own;              /* lora with dropout: the dropped input, which backward reads (owned) */
+    lmx_tensor lse;              /* attention: the log-sum-exp the forward wrote [B, H, T] (owned), or none */
     const lmx_tensor *w;         /* rmsnorm / matmul weight (the model's) */
     int rows, n, M, nh, hd, R;
     int64_t count;
@@ -196,7 +197,7 @@ static tape_rec *new_rec(lmx_tape *t, int op) {
     memset(r, 0, sizeof *r);
     r->op = op;
     r->out = r->in[0] = r->in[1] = r->in[2] = -1;
-    r->keep[0] = r->keep[1] = r->keep[2] = -1;
+    r->keep[0] = r->keep[1] = r->keep[2] = r->keep[3] = -1;
     return r;
 }
 
@@ -411,15 +412,31 @@ static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
         for (int b = 0; b < a->batch->B; b++) r->ints[2 * a->batch->B + b] = a->kv[b]->window;
         r->attn = *a; /* its pointers are set at backward: records move as the tape grows */
         r->attn.batch = NULL, r->attn.q = r->attn.k = r->attn.v = NULL, r->attn.out = NULL, r->attn.kv = NULL;
+        r->attn.lse = NULL;
         r->in[0] = vq, r->in[1] = vk, r->in[2] = vv;
     }
     lmx_status st = guard(t, a->out->data);
-    if (!st) st = pass(t, t->in->ops->attention(t->in, a));
     if (st) return st;
+    /* the backend may also write each row's log-sum-exp, which backward then takes with the output
+     * instead of running the forward again (cuda: the flash kernels) */
+    lmx_tensor lse = {.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)a->batch->B * a->H * a->batch->T}};
+    if (r && t->in->ops->alloc(t->in, &lse) == LMX_OK) {
+        lmx_attn_args al = *a;
+        al.lse = &lse;
+        st = t->in->ops->attention(t->in, &al);
+        if (st) t->in->ops->release(t->in, &lse), lse.data = NULL;
+        if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->attention(t->in, a);
+    } else {
+        st = t->in->ops->attention(t->in, a);
+    }
+    if (pass(t, st)) return st;
     const int v = new_var(t, a->out->data, M, (int64_t)a->H * a->D, req);
     if (v < 0) return nomem(t);
-    if (r) r->out = v;
-    return LMX_OK;
+    if (!r) return LMX_OK;
+    r->out = v;
+    if (lse.data && (st = save(t, &r->keep[3], a->out, M, (int64_t)a->H * a->D))) t->in->ops->release(t->in, &lse);
+    else r->lse = lse;
+    return st;
 }
 
 static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const int *rows, int R,
@@ -583,9 +600,10 @@ lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 
 /* release record r's keeps and arrays */
 static void rec_free(lmx_tape *t, tape_rec *r) {
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         if (r->keep[k] >= 0) unkeep(t, r->keep[k]);
     if (r->own.data) t->in->ops->release(t->in, &r->own);
+    if (r->lse.data) t->in->ops->release(t->in, &r->lse);
     free(r->ints);
     free(r->pairs);
 }
@@ -723,6 +741,7 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
             }
         lmx_attn_args a = r->attn;
         a.batch = &r->bt, a.q = &saved[0], a.k = &saved[1], a.v = &saved[2];
+        if (r->lse.data) a.out = &saved[3], a.lse = &r->lse; /* the forward's output and log-sum-exp */
         lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &a, r->ints + 2 * r->bt.B));
         for (int k = 0; k < 3; k++)
             if (sink[k].data) in->ops->release(in, &sink[k]);
@@ -738,8 +757,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
 /* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
  * may hand over to an input, leaving dy empty). */
 static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
-    lmx_tensor saved[3] = {{0}}; /* what the op reads (f32, or the backend's keep dtype) */
-    for (int k = 0; k < 3; k++) {
+    lmx_tensor saved[4] = {{0}}; /* what the op reads (f32, or the backend's keep dtype) */
+    for (int k = 0; k < 4; k++) {
         if (r->keep[k] < 0) continue;
         saved[k] = kept(t, r->keep[k]);
         if (!saved[k].data)

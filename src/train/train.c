@@ -334,11 +334,7 @@ lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnor
     lmx_status st = LMX_OK;
     double t0 = 0, ss = 0;
     prof_mark(tr, 3, &t0);
-    for (int i = 0; i < 2 * tr->n && !st; i++) {
-        double part = 0;
-        st = bw->sumsq(be, &tr->grad[i], lmx_tensor_nelem(&tr->grad[i]), &part);
-        ss += part;
-    }
+    if (tr->n > 0) st = bw->sumsq(be, tr->grad, 2 * tr->n, &ss);
     const double norm = sqrt(ss);
     if (gnorm) *gnorm = norm;
     if (!st) tr->step++;

@@ -102,6 +102,7 @@ static void attn_task(void *arg, int task, int thread) {
 lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
     cpu_backend *cb = (cpu_backend *)be;
     const lmx_batch *bt = a->batch;
+    if (a->lse) return LMX_ERR_UNSUPPORTED; /* the cpu's attention backward recomputes it */
     if (a->H % a->Hk != 0)
         return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d heads not a multiple of %d kv heads",
                            a->H, a->Hk);

@@ -255,11 +255,14 @@ static lmx_status cpu_xent(lmx_backend *be, lmx_tensor *zt, const int32_t *targe
     return LMX_OK;
 }
 
-static lmx_status cpu_sumsq(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out) {
+static lmx_status cpu_sumsq(lmx_backend *be, const lmx_tensor *g, int count, double *out) {
     (void)be;
-    const float *x = g->data;
     double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int t = 0; t < count; t++) {
+        const float *x = g[t].data;
+        const int64_t n = lmx_tensor_nelem(&g[t]);
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    }
     *out = ss;
     return LMX_OK;
 }

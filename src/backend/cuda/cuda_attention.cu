@@ -284,6 +284,11 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     if (args->D > ATT_DMAX)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: attention with head dim %d (at most %d)", args->D,
                            ATT_DMAX);
+    if (args->lse) { /* the flash kernels write it, for sequences from position 0 */
+        if (args->D != 32 && args->D != 64 && args->D != 128 && args->D != 256) return LMX_ERR_UNSUPPORTED;
+        for (int b = 0; b < bt->B; b++)
+            if (bt->n_past[b] != 0) return LMX_ERR_UNSUPPORTED;
+    }
     att_arg a;
     a.T = bt->T;
     a.H = args->H;
@@ -312,8 +317,9 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
         const float *qp = (const float *)args->q->data + r0 * HD, *kp = (const float *)args->k->data + r0 * KD,
                     *vp = (const float *)args->v->data + r0 * KD;
         float *op = (float *)args->out->data + r0 * HD;
-        if (a.T >= 32) { /* prefill: tensor cores */
-            lmx_status st = cuda_flash_attention(cb, a, qp, kp, vp, op);
+        if (a.T >= 32 || args->lse) { /* prefill: tensor cores */
+            float *lse = args->lse ? (float *)args->lse->data + r0 * a.H : NULL; /* [B, H, T] */
+            lmx_status st = cuda_flash_attention(cb, a, qp, kp, vp, op, lse);
             if (st == LMX_OK) continue;
             if (st != LMX_ERR_UNSUPPORTED) return st;
         }

@@ -37,10 +37,11 @@ static __device__ __forceinline__ float att_ds(float p, float dp, float dsum, fl
 }
 
 /* Prefill attention on tensor cores for the a.B sequences of a (T rows each): q, out [B*T, H*D]
- * f32; k, v [B*T, Hk*D] f32 new rows (narrowed to bf16 in scratch first).  LMX_ERR_UNSUPPORTED
- * (nothing launched) for head dims other than 32, 64, 128 and 256. */
+ * f32; k, v [B*T, Hk*D] f32 new rows (narrowed to bf16 in scratch first); lse NULL, or [a.B, H, T] f32
+ * for each row's log-sum-exp (as cuda_flash_stats writes it).  LMX_ERR_UNSUPPORTED (nothing launched)
+ * for head dims other than 32, 64, 128 and 256. */
 lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
-                                float *out);
+                                float *out, float *lse);
 
 /* Training (cuda_flash_bwd.cu): for the sequences of a (n_past 0, no cache), each query row's log-sum-exp
  * of its scaled scores and dO . O, lse / dsum [a.B, H, T] f32, from q, dout [B*T, H*D] f32 and k16, v16
@@ -49,8 +50,9 @@ lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, 
                             const __nv_bfloat16 *v16, const float *dout, float *lse, float *dsum);
 
 /* Attention backward on the tensor cores for the sequences of args (n_past 0; windows[b] or none):
- * dq, dk, dv += ... (f32, [B*T, H*D] / [B*T, Hk*D]) from dout [B*T, H*D].  LMX_ERR_UNSUPPORTED
- * (nothing launched) for head dims other than 32, 64 and 128. */
+ * dq, dk, dv += ... (f32, [B*T, H*D] / [B*T, Hk*D]) from dout [B*T, H*D].  q, k, v f32; or, with
+ * args->lse and args->out (the forward's, backward.h), f32 or bf16 (keeps read in place).
+ * LMX_ERR_UNSUPPORTED (nothing launched) for head dims other than 32, 64 and 128 and other dtypes. */
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
                                     float *dq, float *dk, float *dv);
 

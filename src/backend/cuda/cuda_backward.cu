@@ -499,6 +499,21 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
+    /* the tensor cores' flash form where it has kernels for the head dim (LMX_CUDA_ATTN_BWD_ROWS, for tests
+     * and measurements, forces the tiled form); with the forward's output and log-sum-exp it reads the
+     * keeps as they are, and needs no second forward pass */
+    const char *env = getenv("LMX_CUDA_ATTN_BWD_ROWS");
+    if (a->lse && a->out) {
+        if (!env) {
+            if ((st = lmx_attention_bwd_check(be, a))) return st;
+            st = cuda_flash_attention_bwd(cb, a, windows, (const float *)dout->data, (float *)dq->data,
+                                          (float *)dk->data, (float *)dv->data);
+            if (st != LMX_ERR_UNSUPPORTED) return st;
+        }
+        lmx_attn_args af = *a; /* the forms below recompute them */
+        af.lse = NULL, af.out = NULL;
+        return bwd_attention(be, dq, dk, dv, dout, &af, windows);
+    }
     if (a->q->dtype != LMX_DTYPE_F32 || a->k->dtype != LMX_DTYPE_F32 || a->v->dtype != LMX_DTYPE_F32) {
         lmx_tensor w[3]; /* bf16 keeps: the kernels read f32 q, k, v */
         memset(w, 0, sizeof w);
@@ -515,9 +530,6 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     const lmx_batch *bt = a->batch;
     const int H = a->H, Hk = a->Hk, D = a->D, T = bt->T;
     if ((st = lmx_attention_bwd_check(be, a))) return st;
-    /* the tensor cores' flash form where it has kernels for the head dim (LMX_CUDA_ATTN_BWD_ROWS, for tests
-     * and measurements, forces the tiled form) */
-    const char *env = getenv("LMX_CUDA_ATTN_BWD_ROWS");
     if (!env) {
         st = cuda_flash_attention_bwd(cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
                                       (float *)dv->data);
@@ -650,17 +662,19 @@ __global__ void k_sumsq(const float *g, int64_t n, double *out) {
     }
 }
 
-static lmx_status bwd_sumsq(lmx_backend *be, const lmx_tensor *g, int64_t n, double *out) {
+static lmx_status bwd_sumsq(lmx_backend *be, const lmx_tensor *g, int count, double *out) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     *out = 0;
-    if (st || n <= 0) return st;
+    if (st || count <= 0) return st;
     double *d = (double *)cuda_scratch(cb, CUDA_SCRATCH_BWD, sizeof(double));
     if (!d) return cb->base.err.status;
     cudaError_t e = cudaMemsetAsync(d, 0, sizeof(double), cb->stream);
-    if (e == cudaSuccess) {
+    for (int t = 0; t < count && e == cudaSuccess; t++) { /* every tensor into one sum: one wait */
+        const int64_t n = lmx_tensor_nelem(&g[t]);
+        if (n <= 0) continue;
         const unsigned nb = cuda_blocks(n, 256);
-        k_sumsq<<<nb < 1024 ? nb : 1024, 256, 0, cb->stream>>>((const float *)g->data, n, d);
+        k_sumsq<<<nb < 1024 ? nb : 1024, 256, 0, cb->stream>>>((const float *)g[t].data, n, d);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess) e = cudaMemcpyAsync(out, d, sizeof(double), cudaMemcpyDeviceToHost, cb->stream);

@@ -23,7 +23,7 @@ template <int D, int KT> constexpr size_t flash_smem() { return (size_t)2 * (D +
 
 /* STATS (training, cuda_flash_bwd.cu): instead of O, row t of head h of sequence b writes the row's
  * log-sum-exp of its scaled (soft-capped) scores to lse[(b H + h) T + t] and dO . O to dsum there (0 for
- * padding rows), with dO = dout [B*T, H*D] f32. */
+ * padding rows), with dO = dout [B*T, H*D] f32.  Without STATS, lse (when not NULL) gets the same beside O. */
 template <int D, int KT, bool STATS>
 __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ k16,
                                                       const __nv_bfloat16 *__restrict__ v16, float *__restrict__ out,
@@ -150,6 +150,14 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
         inv[r] = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
     }
     const int r0 = wrow + g, r1 = r0 + 8;
+    if (lse) { /* the row's log-sum-exp: one thread of the row's four */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = r ? r1 : r0;
+            if (tq == 0 && t < a.T)
+                lse[((int64_t)b * a.H + h) * a.T + t] = (r ? ok1 : ok0) && l_r[r] > 0.f ? m_r[r] + logf(l_r[r]) : 0.f;
+        }
+    }
     if (STATS) {
         const float *d0 = dout + ((int64_t)b * a.T + r0) * HD + (int64_t)h * D + 2 * tq, *d1 = d0 + 8 * HD;
         float dot[2] = {0.f, 0.f};
@@ -171,9 +179,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
             const int t = r ? r1 : r0;
             if (tq == 0 && t < a.T) {
                 const bool ok = (r ? ok1 : ok0) && l_r[r] > 0.f;
-                const int64_t i = ((int64_t)b * a.H + h) * a.T + t;
-                lse[i] = ok ? m_r[r] + logf(l_r[r]) : 0.f;
-                dsum[i] = ok ? dot[r] * inv[r] : 0.f;
+                dsum[((int64_t)b * a.H + h) * a.T + t] = ok ? dot[r] * inv[r] : 0.f;
             }
         }
         return;
@@ -212,7 +218,7 @@ static lmx_status flash_by_dim(cuda_backend *cb, const att_arg &a, const float *
 }
 
 lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
-                                float *out) {
+                                float *out, float *lse) {
     if (a.D != 32 && a.D != 64 && a.D != 128 && a.D != 256) return LMX_ERR_UNSUPPORTED;
     const int64_t n = (int64_t)a.B * a.T * a.Hk * a.D; /* elements of k (and of v) */
     __nv_bfloat16 *k16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_KV16, (size_t)n * 4);
@@ -220,7 +226,7 @@ lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float 
     __nv_bfloat16 *v16 = k16 + n;
     lmx_status st;
     if ((st = cuda_narrow_bf16(cb, k16, k, n)) || (st = cuda_narrow_bf16(cb, v16, v, n))) return st;
-    return flash_by_dim<false>(cb, a, q, k16, v16, out, NULL, NULL, NULL);
+    return flash_by_dim<false>(cb, a, q, k16, v16, out, NULL, lse, NULL);
 }
 
 lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,

@@ -1,8 +1,9 @@
 /* cuda_flash_bwd.cu - attention backward for training on the tensor cores (flash-attention style).
  *
  * Three kernels, none of which holds a T x T matrix:
- *   1. k_flash in its STATS form (cuda_flash.cu): each query row's log-sum-exp L_i of its scaled scores
- *      and D_i = dO_i . O_i (the forward pass run again; O never leaves registers).
+ *   1. each query row's log-sum-exp L_i of its scaled scores and D_i = dO_i . O_i: L as the forward's
+ *      flash kernel wrote it and D from its output where the tape kept both (k_fa_dsum), else k_flash in
+ *      its STATS form (cuda_flash.cu: the forward pass run again; O never leaves registers).
  *   2. k_fa_dq, query-major (a block = 64 query rows of one head, 4 warps of 16): for each key tile,
  *      S = Qs K^T and dP = dO V^T, P = exp(S - L), dS = P (dP - D) (times the soft-cap's slope), and
  *      dQ += scale dS K in registers; one += into dq at the end.
@@ -45,8 +46,8 @@ __global__ void __launch_bounds__(FB_THREADS)
     __nv_bfloat16 *Ks = Os + FB_ROWS * LD;         /* [2][KT][LD] */
     __nv_bfloat16 *Vs = Ks + 2 * KT * LD;          /* [2][KT][LD] */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
-    const int t0 = (gridDim.x - 1 - blockIdx.x) * FB_ROWS; /* the longest tiles first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / a.G;
+    const int t0 = (gridDim.y - 1 - blockIdx.y) * FB_ROWS; /* the longest tiles first (fb_launch) */
+    const int h = blockIdx.x % a.H, b = blockIdx.x / a.H, kvh = h / a.G;
     const int n = a.s[b].n_new, window = a.s[b].window;
     if (t0 >= n) return;
     const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(FB_THREADS)
     float *Ls = (float *)(Os + 2 * QT * LD);       /* [2][QT] */
     float *Ds = Ls + 2 * QT;                       /* [2][QT] */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
-    const int k0 = blockIdx.x * FB_ROWS, kvh = blockIdx.y, b = blockIdx.z;
+    const int k0 = blockIdx.y * FB_ROWS, kvh = blockIdx.x % a.Hk, b = blockIdx.x / a.Hk; /* longest first */
     const int n = a.s[b].n_new, window = a.s[b].window;
     if (k0 >= n) return;
     const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
@@ -223,6 +224,28 @@ __global__ void __launch_bounds__(FB_THREADS)
     }
 }
 
+/* dsum [a.B, H, T] = dO . O of each row and head (0 for padding rows): a warp a row and head; dout [B*T,
+ * H*D] f32, O the forward's output (f32, or bf16 as the tape keeps it) */
+template <typename O>
+__global__ void k_fa_dsum(float *__restrict__ dsum, const float *__restrict__ dout, const O *__restrict__ o,
+                          const att_arg a) {
+    const int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; /* (b, h, t) */
+    if (w >= (int64_t)a.B * a.H * a.T) return;
+    const int t = (int)(w % a.T), h = (int)(w / a.T % a.H), b = (int)(w / a.T / a.H), lane = threadIdx.x % 32;
+    const int64_t r = ((int64_t)b * a.T + t) * a.H * a.D + (int64_t)h * a.D;
+    float d = 0.f;
+    if (t < a.s[b].n_new)
+        for (int i = lane; i < a.D; i += 32) d += dout[r + i] * cuda_ld_f(o + r + i);
+    d = cuda_warp_sum(d);
+    if (lane == 0) dsum[w] = d;
+}
+
+/* dst = bf16(src * scale): q kept as bf16, scaled as the forward's flash kernel scales it */
+__global__ void k_fa_scale_bf16(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int64_t n, float scale) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(__bfloat162float(src[i]) * scale);
+}
+
 template <int D, int KT, int QT>
 static lmx_status fb_launch(cuda_backend *cb, const att_arg &a, const __nv_bfloat16 *q16, const __nv_bfloat16 *k16,
                             const __nv_bfloat16 *v16, const __nv_bfloat16 *do16, const float *lse, const float *dsum,
@@ -232,11 +255,13 @@ static lmx_status fb_launch(cuda_backend *cb, const att_arg &a, const __nv_bfloa
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k_fa_dkdv<D, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
     if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
+    /* blocks run in order of x, then y: y is the tile, so that every head's and sequence's longest tiles
+     * start first and the short ones fill the tail (the causal work of a tile falls linearly with it) */
     const unsigned tiles = (unsigned)((a.T + FB_ROWS - 1) / FB_ROWS);
-    k_fa_dq<D, KT><<<dim3(tiles, a.H, a.B), FB_THREADS, s1, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dq, a);
+    k_fa_dq<D, KT><<<dim3(a.H * a.B, tiles), FB_THREADS, s1, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dq, a);
     lmx_status st = cuda_check_launch(cb, "attention backward");
     if (st) return st;
-    k_fa_dkdv<D, QT><<<dim3(tiles, a.Hk, a.B), FB_THREADS, s2, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dk, dv, a);
+    k_fa_dkdv<D, QT><<<dim3(a.Hk * a.B, tiles), FB_THREADS, s2, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dk, dv, a);
     return cuda_check_launch(cb, "attention backward");
 }
 
@@ -245,6 +270,11 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
     const lmx_batch *bt = args->batch;
     const int D = args->D, T = bt->T;
     if (D != 32 && D != 64 && D != 128) return LMX_ERR_UNSUPPORTED;
+    const int saved = args->lse && args->out; /* the forward's log-sum-exp and output: no second forward */
+    const lmx_tensor *in[3] = {args->q, args->k, args->v};
+    for (int i = 0; i < 3; i++) /* bf16 keeps are read as they are with saved only (STATS reads f32 q) */
+        if (in[i]->dtype != LMX_DTYPE_F32 && (!saved || in[i]->dtype != LMX_DTYPE_BF16)) return LMX_ERR_UNSUPPORTED;
+    if (saved && args->out->dtype != LMX_DTYPE_F32 && args->out->dtype != LMX_DTYPE_BF16) return LMX_ERR_UNSUPPORTED;
     const int64_t HD = (int64_t)args->H * D, KD = (int64_t)args->Hk * D;
     const int nb = bt->B < ATT_SEQ_MAX ? bt->B : ATT_SEQ_MAX; /* sequences per launch */
     const int64_t nq = nb * (int64_t)T * HD, nk = nb * (int64_t)T * KD, ns = (int64_t)nb * args->H * T;
@@ -261,17 +291,39 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         for (int b = 0; b < a.B; b++)
             a.s[b] = (att_seq){NULL, NULL, 0, bt->n_new[b0 + b], 1, 0, windows ? windows[b0 + b] : 0};
         const int64_t r0 = (int64_t)b0 * T, mq = a.B * (int64_t)T * HD, mk = a.B * (int64_t)T * KD;
-        const float *q = (const float *)args->q->data + r0 * HD, *o = dout + r0 * HD;
-        if ((st = cuda_narrow_bf16_scaled(cb, q16, q, mq, a.scale)) || (st = cuda_narrow_bf16(cb, do16, o, mq)) ||
-            (st = cuda_narrow_bf16(cb, k16, (const float *)args->k->data + r0 * KD, mk)) ||
-            (st = cuda_narrow_bf16(cb, v16, (const float *)args->v->data + r0 * KD, mk)) ||
-            (st = cuda_flash_stats(cb, a, q, k16, v16, o, lse, dsum)))
-            break;
+        const float *o = dout + r0 * HD;
+        /* q scaled to bf16; k and v bf16 (a bf16 keep is read in place); dO to bf16 */
+        const __nv_bfloat16 *kb = k16, *vb = v16;
+        if (args->q->dtype == LMX_DTYPE_BF16) {
+            k_fa_scale_bf16<<<cuda_ew_grid(mq), 256, 0, cb->stream>>>(q16, (const __nv_bfloat16 *)args->q->data + r0 * HD,
+                                                                     mq, a.scale);
+            st = cuda_check_launch(cb, "attention backward");
+        } else {
+            st = cuda_narrow_bf16_scaled(cb, q16, (const float *)args->q->data + r0 * HD, mq, a.scale);
+        }
+        if (!st) st = cuda_narrow_bf16(cb, do16, o, mq);
+        if (!st && args->k->dtype == LMX_DTYPE_BF16) kb = (const __nv_bfloat16 *)args->k->data + r0 * KD;
+        else if (!st) st = cuda_narrow_bf16(cb, k16, (const float *)args->k->data + r0 * KD, mk);
+        if (!st && args->v->dtype == LMX_DTYPE_BF16) vb = (const __nv_bfloat16 *)args->v->data + r0 * KD;
+        else if (!st) st = cuda_narrow_bf16(cb, v16, (const float *)args->v->data + r0 * KD, mk);
+        const float *ls = lse;
+        if (!st && saved) { /* L as the forward wrote it, D from its output */
+            ls = (const float *)args->lse->data + r0 * a.H;
+            const unsigned blocks = (unsigned)((a.B * (int64_t)a.H * T + 7) / 8);
+            if (args->out->dtype == LMX_DTYPE_BF16)
+                k_fa_dsum<<<blocks, 256, 0, cb->stream>>>(dsum, o, (const __nv_bfloat16 *)args->out->data + r0 * HD, a);
+            else
+                k_fa_dsum<<<blocks, 256, 0, cb->stream>>>(dsum, o, (const float *)args->out->data + r0 * HD, a);
+            st = cuda_check_launch(cb, "attention backward");
+        } else if (!st) {
+            st = cuda_flash_stats(cb, a, (const float *)args->q->data + r0 * HD, kb, vb, o, lse, dsum);
+        }
+        if (st) break;
         float *gq = dq + r0 * HD, *gk = dk + r0 * KD, *gv = dv + r0 * KD;
         switch (D) {
-        case 32: st = fb_launch<32, 64, 64>(cb, a, q16, k16, v16, do16, lse, dsum, gq, gk, gv); break;
-        case 64: st = fb_launch<64, 64, 64>(cb, a, q16, k16, v16, do16, lse, dsum, gq, gk, gv); break;
-        default: st = fb_launch<128, 64, 32>(cb, a, q16, k16, v16, do16, lse, dsum, gq, gk, gv); break;
+        case 32: st = fb_launch<32, 64, 64>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
+        case 64: st = fb_launch<64, 64, 64>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
+        default: st = fb_launch<128, 64, 32>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
         }
     }
     return st;

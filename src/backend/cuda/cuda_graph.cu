@@ -591,7 +591,11 @@ lmx_status cuda_op_moe(lmx_backend *be, const lmx_moe_args *a) { return w_moe(be
 lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
     return w_rope(be, x, b, nh, hd, rope);
 }
-lmx_status cuda_op_attention(lmx_backend *be, const lmx_attn_args *a) { return w_attention(be, a); }
+lmx_status cuda_op_attention(lmx_backend *be, const lmx_attn_args *a) {
+    if (!a->lse) return w_attention(be, a);
+    lmx_status st = cuda_graph_flush((cuda_backend *)be); /* training's prefill: never in a decode graph */
+    return st ? st : cuda_attention(be, a);
+}
 lmx_status cuda_op_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *b, const lmx_tensor *k,
                              const lmx_tensor *v) {
     return w_kv_append(be, kv, b, k, v);
