@@ -117,7 +117,7 @@ static void check_matmul(fd_case *c, const char *what) {
     c->x = rand_f32((int64_t)c->M * K, 1.0f), c->dy = rand_f32((int64_t)c->M * N, 1.0f);
     float *start = rand_f32((int64_t)c->M * K, 0.1f), *dx = dup_f32(start, (int64_t)c->M * K);
     lmx_tensor tdx = f32(dx, c->M, K), tdy = f32(c->dy, c->M, N);
-    CHECK(lmx_cpu_backward.matmul_bwd(be, &tdx, &tdy, &c->w, c->M) == LMX_OK);
+    CHECK(lmx_cpu_backward.matmul_bwd(be, &tdx, &tdy, &c->w, c->M, 0) == LMX_OK);
     const double w = fd_worst(matmul_loss, c, c->x, (int64_t)c->M * K, dx, start);
     CHECK_MSG(w <= 1.0, "matmul %s: worst err/tol %.3g", what, w);
     free(c->x), free(c->dy), free(start), free(dx);
@@ -173,7 +173,7 @@ static void test_lora(int shared) {
     float *dx = dup_f32(s_x, M * LK), *da = dup_f32(s_a, LR * LK), *db = dup_f32(s_b, LN * LR);
     lmx_tensor tdx = f32(dx, M, LK), tda = f32(da, LR, LK), tdb = f32(db, LN, LR), tdy = f32(c.dy, M, LN), tx = f32(c.x, M, LK);
     lmx_tensor *das[2] = {&tda, shared ? &tda : NULL}, *dbs[2] = {&tdb, shared ? &tdb : NULL};
-    CHECK(lmx_cpu_backward.lora_bwd(be, &tdx, das, dbs, &tdy, &tx, c.B, c.T, c.pairs) == LMX_OK);
+    CHECK(lmx_cpu_backward.lora_bwd(be, &tdx, das, dbs, &tdy, &tx, c.B, c.T, c.pairs, 0) == LMX_OK);
     double w = fd_worst(lora_loss, &c, c.x, M * LK, dx, s_x);
     CHECK_MSG(w <= 1.0, "lora dx (shared %d): worst err/tol %.3g", shared, w);
     w = fd_worst(lora_loss, &c, A, LR * LK, da, s_a);
@@ -197,7 +197,7 @@ static void test_glu(lmx_act act) {
     c.x = rand_f32(c.n, 3.0f), c.x2 = rand_f32(c.n, 1.0f), c.dy = rand_f32(c.n, 1.0f);
     float *s_g = rand_f32(c.n, 0.1f), *s_u = rand_f32(c.n, 0.1f), *dg = dup_f32(s_g, c.n), *du = dup_f32(s_u, c.n);
     lmx_tensor tdg = f32(dg, 1, c.n), tdu = f32(du, 1, c.n), tdy = f32(c.dy, 1, c.n), tg = f32(c.x, 1, c.n), tu = f32(c.x2, 1, c.n);
-    CHECK(lmx_cpu_backward.glu_bwd(be, &tdg, &tdu, &tdy, &tg, &tu, c.n, act) == LMX_OK);
+    CHECK(lmx_cpu_backward.glu_bwd(be, &tdg, &tdu, &tdy, &tg, &tu, c.n, act, 0) == LMX_OK);
     double w = fd_worst(glu_loss, &c, c.x, c.n, dg, s_g);
     CHECK_MSG(w <= 1.0, "glu (act %d) dgate: worst err/tol %.3g", (int)act, w);
     w = fd_worst(glu_loss, &c, c.x2, c.n, du, s_u);

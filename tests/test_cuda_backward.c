@@ -3,7 +3,8 @@
  * odd sizes, dense and quantized frozen weights, LoRA segments with a sequence without a pair, padded
  * batches, GQA, sliding windows, soft-capping, attention split into query tiles, repeated gather rows;
  * the optimizer's gradient norm and AdamW update.
- * Each gradient accumulates onto a random start (+= is checked too).  The ops that read forward values
+ * Each gradient accumulates onto a random start (+= is checked too), or, where the op takes a fresh mask,
+ * is written over it (the start ignored).  The ops that read forward values
  * also run on the cuda backend's bf16 keeps of them (keep op) against the cpu on the same values.
  * Exits 77 (skipped) when lmx is built without CUDA or no GPU is present. */
 #include <stdio.h>
@@ -62,18 +63,20 @@ static void test_rmsnorm(lmx_dtype dt, int n, float one, int kept) {
 
 static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int N, int K, int M, double tol) {
     wpair w = make_weight(dt, bits, 64, gtype, N, K);
-    tpair dy = rand_both(M, N, 1.0f), dx = rand_both(M, K, 0.5f);
-    CHECK(lmx_cuda_backward.matmul_bwd(gpu, &dx.g, &dy.g, &w.g, M) == LMX_OK);
-    CHECK(lmx_cpu_backward.matmul_bwd(cpu, &dx.c, &dy.c, &w.c, M) == LMX_OK);
-    char what[64];
-    snprintf(what, sizeof what, "matmul backward (%s, %dx%d, M %d)", name, N, K, M);
-    check_both(what, &dx, tol);
-    drop(&dy);
+    for (unsigned fresh = 0; fresh < 2; fresh++) {
+        tpair dy = rand_both(M, N, 1.0f), dx = rand_both(M, K, 0.5f);
+        CHECK(lmx_cuda_backward.matmul_bwd(gpu, &dx.g, &dy.g, &w.g, M, fresh) == LMX_OK);
+        CHECK(lmx_cpu_backward.matmul_bwd(cpu, &dx.c, &dy.c, &w.c, M, fresh) == LMX_OK);
+        char what[80];
+        snprintf(what, sizeof what, "matmul backward (%s, %dx%d, M %d, fresh %u)", name, N, K, M, fresh);
+        check_both(what, &dx, tol);
+        drop(&dy);
+    }
 }
 
 /* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx; x kept in bf16
  * (then the products that read it take bf16 operands) */
-static void test_lora(int with_dx, int kept) {
+static void test_lora(int with_dx, int kept, unsigned fresh) {
     const int B = 4, T = 5, K = 48, N = 40, r = 8;
     tpair a[2], b[2], da[2], db[2];
     lmx_lora_pair pg[2], pc[2];
@@ -86,8 +89,8 @@ static void test_lora(int with_dx, int kept) {
     lmx_tensor *dag[4] = {&da[0].g, &da[0].g, NULL, &da[1].g}, *dbg[4] = {&db[0].g, &db[0].g, NULL, &db[1].g};
     lmx_tensor *dac[4] = {&da[0].c, &da[0].c, NULL, &da[1].c}, *dbc[4] = {&db[0].c, &db[0].c, NULL, &db[1].c};
     tpair x = rand_in(B * T, K, 1.0f, kept), dy = rand_both(B * T, N, 1.0f), dx = rand_both(B * T, K, 0.1f);
-    CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g) == LMX_OK);
-    CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c) == LMX_OK);
+    CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g, fresh) == LMX_OK);
+    CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c, fresh) == LMX_OK);
     const double tol = kept ? 1e-2 : 2e-3; /* TF32 products, as the forward; bf16 ones with a kept x */
     check_both("lora backward dx", &dx, tol);
     for (int i = 0; i < 2; i++) {
@@ -105,8 +108,9 @@ static void test_elementwise(int kept) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         tpair g = rand_in(1, n, 4.0f, kept), u = rand_in(1, n, 2.0f, kept && act_i), dy = rand_both(1, n, 1.0f);
         tpair dg = rand_both(1, n, 0.1f), du = rand_both(1, n, 0.1f);
-        CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg.g, &du.g, &dy.g, &g.g, &u.g, n, a) == LMX_OK);
-        CHECK(lmx_cpu_backward.glu_bwd(cpu, &dg.c, &du.c, &dy.c, &g.c, &u.c, n, a) == LMX_OK);
+        const unsigned fresh = (unsigned)(act_i + 2 * kept) % 4; /* none, dgate, dup, both */
+        CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg.g, &du.g, &dy.g, &g.g, &u.g, n, a, fresh) == LMX_OK);
+        CHECK(lmx_cpu_backward.glu_bwd(cpu, &dg.c, &du.c, &dy.c, &g.c, &u.c, n, a, fresh) == LMX_OK);
         check_both("glu backward dgate", &dg, 1e-5);
         check_both("glu backward dup", &du, 1e-5);
         drop(&g), drop(&u), drop(&dy);
@@ -256,9 +260,11 @@ int main(void) {
     test_matmul("mlx8", LMX_DTYPE_U32, 8, 0, 64, 192, 3, 1e-2);
     test_matmul("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 64, 512, 21, 1e-2);
     test_matmul("q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 50, 96, 12, 1e-2);
-    test_lora(1, 0);
-    test_lora(0, 0);
-    test_lora(1, 1);
+    test_lora(1, 0, 0);
+    test_lora(0, 0, 0);
+    test_lora(1, 1, 0);
+    test_lora(1, 0, 1); /* dx written: its rows of the sequence without a pair are zeros */
+    test_lora(1, 1, 1);
     test_elementwise(0);
     test_elementwise(1);
     test_rope(64, 0);

@@ -204,6 +204,9 @@ typedef struct lmx_backend_ops {
      * ordinary memory is as fast, as on the cpu; lmx_host_alloc then uses malloc). */
     void *(*host_alloc)(lmx_backend *be, size_t n);
     void (*host_free)(lmx_backend *be, void *p);
+    /* As alloc, the contents left undefined (optional: NULL where zeroing costs little, as on the cpu;
+     * training's fresh gradients, which the backward op writes whole, backward.h). */
+    lmx_status (*alloc_raw)(lmx_backend *be, lmx_tensor *t);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

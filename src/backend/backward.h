@@ -2,7 +2,9 @@
  *
  * Each op is the vector-Jacobian product of one forward op of backend.h: given the gradient of the
  * loss with respect to the op's output (dy), it ADDS the gradients with respect to the op's inputs
- * into the d* tensors (a value read by several ops collects a sum), reading what the forward op read
+ * into the d* tensors (a value read by several ops collects a sum) -- except that the ops taking a
+ * `fresh` mask WRITE each gradient whose bit is set (bit i: the op's i-th d* tensor, which holds no
+ * values yet and may hold anything: writing saves its zeroing and a read) -- reading what the forward op read
  * (saved by the caller when the forward pass overwrote it).  Frozen weights get no gradient: matmul's
  * and rmsnorm's weights, embeddings; LoRA's A and B do.  Shapes and letters as in backend.h; every
  * tensor f32 in backend memory except frozen weights, which keep their stored format (dense, MLX or
@@ -27,15 +29,18 @@ typedef struct lmx_backward_ops {
     lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
                               const lmx_tensor *w, int rows, int n, float eps, float add_one);
     /* y = x W^T + b                                   dx += dy W                dy [M, N], dx [M, K] */
-    lmx_status (*matmul_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M);
+    lmx_status (*matmul_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M,
+                             unsigned fresh);
     /* y += s B (A x) per sequence (lora op): dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy (A x)^T,
      * with da[b] / db[b] the gradients of pairs[b]'s a / b ([r, K] / [N, r]; pairs of one adapter share
-     * them), NULL where pairs[b] is NULL.  dx may be NULL (the input needs no gradient). */
+     * them), NULL where pairs[b] is NULL.  dx may be NULL (the input needs no gradient); fresh bit 0: dx
+     * (rows of sequences without a pair get zeros). */
     lmx_status (*lora_bwd)(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
-                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs);
+                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
+                           unsigned fresh);
     /* y = act(gate) * up                              dgate, dup += ...         n elements each */
     lmx_status (*glu_bwd)(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
-                          const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act);
+                          const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh);
     /* y = cap tanh(x / cap), given y                  dx += dy (1 - (y/cap)^2)  n elements */
     lmx_status (*softcap_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *y, int64_t n,
                               float cap);

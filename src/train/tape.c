@@ -569,6 +569,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.destroy = w_destroy;
     t->ops.upload_weight = w_upload;
     t->ops.alloc = w_alloc;
+    t->ops.alloc_raw = NULL; /* the tape's own use goes to the inner backend's */
     t->ops.release = w_release;
     t->ops.write = w_write;
     t->ops.read = w_read;
@@ -650,6 +651,22 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
         if (requires(t, (v)) && !(dst = grad_of(t, (v)))) return t->base.err.status; \
     } while (0)
 
+/* The same for an op that writes n values of a gradient: when it is the first to reach it and writes
+ * all of it, the buffer is not zeroed first and fresh gains bit (backward.h). */
+static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsigned *fresh) {
+    tape_var *x = &t->vars[v];
+    if (x->grad.data || !t->in->ops->alloc_raw || x->rows * x->cols != n) return grad_of(t, v);
+    x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
+    if (pass(t, t->in->ops->alloc_raw(t->in, &x->grad))) return NULL;
+    *fresh |= bit;
+    return &x->grad;
+}
+#define GRAD_FRESH(v, dst, n, bit, fresh)                                                       \
+    do {                                                                                        \
+        dst = NULL;                                                                             \
+        if (requires(t, (v)) && !(dst = grad_fresh(t, (v), (n), (bit), &(fresh)))) return t->base.err.status; \
+    } while (0)
+
 /* Var v's gradient gains the gradient dy of var from (the output of an op that passes it through): v
  * takes dy's buffer over when it has none yet (dy is used up then), else dy is added. */
 static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
@@ -674,11 +691,15 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     case T_RMSNORM:
         GRAD(r->in[0], g0);
         return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &saved[0], r->w, r->rows, r->n, r->eps, r->one)) : LMX_OK;
-    case T_MATMUL:
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->matmul_bwd(in, g0, dy, r->w, r->M)) : LMX_OK;
+    case T_MATMUL: {
+        unsigned fresh = 0;
+        GRAD_FRESH(r->in[0], g0, (int64_t)r->M * r->w->shape[1], 1, fresh);
+        return g0 ? pass(t, bw->matmul_bwd(in, g0, dy, r->w, r->M, fresh)) : LMX_OK;
+    }
     case T_LORA: { /* y's gradient passes on to y's input version (pass_grad, last: it may take dy over) */
-        GRAD(r->in[1], g1);
+        unsigned fresh = 0;
+        if (r->drop > 0) GRAD(r->in[1], g1); /* then x's gradient is added from tmp, below */
+        else GRAD_FRESH(r->in[1], g1, lmx_tensor_nelem(&saved[0]), 1, fresh);
         lmx_status st = LMX_OK;
         const lmx_tensor *x = r->own.data ? &r->own : &saved[0];
         lmx_tensor **da = malloc((size_t)r->bt.B * 2 * sizeof *da);
@@ -694,7 +715,7 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
             tmp = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
             st = pass(t, in->ops->alloc(in, &tmp));
         }
-        if (!st) st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy, x, r->bt.B, r->bt.T, r->pairs));
+        if (!st) st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy, x, r->bt.B, r->bt.T, r->pairs, fresh));
         if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
         if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
         if (tmp.data) in->ops->release(in, &tmp);
@@ -709,15 +730,16 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         return pass_grad(t, r->in[0], dy);
     }
     case T_GLU: {
-        GRAD(r->in[0], g0);
-        GRAD(r->in[1], g1);
+        unsigned fresh = 0;
+        GRAD_FRESH(r->in[0], g0, r->count, 1, fresh);
+        GRAD_FRESH(r->in[1], g1, r->count, 2, fresh);
         lmx_tensor sink = {0}; /* one side needs no gradient: it still gets one, thrown away */
         if (!g0 || !g1) {
             sink = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {r->count}};
             if (pass(t, in->ops->alloc(in, &sink))) return t->base.err.status;
         }
         lmx_status st = pass(t, bw->glu_bwd(in, g0 ? g0 : &sink, g1 ? g1 : &sink, dy, &saved[0], &saved[1],
-                                            r->count, r->act));
+                                            r->count, r->act, fresh));
         if (sink.data) in->ops->release(in, &sink);
         return st;
     }

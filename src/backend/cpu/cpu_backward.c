@@ -59,8 +59,10 @@ static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_ten
     return LMX_OK;
 }
 
-static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M) {
+static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M,
+                                 unsigned fresh) {
     const int64_t N = w->shape[0], K = w->shape[1];
+    if (fresh & 1) memset(dx->data, 0, (size_t)M * K * sizeof(float));
     int64_t rows = BWD_TILE_BYTES / (K * 4);
     rows = rows < 16 ? 16 : rows > N ? N : rows;
     float *tile = work(be, (size_t)(rows * K), "matmul backward");
@@ -76,8 +78,10 @@ static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tens
 }
 
 static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
-                               const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs) {
+                               const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
+                               unsigned fresh) {
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
+    if (dx && (fresh & 1)) memset(dx->data, 0, (size_t)B * T * K * sizeof(float));
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];
         if (!p) continue;
@@ -107,9 +111,11 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
 }
 
 static lmx_status cpu_glu_bwd(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
-                              const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
+                              const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh) {
     const float *g = gate->data, *u = up->data, *d = dy->data;
     float *dg = dgate->data, *du = dup->data;
+    if (fresh & 1) memset(dg, 0, (size_t)n * sizeof(float));
+    if (fresh & 2) memset(du, 0, (size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         float a, da; /* act(x) and its derivative */
         lmx_act_grad(g[i], act == LMX_ACT_SILU, &a, &da);

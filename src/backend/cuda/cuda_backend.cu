@@ -239,6 +239,8 @@ static lmx_status cuda_alloc(lmx_backend *be, lmx_tensor *t) {
     return LMX_OK;
 }
 
+static lmx_status cuda_op_alloc_raw(lmx_backend *be, lmx_tensor *t) { return cuda_alloc_raw((cuda_backend *)be, t); }
+
 static void cuda_release(lmx_backend *be, lmx_tensor *t) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
@@ -391,6 +393,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .free_bytes = */ cuda_free_bytes,
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
+    /* .alloc_raw = */ cuda_op_alloc_raw,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

@@ -114,21 +114,22 @@ static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
 /* ---- frozen matmul: dx += dy W ------------------------------------------------------------------ */
 
 /* cuBLAS is column-major: a row-major [M, K] is its K x M, so dx^T (K x M) += W^T (K x N) dy^T (N x M). */
-static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M) {
+static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M,
+                             unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || M <= 0) return st;
     const int N = (int)w->shape[0], K = (int)w->shape[1];
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f, *beta = fresh & 1 ? &zero : &one; /* dx written, or added to */
     const int quant = w->q.bits || w->q.ggml_type;
     if (!quant && w->dtype == LMX_DTYPE_F32)
         return blas(cb, cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, (const float *)w->data, K,
-                                    (const float *)dy->data, N, &one, (float *)dx->data, K), "matmul backward");
+                                    (const float *)dy->data, N, beta, (float *)dx->data, K), "matmul backward");
     __nv_bfloat16 *dy16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * N * 2);
     if (!dy16 || (st = cuda_narrow_bf16(cb, dy16, (const float *)dy->data, (int64_t)M * N))) return cb->base.err.status;
     if (!quant && w->dtype == LMX_DTYPE_BF16)
         return blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
-                                     CUDA_R_16BF, N, &one, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
+                                     CUDA_R_16BF, N, beta, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT), "matmul backward");
     int64_t block = CUDA_DEQUANT_BYTES / ((int64_t)K * 2);
     block = block < 64 ? 64 : block > N ? N : block;
@@ -138,8 +139,8 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
         const int nb = (int)(N - n0 < block ? N - n0 : block);
         if ((st = cuda_dequant_rows_bf16(cb, w, n0, nb, wb))) return st;
         if ((st = blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, nb, &one, wb, CUDA_R_16BF, K,
-                                        dy16 + n0, CUDA_R_16BF, N, &one, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT), "matmul backward")))
+                                        dy16 + n0, CUDA_R_16BF, N, n0 ? &one : beta, dx->data, CUDA_R_32F, K,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "matmul backward")))
             return st;
     }
     return LMX_OK;
@@ -168,7 +169,7 @@ static lmx_status hgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_
  * then A and u are narrowed into h16 [r K + rows r] for the two products that read x). */
 static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy, const float *x,
                                    const __nv_bfloat16 *x16, int rows, int K, int N, const lmx_lora_pair *p, float *t,
-                                   __nv_bfloat16 *h16) {
+                                   __nv_bfloat16 *h16, float dx_beta) {
     const int r = (int)p->a.shape[0];
     const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
     float *u = t + (size_t)rows * r;
@@ -188,12 +189,13 @@ static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float
     } else if (!st) {
         st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x, K, u, r, 1.0f, da, K);
     }
-    if (!st && dx) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, K, rows, r, 1.0f, A, K, u, r, 1.0f, dx, K);
+    if (!st && dx) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, K, rows, r, 1.0f, A, K, u, r, dx_beta, dx, K);
     return st;
 }
 
 static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
-                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs) {
+                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
+                           unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
@@ -219,13 +221,17 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
     for (int b0 = 0; b0 < B && !st;) {
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
+        const int64_t r0 = (int64_t)b0 * T;
         if (pairs[b0]) {
-            const int64_t r0 = (int64_t)b0 * T;
             st = lora_segment_bwd(cb, dx ? (float *)dx->data + r0 * K : NULL, (float *)da[b0]->data,
                                   (float *)db[b0]->data, (const float *)dy->data + r0 * N,
                                   half ? NULL : (const float *)x->data + r0 * K,
                                   half ? (const __nv_bfloat16 *)x->data + r0 * K : NULL, (b1 - b0) * T, (int)K, (int)N,
-                                  pairs[b0], t, h16);
+                                  pairs[b0], t, h16, fresh & 1 ? 0.0f : 1.0f);
+        } else if (dx && (fresh & 1)) { /* no pair: a fresh dx's rows are zeros */
+            const cudaError_t e = cudaMemsetAsync((float *)dx->data + r0 * K, 0, (size_t)(b1 - b0) * T * K * sizeof(float),
+                                                  cb->stream);
+            if (e != cudaSuccess) st = cuda_fail(cb, e, "lora backward");
         }
         b0 = b1;
     }
@@ -234,18 +240,21 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
 
 /* ---- elementwise -------------------------------------------------------------------------------- */
 
+/* fresh (backward.h): bit 0 dg, bit 1 du written, not added to */
 template <typename G, typename U>
-__global__ void k_glu_bwd(float *dg, float *du, const float *dy, const G *g, const U *u, int64_t n, int act) {
+__global__ void k_glu_bwd(float *dg, float *du, const float *dy, const G *g, const U *u, int64_t n, int act,
+                          unsigned fresh) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, da; /* act(x) and its derivative */
         lmx_act_grad(cuda_ld_f(g + i), act == LMX_ACT_SILU, &a, &da);
-        dg[i] += dy[i] * cuda_ld_f(u + i) * da;
-        du[i] += dy[i] * a;
+        const float d = dy[i], gi = d * cuda_ld_f(u + i) * da, ui = d * a;
+        dg[i] = fresh & 1 ? gi : dg[i] + gi;
+        du[i] = fresh & 2 ? ui : du[i] + ui;
     }
 }
 
 static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
-                          const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act) {
+                          const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
@@ -255,10 +264,10 @@ static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, c
     const int g16 = gate->dtype == LMX_DTYPE_BF16, u16 = up->dtype == LMX_DTYPE_BF16; /* keeps, or f32 */
     const __nv_bfloat16 *gh = (const __nv_bfloat16 *)gate->data, *uh = (const __nv_bfloat16 *)up->data;
     const float *gf = (const float *)gate->data, *uf = (const float *)up->data;
-    if (g16 && u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uh, n, (int)act);
-    else if (g16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uf, n, (int)act);
-    else if (u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uh, n, (int)act);
-    else k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uf, n, (int)act);
+    if (g16 && u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uh, n, (int)act, fresh);
+    else if (g16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uf, n, (int)act, fresh);
+    else if (u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uh, n, (int)act, fresh);
+    else k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uf, n, (int)act, fresh);
     return cuda_check_launch(cb, "glu backward");
 }
 
