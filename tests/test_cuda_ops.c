@@ -46,7 +46,64 @@ static void test_matmul_case(const char *name, lmx_dtype dt, int bits, int group
     test_matmul_case_sdt(name, dt, bits, group, gtype, N, K, M, with_bias, tol, LMX_DTYPE_BF16);
 }
 
+/* training's inputs (backend.h matmul): x a bf16 keep on the gpu, the same rounded values in f32 on the
+ * cpu; the GEMM takes bf16 or quantized weights as they are, other weights and GEMV-sized M widen x first */
+static lmx_tensor bf16_act(int64_t rows, int64_t cols, float *x) {
+    uint16_t *h = malloc((size_t)(rows * cols) * 2);
+    for (int64_t i = 0; i < rows * cols; i++) h[i] = lmx_f32_to_bf16(x[i]), x[i] = lmx_bf16_to_f32(h[i]);
+    lmx_tensor t = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, cols}};
+    CHECK(gpu->ops->alloc(gpu, &t) == LMX_OK);
+    CHECK(gpu->ops->write(gpu, &t, 0, h, (size_t)(rows * cols) * 2) == LMX_OK);
+    free(h);
+    return t;
+}
+
+static void test_matmul_bf16_x(const char *name, lmx_dtype dt, int bits, int gtype, int N, int K, int M) {
+    wpair w = make_weight(dt, bits, 64, gtype, N, K);
+    float *x = rand_vec((int64_t)M * K, 1.0f);
+    lmx_tensor xg = bf16_act(M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, NULL), yc = act(cpu, M, N, NULL);
+    CHECK(gpu->ops->matmul(gpu, &yg, &xg, &w.g, NULL, M) == LMX_OK);
+    CHECK(cpu->ops->matmul(cpu, &yc, &xc, &w.c, NULL, M) == LMX_OK);
+    char what[128];
+    snprintf(what, sizeof what, "matmul of a bf16 x, %s N=%d K=%d M=%d", name, N, K, M);
+    compare(what, &yg, &yc, (int64_t)M * N, dt == LMX_DTYPE_F32 ? 1e-4 : 5e-3);
+    free_pair(&xg, &xc);
+    free_pair(&yg, &yc);
+    free(x);
+}
+
+/* the lora op on a bf16 x: B = 3 sequences of T rows, pairs p, none, p */
+static void test_lora_bf16_x(int T) {
+    const int B = 3, K = 96, N = 72, r = 8, M = B * T;
+    float *a = rand_vec(r * K, 0.3f), *b = rand_vec(N * r, 0.3f), *x = rand_vec((int64_t)M * K, 1.0f);
+    float *y0 = rand_vec((int64_t)M * N, 1.0f);
+    lmx_tensor ag = act(gpu, r, K, a), ac = act(cpu, r, K, a), bg = act(gpu, N, r, b), bc = act(cpu, N, r, b);
+    const lmx_lora_pair pg = {ag, bg, 0.7f}, pc = {ac, bc, 0.7f};
+    const lmx_lora_pair *pairs_g[3] = {&pg, NULL, &pg}, *pairs_c[3] = {&pc, NULL, &pc};
+    lmx_tensor xg = bf16_act(M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, y0), yc = act(cpu, M, N, y0);
+    CHECK(gpu->ops->lora(gpu, &yg, &xg, B, T, pairs_g) == LMX_OK);
+    CHECK(cpu->ops->lora(cpu, &yc, &xc, B, T, pairs_c) == LMX_OK);
+    char what[64];
+    snprintf(what, sizeof what, "lora of a bf16 x, T=%d", T);
+    compare(what, &yg, &yc, (int64_t)M * N, 1e-3);
+    free_pair(&xg, &xc);
+    free_pair(&yg, &yc);
+    free_pair(&ag, &ac);
+    free_pair(&bg, &bc);
+    free(a), free(b), free(x), free(y0);
+}
+
 static void test_matmul(void) {
+    const int Mb[] = {3, 40, 300};
+    for (size_t i = 0; i < sizeof Mb / sizeof Mb[0]; i++) {
+        test_matmul_bf16_x("bf16", LMX_DTYPE_BF16, 0, 0, 130, 256, Mb[i]);
+        test_matmul_bf16_x("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 70, 512, Mb[i]);
+        test_matmul_bf16_x("mlx q4", LMX_DTYPE_U32, 4, 0, 50, 256, Mb[i]);
+        test_matmul_bf16_x("f32", LMX_DTYPE_F32, 0, 0, 33, 100, Mb[i]);
+    }
+    test_lora_bf16_x(1);
+    test_lora_bf16_x(40);
+
     /* bf16 / f16 (2..16 rows) and MLX 4-bit (2..32) run on the tensor cores with x rounded to bf16 (f16), as the
      * cuBLAS GEMMs beyond take it; odd K (not a multiple of 8) and f32 weights stay on the CUDA cores.
      * N from a few rows (K split among blocks) to 40000 (no split), K not a multiple of 32. */

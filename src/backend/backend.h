@@ -148,7 +148,9 @@ typedef struct lmx_backend_ops {
     /* out[m] = x[m] / rms(x[m]) * (w + add_one)             x, out [rows, n], w [n] */
     lmx_status (*rmsnorm)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
                           const lmx_tensor *w, int rows, int n, float eps, float add_one);
-    /* out[m, :] = x[m, :] @ w^T + bias                    x [M, K], w [N, K], out [M, N] */
+    /* out[m, :] = x[m, :] @ w^T + bias                    x [M, K], w [N, K], out [M, N]
+     * (x, as lora's x, f32; or, in training, the backend's bf16 keep of it where its keeps are bf16:
+     * backward.h keep, which the tape makes once for the ops that read one input) */
     lmx_status (*matmul)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
                          const lmx_tensor *w, const lmx_tensor *bias, int M);
     /* Unmerged LoRA over a batch of B sequences of T rows (M = B*T), each with its own pair or none:

@@ -74,6 +74,7 @@ struct lmx_tape {
     int n_watches, cap_watches;
     tape_keep *keeps;
     int n_keeps, cap_keeps;
+    int shared;                  /* keep id + 1 of the input last handed to matmul / lora as its copy (0: none) */
     double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
     double *prof_fwd;            /* non-NULL: seconds of each kind's recorded forward op (savings included) */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
@@ -146,12 +147,13 @@ static int new_var(lmx_tape *t, const void *data, int64_t rows, int64_t cols, in
 }
 
 /* Record slot *id reads x's first rows * cols floats as they are now: a keep, shared with the records
- * that read the same version. */
+ * that read the same version (copied already or not: a buffer written gets a new version). */
 static lmx_status save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, int64_t cols) {
     const int v = var_of(t, x->data);
     for (int i = t->n_keeps - 1; i >= 0; i--) {
         tape_keep *k = &t->keeps[i];
-        if (k->refs > 0 && !k->copy.data && k->src == x->data && k->var == v && k->rows == rows && k->cols == cols) {
+        if (k->refs > 0 && (!k->copy.data || v >= 0) && k->src == x->data && k->var == v && k->rows == rows &&
+            k->cols == cols) {
             k->refs++;
             *id = i;
             return LMX_OK;
@@ -189,6 +191,31 @@ static lmx_tensor kept(const lmx_tape *t, int id) {
 static void unkeep(lmx_tape *t, int id) {
     tape_keep *k = &t->keeps[id];
     if (--k->refs == 0 && k->copy.data) t->in->ops->release(t->in, &k->copy);
+}
+
+/* What matmul and lora read of input x [rows, cols]: where the backend keeps activations in bf16, the
+ * keep of x's version, copied now (the op reads it instead of narrowing x itself, and the records that
+ * keep x share it: q, k and v, or gate and up, narrow their input once); else x.  The tape holds the
+ * last such copy (t->shared) until the next. */
+static const lmx_tensor *shared_input(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
+    if (x->dtype != LMX_DTYPE_F32 || t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || var_of(t, x->data) < 0) return x;
+    int id;
+    if (save(t, &id, x, rows, cols)) {
+        lmx_err_clear(&t->base.err);
+        return x;
+    }
+    tape_keep *k = &t->keeps[id];
+    if (!k->copy.data) {
+        const lmx_tensor xv = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, cols}, .data = x->data};
+        if (t->bwd->keep(t->in, &k->copy, &xv) != LMX_OK) { /* the op narrows x itself */
+            k->copy.data = NULL;
+            unkeep(t, id);
+            return x;
+        }
+    }
+    if (t->shared) unkeep(t, t->shared - 1);
+    t->shared = id + 1;
+    return &k->copy;
 }
 
 static tape_rec *new_rec(lmx_tape *t, int op) {
@@ -243,7 +270,7 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
     lmx_status st = guard(t, out->data);
-    if (!st) st = pass(t, t->in->ops->matmul(t->in, out, x, w, bias, M));
+    if (!st) st = pass(t, t->in->ops->matmul(t->in, out, shared_input(t, x, M, w->shape[1]), w, bias, M));
     if (st) return st;
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
@@ -298,7 +325,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
     }
     lmx_status st = guard(t, y->data);
-    if (!st) st = pass(t, t->in->ops->lora(t->in, y, drop ? &r->own : x, B, T, pairs));
+    if (!st) st = pass(t, t->in->ops->lora(t->in, y, drop ? &r->own : shared_input(t, x, rows, K), B, T, pairs));
     if (st) return st;
     if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
     const int v = new_var(t, y->data, rows, N, 1);
@@ -618,6 +645,8 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
 void lmx_tape_reset(lmx_tape *t) {
+    if (t->shared) unkeep(t, t->shared - 1);
+    t->shared = 0;
     for (int i = 0; i < t->n_recs; i++) rec_free(t, &t->recs[i]);
     for (int i = 0; i < t->n_vars; i++)
         if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);

@@ -486,23 +486,6 @@ static lmx_status attn_tile(cuda_backend *cb, const lmx_attn_args *a, const floa
     return st;
 }
 
-__global__ void k_widen_bf16(float *__restrict__ y, const __nv_bfloat16 *__restrict__ x, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = __bfloat162float(x[i]);
-}
-
-/* *dst = a new f32 copy of bf16 x (a keep, for an op that reads f32) */
-static lmx_status widen(cuda_backend *cb, lmx_tensor *dst, const lmx_tensor *x) {
-    lmx_backend *be = &cb->base;
-    lmx_status st;
-    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
-    if ((st = cuda_alloc_raw(cb, dst))) return st;
-    const int64_t n = lmx_tensor_nelem(dst);
-    k_widen_bf16<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)dst->data, (const __nv_bfloat16 *)x->data, n);
-    if ((st = cuda_check_launch(cb, "widen"))) be->ops->release(be, dst);
-    return st;
-}
-
 static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
                                 const lmx_attn_args *a, const int *windows) {
     cuda_backend *cb = (cuda_backend *)be;
@@ -528,7 +511,7 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
         memset(w, 0, sizeof w);
         const lmx_tensor *in[3] = {a->q, a->k, a->v};
         for (int i = 0; i < 3 && !st; i++)
-            if (in[i]->dtype != LMX_DTYPE_F32 && !(st = widen(cb, &w[i], in[i]))) in[i] = &w[i];
+            if (in[i]->dtype != LMX_DTYPE_F32 && !(st = cuda_widen(cb, &w[i], in[i]))) in[i] = &w[i];
         lmx_attn_args af = *a;
         af.q = in[0], af.k = in[1], af.v = in[2];
         if (!st) st = bwd_attention(be, dq, dk, dv, dout, &af, windows);

@@ -567,7 +567,9 @@ static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, in
 /* The table entries (cuda_backend.cu). */
 lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs) {
-    return w_lora(be, y, x, B, T, pairs);
+    if (x->dtype == LMX_DTYPE_F32) return w_lora(be, y, x, B, T, pairs);
+    lmx_status st = cuda_graph_flush((cuda_backend *)be); /* training's bf16 keep: never in a decode graph */
+    return st ? st : cuda_lora(be, y, x, B, T, pairs);
 }
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s) {
     return w_embed(be, out, t, ids, M, s);
@@ -578,7 +580,9 @@ lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x
 }
 lmx_status cuda_op_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                           const lmx_tensor *bias, int M) {
-    return w_matmul(be, out, x, w, bias, M);
+    if (x->dtype == LMX_DTYPE_F32) return w_matmul(be, out, x, w, bias, M);
+    lmx_status st = cuda_graph_flush((cuda_backend *)be); /* training's bf16 keep: never in a decode graph */
+    return st ? st : cuda_matmul(be, out, x, w, bias, M);
 }
 lmx_status cuda_op_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) { return w_add(be, y, x, n); }
 lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, const lmx_tensor *u, int64_t n,

@@ -326,14 +326,25 @@ lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t 
 
 /* rows [r0, r0 + rows) share pair p: two GEMMs on the tensor cores in TF32 with f32 accumulation
  * (the low-rank delta is small next to the base output, so TF32's 10-bit mantissa costs nothing at the
- * bf16 criterion); cuBLAS is column-major: a row-major [M, K] is its K x M. */
-static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int64_t r0,
-                               int64_t rows, const lmx_lora_pair *p, float *t) {
+ * bf16 criterion); cuBLAS is column-major: a row-major [M, K] is its K x M.  With xb (x a training keep
+ * in bf16) the first product takes bf16 operands, A narrowed into a16 [r, K]. */
+static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, const __nv_bfloat16 *xb, int64_t K,
+                               int64_t N, int64_t r0, int64_t rows, const lmx_lora_pair *p, float *t,
+                               __nv_bfloat16 *a16) {
     int r = (int)p->a.shape[0];
     const float one = 1.0f, zero = 0.0f, s = p->scale;
-    cublasStatus_t st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)rows, (int)K, &one, p->a.data, CUDA_R_32F,
-                                     (int)K, x + r0 * K, CUDA_R_32F, (int)K, &zero, t, CUDA_R_32F, r,
-                                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st;
+    if (xb) {
+        lmx_status e = cuda_narrow_bf16(cb, a16, (const float *)p->a.data, (int64_t)r * K);
+        if (e) return e;
+        st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)rows, (int)K, &one, a16, CUDA_R_16BF, (int)K,
+                          xb + r0 * K, CUDA_R_16BF, (int)K, &zero, t, CUDA_R_32F, r, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
+    } else {
+        st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)rows, (int)K, &one, p->a.data, CUDA_R_32F, (int)K,
+                          x + r0 * K, CUDA_R_32F, (int)K, &zero, t, CUDA_R_32F, r, CUBLAS_COMPUTE_32F_FAST_TF32,
+                          CUBLAS_GEMM_DEFAULT);
+    }
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, r, &s, p->b.data, CUDA_R_32F, r, t,
                           CUDA_R_32F, r, &one, y + r0 * N, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F_FAST_TF32,
@@ -351,23 +362,37 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "cuda lora: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
     }
+    const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h) */
+    if (T == 1 && xb) { /* the decode kernels read f32 */
+        lmx_tensor wide;
+        lmx_status st = cuda_widen(cb, &wide, x);
+        if (st) return st;
+        st = cuda_lora_decode(cb, (float *)y->data, (const float *)wide.data, K, N, B, pairs);
+        be->ops->release(be, &wide);
+        return st;
+    }
     if (T == 1) return cuda_lora_decode(cb, (float *)y->data, (const float *)x->data, K, N, B, pairs);
-    int64_t seg_max = 0;
+    int64_t seg_max = 0, rk = 0;
     for (int b0 = 0; b0 < B;) {
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0]) b1++;
         if (pairs[b0] && (int64_t)(b1 - b0) * T * pairs[b0]->a.shape[0] > seg_max)
             seg_max = (int64_t)(b1 - b0) * T * pairs[b0]->a.shape[0];
+        if (pairs[b0] && pairs[b0]->a.shape[0] * K > rk) rk = pairs[b0]->a.shape[0] * K;
         b0 = b1;
     }
-    float *t = seg_max ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)seg_max * sizeof(float)) : NULL;
+    /* t [rows, r] (f32), then with xb A as bf16 [r, K] */
+    const int64_t t_len = (seg_max + 7) & ~(int64_t)7; /* a16 16-byte aligned */
+    float *t = seg_max ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)t_len * sizeof(float) + (xb ? rk * 2 : 0))
+                       : NULL;
     if (seg_max && !t) return cb->base.err.status;
     for (int b0 = 0; b0 < B;) {
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0]) b1++;
         if (pairs[b0]) {
-            lmx_status st = lora_segment(cb, (float *)y->data, (const float *)x->data, K, N, (int64_t)b0 * T,
-                                         (int64_t)(b1 - b0) * T, pairs[b0], t);
+            lmx_status st = lora_segment(cb, (float *)y->data, xb ? NULL : (const float *)x->data,
+                                         xb ? (const __nv_bfloat16 *)x->data : NULL, K, N, (int64_t)b0 * T,
+                                         (int64_t)(b1 - b0) * T, pairs[b0], t, xb ? (__nv_bfloat16 *)(t + t_len) : NULL);
             if (st) return st;
         }
         b0 = b1;

@@ -91,6 +91,10 @@ __global__ void k_narrow_bf16(__nv_bfloat16 *dst, const float *src, int64_t n, f
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16(scale == 1.0f ? src[i] : src[i] * scale); /* 1: no flush of denormals */
 }
+__global__ void k_widen_bf16(float *dst, const __nv_bfloat16 *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
 __global__ void k_narrow_f16(__half *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = __float2half(src[i]);
@@ -124,8 +128,9 @@ static lmx_status gemm16(cuda_backend *cb, const void *x16, const void *w16, cud
     return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul");
 }
 
-static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const lmx_tensor *w, float *y, int M, int N,
-                              int K) {
+/* x f32, or xb non-NULL: x already bf16 (a training keep) for a bf16 or quantized w */
+static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloat16 *xb, const lmx_tensor *w, float *y,
+                              int M, int N, int K) {
     lmx_status st;
     if (!w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_F32) {
         const float one = 1.0f, zero = 0.0f;
@@ -134,9 +139,11 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const lmx_tensor
         return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul");
     }
     int f16 = !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_F16;
-    void *x16 = cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * K * 2);
+    void *x16 = xb ? (void *)xb : cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * K * 2);
     if (!x16) return cb->base.err.status;
-    if (f16) {
+    if (xb) {
+        st = LMX_OK;
+    } else if (f16) {
         k_narrow_f16<<<grid_for((int64_t)M * K), 256, 0, cb->stream>>>((__half *)x16, x, (int64_t)M * K);
         st = cuda_check_launch(cb, "matmul");
     } else {
@@ -160,6 +167,18 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const lmx_tensor
 
 /* ---- the op ------------------------------------------------------------------------------------ */
 
+/* *wide = an f32 copy of bf16 x [n] (released by the caller) */
+lmx_status cuda_widen(cuda_backend *cb, lmx_tensor *wide, const lmx_tensor *x) {
+    *wide = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = x->ndim};
+    memcpy(wide->shape, x->shape, sizeof wide->shape);
+    lmx_status st = cuda_alloc_raw(cb, wide);
+    if (st) return st;
+    const int64_t n = lmx_tensor_nelem(x);
+    k_widen_bf16<<<grid_for(n), 256, 0, cb->stream>>>((float *)wide->data, (const __nv_bfloat16 *)x->data, n);
+    if ((st = cuda_check_launch(cb, "widen"))) cb->base.ops->release(&cb->base, wide);
+    return st;
+}
+
 lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                        const lmx_tensor *bias, int M) {
     cuda_backend *cb = (cuda_backend *)be;
@@ -170,6 +189,19 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     const int quant = w->q.bits || w->q.ggml_type;
     lmx_status st;
     const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
+    if (x->dtype == LMX_DTYPE_BF16) { /* a training keep (backend.h): the GEMM takes it as it is */
+        if (M > (quant ? QGEMV_MAX_ROWS : rows) && (quant || w->dtype == LMX_DTYPE_BF16)) {
+            if ((st = matmul_gemm(cb, NULL, (const __nv_bfloat16 *)x->data, w, y, M, N, K))) return st;
+            if (!bias) return LMX_OK;
+            k_add_bias<<<grid_for((int64_t)M * N), 256, 0, cb->stream>>>(y, bias->data, bias->dtype, M, N);
+            return cuda_check_launch(cb, "matmul bias");
+        }
+        lmx_tensor wide; /* elsewhere in f32 */
+        if ((st = cuda_widen(cb, &wide, x))) return st;
+        st = cuda_matmul(be, out, &wide, w, bias, M);
+        be->ops->release(be, &wide);
+        return st;
+    }
     if (M <= (quant ? QGEMV_MAX_ROWS : rows)) {
         for (int m0 = 0; m0 < M; m0 += rows) { /* quantized: each chunk of rows streams w once */
             const int mc = M - m0 < rows ? M - m0 : rows;
@@ -180,7 +212,7 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
         }
         return LMX_OK;
     }
-    if ((st = matmul_gemm(cb, xs, w, y, M, N, K))) return st;
+    if ((st = matmul_gemm(cb, xs, NULL, w, y, M, N, K))) return st;
     if (bias) {
         k_add_bias<<<grid_for((int64_t)M * N), 256, 0, cb->stream>>>(y, bias->data, bias->dtype, M, N);
         return cuda_check_launch(cb, "matmul bias");
