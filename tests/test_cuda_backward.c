@@ -64,11 +64,11 @@ static void test_rmsnorm(lmx_dtype dt, int n, float one, int kept) {
 static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int N, int K, int M, double tol) {
     wpair w = make_weight(dt, bits, 64, gtype, N, K);
     for (unsigned fresh = 0; fresh < 2; fresh++) {
-        tpair dy = rand_both(M, N, 1.0f), dx = rand_both(M, K, 0.5f);
+        tpair dy = rand_in(M, N, 1.0f, fresh), dx = rand_both(M, K, 0.5f); /* dy also as the tape's bf16 copy */
         CHECK(lmx_cuda_backward.matmul_bwd(gpu, &dx.g, &dy.g, &w.g, M, fresh) == LMX_OK);
         CHECK(lmx_cpu_backward.matmul_bwd(cpu, &dx.c, &dy.c, &w.c, M, fresh) == LMX_OK);
-        char what[80];
-        snprintf(what, sizeof what, "matmul backward (%s, %dx%d, M %d, fresh %u)", name, N, K, M, fresh);
+        char what[112];
+        snprintf(what, sizeof what, "matmul backward (%s, %dx%d, M %d, fresh %u, bf16 dy %u)", name, N, K, M, fresh, fresh);
         check_both(what, &dx, tol);
         drop(&dy);
     }
@@ -76,7 +76,7 @@ static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int
 
 /* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx; x kept in bf16
  * (then the products that read it take bf16 operands) */
-static void test_lora(int with_dx, int kept, unsigned fresh) {
+static void test_lora(int with_dx, int kept, unsigned fresh, int dy16) {
     const int B = 4, T = 5, K = 48, N = 40, r = 8;
     tpair a[2], b[2], da[2], db[2];
     lmx_lora_pair pg[2], pc[2];
@@ -88,10 +88,10 @@ static void test_lora(int with_dx, int kept, unsigned fresh) {
     const lmx_lora_pair *pairs_g[4] = {&pg[0], &pg[0], NULL, &pg[1]}, *pairs_c[4] = {&pc[0], &pc[0], NULL, &pc[1]};
     lmx_tensor *dag[4] = {&da[0].g, &da[0].g, NULL, &da[1].g}, *dbg[4] = {&db[0].g, &db[0].g, NULL, &db[1].g};
     lmx_tensor *dac[4] = {&da[0].c, &da[0].c, NULL, &da[1].c}, *dbc[4] = {&db[0].c, &db[0].c, NULL, &db[1].c};
-    tpair x = rand_in(B * T, K, 1.0f, kept), dy = rand_both(B * T, N, 1.0f), dx = rand_both(B * T, K, 0.1f);
+    tpair x = rand_in(B * T, K, 1.0f, kept), dy = rand_in(B * T, N, 1.0f, dy16), dx = rand_both(B * T, K, 0.1f);
     CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g, fresh) == LMX_OK);
     CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c, fresh) == LMX_OK);
-    const double tol = kept ? 1e-2 : 2e-3; /* TF32 products, as the forward; bf16 ones with a kept x */
+    const double tol = kept || dy16 ? 1e-2 : 2e-3; /* TF32 products, as the forward; bf16 ones with a kept x or dy */
     check_both("lora backward dx", &dx, tol);
     for (int i = 0; i < 2; i++) {
         check_both("lora backward dA", &da[i], tol);
@@ -260,11 +260,13 @@ int main(void) {
     test_matmul("mlx8", LMX_DTYPE_U32, 8, 0, 64, 192, 3, 1e-2);
     test_matmul("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 64, 512, 21, 1e-2);
     test_matmul("q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 50, 96, 12, 1e-2);
-    test_lora(1, 0, 0);
-    test_lora(0, 0, 0);
-    test_lora(1, 1, 0);
-    test_lora(1, 0, 1); /* dx written: its rows of the sequence without a pair are zeros */
-    test_lora(1, 1, 1);
+    test_lora(1, 0, 0, 0);
+    test_lora(0, 0, 0, 0);
+    test_lora(1, 1, 0, 0);
+    test_lora(1, 0, 1, 0); /* dx written: its rows of the sequence without a pair are zeros */
+    test_lora(1, 1, 1, 0);
+    test_lora(1, 1, 1, 1); /* dy as the tape's bf16 copy too */
+    test_lora(1, 0, 0, 1); /* an f32 x (dropout's copy) beside it */
     test_elementwise(0);
     test_elementwise(1);
     test_rope(64, 0);

@@ -28,6 +28,7 @@ typedef struct lmx_backward_ops {
     /* y = rmsnorm(x) * (w + add_one)                  dx += dy . dy/dx          x, dy, dx [rows, n] */
     lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
                               const lmx_tensor *w, int rows, int n, float eps, float add_one);
+    /* dy of matmul_bwd and lora_bwd: f32, or in keep_dtype (a copy the tape makes once for both) */
     /* y = x W^T + b                                   dx += dy W                dy [M, N], dx [M, K] */
     lmx_status (*matmul_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M,
                              unsigned fresh);

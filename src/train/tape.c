@@ -19,6 +19,8 @@ typedef struct tape_var {
     int64_t rows, cols;
     int requires;                /* depends on a watched pair */
     lmx_tensor grad;             /* f32 [rows, cols]; data NULL until backward reaches it */
+    lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged (or none):
+                                  * made for a LoRA record, read by the matmul record that produced y */
 } tape_var;
 
 typedef struct tape_rec {
@@ -644,12 +646,19 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
+/* var v's gradient is about to change: its bf16 copy is stale */
+static void drop16(lmx_tape *t, int v) {
+    if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
+}
+
 void lmx_tape_reset(lmx_tape *t) {
     if (t->shared) unkeep(t, t->shared - 1);
     t->shared = 0;
     for (int i = 0; i < t->n_recs; i++) rec_free(t, &t->recs[i]);
-    for (int i = 0; i < t->n_vars; i++)
+    for (int i = 0; i < t->n_vars; i++) {
         if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);
+        drop16(t, i);
+    }
     t->n_recs = t->n_vars = t->n_bufs = t->n_keeps = 0;
 }
 
@@ -667,6 +676,7 @@ void lmx_tape_free(lmx_tape *t) {
 /* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
 static lmx_tensor *grad_of(lmx_tape *t, int v) {
     tape_var *x = &t->vars[v];
+    drop16(t, v);
     if (!x->grad.data) {
         x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
         if (pass(t, t->in->ops->alloc(t->in, &x->grad))) return NULL;
@@ -684,6 +694,7 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
  * all of it, the buffer is not zeroed first and fresh gains bit (backward.h). */
 static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsigned *fresh) {
     tape_var *x = &t->vars[v];
+    drop16(t, v);
     if (x->grad.data || !t->in->ops->alloc_raw || x->rows * x->cols != n) return grad_of(t, v);
     x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
     if (pass(t, t->in->ops->alloc_raw(t->in, &x->grad))) return NULL;
@@ -700,6 +711,7 @@ static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsig
  * takes dy's buffer over when it has none yet (dy is used up then), else dy is added. */
 static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
     if (!requires(t, v)) return LMX_OK;
+    drop16(t, v);
     tape_var *x = &t->vars[v];
     if (!x->grad.data && x->rows * x->cols == lmx_tensor_nelem(dy)) {
         x->grad = *dy;
@@ -723,7 +735,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     case T_MATMUL: {
         unsigned fresh = 0;
         GRAD_FRESH(r->in[0], g0, (int64_t)r->M * r->w->shape[1], 1, fresh);
-        return g0 ? pass(t, bw->matmul_bwd(in, g0, dy, r->w, r->M, fresh)) : LMX_OK;
+        const lmx_tensor *d16 = &t->vars[r->out].grad16; /* the LoRA record's copy of dy, or none */
+        return g0 ? pass(t, bw->matmul_bwd(in, g0, d16->data ? d16 : dy, r->w, r->M, fresh)) : LMX_OK;
     }
     case T_LORA: { /* y's gradient passes on to y's input version (pass_grad, last: it may take dy over) */
         unsigned fresh = 0;
@@ -744,12 +757,24 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
             tmp = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
             st = pass(t, in->ops->alloc(in, &tmp));
         }
-        if (!st) st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy, x, r->bt.B, r->bt.T, r->pairs, fresh));
+        /* where keeps are bf16, dy once as bf16 for this op and the matmul record that made y (its
+         * input version, which takes dy over below) */
+        lmx_tensor dy16 = {0};
+        if (!st && t->bwd->keep_dtype(in) == LMX_DTYPE_BF16 && t->bwd->keep(in, &dy16, dy) != LMX_OK) dy16.data = NULL;
+        if (!st)
+            st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy16.data ? &dy16 : dy, x, r->bt.B, r->bt.T,
+                                      r->pairs, fresh));
         if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
         if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
         if (tmp.data) in->ops->release(in, &tmp);
         free(da);
-        return st ? st : pass_grad(t, r->in[0], dy);
+        if (!st) st = pass_grad(t, r->in[0], dy);
+        if (!st && dy16.data && !dy->data) { /* taken over whole: the copy goes with it */
+            t->vars[r->in[0]].grad16 = dy16;
+            dy16.data = NULL;
+        }
+        if (dy16.data) in->ops->release(in, &dy16);
+        return st;
     }
     case T_ADD: { /* y += x: both gain dy (x's first, as y's may take dy over) */
         const int64_t n = lmx_tensor_nelem(dy);
@@ -879,6 +904,7 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
         st = backward_rec(t, r, &t->vars[r->out].grad);
         if (t->prof) t->prof[r->op] += prof_lap(t, &dy, &t0);
         t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
+        drop16(t, r->out);
     }
     for (int i = mark; i < t->n_recs; i++) rec_free(t, &t->recs[i]); /* walked: forgotten */
     t->n_recs = mark;

@@ -122,11 +122,22 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     const float one = 1.0f, zero = 0.0f, *beta = fresh & 1 ? &zero : &one; /* dx written, or added to */
     const int quant = w->q.bits || w->q.ggml_type;
-    if (!quant && w->dtype == LMX_DTYPE_F32)
+    if (!quant && w->dtype == LMX_DTYPE_F32) {
+        if (dy->dtype == LMX_DTYPE_BF16) { /* the tape's bf16 copy: this product reads f32 */
+            lmx_tensor wide;
+            if ((st = cuda_widen(cb, &wide, dy))) return st;
+            st = bwd_matmul(be, dx, &wide, w, M, fresh);
+            be->ops->release(be, &wide);
+            return st;
+        }
         return blas(cb, cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, (const float *)w->data, K,
                                     (const float *)dy->data, N, beta, (float *)dx->data, K), "matmul backward");
-    __nv_bfloat16 *dy16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * N * 2);
-    if (!dy16 || (st = cuda_narrow_bf16(cb, dy16, (const float *)dy->data, (int64_t)M * N))) return cb->base.err.status;
+    }
+    __nv_bfloat16 *dy16 = (__nv_bfloat16 *)dy->data; /* dy as bf16: the tape's copy, or narrowed here */
+    if (dy->dtype != LMX_DTYPE_BF16) {
+        dy16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * N * 2);
+        if (!dy16 || (st = cuda_narrow_bf16(cb, dy16, (const float *)dy->data, (int64_t)M * N))) return cb->base.err.status;
+    }
     if (!quant && w->dtype == LMX_DTYPE_BF16)
         return blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
                                      CUDA_R_16BF, N, beta, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
@@ -166,14 +177,17 @@ static lmx_status hgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_
 
 /* rows of one segment (consecutive sequences sharing pair p): t = x A^T, u = s dy B ([rows, r] each,
  * column-major r x rows), then the three gradients.  x is f32 (TF32 products) or bf16 (x16: a bf16 keep;
- * then A and u are narrowed into h16 [r K + rows r] for the two products that read x). */
-static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy, const float *x,
-                                   const __nv_bfloat16 *x16, int rows, int K, int N, const lmx_lora_pair *p, float *t,
-                                   __nv_bfloat16 *h16, float dx_beta) {
+ * then A and u are narrowed into h16 for the two products that read x); dy is f32 or bf16 (dy16: the
+ * tape's copy, which matmul backward reads too; then B and t are narrowed for the two that read dy).
+ * h16: bf16 room for A [r, K], u and t [rows, r] and B [N, r]. */
+static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy,
+                                   const __nv_bfloat16 *dy16, const float *x, const __nv_bfloat16 *x16, int rows, int K,
+                                   int N, const lmx_lora_pair *p, float *t, __nv_bfloat16 *h16, float dx_beta) {
     const int r = (int)p->a.shape[0];
     const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
     float *u = t + (size_t)rows * r;
-    __nv_bfloat16 *A16 = h16, *u16 = h16 ? h16 + (size_t)r * K : NULL;
+    __nv_bfloat16 *A16 = h16, *u16 = h16 ? A16 + (size_t)r * K : NULL, *t16 = h16 ? u16 + (size_t)rows * r : NULL;
+    __nv_bfloat16 *B16 = h16 ? t16 + (size_t)rows * r : NULL;
     lmx_status st = LMX_OK;
     if (x16) {
         st = cuda_narrow_bf16(cb, A16, A, (int64_t)r * K);
@@ -181,8 +195,15 @@ static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float
     } else {
         st = sgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A, K, x, K, 0.0f, t, r);
     }
-    if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B, r, dy, N, 0.0f, u, r);
-    if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t, r, dy, N, 1.0f, db, r);   /* dB [N, r] */
+    if (dy16) { /* u = s dy B, dB [N, r] += s dy^T t */
+        if (!st) st = cuda_narrow_bf16(cb, B16, B, (int64_t)N * r);
+        if (!st) st = cuda_narrow_bf16(cb, t16, t, (int64_t)rows * r);
+        if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B16, r, dy16, N, 0.0f, u, r);
+        if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t16, r, dy16, N, 1.0f, db, r);
+    } else {
+        if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B, r, dy, N, 0.0f, u, r);
+        if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t, r, dy, N, 1.0f, db, r);
+    }
     if (!st && x16) { /* dA [r, K] */
         st = cuda_narrow_bf16(cb, u16, u, (int64_t)rows * r);
         if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x16, K, u16, r, 1.0f, da, K);
@@ -200,7 +221,7 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
-    int64_t need = 0, rk = 0;
+    int64_t need = 0, rmax = 0;
     for (int b0 = 0; b0 < B;) { /* segments: consecutive sequences with one pair and one gradient */
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
@@ -209,22 +230,23 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]",
                                b0, (long long)K, (long long)N);
         if (p && 2 * (int64_t)(b1 - b0) * T * p->a.shape[0] > need) need = 2 * (int64_t)(b1 - b0) * T * p->a.shape[0];
-        if (p && p->a.shape[0] * K > rk) rk = p->a.shape[0] * K;
+        if (p && p->a.shape[0] > rmax) rmax = p->a.shape[0];
         b0 = b1;
     }
-    const int half = x->dtype == LMX_DTYPE_BF16; /* then A and u in bf16 beside t and u: rk + need / 2 more */
-    float *t = need ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)need * sizeof(float) +
-                                                                       (half ? (size_t)(rk + need / 2) * 2 : 0))
-                    : NULL;
+    /* t and u [rows, r] f32, then with a bf16 x or dy the room lora_segment_bwd narrows into */
+    const int half = x->dtype == LMX_DTYPE_BF16, dyb = dy->dtype == LMX_DTYPE_BF16;
+    const size_t h16n = half || dyb ? (size_t)(rmax * K + need + rmax * N) : 0;
+    float *t = need ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)need * sizeof(float) + h16n * 2) : NULL;
     if (need && !t) return cb->base.err.status;
-    __nv_bfloat16 *h16 = half && need ? (__nv_bfloat16 *)(t + need) : NULL;
+    __nv_bfloat16 *h16 = h16n && need ? (__nv_bfloat16 *)(t + need) : NULL;
     for (int b0 = 0; b0 < B && !st;) {
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
         const int64_t r0 = (int64_t)b0 * T;
         if (pairs[b0]) {
             st = lora_segment_bwd(cb, dx ? (float *)dx->data + r0 * K : NULL, (float *)da[b0]->data,
-                                  (float *)db[b0]->data, (const float *)dy->data + r0 * N,
+                                  (float *)db[b0]->data, dyb ? NULL : (const float *)dy->data + r0 * N,
+                                  dyb ? (const __nv_bfloat16 *)dy->data + r0 * N : NULL,
                                   half ? NULL : (const float *)x->data + r0 * K,
                                   half ? (const __nv_bfloat16 *)x->data + r0 * K : NULL, (b1 - b0) * T, (int)K, (int)N,
                                   pairs[b0], t, h16, fresh & 1 ? 0.0f : 1.0f);
