@@ -708,12 +708,12 @@ static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsig
     } while (0)
 
 /* Var v's gradient gains the gradient dy of var from (the output of an op that passes it through): v
- * takes dy's buffer over when it has none yet (dy is used up then), else dy is added. */
+ * takes dy's buffer over when it has none yet and dy owns it (dy is used up then), else dy is added. */
 static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
     if (!requires(t, v)) return LMX_OK;
     drop16(t, v);
     tape_var *x = &t->vars[v];
-    if (!x->grad.data && x->rows * x->cols == lmx_tensor_nelem(dy)) {
+    if (!x->grad.data && dy->owned && x->rows * x->cols == lmx_tensor_nelem(dy)) {
         x->grad = *dy;
         x->grad.ndim = 2, x->grad.shape[0] = x->rows, x->grad.shape[1] = x->cols;
         memset(dy, 0, sizeof *dy);
@@ -888,7 +888,7 @@ static int seed_var(lmx_tape *t, const lmx_tensor *y, int64_t n) {
                     (long long)(t->vars[vy].rows * t->vars[vy].cols));
         return -1;
     }
-    return grad_of(t, vy) ? vy : -1;
+    return vy;
 }
 
 /* Walk the records from the last back to mark, then forget them. */
@@ -916,6 +916,14 @@ lmx_status lmx_tape_walk(lmx_tape *t, int mark) { return walk_back(t, mark); }
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark) {
     const int vy = seed_var(t, y, n);
     if (vy < 0) return t->base.err.status;
-    lmx_status st = pass(t, t->in->ops->add(t->in, &t->vars[vy].grad, dy, n));
+    tape_var *v = &t->vars[vy];
+    if (!v->grad.data && dy->data == y->data && dy->dtype == LMX_DTYPE_F32) {
+        /* the gradient written over the output (the loss's logits): read where it is, not copied; a view
+         * the walk's release leaves alone and pass_grad never hands on (the caller's buffer) */
+        v->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {v->rows, v->cols}, .data = dy->data};
+        return walk_back(t, mark);
+    }
+    if (!grad_of(t, vy)) return t->base.err.status;
+    lmx_status st = pass(t, t->in->ops->add(t->in, &v->grad, dy, n));
     return st ? st : walk_back(t, mark);
 }
