@@ -189,20 +189,16 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     const int quant = w->q.bits || w->q.ggml_type;
     lmx_status st;
     const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
-    if (x->dtype == LMX_DTYPE_BF16) { /* a training keep (backend.h): the GEMM takes it as it is */
-        if (M > (quant ? QGEMV_MAX_ROWS : rows) && (quant || w->dtype == LMX_DTYPE_BF16)) {
-            if ((st = matmul_gemm(cb, NULL, (const __nv_bfloat16 *)x->data, w, y, M, N, K))) return st;
-            if (!bias) return LMX_OK;
-            k_add_bias<<<grid_for((int64_t)M * N), 256, 0, cb->stream>>>(y, bias->data, bias->dtype, M, N);
-            return cuda_check_launch(cb, "matmul bias");
-        }
-        lmx_tensor wide; /* elsewhere in f32 */
+    const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows);
+    const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h): the GEMM takes it as it is */
+    if (xb && (gemv || (!quant && w->dtype != LMX_DTYPE_BF16))) { /* elsewhere x in f32 */
+        lmx_tensor wide;
         if ((st = cuda_widen(cb, &wide, x))) return st;
         st = cuda_matmul(be, out, &wide, w, bias, M);
         be->ops->release(be, &wide);
         return st;
     }
-    if (M <= (quant ? QGEMV_MAX_ROWS : rows)) {
+    if (gemv) {
         for (int m0 = 0; m0 < M; m0 += rows) { /* quantized: each chunk of rows streams w once */
             const int mc = M - m0 < rows ? M - m0 : rows;
             float *ym = y + (size_t)m0 * N;
@@ -212,7 +208,7 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
         }
         return LMX_OK;
     }
-    if ((st = matmul_gemm(cb, xs, NULL, w, y, M, N, K))) return st;
+    if ((st = matmul_gemm(cb, xb ? NULL : xs, xb ? (const __nv_bfloat16 *)x->data : NULL, w, y, M, N, K))) return st;
     if (bias) {
         k_add_bias<<<grid_for((int64_t)M * N), 256, 0, cb->stream>>>(y, bias->data, bias->dtype, M, N);
         return cuda_check_launch(cb, "matmul bias");
