@@ -602,7 +602,8 @@ static lmx_status bwd_gather_rows(lmx_backend *be, lmx_tensor *dx, const lmx_ten
 
 /* ---- the loss ------------------------------------------------------------------------------------- */
 
-/* One block per row of z [R, V]: loss[r] = w (logsumexp(z) - z[t]); with c != 0, z = c w (softmax(z) - onehot(t)). */
+/* One block per row of z [R, V]: loss[r] = w (logsumexp(z) - z[t]); with c != 0, z = c w (softmax(z) - onehot(t)).
+ * The row is read twice: once for its max and sum (online, as flash attention's softmax), once to write. */
 __global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, float c, float *loss) {
     __shared__ float sh[33];
     float *zr = z + (int64_t)blockIdx.x * V;
@@ -613,12 +614,14 @@ __global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, floa
         if (threadIdx.x == 0) loss[blockIdx.x] = 0.0f;
         return;
     }
-    float mx = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, zr[v]);
-    mx = block_reduce(mx, sh, 1);
-    float se = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) se += expf(zr[v] - mx);
-    se = block_reduce(se, sh, 0);
+    float mt = -INFINITY, st = 0.0f; /* this thread's max and its sum of exp(z - mt): one pass over the row */
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        const float x = zr[v];
+        if (x > mt) st = st * expf(mt - x) + 1.0f, mt = x;
+        else st += expf(x - mt);
+    }
+    const float mx = block_reduce(mt, sh, 1);
+    const float se = block_reduce(mt == -INFINITY ? 0.0f : st * expf(mt - mx), sh, 0);
     const float zt = zr[t];
     __syncthreads(); /* every thread has read z[t] before it is overwritten */
     if (threadIdx.x == 0) loss[blockIdx.x] = w * (logf(se) + mx - zt);
