@@ -122,6 +122,36 @@ static void test_elementwise(int kept) {
     drop(&y), drop(&dy);
 }
 
+/* glu_keep: in place (out = gate), the cuda glu op's output bit for bit (and the cpu's within the glu
+ * op's test tolerances), and the keeps equal to gate's and up's values rounded to bf16, bit for bit */
+static void test_glu_keep(void) {
+    const int64_t n = 3001;
+    for (int act_i = 0; act_i < 2; act_i++) {
+        const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
+        float *gv = rand_vec(n, 4.0f), *uv = rand_vec(n, 2.0f);
+        tpair g = both(1, n, gv), u = both(1, n, uv);
+        lmx_tensor gk = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {1, n}}, uk = gk;
+        CHECK(gpu->ops->alloc(gpu, &gk) == LMX_OK && gpu->ops->alloc(gpu, &uk) == LMX_OK);
+        lmx_tensor plain = act(gpu, 1, n, gv);
+        CHECK(gpu->ops->glu(gpu, &plain, &plain, &u.g, n, a) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, a, &gk, &uk) == LMX_OK);
+        CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, a) == LMX_OK);
+        float *o1 = fetch(gpu, &plain, n), *o2 = fetch(gpu, &g.g, n);
+        CHECK_MSG(!memcmp(o1, o2, (size_t)n * 4), "glu_keep (act %d): output differs from the glu op's", act_i);
+        free(o1), free(o2);
+        gpu->ops->release(gpu, &plain);
+        uint16_t *hg = malloc((size_t)n * 2), *hu = malloc((size_t)n * 2);
+        CHECK(gpu->ops->read(gpu, &gk, 0, hg, (size_t)n * 2) == LMX_OK && gpu->ops->read(gpu, &uk, 0, hu, (size_t)n * 2) == LMX_OK);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += hg[i] != lmx_f32_to_bf16(gv[i]) || hu[i] != lmx_f32_to_bf16(uv[i]);
+        CHECK_MSG(bad == 0, "glu_keep (act %d): %lld keeps differ from the values rounded to bf16", act_i, (long long)bad);
+        check_both(act_i ? "glu_keep output (gelu)" : "glu_keep output (silu)", &g, act_i ? 1e-4 : 1e-5);
+        drop(&u);
+        gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk);
+        free(hg), free(hu), free(gv), free(uv);
+    }
+}
+
 static void test_rope(int rot_dim, int interleaved) {
     const int B = 2, T = 5, nh = 3, hd = 64, past[2] = {0, 0}, nnew[2] = {5, 3};
     float inv[32];
@@ -269,6 +299,7 @@ int main(void) {
     test_lora(1, 0, 0, 1); /* an f32 x (dropout's copy) beside it */
     test_elementwise(0);
     test_elementwise(1);
+    test_glu_keep();
     test_rope(64, 0);
     test_rope(64, 1);
     test_rope(32, 0);

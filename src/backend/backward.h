@@ -79,6 +79,11 @@ typedef struct lmx_backward_ops {
      * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps (keep_dtype). */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     lmx_dtype (*keep_dtype)(const lmx_backend *be);
+    /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's
+     * values into gk and uk, which the caller allocated in keep_dtype and gate's shape: one pass over
+     * gate and up where the op and their two keeps take three. */
+    lmx_status (*glu_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                           lmx_act act, lmx_tensor *gk, lmx_tensor *uk);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

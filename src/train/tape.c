@@ -369,8 +369,24 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
         if (st) return st;
         r->in[0] = vg, r->in[1] = vu, r->count = n, r->act = act;
     }
+    /* where the backend can, the op writes gate's and up's bf16 keeps in its pass (their copies are
+     * allocated first, so that guard leaves them alone) */
+    tape_keep *kg = NULL, *ku = NULL;
+    if (r && t->bwd->glu_keep && t->bwd->keep_dtype(t->in) == LMX_DTYPE_BF16 && r->keep[0] != r->keep[1] &&
+        !t->keeps[r->keep[0]].copy.data && !t->keeps[r->keep[1]].copy.data) {
+        kg = &t->keeps[r->keep[0]], ku = &t->keeps[r->keep[1]];
+        lmx_status (*alloc)(lmx_backend *, lmx_tensor *) = t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc;
+        kg->copy = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {kg->rows, kg->cols}};
+        ku->copy = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {ku->rows, ku->cols}};
+        if (alloc(t->in, &kg->copy) || alloc(t->in, &ku->copy)) { /* the plain op, keeps copied later */
+            if (kg->copy.data) t->in->ops->release(t->in, &kg->copy);
+            kg->copy.data = ku->copy.data = NULL;
+            kg = ku = NULL;
+        }
+    }
     lmx_status st = guard(t, out->data);
-    if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
+    if (!st && kg) st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy));
+    else if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
     if (st) return st;
     const int v = new_var(t, out->data, n / cols, cols, req);
     if (v < 0) return nomem(t);

@@ -736,6 +736,30 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     return cuda_check_launch(cb, "dropout");
 }
 
+/* out = act(g) u as the glu op computes it (out may be g), and bf16 copies of g and u */
+__global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, const float *g, const float *u, int64_t n,
+                           int act) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float gi = g[i], ui = u[i];
+        gk[i] = __float2bfloat16(gi);
+        uk[i] = __float2bfloat16(ui);
+        o[i] = glu_act(gi, act) * ui;
+    }
+}
+
+static lmx_status bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                               lmx_act act, lmx_tensor *gk, lmx_tensor *uk) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: bf16 keeps only");
+    k_glu_keep<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (__nv_bfloat16 *)gk->data,
+                                                       (__nv_bfloat16 *)uk->data, (const float *)gate->data,
+                                                       (const float *)up->data, n, (int)act);
+    return cuda_check_launch(cb, "glu");
+}
+
 /* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), which the backward ops read as they are
  * (attention widens its q, k and v first). */
 static lmx_dtype bwd_keep_dtype(const lmx_backend *be) {
@@ -774,4 +798,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .dropout = */ bwd_dropout,
     /* .keep = */ bwd_keep,
     /* .keep_dtype = */ bwd_keep_dtype,
+    /* .glu_keep = */ bwd_glu_keep,
 };
