@@ -7,83 +7,7 @@
  * just before an op writes it, or it is released; records that read one version share one keep.  So a
  * value that survives until backward (a checkpointed layer's last activations) is never copied, and
  * q, k and v's LoRA records keep their one input once. */
-#include "tape.h"
-
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-enum { T_RMSNORM = 1, T_MATMUL, T_LORA, T_ADD, T_GLU, T_SOFTCAP, T_ROPE, T_ATTENTION, T_GATHER };
-
-typedef struct tape_var {
-    int64_t rows, cols;
-    int requires;                /* depends on a watched pair */
-    lmx_tensor grad;             /* f32 [rows, cols]; data NULL until backward reaches it */
-    lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged (or none):
-                                  * made for a LoRA record, read by the matmul record that produced y */
-} tape_var;
-
-typedef struct tape_rec {
-    int op;
-    int out, in[3];              /* var ids; -1: none (a constant) */
-    int keep[4];                 /* keeps of what the backward op reads; -1: none */
-    lmx_tensor own;              /* lora with dropout: the dropped input, which backward reads (owned) */
-    lmx_tensor lse;              /* attention: the log-sum-exp the forward wrote [B, H, T] (owned), or none */
-    const lmx_tensor *w;         /* rmsnorm / matmul weight (the model's) */
-    int rows, n, M, nh, hd, R;
-    int64_t count;
-    float eps, one, cap;
-    float drop;                  /* lora: dropout on the input (own is the dropped input) */
-    uint64_t seed;               /* lora: its mask's seed */
-    lmx_act act;
-    lmx_rope rope;
-    lmx_batch bt;                /* n_past / n_new point into ints */
-    int *ints;                   /* owned: batch n_past[B], n_new[B], windows[B]; gather rows[R] */
-    const lmx_lora_pair **pairs; /* owned [B] */
-    lmx_attn_args attn;          /* H, Hk, D, scale, softcap (no pointers: records move) */
-} tape_rec;
-
-typedef struct tape_keep {
-    const void *src;             /* the buffer that held the value when it was kept */
-    int64_t rows, cols;          /* its first rows * cols floats */
-    int var;                     /* the version kept (-1: a buffer the tape never saw written) */
-    int refs;                    /* records reading it; 0: dropped */
-    lmx_tensor copy;             /* data NULL while src still holds the value */
-} tape_keep;
-
-typedef struct tape_watch {
-    const void *a;               /* the pair's a.data */
-    lmx_tensor *da, *db;
-} tape_watch;
-
-typedef struct tape_buf {
-    const void *data;
-    int var;
-} tape_buf;
-
-struct lmx_tape {
-    lmx_backend base;            /* first: the recording backend */
-    lmx_backend_ops ops;
-    lmx_backend *in;
-    const lmx_backward_ops *bwd;
-    tape_var *vars;
-    int n_vars, cap_vars;
-    tape_buf *bufs;
-    int n_bufs, cap_bufs;
-    tape_rec *recs;
-    int n_recs, cap_recs;
-    tape_watch *watches;
-    int n_watches, cap_watches;
-    tape_keep *keeps;
-    int n_keeps, cap_keeps;
-    int shared;                  /* keep id + 1 of the input last handed to matmul / lora as its copy (0: none) */
-    double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
-    double *prof_fwd;            /* non-NULL: seconds of each kind's recorded forward op (savings included) */
-    float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
-    uint64_t drop_seed;
-};
-
-#define TAPE(be) ((lmx_tape *)(be))
+#include "tape_internal.h"
 
 static lmx_status grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return LMX_OK;
@@ -96,24 +20,6 @@ static lmx_status grow(void **p, int *cap, int need, size_t size) {
     return LMX_OK;
 }
 
-/* inner's error, as the tape's */
-static lmx_status pass(lmx_tape *t, lmx_status st) {
-    if (st) lmx_err_set(&t->base.err, st, "%s", t->in->err.msg);
-    return st;
-}
-static lmx_status nomem(lmx_tape *t) { return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: out of memory"); }
-
-/* With t->prof or prof_fwd: wait for inner (a read waits for every op before it); the seconds since *t0 */
-static double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0) {
-    float v;
-    t->in->ops->read(t->in, x, 0, &v, sizeof v);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double now = ts.tv_sec + ts.tv_nsec * 1e-9, d = now - *t0;
-    *t0 = now;
-    return d;
-}
-
 /* With t->prof_fwd: a forward op's seconds (x: a tensor it writes; its start waited for at *t0) */
 static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0, lmx_status st) {
     if (t->prof_fwd && !st && *t0 > 0) t->prof_fwd[kind] += prof_lap(t, x, t0);
@@ -124,13 +30,6 @@ static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0
     if (t->prof_fwd) prof_lap(t, (x), &fwd_t0)
 
 /* ---- vars and buffers ---------------------------------------------------------------------------- */
-
-static int var_of(const lmx_tape *t, const void *data) {
-    for (int i = t->n_bufs - 1; i >= 0; i--)
-        if (t->bufs[i].data == data) return t->bufs[i].var;
-    return -1;
-}
-static int requires(const lmx_tape *t, int v) { return v >= 0 && t->vars[v].requires; }
 
 /* A new version of buffer data ([rows, cols]); its var id, or -1 when out of memory. */
 static int new_var(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int req) {
@@ -182,14 +81,6 @@ static lmx_status guard(lmx_tape *t, const void *data) {
     return LMX_OK;
 }
 
-/* The value keep id holds, as a tensor to read (its copy, or the buffer that still holds it; data NULL:
- * lost, its copy failed). */
-static lmx_tensor kept(const lmx_tape *t, int id) {
-    const tape_keep *k = &t->keeps[id];
-    if (k->copy.data) return k->copy;
-    return (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)k->src};
-}
-
 static void unkeep(lmx_tape *t, int id) {
     tape_keep *k = &t->keeps[id];
     if (--k->refs == 0 && k->copy.data) t->in->ops->release(t->in, &k->copy);
@@ -228,12 +119,6 @@ static tape_rec *new_rec(lmx_tape *t, int op) {
     r->out = r->in[0] = r->in[1] = r->in[2] = -1;
     r->keep[0] = r->keep[1] = r->keep[2] = r->keep[3] = -1;
     return r;
-}
-
-static const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair *p) {
-    for (int i = 0; p && i < t->n_watches; i++)
-        if (t->watches[i].a == p->a.data) return &t->watches[i];
-    return NULL;
 }
 
 /* ---- recorded ops ----------------------------------------------------------------------------- */
@@ -645,7 +530,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
 lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 
 /* release record r's keeps and arrays */
-static void rec_free(lmx_tape *t, tape_rec *r) {
+void tape_rec_free(lmx_tape *t, tape_rec *r) {
     for (int k = 0; k < 4; k++)
         if (r->keep[k] >= 0) unkeep(t, r->keep[k]);
     if (r->own.data) t->in->ops->release(t->in, &r->own);
@@ -662,15 +547,10 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
-/* var v's gradient is about to change: its bf16 copy is stale */
-static void drop16(lmx_tape *t, int v) {
-    if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
-}
-
 void lmx_tape_reset(lmx_tape *t) {
     if (t->shared) unkeep(t, t->shared - 1);
     t->shared = 0;
-    for (int i = 0; i < t->n_recs; i++) rec_free(t, &t->recs[i]);
+    for (int i = 0; i < t->n_recs; i++) tape_rec_free(t, &t->recs[i]);
     for (int i = 0; i < t->n_vars; i++) {
         if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);
         drop16(t, i);
@@ -689,176 +569,6 @@ void lmx_tape_free(lmx_tape *t) {
     free(t);
 }
 
-/* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
-static lmx_tensor *grad_of(lmx_tape *t, int v) {
-    tape_var *x = &t->vars[v];
-    drop16(t, v);
-    if (!x->grad.data) {
-        x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
-        if (pass(t, t->in->ops->alloc(t->in, &x->grad))) return NULL;
-    }
-    return &x->grad;
-}
-/* dst = the gradient of var v when v needs one, else NULL (returns from the caller on failure) */
-#define GRAD(v, dst)                                          \
-    do {                                                      \
-        dst = NULL;                                           \
-        if (requires(t, (v)) && !(dst = grad_of(t, (v)))) return t->base.err.status; \
-    } while (0)
-
-/* The same for an op that writes n values of a gradient: when it is the first to reach it and writes
- * all of it, the buffer is not zeroed first and fresh gains bit (backward.h). */
-static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsigned *fresh) {
-    tape_var *x = &t->vars[v];
-    drop16(t, v);
-    if (x->grad.data || !t->in->ops->alloc_raw || x->rows * x->cols != n) return grad_of(t, v);
-    x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
-    if (pass(t, t->in->ops->alloc_raw(t->in, &x->grad))) return NULL;
-    *fresh |= bit;
-    return &x->grad;
-}
-#define GRAD_FRESH(v, dst, n, bit, fresh)                                                       \
-    do {                                                                                        \
-        dst = NULL;                                                                             \
-        if (requires(t, (v)) && !(dst = grad_fresh(t, (v), (n), (bit), &(fresh)))) return t->base.err.status; \
-    } while (0)
-
-/* Var v's gradient gains the gradient dy of var from (the output of an op that passes it through): v
- * takes dy's buffer over when it has none yet and dy owns it (dy is used up then), else dy is added. */
-static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
-    if (!requires(t, v)) return LMX_OK;
-    drop16(t, v);
-    tape_var *x = &t->vars[v];
-    if (!x->grad.data && dy->owned && x->rows * x->cols == lmx_tensor_nelem(dy)) {
-        x->grad = *dy;
-        x->grad.ndim = 2, x->grad.shape[0] = x->rows, x->grad.shape[1] = x->cols;
-        memset(dy, 0, sizeof *dy);
-        return LMX_OK;
-    }
-    lmx_tensor *g = grad_of(t, v);
-    return g ? pass(t, t->in->ops->add(t->in, g, dy, lmx_tensor_nelem(g))) : t->base.err.status;
-}
-
-/* The backward op of record r, reading saved (its keeps' values). */
-static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tensor *saved) {
-    lmx_backend *in = t->in;
-    const lmx_backward_ops *bw = t->bwd;
-    lmx_tensor *g0, *g1, *g2;
-    switch (r->op) {
-    case T_RMSNORM:
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &saved[0], r->w, r->rows, r->n, r->eps, r->one)) : LMX_OK;
-    case T_MATMUL: {
-        unsigned fresh = 0;
-        GRAD_FRESH(r->in[0], g0, (int64_t)r->M * r->w->shape[1], 1, fresh);
-        const lmx_tensor *d16 = &t->vars[r->out].grad16; /* the LoRA record's copy of dy, or none */
-        return g0 ? pass(t, bw->matmul_bwd(in, g0, d16->data ? d16 : dy, r->w, r->M, fresh)) : LMX_OK;
-    }
-    case T_LORA: { /* y's gradient passes on to y's input version (pass_grad, last: it may take dy over) */
-        unsigned fresh = 0;
-        if (r->drop > 0) GRAD(r->in[1], g1); /* then x's gradient is added from tmp, below */
-        else GRAD_FRESH(r->in[1], g1, lmx_tensor_nelem(&saved[0]), 1, fresh);
-        lmx_status st = LMX_OK;
-        const lmx_tensor *x = r->own.data ? &r->own : &saved[0];
-        lmx_tensor **da = malloc((size_t)r->bt.B * 2 * sizeof *da);
-        if (!da) return nomem(t);
-        lmx_tensor **db = da + r->bt.B;
-        for (int b = 0; b < r->bt.B; b++) {
-            const tape_watch *w = watch_of(t, r->pairs[b]);
-            da[b] = w ? w->da : NULL, db[b] = w ? w->db : NULL;
-        }
-        lmx_tensor tmp = {0}; /* with dropout, x's gradient goes through the same mask */
-        const int64_t nx = lmx_tensor_nelem(x);
-        if (g1 && r->drop > 0) {
-            tmp = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
-            st = pass(t, in->ops->alloc(in, &tmp));
-        }
-        /* where keeps are bf16, dy once as bf16 for this op and the matmul record that made y (its
-         * input version, which takes dy over below) */
-        lmx_tensor dy16 = {0};
-        if (!st && t->bwd->keep_dtype(in) == LMX_DTYPE_BF16 && t->bwd->keep(in, &dy16, dy) != LMX_OK) dy16.data = NULL;
-        if (!st)
-            st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy16.data ? &dy16 : dy, x, r->bt.B, r->bt.T,
-                                      r->pairs, fresh));
-        if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
-        if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
-        if (tmp.data) in->ops->release(in, &tmp);
-        free(da);
-        if (!st) st = pass_grad(t, r->in[0], dy);
-        if (!st && dy16.data && !dy->data) { /* taken over whole: the copy goes with it */
-            t->vars[r->in[0]].grad16 = dy16;
-            dy16.data = NULL;
-        }
-        if (dy16.data) in->ops->release(in, &dy16);
-        return st;
-    }
-    case T_ADD: { /* y += x: both gain dy (x's first, as y's may take dy over) */
-        const int64_t n = lmx_tensor_nelem(dy);
-        GRAD(r->in[1], g1);
-        if (g1 && pass(t, in->ops->add(in, g1, dy, n < lmx_tensor_nelem(g1) ? n : lmx_tensor_nelem(g1))))
-            return t->base.err.status;
-        return pass_grad(t, r->in[0], dy);
-    }
-    case T_GLU: {
-        unsigned fresh = 0;
-        GRAD_FRESH(r->in[0], g0, r->count, 1, fresh);
-        GRAD_FRESH(r->in[1], g1, r->count, 2, fresh);
-        lmx_tensor sink = {0}; /* one side needs no gradient: it still gets one, thrown away */
-        if (!g0 || !g1) {
-            sink = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {r->count}};
-            if (pass(t, in->ops->alloc(in, &sink))) return t->base.err.status;
-        }
-        lmx_status st = pass(t, bw->glu_bwd(in, g0 ? g0 : &sink, g1 ? g1 : &sink, dy, &saved[0], &saved[1],
-                                            r->count, r->act, fresh));
-        if (sink.data) in->ops->release(in, &sink);
-        return st;
-    }
-    case T_SOFTCAP:
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->softcap_bwd(in, g0, dy, &saved[0], r->count, r->cap)) : LMX_OK;
-    case T_ROPE:
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->rope_bwd(in, g0, dy, &r->bt, r->nh, r->hd, &r->rope)) : LMX_OK;
-    case T_ATTENTION: {
-        GRAD(r->in[0], g0);
-        GRAD(r->in[1], g1);
-        GRAD(r->in[2], g2);
-        lmx_tensor sink[3] = {{0}};
-        lmx_tensor *gs[3] = {g0, g1, g2};
-        for (int k = 0; k < 3; k++)
-            if (!gs[k]) {
-                sink[k] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {saved[k].shape[0], saved[k].shape[1]}};
-                if (pass(t, in->ops->alloc(in, &sink[k]))) return t->base.err.status;
-                gs[k] = &sink[k];
-            }
-        lmx_attn_args a = r->attn;
-        a.batch = &r->bt, a.q = &saved[0], a.k = &saved[1], a.v = &saved[2];
-        if (r->lse.data) a.out = &saved[3], a.lse = &r->lse; /* the forward's output and log-sum-exp */
-        lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &a, r->ints + 2 * r->bt.B));
-        for (int k = 0; k < 3; k++)
-            if (sink[k].data) in->ops->release(in, &sink[k]);
-        return st;
-    }
-    case T_GATHER:
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->gather_rows_bwd(in, g0, dy, r->ints, r->R, r->count)) : LMX_OK;
-    }
-    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: unknown record %d", r->op);
-}
-
-/* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
- * may hand over to an input, leaving dy empty). */
-static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
-    lmx_tensor saved[4] = {{0}}; /* what the op reads (f32, or the backend's keep dtype) */
-    for (int k = 0; k < 4; k++) {
-        if (r->keep[k] < 0) continue;
-        saved[k] = kept(t, r->keep[k]);
-        if (!saved[k].data)
-            return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
-    }
-    return backward_op(t, r, dy, saved);
-}
-
 int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 
 lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) { return x->data ? guard(t, x->data) : LMX_OK; }
@@ -867,13 +577,6 @@ int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) 
     const int v = new_var(t, x->data, rows, cols, 1);
     if (v < 0) nomem(t);
     return v;
-}
-
-void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g) {
-    memset(g, 0, sizeof *g);
-    if (v < 0 || v >= t->n_vars) return;
-    *g = t->vars[v].grad;
-    memset(&t->vars[v].grad, 0, sizeof t->vars[v].grad);
 }
 
 void lmx_tape_profile(lmx_tape *t, double *acc, double *acc_fwd) {
@@ -892,54 +595,3 @@ const char *lmx_tape_kind(int k) {
     return k > 0 && k < LMX_TAPE_KINDS ? names[k] : "";
 }
 
-/* The gradient var of y's latest version, checked against n values; -1 with t's error set. */
-static int seed_var(lmx_tape *t, const lmx_tensor *y, int64_t n) {
-    const int vy = var_of(t, y->data);
-    if (vy < 0 || !t->vars[vy].requires) {
-        lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: the output does not depend on a trained parameter");
-        return -1;
-    }
-    if (t->vars[vy].rows * t->vars[vy].cols != n) {
-        lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: gradient of %lld values for an output of %lld", (long long)n,
-                    (long long)(t->vars[vy].rows * t->vars[vy].cols));
-        return -1;
-    }
-    return vy;
-}
-
-/* Walk the records from the last back to mark, then forget them. */
-static lmx_status walk_back(lmx_tape *t, int mark) {
-    lmx_status st = LMX_OK;
-    double t0 = 0;
-    if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
-    for (int i = t->n_recs - 1; i >= mark && !st; i--) {
-        tape_rec *r = &t->recs[i];
-        if (r->out < 0 || !t->vars[r->out].grad.data) continue; /* nothing flows back through it */
-        const lmx_tensor dy = t->vars[r->out].grad; /* backward may hand its buffer over, still live */
-        if (t->prof) prof_lap(t, &dy, &t0);
-        st = backward_rec(t, r, &t->vars[r->out].grad);
-        if (t->prof) t->prof[r->op] += prof_lap(t, &dy, &t0);
-        t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
-        drop16(t, r->out);
-    }
-    for (int i = mark; i < t->n_recs; i++) rec_free(t, &t->recs[i]); /* walked: forgotten */
-    t->n_recs = mark;
-    return st;
-}
-
-lmx_status lmx_tape_walk(lmx_tape *t, int mark) { return walk_back(t, mark); }
-
-lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark) {
-    const int vy = seed_var(t, y, n);
-    if (vy < 0) return t->base.err.status;
-    tape_var *v = &t->vars[vy];
-    if (!v->grad.data && dy->data == y->data && dy->dtype == LMX_DTYPE_F32) {
-        /* the gradient written over the output (the loss's logits): read where it is, not copied; a view
-         * the walk's release leaves alone and pass_grad never hands on (the caller's buffer) */
-        v->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {v->rows, v->cols}, .data = dy->data};
-        return walk_back(t, mark);
-    }
-    if (!grad_of(t, vy)) return t->base.err.status;
-    lmx_status st = pass(t, t->in->ops->add(t->in, &v->grad, dy, n));
-    return st ? st : walk_back(t, mark);
-}

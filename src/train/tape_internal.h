@@ -1,0 +1,133 @@
+/* tape_internal.h - what the tape's two halves share: the recording (tape.c) and the walk back
+ * (tape_backward.c).  Vars, records, keeps and watches as tape.c's opening comment describes them. */
+#ifndef LMX_TRAIN_TAPE_INTERNAL_H
+#define LMX_TRAIN_TAPE_INTERNAL_H
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tape.h"
+
+enum { T_RMSNORM = 1, T_MATMUL, T_LORA, T_ADD, T_GLU, T_SOFTCAP, T_ROPE, T_ATTENTION, T_GATHER };
+
+typedef struct tape_var {
+    int64_t rows, cols;
+    int requires;                /* depends on a watched pair */
+    lmx_tensor grad;             /* f32 [rows, cols]; data NULL until backward reaches it */
+    lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged (or none):
+                                  * made for a LoRA record, read by the matmul record that produced y */
+} tape_var;
+
+typedef struct tape_rec {
+    int op;
+    int out, in[3];              /* var ids; -1: none (a constant) */
+    int keep[4];                 /* keeps of what the backward op reads; -1: none */
+    lmx_tensor own;              /* lora with dropout: the dropped input, which backward reads (owned) */
+    lmx_tensor lse;              /* attention: the log-sum-exp the forward wrote [B, H, T] (owned), or none */
+    const lmx_tensor *w;         /* rmsnorm / matmul weight (the model's) */
+    int rows, n, M, nh, hd, R;
+    int64_t count;
+    float eps, one, cap;
+    float drop;                  /* lora: dropout on the input (own is the dropped input) */
+    uint64_t seed;               /* lora: its mask's seed */
+    lmx_act act;
+    lmx_rope rope;
+    lmx_batch bt;                /* n_past / n_new point into ints */
+    int *ints;                   /* owned: batch n_past[B], n_new[B], windows[B]; gather rows[R] */
+    const lmx_lora_pair **pairs; /* owned [B] */
+    lmx_attn_args attn;          /* H, Hk, D, scale, softcap (no pointers: records move) */
+} tape_rec;
+
+typedef struct tape_keep {
+    const void *src;             /* the buffer that held the value when it was kept */
+    int64_t rows, cols;          /* its first rows * cols floats */
+    int var;                     /* the version kept (-1: a buffer the tape never saw written) */
+    int refs;                    /* records reading it; 0: dropped */
+    lmx_tensor copy;             /* data NULL while src still holds the value */
+} tape_keep;
+
+typedef struct tape_watch {
+    const void *a;               /* the pair's a.data */
+    lmx_tensor *da, *db;
+} tape_watch;
+
+typedef struct tape_buf {
+    const void *data;
+    int var;
+} tape_buf;
+
+struct lmx_tape {
+    lmx_backend base;            /* first: the recording backend */
+    lmx_backend_ops ops;
+    lmx_backend *in;
+    const lmx_backward_ops *bwd;
+    tape_var *vars;
+    int n_vars, cap_vars;
+    tape_buf *bufs;
+    int n_bufs, cap_bufs;
+    tape_rec *recs;
+    int n_recs, cap_recs;
+    tape_watch *watches;
+    int n_watches, cap_watches;
+    tape_keep *keeps;
+    int n_keeps, cap_keeps;
+    int shared;                  /* keep id + 1 of the input last handed to matmul / lora as its copy (0: none) */
+    double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
+    double *prof_fwd;            /* non-NULL: seconds of each kind's recorded forward op (savings included) */
+    float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
+    uint64_t drop_seed;
+};
+
+#define TAPE(be) ((lmx_tape *)(be))
+
+/* inner's error, as the tape's */
+static inline lmx_status pass(lmx_tape *t, lmx_status st) {
+    if (st) lmx_err_set(&t->base.err, st, "%s", t->in->err.msg);
+    return st;
+}
+static inline lmx_status nomem(lmx_tape *t) { return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: out of memory"); }
+
+/* With t->prof or prof_fwd: wait for inner (a read waits for every op before it); the seconds since *t0 */
+static inline double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0) {
+    float v;
+    t->in->ops->read(t->in, x, 0, &v, sizeof v);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = ts.tv_sec + ts.tv_nsec * 1e-9, d = now - *t0;
+    *t0 = now;
+    return d;
+}
+
+/* ---- vars, keeps, watches ----------------------------------------------------------------------- */
+
+static inline int var_of(const lmx_tape *t, const void *data) {
+    for (int i = t->n_bufs - 1; i >= 0; i--)
+        if (t->bufs[i].data == data) return t->bufs[i].var;
+    return -1;
+}
+static inline int requires(const lmx_tape *t, int v) { return v >= 0 && t->vars[v].requires; }
+
+/* The value keep id holds, as a tensor to read (its copy, or the buffer that still holds it; data NULL:
+ * lost, its copy failed). */
+static inline lmx_tensor kept(const lmx_tape *t, int id) {
+    const tape_keep *k = &t->keeps[id];
+    if (k->copy.data) return k->copy;
+    return (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)k->src};
+}
+
+static inline const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair *p) {
+    for (int i = 0; p && i < t->n_watches; i++)
+        if (t->watches[i].a == p->a.data) return &t->watches[i];
+    return NULL;
+}
+
+/* var v's gradient is about to change: its bf16 copy is stale */
+static inline void drop16(lmx_tape *t, int v) {
+    if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
+}
+
+/* release record r's keeps and arrays (tape.c) */
+void tape_rec_free(lmx_tape *t, tape_rec *r);
+
+#endif
