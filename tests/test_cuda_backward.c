@@ -123,37 +123,67 @@ static void test_elementwise(int kept) {
 }
 
 /* glu_keep: in place (out = gate), the cuda glu op's output bit for bit (and the cpu's within the glu
- * op's test tolerances), and the keeps equal to gate's and up's values rounded to bf16, bit for bit */
+ * op's test tolerances), and the keeps equal to gate's, up's and (with GELU) out's values rounded to
+ * bf16, bit for bit */
 static void test_glu_keep(void) {
     const int64_t n = 3001;
     for (int act_i = 0; act_i < 2; act_i++) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         float *gv = rand_vec(n, 4.0f), *uv = rand_vec(n, 2.0f);
         tpair g = both(1, n, gv), u = both(1, n, uv);
-        lmx_tensor gk = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {1, n}}, uk = gk;
-        CHECK(gpu->ops->alloc(gpu, &gk) == LMX_OK && gpu->ops->alloc(gpu, &uk) == LMX_OK);
+        lmx_tensor gk = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {1, n}}, uk = gk, ok = gk;
+        CHECK(gpu->ops->alloc(gpu, &gk) == LMX_OK && gpu->ops->alloc(gpu, &uk) == LMX_OK && gpu->ops->alloc(gpu, &ok) == LMX_OK);
         lmx_tensor plain = act(gpu, 1, n, gv);
         CHECK(gpu->ops->glu(gpu, &plain, &plain, &u.g, n, a) == LMX_OK);
-        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, a, &gk, &uk) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, a, &gk, &uk, act_i ? &ok : NULL) == LMX_OK);
         CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, a) == LMX_OK);
         float *o1 = fetch(gpu, &plain, n), *o2 = fetch(gpu, &g.g, n);
         CHECK_MSG(!memcmp(o1, o2, (size_t)n * 4), "glu_keep (act %d): output differs from the glu op's", act_i);
-        free(o1), free(o2);
         gpu->ops->release(gpu, &plain);
-        uint16_t *hg = malloc((size_t)n * 2), *hu = malloc((size_t)n * 2);
-        CHECK(gpu->ops->read(gpu, &gk, 0, hg, (size_t)n * 2) == LMX_OK && gpu->ops->read(gpu, &uk, 0, hu, (size_t)n * 2) == LMX_OK);
+        uint16_t *hg = malloc((size_t)n * 2), *hu = malloc((size_t)n * 2), *ho = malloc((size_t)n * 2);
+        CHECK(gpu->ops->read(gpu, &gk, 0, hg, (size_t)n * 2) == LMX_OK && gpu->ops->read(gpu, &uk, 0, hu, (size_t)n * 2) == LMX_OK &&
+              gpu->ops->read(gpu, &ok, 0, ho, (size_t)n * 2) == LMX_OK);
         int64_t bad = 0;
-        for (int64_t i = 0; i < n; i++) bad += hg[i] != lmx_f32_to_bf16(gv[i]) || hu[i] != lmx_f32_to_bf16(uv[i]);
+        for (int64_t i = 0; i < n; i++)
+            bad += hg[i] != lmx_f32_to_bf16(gv[i]) || hu[i] != lmx_f32_to_bf16(uv[i]) ||
+                   (act_i && ho[i] != lmx_f32_to_bf16(o2[i]));
         CHECK_MSG(bad == 0, "glu_keep (act %d): %lld keeps differ from the values rounded to bf16", act_i, (long long)bad);
         check_both(act_i ? "glu_keep output (gelu)" : "glu_keep output (silu)", &g, act_i ? 1e-4 : 1e-5);
         drop(&u);
-        gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk);
-        free(hg), free(hu), free(gv), free(uv);
+        gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk), gpu->ops->release(gpu, &ok);
+        free(o1), free(o2), free(hg), free(hu), free(ho), free(gv), free(uv);
     }
 }
 
-static void test_rope(int rot_dim, int interleaved) {
-    const int B = 2, T = 5, nh = 3, hd = 64, past[2] = {0, 0}, nnew[2] = {5, 3};
+/* glu backward into bf16 gradients (the tape's for a GLU's gate and up): the f32 ones rounded to bf16,
+ * bit for bit; and the bf16 form refuses to add (fresh must be 3) */
+static void test_glu_bwd16(void) {
+    const int64_t n = 2999;
+    for (int act_i = 0; act_i < 2; act_i++) {
+        const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
+        tpair g = rand_in(1, n, 4.0f, 1), u = rand_in(1, n, 2.0f, act_i), dy = rand_both(1, n, 1.0f);
+        tpair dg = rand_both(1, n, 0.1f), du = rand_both(1, n, 0.1f);
+        lmx_tensor dg16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {1, n}}, du16 = dg16;
+        CHECK(gpu->ops->alloc(gpu, &dg16) == LMX_OK && gpu->ops->alloc(gpu, &du16) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg.g, &du.g, &dy.g, &g.g, &u.g, n, a, 3) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg16, &du16, &dy.g, &g.g, &u.g, n, a, 3) == LMX_OK);
+        CHECK_MSG(lmx_cuda_backward.glu_bwd(gpu, &dg16, &du16, &dy.g, &g.g, &u.g, n, a, 1) != LMX_OK,
+                  "glu backward: bf16 gradients added to");
+        float *fg = fetch(gpu, &dg.g, n), *fu = fetch(gpu, &du.g, n);
+        uint16_t *hg = malloc((size_t)n * 2), *hu = malloc((size_t)n * 2);
+        CHECK(gpu->ops->read(gpu, &dg16, 0, hg, (size_t)n * 2) == LMX_OK && gpu->ops->read(gpu, &du16, 0, hu, (size_t)n * 2) == LMX_OK);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += hg[i] != lmx_f32_to_bf16(fg[i]) || hu[i] != lmx_f32_to_bf16(fu[i]);
+        CHECK_MSG(bad == 0, "glu backward (act %d): %lld bf16 gradients differ from the f32 ones rounded", act_i, (long long)bad);
+        free(fg), free(fu), free(hg), free(hu);
+        gpu->ops->release(gpu, &dg16), gpu->ops->release(gpu, &du16);
+        drop(&g), drop(&u), drop(&dy), drop(&dg), drop(&du);
+    }
+}
+
+/* T = 5: a thread per head; T = 1100: enough (row, dim pair)s that a thread takes every head */
+static void test_rope(int rot_dim, int interleaved, int T) {
+    const int B = 2, nh = 3, hd = 64, past[2] = {0, 0}, nnew[2] = {T, T / 2 + 1};
     float inv[32];
     for (int i = 0; i < rot_dim / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot_dim);
     const lmx_rope rope = {.rot_dim = rot_dim, .interleaved = interleaved, .inv_freq = inv, .attn_factor = 1.1f};
@@ -162,7 +192,7 @@ static void test_rope(int rot_dim, int interleaved) {
     CHECK(lmx_cuda_backward.rope_bwd(gpu, &dx.g, &dy.g, &bt, nh, hd, &rope) == LMX_OK);
     CHECK(lmx_cpu_backward.rope_bwd(cpu, &dx.c, &dy.c, &bt, nh, hd, &rope) == LMX_OK);
     char what[64];
-    snprintf(what, sizeof what, "rope backward (rot %d, interleaved %d)", rot_dim, interleaved);
+    snprintf(what, sizeof what, "rope backward (rot %d, interleaved %d, T %d)", rot_dim, interleaved, T);
     check_both(what, &dx, 1e-5);
     drop(&dy);
 }
@@ -300,9 +330,12 @@ int main(void) {
     test_elementwise(0);
     test_elementwise(1);
     test_glu_keep();
-    test_rope(64, 0);
-    test_rope(64, 1);
-    test_rope(32, 0);
+    test_glu_bwd16();
+    for (int T = 5; T <= 1100; T += 1095) {
+        test_rope(64, 0, T);
+        test_rope(64, 1, T);
+        test_rope(32, 0, T);
+    }
     test_attention(37, 4, 2, 64, 0, 0.0f, 0, 0, 0);
     test_attention(37, 4, 2, 64, 8, 0.0f, 0, 0, 0);
     test_attention(37, 4, 4, 32, 0, 20.0f, 0, 0, 0);

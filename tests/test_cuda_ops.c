@@ -232,24 +232,27 @@ static void test_elementwise(void) {
     }
 }
 
+/* T = 5: a thread per head; T = 1100: enough (row, dim pair)s that a thread takes every head */
 static void test_rope(void) {
-    int n_past[3] = {0, 7, 3000}, n_new[3] = {5, 2, 4};
-    lmx_batch bt = {.B = 3, .T = 5, .n_past = n_past, .n_new = n_new};
-    for (int inter = 0; inter < 2; inter++)
-        for (int partial = 0; partial < 2; partial++) {
-            int nh = 3, hd = 64, rot = partial ? 32 : 64;
-            float inv[32];
-            for (int i = 0; i < rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot);
-            lmx_rope r = {.rot_dim = rot, .interleaved = inter, .inv_freq = inv, .attn_factor = 1.1f};
-            int64_t n = 15LL * nh * hd;
-            float *x = rand_vec(n, 1.0f);
-            lmx_tensor xg = act(gpu, 15, nh * hd, x), xc = act(cpu, 15, nh * hd, x);
-            CHECK(gpu->ops->rope(gpu, &xg, &bt, nh, hd, &r) == LMX_OK);
-            CHECK(cpu->ops->rope(cpu, &xc, &bt, nh, hd, &r) == LMX_OK);
-            compare("rope", &xg, &xc, n, 1e-5);
-            free_pair(&xg, &xc);
-            free(x);
-        }
+    for (int T = 5; T <= 1100; T += 1095) {
+        int n_past[3] = {0, 7, 3000}, n_new[3] = {T, 2, T - 1};
+        lmx_batch bt = {.B = 3, .T = T, .n_past = n_past, .n_new = n_new};
+        for (int inter = 0; inter < 2; inter++)
+            for (int partial = 0; partial < 2; partial++) {
+                int nh = 3, hd = 64, rot = partial ? 32 : 64;
+                float inv[32];
+                for (int i = 0; i < rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot);
+                lmx_rope r = {.rot_dim = rot, .interleaved = inter, .inv_freq = inv, .attn_factor = 1.1f};
+                int64_t n = 3LL * T * nh * hd;
+                float *x = rand_vec(n, 1.0f);
+                lmx_tensor xg = act(gpu, 3 * T, nh * hd, x), xc = act(cpu, 3 * T, nh * hd, x);
+                CHECK(gpu->ops->rope(gpu, &xg, &bt, nh, hd, &r) == LMX_OK);
+                CHECK(cpu->ops->rope(cpu, &xc, &bt, nh, hd, &r) == LMX_OK);
+                compare("rope", &xg, &xc, n, 1e-5);
+                free_pair(&xg, &xc);
+                free(x);
+            }
+    }
 }
 
 /* ---- attention through a sequence of calls ---------------------------------------------------- */

@@ -39,7 +39,9 @@ typedef struct lmx_backward_ops {
     lmx_status (*lora_bwd)(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                            const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
                            unsigned fresh);
-    /* y = act(gate) * up                              dgate, dup += ...         n elements each */
+    /* y = act(gate) * up                              dgate, dup += ...         n elements each
+     * dgate and dup both in keep_dtype where that is bf16 (fresh 3): written rounded to it (the tape's
+     * bf16 gradients of a GLU's gate and up, which matmul_bwd and lora_bwd read as their dy) */
     lmx_status (*glu_bwd)(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                           const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh);
     /* y = cap tanh(x / cap), given y                  dx += dy (1 - (y/cap)^2)  n elements */
@@ -80,10 +82,10 @@ typedef struct lmx_backward_ops {
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     lmx_dtype (*keep_dtype)(const lmx_backend *be);
     /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's
-     * values into gk and uk, which the caller allocated in keep_dtype and gate's shape: one pass over
-     * gate and up where the op and their two keeps take three. */
+     * values into gk and uk, and with ok non-NULL out's into ok, which the caller allocated in keep_dtype
+     * and gate's shape: one pass over gate and up where the op and their keeps take three or four. */
     lmx_status (*glu_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                           lmx_act act, lmx_tensor *gk, lmx_tensor *uk);
+                           lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

@@ -269,12 +269,22 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
             kg = ku = NULL;
         }
     }
+    /* and the output's bf16 copy, which the down projection's matmul and LoRA read (shared_input) */
+    lmx_tensor ok = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {n / cols, cols}};
+    if (!kg || (t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, &ok)) ok.data = NULL;
     lmx_status st = guard(t, out->data);
-    if (!st && kg) st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy));
+    if (!st && kg) st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy, ok.data ? &ok : NULL));
     else if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
+    const int v = st ? -1 : new_var(t, out->data, n / cols, cols, req);
+    if (!st && v < 0) st = nomem(t);
+    if (!st && ok.data && !grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) {
+        t->keeps[t->n_keeps] = (tape_keep){.src = out->data, .rows = n / cols, .cols = cols, .var = v, .refs = 1, .copy = ok};
+        if (t->shared) unkeep(t, t->shared - 1);
+        t->shared = ++t->n_keeps; /* held as the shared input's (keep id + 1) */
+        ok.data = NULL;
+    }
+    if (ok.data) t->in->ops->release(t->in, &ok);
     if (st) return st;
-    const int v = new_var(t, out->data, n / cols, cols, req);
-    if (v < 0) return nomem(t);
     if (r) r->out = v;
     return LMX_OK;
 }

@@ -7,6 +7,10 @@
 /* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
 static lmx_tensor *grad_of(lmx_tape *t, int v) {
     tape_var *x = &t->vars[v];
+    if (only16(x)) {
+        lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: a bf16 gradient gains a second term");
+        return NULL;
+    }
     drop16(t, v);
     if (!x->grad.data) {
         x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
@@ -25,6 +29,7 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
  * all of it, the buffer is not zeroed first and fresh gains bit (backward.h). */
 static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsigned *fresh) {
     tape_var *x = &t->vars[v];
+    if (only16(x)) return grad_of(t, v);
     drop16(t, v);
     if (x->grad.data || !t->in->ops->alloc_raw || x->rows * x->cols != n) return grad_of(t, v);
     x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
@@ -54,11 +59,65 @@ static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
     return g ? pass(t, t->in->ops->add(t->in, g, dy, lmx_tensor_nelem(g))) : t->base.err.status;
 }
 
+/* The record before record i that makes var v (-1: none); whether a record before i other than skip
+ * reads v. */
+static int maker_of(const lmx_tape *t, int i, int v) {
+    for (int j = i - 1; j >= 0; j--)
+        if (t->recs[j].out == v) return j;
+    return -1;
+}
+static int read_before(const lmx_tape *t, int i, int v, int skip) {
+    for (int j = 0; j < i; j++) {
+        const tape_rec *r = &t->recs[j];
+        if (j != skip && (r->in[0] == v || r->in[1] == v || r->in[2] == v)) return 1;
+    }
+    return 0;
+}
+
+/* Whether var v's gradient, which record i is about to write whole, may live in bf16 alone (grad16,
+ * no f32 grad): where keeps are bf16, record i is v's only reader and what reads v's gradient next
+ * takes it in bf16 anyway: the matmul that made v, or the LoRA record that made it, when that record's
+ * input version is read by it alone and was made by a matmul.  (The gate and up of a GLU.) */
+static int bf16_grad_ok(lmx_tape *t, int i, int v) {
+    if (v < 0 || t->vars[v].grad.data || t->vars[v].grad16.data || t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 ||
+        read_before(t, i, v, -1))
+        return 0;
+    const int j = maker_of(t, i, v);
+    if (j < 0) return 0;
+    if (t->recs[j].op == T_MATMUL) return 1;
+    if (t->recs[j].op != T_LORA) return 0;
+    const int y0 = t->recs[j].in[0], m = maker_of(t, j, y0);
+    return y0 >= 0 && !t->vars[y0].grad.data && !t->vars[y0].grad16.data && !read_before(t, i, y0, j) && m >= 0 &&
+           t->recs[m].op == T_MATMUL;
+}
+
+/* GLU record i's gradients as bf16 alone (bf16_grad_ok), written by glu_bwd: 1 done, 0 not taken (the
+ * f32 way then), -1 failed. */
+static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor *saved) {
+    const tape_rec *r = &t->recs[i];
+    if (r->in[0] == r->in[1] || !t->in->ops->alloc_raw || !bf16_grad_ok(t, i, r->in[0]) || !bf16_grad_ok(t, i, r->in[1]))
+        return 0;
+    tape_var *g = &t->vars[r->in[0]], *u = &t->vars[r->in[1]];
+    if (g->rows * g->cols != r->count || u->rows * u->cols != r->count) return 0;
+    g->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {g->rows, g->cols}};
+    u->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {u->rows, u->cols}};
+    if (t->in->ops->alloc_raw(t->in, &g->grad16) || t->in->ops->alloc_raw(t->in, &u->grad16)) {
+        lmx_err_clear(&t->in->err);
+        drop16(t, r->in[0]), drop16(t, r->in[1]);
+        return 0;
+    }
+    if (pass(t, t->bwd->glu_bwd(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1], r->count, r->act, 3)))
+        return -1;
+    return 1;
+}
+
 /* The backward op of record r, reading saved (its keeps' values). */
 static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tensor *saved) {
     lmx_backend *in = t->in;
     const lmx_backward_ops *bw = t->bwd;
     lmx_tensor *g0, *g1, *g2;
+    if (!dy->data && r->op != T_LORA && r->op != T_MATMUL) /* bf16_grad_ok sends a bf16 gradient to these alone */
+        return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: record kind %d reached with a bf16 gradient", r->op);
     switch (r->op) {
     case T_RMSNORM:
         GRAD(r->in[0], g0);
@@ -70,6 +129,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         return g0 ? pass(t, bw->matmul_bwd(in, g0, d16->data ? d16 : dy, r->w, r->M, fresh)) : LMX_OK;
     }
     case T_LORA: { /* y's gradient passes on to y's input version (pass_grad, last: it may take dy over) */
+        tape_var *yv = &t->vars[r->out];
+        const int dy_only16 = only16(yv); /* then y's bf16 gradient is read here and moves on whole */
         unsigned fresh = 0;
         if (r->drop > 0) GRAD(r->in[1], g1); /* then x's gradient is added from tmp, below */
         else GRAD_FRESH(r->in[1], g1, lmx_tensor_nelem(&saved[0]), 1, fresh);
@@ -91,7 +152,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         /* where keeps are bf16, dy once as bf16 for this op and the matmul record that made y (its
          * input version, which takes dy over below) */
         lmx_tensor dy16 = {0};
-        if (!st && t->bwd->keep_dtype(in) == LMX_DTYPE_BF16 && t->bwd->keep(in, &dy16, dy) != LMX_OK) dy16.data = NULL;
+        if (dy_only16) dy16 = yv->grad16, memset(&yv->grad16, 0, sizeof yv->grad16);
+        else if (!st && t->bwd->keep_dtype(in) == LMX_DTYPE_BF16 && t->bwd->keep(in, &dy16, dy) != LMX_OK) dy16.data = NULL;
         if (!st)
             st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy16.data ? &dy16 : dy, x, r->bt.B, r->bt.T,
                                       r->pairs, fresh));
@@ -99,7 +161,7 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
         if (tmp.data) in->ops->release(in, &tmp);
         free(da);
-        if (!st) st = pass_grad(t, r->in[0], dy);
+        if (!st && !dy_only16) st = pass_grad(t, r->in[0], dy);
         if (!st && dy16.data && !dy->data) { /* taken over whole: the copy goes with it */
             t->vars[r->in[0]].grad16 = dy16;
             dy16.data = NULL;
@@ -115,6 +177,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         return pass_grad(t, r->in[0], dy);
     }
     case T_GLU: {
+        const int done = glu_bwd16(t, (int)(r - t->recs), dy, saved);
+        if (done) return done > 0 ? LMX_OK : t->base.err.status;
         unsigned fresh = 0;
         GRAD_FRESH(r->in[0], g0, r->count, 1, fresh);
         GRAD_FRESH(r->in[1], g1, r->count, 2, fresh);
@@ -204,8 +268,9 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
-        if (r->out < 0 || !t->vars[r->out].grad.data) continue; /* nothing flows back through it */
-        const lmx_tensor dy = t->vars[r->out].grad; /* backward may hand its buffer over, still live */
+        if (r->out < 0 || (!t->vars[r->out].grad.data && !t->vars[r->out].grad16.data)) continue; /* nothing flows back */
+        /* the gradient (f32, or bf16 alone), for the profile's waits: backward may hand its buffer over, still live */
+        const lmx_tensor dy = t->vars[r->out].grad.data ? t->vars[r->out].grad : t->vars[r->out].grad16;
         if (t->prof) prof_lap(t, &dy, &t0);
         st = backward_rec(t, r, &t->vars[r->out].grad);
         if (t->prof) t->prof[r->op] += prof_lap(t, &dy, &t0);

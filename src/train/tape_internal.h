@@ -15,8 +15,9 @@ typedef struct tape_var {
     int64_t rows, cols;
     int requires;                /* depends on a watched pair */
     lmx_tensor grad;             /* f32 [rows, cols]; data NULL until backward reaches it */
-    lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged (or none):
-                                  * made for a LoRA record, read by the matmul record that produced y */
+    lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged: made for a
+                                  * LoRA record, read by the matmul record that produced y; or the gradient
+                                  * alone, grad none (only16: a GLU's gate and up, tape_backward.c) */
 } tape_var;
 
 typedef struct tape_rec {
@@ -121,6 +122,9 @@ static inline const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair 
         if (t->watches[i].a == p->a.data) return &t->watches[i];
     return NULL;
 }
+
+/* var v's gradient lives in bf16 alone */
+static inline int only16(const tape_var *v) { return !v->grad.data && v->grad16.data; }
 
 /* var v's gradient is about to change: its bf16 copy is stale */
 static inline void drop16(lmx_tape *t, int v) {

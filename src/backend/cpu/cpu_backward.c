@@ -112,6 +112,8 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
 
 static lmx_status cpu_glu_bwd(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                               const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh) {
+    if (dgate->dtype != LMX_DTYPE_F32 || dup->dtype != LMX_DTYPE_F32) /* keeps are f32 here: never bf16 gradients */
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu glu backward: f32 gradients only");
     const float *g = gate->data, *u = up->data, *d = dy->data;
     float *dg = dgate->data, *du = dup->data;
     if (fresh & 1) memset(dg, 0, (size_t)n * sizeof(float));

@@ -262,34 +262,51 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
 
 /* ---- elementwise -------------------------------------------------------------------------------- */
 
-/* fresh (backward.h): bit 0 dg, bit 1 du written, not added to */
-template <typename G, typename U>
-__global__ void k_glu_bwd(float *dg, float *du, const float *dy, const G *g, const U *u, int64_t n, int act,
-                          unsigned fresh) {
+/* fresh (backward.h): bit 0 dg, bit 1 du written, not added to; O bf16: both written (fresh 3) */
+template <typename O, typename G, typename U>
+__global__ void k_glu_bwd(O *dg, O *du, const float *dy, const G *g, const U *u, int64_t n, int act, unsigned fresh) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, da; /* act(x) and its derivative */
         lmx_act_grad(cuda_ld_f(g + i), act == LMX_ACT_SILU, &a, &da);
         const float d = dy[i], gi = d * cuda_ld_f(u + i) * da, ui = d * a;
-        dg[i] = fresh & 1 ? gi : dg[i] + gi;
-        du[i] = fresh & 2 ? ui : du[i] + ui;
+        if constexpr (sizeof(O) == 2) {
+            dg[i] = __float2bfloat16(gi);
+            du[i] = __float2bfloat16(ui);
+        } else {
+            dg[i] = fresh & 1 ? gi : dg[i] + gi;
+            du[i] = fresh & 2 ? ui : du[i] + ui;
+        }
     }
 }
 
+template <typename O, typename G>
+static void glu_bwd_launch(cuda_backend *cb, void *dg, void *du, const float *dy, const G *g, const lmx_tensor *up,
+                           int64_t n, lmx_act act, unsigned fresh) {
+    if (up->dtype == LMX_DTYPE_BF16)
+        k_glu_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((O *)dg, (O *)du, dy, g, (const __nv_bfloat16 *)up->data, n,
+                                                          (int)act, fresh);
+    else
+        k_glu_bwd<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((O *)dg, (O *)du, dy, g, (const float *)up->data, n, (int)act,
+                                                          fresh);
+}
+
+/* dgate and dup f32, or both bf16 and written whole (the tape's bf16 gradients, backward.h) */
 static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                           const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    float *dg = (float *)dgate->data, *du = (float *)dup->data;
+    const int o16 = dgate->dtype == LMX_DTYPE_BF16;
+    if (o16 != (dup->dtype == LMX_DTYPE_BF16) || (o16 && fresh != 3))
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu backward: bf16 gradients are written whole, both of them");
     const float *d = (const float *)dy->data;
-    const unsigned grid = cuda_ew_grid(n);
-    const int g16 = gate->dtype == LMX_DTYPE_BF16, u16 = up->dtype == LMX_DTYPE_BF16; /* keeps, or f32 */
-    const __nv_bfloat16 *gh = (const __nv_bfloat16 *)gate->data, *uh = (const __nv_bfloat16 *)up->data;
-    const float *gf = (const float *)gate->data, *uf = (const float *)up->data;
-    if (g16 && u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uh, n, (int)act, fresh);
-    else if (g16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gh, uf, n, (int)act, fresh);
-    else if (u16) k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uh, n, (int)act, fresh);
-    else k_glu_bwd<<<grid, 256, 0, cb->stream>>>(dg, du, d, gf, uf, n, (int)act, fresh);
+    const __nv_bfloat16 *gh = (const __nv_bfloat16 *)gate->data;
+    const float *gf = (const float *)gate->data;
+    const int g16 = gate->dtype == LMX_DTYPE_BF16; /* keeps, or f32 */
+    if (o16 && g16) glu_bwd_launch<__nv_bfloat16>(cb, dgate->data, dup->data, d, gh, up, n, act, fresh);
+    else if (o16) glu_bwd_launch<__nv_bfloat16>(cb, dgate->data, dup->data, d, gf, up, n, act, fresh);
+    else if (g16) glu_bwd_launch<float>(cb, dgate->data, dup->data, d, gh, up, n, act, fresh);
+    else glu_bwd_launch<float>(cb, dgate->data, dup->data, d, gf, up, n, act, fresh);
     return cuda_check_launch(cb, "glu backward");
 }
 
@@ -318,33 +335,39 @@ static lmx_status bwd_softcap(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
 
 typedef struct rope_bwd_arg {
     int B, T, nh, hd, half, rot, interleaved;
+    int hpt;                 /* heads per thread (the angle's sin and cos computed once for them) */
     float attn_factor;
     int n_past[CUDA_SEQ_MAX], n_new[CUDA_SEQ_MAX];
     float inv_freq[CUDA_ROPE_MAX];
 } rope_bwd_arg;
 
-/* one thread per (row, head, dim pair), and per (row, head, dim past rot) for the pass-through */
+/* one thread per (row, dim pair, run of hpt heads), and per (row, dim past rot, run) for the
+ * pass-through */
 __global__ void k_rope_bwd(float *dx, const float *dy, const rope_bwd_arg a) {
-    const int rest = a.hd - a.rot, per = a.half + rest;
-    const int64_t total = (int64_t)a.B * a.T * a.nh * per;
+    const int rest = a.hd - a.rot, per = a.half + rest, runs = (a.nh + a.hpt - 1) / a.hpt;
+    const int64_t total = (int64_t)a.B * a.T * runs * per;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
-        const int i = (int)(g % per);
-        const int64_t rh = g / per, row = rh / a.nh;
-        const int h = (int)(rh % a.nh), b = (int)(row / a.T), t = (int)(row % a.T);
+        const int i = (int)(g % per), run = (int)(g / per % runs);
+        const int64_t row = g / per / runs;
+        const int b = (int)(row / a.T), t = (int)(row % a.T);
         if (t >= a.n_new[b]) continue;
-        const int64_t off = row * a.nh * a.hd + (int64_t)h * a.hd;
+        const int h0 = run * a.hpt, h1 = h0 + a.hpt < a.nh ? h0 + a.hpt : a.nh;
+        const int64_t off0 = row * a.nh * a.hd;
         if (i >= a.half) { /* a dim past rot_dim passes through */
             const int d = a.rot + i - a.half;
-            dx[off + d] += dy[off + d];
+            for (int h = h0; h < h1; h++) dx[off0 + (int64_t)h * a.hd + d] += dy[off0 + (int64_t)h * a.hd + d];
             continue;
         }
         double sd, cd;
         sincos((double)(a.n_past[b] + t) * (double)a.inv_freq[i], &sd, &cd);
         const float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
         const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
-        const float ya = dy[off + ia], yb = dy[off + ib];
-        dx[off + ia] += ya * c + yb * s;
-        dx[off + ib] += yb * c - ya * s;
+        for (int h = h0; h < h1; h++) {
+            const int64_t off = off0 + (int64_t)h * a.hd;
+            const float ya = dy[off + ia], yb = dy[off + ib];
+            dx[off + ia] += ya * c + yb * s;
+            dx[off + ib] += yb * c - ya * s;
+        }
     }
 }
 
@@ -364,7 +387,8 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
         a.B = bt->B - b0 < CUDA_SEQ_MAX ? bt->B - b0 : CUDA_SEQ_MAX;
         for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b], a.n_new[b] = bt->n_new[b0 + b];
         const int64_t off = (int64_t)b0 * bt->T * nh * hd;
-        k_rope_bwd<<<cuda_ew_grid((int64_t)a.B * a.T * nh * (hd - half)), 256, 0, cb->stream>>>(
+        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
+        k_rope_bwd<<<cuda_ew_grid((int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * (hd - half)), 256, 0, cb->stream>>>(
             (float *)dx->data + off, (const float *)dy->data + off, a);
         if ((st = cuda_check_launch(cb, "rope backward"))) return st;
     }
@@ -736,27 +760,30 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     return cuda_check_launch(cb, "dropout");
 }
 
-/* out = act(g) u as the glu op computes it (out may be g), and bf16 copies of g and u */
-__global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, const float *g, const float *u, int64_t n,
-                           int act) {
+/* out = act(g) u as the glu op computes it (out may be g), and bf16 copies of g and u (and of out: ok
+ * non-NULL) */
+__global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const float *g,
+                           const float *u, int64_t n, int act) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float gi = g[i], ui = u[i];
+        const float gi = g[i], ui = u[i], oi = glu_act(gi, act) * ui;
         gk[i] = __float2bfloat16(gi);
         uk[i] = __float2bfloat16(ui);
-        o[i] = glu_act(gi, act) * ui;
+        o[i] = oi;
+        if (ok) ok[i] = __float2bfloat16(oi);
     }
 }
 
 static lmx_status bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                               lmx_act act, lmx_tensor *gk, lmx_tensor *uk) {
+                               lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
-    if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16)
+    if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16 || (ok && ok->dtype != LMX_DTYPE_BF16))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: bf16 keeps only");
     k_glu_keep<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (__nv_bfloat16 *)gk->data,
-                                                       (__nv_bfloat16 *)uk->data, (const float *)gate->data,
-                                                       (const float *)up->data, n, (int)act);
+                                                       (__nv_bfloat16 *)uk->data,
+                                                       ok ? (__nv_bfloat16 *)ok->data : NULL,
+                                                       (const float *)gate->data, (const float *)up->data, n, (int)act);
     return cuda_check_launch(cb, "glu");
 }
 

@@ -434,6 +434,10 @@ static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const f
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
 /* Blocks of 256 threads for a grid-stride loop over n elements (at least 1, at most 65535 * 4). */
+/* RoPE's heads per thread for rows * half (row, i) pairs over nh heads (k_rope, k_rope_bwd): all of them
+ * where the pairs alone fill the GPU, so that each angle's sin and cos is computed once; else one. */
+static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh) { return pairs >= 32768 ? nh : 1; }
+
 static inline unsigned cuda_ew_grid(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);

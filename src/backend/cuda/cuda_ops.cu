@@ -165,34 +165,38 @@ lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p
 
 typedef struct rope_arg {
     int B, T, nh, hd, half, interleaved;
+    int hpt;                 /* heads per thread: the angle's sin and cos computed once for them */
     float attn_factor;
     int n_past[CUDA_SEQ_MAX], n_new[CUDA_SEQ_MAX];
     float inv_freq[CUDA_ROPE_MAX];
     const int *dyn;          /* non-NULL: n_past / n_new from this device array */
 } rope_arg;
 
-/* x [B*T, nh*hd] (x already offset to this launch's first sequence): one thread per (row, head, i). */
+/* x [B*T, nh*hd] (x already offset to this launch's first sequence): one thread per (row, i, run of hpt
+ * heads). */
 __global__ void k_rope(float *x, const rope_arg a) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    int64_t total = (int64_t)a.B * a.T * a.nh * a.half;
+    const int runs = (a.nh + a.hpt - 1) / a.hpt;
+    const int64_t total = (int64_t)a.B * a.T * runs * a.half;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
-        int i = (int)(g % a.half);
-        int64_t rh = g / a.half;
-        int h = (int)(rh % a.nh);
-        int64_t row = rh / a.nh;
-        int b = (int)(row / a.T), t = (int)(row % a.T);
-        int np = a.dyn ? a.dyn[CUDA_DYN_PAST + b] : a.n_past[b], nn = a.dyn ? a.dyn[CUDA_DYN_NEW + b] : a.n_new[b];
+        const int i = (int)(g % a.half), run = (int)(g / a.half % runs);
+        const int64_t row = g / a.half / runs;
+        const int b = (int)(row / a.T), t = (int)(row % a.T);
+        const int np = a.dyn ? a.dyn[CUDA_DYN_PAST + b] : a.n_past[b], nn = a.dyn ? a.dyn[CUDA_DYN_NEW + b] : a.n_new[b];
         if (t >= nn) continue;
         double ang = (double)(np + t) * (double)a.inv_freq[i];
         double sd, cd;
         sincos(ang, &sd, &cd);
-        float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
-        float *v = x + row * (int64_t)a.nh * a.hd + (int64_t)h * a.hd;
-        int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
-        float x1 = v[ia], x2 = v[ib];
-        v[ia] = x1 * c - x2 * s;
-        v[ib] = x2 * c + x1 * s;
+        const float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
+        const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+        const int h1 = (run + 1) * a.hpt < a.nh ? (run + 1) * a.hpt : a.nh;
+        for (int h = run * a.hpt; h < h1; h++) {
+            float *v = x + row * (int64_t)a.nh * a.hd + (int64_t)h * a.hd;
+            const float x1 = v[ia], x2 = v[ib];
+            v[ia] = x1 * c - x2 * s;
+            v[ib] = x2 * c + x1 * s;
+        }
     }
 }
 
@@ -218,7 +222,8 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
             a.n_past[b] = batch->n_past[b0 + b];
             a.n_new[b] = batch->n_new[b0 + b];
         }
-        int64_t total = (int64_t)a.B * a.T * nh * half;
+        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
+        int64_t total = (int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * half;
         float *base = (float *)x->data + (int64_t)b0 * batch->T * nh * hd;
         cuda_launch(cb, k_rope, cuda_ew_grid(total), 256, 0, base, a);
         lmx_status st = cuda_check_launch(cb, "rope");
