@@ -75,8 +75,9 @@ static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int
 }
 
 /* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx; x kept in bf16
- * (then the products that read it take bf16 operands) */
-static void test_lora(int with_dx, int kept, unsigned fresh, int dy16) {
+ * (then the products that read it take bf16 operands); with xa, both backends read x A^T as the cuda
+ * lora_keep op wrote it, whose output is the lora op's bit for bit */
+static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_xa) {
     const int B = 4, T = 5, K = 48, N = 40, r = 8;
     tpair a[2], b[2], da[2], db[2];
     lmx_lora_pair pg[2], pc[2];
@@ -89,8 +90,24 @@ static void test_lora(int with_dx, int kept, unsigned fresh, int dy16) {
     lmx_tensor *dag[4] = {&da[0].g, &da[0].g, NULL, &da[1].g}, *dbg[4] = {&db[0].g, &db[0].g, NULL, &db[1].g};
     lmx_tensor *dac[4] = {&da[0].c, &da[0].c, NULL, &da[1].c}, *dbc[4] = {&db[0].c, &db[0].c, NULL, &db[1].c};
     tpair x = rand_in(B * T, K, 1.0f, kept), dy = rand_in(B * T, N, 1.0f, dy16), dx = rand_both(B * T, K, 0.1f);
-    CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g, fresh) == LMX_OK);
-    CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c, fresh) == LMX_OK);
+    tpair xa = {{0}, {0}, 0};
+    if (with_xa) {
+        float *yv = rand_vec(B * T * N, 1.0f);
+        lmx_tensor y1 = act(gpu, B * T, N, yv), y2 = act(gpu, B * T, N, yv);
+        xa.g = act(gpu, B * T, r, NULL);
+        CHECK(gpu->ops->lora(gpu, &y1, &x.g, B, T, pairs_g) == LMX_OK);
+        CHECK(lmx_cuda_backward.lora_keep(gpu, &y2, &x.g, B, T, pairs_g, &xa.g) == LMX_OK);
+        float *o1 = fetch(gpu, &y1, B * T * N), *o2 = fetch(gpu, &y2, B * T * N), *xv = fetch(gpu, &xa.g, B * T * r);
+        CHECK_MSG(!memcmp(o1, o2, (size_t)B * T * N * 4), "lora_keep: output differs from the lora op's");
+        xa.c = act(cpu, B * T, r, xv);
+        free(o1), free(o2), free(xv), free(yv);
+        gpu->ops->release(gpu, &y1), gpu->ops->release(gpu, &y2);
+    }
+    CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g, fresh,
+                                     with_xa ? &xa.g : NULL) == LMX_OK);
+    CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c, fresh,
+                                    with_xa ? &xa.c : NULL) == LMX_OK);
+    if (with_xa) drop(&xa);
     const double tol = kept || dy16 ? 1e-2 : 2e-3; /* TF32 products, as the forward; bf16 ones with a kept x or dy */
     check_both("lora backward dx", &dx, tol);
     for (int i = 0; i < 2; i++) {
@@ -152,6 +169,38 @@ static void test_glu_keep(void) {
         drop(&u);
         gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk), gpu->ops->release(gpu, &ok);
         free(o1), free(o2), free(hg), free(hu), free(ho), free(gv), free(uv);
+    }
+}
+
+/* rmsnorm_keep: the rmsnorm op's output bit for bit and its keep the output rounded to bf16, bit for
+ * bit (rows of 257 and 5000 values: the two block kernels); a per-head row of 128 is refused */
+static void test_rmsnorm_keep(void) {
+    const int ns[3] = {257, 5000, 128}, rows = 9;
+    for (int i = 0; i < 3; i++) {
+        const int n = ns[i];
+        wpair w = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, n);
+        float *xv = rand_vec((int64_t)rows * n, 1.5f);
+        lmx_tensor x = act(gpu, rows, n, xv), o1 = act(gpu, rows, n, NULL), o2 = act(gpu, rows, n, NULL);
+        lmx_tensor ok = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, n}};
+        CHECK(gpu->ops->alloc(gpu, &ok) == LMX_OK);
+        CHECK(gpu->ops->rmsnorm(gpu, &o1, &x, &w.g, rows, n, 1e-5f, 1.0f) == LMX_OK);
+        const lmx_status st = lmx_cuda_backward.rmsnorm_keep(gpu, &o2, &x, &w.g, rows, n, 1e-5f, 1.0f, &ok);
+        if (n <= 256) {
+            CHECK_MSG(st == LMX_ERR_UNSUPPORTED, "rmsnorm_keep of %d values a row: status %d", n, (int)st);
+        } else {
+            CHECK(st == LMX_OK);
+            float *f1 = fetch(gpu, &o1, (int64_t)rows * n), *f2 = fetch(gpu, &o2, (int64_t)rows * n);
+            uint16_t *h = malloc((size_t)rows * n * 2);
+            CHECK(gpu->ops->read(gpu, &ok, 0, h, (size_t)rows * n * 2) == LMX_OK);
+            CHECK_MSG(!memcmp(f1, f2, (size_t)rows * n * 4), "rmsnorm_keep (n %d): output differs from the rmsnorm op's", n);
+            int64_t bad = 0;
+            for (int64_t j = 0; j < (int64_t)rows * n; j++) bad += h[j] != lmx_f32_to_bf16(f1[j]);
+            CHECK_MSG(bad == 0, "rmsnorm_keep (n %d): %lld keeps differ from the output rounded to bf16", n, (long long)bad);
+            free(f1), free(f2), free(h);
+        }
+        gpu->ops->release(gpu, &x), gpu->ops->release(gpu, &o1), gpu->ops->release(gpu, &o2), gpu->ops->release(gpu, &ok);
+        free_pair(&w.g, &w.c);
+        free(xv);
     }
 }
 
@@ -320,17 +369,20 @@ int main(void) {
     test_matmul("mlx8", LMX_DTYPE_U32, 8, 0, 64, 192, 3, 1e-2);
     test_matmul("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 64, 512, 21, 1e-2);
     test_matmul("q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 50, 96, 12, 1e-2);
-    test_lora(1, 0, 0, 0);
-    test_lora(0, 0, 0, 0);
-    test_lora(1, 1, 0, 0);
-    test_lora(1, 0, 1, 0); /* dx written: its rows of the sequence without a pair are zeros */
-    test_lora(1, 1, 1, 0);
-    test_lora(1, 1, 1, 1); /* dy as the tape's bf16 copy too */
-    test_lora(1, 0, 0, 1); /* an f32 x (dropout's copy) beside it */
+    test_lora(1, 0, 0, 0, 0);
+    test_lora(0, 0, 0, 0, 0);
+    test_lora(1, 1, 0, 0, 0);
+    test_lora(1, 0, 1, 0, 0); /* dx written: its rows of the sequence without a pair are zeros */
+    test_lora(1, 1, 1, 0, 0);
+    test_lora(1, 1, 1, 1, 0); /* dy as the tape's bf16 copy too */
+    test_lora(1, 0, 0, 1, 0); /* an f32 x (dropout's copy) beside it */
+    test_lora(1, 1, 1, 1, 1); /* x A^T from the forward (lora_keep), as the tape runs it */
+    test_lora(0, 0, 0, 0, 1);
     test_elementwise(0);
     test_elementwise(1);
     test_glu_keep();
     test_glu_bwd16();
+    test_rmsnorm_keep();
     for (int T = 5; T <= 1100; T += 1095) {
         test_rope(64, 0, T);
         test_rope(64, 1, T);

@@ -35,10 +35,11 @@ typedef struct lmx_backward_ops {
     /* y += s B (A x) per sequence (lora op): dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy (A x)^T,
      * with da[b] / db[b] the gradients of pairs[b]'s a / b ([r, K] / [N, r]; pairs of one adapter share
      * them), NULL where pairs[b] is NULL.  dx may be NULL (the input needs no gradient); fresh bit 0: dx
-     * (rows of sequences without a pair get zeros). */
+     * (rows of sequences without a pair get zeros).  xa: x A^T [B*T, r] as lora_keep wrote it (every
+     * pair of rank r), or NULL: computed here. */
     lmx_status (*lora_bwd)(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                            const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                           unsigned fresh);
+                           unsigned fresh, const lmx_tensor *xa);
     /* y = act(gate) * up                              dgate, dup += ...         n elements each
      * dgate and dup both in keep_dtype where that is bf16 (fresh 3): written rounded to it (the tape's
      * bf16 gradients of a GLU's gate and up, which matmul_bwd and lora_bwd read as their dy) */
@@ -86,6 +87,17 @@ typedef struct lmx_backward_ops {
      * and gate's shape: one pass over gate and up where the op and their keeps take three or four. */
     lmx_status (*glu_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                            lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok);
+    /* Optional (NULL: none): the lora op (backend.h) that also writes each row's shrink x A^T into xa
+     * [B*T, r] (f32, allocated by the caller; every pair of rank r; rows of sequences without a pair
+     * are left as they are), which lora_bwd then reads instead of computing it again.
+     * LMX_ERR_UNSUPPORTED where the backend cannot (the caller runs the lora op). */
+    lmx_status (*lora_keep)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                            const lmx_lora_pair *const *pairs, lmx_tensor *xa);
+    /* Optional (NULL: none): the rmsnorm op (backend.h) that also writes out's values into ok, allocated
+     * by the caller in keep_dtype and out's shape (the keep of the matmuls' input that follows).
+     * LMX_ERR_UNSUPPORTED where the backend cannot (the caller runs the rmsnorm op). */
+    lmx_status (*rmsnorm_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                               int n, float eps, float add_one, lmx_tensor *ok);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

@@ -111,6 +111,32 @@ static const lmx_tensor *shared_input(lmx_tape *t, const lmx_tensor *x, int64_t 
     return &k->copy;
 }
 
+/* A bf16 tensor [rows, cols] for an op to write its output's keep into (data NULL: none: the backend keeps
+ * f32, or out of memory). */
+static lmx_tensor keep_room(lmx_tape *t, int64_t rows, int64_t cols) {
+    lmx_tensor k = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, cols}};
+    if (t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 ||
+        (t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, &k)) {
+        lmx_err_clear(&t->in->err);
+        k.data = NULL;
+    }
+    return k;
+}
+
+/* copy (from keep_room), written by the op that made version var of buffer data, becomes that version's
+ * keep and the tape's shared input: the matmuls and LoRA records that read it next find it there
+ * (shared_input) instead of narrowing it.  Out of memory: it is dropped. */
+static void hold_shared(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy) {
+    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) {
+        t->in->ops->release(t->in, copy);
+        return;
+    }
+    t->keeps[t->n_keeps] = (tape_keep){.src = data, .rows = rows, .cols = cols, .var = var, .refs = 1, .copy = *copy};
+    memset(copy, 0, sizeof *copy);
+    if (t->shared) unkeep(t, t->shared - 1);
+    t->shared = ++t->n_keeps; /* keep id + 1 */
+}
+
 static tape_rec *new_rec(lmx_tape *t, int op) {
     if (grow((void **)&t->recs, &t->cap_recs, t->n_recs + 1, sizeof *t->recs)) return NULL;
     tape_rec *r = &t->recs[t->n_recs++];
@@ -143,11 +169,24 @@ static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
         if (st) return st;
         r->in[0] = vx, r->w = w, r->rows = rows, r->n = n, r->eps = eps, r->one = add_one;
     }
+    /* a hidden state's norm (not a per-head one, whose output RoPE rewrites) writes the keep of the
+     * matmuls' input that follows in its pass, where the backend can */
+    lmx_tensor ok = n > 256 && t->bwd->rmsnorm_keep ? keep_room(t, rows, n) : (lmx_tensor){0};
     lmx_status st = guard(t, out->data);
-    if (!st) st = pass(t, t->in->ops->rmsnorm(t->in, out, x, w, rows, n, eps, add_one));
-    if (st) return st;
+    if (st) {
+        if (ok.data) t->in->ops->release(t->in, &ok);
+        return st;
+    }
+    st = LMX_ERR_UNSUPPORTED;
+    if (ok.data && (st = t->bwd->rmsnorm_keep(t->in, out, x, w, rows, n, eps, add_one, &ok))) t->in->ops->release(t->in, &ok);
+    if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->rmsnorm(t->in, out, x, w, rows, n, eps, add_one);
+    if (pass(t, st)) return st;
     const int v = new_var(t, out->data, rows, n, r != NULL);
-    if (v < 0) return nomem(t);
+    if (v < 0) {
+        if (ok.data) t->in->ops->release(t->in, &ok);
+        return nomem(t);
+    }
+    if (ok.data) hold_shared(t, out->data, rows, n, v, &ok);
     if (r) r->out = v;
     return LMX_OK;
 }
@@ -173,6 +212,23 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
 static int watch_index(const lmx_tape *t, const lmx_lora_pair *p) {
     const tape_watch *w = watch_of(t, p);
     return w ? (int)(w - t->watches) : -1;
+}
+
+/* Room for the shrink x A^T [B*T, r] that lora_keep writes, where the backend has it and the pairs are
+ * trained and of one rank r (data NULL: none). */
+static lmx_tensor lora_xa(lmx_tape *t, int watched, int B, int T, const lmx_lora_pair *const *pairs) {
+    lmx_tensor xa = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {(int64_t)B * T, 0}};
+    if (!watched || !t->bwd->lora_keep) return (lmx_tensor){0};
+    for (int b = 0; b < B; b++) {
+        if (!pairs[b]) continue;
+        if (xa.shape[1] && pairs[b]->a.shape[0] != xa.shape[1]) return (lmx_tensor){0};
+        xa.shape[1] = pairs[b]->a.shape[0];
+    }
+    if ((t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, &xa)) {
+        lmx_err_clear(&t->in->err);
+        return (lmx_tensor){0};
+    }
+    return xa;
 }
 
 static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
@@ -212,8 +268,17 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
     }
     lmx_status st = guard(t, y->data);
-    if (!st) st = pass(t, t->in->ops->lora(t->in, y, drop ? &r->own : shared_input(t, x, rows, K), B, T, pairs));
     if (st) return st;
+    const lmx_tensor *xin = drop ? &r->own : shared_input(t, x, rows, K);
+    lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
+    st = LMX_ERR_UNSUPPORTED;
+    if (xa.data) { /* the op keeps its shrink for backward, where the backend can */
+        st = t->bwd->lora_keep(t->in, y, xin, B, T, pairs, &xa);
+        if (st) t->in->ops->release(t->in, &xa);
+        else r->xa = xa;
+    }
+    if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
+    if (pass(t, st)) return st;
     if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
     const int v = new_var(t, y->data, rows, N, 1);
     if (v < 0) return nomem(t);
@@ -269,22 +334,18 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
             kg = ku = NULL;
         }
     }
-    /* and the output's bf16 copy, which the down projection's matmul and LoRA read (shared_input) */
-    lmx_tensor ok = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {n / cols, cols}};
-    if (!kg || (t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, &ok)) ok.data = NULL;
+    /* and the output's, which the down projection's matmul and LoRA read (shared_input) */
+    lmx_tensor ok = kg ? keep_room(t, n / cols, cols) : (lmx_tensor){0};
     lmx_status st = guard(t, out->data);
     if (!st && kg) st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy, ok.data ? &ok : NULL));
     else if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
     const int v = st ? -1 : new_var(t, out->data, n / cols, cols, req);
     if (!st && v < 0) st = nomem(t);
-    if (!st && ok.data && !grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) {
-        t->keeps[t->n_keeps] = (tape_keep){.src = out->data, .rows = n / cols, .cols = cols, .var = v, .refs = 1, .copy = ok};
-        if (t->shared) unkeep(t, t->shared - 1);
-        t->shared = ++t->n_keeps; /* held as the shared input's (keep id + 1) */
-        ok.data = NULL;
+    if (st) {
+        if (ok.data) t->in->ops->release(t->in, &ok);
+        return st;
     }
-    if (ok.data) t->in->ops->release(t->in, &ok);
-    if (st) return st;
+    if (ok.data) hold_shared(t, out->data, n / cols, cols, v, &ok);
     if (r) r->out = v;
     return LMX_OK;
 }
@@ -545,6 +606,7 @@ void tape_rec_free(lmx_tape *t, tape_rec *r) {
         if (r->keep[k] >= 0) unkeep(t, r->keep[k]);
     if (r->own.data) t->in->ops->release(t->in, &r->own);
     if (r->lse.data) t->in->ops->release(t->in, &r->lse);
+    if (r->xa.data) t->in->ops->release(t->in, &r->xa);
     free(r->ints);
     free(r->pairs);
 }

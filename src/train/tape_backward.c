@@ -156,7 +156,7 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         else if (!st && t->bwd->keep_dtype(in) == LMX_DTYPE_BF16 && t->bwd->keep(in, &dy16, dy) != LMX_OK) dy16.data = NULL;
         if (!st)
             st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy16.data ? &dy16 : dy, x, r->bt.B, r->bt.T,
-                                      r->pairs, fresh));
+                                      r->pairs, fresh, r->xa.data ? &r->xa : NULL));
         if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
         if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
         if (tmp.data) in->ops->release(in, &tmp);

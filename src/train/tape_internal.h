@@ -26,6 +26,7 @@ typedef struct tape_rec {
     int keep[4];                 /* keeps of what the backward op reads; -1: none */
     lmx_tensor own;              /* lora with dropout: the dropped input, which backward reads (owned) */
     lmx_tensor lse;              /* attention: the log-sum-exp the forward wrote [B, H, T] (owned), or none */
+    lmx_tensor xa;               /* lora: x A^T [B*T, r] the forward wrote (owned: lora_keep), or none */
     const lmx_tensor *w;         /* rmsnorm / matmul weight (the model's) */
     int rows, n, M, nh, hd, R;
     int64_t count;

@@ -79,7 +79,7 @@ static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tens
 
 static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                                const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                               unsigned fresh) {
+                               unsigned fresh, const lmx_tensor *xa) {
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
     if (dx && (fresh & 1)) memset(dx->data, 0, (size_t)B * T * K * sizeof(float));
     for (int b = 0; b < B; b++) {
@@ -89,13 +89,17 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
         const int r = (int)p->a.shape[0];
+        if (xa && xa->shape[xa->ndim - 1] != r)
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: x A^T of rank %lld for a pair of rank %d",
+                               (long long)xa->shape[xa->ndim - 1], r);
         const float *A = p->a.data, *Bm = p->b.data, *xs = (const float *)x->data + (int64_t)b * T * K;
         const float *dys = (const float *)dy->data + (int64_t)b * T * N;
         float *t = work(be, (size_t)2 * T * r, "lora backward");
         if (!t) return be->err.status;
         float *u = t + (size_t)T * r;
-        /* t = x A^T [T, r], u = s dy B [T, r] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, r, (int)K, 1.0f, xs, (int)K, A, (int)K, 0.0f, t, r);
+        /* t = x A^T [T, r] (xa's rows, where given), u = s dy B [T, r] */
+        if (xa) memcpy(t, (const float *)xa->data + (int64_t)b * T * r, (size_t)T * r * sizeof(float));
+        else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, r, (int)K, 1.0f, xs, (int)K, A, (int)K, 0.0f, t, r);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, (int)N, p->scale, dys, (int)N, Bm, r, 0.0f, u, r);
         /* dB += s dy^T t [N, r]; dA += u^T x [r, K]; dx += u A [T, K] */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, r, T, p->scale, dys, (int)N, t, r, 1.0f,

@@ -175,21 +175,24 @@ static lmx_status hgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_
                 "lora backward");
 }
 
-/* rows of one segment (consecutive sequences sharing pair p): t = x A^T, u = s dy B ([rows, r] each,
- * column-major r x rows), then the three gradients.  x is f32 (TF32 products) or bf16 (x16: a bf16 keep;
- * then A and u are narrowed into h16 for the two products that read x); dy is f32 or bf16 (dy16: the
- * tape's copy, which matmul backward reads too; then B and t are narrowed for the two that read dy).
- * h16: bf16 room for A [r, K], u and t [rows, r] and B [N, r]. */
+/* rows of one segment (consecutive sequences sharing pair p): t = x A^T (or xa, the forward's), u = s dy B
+ * ([rows, r] each, column-major r x rows), then the three gradients.  x is f32 (TF32 products) or bf16
+ * (x16: a bf16 keep; then A and u are narrowed into h16 for the two products that read x); dy is f32 or
+ * bf16 (dy16: the tape's copy, which matmul backward reads too; then B and t are narrowed for the two
+ * that read dy).  h16: bf16 room for A [r, K], u and t [rows, r] and B [N, r]. */
 static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy,
                                    const __nv_bfloat16 *dy16, const float *x, const __nv_bfloat16 *x16, int rows, int K,
-                                   int N, const lmx_lora_pair *p, float *t, __nv_bfloat16 *h16, float dx_beta) {
+                                   int N, const lmx_lora_pair *p, float *t, __nv_bfloat16 *h16, float dx_beta,
+                                   const float *xa) {
     const int r = (int)p->a.shape[0];
     const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
     float *u = t + (size_t)rows * r;
     __nv_bfloat16 *A16 = h16, *u16 = h16 ? A16 + (size_t)r * K : NULL, *t16 = h16 ? u16 + (size_t)rows * r : NULL;
     __nv_bfloat16 *B16 = h16 ? t16 + (size_t)rows * r : NULL;
     lmx_status st = LMX_OK;
-    if (x16) {
+    if (xa) {
+        t = (float *)xa;
+    } else if (x16) {
         st = cuda_narrow_bf16(cb, A16, A, (int64_t)r * K);
         if (!st) st = hgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A16, K, x16, K, 0.0f, t, r);
     } else {
@@ -214,11 +217,30 @@ static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float
     return st;
 }
 
+/* xa [B*T, r] of pairs of rank r (lora_keep, lora_bwd): its shape, checked */
+static lmx_status lora_xa_check(lmx_backend *be, const lmx_tensor *xa, int B, int T, const lmx_lora_pair *const *pairs) {
+    const int64_t r = xa->shape[xa->ndim - 1];
+    if (xa->dtype != LMX_DTYPE_F32 || lmx_tensor_nelem(xa) != (int64_t)B * T * r)
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora: x A^T is not [%d, %lld] f32", B * T, (long long)r);
+    for (int b = 0; b < B; b++)
+        if (pairs[b] && pairs[b]->a.shape[0] != r)
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora: x A^T of rank %lld for a pair of rank %lld", (long long)r,
+                               (long long)pairs[b]->a.shape[0]);
+    return LMX_OK;
+}
+
+static lmx_status bwd_lora_keep(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                                const lmx_lora_pair *const *pairs, lmx_tensor *xa) {
+    lmx_status st = lora_xa_check(be, xa, B, T, pairs);
+    return st ? st : cuda_lora_xa(be, y, x, B, T, pairs, (float *)xa->data);
+}
+
 static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                            const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                           unsigned fresh) {
+                           unsigned fresh, const lmx_tensor *xa) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
+    if (!st && xa) st = lora_xa_check(be, xa, B, T, pairs);
     if (st) return st;
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
     int64_t need = 0, rmax = 0;
@@ -249,7 +271,8 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
                                   dyb ? (const __nv_bfloat16 *)dy->data + r0 * N : NULL,
                                   half ? NULL : (const float *)x->data + r0 * K,
                                   half ? (const __nv_bfloat16 *)x->data + r0 * K : NULL, (b1 - b0) * T, (int)K, (int)N,
-                                  pairs[b0], t, h16, fresh & 1 ? 0.0f : 1.0f);
+                                  pairs[b0], t, h16, fresh & 1 ? 0.0f : 1.0f,
+                                  xa ? (const float *)xa->data + r0 * pairs[b0]->a.shape[0] : NULL);
         } else if (dx && (fresh & 1)) { /* no pair: a fresh dx's rows are zeros */
             const cudaError_t e = cudaMemsetAsync((float *)dx->data + r0 * K, 0, (size_t)(b1 - b0) * T * K * sizeof(float),
                                                   cb->stream);
@@ -787,6 +810,16 @@ static lmx_status bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tenso
     return cuda_check_launch(cb, "glu");
 }
 
+static lmx_status bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                                   int n, float eps, float add_one, lmx_tensor *ok) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st) return st;
+    if (ok->dtype != LMX_DTYPE_BF16 || lmx_tensor_nelem(ok) != (int64_t)rows * n)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "rmsnorm with a keep: a bf16 keep of [%d, %d] only", rows, n);
+    return cuda_rmsnorm_o16(be, out, x, w, rows, n, eps, add_one, (__nv_bfloat16 *)ok->data);
+}
+
 /* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), which the backward ops read as they are
  * (attention widens its q, k and v first). */
 static lmx_dtype bwd_keep_dtype(const lmx_backend *be) {
@@ -826,4 +859,6 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .keep = */ bwd_keep,
     /* .keep_dtype = */ bwd_keep_dtype,
     /* .glu_keep = */ bwd_glu_keep,
+    /* .lora_keep = */ bwd_lora_keep,
+    /* .rmsnorm_keep = */ bwd_rmsnorm_keep,
 };

@@ -124,6 +124,12 @@ lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, 
  * (y [B, N] += scale_b * B_b (A_b x[b]) for each b with pairs[b] != NULL). */
 lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                      const lmx_lora_pair *const *pairs);
+/* the rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's rmsnorm_keep; n > 256) */
+lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
+                            float eps, float add_one, __nv_bfloat16 *o16);
+/* the same, each segment's shrink x A^T written into xa [B*T, r] (training's lora_keep; T > 1) */
+lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                        const lmx_lora_pair *const *pairs, float *xa);
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs);
 

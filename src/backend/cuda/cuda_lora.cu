@@ -354,6 +354,11 @@ static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, const
 
 lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                      const lmx_lora_pair *const *pairs) {
+    return cuda_lora_xa(be, y, x, B, T, pairs, NULL);
+}
+
+lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                        const lmx_lora_pair *const *pairs, float *xa) {
     cuda_backend *cb = (cuda_backend *)be;
     int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
     for (int b = 0; b < B; b++) {
@@ -363,6 +368,7 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
                                (long long)K, (long long)N);
     }
     const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h) */
+    if (T == 1 && xa) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda lora: x A^T of one row");
     if (T == 1 && xb) { /* the decode kernels read f32 */
         lmx_tensor wide;
         lmx_status st = cuda_widen(cb, &wide, x);
@@ -389,10 +395,12 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
     for (int b0 = 0; b0 < B;) {
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0]) b1++;
-        if (pairs[b0]) {
+        if (pairs[b0]) { /* t: the scratch, or xa's rows of the segment */
+            const int64_t r0 = (int64_t)b0 * T;
             lmx_status st = lora_segment(cb, (float *)y->data, xb ? NULL : (const float *)x->data,
-                                         xb ? (const __nv_bfloat16 *)x->data : NULL, K, N, (int64_t)b0 * T,
-                                         (int64_t)(b1 - b0) * T, pairs[b0], t, xb ? (__nv_bfloat16 *)(t + t_len) : NULL);
+                                         xb ? (const __nv_bfloat16 *)x->data : NULL, K, N, r0, (int64_t)(b1 - b0) * T,
+                                         pairs[b0], xa ? xa + r0 * pairs[b0]->a.shape[0] : t,
+                                         xb ? (__nv_bfloat16 *)(t + t_len) : NULL);
             if (st) return st;
         }
         b0 = b1;

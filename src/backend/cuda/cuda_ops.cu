@@ -81,16 +81,19 @@ __global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dt
  * graph's fused add + norm agree bit for bit).  Up to 256 J values (J_MAX: 8192) a thread holds its
  * values in registers, so every load of the row is in flight at once, and the norm's weights are read
  * before the kernel waits for the one before it; longer rows loop over the row twice.
- * ADD: y += p first (the residual add of a decode graph), and the norm reads the sum. */
+ * ADD: y += p first (the residual add of a decode graph), and the norm reads the sum.  o16 non-NULL: out
+ * also rounded to bf16 into it (training's keep of a matmul's input). */
 #define RMS_J_MAX 32
 template <int J, bool ADD>
 __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, float *__restrict__ y,
                                                        const float *__restrict__ p, const void *__restrict__ w,
-                                                       lmx_dtype wt, int n, float eps, float add_one) {
+                                                       lmx_dtype wt, int n, float eps, float add_one,
+                                                       __nv_bfloat16 *__restrict__ o16) {
     cuda_pdl_trigger();
     __shared__ float part[8];
     const int t = threadIdx.x;
     float *yr = y + (int64_t)blockIdx.x * n, *orow = out + (int64_t)blockIdx.x * n;
+    __nv_bfloat16 *hrow = o16 ? o16 + (int64_t)blockIdx.x * n : NULL;
     const float *pr = ADD ? p + (int64_t)blockIdx.x * n : NULL;
     float ss = 0;
     if constexpr (J > 0) {
@@ -113,7 +116,11 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
         const float inv = cuda_rms_inv_block(ss, n, eps, part);
 #pragma unroll
         for (int j = 0; j < J; j++)
-            if (t + 256 * j < n) orow[t + 256 * j] = v[j] * inv * wv[j];
+            if (t + 256 * j < n) {
+                const float o = v[j] * inv * wv[j];
+                orow[t + 256 * j] = o;
+                if (hrow) hrow[t + 256 * j] = __float2bfloat16(o);
+            }
     } else {
         cuda_pdl_wait();
         for (int i = t; i < n; i += 256) {
@@ -125,18 +132,22 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
             ss += v * v;
         }
         const float inv = cuda_rms_inv_block(ss, n, eps, part);
-        for (int i = t; i < n; i += 256) orow[i] = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+        for (int i = t; i < n; i += 256) {
+            const float o = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+            orow[i] = o;
+            if (hrow) hrow[i] = __float2bfloat16(o);
+        }
     }
 }
 
 /* k_rmsnorm_block's launch for rows of n > 256 (p NULL: no add; y is then only read). */
 template <bool ADD>
 static void rmsnorm_block_launch(cuda_backend *cb, float *out, float *y, const float *p, const lmx_tensor *w, int rows,
-                                 int n, float eps, float add_one) {
-    void (*k)(float *, float *, const float *, const void *, lmx_dtype, int, float, float) =
+                                 int n, float eps, float add_one, __nv_bfloat16 *o16 = NULL) {
+    void (*k)(float *, float *, const float *, const void *, lmx_dtype, int, float, float, __nv_bfloat16 *) =
         n <= 256 * 8 ? k_rmsnorm_block<8, ADD> : n <= 256 * 16 ? k_rmsnorm_block<16, ADD>
         : n <= 256 * RMS_J_MAX ? k_rmsnorm_block<RMS_J_MAX, ADD> : k_rmsnorm_block<0, ADD>;
-    cuda_launch(cb, k, rows, 256, 0, out, y, p, (const void *)w->data, w->dtype, n, eps, add_one);
+    cuda_launch(cb, k, rows, 256, 0, out, y, p, (const void *)w->data, w->dtype, n, eps, add_one, o16);
 }
 
 lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
@@ -150,6 +161,18 @@ lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, c
                     (const void *)w->data, w->dtype, rows, n, eps, add_one);
     else
         rmsnorm_block_launch<false>(cb, (float *)out->data, (float *)x->data, NULL, w, rows, n, eps, add_one);
+    return cuda_check_launch(cb, "rmsnorm");
+}
+
+/* The rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's keep of the input of
+ * the matmuls that follow); rows of n > 256 only. */
+lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
+                            float eps, float add_one, __nv_bfloat16 *o16) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (w->q.bits || w->q.ggml_type || n <= 256)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm with a bf16 copy of %d values a row", n);
+    if (rows <= 0) return LMX_OK;
+    rmsnorm_block_launch<false>(cb, (float *)out->data, (float *)x->data, NULL, w, rows, n, eps, add_one, o16);
     return cuda_check_launch(cb, "rmsnorm");
 }
 
