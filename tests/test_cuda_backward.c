@@ -243,6 +243,26 @@ static void test_rope(int rot_dim, int interleaved, int T) {
     char what[64];
     snprintf(what, sizeof what, "rope backward (rot %d, interleaved %d, T %d)", rot_dim, interleaved, T);
     check_both(what, &dx, 1e-5);
+    /* into a bf16 gradient (the tape's): R^T dy rounded, every value written (padding rows zeros) */
+    const int64_t n = (int64_t)B * T * nh * hd;
+    float *zero = calloc((size_t)n, 4), *ref;
+    lmx_tensor d16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {B * T, nh * hd}}, dc = act(cpu, B * T, nh * hd, zero);
+    CHECK(gpu->ops->alloc(gpu, &d16) == LMX_OK);
+    uint16_t *h = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) h[i] = 0x7fc0; /* NaN: a value left unwritten shows */
+    CHECK(gpu->ops->write(gpu, &d16, 0, h, (size_t)n * 2) == LMX_OK);
+    CHECK(lmx_cuda_backward.rope_bwd(gpu, &d16, &dy.g, &bt, nh, hd, &rope) == LMX_OK);
+    CHECK(lmx_cpu_backward.rope_bwd(cpu, &dc, &dy.c, &bt, nh, hd, &rope) == LMX_OK);
+    CHECK(gpu->ops->read(gpu, &d16, 0, h, (size_t)n * 2) == LMX_OK);
+    ref = (float *)dc.data;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = lmx_bf16_to_f32(h[i]);
+        bad += !(fabsf(v - ref[i]) <= fabsf(ref[i]) / 128.0f + 1e-6f);
+    }
+    CHECK_MSG(bad == 0, "%s into bf16: %lld of %lld values differ beyond rounding", what, (long long)bad, (long long)n);
+    gpu->ops->release(gpu, &d16), cpu->ops->release(cpu, &dc);
+    free(zero), free(h);
     drop(&dy);
 }
 

@@ -48,7 +48,9 @@ typedef struct lmx_backward_ops {
     /* y = cap tanh(x / cap), given y                  dx += dy (1 - (y/cap)^2)  n elements */
     lmx_status (*softcap_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *y, int64_t n,
                               float cap);
-    /* y = rope(x)                                     dx += R^T dy              dy, dx [M, nh*hd] */
+    /* y = rope(x)                                     dx += R^T dy              dy, dx [M, nh*hd]
+     * dx in keep_dtype where that is bf16: dx = R^T dy rounded to it, every value written (the tape's
+     * bf16 gradient of a projection that RoPE rotates next) */
     lmx_status (*rope_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *batch, int nh,
                            int hd, const lmx_rope *rope);
     /* out = attention(q, k, v) of lmx_attn_args a with n_past 0 and a->kv ignored (each sequence's

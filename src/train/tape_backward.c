@@ -77,7 +77,8 @@ static int read_before(const lmx_tape *t, int i, int v, int skip) {
 /* Whether var v's gradient, which record i is about to write whole, may live in bf16 alone (grad16,
  * no f32 grad): where keeps are bf16, record i is v's only reader and what reads v's gradient next
  * takes it in bf16 anyway: the matmul that made v, or the LoRA record that made it, when that record's
- * input version is read by it alone and was made by a matmul.  (The gate and up of a GLU.) */
+ * input version is read by it alone and was made by a matmul.  (The gate and up of a GLU; the output
+ * projection of a residual branch.) */
 static int bf16_grad_ok(lmx_tape *t, int i, int v) {
     if (v < 0 || t->vars[v].grad.data || t->vars[v].grad16.data || t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 ||
         read_before(t, i, v, -1))
@@ -171,6 +172,14 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     }
     case T_ADD: { /* y += x: both gain dy (x's first, as y's may take dy over) */
         const int64_t n = lmx_tensor_nelem(dy);
+        tape_var *xv = r->in[1] >= 0 ? &t->vars[r->in[1]] : NULL;
+        if (xv && xv->rows * xv->cols == n && bf16_grad_ok(t, (int)(r - t->recs), r->in[1])) {
+            /* x's gradient is dy rounded once to bf16 (a residual branch's output: its LoRA and matmul
+             * records read it so), not zeros plus dy in f32 */
+            if (bw->keep(in, &xv->grad16, dy) == LMX_OK) return pass_grad(t, r->in[0], dy);
+            memset(&xv->grad16, 0, sizeof xv->grad16);
+            lmx_err_clear(&in->err);
+        }
         GRAD(r->in[1], g1);
         if (g1 && pass(t, in->ops->add(in, g1, dy, n < lmx_tensor_nelem(g1) ? n : lmx_tensor_nelem(g1))))
             return t->base.err.status;
@@ -195,9 +204,20 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     case T_SOFTCAP:
         GRAD(r->in[0], g0);
         return g0 ? pass(t, bw->softcap_bwd(in, g0, dy, &saved[0], r->count, r->cap)) : LMX_OK;
-    case T_ROPE:
+    case T_ROPE: {
+        tape_var *xv = &t->vars[r->in[0]];
+        if (t->in->ops->alloc_raw && xv->rows * xv->cols == lmx_tensor_nelem(dy) &&
+            bf16_grad_ok(t, (int)(r - t->recs), r->in[0])) { /* x's gradient in bf16 alone, written whole */
+            xv->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {xv->rows, xv->cols}};
+            lmx_status st = t->in->ops->alloc_raw(in, &xv->grad16);
+            if (!st) st = bw->rope_bwd(in, &xv->grad16, dy, &r->bt, r->nh, r->hd, &r->rope);
+            if (st != LMX_ERR_UNSUPPORTED && st != LMX_ERR_NOMEM) return pass(t, st);
+            drop16(t, r->in[0]);
+            lmx_err_clear(&in->err);
+        }
         GRAD(r->in[0], g0);
         return g0 ? pass(t, bw->rope_bwd(in, g0, dy, &r->bt, r->nh, r->hd, &r->rope)) : LMX_OK;
+    }
     case T_ATTENTION: {
         GRAD(r->in[0], g0);
         GRAD(r->in[1], g1);

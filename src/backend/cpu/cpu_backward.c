@@ -146,6 +146,8 @@ static lmx_status cpu_softcap_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_ten
  * computes them); its transpose takes dy back. */
 static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *bt, int nh,
                                int hd, const lmx_rope *rope) {
+    if (dx->dtype != LMX_DTYPE_F32) /* keeps are f32 here: never bf16 gradients */
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu rope backward: an f32 gradient only");
     const int half = rope->rot_dim / 2;
     for (int b = 0; b < bt->B; b++)
         for (int t = 0; t < bt->n_new[b]; t++) {

@@ -364,42 +364,55 @@ typedef struct rope_bwd_arg {
     float inv_freq[CUDA_ROPE_MAX];
 } rope_bwd_arg;
 
-/* one thread per (row, dim pair, run of hpt heads), and per (row, dim past rot, run) for the
- * pass-through */
-__global__ void k_rope_bwd(float *dx, const float *dy, const rope_bwd_arg a) {
+/* O f32: dx += R^T dy; O bf16: dx = R^T dy rounded, every value written (padding rows: zeros).  One
+ * thread per (row, dim pair, run of hpt heads), and per (row, dim past rot, run) for the pass-through. */
+template <typename O> static __device__ __forceinline__ void rope_put(O *p, float v) {
+    if constexpr (sizeof(O) == 2) *p = __float2bfloat16(v);
+    else *p += v;
+}
+template <typename O>
+__global__ void k_rope_bwd(O *dx, const float *dy, const rope_bwd_arg a) {
     const int rest = a.hd - a.rot, per = a.half + rest, runs = (a.nh + a.hpt - 1) / a.hpt;
     const int64_t total = (int64_t)a.B * a.T * runs * per;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
         const int i = (int)(g % per), run = (int)(g / per % runs);
         const int64_t row = g / per / runs;
         const int b = (int)(row / a.T), t = (int)(row % a.T);
-        if (t >= a.n_new[b]) continue;
         const int h0 = run * a.hpt, h1 = h0 + a.hpt < a.nh ? h0 + a.hpt : a.nh;
         const int64_t off0 = row * a.nh * a.hd;
-        if (i >= a.half) { /* a dim past rot_dim passes through */
-            const int d = a.rot + i - a.half;
-            for (int h = h0; h < h1; h++) dx[off0 + (int64_t)h * a.hd + d] += dy[off0 + (int64_t)h * a.hd + d];
+        const int ia = i >= a.half ? a.rot + i - a.half : a.interleaved ? 2 * i : i; /* past rot: passes through */
+        const int ib = a.interleaved ? 2 * i + 1 : i + a.half;
+        if (t >= a.n_new[b]) { /* padding: no gradient */
+            if constexpr (sizeof(O) == 2)
+                for (int h = h0; h < h1; h++) {
+                    dx[off0 + (int64_t)h * a.hd + ia] = __float2bfloat16(0.0f);
+                    if (i < a.half) dx[off0 + (int64_t)h * a.hd + ib] = __float2bfloat16(0.0f);
+                }
+            continue;
+        }
+        if (i >= a.half) {
+            for (int h = h0; h < h1; h++) rope_put(dx + off0 + (int64_t)h * a.hd + ia, dy[off0 + (int64_t)h * a.hd + ia]);
             continue;
         }
         double sd, cd;
         sincos((double)(a.n_past[b] + t) * (double)a.inv_freq[i], &sd, &cd);
         const float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
-        const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
         for (int h = h0; h < h1; h++) {
             const int64_t off = off0 + (int64_t)h * a.hd;
             const float ya = dy[off + ia], yb = dy[off + ib];
-            dx[off + ia] += ya * c + yb * s;
-            dx[off + ib] += yb * c - ya * s;
+            rope_put(dx + off + ia, ya * c + yb * s);
+            rope_put(dx + off + ib, yb * c - ya * s);
         }
     }
 }
 
+/* dx f32 (added to), or bf16 (the tape's bf16 gradient: written whole) */
 static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *bt, int nh, int hd,
                            const lmx_rope *rope) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
-    const int half = rope->rot_dim / 2;
+    const int half = rope->rot_dim / 2, o16 = dx->dtype == LMX_DTYPE_BF16;
     if (half > CUDA_ROPE_MAX || rope->rot_dim > hd)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope backward over %d dims", rope->rot_dim);
     rope_bwd_arg a;
@@ -409,10 +422,11 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
     for (int b0 = 0; b0 < bt->B; b0 += CUDA_SEQ_MAX) {
         a.B = bt->B - b0 < CUDA_SEQ_MAX ? bt->B - b0 : CUDA_SEQ_MAX;
         for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b], a.n_new[b] = bt->n_new[b0 + b];
-        const int64_t off = (int64_t)b0 * bt->T * nh * hd;
         a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
-        k_rope_bwd<<<cuda_ew_grid((int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * (hd - half)), 256, 0, cb->stream>>>(
-            (float *)dx->data + off, (const float *)dy->data + off, a);
+        const int64_t off = (int64_t)b0 * bt->T * nh * hd;
+        const unsigned grid = cuda_ew_grid((int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * (hd - half));
+        if (o16) k_rope_bwd<<<grid, 256, 0, cb->stream>>>((__nv_bfloat16 *)dx->data + off, (const float *)dy->data + off, a);
+        else k_rope_bwd<<<grid, 256, 0, cb->stream>>>((float *)dx->data + off, (const float *)dy->data + off, a);
         if ((st = cuda_check_launch(cb, "rope backward"))) return st;
     }
     return LMX_OK;
