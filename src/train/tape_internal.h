@@ -17,7 +17,7 @@ typedef struct tape_var {
     lmx_tensor grad;             /* f32 [rows, cols]; data NULL until backward reaches it */
     lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged: made for a
                                   * LoRA record, read by the matmul record that produced y; or the gradient
-                                  * alone, grad none (only16: a GLU's gate and up, tape_backward.c) */
+                                  * alone, grad none (only16: where bf16_grad_ok, tape_backward.c, says) */
 } tape_var;
 
 typedef struct tape_rec {
