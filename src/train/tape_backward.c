@@ -1,7 +1,8 @@
 /* tape_backward.c - the tape's walk back (tape.h): each record's gradient from its output's, through
  * the backend's backward ops (backward.h), last record first.  A var's gradient is allocated where an op
  * first adds to it, written without zeroing where the op writes it whole (fresh), or handed over from the
- * op's output where the op passes it through (LoRA, residual adds). */
+ * op's output where the op passes it through (LoRA, residual adds); and in bf16 alone where the backend
+ * keeps bf16 and every reader of the gradient takes it so (bf16_grad_ok). */
 #include "tape_internal.h"
 
 /* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
