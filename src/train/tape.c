@@ -86,6 +86,12 @@ static void unkeep(lmx_tape *t, int id) {
     if (--k->refs == 0 && k->copy.data) t->in->ops->release(t->in, &k->copy);
 }
 
+/* Keep id becomes the tape's shared input, in place of the last one. */
+static void set_shared(lmx_tape *t, int id) {
+    if (t->shared) unkeep(t, t->shared - 1);
+    t->shared = id + 1;
+}
+
 /* What matmul and lora read of input x [rows, cols]: where the backend keeps activations in bf16, the
  * keep of x's version, copied now (the op reads it instead of narrowing x itself, and the records that
  * keep x share it: q, k and v, or gate and up, narrow their input once); else x.  The tape holds the
@@ -106,8 +112,7 @@ static const lmx_tensor *shared_input(lmx_tape *t, const lmx_tensor *x, int64_t 
             return x;
         }
     }
-    if (t->shared) unkeep(t, t->shared - 1);
-    t->shared = id + 1;
+    set_shared(t, id);
     return &k->copy;
 }
 
@@ -115,8 +120,7 @@ static const lmx_tensor *shared_input(lmx_tape *t, const lmx_tensor *x, int64_t 
  * f32, or out of memory). */
 static lmx_tensor keep_room(lmx_tape *t, int64_t rows, int64_t cols) {
     lmx_tensor k = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, cols}};
-    if (t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 ||
-        (t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, &k)) {
+    if (t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || tape_alloc(t, &k)) {
         lmx_err_clear(&t->in->err);
         k.data = NULL;
     }
@@ -133,8 +137,7 @@ static void hold_shared(lmx_tape *t, const void *data, int64_t rows, int64_t col
     }
     t->keeps[t->n_keeps] = (tape_keep){.src = data, .rows = rows, .cols = cols, .var = var, .refs = 1, .copy = *copy};
     memset(copy, 0, sizeof *copy);
-    if (t->shared) unkeep(t, t->shared - 1);
-    t->shared = ++t->n_keeps; /* keep id + 1 */
+    set_shared(t, t->n_keeps++);
 }
 
 static tape_rec *new_rec(lmx_tape *t, int op) {
@@ -224,7 +227,7 @@ static lmx_tensor lora_xa(lmx_tape *t, int watched, int B, int T, const lmx_lora
         if (xa.shape[1] && pairs[b]->a.shape[0] != xa.shape[1]) return (lmx_tensor){0};
         xa.shape[1] = pairs[b]->a.shape[0];
     }
-    if ((t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, &xa)) {
+    if (tape_alloc(t, &xa)) {
         lmx_err_clear(&t->in->err);
         return (lmx_tensor){0};
     }
@@ -322,15 +325,14 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
     /* where the backend can, the op writes gate's and up's bf16 keeps in its pass (their copies are
      * allocated first, so that guard leaves them alone) */
     tape_keep *kg = NULL, *ku = NULL;
-    if (r && t->bwd->glu_keep && t->bwd->keep_dtype(t->in) == LMX_DTYPE_BF16 && r->keep[0] != r->keep[1] &&
-        !t->keeps[r->keep[0]].copy.data && !t->keeps[r->keep[1]].copy.data) {
+    if (r && t->bwd->glu_keep && r->keep[0] != r->keep[1] && !t->keeps[r->keep[0]].copy.data &&
+        !t->keeps[r->keep[1]].copy.data) {
         kg = &t->keeps[r->keep[0]], ku = &t->keeps[r->keep[1]];
-        lmx_status (*alloc)(lmx_backend *, lmx_tensor *) = t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc;
-        kg->copy = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {kg->rows, kg->cols}};
-        ku->copy = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {ku->rows, ku->cols}};
-        if (alloc(t->in, &kg->copy) || alloc(t->in, &ku->copy)) { /* the plain op, keeps copied later */
+        kg->copy = keep_room(t, kg->rows, kg->cols);
+        ku->copy = kg->copy.data ? keep_room(t, ku->rows, ku->cols) : (lmx_tensor){0};
+        if (!ku->copy.data) { /* the plain op, keeps copied later */
             if (kg->copy.data) t->in->ops->release(t->in, &kg->copy);
-            kg->copy.data = ku->copy.data = NULL;
+            kg->copy.data = NULL;
             kg = ku = NULL;
         }
     }

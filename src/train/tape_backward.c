@@ -93,19 +93,25 @@ static int bf16_grad_ok(lmx_tape *t, int i, int v) {
            t->recs[m].op == T_MATMUL;
 }
 
+/* Var v's bf16 gradient allocated for an op that writes it whole (bf16_grad_ok): 1, or 0 (out of memory: none). */
+static int grad16_room(lmx_tape *t, int v) {
+    tape_var *x = &t->vars[v];
+    x->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {x->rows, x->cols}};
+    if (tape_alloc(t, &x->grad16) == LMX_OK) return 1;
+    lmx_err_clear(&t->in->err);
+    x->grad16.data = NULL;
+    return 0;
+}
+
 /* GLU record i's gradients as bf16 alone (bf16_grad_ok), written by glu_bwd: 1 done, 0 not taken (the
  * f32 way then), -1 failed. */
 static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor *saved) {
     const tape_rec *r = &t->recs[i];
-    if (r->in[0] == r->in[1] || !t->in->ops->alloc_raw || !bf16_grad_ok(t, i, r->in[0]) || !bf16_grad_ok(t, i, r->in[1]))
-        return 0;
+    if (r->in[0] == r->in[1] || !bf16_grad_ok(t, i, r->in[0]) || !bf16_grad_ok(t, i, r->in[1])) return 0;
     tape_var *g = &t->vars[r->in[0]], *u = &t->vars[r->in[1]];
     if (g->rows * g->cols != r->count || u->rows * u->cols != r->count) return 0;
-    g->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {g->rows, g->cols}};
-    u->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {u->rows, u->cols}};
-    if (t->in->ops->alloc_raw(t->in, &g->grad16) || t->in->ops->alloc_raw(t->in, &u->grad16)) {
-        lmx_err_clear(&t->in->err);
-        drop16(t, r->in[0]), drop16(t, r->in[1]);
+    if (!grad16_room(t, r->in[0]) || !grad16_room(t, r->in[1])) {
+        drop16(t, r->in[0]);
         return 0;
     }
     if (pass(t, t->bwd->glu_bwd(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1], r->count, r->act, 3)))
@@ -207,12 +213,10 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         return g0 ? pass(t, bw->softcap_bwd(in, g0, dy, &saved[0], r->count, r->cap)) : LMX_OK;
     case T_ROPE: {
         tape_var *xv = &t->vars[r->in[0]];
-        if (t->in->ops->alloc_raw && xv->rows * xv->cols == lmx_tensor_nelem(dy) &&
-            bf16_grad_ok(t, (int)(r - t->recs), r->in[0])) { /* x's gradient in bf16 alone, written whole */
-            xv->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {xv->rows, xv->cols}};
-            lmx_status st = t->in->ops->alloc_raw(in, &xv->grad16);
-            if (!st) st = bw->rope_bwd(in, &xv->grad16, dy, &r->bt, r->nh, r->hd, &r->rope);
-            if (st != LMX_ERR_UNSUPPORTED && st != LMX_ERR_NOMEM) return pass(t, st);
+        if (xv->rows * xv->cols == lmx_tensor_nelem(dy) && bf16_grad_ok(t, (int)(r - t->recs), r->in[0]) &&
+            grad16_room(t, r->in[0])) { /* x's gradient in bf16 alone, written whole */
+            const lmx_status st = bw->rope_bwd(in, &xv->grad16, dy, &r->bt, r->nh, r->hd, &r->rope);
+            if (st != LMX_ERR_UNSUPPORTED) return pass(t, st);
             drop16(t, r->in[0]);
             lmx_err_clear(&in->err);
         }

@@ -123,13 +123,8 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
     const float one = 1.0f, zero = 0.0f, *beta = fresh & 1 ? &zero : &one; /* dx written, or added to */
     const int quant = w->q.bits || w->q.ggml_type;
     if (!quant && w->dtype == LMX_DTYPE_F32) {
-        if (dy->dtype == LMX_DTYPE_BF16) { /* the tape's bf16 copy: this product reads f32 */
-            lmx_tensor wide;
-            if ((st = cuda_widen(cb, &wide, dy))) return st;
-            st = bwd_matmul(be, dx, &wide, w, M, fresh);
-            be->ops->release(be, &wide);
-            return st;
-        }
+        if (dy->dtype == LMX_DTYPE_BF16) /* the tape's bf16 copy: this product reads f32 */
+            return cuda_on_widened(cb, dy, [&](const lmx_tensor *d) { return bwd_matmul(be, dx, d, w, M, fresh); });
         return blas(cb, cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, (const float *)w->data, K,
                                     (const float *)dy->data, N, beta, (float *)dx->data, K), "matmul backward");
     }

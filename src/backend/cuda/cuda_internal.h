@@ -124,12 +124,12 @@ lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, 
  * (y [B, N] += scale_b * B_b (A_b x[b]) for each b with pairs[b] != NULL). */
 lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                      const lmx_lora_pair *const *pairs);
-/* the rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's rmsnorm_keep; n > 256) */
-lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
-                            float eps, float add_one, __nv_bfloat16 *o16);
 /* the same, each segment's shrink x A^T written into xa [B*T, r] (training's lora_keep; T > 1) */
 lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs, float *xa);
+/* the rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's rmsnorm_keep; n > 256) */
+lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
+                            float eps, float add_one, __nv_bfloat16 *o16);
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs);
 
@@ -262,6 +262,15 @@ size_t cuda_weight_bytes(const lmx_tensor *w);
 lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n);
 /* *wide = a new f32 tensor of bf16 x's shape and values (the caller releases it) */
 lmx_status cuda_widen(cuda_backend *cb, lmx_tensor *wide, const lmx_tensor *x);
+/* op(&wide) on an f32 copy of bf16 x, released after (an op that reads f32 given training's bf16 keep) */
+template <class F> static inline lmx_status cuda_on_widened(cuda_backend *cb, const lmx_tensor *x, F &&op) {
+    lmx_tensor wide;
+    lmx_status st = cuda_widen(cb, &wide, x);
+    if (st) return st;
+    st = op(&wide);
+    cb->base.ops->release(&cb->base, &wide);
+    return st;
+}
 lmx_status cuda_narrow_bf16_scaled(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n, float scale);
 /* Dequantize rows [n0, n0+rows) of w into dst (bf16 [rows, K]) on the stream. */
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
@@ -439,11 +448,11 @@ static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const f
 
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
-/* Blocks of 256 threads for a grid-stride loop over n elements (at least 1, at most 65535 * 4). */
 /* RoPE's heads per thread for rows * half (row, i) pairs over nh heads (k_rope, k_rope_bwd): all of them
  * where the pairs alone fill the GPU, so that each angle's sin and cos is computed once; else one. */
 static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh) { return pairs >= 32768 ? nh : 1; }
 
+/* Blocks of 256 threads for a grid-stride loop over n elements (at least 1, at most 65535 * 4). */
 static inline unsigned cuda_ew_grid(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (unsigned)(b < 65535 * 4 ? (b ? b : 1) : 65535 * 4);

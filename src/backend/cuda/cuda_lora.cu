@@ -369,14 +369,10 @@ lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
     }
     const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h) */
     if (T == 1 && xa) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda lora: x A^T of one row");
-    if (T == 1 && xb) { /* the decode kernels read f32 */
-        lmx_tensor wide;
-        lmx_status st = cuda_widen(cb, &wide, x);
-        if (st) return st;
-        st = cuda_lora_decode(cb, (float *)y->data, (const float *)wide.data, K, N, B, pairs);
-        be->ops->release(be, &wide);
-        return st;
-    }
+    if (T == 1 && xb) /* the decode kernels read f32 */
+        return cuda_on_widened(cb, x, [&](const lmx_tensor *xf) {
+            return cuda_lora_decode(cb, (float *)y->data, (const float *)xf->data, K, N, B, pairs);
+        });
     if (T == 1) return cuda_lora_decode(cb, (float *)y->data, (const float *)x->data, K, N, B, pairs);
     int64_t seg_max = 0, rk = 0;
     for (int b0 = 0; b0 < B;) {

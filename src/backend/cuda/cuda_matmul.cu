@@ -191,13 +191,8 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
     const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows);
     const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h): the GEMM takes it as it is */
-    if (xb && (gemv || (!quant && w->dtype != LMX_DTYPE_BF16))) { /* elsewhere x in f32 */
-        lmx_tensor wide;
-        if ((st = cuda_widen(cb, &wide, x))) return st;
-        st = cuda_matmul(be, out, &wide, w, bias, M);
-        be->ops->release(be, &wide);
-        return st;
-    }
+    if (xb && (gemv || (!quant && w->dtype != LMX_DTYPE_BF16))) /* elsewhere x in f32 */
+        return cuda_on_widened(cb, x, [&](const lmx_tensor *xf) { return cuda_matmul(be, out, xf, w, bias, M); });
     if (gemv) {
         for (int m0 = 0; m0 < M; m0 += rows) { /* quantized: each chunk of rows streams w once */
             const int mc = M - m0 < rows ? M - m0 : rows;
