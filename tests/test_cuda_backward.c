@@ -204,6 +204,85 @@ static void test_rmsnorm_keep(void) {
     }
 }
 
+/* A bf16 tensor's values [n] from the gpu, widened */
+static float *fetch16(const lmx_tensor *t, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    float *f = malloc((size_t)n * 4);
+    CHECK(gpu->ops->read(gpu, t, 0, h, (size_t)n * 2) == LMX_OK);
+    for (int64_t i = 0; i < n; i++) f[i] = lmx_bf16_to_f32(h[i]);
+    free(h);
+    return f;
+}
+
+/* How many of got's n values are not ref's rounded to bf16 give or take one bf16 step, or 1e-4 of ref's
+ * largest (the gpu's exp and tanh and the cpu's vector forms differ by as much near GELU's zeros) */
+static int64_t off_bf16(const float *got, const float *ref, int64_t n) {
+    float big = 0;
+    for (int64_t i = 0; i < n; i++) big = fmaxf(big, fabsf(ref[i]));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float r = lmx_bf16_to_f32(lmx_f32_to_bf16(ref[i]));
+        bad += fabsf(got[i] - r) > fabsf(r) * (1.0f / 128) + 1e-4f * big;
+    }
+    return bad;
+}
+
+/* The values the tape computes again in backward (glu_redo, rmsnorm_redo): from bf16 keeps into bf16, the
+ * cpu's ops on the same values rounded to bf16 (within a step); from f32, the f32 forward ops' outputs
+ * rounded (the norm of rows over 256: bit for bit), and f32 out where keeps are f32 */
+static void test_redo(void) {
+    const int64_t n = 3001;
+    for (int act_i = 0; act_i < 2; act_i++) {
+        const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
+        for (int mix = 0; mix < 3; mix++) { /* gate and up kept bf16; gate f32 and up bf16; both f32 into f32 */
+            tpair g = rand_in(1, n, 4.0f, mix == 0), u = rand_in(1, n, 2.0f, mix < 2);
+            lmx_tensor o = {.dtype = mix == 2 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16, .ndim = 2, .shape = {1, n}};
+            CHECK(gpu->ops->alloc(gpu, &o) == LMX_OK);
+            lmx_tensor oc = act(cpu, 1, n, NULL);
+            CHECK(lmx_cuda_backward.glu_redo(gpu, &o, &g.g, &u.g, n, a) == LMX_OK);
+            CHECK(lmx_cpu_backward.glu_redo(cpu, &oc, &g.c, &u.c, n, a) == LMX_OK);
+            if (mix == 2) {
+                tpair out = {o, oc, n};
+                check_both(act_i ? "glu_redo f32 (gelu)" : "glu_redo f32 (silu)", &out, act_i ? 1e-4 : 1e-5);
+            } else {
+                float *got = fetch16(&o, n);
+                const int64_t bad = off_bf16(got, oc.data, n);
+                CHECK_MSG(bad == 0, "glu_redo (act %d, mix %d): %lld values off the cpu's rounded", act_i, mix, (long long)bad);
+                free(got);
+                gpu->ops->release(gpu, &o), cpu->ops->release(cpu, &oc);
+            }
+            drop(&g), drop(&u);
+        }
+    }
+    const int ns[3] = {128, 257, 4096}, rows = 9;
+    for (int i = 0; i < 3; i++)
+        for (int kept = 0; kept < 2; kept++) {
+            const int n = ns[i];
+            wpair w = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, n);
+            tpair x = rand_in(rows, n, 1.5f, kept);
+            lmx_tensor o = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, n}};
+            lmx_tensor fwd = act(gpu, rows, n, NULL), oc = act(cpu, rows, n, NULL);
+            CHECK(gpu->ops->alloc(gpu, &o) == LMX_OK);
+            CHECK(lmx_cuda_backward.rmsnorm_redo(gpu, &o, &x.g, &w.g, rows, n, 1e-5f, 1.0f) == LMX_OK);
+            CHECK(lmx_cpu_backward.rmsnorm_redo(cpu, &oc, &x.c, &w.c, rows, n, 1e-5f, 1.0f) == LMX_OK);
+            float *got = fetch16(&o, (int64_t)rows * n);
+            int64_t bad = off_bf16(got, oc.data, (int64_t)rows * n);
+            CHECK_MSG(bad == 0, "rmsnorm_redo (n %d, kept %d): %lld values off the cpu's rounded", n, kept, (long long)bad);
+            if (!kept && n > 256) { /* the forward op's output, rounded, exactly */
+                CHECK(gpu->ops->rmsnorm(gpu, &fwd, &x.g, &w.g, rows, n, 1e-5f, 1.0f) == LMX_OK);
+                float *f = fetch(gpu, &fwd, (int64_t)rows * n);
+                bad = 0;
+                for (int64_t j = 0; j < (int64_t)rows * n; j++) bad += lmx_f32_to_bf16(f[j]) != lmx_f32_to_bf16(got[j]);
+                CHECK_MSG(bad == 0, "rmsnorm_redo (n %d): %lld values not the rmsnorm op's rounded", n, (long long)bad);
+                free(f);
+            }
+            free(got);
+            gpu->ops->release(gpu, &o), gpu->ops->release(gpu, &fwd), cpu->ops->release(cpu, &oc);
+            drop(&x);
+            free_pair(&w.g, &w.c);
+        }
+}
+
 /* glu backward into bf16 gradients (the tape's for a GLU's gate and up): the f32 ones rounded to bf16,
  * bit for bit; and the bf16 form refuses to add (fresh must be 3) */
 static void test_glu_bwd16(void) {
@@ -403,6 +482,7 @@ int main(void) {
     test_glu_keep();
     test_glu_bwd16();
     test_rmsnorm_keep();
+    test_redo();
     for (int T = 5; T <= 1100; T += 1095) {
         test_rope(64, 0, T);
         test_rope(64, 1, T);

@@ -71,6 +71,8 @@ typedef struct lmx_batch {
     int B, T;
     const int *n_past;       /* host [B] */
     const int *n_new;        /* host [B] */
+    int no_cache;            /* 1: sequences from position 0 whose keys and values are not kept (training's):
+                              * the model's layers neither grow nor write their caches */
 } lmx_batch;
 
 typedef struct lmx_attn_args {

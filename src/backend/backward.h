@@ -100,6 +100,14 @@ typedef struct lmx_backward_ops {
      * LMX_ERR_UNSUPPORTED where the backend cannot (the caller runs the rmsnorm op). */
     lmx_status (*rmsnorm_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                                int n, float eps, float add_one, lmx_tensor *ok);
+    /* Optional (NULL: none; both or neither): a value the tape computes again in backward rather than
+     * keeping it from the forward pass (the input of a LoRA record that is a GLU's or a norm's output),
+     * out allocated by the caller in keep_dtype: the glu op over gate and up as kept (keep_dtype), and the
+     * rmsnorm op over x as kept (f32 or keep_dtype; rows of any length). */
+    lmx_status (*glu_redo)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                           lmx_act act);
+    lmx_status (*rmsnorm_redo)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                               int n, float eps, float add_one);
 } lmx_backward_ops;
 
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */

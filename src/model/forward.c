@@ -200,7 +200,7 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
                        .kv = kv, .H = H, .Hk = Hk, .D = D, .scale = m->attn_scale,
                        .softcap = (float)c->attn_softcap};
     TRY(op->attention(be, &a));
-    if (m->layers[L->kv_src].kv_last == l) /* the last layer to attend over kv_src's cache without these rows */
+    if (!bt->no_cache && m->layers[L->kv_src].kv_last == l) /* the last layer to attend over kv_src's cache without these rows */
         TRY(op->kv_append(be, kv, bt, &k, &v));
 
     TRY(op->matmul(be, &ws->proj, &att, &L->wo, bias(&L->bo), M));
@@ -451,7 +451,7 @@ static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
     for (int b = 0; b < bt->B && st == LMX_OK; b++)
         for (int l = 0; l < c->n_layers && st == LMX_OK; l++) {
             const int64_t KD = lmx_model_kv_row(m, l); /* 0: a shared-KV layer keeps no cache */
-            if (KD && op->kv_reserve(be, &kv_all[b][l], bt->n_past[b] + bt->n_new[b], KD) != LMX_OK)
+            if (KD && !bt->no_cache && op->kv_reserve(be, &kv_all[b][l], bt->n_past[b] + bt->n_new[b], KD) != LMX_OK)
                 st = lmx_err_set(&m->err, be->err.status, "%s", be->err.msg);
         }
     if (st) return st;

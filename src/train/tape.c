@@ -83,7 +83,47 @@ static lmx_status guard(lmx_tape *t, const void *data) {
 
 static void unkeep(lmx_tape *t, int id) {
     tape_keep *k = &t->keeps[id];
-    if (--k->refs == 0 && k->copy.data) t->in->ops->release(t->in, &k->copy);
+    if (--k->refs > 0) return;
+    if (k->copy.data) t->in->ops->release(t->in, &k->copy);
+    for (int i = 0; k->redo && i < 2; i++)
+        if (k->from[i] >= 0) unkeep(t, k->from[i]);
+}
+
+/* Record slot *id reads version vx ([rows, cols]) as a redo (tape_keep) where a GLU's or a norm's record
+ * made it: the input of the down projection's LoRA (a GLU's output, the layer's widest value), or of the
+ * LoRA records over q, k, v and gate, up (a norm's output).  Backward makes it again from the keeps that
+ * record reads, which it has to hold anyway, instead of keeping it through the whole forward pass.
+ * 1: done; 0: not taken (the caller keeps the value). */
+static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) {
+    if (vx < 0 || !t->bwd->glu_redo || !t->bwd->rmsnorm_redo) return 0;
+    for (int i = t->n_keeps - 1; i >= 0; i--) { /* q, k and v share one */
+        tape_keep *k = &t->keeps[i];
+        if (k->refs > 0 && k->redo && k->var == vx && k->rows == rows && k->cols == cols) {
+            k->refs++;
+            *id = i;
+            return 1;
+        }
+    }
+    int j = t->n_recs - 1;
+    while (j >= 0 && t->recs[j].out != vx) j--;
+    if (j < 0) return 0;
+    const tape_rec *m = &t->recs[j];
+    tape_keep k = {.rows = rows, .cols = cols, .var = vx, .refs = 1, .redo = m->op, .from = {m->keep[0], m->keep[1]},
+                   .act = m->act, .w = m->w, .eps = m->eps, .one = m->one};
+    if (m->op == T_GLU) {
+        if (m->keep[0] < 0 || m->keep[1] < 0 || m->count != rows * cols) return 0;
+    } else if (m->op == T_RMSNORM) {
+        if (m->keep[0] < 0 || m->rows != rows || m->n != cols) return 0;
+        k.from[1] = -1;
+    } else {
+        return 0;
+    }
+    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) return 0;
+    for (int i = 0; i < 2; i++)
+        if (k.from[i] >= 0) t->keeps[k.from[i]].refs++;
+    t->keeps[t->n_keeps] = k;
+    *id = t->n_keeps++;
+    return 1;
 }
 
 /* Keep id becomes the tape's shared input, in place of the last one. */
@@ -264,7 +304,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             st = pass(t, t->in->ops->alloc(t->in, &r->own));
             if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
-        } else if (watched) {
+        } else if (watched && !redo_input(t, &r->keep[0], vx, rows, K)) {
             st = save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
@@ -605,12 +645,13 @@ lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 /* release record r's keeps and arrays */
 void tape_rec_free(lmx_tape *t, tape_rec *r) {
     for (int k = 0; k < 4; k++)
-        if (r->keep[k] >= 0) unkeep(t, r->keep[k]);
+        if (r->keep[k] >= 0) unkeep(t, r->keep[k]), r->keep[k] = -1;
     if (r->own.data) t->in->ops->release(t->in, &r->own);
     if (r->lse.data) t->in->ops->release(t->in, &r->lse);
     if (r->xa.data) t->in->ops->release(t->in, &r->xa);
     free(r->ints);
     free(r->pairs);
+    r->ints = NULL, r->pairs = NULL; /* freed twice is freed once (a walked record, at the walk's end) */
 }
 
 lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db) {

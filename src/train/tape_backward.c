@@ -250,12 +250,31 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: unknown record %d", r->op);
 }
 
+/* Keep id's value made again where it is a redo not made yet (tape_keep): in the keep dtype, held as
+ * the keep's copy until its last reader is walked. */
+static lmx_status redo_make(lmx_tape *t, int id) {
+    tape_keep *k = &t->keeps[id];
+    if (!k->redo || k->copy.data) return LMX_OK;
+    const lmx_tensor a = kept(t, k->from[0]), b = k->from[1] >= 0 ? kept(t, k->from[1]) : a;
+    if (!a.data || !b.data)
+        return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
+    lmx_tensor out = {.dtype = t->bwd->keep_dtype(t->in), .ndim = 2, .shape = {k->rows, k->cols}};
+    lmx_status st = pass(t, tape_alloc(t, &out));
+    if (!st && k->redo == T_GLU) st = pass(t, t->bwd->glu_redo(t->in, &out, &a, &b, k->rows * k->cols, k->act));
+    else if (!st) st = pass(t, t->bwd->rmsnorm_redo(t->in, &out, &a, k->w, (int)k->rows, (int)k->cols, k->eps, k->one));
+    if (st && out.data) t->in->ops->release(t->in, &out);
+    if (!st) k->copy = out;
+    return st;
+}
+
 /* Record r's gradient back to its inputs, from dy (the gradient of its output, which T_LORA and T_ADD
  * may hand over to an input, leaving dy empty). */
 static lmx_status backward_rec(lmx_tape *t, tape_rec *r, lmx_tensor *dy) {
     lmx_tensor saved[4] = {{0}}; /* what the op reads (f32, or the backend's keep dtype) */
     for (int k = 0; k < 4; k++) {
         if (r->keep[k] < 0) continue;
+        lmx_status st = redo_make(t, r->keep[k]);
+        if (st) return st;
         saved[k] = kept(t, r->keep[k]);
         if (!saved[k].data)
             return lmx_err_set(&t->base.err, LMX_ERR_NOMEM, "tape: a value backward reads was lost (out of memory)");
@@ -301,6 +320,7 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
         if (t->prof) t->prof[r->op] += prof_lap(t, &dy, &t0);
         t->in->ops->release(t->in, &t->vars[r->out].grad); /* each version's gradient is used once */
         drop16(t, r->out);
+        tape_rec_free(t, r); /* and its keeps (a redo's copy with its last reader) */
     }
     for (int i = mark; i < t->n_recs; i++) tape_rec_free(t, &t->recs[i]); /* walked: forgotten */
     t->n_recs = mark;

@@ -42,11 +42,17 @@ typedef struct tape_rec {
 } tape_rec;
 
 typedef struct tape_keep {
-    const void *src;             /* the buffer that held the value when it was kept */
+    const void *src;             /* the buffer that held the value when it was kept (NULL: a redo) */
     int64_t rows, cols;          /* its first rows * cols floats */
     int var;                     /* the version kept (-1: a buffer the tape never saw written) */
     int refs;                    /* records reading it; 0: dropped */
-    lmx_tensor copy;             /* data NULL while src still holds the value */
+    lmx_tensor copy;             /* data NULL while src still holds the value, or a redo not made yet */
+    /* a redo: the value is not kept but computed again when backward first reads it, by the op that
+     * made it (T_GLU or T_RMSNORM, with that record's settings) from the keeps its record reads */
+    int redo, from[2];           /* redo 0: none; from: keep ids (-1: none), each holding a reference */
+    lmx_act act;
+    const lmx_tensor *w;
+    float eps, one;
 } tape_keep;
 
 typedef struct tape_watch {

@@ -91,10 +91,11 @@ static void prof_mark(lmx_trainer *tr, int k, double *t0) {
 
 /* The default (tr->checkpoint < 0): where the backend knows its free memory, checkpoint when a recorded
  * step would not fit in 95% of it: per layer and token the tape keeps (in the backend's keep_dtype, f32
- * or bf16) the two norms' inputs and outputs, q, k, v, the attention output, and the GLU's gate, up and
- * output (and the inputs of q / k norms and post-norms where the model has them); beside them the
- * largest layer's gradients in flight, the loss's logits (1 GiB) and 2 GiB to spare (measured on the
- * H100: the 8B at 6 x 2048 tokens needs 57.8 GiB beside its weights, this says 58).
+ * or bf16) the two norms' inputs, q, k, v, the attention output, and the GLU's gate and up (and the
+ * inputs of q / k norms and post-norms where the model has them; and the norms' and the GLU's outputs
+ * where the backend cannot compute them again in backward); beside them the largest layer's gradients
+ * in flight, the loss's logits (1 GiB) and 2 GiB to spare (measured on the H100: the 8B at 6 x 2048
+ * tokens holds 41.1 GiB beside its weights and LoRA state, this says 41.7).
  * Elsewhere, from LMX_CHECKPOINT_FROM tokens a sequence.  Decided at the first step of a shape, while the
  * memory the steps hold on to (the pool's blocks, scratch buffers) is still free. */
 int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
@@ -105,11 +106,12 @@ int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
     if (!be->ops->free_bytes) return T >= LMX_CHECKPOINT_FROM;
     const lmx_config *c = &m->cfg;
     const double M = (double)B * T, C = c->hidden;
+    const int redo = be->ops->backward->glu_redo && be->ops->backward->rmsnorm_redo; /* tape.c's redo keeps */
     double keep = 0, widest = 0;
     for (int l = tr->lowest; l < c->n_layers; l++) {
         const lmx_layer *L = &m->layers[l];
         const double qkv = (double)(c->n_heads + 2 * L->n_kv_heads) * L->head_dim;
-        keep += 4 * C + qkv + (double)c->n_heads * L->head_dim + 3.0 * L->ffn;
+        keep += (redo ? 2 : 4) * C + qkv + (double)c->n_heads * L->head_dim + (redo ? 2.0 : 3.0) * L->ffn;
         if (m->traits.qk_norm) keep += (double)(c->n_heads + L->n_kv_heads) * L->head_dim; /* the norms' inputs */
         if (L->post_attn_norm.data) keep += C; /* gemma's post-norms' inputs */
         if (L->post_ffn_norm.data) keep += C;
@@ -269,7 +271,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     lmx_tensor *saved = NULL; /* checkpointing: each layer's input [M, C] */
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
-        const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
+        const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new, .no_cache = 1};
         const int ckpt = grad_weight != 0 && lmx_trainer_checkpoints(tr, B, T);
         int leaf = -1;
         double t0 = 0;

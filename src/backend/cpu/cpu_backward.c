@@ -317,6 +317,16 @@ static lmx_dtype cpu_keep_dtype(const lmx_backend *be) {
     return LMX_DTYPE_F32;
 }
 
+/* the values the tape computes again (keeps are f32 here): the forward ops themselves */
+static lmx_status cpu_glu_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                               lmx_act act) {
+    return be->ops->glu(be, out, gate, up, n, act);
+}
+static lmx_status cpu_rmsnorm_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                                   int n, float eps, float add_one) {
+    return be->ops->rmsnorm(be, out, x, w, rows, n, eps, add_one);
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -332,4 +342,6 @@ const lmx_backward_ops lmx_cpu_backward = {
     .dropout = cpu_dropout,
     .keep = cpu_keep,
     .keep_dtype = cpu_keep_dtype,
+    .glu_redo = cpu_glu_redo,
+    .rmsnorm_redo = cpu_rmsnorm_redo,
 };
