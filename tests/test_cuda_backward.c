@@ -283,6 +283,26 @@ static void test_redo(void) {
         }
 }
 
+/* restore: a keep's values back in f32 (a checkpointed layer's input): the values rounded to bf16, bit for
+ * bit, from the bf16 keep; the values themselves from an f32 one */
+static void test_restore(void) {
+    const int64_t rows = 7, cols = 301, n = rows * cols;
+    float *v = rand_vec(n, 30.0f);
+    lmx_tensor x = act(gpu, rows, cols, v), k = {0}, back = act(gpu, rows, cols, NULL);
+    CHECK(lmx_cuda_backward.keep(gpu, &k, &x) == LMX_OK);
+    CHECK(lmx_cuda_backward.restore(gpu, &back, &k) == LMX_OK);
+    float *got = fetch(gpu, &back, n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += got[i] != lmx_bf16_to_f32(lmx_f32_to_bf16(v[i]));
+    CHECK_MSG(bad == 0, "restore of a bf16 keep: %lld values not the rounded ones", (long long)bad);
+    CHECK(lmx_cuda_backward.restore(gpu, &back, &x) == LMX_OK); /* an f32 keep (LMX_CUDA_KEEP=f32) */
+    free(got);
+    got = fetch(gpu, &back, n);
+    CHECK_MSG(!memcmp(got, v, (size_t)n * 4), "restore of an f32 keep: values differ");
+    gpu->ops->release(gpu, &x), gpu->ops->release(gpu, &k), gpu->ops->release(gpu, &back);
+    free(got), free(v);
+}
+
 /* glu backward into bf16 gradients (the tape's for a GLU's gate and up): the f32 ones rounded to bf16,
  * bit for bit; and the bf16 form refuses to add (fresh must be 3) */
 static void test_glu_bwd16(void) {
@@ -483,6 +503,7 @@ int main(void) {
     test_glu_bwd16();
     test_rmsnorm_keep();
     test_redo();
+    test_restore();
     for (int T = 5; T <= 1100; T += 1095) {
         test_rope(64, 0, T);
         test_rope(64, 1, T);

@@ -84,6 +84,9 @@ typedef struct lmx_backward_ops {
      * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps (keep_dtype). */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     lmx_dtype (*keep_dtype)(const lmx_backend *be);
+    /* keep's inverse: the values of x (a keep) into dst, f32 of x's size (the input a checkpointed layer
+     * runs on again) */
+    lmx_status (*restore)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's
      * values into gk and uk, and with ok non-NULL out's into ok, which the caller allocated in keep_dtype
      * and gate's shape: one pass over gate and up where the op and their keeps take three or four. */

@@ -143,35 +143,36 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
     free(kv);
 }
 
-/* A copy of ws.x's first M rows (a layer's input, kept for checkpointing: f32, as the layer runs on it
- * again in place) in *dst. */
+/* A copy of ws.x's first M rows (a layer's input, kept for checkpointing) in *dst: the backward ops'
+ * keep, in the backend's keep dtype (bf16 on cuda, as every other value backward reads there). */
 static lmx_status save_input(lmx_trainer *tr, lmx_tensor *dst, int M) {
     lmx_model *m = tr->m;
     lmx_backend *be = m->be;
-    const int64_t C = m->cfg.hidden;
-    *dst = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}};
-    lmx_status st = be->ops->alloc(be, dst);
-    if (!st) st = be->ops->add(be, dst, &m->ws.x, (int64_t)M * C);
+    const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, m->cfg.hidden}, .data = m->ws.x.data};
+    lmx_status st = be->ops->backward->keep(be, dst, &x);
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 
 /* Gradient checkpointing's backward: from the gradient of the last layer's output (var leaf's), each
- * layer from the last down to the lowest adapted one runs again from its saved input, recorded, and
- * its output's gradient goes back through it to the pairs and to its input (a leaf; the lowest layer's
- * input needs none). */
+ * layer from the last down to the lowest adapted one runs again from its saved input (restored into
+ * ws.x, then released), recorded, and its output's gradient goes back through it to the pairs and to its
+ * input (a leaf; the lowest layer's input needs none). */
 static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer **kvs, const lmx_adapter **ads,
                               const lmx_batch *bt, lmx_tensor *saved, int leaf) {
     lmx_model *m = tr->m;
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     const int64_t n = (int64_t)bt->B * bt->T * m->cfg.hidden;
-    void *x_own = m->ws.x.data;
     lmx_tensor g;
     lmx_tape_take_grad(tr->tape, leaf, &g);
     lmx_status st = LMX_OK;
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
-        m->ws.x.data = saved[l].data; /* the layer runs on its saved input, in place */
+        if ((st = inner->ops->backward->restore(inner, &m->ws.x, &saved[l]))) { /* the layer runs on its input */
+            lmx_err_set(&m->err, st, "%s", inner->err.msg);
+            break;
+        }
+        inner->ops->release(inner, &saved[l]);
         const int in = l > tr->lowest ? lmx_tape_leaf(tr->tape, &m->ws.x, n / m->cfg.hidden, m->cfg.hidden) : -1;
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         m->be = tb;
@@ -181,7 +182,6 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         inner->ops->release(inner, &g);
         if (!st) lmx_tape_take_grad(tr->tape, in, &g);
     }
-    m->ws.x.data = x_own;
     if (g.data) inner->ops->release(inner, &g);
     return st;
 }
@@ -268,7 +268,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     } else {
         lmx_tape_set_dropout(tr->tape, 0, 0);
     }
-    lmx_tensor *saved = NULL; /* checkpointing: each layer's input [M, C] */
+    lmx_tensor *saved = NULL; /* checkpointing: each layer's input [M, C] as the backend keeps it */
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new, .no_cache = 1};
@@ -315,7 +315,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         m->be = inner;
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
-    lmx_tape_reset(tr->tape); /* first: its keeps may read the saved inputs */
+    lmx_tape_reset(tr->tape);
     for (int l = 0; saved && l < L; l++)
         if (saved[l].data) inner->ops->release(inner, &saved[l]);
     free(saved);

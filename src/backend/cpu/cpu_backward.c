@@ -327,6 +327,12 @@ static lmx_status cpu_rmsnorm_redo(lmx_backend *be, lmx_tensor *out, const lmx_t
     return be->ops->rmsnorm(be, out, x, w, rows, n, eps, add_one);
 }
 
+static lmx_status cpu_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
+    (void)be;
+    memcpy(dst->data, x->data, (size_t)lmx_tensor_nelem(x) * sizeof(float));
+    return LMX_OK;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -344,4 +350,5 @@ const lmx_backward_ops lmx_cpu_backward = {
     .keep_dtype = cpu_keep_dtype,
     .glu_redo = cpu_glu_redo,
     .rmsnorm_redo = cpu_rmsnorm_redo,
+    .restore = cpu_restore,
 };

@@ -926,6 +926,17 @@ static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x
     return st;
 }
 
+static lmx_status bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st) return st;
+    const int64_t n = lmx_tensor_nelem(x);
+    if (x->dtype == LMX_DTYPE_BF16) return cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)x->data, n);
+    if (x->dtype != LMX_DTYPE_F32) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d", (int)x->dtype);
+    cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
+}
+
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
@@ -941,6 +952,7 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .dropout = */ bwd_dropout,
     /* .keep = */ bwd_keep,
     /* .keep_dtype = */ bwd_keep_dtype,
+    /* .restore = */ bwd_restore,
     /* .glu_keep = */ bwd_glu_keep,
     /* .lora_keep = */ bwd_lora_keep,
     /* .rmsnorm_keep = */ bwd_rmsnorm_keep,

@@ -260,6 +260,8 @@ lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope
 size_t cuda_weight_bytes(const lmx_tensor *w);
 /* dst[i] = bf16(src[i]) for n values, on the stream; the _scaled form narrows src[i] * scale (rounded once). */
 lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n);
+/* dst[i] = src[i] widened to f32 for n values, on the stream */
+lmx_status cuda_widen_into(cuda_backend *cb, float *dst, const __nv_bfloat16 *src, int64_t n);
 /* *wide = a new f32 tensor of bf16 x's shape and values (the caller releases it) */
 lmx_status cuda_widen(cuda_backend *cb, lmx_tensor *wide, const lmx_tensor *x);
 /* op(&wide) on an f32 copy of bf16 x, released after (an op that reads f32 given training's bf16 keep) */
