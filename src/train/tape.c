@@ -6,7 +6,8 @@
  * backward reads: the buffer itself while nothing writes it again, copied (the backward ops' keep op)
  * just before an op writes it, or it is released; records that read one version share one keep.  So a
  * value that survives until backward (a checkpointed layer's last activations) is never copied, and
- * q, k and v's LoRA records keep their one input once. */
+ * q, k and v's LoRA records keep their one input once.  A LoRA record whose input a norm or a GLU made
+ * keeps a redo instead (redo_input): backward computes the value again from that op's own keeps. */
 #include "tape_internal.h"
 
 static lmx_status grow(void **p, int *cap, int need, size_t size) {

@@ -95,7 +95,7 @@ static void prof_mark(lmx_trainer *tr, int k, double *t0) {
  * inputs of q / k norms and post-norms where the model has them; and the norms' and the GLU's outputs
  * where the backend cannot compute them again in backward); beside them the largest layer's gradients
  * in flight, the loss's logits (1 GiB) and 2 GiB to spare (measured on the H100: the 8B at 6 x 2048
- * tokens holds 41.1 GiB beside its weights and LoRA state, this says 41.7).
+ * tokens holds 39.6 GiB beside its weights and LoRA state, this says 41.6).
  * Elsewhere, from LMX_CHECKPOINT_FROM tokens a sequence.  Decided at the first step of a shape, while the
  * memory the steps hold on to (the pool's blocks, scratch buffers) is still free. */
 int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
