@@ -9,7 +9,8 @@
  * scratch, TF32), one kernel turns each row into P and dS, and three more GEMMs add dV += P^T dO,
  * dK += dS^T Q and dQ += dS K.  Elementwise ops are one thread per element; RMSNorm and the loss one block per row.
  * Every op first ends a pending decode-graph step (cuda_graph_flush): the forward ops before it may
- * still be recorded, not issued. */
+ * still be recorded, not issued.  What training keeps of the forward pass (the keep op, the ops that
+ * write keeps in their pass, the values made again) is in cuda_keep.cu. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -792,151 +793,6 @@ static lmx_status bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *
     return cuda_check_launch(cb, "dropout");
 }
 
-/* out = act(g) u as the glu op computes it (out may be g), and bf16 copies of g and u (and of out: ok
- * non-NULL) */
-__global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const float *g,
-                           const float *u, int64_t n, int act) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float gi = g[i], ui = u[i], oi = glu_act(gi, act) * ui;
-        gk[i] = __float2bfloat16(gi);
-        uk[i] = __float2bfloat16(ui);
-        o[i] = oi;
-        if (ok) ok[i] = __float2bfloat16(oi);
-    }
-}
-
-static lmx_status bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                               lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st || n <= 0) return st;
-    if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16 || (ok && ok->dtype != LMX_DTYPE_BF16))
-        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: bf16 keeps only");
-    k_glu_keep<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (__nv_bfloat16 *)gk->data,
-                                                       (__nv_bfloat16 *)uk->data,
-                                                       ok ? (__nv_bfloat16 *)ok->data : NULL,
-                                                       (const float *)gate->data, (const float *)up->data, n, (int)act);
-    return cuda_check_launch(cb, "glu");
-}
-
-static lmx_status bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
-                                   int n, float eps, float add_one, lmx_tensor *ok) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st) return st;
-    if (ok->dtype != LMX_DTYPE_BF16 || lmx_tensor_nelem(ok) != (int64_t)rows * n)
-        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "rmsnorm with a keep: a bf16 keep of [%d, %d] only", rows, n);
-    return cuda_rmsnorm_o16(be, out, x, w, rows, n, eps, add_one, (__nv_bfloat16 *)ok->data);
-}
-
-/* ---- values made again in backward (the tape's redo keeps) -------------------------------------- */
-
-/* o = act(g) u rounded to O, from gate and up as kept (f32 or bf16) */
-template <typename O, typename G, typename U>
-__global__ void k_glu_redo(O *o, const G *g, const U *u, int64_t n, int act) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        o[i] = O(glu_act(cuda_ld_f(g + i), act) * cuda_ld_f(u + i));
-}
-
-template <typename O, typename G>
-static void glu_redo_launch(cuda_backend *cb, O *o, const G *g, const lmx_tensor *up, int64_t n, int act) {
-    if (up->dtype == LMX_DTYPE_BF16)
-        k_glu_redo<<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, (const __nv_bfloat16 *)up->data, n, act);
-    else
-        k_glu_redo<<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, (const float *)up->data, n, act);
-}
-
-static lmx_status bwd_glu_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                               lmx_act act) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st || n <= 0) return st;
-    const int g16 = gate->dtype == LMX_DTYPE_BF16;
-    if (out->dtype == LMX_DTYPE_BF16) {
-        __nv_bfloat16 *o = (__nv_bfloat16 *)out->data;
-        if (g16) glu_redo_launch(cb, o, (const __nv_bfloat16 *)gate->data, up, n, (int)act);
-        else glu_redo_launch(cb, o, (const float *)gate->data, up, n, (int)act);
-    } else {
-        float *o = (float *)out->data;
-        if (g16) glu_redo_launch(cb, o, (const __nv_bfloat16 *)gate->data, up, n, (int)act);
-        else glu_redo_launch(cb, o, (const float *)gate->data, up, n, (int)act);
-    }
-    return cuda_check_launch(cb, "glu (again)");
-}
-
-/* out[r] = x[r] / rms(x[r]) * (w + add_one) rounded to O, x as kept (f32 or bf16), a block of 256 threads a
- * row of any length: thread t sums the squares of values t, t + 256, ... in that order, as the rmsnorm op's
- * kernel does for rows over 256 (from an f32 x, the same values as its output). */
-template <typename O, typename X>
-__global__ void __launch_bounds__(256) k_rmsnorm_redo(O *out, const X *x, const void *w, lmx_dtype wt, int n, float eps,
-                                                      float add_one) {
-    __shared__ float part[8];
-    const X *xr = x + (int64_t)blockIdx.x * n;
-    O *orow = out + (int64_t)blockIdx.x * n;
-    float ss = 0;
-    for (int i = threadIdx.x; i < n; i += 256) {
-        const float v = cuda_ld_f(xr + i);
-        ss += v * v;
-    }
-    const float inv = cuda_rms_inv_block(ss, n, eps, part);
-    for (int i = threadIdx.x; i < n; i += 256) orow[i] = O(cuda_ld_f(xr + i) * inv * (cuda_elem(w, wt, i) + add_one));
-}
-
-template <typename O>
-static void rmsnorm_redo_launch(cuda_backend *cb, O *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
-                                float eps, float add_one) {
-    if (x->dtype == LMX_DTYPE_BF16)
-        k_rmsnorm_redo<<<rows, 256, 0, cb->stream>>>(out, (const __nv_bfloat16 *)x->data, w->data, w->dtype, n, eps, add_one);
-    else
-        k_rmsnorm_redo<<<rows, 256, 0, cb->stream>>>(out, (const float *)x->data, w->data, w->dtype, n, eps, add_one);
-}
-
-static lmx_status bwd_rmsnorm_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
-                                   int n, float eps, float add_one) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st || rows <= 0) return st;
-    if (w->q.bits || w->q.ggml_type)
-        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm with a quantized weight");
-    if (out->dtype == LMX_DTYPE_BF16) rmsnorm_redo_launch(cb, (__nv_bfloat16 *)out->data, x, w, rows, n, eps, add_one);
-    else rmsnorm_redo_launch(cb, (float *)out->data, x, w, rows, n, eps, add_one);
-    return cuda_check_launch(cb, "rmsnorm (again)");
-}
-
-/* Forward values for backward: bf16 copies (f32 with LMX_CUDA_KEEP=f32), which the backward ops read as they are
- * (attention widens its q, k and v first). */
-static lmx_dtype bwd_keep_dtype(const lmx_backend *be) {
-    return ((const cuda_backend *)be)->keep_f32 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16;
-}
-
-static lmx_status bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st) return st;
-    *dst = (lmx_tensor){.dtype = bwd_keep_dtype(be), .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
-    if ((st = cuda_alloc_raw(cb, dst))) return st;
-    const int64_t n = lmx_tensor_nelem(dst);
-    if (dst->dtype == LMX_DTYPE_BF16) {
-        st = cuda_narrow_bf16(cb, (__nv_bfloat16 *)dst->data, (const float *)x->data, n);
-    } else {
-        cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
-        if (e != cudaSuccess) st = cuda_fail(cb, e, "keeping an activation");
-    }
-    if (st) be->ops->release(be, dst);
-    return st;
-}
-
-static lmx_status bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (st) return st;
-    const int64_t n = lmx_tensor_nelem(x);
-    if (x->dtype == LMX_DTYPE_BF16) return cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)x->data, n);
-    if (x->dtype != LMX_DTYPE_F32) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d", (int)x->dtype);
-    cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
-    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
-}
-
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
@@ -950,12 +806,12 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .sumsq = */ bwd_sumsq,
     /* .adamw = */ bwd_adamw,
     /* .dropout = */ bwd_dropout,
-    /* .keep = */ bwd_keep,
-    /* .keep_dtype = */ bwd_keep_dtype,
-    /* .restore = */ bwd_restore,
-    /* .glu_keep = */ bwd_glu_keep,
+    /* .keep = */ cuda_bwd_keep,
+    /* .keep_dtype = */ cuda_bwd_keep_dtype,
+    /* .restore = */ cuda_bwd_restore,
+    /* .glu_keep = */ cuda_bwd_glu_keep,
     /* .lora_keep = */ bwd_lora_keep,
-    /* .rmsnorm_keep = */ bwd_rmsnorm_keep,
-    /* .glu_redo = */ bwd_glu_redo,
-    /* .rmsnorm_redo = */ bwd_rmsnorm_redo,
+    /* .rmsnorm_keep = */ cuda_bwd_rmsnorm_keep,
+    /* .glu_redo = */ cuda_bwd_glu_redo,
+    /* .rmsnorm_redo = */ cuda_bwd_rmsnorm_redo,
 };

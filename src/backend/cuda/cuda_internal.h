@@ -130,6 +130,19 @@ lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
 /* the rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's rmsnorm_keep; n > 256) */
 lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
                             float eps, float add_one, __nv_bfloat16 *o16);
+/* training's keeps (cuda_keep.cu): the backward ops keep, keep_dtype, restore, glu_keep, rmsnorm_keep,
+ * glu_redo and rmsnorm_redo of backward.h, for cuda_backward.cu's table */
+lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
+lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
+lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
+lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                             lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok);
+lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                                 int n, float eps, float add_one, lmx_tensor *ok);
+lmx_status cuda_bwd_glu_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
+                             lmx_act act);
+lmx_status cuda_bwd_rmsnorm_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
+                                 int n, float eps, float add_one);
 lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t N, int B,
                             const lmx_lora_pair *const *pairs);
 
