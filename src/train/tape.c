@@ -105,8 +105,7 @@ static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) 
             return 1;
         }
     }
-    int j = t->n_recs - 1;
-    while (j >= 0 && t->recs[j].out != vx) j--;
+    const int j = maker_of(t, t->n_recs, vx);
     if (j < 0) return 0;
     const tape_rec *m = &t->recs[j];
     tape_keep k = {.rows = rows, .cols = cols, .var = vx, .refs = 1, .redo = m->op, .from = {m->keep[0], m->keep[1]},

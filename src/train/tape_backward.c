@@ -60,13 +60,7 @@ static lmx_status pass_grad(lmx_tape *t, int v, lmx_tensor *dy) {
     return g ? pass(t, t->in->ops->add(t->in, g, dy, lmx_tensor_nelem(g))) : t->base.err.status;
 }
 
-/* The record before record i that makes var v (-1: none); whether a record before i other than skip
- * reads v. */
-static int maker_of(const lmx_tape *t, int i, int v) {
-    for (int j = i - 1; j >= 0; j--)
-        if (t->recs[j].out == v) return j;
-    return -1;
-}
+/* Whether a record before i other than skip reads var v. */
 static int read_before(const lmx_tape *t, int i, int v, int skip) {
     for (int j = 0; j < i; j++) {
         const tape_rec *r = &t->recs[j];

@@ -135,6 +135,13 @@ static inline const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair 
     return NULL;
 }
 
+/* The record before record i that makes var v (-1: none). */
+static inline int maker_of(const lmx_tape *t, int i, int v) {
+    for (int j = i - 1; j >= 0; j--)
+        if (t->recs[j].out == v) return j;
+    return -1;
+}
+
 /* var v's gradient lives in bf16 alone */
 static inline int only16(const tape_var *v) { return !v->grad.data && v->grad16.data; }
 

@@ -167,13 +167,13 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloa
 
 /* ---- the op ------------------------------------------------------------------------------------ */
 
-/* *wide = an f32 copy of bf16 x [n] (released by the caller) */
 lmx_status cuda_widen_into(cuda_backend *cb, float *dst, const __nv_bfloat16 *src, int64_t n) {
     if (n <= 0) return LMX_OK;
     k_widen_bf16<<<grid_for(n), 256, 0, cb->stream>>>(dst, src, n);
     return cuda_check_launch(cb, "widen");
 }
 
+/* *wide = an f32 copy of bf16 x [n] (released by the caller) */
 lmx_status cuda_widen(cuda_backend *cb, lmx_tensor *wide, const lmx_tensor *x) {
     *wide = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = x->ndim};
     memcpy(wide->shape, x->shape, sizeof wide->shape);
