@@ -79,6 +79,11 @@ static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const fl
         st = cuda_gemv(cb, n, ws, bs, ys, x, g->rec[i].M, -1, opts);
         if (st == LMX_OK) *used = n;
     }
+    /* q and k in one launch, v in the next (a Q4_K_M file's Q6_K v beside Q4_K q and k, several rows) */
+    if (st == LMX_ERR_UNSUPPORTED && n == 3 && !opts) {
+        st = cuda_gemv(cb, 2, ws, bs, ys, x, g->rec[i].M, -1, NULL);
+        if (st == LMX_OK) *used = 2;
+    }
     return st == LMX_ERR_UNSUPPORTED ? LMX_OK : st;
 }
 
@@ -130,7 +135,7 @@ static lmx_status g_exec_lora_group(cuda_backend *cb, int i, int n, int nl, cons
     lmx_status st = side ? cuda_lora_group(cb, nl, ys, Ns, x, K, r->M, pairs, glu, 1) : LMX_OK;
     int u = 0;
     if (st == LMX_OK && n > 1) st = g_gemv_group(cb, i, n, -1, x, NULL, NULL, &u);
-    for (int j = 0; st == LMX_OK && u == 0 && j < n; j++) st = cuda_g_exec(cb, &g->rec[i + j]);
+    for (int j = u; st == LMX_OK && j < n; j++) st = cuda_g_exec(cb, &g->rec[i + j]); /* what the launch left */
     if (st == LMX_OK) st = cuda_lora_group(cb, nl, ys, Ns, x, K, r->M, pairs, glu, side ? 2 : 0);
     *used = n + nl + (glu >= 0 ? 1 : 0);
     return st;
