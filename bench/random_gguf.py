@@ -11,7 +11,7 @@ drawn once, each tensor a slice of it at a random block-aligned offset) and thei
 weights spread over about +-0.02 around zero; the router is N(0, 0.02) in f32, so routing spreads over the
 experts.  The vocabulary is gguf_vocab's placeholder (llama.cpp's benchmarks feed token ids).
 
-usage: bench/random_gguf.py {qwen3-30b-a3b,llama-3.1-8b,qwen3-0.6b} OUT.gguf [--layers N]
+usage: bench/random_gguf.py {qwen3-30b-a3b,llama-3.1-8b,qwen3-0.6b} OUT.gguf [--layers N] [--type q4_k_m|q4_0]
        (needs gguf-py on PYTHONPATH and numpy)
 """
 import argparse
@@ -28,19 +28,23 @@ sys.path.insert(0, os.path.join(here, "..", "tests", "ref"))
 from make_random_model import ARCHS  # noqa: E402
 from write_gguf import add_header, gguf_arch  # noqa: E402
 
-Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
-BLOCK = {Q4_K: 144, Q6_K: 210}  # bytes per 256 weights
+Q4_K, Q6_K, Q4_0 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q4_0
+BLOCK = {Q4_K: 144, Q6_K: 210, Q4_0: 18}  # bytes per block
+ELEMS = {Q4_K: 256, Q6_K: 256, Q4_0: 32}  # weights per block
 POOL = 448 << 20  # bytes of random blocks per type: more than the largest tensor (Llama-3.1-8B's Q6_K head, 431 MB)
 
 
 def make_pool(rng, qt):
     """Random blocks of type qt with their f16 scales set: Q4_K w = d sc q - dmin m (d at 0, dmin at 2:
-    dmin = 7.5 d centres the codes), Q6_K w = d sc (q - 32) (d at the block's last two bytes)."""
+    dmin = 7.5 d centres the codes), Q6_K w = d sc (q - 32) (d at the block's last two bytes), Q4_0
+    w = d (q - 8) (d at 0)."""
     b = BLOCK[qt]
     pool = rng.integers(0, 256, size=POOL // b * b, dtype=np.uint8).reshape(-1, b)
     if qt == Q4_K:
         pool[:, 0:2] = np.frombuffer(np.float16(2e-5).tobytes(), np.uint8)
         pool[:, 2:4] = np.frombuffer(np.float16(1.5e-4).tobytes(), np.uint8)
+    elif qt == Q4_0:
+        pool[:, 0:2] = np.frombuffer(np.float16(2.5e-3).tobytes(), np.uint8)
     else:
         pool[:, b - 2:b] = np.frombuffer(np.float16(1e-5).tobytes(), np.uint8)
     return pool.reshape(-1)
@@ -55,6 +59,8 @@ def main():
     ap.add_argument("arch", choices=sorted(ARCHS))
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--type", choices=("q4_k_m", "q4_0"), default="q4_k_m",
+                    help="q4_0: Q4_0 everywhere but the head (Q6_K), as llama-quantize's Q4_0 chooses")
     args = ap.parse_args()
     cfg = dict(ARCHS[args.arch])
     if cfg["model_type"] not in ("llama", "qwen3", "qwen3_moe"):
@@ -66,30 +72,32 @@ def main():
                                              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"))
     moe = arch == "qwen3moe"
     rng = np.random.default_rng(0)
-    pools = {qt: make_pool(rng, qt) for qt in (Q4_K, Q6_K)}
+    q40 = args.type == "q4_0"
+    pools = {qt: make_pool(rng, qt) for qt in ((Q4_0, Q6_K) if q40 else (Q4_K, Q6_K))}
+    four = Q4_0 if q40 else Q4_K
 
     w = gguf.GGUFWriter(args.out, arch)
-    add_header(w, cfg, 15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    add_header(w, cfg, 2 if q40 else 15)  # LLAMA_FTYPE_MOSTLY_Q4_0 / _Q4_K_M
 
     def blocks(name, qt, *shape):
-        """shape [..., rows, K] of type qt, as a slice of the pool (bytes [..., rows, K / 256 * BLOCK])."""
-        b = BLOCK[qt]
-        nbytes = int(np.prod(shape[:-1])) * (shape[-1] // 256) * b
+        """shape [..., rows, K] of type qt, as a slice of the pool (bytes [..., rows, K / ELEMS * BLOCK])."""
+        b, e = BLOCK[qt], ELEMS[qt]
+        nbytes = int(np.prod(shape[:-1])) * (shape[-1] // e) * b
         off = int(rng.integers(0, (POOL // b * b - nbytes) // b + 1)) * b
-        w.add_tensor(name, pools[qt][off:off + nbytes].reshape(*shape[:-1], shape[-1] // 256 * b), raw_dtype=qt)
+        w.add_tensor(name, pools[qt][off:off + nbytes].reshape(*shape[:-1], shape[-1] // e * b), raw_dtype=qt)
 
     def f32(name, a):
         w.add_tensor(name, a.astype(np.float32))
 
-    blocks("token_embd.weight", Q4_K, V, C)
+    blocks("token_embd.weight", four, V, C)
     for i in range(L):
         p = "blk.%d." % i
-        six = Q6_K if more_bits(i, L) else Q4_K
+        six = Q6_K if more_bits(i, L) and not q40 else four
         f32(p + "attn_norm.weight", np.ones(C))
-        blocks(p + "attn_q.weight", Q4_K, H * D, C)
-        blocks(p + "attn_k.weight", Q4_K, Hk * D, C)
+        blocks(p + "attn_q.weight", four, H * D, C)
+        blocks(p + "attn_k.weight", four, Hk * D, C)
         blocks(p + "attn_v.weight", six, Hk * D, C)
-        blocks(p + "attn_output.weight", Q4_K, C, H * D)
+        blocks(p + "attn_output.weight", four, C, H * D)
         if arch != "llama":
             f32(p + "attn_q_norm.weight", np.ones(D))
             f32(p + "attn_k_norm.weight", np.ones(D))
@@ -97,12 +105,12 @@ def main():
         if moe:
             E, Fe = cfg["num_experts"], cfg["moe_intermediate_size"]
             f32(p + "ffn_gate_inp.weight", rng.standard_normal((E, C), dtype=np.float32) * 0.02)
-            blocks(p + "ffn_gate_exps.weight", Q4_K, E, Fe, C)
-            blocks(p + "ffn_up_exps.weight", Q4_K, E, Fe, C)
+            blocks(p + "ffn_gate_exps.weight", four, E, Fe, C)
+            blocks(p + "ffn_up_exps.weight", four, E, Fe, C)
             blocks(p + "ffn_down_exps.weight", six, E, C, Fe)
         else:
-            blocks(p + "ffn_gate.weight", Q4_K, F, C)
-            blocks(p + "ffn_up.weight", Q4_K, F, C)
+            blocks(p + "ffn_gate.weight", four, F, C)
+            blocks(p + "ffn_up.weight", four, F, C)
             blocks(p + "ffn_down.weight", six, C, F)
     f32("output_norm.weight", np.ones(C))
     if not cfg["tie_word_embeddings"]:

@@ -426,15 +426,17 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
     return kind == GV_BF16 || kind == GV_F16;
 }
 
-/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that give every multiprocessor a
- * block, while each part keeps at least 8 steps of K.  Measured on an H100 (8B Llama shapes): one block a
- * multiprocessor beats two (MLX 4-bit batch 8 / 32 1,418 / 3,499 -> 1,520 / 4,003 tok/s; bf16 q/o at 8
- * rows 17.8 -> 12.2 us; GGUF, since its parts are loaded a step ahead: Q4_K gate/up at 8 rows 34.3 -> 30.4
- * us, Q4_K_M batch 8 / 32 1,264 / 2,981 -> 1,338 / 3,370, Q4_0 batch 32 3,562 -> 3,901, but Q4_0 batch 8
- * 1,460 -> 1,234). */
-static int tc_parts(const cuda_backend *cb, int groups, int steps) {
+/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that fill the slots (the blocks that
+ * fit on the GPU at once), while each part keeps at least 8 steps of K.  Measured on an H100 (8B Llama
+ * shapes), slots of one block a multiprocessor beat two (MLX 4-bit batch 8 / 32 1,418 / 3,499 -> 1,520 /
+ * 4,003 tok/s; bf16 q/o at 8 rows 17.8 -> 12.2 us; GGUF, since its parts are loaded a step ahead: Q4_K
+ * gate/up at 8 rows 34.3 -> 30.4 us, Q4_K_M batch 8 / 32 1,264 / 2,981 -> 1,338 / 3,370, Q4_0 batch 32
+ * 3,562 -> 3,901, but Q4_0 batch 8 1,460 -> 1,234).  Counting the blocks that fit for GGUF kinds
+ * (cuda_gemv_tc) takes both: Q4_0 batch 8 1,287 -> 1,539 tok/s, Q4_K_M and Q4_0 batch 32 within 1%; for
+ * MLX 4-bit it changed nothing measurable. */
+static int tc_parts(int slots, int groups, int steps) {
     int kp = 1;
-    while (kp < 16 && (int64_t)groups * kp < cb->sm_count && steps / (2 * kp) >= 8) kp *= 2;
+    while (kp < 16 && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
     return kp;
 }
 
@@ -487,12 +489,20 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
         groups += gi;
         if (gi > gmax) gmax = gi;
     }
-    int kp = tc_parts(cb, groups, (K + sk - 1) / sk);
+    const int nt = (M + 7) / 8;
+    const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
+    /* GGUF kinds: K parts for a wave of the blocks that fit at once (Q4_0's 8-row kernels: two a
+     * multiprocessor), the others for one a multiprocessor (tc_parts) */
+    int per_sm = 1;
+    if (kind >= TC_GQ && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, 0) != cudaSuccess) {
+        cudaGetLastError();
+        per_sm = 1;
+    }
+    per_sm = per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm; /* tc_scratch holds groups * kp < 4 SMs */
+    int kp = tc_parts(cb->sm_count * per_sm, groups, (K + sk - 1) / sk);
     float *part = NULL;
     int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;
-    const int nt = (M + 7) / 8;
-    const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
     cuda_launch(cb, k, dim3((unsigned)(gmax * kp), glu >= 0 ? 1 : n), 256, 0, x, M, *sg, K, glu < 0 ? 0 : glu, kp, part,
                 ticket);
     return cuda_check_launch(cb, glu >= 0 ? "matmul + glu (tensor cores)" : "matmul (tensor cores)");
