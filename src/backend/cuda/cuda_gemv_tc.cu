@@ -18,8 +18,9 @@
  * e + 4) as a mask of an MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q,
  * less 128) and then scale * q + bias rounded to bf16, GGUF parts their gq_value rounded to bf16: the
  * values the prefill dequantizers produce (up to 16 rows, GGUF codes below 128 take bf16 arithmetic with
- * the part's scale and min rounded to bf16: tc_dequant_bytes).  x is rounded to bf16 (f16 for f16 weights), as the prefill GEMMs round it,
- * and staged in shared memory a chunk of K at a time, already in the order the B registers take it.
+ * the part's scale and min rounded to bf16: tc_dequant_bytes).  x is rounded to bf16 (f16 for f16
+ * weights), as the prefill GEMMs round it, and staged in shared memory a chunk of K at a time, already in
+ * the order the B registers take it.
  *
  * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
  * warps on the same range of K, so x is staged once per 128 rows.  When the row blocks alone would not
