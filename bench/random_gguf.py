@@ -10,6 +10,7 @@ embedding too); f32 for norms and the router (ffn_gate_inp).  The blocks' codes 
 drawn once, each tensor a slice of it at a random block-aligned offset) and their scales are set so the
 weights spread over about +-0.02 around zero; the router is N(0, 0.02) in f32, so routing spreads over the
 experts.  The vocabulary is gguf_vocab's placeholder (llama.cpp's benchmarks feed token ids).
+--type q4_0: Q4_0 for every matrix but the head (Q6_K), as llama-quantize's Q4_0 chooses.
 
 usage: bench/random_gguf.py {qwen3-30b-a3b,llama-3.1-8b,qwen3-0.6b} OUT.gguf [--layers N] [--type q4_k_m|q4_0]
        (needs gguf-py on PYTHONPATH and numpy)
@@ -92,11 +93,11 @@ def main():
     blocks("token_embd.weight", four, V, C)
     for i in range(L):
         p = "blk.%d." % i
-        six = Q6_K if more_bits(i, L) and not q40 else four
+        vd = Q6_K if more_bits(i, L) and not q40 else four  # attn_v's and ffn_down's type
         f32(p + "attn_norm.weight", np.ones(C))
         blocks(p + "attn_q.weight", four, H * D, C)
         blocks(p + "attn_k.weight", four, Hk * D, C)
-        blocks(p + "attn_v.weight", six, Hk * D, C)
+        blocks(p + "attn_v.weight", vd, Hk * D, C)
         blocks(p + "attn_output.weight", four, C, H * D)
         if arch != "llama":
             f32(p + "attn_q_norm.weight", np.ones(D))
@@ -107,11 +108,11 @@ def main():
             f32(p + "ffn_gate_inp.weight", rng.standard_normal((E, C), dtype=np.float32) * 0.02)
             blocks(p + "ffn_gate_exps.weight", four, E, Fe, C)
             blocks(p + "ffn_up_exps.weight", four, E, Fe, C)
-            blocks(p + "ffn_down_exps.weight", six, E, C, Fe)
+            blocks(p + "ffn_down_exps.weight", vd, E, C, Fe)
         else:
             blocks(p + "ffn_gate.weight", four, F, C)
             blocks(p + "ffn_up.weight", four, F, C)
-            blocks(p + "ffn_down.weight", six, C, F)
+            blocks(p + "ffn_down.weight", vd, C, F)
     f32("output_norm.weight", np.ones(C))
     if not cfg["tie_word_embeddings"]:
         blocks("output.weight", Q6_K, V, C)

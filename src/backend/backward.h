@@ -113,6 +113,10 @@ typedef struct lmx_backward_ops {
                                int n, float eps, float add_one);
 } lmx_backward_ops;
 
+/* Whether the backend computes values again in backward (glu_redo and rmsnorm_redo): the tape keeps redos
+ * instead of those values, and the trainer's memory estimate counts them so. */
+static inline int lmx_backward_redoes(const lmx_backward_ops *b) { return b->glu_redo && b->rmsnorm_redo; }
+
 /* What attention_bwd takes, as every backend checks it: whole KV head groups, sequences from position 0. */
 static inline lmx_status lmx_attention_bwd_check(lmx_backend *be, const lmx_attn_args *a) {
     if (a->Hk <= 0 || a->H % a->Hk)

@@ -96,7 +96,7 @@ static void unkeep(lmx_tape *t, int id) {
  * record reads, which it has to hold anyway, instead of keeping it through the whole forward pass.
  * 1: done; 0: not taken (the caller keeps the value). */
 static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) {
-    if (vx < 0 || !t->bwd->glu_redo || !t->bwd->rmsnorm_redo) return 0;
+    if (vx < 0 || !lmx_backward_redoes(t->bwd)) return 0;
     for (int i = t->n_keeps - 1; i >= 0; i--) { /* q, k and v share one */
         tape_keep *k = &t->keeps[i];
         if (k->refs > 0 && k->redo && k->var == vx && k->rows == rows && k->cols == cols) {

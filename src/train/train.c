@@ -106,7 +106,7 @@ int lmx_trainer_checkpoints(lmx_trainer *tr, int B, int T) {
     if (!be->ops->free_bytes) return T >= LMX_CHECKPOINT_FROM;
     const lmx_config *c = &m->cfg;
     const double M = (double)B * T, C = c->hidden;
-    const int redo = be->ops->backward->glu_redo && be->ops->backward->rmsnorm_redo; /* tape.c's redo keeps */
+    const int redo = lmx_backward_redoes(be->ops->backward); /* tape.c's redo keeps */
     double keep = 0, widest = 0;
     for (int l = tr->lowest; l < c->n_layers; l++) {
         const lmx_layer *L = &m->layers[l];

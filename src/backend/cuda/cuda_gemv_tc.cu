@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                             if (C::BP)
                                 tc_dequant_bytes(q[t][h][2 * i], q[t][h][2 * i + 1], ps[t][h][i >> 1], pm[t][h][i >> 1], a[t][h]);
 #pragma unroll
-                            for (int jj = 0; jj < 4 && !C::BP; jj++) { /* the prefill dequantizer's value, rounded to bf16 */
+                            for (int jj = 0; jj < 4 && !C::BP; jj++) { /* else (!BP): the prefill dequantizer's value, rounded to bf16 */
                                 __nv_bfloat162 v = __floats2bfloat162_rn(
                                     gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + jj, C::GT == LMX_GGML_Q8_0),
                                     gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + 4 + jj, C::GT == LMX_GGML_Q8_0));
