@@ -128,6 +128,15 @@ static void test_matmul(void) {
         test_matmul_case("mlx q4 g128", LMX_DTYPE_U32, 4, 128, 0, 300, 1024, Mw[i], 0, 5e-3);
         test_matmul_case("mlx q8 g128", LMX_DTYPE_U32, 8, 128, 0, 300, 1024, Mw[i], 1, 5e-3);
     }
+    /* bf16 / f16 at 17-32 rows (cuBLAS, x narrowed to bf16 / f16) with the shapes of a batched decode: few rows
+     * and a long K (split-K), many rows and a short K, rows that end mid-tile */
+    const int Msk[] = {17, 24, 25, 32};
+    for (size_t i = 0; i < sizeof Msk / sizeof Msk[0]; i++) {
+        test_matmul_case("bf16 long K", LMX_DTYPE_BF16, 0, 0, 0, 37, 4096, Msk[i], 1, 5e-3);
+        test_matmul_case("bf16 parts", LMX_DTYPE_BF16, 0, 0, 0, 9001, 1024, Msk[i], 0, 5e-3);
+        test_matmul_case("bf16 wide", LMX_DTYPE_BF16, 0, 0, 0, 40000, 128, Msk[i], 1, 5e-3);
+        test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 300, 640, Msk[i], 1, 5e-3);
+    }
     const int Mq[] = {1, 2, 3, 8, 12, 32, 40};
     for (size_t i = 0; i < sizeof Mq / sizeof Mq[0]; i++) {
         int M = Mq[i];
@@ -496,20 +505,23 @@ static void test_moe(void) {
 
 #define GG_C 512 /* hidden size */
 #define GG_E 8   /* experts, 2 chosen, each an FFN of 256 */
+#define GG_F 300 /* the dense cases' gate / up rows */
 /* One backend's tensors for a decode step: x = table[ids]; [h = norm1(x), z = router h, x += experts(h, z);]
- * xn = norm2(x); y[j] = w[j] xn (the q/k/v group, of the types the case gives). */
+ * xn = norm2(x); y[j] = w[j] xn (the q/k/v group, of the types the case gives); [yu = wu xn, yg = glu(wg xn, yu):
+ * the dense cases]. */
 typedef struct gg_set {
-    lmx_tensor table, n1, n2, router, w[3], ex[3 * GG_E];
-    lmx_tensor x, h, z, xn, y[3];
+    lmx_tensor table, n1, n2, router, w[3], ex[3 * GG_E], wg, wu;
+    lmx_tensor x, h, z, xn, y[3], yg, yu;
 } gg_set;
 
 static void gg_alloc(lmx_backend *be, gg_set *s, int M, const int *N) {
     s->x = act(be, M, GG_C, NULL), s->h = act(be, M, GG_C, NULL), s->z = act(be, M, GG_E, NULL);
     s->xn = act(be, M, GG_C, NULL);
     for (int j = 0; j < 3; j++) s->y[j] = act(be, M, N[j], NULL);
+    s->yg = act(be, M, GG_F, NULL), s->yu = act(be, M, GG_F, NULL);
 }
 static void gg_release(lmx_backend *be, gg_set *s) {
-    lmx_tensor *t[] = {&s->x, &s->h, &s->z, &s->xn, &s->y[0], &s->y[1], &s->y[2]};
+    lmx_tensor *t[] = {&s->x, &s->h, &s->z, &s->xn, &s->y[0], &s->y[1], &s->y[2], &s->yg, &s->yu};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) be->ops->release(be, t[i]);
 }
 /* weight w (its host form) uploaded to backend be as well */
@@ -529,6 +541,11 @@ static void gg_step(lmx_backend *be, gg_set *s, const int32_t *ids, int M, int m
     }
     CHECK(be->ops->rmsnorm(be, &s->xn, &s->x, &s->n2, M, GG_C, 1e-6f, 0.0f) == LMX_OK);
     for (int j = 0; j < 3; j++) CHECK(be->ops->matmul(be, &s->y[j], &s->xn, &s->w[j], NULL, M) == LMX_OK);
+    if (s->wg.data) { /* the dense cases: gate / up and the GLU, one launch in a graph */
+        CHECK(be->ops->matmul(be, &s->yg, &s->xn, &s->wg, NULL, M) == LMX_OK);
+        CHECK(be->ops->matmul(be, &s->yu, &s->xn, &s->wu, NULL, M) == LMX_OK);
+        CHECK(be->ops->glu(be, &s->yg, &s->yg, &s->yu, (int64_t)M * GG_F, LMX_ACT_SILU) == LMX_OK);
+    }
 }
 
 /* A decode step run three times: the first records it, the next two replay it as a graph whose launches
@@ -583,6 +600,49 @@ static void test_graph_gguf_case(const char *name, const int *types, int M, int 
     gg_release(ref, &c);
 }
 
+/* Dense weights (bf16 or f16) in a decode graph of 9-32 rows: up to 16 rows the q/k/v group as one launch and
+ * the gate/up pair with its GLU as another (k_gemv_tc), from 17 rows cuBLAS for each matmul and the glu op; each
+ * step against the cpu at the tensor cores' tolerance (x rounded to bf16 or f16). */
+static void test_graph_dense_case(lmx_dtype dt, int M) {
+    const int N[3] = {200, 64, 72};
+    wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GG_C), n2 = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GG_C);
+    gg_set g, c;
+    memset(&g, 0, sizeof g), memset(&c, 0, sizeof c);
+    g.table = table.g, g.n2 = n2.g, c.table = table.c, c.n2 = n2.c;
+    for (int j = 0; j < 5; j++) {
+        wpair w = make_weight(dt, 0, 0, 0, j < 3 ? N[j] : GG_F, GG_C);
+        lmx_tensor *tg = j < 3 ? &g.w[j] : j == 3 ? &g.wg : &g.wu, *tc = j < 3 ? &c.w[j] : j == 3 ? &c.wg : &c.wu;
+        *tg = w.g, *tc = w.c;
+    }
+    gg_alloc(gpu, &g, M, N);
+    gg_alloc(cpu, &c, M, N);
+    for (int step = 0; step < 3; step++) {
+        int32_t ids[32];
+        for (int i = 0; i < M; i++) ids[i] = (i * 7 + step) % 16;
+        gg_step(gpu, &g, ids, M, 0);
+        gg_step(cpu, &c, ids, M, 0);
+        for (int j = 0; j < 5; j++) {
+            const lmx_tensor *tg = j < 3 ? &g.y[j] : j == 3 ? &g.yg : &g.yu, *tc = j < 3 ? &c.y[j] : j == 3 ? &c.yg : &c.yu;
+            const int64_t n = (int64_t)M * (j < 3 ? N[j] : GG_F);
+            float *a = fetch(gpu, tg, n), *b = fetch(cpu, tc, n);
+            const double e = rel_err(a, b, n);
+            CHECK_MSG(e <= 5e-3, "graph %s M=%d step %d %s: relative error %.3g > 5e-3", dt == LMX_DTYPE_F16 ? "f16" : "bf16",
+                      M, step, (const char *[]){"y0", "y1", "y2", "glu", "up"}[j], e);
+            free(a), free(b);
+        }
+    }
+    gg_release(gpu, &g);
+    gg_release(cpu, &c);
+}
+
+static void test_graph_dense(void) {
+    const int Md[] = {9, 17, 24, 32};
+    for (size_t i = 0; i < sizeof Md / sizeof Md[0]; i++) {
+        test_graph_dense_case(LMX_DTYPE_BF16, Md[i]);
+        test_graph_dense_case(LMX_DTYPE_F16, Md[i]);
+    }
+}
+
 static void test_graph_gguf(void) {
     const struct { const char *name; int t[3]; } cases[] = {
         {"q4_k q4_k q6_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
@@ -617,6 +677,7 @@ int main(void) {
     test_topk();
     test_moe();
     test_graph_gguf();
+    test_graph_dense();
     return pair_close("test_cuda_ops");
 }
 #endif

@@ -77,6 +77,23 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     return p;
 }
 
+int cuda_fit_blocks(cuda_backend *cb, const void *fn, int smem) {
+    for (int i = 0; i < cb->n_fit; i++)
+        if (cb->fit[i].fn == fn) return cb->fit[i].per_sm;
+    int per_sm = 1;
+    if ((smem > 48 * 1024 && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, (size_t)smem) != cudaSuccess) {
+        cudaGetLastError();
+        per_sm = 1;
+    }
+    if (per_sm < 1) per_sm = 1;
+    if (cb->n_fit < (int)(sizeof cb->fit / sizeof cb->fit[0])) {
+        cb->fit[cb->n_fit].fn = fn;
+        cb->fit[cb->n_fit++].per_sm = per_sm;
+    }
+    return per_sm;
+}
+
 int cuda_scratch_catch_up(cuda_backend *cb) {
     int grew = 0;
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) {

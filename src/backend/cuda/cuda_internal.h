@@ -75,6 +75,11 @@ typedef struct cuda_backend {
                                 in a launch before it, not by each block */
     int xs_blocks;           /* the most blocks of a one-row GGUF / MLX GEMV that quantize x each (cuda_ggml.cu;
                                 4 a multiprocessor, LMX_CUDA_XS_BLOCKS for A/B measurements) */
+    struct {                 /* cuda_fit_blocks: the blocks of a kernel that fit a multiprocessor, asked once */
+        const void *fn;
+        int per_sm;
+    } fit[64];
+    int n_fit;
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
     cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
     cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
@@ -93,6 +98,10 @@ lmx_status cuda_alloc_raw(cuda_backend *cb, lmx_tensor *t);
  * due and the call fails, and cuda_scratch_catch_up, after the capture, grows the slots due (1: some grew,
  * capture again). */
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes);
+/* The blocks of 256 threads of kernel fn, with smem bytes of dynamic shared memory (its limit raised to that the
+ * first time), that fit a multiprocessor at once (at least 1): asked of the runtime once per kernel and kept in
+ * cb, since the query is a host call that launches outside decode graphs would otherwise make every time. */
+int cuda_fit_blocks(cuda_backend *cb, const void *fn, int smem);
 int cuda_scratch_catch_up(cuda_backend *cb);
 
 #define CUDA_TRY(cb, call, what)                            \
@@ -478,7 +487,8 @@ static inline unsigned cuda_ew_grid(int64_t n) {
  * serialization: it may be scheduled while the kernel before it is still running.  So every kernel
  * that a graph can hold begins with cuda_pdl_trigger() (its own dependents may launch early) and
  * calls cuda_pdl_wait() before it reads or writes any memory an earlier kernel writes or reads;
- * only reads of weights (never written after upload) may come before the wait.  Both are no-ops
+ * only reads of weights (never written after upload) and of a graph's per-step values (cb->dyn, copied
+ * before the graph is launched) may come before the wait.  Both are no-ops
  * when the kernel was launched normally and on GPUs before sm_90. */
 static __device__ __forceinline__ void cuda_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

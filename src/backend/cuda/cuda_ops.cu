@@ -274,10 +274,13 @@ typedef struct nr_arg {
     cuda_kv_dst kv;          /* kv.v non-NULL: append set 1 (k) and kv.v to these caches */
 } nr_arg;
 
-/* One warp per (row, head) of either set: the same arithmetic as k_rmsnorm_warp then k_rope. */
+/* One warp per (row, head) of either set: the same arithmetic as k_rmsnorm_warp then k_rope.  What no kernel
+ * writes (the norm weight, this step's positions in dyn, and so the rotation's sin and cos) comes before
+ * cuda_pdl_wait, in the shadow of the kernel before: after it, one load of the head and its stores. */
+#define NR_PER (256 / 32)            /* a lane's values of a head (hd <= 256) */
+#define NR_ROT (CUDA_ROPE_MAX / 2 / 32) /* a lane's rotated pairs (half <= hd / 2) */
 __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     cuda_pdl_trigger();
-    cuda_pdl_wait();
     __shared__ float sm[8][256];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int gw = blockIdx.x * 8 + warp, per0 = a.rows * a.s[0].nh;
@@ -291,21 +294,39 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     const float eps = NR_FIELD(eps), add_one = NR_FIELD(add_one);
 #undef NR_FIELD
     const int row = idx / nh, h = idx % nh, n = a.hd;
+    const int b = row / a.T, t = row % a.T;
+    const int np = a.dyn[CUDA_DYN_PAST + b], nn = a.dyn[CUDA_DYN_NEW + b];
+    const int rot = t < nn ? 2 * a.half : 0;
+    float wv[NR_PER], cs[NR_ROT], sn[NR_ROT];
+#pragma unroll
+    for (int k = 0; k < NR_PER; k++) wv[k] = w && lane + 32 * k < n ? cuda_elem(w, wt, lane + 32 * k) + add_one : 0.0f;
+#pragma unroll
+    for (int k = 0; k < NR_ROT; k++) {
+        const int i = lane + 32 * k;
+        if (!rot || i >= a.half) break;
+        double sd, cd;
+        sincos((double)(np + t) * (double)a.inv_freq[i], &sd, &cd);
+        cs[k] = (float)cd * a.attn_factor, sn[k] = (float)sd * a.attn_factor;
+    }
+    cuda_pdl_wait();
     float *v = x + (int64_t)row * nh * n + (int64_t)h * n;
     float *t_ = sm[warp];
     if (w) {
-        float ss = 0;
-        for (int i = lane; i < n; i += 32) ss += v[i] * v[i];
+        float xv[NR_PER], ss = 0;
+#pragma unroll
+        for (int k = 0; k < NR_PER; k++) {
+            xv[k] = lane + 32 * k < n ? v[lane + 32 * k] : 0.0f;
+            ss += xv[k] * xv[k];
+        }
         ss = cuda_warp_sum(ss);
         float inv = rsqrtf(ss / n + eps);
-        for (int i = lane; i < n; i += 32) t_[i] = v[i] * inv * (cuda_elem(w, wt, i) + add_one);
+#pragma unroll
+        for (int k = 0; k < NR_PER; k++)
+            if (lane + 32 * k < n) t_[lane + 32 * k] = xv[k] * inv * wv[k];
     } else {
         for (int i = lane; i < n; i += 32) t_[i] = v[i];
     }
     __syncwarp();
-    const int b = row / a.T, t = row % a.T;
-    const int np = a.dyn[CUDA_DYN_PAST + b], nn = a.dyn[CUDA_DYN_NEW + b];
-    const int rot = t < nn ? 2 * a.half : 0;
     /* the kv append of a key head: its rotated values and the value head of the same row */
     __nv_bfloat16 *kc = NULL;
     if (si == 1 && a.kv.v && t < nn) {
@@ -320,14 +341,13 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
         if (kc) kc[i] = __float2bfloat16(t_[i]);
     }
     if (!rot) return;
-    for (int i = lane; i < a.half; i += 32) {
-        double ang = (double)(np + t) * (double)a.inv_freq[i];
-        double sd, cd;
-        sincos(ang, &sd, &cd);
-        float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
-        int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
-        float x1 = t_[ia], x2 = t_[ib];
-        const float ya = x1 * c - x2 * s, yb = x2 * c + x1 * s;
+#pragma unroll
+    for (int k = 0; k < NR_ROT; k++) {
+        const int i = lane + 32 * k;
+        if (i >= a.half) break;
+        const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
+        const float x1 = t_[ia], x2 = t_[ib];
+        const float ya = x1 * cs[k] - x2 * sn[k], yb = x2 * cs[k] + x1 * sn[k];
         v[ia] = ya;
         v[ib] = yb;
         if (kc) {
