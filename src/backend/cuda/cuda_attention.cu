@@ -83,9 +83,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = row / a.T, t = row % a.T, D = a.D;
     cuda_pdl_trigger();
-    cuda_pdl_wait();
     att_seq S = a.s[b];
-    if (a.dyn) {
+    if (a.dyn) { /* a graph's per-step values: read before the wait (cuda_pdl_wait) */
         S.n_past = a.dyn[CUDA_DYN_PAST + b];
         S.n_new = a.dyn[CUDA_DYN_NEW + b];
     }
@@ -105,6 +104,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     }
     const int chunk = (n + a.splits - 1) / a.splits;
     const int j0 = split * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
+    cuda_pdl_wait(); /* q, the new rows and the cache come from the kernels before */
 
     float qr[GM][DPL], acc[GM][DPL], m[GM], l[GM];
 #pragma unroll
@@ -368,13 +368,13 @@ typedef struct app_arg {
 __global__ void k_kv_append(const float *__restrict__ k, const float *__restrict__ v, const app_arg a) {
     const int row = blockIdx.y, b = row / a.T, t = row % a.T;
     cuda_pdl_trigger();
-    cuda_pdl_wait();
     app_seq S = a.s[b];
-    if (a.dyn) {
+    if (a.dyn) { /* a graph's per-step values: read before the wait (cuda_pdl_wait) */
         S.n_past = a.dyn[CUDA_DYN_PAST + b];
         S.n_new = a.dyn[CUDA_DYN_NEW + b];
         S.first = S.rotating && S.n_new > S.cap ? S.n_new - S.cap : 0;
     }
+    cuda_pdl_wait();
     if (t < S.first || t >= S.n_new) return;
     int64_t slot = (int64_t)(S.n_past + t) % S.cap;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.KD; i += (int64_t)gridDim.x * blockDim.x) {
