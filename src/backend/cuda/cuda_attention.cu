@@ -104,7 +104,31 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     }
     const int chunk = (n + a.splits - 1) / a.splits;
     const int j0 = split * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
-    cuda_pdl_wait(); /* q, the new rows and the cache come from the kernels before */
+    const int jc = n_cached < j1 ? n_cached : j1;
+    /* KB cached keys per warp and step (bf16); loads are unconditional (indices clamped) so that all of them are
+     * in flight before the first use, and (heads up to 256 wide: registers for both) the next step's are loaded
+     * while this one is used */
+    unsigned short kr[KB][DPL], vr[KB][DPL];
+    auto load_kv = [&](int jb) {
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            const int j = jb + u < jc ? jb + u : jc - 1;
+            const int64_t off = (int64_t)((c0 + j) % S.cap) * KD + (int64_t)kvh * D;
+            const unsigned short *kp = (const unsigned short *)S.kc + off, *vp = (const unsigned short *)S.vc + off;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
+                kr[u][jj] = __ldg(kp + d);
+                vr[u][jj] = __ldg(vp + d);
+            }
+        }
+    };
+    /* The first step's cached keys before the wait when earlier steps wrote them all: this call's appends (the
+     * kernel before) go to slots past them unless a rotating cache wraps now. */
+    const bool early = !S.rotating || S.n_past + S.n_new <= S.cap;
+    if (early && j0 + warp * KB < jc) load_kv(j0 + warp * KB);
+    cuda_pdl_wait(); /* q, the new rows and (else) the cache come from the kernels before */
+    if (!early && j0 + warp * KB < jc) load_kv(j0 + warp * KB);
 
     float qr[GM][DPL], acc[GM][DPL], m[GM], l[GM];
 #pragma unroll
@@ -120,23 +144,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     }
     const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
     const float *vnb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
-    /* KB keys per warp and step; loads are unconditional (indices clamped) so that all of them are
-     * in flight before the first use.  Cached keys first (bf16), then this call's new rows (f32). */
-    const int jc = n_cached < j1 ? n_cached : j1;
+    /* Cached keys first (bf16, loaded a step ahead), then this call's new rows (f32). */
     for (int jb = j0 + warp * KB; jb < jc; jb += ATT_WARPS * KB) {
-        unsigned short kr[KB][DPL], vr[KB][DPL];
-#pragma unroll
-        for (int u = 0; u < KB; u++) {
-            const int j = jb + u < jc ? jb + u : jc - 1;
-            const int64_t off = (int64_t)((c0 + j) % S.cap) * KD + (int64_t)kvh * D;
-            const unsigned short *kp = (const unsigned short *)S.kc + off, *vp = (const unsigned short *)S.vc + off;
-#pragma unroll
-            for (int jj = 0; jj < DPL; jj++) {
-                int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
-                kr[u][jj] = __ldg(kp + d);
-                vr[u][jj] = __ldg(vp + d);
-            }
-        }
+        if constexpr (DPL > 8)
+            if (jb != j0 + warp * KB) load_kv(jb);
         float kf[KB][DPL], vf[KB][DPL];
 #pragma unroll
         for (int u = 0; u < KB; u++)
@@ -145,6 +156,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
                 kf[u][jj] = __uint_as_float((unsigned)kr[u][jj] << 16);
                 vf[u][jj] = __uint_as_float((unsigned)vr[u][jj] << 16);
             }
+        if constexpr (DPL <= 8)
+            if (jb + ATT_WARPS * KB < jc) load_kv(jb + ATT_WARPS * KB);
         att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, jc - jb, a.softcap);
     }
     const int jn0 = j0 > n_cached ? j0 : n_cached;
