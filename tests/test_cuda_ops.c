@@ -130,12 +130,12 @@ static void test_matmul(void) {
     }
     /* bf16 / f16 at 17-32 rows (cuBLAS, x narrowed to bf16 / f16) with the shapes of a batched decode: few rows
      * and a long K (split-K), many rows and a short K, rows that end mid-tile */
-    const int Msk[] = {17, 24, 25, 32};
-    for (size_t i = 0; i < sizeof Msk / sizeof Msk[0]; i++) {
-        test_matmul_case("bf16 long K", LMX_DTYPE_BF16, 0, 0, 0, 37, 4096, Msk[i], 1, 5e-3);
-        test_matmul_case("bf16 parts", LMX_DTYPE_BF16, 0, 0, 0, 9001, 1024, Msk[i], 0, 5e-3);
-        test_matmul_case("bf16 wide", LMX_DTYPE_BF16, 0, 0, 0, 40000, 128, Msk[i], 1, 5e-3);
-        test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 300, 640, Msk[i], 1, 5e-3);
+    const int Mcublas[] = {17, 24, 25, 32};
+    for (size_t i = 0; i < sizeof Mcublas / sizeof Mcublas[0]; i++) {
+        test_matmul_case("bf16 long K", LMX_DTYPE_BF16, 0, 0, 0, 37, 4096, Mcublas[i], 1, 5e-3);
+        test_matmul_case("bf16 parts", LMX_DTYPE_BF16, 0, 0, 0, 9001, 1024, Mcublas[i], 0, 5e-3);
+        test_matmul_case("bf16 wide", LMX_DTYPE_BF16, 0, 0, 0, 40000, 128, Mcublas[i], 1, 5e-3);
+        test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 300, 640, Mcublas[i], 1, 5e-3);
     }
     const int Mq[] = {1, 2, 3, 8, 12, 32, 40};
     for (size_t i = 0; i < sizeof Mq / sizeof Mq[0]; i++) {

@@ -126,9 +126,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     /* The first step's cached keys before the wait when earlier steps wrote them all: this call's appends (the
      * kernel before) go to slots past them unless a rotating cache wraps now. */
     const bool early = !S.rotating || S.n_past + S.n_new <= S.cap;
-    if (early && j0 + warp * KB < jc) load_kv(j0 + warp * KB);
+    const int jb0 = j0 + warp * KB; /* this warp's first step */
+    if (early && jb0 < jc) load_kv(jb0);
     cuda_pdl_wait(); /* q, the new rows and (else) the cache come from the kernels before */
-    if (!early && j0 + warp * KB < jc) load_kv(j0 + warp * KB);
+    if (!early && jb0 < jc) load_kv(jb0);
 
     float qr[GM][DPL], acc[GM][DPL], m[GM], l[GM];
 #pragma unroll
@@ -145,9 +146,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
     const float *vnb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
     /* Cached keys first (bf16, loaded a step ahead), then this call's new rows (f32). */
-    for (int jb = j0 + warp * KB; jb < jc; jb += ATT_WARPS * KB) {
+    for (int jb = jb0; jb < jc; jb += ATT_WARPS * KB) {
         if constexpr (DPL > 8)
-            if (jb != j0 + warp * KB) load_kv(jb);
+            if (jb != jb0) load_kv(jb);
         float kf[KB][DPL], vf[KB][DPL];
 #pragma unroll
         for (int u = 0; u < KB; u++)

@@ -77,12 +77,11 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
     return p;
 }
 
-int cuda_fit_blocks(cuda_backend *cb, const void *fn, int smem) {
+int cuda_fit_blocks(cuda_backend *cb, const void *fn) {
     for (int i = 0; i < cb->n_fit; i++)
         if (cb->fit[i].fn == fn) return cb->fit[i].per_sm;
     int per_sm = 1;
-    if ((smem > 48 * 1024 && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, (size_t)smem) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, 0) != cudaSuccess) {
         cudaGetLastError();
         per_sm = 1;
     }

@@ -494,7 +494,7 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
     /* GGUF kinds: K parts for a wave of the blocks that fit at once (Q4_0's 8-row kernels: two a
      * multiprocessor), the others for one a multiprocessor (tc_parts) */
-    int per_sm = kind >= TC_GQ ? cuda_fit_blocks(cb, (const void *)k, 0) : 1;
+    int per_sm = kind >= TC_GQ ? cuda_fit_blocks(cb, (const void *)k) : 1;
     per_sm = per_sm > 2 ? 2 : per_sm; /* tc_scratch holds groups * kp < 4 SMs */
     int kp = tc_parts(cb->sm_count * per_sm, groups, (K + sk - 1) / sk);
     float *part = NULL;

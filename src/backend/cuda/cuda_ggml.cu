@@ -178,6 +178,10 @@ __global__ void __launch_bounds__(256) k_moe_quant_route(const float *__restrict
     else if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, blockIdx.y - M, threadIdx.x);
 }
 
+static __device__ __forceinline__ void gq_prefetch(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 /* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word). */
 static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4 (&X)[4], int &i0, int &i1) {
     const int x[16] = {X[0].x, X[0].y, X[0].z, X[0].w, X[1].x, X[1].y, X[1].z, X[1].w,
@@ -264,8 +268,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
             for (int u = 0; u < U; u++)
                 if (p + vstride * u < NU)
 #pragma unroll
-                    for (int r = 0; r < R; r++)
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + (int64_t)((p + vstride * u) / UPB) * BYTES));
+                    for (int r = 0; r < R; r++) gq_prefetch(wr[r] + (int64_t)((p + vstride * u) / UPB) * BYTES);
         }
     }
     cuda_pdl_wait(); /* x is ready */

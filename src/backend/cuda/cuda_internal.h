@@ -98,10 +98,10 @@ lmx_status cuda_alloc_raw(cuda_backend *cb, lmx_tensor *t);
  * due and the call fails, and cuda_scratch_catch_up, after the capture, grows the slots due (1: some grew,
  * capture again). */
 void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes);
-/* The blocks of 256 threads of kernel fn, with smem bytes of dynamic shared memory (its limit raised to that the
- * first time), that fit a multiprocessor at once (at least 1): asked of the runtime once per kernel and kept in
- * cb, since the query is a host call that launches outside decode graphs would otherwise make every time. */
-int cuda_fit_blocks(cuda_backend *cb, const void *fn, int smem);
+/* The blocks of 256 threads of kernel fn (no dynamic shared memory) that fit a multiprocessor at once (at least
+ * 1): asked of the runtime once per kernel and kept in cb, since the query is a host call that launches outside
+ * decode graphs would otherwise make every time. */
+int cuda_fit_blocks(cuda_backend *cb, const void *fn);
 int cuda_scratch_catch_up(cuda_backend *cb);
 
 #define CUDA_TRY(cb, call, what)                            \

@@ -278,7 +278,7 @@ typedef struct nr_arg {
  * writes (the norm weight, this step's positions in dyn, and so the rotation's sin and cos) comes before
  * cuda_pdl_wait, in the shadow of the kernel before: after it, one load of the head and its stores. */
 #define NR_PER (256 / 32)            /* a lane's values of a head (hd <= 256) */
-#define NR_ROT (CUDA_ROPE_MAX / 2 / 32) /* a lane's rotated pairs (half <= hd / 2) */
+#define NR_ROT (NR_PER / 2)          /* a lane's rotated pairs (half <= hd / 2) */
 __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     cuda_pdl_trigger();
     __shared__ float sm[8][256];
