@@ -10,9 +10,10 @@ embedding too); f32 for norms and the router (ffn_gate_inp).  The blocks' codes 
 drawn once, each tensor a slice of it at a random block-aligned offset) and their scales are set so the
 weights spread over about +-0.02 around zero; the router is N(0, 0.02) in f32, so routing spreads over the
 experts.  The vocabulary is gguf_vocab's placeholder (llama.cpp's benchmarks feed token ids).
---type q4_0: Q4_0 for every matrix but the head (Q6_K), as llama-quantize's Q4_0 chooses.
+--type q4_0: Q4_0 for every matrix but the head (Q6_K), as llama-quantize's Q4_0 chooses; --type q8_0: Q8_0
+for every matrix, the head too.
 
-usage: bench/random_gguf.py {qwen3-30b-a3b,llama-3.1-8b,qwen3-0.6b} OUT.gguf [--layers N] [--type q4_k_m|q4_0]
+usage: bench/random_gguf.py {qwen3-30b-a3b,llama-3.1-8b,qwen3-0.6b} OUT.gguf [--layers N] [--type q4_k_m|q4_0|q8_0]
        (needs gguf-py on PYTHONPATH and numpy)
 """
 import argparse
@@ -30,22 +31,30 @@ from make_random_model import ARCHS  # noqa: E402
 from write_gguf import add_header, gguf_arch  # noqa: E402
 
 Q4_K, Q6_K, Q4_0 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q4_0
-BLOCK = {Q4_K: 144, Q6_K: 210, Q4_0: 18}  # bytes per block
-ELEMS = {Q4_K: 256, Q6_K: 256, Q4_0: 32}  # weights per block
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
+BLOCK = {Q4_K: 144, Q6_K: 210, Q4_0: 18, Q8_0: 34}  # bytes per block
+ELEMS = {Q4_K: 256, Q6_K: 256, Q4_0: 32, Q8_0: 32}  # weights per block
 POOL = 448 << 20  # bytes of random blocks per type: more than the largest tensor (Llama-3.1-8B's Q6_K head, 431 MB)
+POOL_Q8 = 640 << 20  # Q8_0's (its head: 558 MB)
+
+
+def pool_bytes(qt):
+    return POOL_Q8 if qt == Q8_0 else POOL
 
 
 def make_pool(rng, qt):
     """Random blocks of type qt with their f16 scales set: Q4_K w = d sc q - dmin m (d at 0, dmin at 2:
     dmin = 7.5 d centres the codes), Q6_K w = d sc (q - 32) (d at the block's last two bytes), Q4_0
-    w = d (q - 8) (d at 0)."""
+    w = d (q - 8) (d at 0), Q8_0 w = d q (q signed; d at 0)."""
     b = BLOCK[qt]
-    pool = rng.integers(0, 256, size=POOL // b * b, dtype=np.uint8).reshape(-1, b)
+    pool = rng.integers(0, 256, size=pool_bytes(qt) // b * b, dtype=np.uint8).reshape(-1, b)
     if qt == Q4_K:
         pool[:, 0:2] = np.frombuffer(np.float16(2e-5).tobytes(), np.uint8)
         pool[:, 2:4] = np.frombuffer(np.float16(1.5e-4).tobytes(), np.uint8)
     elif qt == Q4_0:
         pool[:, 0:2] = np.frombuffer(np.float16(2.5e-3).tobytes(), np.uint8)
+    elif qt == Q8_0:
+        pool[:, 0:2] = np.frombuffer(np.float16(1.6e-4).tobytes(), np.uint8)
     else:
         pool[:, b - 2:b] = np.frombuffer(np.float16(1e-5).tobytes(), np.uint8)
     return pool.reshape(-1)
@@ -60,8 +69,8 @@ def main():
     ap.add_argument("arch", choices=sorted(ARCHS))
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=0)
-    ap.add_argument("--type", choices=("q4_k_m", "q4_0"), default="q4_k_m",
-                    help="q4_0: Q4_0 everywhere but the head (Q6_K), as llama-quantize's Q4_0 chooses")
+    ap.add_argument("--type", choices=("q4_k_m", "q4_0", "q8_0"), default="q4_k_m",
+                    help="q4_0: Q4_0 everywhere but the head (Q6_K), as llama-quantize's Q4_0 chooses; q8_0: Q8_0 everywhere")
     args = ap.parse_args()
     cfg = dict(ARCHS[args.arch])
     if cfg["model_type"] not in ("llama", "qwen3", "qwen3_moe"):
@@ -73,18 +82,19 @@ def main():
                                              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"))
     moe = arch == "qwen3moe"
     rng = np.random.default_rng(0)
-    q40 = args.type == "q4_0"
-    pools = {qt: make_pool(rng, qt) for qt in ((Q4_0, Q6_K) if q40 else (Q4_K, Q6_K))}
-    four = Q4_0 if q40 else Q4_K
+    q40, q80 = args.type == "q4_0", args.type == "q8_0"
+    four = Q4_0 if q40 else Q8_0 if q80 else Q4_K  # every matrix's type but the head and the Q4_K_M mix's
+    head = Q8_0 if q80 else Q6_K
+    pools = {qt: make_pool(rng, qt) for qt in {four, head}}
 
     w = gguf.GGUFWriter(args.out, arch)
-    add_header(w, cfg, 2 if q40 else 15)  # LLAMA_FTYPE_MOSTLY_Q4_0 / _Q4_K_M
+    add_header(w, cfg, 2 if q40 else 7 if q80 else 15)  # LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0 / _Q4_K_M
 
     def blocks(name, qt, *shape):
         """shape [..., rows, K] of type qt, as a slice of the pool (bytes [..., rows, K / ELEMS * BLOCK])."""
         b, e = BLOCK[qt], ELEMS[qt]
         nbytes = int(np.prod(shape[:-1])) * (shape[-1] // e) * b
-        off = int(rng.integers(0, (POOL // b * b - nbytes) // b + 1)) * b
+        off = int(rng.integers(0, (pool_bytes(qt) // b * b - nbytes) // b + 1)) * b
         w.add_tensor(name, pools[qt][off:off + nbytes].reshape(*shape[:-1], shape[-1] // e * b), raw_dtype=qt)
 
     def f32(name, a):
@@ -93,7 +103,7 @@ def main():
     blocks("token_embd.weight", four, V, C)
     for i in range(L):
         p = "blk.%d." % i
-        vd = Q6_K if more_bits(i, L) and not q40 else four  # attn_v's and ffn_down's type
+        vd = Q6_K if more_bits(i, L) and four == Q4_K else four  # attn_v's and ffn_down's type
         f32(p + "attn_norm.weight", np.ones(C))
         blocks(p + "attn_q.weight", four, H * D, C)
         blocks(p + "attn_k.weight", four, Hk * D, C)
@@ -115,7 +125,7 @@ def main():
             blocks(p + "ffn_down.weight", vd, C, F)
     f32("output_norm.weight", np.ones(C))
     if not cfg["tie_word_embeddings"]:
-        blocks("output.weight", Q6_K, V, C)
+        blocks("output.weight", head, V, C)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -602,15 +602,16 @@ static void test_graph_gguf_case(const char *name, const int *types, int M, int 
 
 /* Dense weights (bf16 or f16) in a decode graph of 9-32 rows: up to 16 rows the q/k/v group as one launch and
  * the gate/up pair with its GLU as another (k_gemv_tc), from 17 rows cuBLAS for each matmul and the glu op; each
- * step against the cpu at the tensor cores' tolerance (x rounded to bf16 or f16). */
-static void test_graph_dense_case(lmx_dtype dt, int M) {
+ * step against the cpu at the tensor cores' tolerance (x rounded to bf16 or f16).  GGUF weights (types: q, k, v,
+ * gate and up), 9-32 rows: the tensor-core GEMV's groups and pairs (cuda_gemv_tc.cu). */
+static void test_graph_dense_case(lmx_dtype dt, const int *types, int M) {
     const int N[3] = {200, 64, 72};
     wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GG_C), n2 = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GG_C);
     gg_set g, c;
     memset(&g, 0, sizeof g), memset(&c, 0, sizeof c);
     g.table = table.g, g.n2 = n2.g, c.table = table.c, c.n2 = n2.c;
     for (int j = 0; j < 5; j++) {
-        wpair w = make_weight(dt, 0, 0, 0, j < 3 ? N[j] : GG_F, GG_C);
+        wpair w = make_weight(dt, 0, 0, types ? types[j] : 0, j < 3 ? N[j] : GG_F, GG_C);
         lmx_tensor *tg = j < 3 ? &g.w[j] : j == 3 ? &g.wg : &g.wu, *tc = j < 3 ? &c.w[j] : j == 3 ? &c.wg : &c.wu;
         *tg = w.g, *tc = w.c;
     }
@@ -626,8 +627,9 @@ static void test_graph_dense_case(lmx_dtype dt, int M) {
             const int64_t n = (int64_t)M * (j < 3 ? N[j] : GG_F);
             float *a = fetch(gpu, tg, n), *b = fetch(cpu, tc, n);
             const double e = rel_err(a, b, n);
-            CHECK_MSG(e <= 5e-3, "graph %s M=%d step %d %s: relative error %.3g > 5e-3", dt == LMX_DTYPE_F16 ? "f16" : "bf16",
-                      M, step, (const char *[]){"y0", "y1", "y2", "glu", "up"}[j], e);
+            CHECK_MSG(e <= 5e-3, "graph %s M=%d step %d %s: relative error %.3g > 5e-3",
+                      types ? "gguf" : dt == LMX_DTYPE_F16 ? "f16" : "bf16", M, step,
+                      (const char *[]){"y0", "y1", "y2", "glu", "up"}[j], e);
             free(a), free(b);
         }
     }
@@ -636,34 +638,17 @@ static void test_graph_dense_case(lmx_dtype dt, int M) {
 }
 
 static void test_graph_dense(void) {
+    /* GGUF: Q4_K_M's mix (q and k in one launch, a Q6_K v in the next; a Q4_K gate/up pair), and Q4_0, Q5_K and
+     * Q8_0 (a Q8_0 pair) */
+    const int q4km[5] = {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K, LMX_GGML_Q4_K, LMX_GGML_Q4_K};
+    const int q80[5] = {LMX_GGML_Q4_0, LMX_GGML_Q5_K, LMX_GGML_Q8_0, LMX_GGML_Q8_0, LMX_GGML_Q8_0};
     const int Md[] = {9, 17, 24, 32};
     for (size_t i = 0; i < sizeof Md / sizeof Md[0]; i++) {
-        test_graph_dense_case(LMX_DTYPE_BF16, Md[i]);
-        test_graph_dense_case(LMX_DTYPE_F16, Md[i]);
+        test_graph_dense_case(LMX_DTYPE_BF16, NULL, Md[i]);
+        test_graph_dense_case(LMX_DTYPE_F16, NULL, Md[i]);
+        test_graph_dense_case(LMX_DTYPE_U8, q4km, Md[i]);
+        test_graph_dense_case(LMX_DTYPE_U8, q80, Md[i]);
     }
-}
-
-static void test_graph_gguf(void) {
-    const struct { const char *name; int t[3]; } cases[] = {
-        {"q4_k q4_k q6_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
-        {"q6_k q5_k q5_k", {LMX_GGML_Q6_K, LMX_GGML_Q5_K, LMX_GGML_Q5_K}},
-        {"q4_0 q8_0 q4_0", {LMX_GGML_Q4_0, LMX_GGML_Q8_0, LMX_GGML_Q4_0}},
-        {"q4_0 q6_k q4_0", {LMX_GGML_Q4_0, LMX_GGML_Q6_K, LMX_GGML_Q4_0}},
-        {"q3_k q4_k q6_k", {LMX_GGML_Q3_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
-        {"q4_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q4_K}}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        test_graph_gguf_case(cases[i].name, cases[i].t, 1, 0, NULL);
-        test_graph_gguf_case(cases[i].name, cases[i].t, 3, 0, NULL);
-    }
-    lmx_backend *eager = NULL;
-    lmx_err err = {0};
-    setenv("LMX_CUDA_GRAPH", "0", 1);
-    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
-    unsetenv("LMX_CUDA_GRAPH");
-    if (!eager) return;
-    test_graph_gguf_case("moe, q4_k q4_k q6_k", cases[0].t, 1, 1, eager);
-    test_graph_gguf_case("moe, q4_k", cases[5].t, 1, 1, eager);
-    lmx_backend_free(eager);
 }
 
 int main(void) {
