@@ -651,6 +651,29 @@ static void test_graph_dense(void) {
     }
 }
 
+static void test_graph_gguf(void) {
+    const struct { const char *name; int t[3]; } cases[] = {
+        {"q4_k q4_k q6_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
+        {"q6_k q5_k q5_k", {LMX_GGML_Q6_K, LMX_GGML_Q5_K, LMX_GGML_Q5_K}},
+        {"q4_0 q8_0 q4_0", {LMX_GGML_Q4_0, LMX_GGML_Q8_0, LMX_GGML_Q4_0}},
+        {"q4_0 q6_k q4_0", {LMX_GGML_Q4_0, LMX_GGML_Q6_K, LMX_GGML_Q4_0}},
+        {"q3_k q4_k q6_k", {LMX_GGML_Q3_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K}},
+        {"q4_k", {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q4_K}}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        test_graph_gguf_case(cases[i].name, cases[i].t, 1, 0, NULL);
+        test_graph_gguf_case(cases[i].name, cases[i].t, 3, 0, NULL);
+    }
+    lmx_backend *eager = NULL;
+    lmx_err err = {0};
+    setenv("LMX_CUDA_GRAPH", "0", 1);
+    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
+    unsetenv("LMX_CUDA_GRAPH");
+    if (!eager) return;
+    test_graph_gguf_case("moe, q4_k q4_k q6_k", cases[0].t, 1, 1, eager);
+    test_graph_gguf_case("moe, q4_k", cases[5].t, 1, 1, eager);
+    lmx_backend_free(eager);
+}
+
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
