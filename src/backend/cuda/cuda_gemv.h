@@ -119,8 +119,8 @@ static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *
  * 49.4 us); 32 for MLX 4-bit with groups of 32 << i and 16-bit scales); cuda_gemv_tc launches it for the n
  * segments of sg, no opts. */
 int cuda_gemv_tc_rows(int kind);
-/* The tensor-core kind of GGUF weight w for M rows (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K; 9..32 rows, or 2..8 of a
- * matrix of 4M values or more), or -1. */
+/* The tensor-core kind of GGUF weight w for M rows (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K; 2..32 rows but where
+ * cuda_ggml_beats_tc says), or -1. */
 int cuda_gemv_tc_kind_gguf(const cuda_backend *cb, const lmx_tensor *w, int M);
 int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, int M);
 lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K);

@@ -406,11 +406,10 @@ int cuda_gemv_tc_rows(int kind) { return kind == GV_BF16 || kind == GV_F16 ? 16 
 
 int cuda_gemv_tc_kind_gguf(const cuda_backend *cb, const lmx_tensor *w, int M) {
     if (M < 2 || M > CUDA_GEMV_TC_ROWS || cb->gemv_variant == 2 || w->ndim != 2) return -1;
-    /* up to 8 rows, the int16 kernels (cuda_ggml.cu) are faster on small matrices (measured on an H100,
-     * Qwen3-0.6B Q4_0 batch 8 2,617 against 1,971 tok/s here, Llama-3.1-8B Q4_0 584 against 953) and
-     * where cuda_ggml_beats_tc says */
-    if (M <= CUDA_GEMV_ROWS && (cuda_ggml_beats_tc(M, w->shape[1]) || w->shape[0] * w->shape[1] < ((int64_t)1 << 22)))
-        return -1;
+    /* up to 8 rows, the int16 kernels (cuda_ggml.cu) where cuda_ggml_beats_tc says.  Small matrices (under 4M
+     * values) took them too until the K parts below filled the GPU for them (H200, batch 8: Qwen3-0.6B
+     * Q4_K_M 3,418 -> 4,705 tok/s, Q4_0 4,377 -> 5,099, Q8_0 4,313 -> 4,503) */
+    if (M <= CUDA_GEMV_ROWS && cuda_ggml_beats_tc(M, w->shape[1])) return -1;
     switch (w->q.ggml_type) {
 #define TC_GQ_TAKES(t) case t: return w->shape[1] % lmx_ggml_block_elems(t) ? -1 : TC_GQ + t;
         TC_GQ_TYPES(TC_GQ_TAKES)
@@ -427,17 +426,30 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
     return kind == GV_BF16 || kind == GV_F16;
 }
 
-/* Blocks sharing a row block (K parts): the fewest (1, 2, 4, ... 16) that fill the slots (the blocks that
- * fit on the GPU at once), while each part keeps at least 8 steps of K.  Measured on an H100 (8B Llama
- * shapes), slots of one block a multiprocessor beat two (MLX 4-bit batch 8 / 32 1,418 / 3,499 -> 1,520 /
- * 4,003 tok/s; bf16 q/o at 8 rows 17.8 -> 12.2 us; GGUF, since its parts are loaded a step ahead: Q4_K
- * gate/up at 8 rows 34.3 -> 30.4 us, Q4_K_M batch 8 / 32 1,264 / 2,981 -> 1,338 / 3,370, Q4_0 batch 32
- * 3,562 -> 3,901, but Q4_0 batch 8 1,460 -> 1,234).  Counting the blocks that fit for GGUF kinds
- * (cuda_gemv_tc) takes both: Q4_0 batch 8 1,287 -> 1,539 tok/s, Q4_K_M and Q4_0 batch 32 within 1%; for
- * MLX 4-bit it changed nothing measurable. */
-static int tc_parts(int slots, int groups, int steps) {
+/* Blocks sharing a row block (K parts), 1, 2, 4, ... 16 of them.  Dense and MLX kinds: the fewest that fill
+ * the slots (the blocks that fit on the GPU at once), while each part keeps at least 8 steps of K.  Measured
+ * on an H100 (8B Llama shapes), slots of one block a multiprocessor beat two (MLX 4-bit batch 8 / 32 1,418 /
+ * 3,499 -> 1,520 / 4,003 tok/s; bf16 q/o at 8 rows 17.8 -> 12.2 us).
+ * GGUF kinds (slots: the blocks that fit, up to two a multiprocessor): the count whose waves of blocks take
+ * the least time, counting a block as its steps plus TC_PART_COST steps of its own (staging x, the sums in
+ * scratch).  The rule of the others left small matrices a few blocks (Qwen3-0.6B's q/k/v, K = 1024: 32 of
+ * them for 264 slots) and sent large ones a second, part-empty wave (the 8B's q/o: 512 blocks of 2 steps).
+ * Measured on an H200, tok/s, batch 8 / 32 (with the small matrices on the tensor cores, above): Qwen3-0.6B
+ * Q4_K_M 3,418 / 8,293 -> 4,705 / 9,124, Q4_0 4,377 / 9,570 -> 5,099 / 10,231, Q8_0 4,313 / 8,451 -> 4,503 /
+ * 9,692; Llama-3.1-8B Q4_K_M 1,602 / 3,594 -> 1,727 / 3,715, Q8_0 1,231 / 3,465 -> 1,310 / 3,601.  A cost of
+ * 3 steps measured the same, 1 lost 2-9% on the 8B; for MLX 4-bit the rule lost 15% (8B batch 8 and 32). */
+#define TC_PART_COST 2
+static int tc_parts(int kind, int slots, int groups, int gmax, int steps, int sm_count) {
     int kp = 1;
-    while (kp < 16 && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
+    if (kind < TC_GQ) {
+        while (kp < 16 && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
+        return kp;
+    }
+    int64_t best = -1;
+    for (int p = 1; p <= 16 && p <= steps && (int64_t)gmax * p <= 4 * sm_count; p *= 2) { /* tc_scratch's cells */
+        const int64_t waves = ((int64_t)groups * p + slots - 1) / slots, t = waves * ((steps + p - 1) / p + TC_PART_COST);
+        if (best < 0 || t < best) best = t, kp = p;
+    }
     return kp;
 }
 
@@ -463,7 +475,7 @@ template <int PAIR> static tc_fn tc_kernel(int kind, int nt) {
 }
 
 /* The K parts' scratch: tickets [3, 4 SMs] (zeroed when new) and sums [3, 4 SMs, 32 * 256] floats, the
- * most a launch of kp > 1 needs (groups * kp < 4 SMs per segment; one size, so a graph capture never
+ * most a launch of kp > 1 needs (tc_parts keeps gmax * kp within 4 SMs; one size, so a graph capture never
  * grows it).  NULL (no error kept) when it does not fit: the launch then takes no K parts. */
 static int *tc_scratch(cuda_backend *cb, float **part) {
     const size_t cells = (size_t)3 * 4 * cb->sm_count, bytes = cells * sizeof(int) + cells * 32 * 256 * sizeof(float);
@@ -495,8 +507,8 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     /* GGUF kinds: K parts for a wave of the blocks that fit at once (Q4_0's 8-row kernels: two a
      * multiprocessor), the others for one a multiprocessor (tc_parts) */
     int per_sm = kind >= TC_GQ ? cuda_fit_blocks(cb, (const void *)k) : 1;
-    per_sm = per_sm > 2 ? 2 : per_sm; /* tc_scratch holds groups * kp < 4 SMs */
-    int kp = tc_parts(cb->sm_count * per_sm, groups, (K + sk - 1) / sk);
+    per_sm = per_sm > 2 ? 2 : per_sm;
+    int kp = tc_parts(kind, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
     float *part = NULL;
     int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;
