@@ -426,22 +426,22 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
     return kind == GV_BF16 || kind == GV_F16;
 }
 
-/* Blocks sharing a row block (K parts), 1, 2, 4, ... 16 of them.  Dense and MLX kinds: the fewest that fill
- * the slots (the blocks that fit on the GPU at once), while each part keeps at least 8 steps of K.  Measured
- * on an H100 (8B Llama shapes), slots of one block a multiprocessor beat two (MLX 4-bit batch 8 / 32 1,418 /
- * 3,499 -> 1,520 / 4,003 tok/s; bf16 q/o at 8 rows 17.8 -> 12.2 us).
- * GGUF kinds (slots: the blocks that fit, up to two a multiprocessor): the count whose waves of blocks take
- * the least time, counting a block as its steps plus TC_PART_COST steps of its own (staging x, the sums in
- * scratch).  The rule of the others left small matrices a few blocks (Qwen3-0.6B's q/k/v, K = 1024: 32 of
- * them for 264 slots) and sent large ones a second, part-empty wave (the 8B's q/o: 512 blocks of 2 steps).
+/* Blocks sharing a row block (K parts), 1, 2, 4, ... 16 of them.  Dense kinds: the fewest that fill the
+ * slots (one block a multiprocessor), while each part keeps at least 8 steps of K (measured on an H100, 8B
+ * Llama shapes: bf16 q/o at 8 rows 17.8 us with two slots a multiprocessor, 12.2 with one).
+ * GGUF and MLX 4-bit kinds (slots: the blocks that fit, up to two a multiprocessor): the count whose waves of
+ * blocks take the least time, counting a block as its steps plus TC_PART_COST steps of its own (staging x,
+ * the sums in scratch).  The dense rule left small matrices a few blocks (Qwen3-0.6B's q/k/v, K = 1024: 32
+ * of them for 264 slots) and sent large ones a second, part-empty wave (the 8B's q/o: 512 blocks of 2 steps).
  * Measured on an H200, tok/s, batch 8 / 32 (with the small matrices on the tensor cores, above): Qwen3-0.6B
  * Q4_K_M 3,418 / 8,293 -> 4,705 / 9,124, Q4_0 4,377 / 9,570 -> 5,099 / 10,231, Q8_0 4,313 / 8,451 -> 4,503 /
- * 9,692; Llama-3.1-8B Q4_K_M 1,602 / 3,594 -> 1,727 / 3,715, Q8_0 1,231 / 3,465 -> 1,310 / 3,601.  A cost of
- * 3 steps measured the same, 1 lost 2-9% on the 8B; for MLX 4-bit the rule lost 15% (8B batch 8 and 32). */
+ * 9,692; Llama-3.1-8B Q4_K_M 1,602 / 3,594 -> 1,727 / 3,715, Q8_0 1,231 / 3,465 -> 1,310 / 3,601, MLX 4-bit
+ * 2,495 / 5,395 -> 2,652 / 5,495 (with one slot a multiprocessor it lost 15%).  A cost of 3 steps measured
+ * the same, 1 lost 2-9% on the 8B; for bf16 the rule lost 4% on the 8B at batch 8 (won 4% on the 0.6B). */
 #define TC_PART_COST 2
 static int tc_parts(int kind, int slots, int groups, int gmax, int steps, int sm_count) {
     int kp = 1;
-    if (kind < TC_GQ) {
+    if (kind < TC_GQ && kind != GV_Q4) {
         while (kp < 16 && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
         return kp;
     }
@@ -504,9 +504,9 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     }
     const int nt = (M + 7) / 8;
     const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
-    /* GGUF kinds: K parts for a wave of the blocks that fit at once (Q4_0's 8-row kernels: two a
-     * multiprocessor), the others for one a multiprocessor (tc_parts) */
-    int per_sm = kind >= TC_GQ ? cuda_fit_blocks(cb, (const void *)k) : 1;
+    /* GGUF and MLX 4-bit kinds: K parts for the blocks that fit at once (up to two a multiprocessor), dense
+     * ones for one a multiprocessor (tc_parts) */
+    int per_sm = kind >= TC_GQ || kind == GV_Q4 ? cuda_fit_blocks(cb, (const void *)k) : 1;
     per_sm = per_sm > 2 ? 2 : per_sm;
     int kp = tc_parts(kind, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
     float *part = NULL;
