@@ -56,4 +56,10 @@ lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, 
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
                                     float *dq, float *dk, float *dv);
 
+/* The flash kernels' dynamic shared memory allowed once, at backend creation (cuda_flash.cu, cuda_flash_bwd.cu),
+ * not at every launch: cudaFuncSetAttribute is a host call per layer otherwise.  A kernel the GPU cannot hold
+ * then fails at its launch, which cuda_check_launch reports. */
+void cuda_flash_init(void);
+void cuda_flash_bwd_init(void);
+
 #endif

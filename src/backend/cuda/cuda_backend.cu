@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_attention.h"
 #include "cuda_internal.h"
 
 extern "C" {
@@ -514,6 +515,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     const char *xb = getenv("LMX_CUDA_XS_BLOCKS");
     cb->xs_blocks = xb ? atoi(xb) : 4 * cb->sm_count;
     cuda_gemv_init();
+    cuda_flash_init();
+    cuda_flash_bwd_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {
         lmx_err_set(err, LMX_ERR_NOMEM, "cuda backend: out of memory");

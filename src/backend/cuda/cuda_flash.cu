@@ -196,9 +196,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
 template <int D, int KT, bool STATS>
 static lmx_status launch_flash(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
                                const __nv_bfloat16 *v16, float *out, const float *dout, float *lse, float *dsum) {
-    const size_t sm = flash_smem<D, KT>();
-    cudaError_t e = cudaFuncSetAttribute(k_flash<D, KT, STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    if (e != cudaSuccess) return cuda_fail(cb, e, "attention");
+    const size_t sm = flash_smem<D, KT>(); /* allowed by cuda_flash_init */
     dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
     k_flash<D, KT, STATS><<<grid, FA_THREADS, sm, cb->stream>>>(q, k16, v16, out, a, dout, lse, dsum);
     return cuda_check_launch(cb, "attention");
@@ -215,6 +213,15 @@ static lmx_status flash_by_dim(cuda_backend *cb, const att_arg &a, const float *
     case 256: return STATS ? LMX_ERR_UNSUPPORTED : launch_flash<256, 32, false>(cb, a, q, k16, v16, out, dout, lse, dsum);
     default: return LMX_ERR_UNSUPPORTED;
     }
+}
+
+template <int D, int KT, bool STATS> static void flash_allow() {
+    cudaFuncSetAttribute(k_flash<D, KT, STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<D, KT>());
+}
+void cuda_flash_init(void) { /* every instance flash_by_dim launches */
+    flash_allow<32, 64, false>(), flash_allow<64, 64, false>(), flash_allow<128, 64, false>(), flash_allow<256, 32, false>();
+    flash_allow<32, 64, true>(), flash_allow<64, 64, true>(), flash_allow<128, 64, true>();
+    cudaGetLastError();
 }
 
 lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,

@@ -250,11 +250,7 @@ template <int D, int KT, int QT>
 static lmx_status fb_launch(cuda_backend *cb, const att_arg &a, const __nv_bfloat16 *q16, const __nv_bfloat16 *k16,
                             const __nv_bfloat16 *v16, const __nv_bfloat16 *do16, const float *lse, const float *dsum,
                             float *dq, float *dk, float *dv) {
-    const size_t s1 = fa_dq_smem<D, KT>(), s2 = fa_dkdv_smem<D, QT>();
-    cudaError_t e = cudaFuncSetAttribute(k_fa_dq<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_fa_dkdv<D, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-    if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
+    const size_t s1 = fa_dq_smem<D, KT>(), s2 = fa_dkdv_smem<D, QT>(); /* allowed by cuda_flash_bwd_init */
     /* blocks run in order of x, then y: y is the tile, so that every head's and sequence's longest tiles
      * start first and the short ones fill the tail (the causal work of a tile falls linearly with it) */
     const unsigned tiles = (unsigned)((a.T + FB_ROWS - 1) / FB_ROWS);
@@ -263,6 +259,15 @@ static lmx_status fb_launch(cuda_backend *cb, const att_arg &a, const __nv_bfloa
     if (st) return st;
     k_fa_dkdv<D, QT><<<dim3(a.Hk * a.B, tiles), FB_THREADS, s2, cb->stream>>>(q16, k16, v16, do16, lse, dsum, dk, dv, a);
     return cuda_check_launch(cb, "attention backward");
+}
+
+template <int D, int KT, int QT> static void fb_allow() {
+    cudaFuncSetAttribute(k_fa_dq<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_dq_smem<D, KT>());
+    cudaFuncSetAttribute(k_fa_dkdv<D, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_dkdv_smem<D, QT>());
+}
+void cuda_flash_bwd_init(void) { /* every instance cuda_flash_attention_bwd launches */
+    fb_allow<32, 64, 64>(), fb_allow<64, 64, 64>(), fb_allow<128, 64, 32>();
+    cudaGetLastError();
 }
 
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
