@@ -533,6 +533,10 @@ static lmx_tensor gg_upload(lmx_backend *be, const lmx_tensor *host) {
 
 static void gg_step(lmx_backend *be, gg_set *s, const int32_t *ids, int M, int moe) {
     CHECK(be->ops->embed(be, &s->x, &s->table, ids, M, 1.0f) == LMX_OK);
+    if (s->wg.data) { /* the dense cases: a residual add before the norm (one launch with it in a graph) */
+        CHECK(be->ops->embed(be, &s->h, &s->table, ids, M, -0.5f) == LMX_OK);
+        CHECK(be->ops->add(be, &s->x, &s->h, (int64_t)M * GG_C) == LMX_OK);
+    }
     if (moe) {
         CHECK(be->ops->rmsnorm(be, &s->h, &s->x, &s->n1, M, GG_C, 1e-6f, 0.0f) == LMX_OK);
         CHECK(be->ops->matmul(be, &s->z, &s->h, &s->router, NULL, M) == LMX_OK);
@@ -600,11 +604,13 @@ static void test_graph_gguf_case(const char *name, const int *types, int M, int 
     gg_release(ref, &c);
 }
 
-/* Dense weights (bf16 or f16) in a decode graph of 9-32 rows: up to 16 rows the q/k/v group as one launch and
- * the gate/up pair with its GLU as another (k_gemv_tc), from 17 rows cuBLAS for each matmul and the glu op; each
- * step against the cpu at the tensor cores' tolerance (x rounded to bf16 or f16).  GGUF weights (types: q, k, v,
- * gate and up), 9-32 rows: the tensor-core GEMV's groups and pairs (cuda_gemv_tc.cu). */
-static void test_graph_dense_case(lmx_dtype dt, const int *types, int M) {
+/* Dense weights (bf16 or f16) in a decode graph of 9-32 rows: the residual add and the norm as one launch; up
+ * to 16 rows the q/k/v group as one launch and the gate/up pair with its GLU as another (k_gemv_tc), from 17
+ * rows cuBLAS for each matmul (bf16: reading the norm's bf16 copy of its output, written in its launch) and the
+ * glu op; each step against the cpu at the tensor cores' tolerance (x rounded to bf16 or f16), and (eager
+ * non-NULL, bf16 from 17 rows) against a cuda backend with graphs off bit for bit.  GGUF weights (types: q, k,
+ * v, gate and up), 9-32 rows: the tensor-core GEMV's groups and pairs (cuda_gemv_tc.cu). */
+static void test_graph_dense_case(lmx_dtype dt, const int *types, int M, lmx_backend *eager) {
     const int N[3] = {200, 64, 72};
     wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GG_C), n2 = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GG_C);
     gg_set g, c;
@@ -615,6 +621,15 @@ static void test_graph_dense_case(lmx_dtype dt, const int *types, int M) {
         lmx_tensor *tg = j < 3 ? &g.w[j] : j == 3 ? &g.wg : &g.wu, *tc = j < 3 ? &c.w[j] : j == 3 ? &c.wg : &c.wu;
         *tg = w.g, *tc = w.c;
     }
+    gg_set ge;
+    memset(&ge, 0, sizeof ge);
+    if (!(eager && dt == LMX_DTYPE_BF16 && !types && M > 16)) eager = NULL;
+    if (eager) {
+        ge.table = gg_upload(eager, &c.table), ge.n2 = gg_upload(eager, &c.n2);
+        for (int j = 0; j < 3; j++) ge.w[j] = gg_upload(eager, &c.w[j]);
+        ge.wg = gg_upload(eager, &c.wg), ge.wu = gg_upload(eager, &c.wu);
+        gg_alloc(eager, &ge, M, N);
+    }
     gg_alloc(gpu, &g, M, N);
     gg_alloc(cpu, &c, M, N);
     for (int step = 0; step < 3; step++) {
@@ -622,6 +637,7 @@ static void test_graph_dense_case(lmx_dtype dt, const int *types, int M) {
         for (int i = 0; i < M; i++) ids[i] = (i * 7 + step) % 16;
         gg_step(gpu, &g, ids, M, 0);
         gg_step(cpu, &c, ids, M, 0);
+        if (eager) gg_step(eager, &ge, ids, M, 0);
         for (int j = 0; j < 5; j++) {
             const lmx_tensor *tg = j < 3 ? &g.y[j] : j == 3 ? &g.yg : &g.yu, *tc = j < 3 ? &c.y[j] : j == 3 ? &c.yg : &c.yu;
             const int64_t n = (int64_t)M * (j < 3 ? N[j] : GG_F);
@@ -630,11 +646,19 @@ static void test_graph_dense_case(lmx_dtype dt, const int *types, int M) {
             CHECK_MSG(e <= 5e-3, "graph %s M=%d step %d %s: relative error %.3g > 5e-3",
                       types ? "gguf" : dt == LMX_DTYPE_F16 ? "f16" : "bf16", M, step,
                       (const char *[]){"y0", "y1", "y2", "glu", "up"}[j], e);
+            if (eager) {
+                const lmx_tensor *te = j < 3 ? &ge.y[j] : j == 3 ? &ge.yg : &ge.yu;
+                float *h = fetch(eager, te, n);
+                CHECK_MSG(!memcmp(a, h, (size_t)n * sizeof(float)), "graph bf16 M=%d step %d %s: not the eager bits", M,
+                          step, (const char *[]){"y0", "y1", "y2", "glu", "up"}[j]);
+                free(h);
+            }
             free(a), free(b);
         }
     }
     gg_release(gpu, &g);
     gg_release(cpu, &c);
+    if (eager) gg_release(eager, &ge);
 }
 
 static void test_graph_dense(void) {
@@ -642,13 +666,19 @@ static void test_graph_dense(void) {
      * Q8_0 (a Q8_0 pair) */
     const int q4km[5] = {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K, LMX_GGML_Q4_K, LMX_GGML_Q4_K};
     const int q80[5] = {LMX_GGML_Q4_0, LMX_GGML_Q5_K, LMX_GGML_Q8_0, LMX_GGML_Q8_0, LMX_GGML_Q8_0};
+    lmx_backend *eager = NULL;
+    lmx_err err = {0};
+    setenv("LMX_CUDA_GRAPH", "0", 1);
+    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
+    unsetenv("LMX_CUDA_GRAPH");
     const int Md[] = {9, 17, 24, 32};
     for (size_t i = 0; i < sizeof Md / sizeof Md[0]; i++) {
-        test_graph_dense_case(LMX_DTYPE_BF16, NULL, Md[i]);
-        test_graph_dense_case(LMX_DTYPE_F16, NULL, Md[i]);
-        test_graph_dense_case(LMX_DTYPE_U8, q4km, Md[i]);
-        test_graph_dense_case(LMX_DTYPE_U8, q80, Md[i]);
+        test_graph_dense_case(LMX_DTYPE_BF16, NULL, Md[i], eager);
+        test_graph_dense_case(LMX_DTYPE_F16, NULL, Md[i], NULL);
+        test_graph_dense_case(LMX_DTYPE_U8, q4km, Md[i], NULL);
+        test_graph_dense_case(LMX_DTYPE_U8, q80, Md[i], NULL);
     }
+    if (eager) lmx_backend_free(eager);
 }
 
 static void test_graph_gguf(void) {

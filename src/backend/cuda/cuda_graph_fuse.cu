@@ -413,9 +413,29 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
         if (q->op != G_RMSNORM || q->t[1].data != r->t[0].data || (int64_t)q->M * q->n != r->n ||
             q->t[0].data == r->t[0].data || q->t[0].data == r->t[1].data)
             return LMX_OK;
-        lmx_status st = cuda_add_rmsnorm(cb, &r->t[0], &r->t[1], &q->t[0], &q->t[2], q->M, (int)q->n, q->f0, q->f1);
+        /* ... and the matmuls after it that take the norm's output through cuBLAS (bf16 weights, more rows than
+         * the GEMVs take): the norm writes the bf16 copy they read in its pass, in place of a narrow launch
+         * each (the same rounding, so the same bits) */
+        int glu16, n16 = i + 2 < g->n_rec && g->rec[i + 2].op == G_MATMUL && g->rec[i + 2].t[1].data == q->t[0].data
+                      ? g_matmul_group(g, i + 2, &glu16) : 0;
+        for (int j = 0; j < n16; j++) {
+            const lmx_tensor *w = &g->rec[i + 2 + j].t[2];
+            if (w->q.bits || w->q.ggml_type || w->dtype != LMX_DTYPE_BF16 || g->rec[i + 2 + j].M <= cuda_gemv_rows(cb, w))
+                n16 = 0;
+        }
+        int mi[3], lglu;
+        if (n16 && g_lora_after(g, i + 2, n16, mi, &lglu) > 0) n16 = 0;
+        __nv_bfloat16 *x16 = NULL;
+        if (n16 && !(x16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)q->M * q->n * 2)))
+            return cb->base.err.status;
+        lmx_status st = cuda_add_rmsnorm(cb, &r->t[0], &r->t[1], &q->t[0], &q->t[2], q->M, (int)q->n, q->f0, q->f1, x16);
         if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
         *used = 2;
+        const lmx_tensor xb = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {q->M, q->n}, .data = x16};
+        for (int j = 0; j < n16 && !st; j++) {
+            g_rec *m = &g->rec[i + 2 + j];
+            if (!(st = cuda_matmul(&cb->base, &m->t[0], &xb, &m->t[2], m->has[3] ? &m->t[3] : NULL, m->M))) *used = 3 + j;
+        }
         return st;
     }
     return LMX_OK;

@@ -187,8 +187,9 @@ lmx_status cuda_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_ba
  * GGUF blocks go to cuda_ggml.cu's kernels (cuda_gemv_ggml, the same contract).
  * LMX_ERR_UNSUPPORTED (nothing launched) when no vector kernel takes the weights (2-bit, odd K,
  * mixed formats) or the options; cuda_gemv_any then takes one weight of any format.
- * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch,
- * LMX_ERR_UNSUPPORTED otherwise. */
+ * cuda_add_rmsnorm: y += p followed by out = rmsnorm(y) over rows of n (> 256) as one launch (o16 non-NULL:
+ * out also rounded to bf16 into it, as the narrow before a bf16 GEMM would round it), LMX_ERR_UNSUPPORTED
+ * otherwise. */
 #define CUDA_GEMV_ROWS 8
 #define CUDA_GEMV_TC_ROWS 32 /* the tensor-core kernels' most rows (MLX 4-bit, GGUF; bf16 / f16: cuda_gemv_tc_rows) */
 typedef struct cuda_gemv_opts {
@@ -264,7 +265,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a);
 /* Raise the shared memory limits of the GEMV kernels that stage x (once, at backend creation). */
 void cuda_gemv_init(void);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
-                            const lmx_tensor *w, int rows, int n, float eps, float add_one);
+                            const lmx_tensor *w, int rows, int n, float eps, float add_one, __nv_bfloat16 *o16 = NULL);
 /* Where the fused norm + RoPE launch also appends this step's keys (its second tensor, after RoPE)
  * and values v [B*T, nh[1]*hd] to bf16 caches: row t of sequence b to slot (n_past + t) % cap[b]. */
 typedef struct cuda_kv_dst {

@@ -178,9 +178,10 @@ lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
 
 /* y += p, then out = rmsnorm(y) (the residual add and the next norm of a decode graph) as one launch. */
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,
-                            const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+                            const lmx_tensor *w, int rows, int n, float eps, float add_one, __nv_bfloat16 *o16) {
     if (w->q.bits || w->q.ggml_type || n <= 256 || rows <= 0) return LMX_ERR_UNSUPPORTED;
-    rmsnorm_block_launch<true>(cb, (float *)out->data, (float *)y->data, (const float *)p->data, w, rows, n, eps, add_one);
+    rmsnorm_block_launch<true>(cb, (float *)out->data, (float *)y->data, (const float *)p->data, w, rows, n, eps, add_one,
+                               o16);
     return cuda_check_launch(cb, "add + rmsnorm");
 }
 
