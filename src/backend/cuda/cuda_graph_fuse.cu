@@ -408,6 +408,26 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
         *used = nn + 2;
         return st;
     }
+    if (r->op == G_GLU && i + 1 < g->n_rec) {
+        /* a glu whose output only the cuBLAS matmul after it reads (bf16 weights, more rows than the GEMVs take):
+         * written in bf16 alone, as the narrow before that GEMM would round it (the same bits) */
+        const g_rec *m = &g->rec[i + 1];
+        const lmx_tensor *w = &m->t[2];
+        int mi[3], lglu;
+        if (m->op != G_MATMUL || m->t[1].data != r->t[0].data || m->t[0].data == r->t[0].data || w->q.bits ||
+            w->q.ggml_type || w->dtype != LMX_DTYPE_BF16 || m->M <= cuda_gemv_rows(cb, w) ||
+            (int64_t)m->M * w->shape[1] != r->n || !g_dead_after(g, i + 1, r->t[0].data) ||
+            g_lora_after(g, i + 1, 1, mi, &lglu) > 0)
+            return LMX_OK;
+        __nv_bfloat16 *h = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)r->n * 2);
+        if (!h) return cb->base.err.status;
+        lmx_status st = cuda_glu_bf16(cb, h, (const float *)r->t[1].data, (const float *)r->t[2].data, r->n, r->i0);
+        *used = 1;
+        if (st) return st;
+        const lmx_tensor xb = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {m->M, w->shape[1]}, .data = h};
+        if (!(st = cuda_matmul(&cb->base, (lmx_tensor *)&m->t[0], &xb, w, m->has[3] ? &m->t[3] : NULL, m->M))) *used = 2;
+        return st;
+    }
     if (r->op == G_ADD && i + 1 < g->n_rec) {
         g_rec *q = &g->rec[i + 1];
         if (q->op != G_RMSNORM || q->t[1].data != r->t[0].data || (int64_t)q->M * q->n != r->n ||
