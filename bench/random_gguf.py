@@ -85,7 +85,7 @@ def main():
     q40, q80 = args.type == "q4_0", args.type == "q8_0"
     four = Q4_0 if q40 else Q8_0 if q80 else Q4_K  # every matrix's type but the head and the Q4_K_M mix's
     head = Q8_0 if q80 else Q6_K
-    pools = {qt: make_pool(rng, qt) for qt in {four, head}}
+    pools = {qt: make_pool(rng, qt) for qt in dict.fromkeys((four, head))}  # in this order: the same draws
 
     w = gguf.GGUFWriter(args.out, arch)
     add_header(w, cfg, 2 if q40 else 7 if q80 else 15)  # LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0 / _Q4_K_M

@@ -439,9 +439,9 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
  * 2,495 / 5,395 -> 2,652 / 5,495 (with one slot a multiprocessor it lost 15%).  A cost of 3 steps measured
  * the same, 1 lost 2-9% on the 8B; for bf16 the rule lost 4% on the 8B at batch 8 (won 4% on the 0.6B). */
 #define TC_PART_COST 2
-static int tc_parts(int kind, int slots, int groups, int gmax, int steps, int sm_count) {
+static int tc_parts(int timed, int slots, int groups, int gmax, int steps, int sm_count) {
     int kp = 1;
-    if (kind < TC_GQ && kind != GV_Q4) {
+    if (!timed) {
         while (kp < 16 && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
         return kp;
     }
@@ -504,11 +504,12 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     }
     const int nt = (M + 7) / 8;
     const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
-    /* GGUF and MLX 4-bit kinds: K parts for the blocks that fit at once (up to two a multiprocessor), dense
-     * ones for one a multiprocessor (tc_parts) */
-    int per_sm = kind >= TC_GQ || kind == GV_Q4 ? cuda_fit_blocks(cb, (const void *)k) : 1;
+    /* GGUF and MLX 4-bit kinds: K parts timed over the blocks that fit at once (up to two a multiprocessor),
+     * dense ones counted for one a multiprocessor (tc_parts) */
+    const int timed = kind >= TC_GQ || kind == GV_Q4;
+    int per_sm = timed ? cuda_fit_blocks(cb, (const void *)k) : 1;
     per_sm = per_sm > 2 ? 2 : per_sm;
-    int kp = tc_parts(kind, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
+    int kp = tc_parts(timed, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
     float *part = NULL;
     int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;

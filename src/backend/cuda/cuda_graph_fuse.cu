@@ -267,6 +267,30 @@ static lmx_status g_moe_exec(cuda_backend *cb, int i, const lmx_moe_args *a, con
     return LMX_OK;
 }
 
+/* Whether the matmuls at i .. i + n - 1 run as cuBLAS GEMMs on bf16 weights (more rows than the GEMVs take) with
+ * no LoRA after them.  Each such GEMM first narrows its f32 input to bf16; in a graph the op that writes that
+ * input writes its bf16 copy instead (the same rounding, so the same bits), and g_gemm_bf16_run runs the
+ * matmuls on it, adding one to *used for each. */
+static int g_gemm_bf16(const cuda_backend *cb, const cuda_graph *g, int i, int n) {
+    for (int j = 0; j < n; j++) {
+        const g_rec *m = &g->rec[i + j];
+        const lmx_tensor *w = &m->t[2];
+        if (m->op != G_MATMUL || w->q.bits || w->q.ggml_type || w->dtype != LMX_DTYPE_BF16 || m->M <= cuda_gemv_rows(cb, w))
+            return 0;
+    }
+    int mi[3], lglu;
+    return g_lora_after(g, i, n, mi, &lglu) <= 0;
+}
+static lmx_status g_gemm_bf16_run(cuda_backend *cb, int i, int n, const __nv_bfloat16 *x16, int *used) {
+    lmx_status st = LMX_OK;
+    for (int j = 0; j < n && !st; j++) {
+        g_rec *m = &cb->g->rec[i + j];
+        const lmx_tensor xb = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {m->M, m->t[2].shape[1]}, .data = (void *)x16};
+        if (!(st = cuda_matmul(&cb->base, &m->t[0], &xb, &m->t[2], m->has[3] ? &m->t[3] : NULL, m->M))) (*used)++;
+    }
+    return st;
+}
+
 /* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
  * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
  * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
@@ -409,54 +433,33 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
         return st;
     }
     if (r->op == G_GLU && i + 1 < g->n_rec) {
-        /* a glu whose output only the cuBLAS matmul after it reads (bf16 weights, more rows than the GEMVs take):
-         * written in bf16 alone, as the narrow before that GEMM would round it (the same bits) */
+        /* a glu whose output only the bf16 GEMM after it reads: written in bf16 alone */
         const g_rec *m = &g->rec[i + 1];
-        const lmx_tensor *w = &m->t[2];
-        int mi[3], lglu;
-        if (m->op != G_MATMUL || m->t[1].data != r->t[0].data || m->t[0].data == r->t[0].data || w->q.bits ||
-            w->q.ggml_type || w->dtype != LMX_DTYPE_BF16 || m->M <= cuda_gemv_rows(cb, w) ||
-            (int64_t)m->M * w->shape[1] != r->n || !g_dead_after(g, i + 1, r->t[0].data) ||
-            g_lora_after(g, i + 1, 1, mi, &lglu) > 0)
+        if (m->op != G_MATMUL || m->t[1].data != r->t[0].data || m->t[0].data == r->t[0].data ||
+            (int64_t)m->M * m->t[2].shape[1] != r->n || !g_dead_after(g, i + 1, r->t[0].data) || !g_gemm_bf16(cb, g, i + 1, 1))
             return LMX_OK;
         __nv_bfloat16 *h = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)r->n * 2);
         if (!h) return cb->base.err.status;
         lmx_status st = cuda_glu_bf16(cb, h, (const float *)r->t[1].data, (const float *)r->t[2].data, r->n, r->i0);
         *used = 1;
-        if (st) return st;
-        const lmx_tensor xb = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {m->M, w->shape[1]}, .data = h};
-        if (!(st = cuda_matmul(&cb->base, (lmx_tensor *)&m->t[0], &xb, w, m->has[3] ? &m->t[3] : NULL, m->M))) *used = 2;
-        return st;
+        return st ? st : g_gemm_bf16_run(cb, i + 1, 1, h, used);
     }
     if (r->op == G_ADD && i + 1 < g->n_rec) {
         g_rec *q = &g->rec[i + 1];
         if (q->op != G_RMSNORM || q->t[1].data != r->t[0].data || (int64_t)q->M * q->n != r->n ||
             q->t[0].data == r->t[0].data || q->t[0].data == r->t[1].data)
             return LMX_OK;
-        /* ... and the matmuls after it that take the norm's output through cuBLAS (bf16 weights, more rows than
-         * the GEMVs take): the norm writes the bf16 copy they read in its pass, in place of a narrow launch
-         * each (the same rounding, so the same bits) */
-        int glu16, n16 = i + 2 < g->n_rec && g->rec[i + 2].op == G_MATMUL && g->rec[i + 2].t[1].data == q->t[0].data
-                      ? g_matmul_group(g, i + 2, &glu16) : 0;
-        for (int j = 0; j < n16; j++) {
-            const lmx_tensor *w = &g->rec[i + 2 + j].t[2];
-            if (w->q.bits || w->q.ggml_type || w->dtype != LMX_DTYPE_BF16 || g->rec[i + 2 + j].M <= cuda_gemv_rows(cb, w))
-                n16 = 0;
-        }
-        int mi[3], lglu;
-        if (n16 && g_lora_after(g, i + 2, n16, mi, &lglu) > 0) n16 = 0;
+        /* ... and the bf16 GEMMs after it that read the norm's output: the norm writes their bf16 copy */
+        int glu, n16 = i + 2 < g->n_rec && g->rec[i + 2].op == G_MATMUL && g->rec[i + 2].t[1].data == q->t[0].data
+                           ? g_matmul_group(g, i + 2, &glu) : 0;
+        if (n16 && !g_gemm_bf16(cb, g, i + 2, n16)) n16 = 0;
         __nv_bfloat16 *x16 = NULL;
         if (n16 && !(x16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)q->M * q->n * 2)))
             return cb->base.err.status;
         lmx_status st = cuda_add_rmsnorm(cb, &r->t[0], &r->t[1], &q->t[0], &q->t[2], q->M, (int)q->n, q->f0, q->f1, x16);
         if (st == LMX_ERR_UNSUPPORTED) return LMX_OK;
         *used = 2;
-        const lmx_tensor xb = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {q->M, q->n}, .data = x16};
-        for (int j = 0; j < n16 && !st; j++) {
-            g_rec *m = &g->rec[i + 2 + j];
-            if (!(st = cuda_matmul(&cb->base, &m->t[0], &xb, &m->t[2], m->has[3] ? &m->t[3] : NULL, m->M))) *used = 3 + j;
-        }
-        return st;
+        return st ? st : g_gemm_bf16_run(cb, i + 2, n16, x16, used);
     }
     return LMX_OK;
 }
