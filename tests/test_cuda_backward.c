@@ -303,6 +303,47 @@ static void test_restore(void) {
     free(got), free(v);
 }
 
+/* offload / reload: blocks of a checkpointed step's inputs through page-locked host memory.  Five blocks
+ * offloaded from one device buffer rewritten between offloads (each copy must read it before the next
+ * write), reloaded last to first with the next one fetched ahead, then out of order, one twice, a block
+ * fetched ahead and offloaded again before it is read (the new values must come back), and a larger size
+ * (the stages grow): each the values rounded to bf16, bit for bit. */
+static void test_offload(void) {
+    const int L = 5;
+    for (int pass = 0; pass < 2; pass++) {
+        const int64_t rows = pass ? 64 : 7, cols = pass ? 1031 : 301, n = rows * cols;
+        float *v = rand_vec(n * L, 30.0f);
+        char *host = gpu->ops->host_alloc(gpu, (size_t)n * L * 2);
+        lmx_tensor x = act(gpu, rows, cols, NULL), back = act(gpu, rows, cols, NULL);
+        CHECK(host != NULL);
+        for (int l = 0; l < L; l++) {
+            CHECK(gpu->ops->write(gpu, &x, 0, v + l * n, (size_t)n * 4) == LMX_OK);
+            CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)l * n * 2, &x) == LMX_OK);
+        }
+        const int order[] = {4, 3, 2, 1, 0, 2, 2, 4, 0, 3, 1};
+        const int ahead[] = {3, 2, 1, 0, -1, -1, 4, -1, 3, 1, -1};
+        for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++) {
+            const int l = order[i];
+            if (i == 9) { /* block 3, fetched ahead by the reload before, gets new values first */
+                for (int64_t j = 0; j < n; j++) v[3 * n + j] = -v[3 * n + j] * 0.5f;
+                CHECK(gpu->ops->write(gpu, &x, 0, v + 3 * n, (size_t)n * 4) == LMX_OK);
+                CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)3 * n * 2, &x) == LMX_OK);
+            }
+            const char *next = ahead[i] >= 0 ? host + (size_t)ahead[i] * n * 2 : NULL;
+            CHECK(lmx_cuda_backward.reload(gpu, &back, host + (size_t)l * n * 2, n, next) == LMX_OK);
+            float *got = fetch(gpu, &back, n);
+            int64_t bad = 0;
+            for (int64_t j = 0; j < n; j++) bad += got[j] != lmx_bf16_to_f32(lmx_f32_to_bf16(v[l * n + j]));
+            CHECK_MSG(bad == 0, "reload %d of block %d (%lldx%lld): %lld values not the offloaded ones rounded", i, l,
+                      (long long)rows, (long long)cols, (long long)bad);
+            free(got);
+        }
+        gpu->ops->release(gpu, &x), gpu->ops->release(gpu, &back);
+        gpu->ops->host_free(gpu, host);
+        free(v);
+    }
+}
+
 /* glu backward into bf16 gradients (the tape's for a GLU's gate and up): the f32 ones rounded to bf16,
  * bit for bit; and the bf16 form refuses to add (fresh must be 3) */
 static void test_glu_bwd16(void) {
@@ -504,6 +545,7 @@ int main(void) {
     test_rmsnorm_keep();
     test_redo();
     test_restore();
+    test_offload();
     for (int T = 5; T <= 1100; T += 1095) {
         test_rope(64, 0, T);
         test_rope(64, 1, T);

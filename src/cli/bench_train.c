@@ -20,13 +20,14 @@
 
 int cmd_bench_train(int argc, char **argv) {
     const char *path = NULL, *backend = "auto";
-    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1;
+    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1, offload = 1;
     double peak_tflops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: lmx bench-train MODEL [--backend NAME] [--rank R] [--batch B] [--seq T] [--steps N]\n"
-                   "                         [--grad-checkpoint on|off|auto] [--peak-tflops F] [--profile] [--json]\n\n"
+                   "                         [--grad-checkpoint on|off|auto] [--offload on|off] [--peak-tflops F] [--profile]\n"
+                   "                         [--json]\n\n"
                    "LoRA training speed on random tokens: tokens/s, peak memory and MFU (F: the device's dense\n"
                    "bf16 peak, 989 for an H100 SXM when the backend is cuda and F is not given).  --profile waits\n"
                    "for the device after each phase and prints the seconds of each (forward, loss, backward, AdamW).\n");
@@ -37,6 +38,10 @@ int cmd_bench_train(int argc, char **argv) {
         else if (!strcmp(a, "--grad-checkpoint") && i + 1 < argc) {
             if (cli_parse_checkpoint(argv[++i], &ckpt))
                 return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
+        }
+        else if (!strcmp(a, "--offload") && i + 1 < argc) {
+            if (cli_parse_checkpoint(argv[++i], &offload) || offload < 0)
+                return cli_usage_error("bench-train: --offload takes on or off");
         }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank) || rank < 1) return cli_usage_error("bench-train: bad --rank"); }
@@ -73,6 +78,7 @@ int cmd_bench_train(int argc, char **argv) {
     }
     tr->profile = profile;
     tr->checkpoint = ckpt;
+    tr->offload = offload;
     if (profile) lmx_tape_profile(tr->tape, tr->prof_bwd, tr->prof_fwd);
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
@@ -105,7 +111,9 @@ int cmd_bench_train(int argc, char **argv) {
                m->be->ops->name, rank, B, T, steps, med, tok_s, peak_gib, flops_tok, mfu, ckpt_on);
     else
         printf("bench-train %s (%s): rank %d, batch %d x %d%s: %.3f s a step, %.1f tokens/s, peak %.2f GiB, MFU %.1f%%\n",
-               path, m->be->ops->name, rank, B, T, ckpt_on ? ", checkpointing" : "", med, tok_s, peak_gib, 100 * mfu);
+               path, m->be->ops->name, rank, B, T,
+               ckpt_on ? (tr->park ? ", checkpointing (layer inputs in host memory)" : ", checkpointing") : "", med, tok_s,
+               peak_gib, 100 * mfu);
     if (profile)
         fprintf(stderr, "phases a step: forward %.3f s, head + loss %.3f s, backward %.3f s, AdamW %.3f s\n",
                 tr->prof[0] / steps, tr->prof[1] / steps, tr->prof[2] / steps, tr->prof[3] / steps);

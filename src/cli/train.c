@@ -27,6 +27,7 @@ typedef struct train_opts {
     const char *model, *data, *out, *backend, *schedule, *resume;
     int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
     int ckpt;                    /* gradient checkpointing: 1 on, 0 off, -1 by memory (cuda) or length (cpu) */
+    int offload;                 /* checkpoints in host memory where the backend can (1, default) or not (0) */
     unsigned targets;
     double alpha, lr, wd, clip, dropout;
     uint64_t seed;
@@ -215,7 +216,14 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                 return 2;
             }
         }
-        else if (OPT("--rank")) o->rank = atoi(v);
+        else if (OPT("--offload")) {
+            int on = 0;
+            if (cli_parse_checkpoint(v, &on) || on < 0) {
+                fprintf(stderr, "train: --offload takes on or off\n");
+                return 2;
+            }
+            o->offload = on;
+        } else if (OPT("--rank")) o->rank = atoi(v);
         else if (OPT("--alpha")) o->alpha = atof(v);
         else if (OPT("--lora-dropout")) o->dropout = atof(v);
         else if (OPT("--targets")) {
@@ -246,7 +254,8 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                    "         [--clip-grad-norm X] [--iters 100] [--batch-size 4] [--grad-accum 1] [--max-seq-length 2048]\n"
                    "         [--mask-prompt] [--save-every N] [--eval-every N] [--seed N] [--skip-bad] [--backend cpu]\n"
                    "         [--grad-checkpoint on|off|auto]   (auto: when a step would not fit the GPU without it; on the cpu,\n"
-                   "         from 1024-token sequences) [--lora-dropout P]\n"
+                   "         from 1024-token sequences) [--offload on|off]   (on: a checkpointed step holds the layers'\n"
+                   "         inputs in host memory, on a GPU) [--lora-dropout P]\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
                    "         [--config FILE.json|FILE.yaml]   (the same settings as keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...}\n"
                    "                                 or YAML lines such as lr: 1e-4; options on the command line win)\n"
@@ -324,7 +333,7 @@ static int config_args(const char *path, char ***args, int *n) {
 }
 
 int cmd_train(int argc, char **argv) {
-    train_opts o = {.out = "adapters", .backend = "cpu", .ckpt = -1, .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
+    train_opts o = {.out = "adapters", .backend = "cpu", .ckpt = -1, .offload = 1, .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
                     .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .dropout = -1, .targets = (1u << LMX_PROJ_N) - 1};
     char **cfg = NULL;
     int ncfg = 0, rc = 2;
@@ -383,6 +392,7 @@ static int train_run(const train_opts *op) {
         goto done;
     }
     tr->checkpoint = o.ckpt;
+    tr->offload = o.offload;
     if (o.dropout >= 0) tr->dropout = (float)o.dropout; /* else the new or resumed adapter's own */
     tr->seed = o.seed;
     mkdir(o.out, 0777);

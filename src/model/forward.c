@@ -422,6 +422,12 @@ lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
     return st;
 }
 
+void lmx_model_head_release(lmx_model *m) {
+    if (m->ws.xr.data) m->be->ops->release(m->be, &m->ws.xr);
+    if (m->ws.logits.data) m->be->ops->release(m->be, &m->ws.logits);
+    m->ws.max_out_rows = 0;
+}
+
 /* The pass up to the layers: checked token ids, caches reserved, embeddings in ws->x (room for R head rows). */
 static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_batch *bt, const int32_t *tokens, int R) {
     lmx_backend *be = m->be;

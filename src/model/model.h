@@ -155,6 +155,9 @@ lmx_status lmx_model_layers(lmx_model *m, lmx_kv_layer *const *kv, const struct 
  * final norm and lm head alone; training runs them a chunk of rows at a time); logits NULL leaves
  * them in backend memory (m->ws.logits, rows [0, R)). */
 lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits);
+/* The head's buffers (ws.xr, ws.logits) released until a head or a pass next needs them: training's
+ * backward through the layers holds no logits. */
+void lmx_model_head_release(lmx_model *m);
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
 

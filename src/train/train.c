@@ -25,6 +25,7 @@ void lmx_trainer_free(lmx_trainer *tr) {
         for (int k = 0; tr->mom && k < 2; k++)
             if (tr->mom[2 * i + k].data) be->ops->release(be, &tr->mom[2 * i + k]);
     }
+    if (tr->park) be->ops->host_free(be, tr->park);
     free(tr->grad);
     free(tr->mom);
     free(tr->pairs);
@@ -39,6 +40,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     tr->m = m;
     tr->ad = ad;
     tr->checkpoint = -1;
+    tr->offload = 1;
     tr->dropout = ad->spec.dropout;
     tr->seed = ad->spec.seed;
     lmx_backend *be = m->be;
@@ -143,22 +145,60 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
     free(kv);
 }
 
-/* A copy of ws.x's first M rows (a layer's input, kept for checkpointing) in *dst: the backward ops'
- * keep, in the backend's keep dtype (bf16 on cuda, as every other value backward reads there). */
-static lmx_status save_input(lmx_trainer *tr, lmx_tensor *dst, int M) {
+/* Where a checkpointed step holds its layers' inputs [M, C]: page-locked host memory, a block of stride
+ * bytes a layer (host non-NULL: the backend's offload / reload ops), or the backward ops' keeps in saved[l]
+ * (bf16 on cuda, as every other value backward reads there). */
+typedef struct ckpt_store {
+    lmx_tensor *saved;
+    char *host;
+    size_t stride;
+} ckpt_store;
+
+/* tr->park of at least bytes (grown) */
+static lmx_status park_reserve(lmx_trainer *tr, size_t bytes) {
+    lmx_backend *be = tr->m->be;
+    if (bytes <= tr->park_bytes) return LMX_OK;
+    if (tr->park) be->ops->host_free(be, tr->park);
+    tr->park_bytes = 0;
+    if (!(tr->park = be->ops->host_alloc(be, bytes)))
+        return fail(tr, LMX_ERR_NOMEM, "trainer: out of page-locked host memory for the checkpoints");
+    tr->park_bytes = bytes;
+    return LMX_OK;
+}
+
+/* Layer l's input: ws.x's first M rows, saved. */
+static lmx_status save_input(lmx_trainer *tr, const ckpt_store *cs, int l, int M) {
     lmx_model *m = tr->m;
     lmx_backend *be = m->be;
     const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, m->cfg.hidden}, .data = m->ws.x.data};
-    lmx_status st = be->ops->backward->keep(be, dst, &x);
+    lmx_status st = cs->host ? be->ops->backward->offload(be, cs->host + (size_t)l * cs->stride, &x)
+                             : be->ops->backward->keep(be, &cs->saved[l], &x);
+    return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
+}
+
+/* Layer l's input (n values) back into ws.x, and its copy released; from host memory, layer l - 1's
+ * fetched ahead when it is to run again too (l > lowest). */
+static lmx_status load_input(lmx_trainer *tr, const ckpt_store *cs, int l, int64_t n) {
+    lmx_model *m = tr->m;
+    lmx_backend *be = m->be;
+    const lmx_backward_ops *bw = be->ops->backward;
+    lmx_status st;
+    if (cs->host) {
+        const char *next = l > tr->lowest ? cs->host + (size_t)(l - 1) * cs->stride : NULL;
+        st = bw->reload(be, &m->ws.x, cs->host + (size_t)l * cs->stride, n, next);
+    } else {
+        st = bw->restore(be, &m->ws.x, &cs->saved[l]);
+        be->ops->release(be, &cs->saved[l]);
+    }
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 
 /* Gradient checkpointing's backward: from the gradient of the last layer's output (var leaf's), each
- * layer from the last down to the lowest adapted one runs again from its saved input (restored into
- * ws.x, then released), recorded, and its output's gradient goes back through it to the pairs and to its
- * input (a leaf; the lowest layer's input needs none). */
+ * layer from the last down to the lowest adapted one runs again from its saved input (back in ws.x),
+ * recorded, and its output's gradient goes back through it to the pairs and to its input (a leaf; the
+ * lowest layer's input needs none). */
 static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer **kvs, const lmx_adapter **ads,
-                              const lmx_batch *bt, lmx_tensor *saved, int leaf) {
+                              const lmx_batch *bt, const ckpt_store *cs, int leaf) {
     lmx_model *m = tr->m;
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     const int64_t n = (int64_t)bt->B * bt->T * m->cfg.hidden;
@@ -168,11 +208,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
-        if ((st = inner->ops->backward->restore(inner, &m->ws.x, &saved[l]))) { /* the layer runs on its input */
-            lmx_err_set(&m->err, st, "%s", inner->err.msg);
-            break;
-        }
-        inner->ops->release(inner, &saved[l]);
+        if ((st = load_input(tr, cs, l, n))) break; /* the layer runs on its input */
         const int in = l > tr->lowest ? lmx_tape_leaf(tr->tape, &m->ws.x, n / m->cfg.hidden, m->cfg.hidden) : -1;
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         m->be = tb;
@@ -268,7 +304,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     } else {
         lmx_tape_set_dropout(tr->tape, 0, 0);
     }
-    lmx_tensor *saved = NULL; /* checkpointing: each layer's input [M, C] as the backend keeps it */
+    ckpt_store cs = {0}; /* checkpointing: each layer's input */
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new, .no_cache = 1};
@@ -279,12 +315,17 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         if (!ckpt) {
             m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
             st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
-        } else if (!(saved = calloc((size_t)L, sizeof *saved))) {
+        } else if (!(cs.saved = calloc((size_t)L, sizeof *cs.saved))) {
             st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         } else {
-            st = lmx_model_embed(m, kvs, &bt, inputs);
+            const lmx_backward_ops *bw = inner->ops->backward;
+            if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
+                cs.stride = (size_t)M * m->cfg.hidden * lmx_dtype_size(bw->keep_dtype(inner));
+                if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park;
+            }
+            if (!st) st = lmx_model_embed(m, kvs, &bt, inputs);
             for (int l = 0; l < L && !st; l++) { /* with dropout through the tape (its masks), forgotten a layer on */
-                if (l >= tr->lowest && (st = save_input(tr, &saved[l], M))) break;
+                if (l >= tr->lowest && (st = save_input(tr, &cs, l, M))) break;
                 m->be = tr->dropout > 0 ? tb : inner;
                 st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
                 m->be = inner;
@@ -307,8 +348,9 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
                 (st = lmx_tape_backward_from(tr->tape, &m->ws.logits, &m->ws.logits, (int64_t)R * V, mark)))
                 lmx_err_set(&m->err, st, "%s", tb->err.msg);
         }
+        lmx_model_head_release(m); /* the layers' backward holds no logits */
         prof_mark(tr, 1, &t0);
-        if (!st && grad_weight != 0 && ckpt) st = layers_back(tr, inner, kvs, ads, &bt, saved, leaf);
+        if (!st && grad_weight != 0 && ckpt) st = layers_back(tr, inner, kvs, ads, &bt, &cs, leaf);
         else if (!st && grad_weight != 0 && (st = lmx_tape_walk(tr->tape, 0)))
             lmx_err_set(&m->err, st, "%s", tb->err.msg);
         prof_mark(tr, 2, &t0);
@@ -316,9 +358,9 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
     lmx_tape_reset(tr->tape);
-    for (int l = 0; saved && l < L; l++)
-        if (saved[l].data) inner->ops->release(inner, &saved[l]);
-    free(saved);
+    for (int l = 0; cs.saved && l < L; l++)
+        if (cs.saved[l].data) inner->ops->release(inner, &cs.saved[l]);
+    free(cs.saved);
     if (!st) *loss = sum / wsum;
     kv_free(inner, kv, B * L);
     free(kvs);

@@ -38,6 +38,10 @@ typedef struct lmx_trainer {
                                   * LMX_CHECKPOINT_FROM tokens (lmx_trainer_checkpoints) */
     int auto_B, auto_T, auto_ckpt; /* the default's decision for steps of auto_B x auto_T tokens, made once:
                                     * memory held between steps must not flip it */
+    int offload;                 /* 1 (default): a checkpointed step holds its layers' inputs in host memory where
+                                  * the backend can (backward ops offload / reload); 0: in the backend's */
+    void *park;                  /* those inputs: page-locked host memory (the backend's host_alloc), park_bytes */
+    size_t park_bytes;
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
     double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */

@@ -128,7 +128,7 @@ static void *cuda_host_alloc(lmx_backend *be, size_t n) {
     return p;
 }
 static void cuda_host_free(lmx_backend *be, void *p) {
-    (void)be;
+    cuda_park_wait((cuda_backend *)be); /* its copies may still use p */
     cudaFreeHost(p);
 }
 
@@ -365,6 +365,7 @@ static void cuda_destroy(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    cuda_park_free(cb);
     cuda_graph_destroy(cb);
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i]);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);

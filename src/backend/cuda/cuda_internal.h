@@ -83,6 +83,8 @@ typedef struct cuda_backend {
     struct cuda_graph *g;    /* decode graph state; NULL: graphs off */
     cudaStream_t side;       /* a second stream for work a decode graph runs beside the main chain */
     cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
+    struct cuda_park *park;  /* training's checkpoints through host memory (offload / reload, cuda_keep.cu):
+                                made at the first offload */
 } cuda_backend;
 
 /* Turn a CUDA error into an lmx status with "cuda: <message> in <what>" (NOMEM for allocations). */
@@ -144,6 +146,11 @@ lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
 lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
+lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x);
+lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
+/* offload's stages, stream and events (cuda_keep.cu), freed with the backend; wait for its copies */
+void cuda_park_free(cuda_backend *cb);
+void cuda_park_wait(cuda_backend *cb);
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                              lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok);
 lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,

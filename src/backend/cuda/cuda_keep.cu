@@ -152,3 +152,139 @@ lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *
     cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
     return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
 }
+
+/* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */
+
+/* Two device stages of keep dtype take turns.  offload narrows x into a stage on the main stream and
+ * the copy stream moves it to the host; reload has the copy stream bring a block into a stage (at once,
+ * or ahead as the previous reload's next) and widens it into dst on the main stream.  Before either
+ * stream touches a stage it waits for the other's last use of it: ev_copy[s] marks the copy stream's,
+ * ev_main[s] the main stream's (an event never recorded is no wait). */
+struct cuda_park {
+    cudaStream_t copy;
+    cudaEvent_t ev_copy[2], ev_main[2];
+    void *stage[2];
+    size_t bytes;              /* each stage's size */
+    const void *staged[2];     /* the host block stage s holds or is fetching (NULL: none) */
+    int64_t staged_n[2];
+    int turn;                  /* the stage to take next when none is asked for */
+};
+
+void cuda_park_wait(cuda_backend *cb) {
+    if (cb->park) cudaStreamSynchronize(cb->park->copy);
+}
+
+void cuda_park_free(cuda_backend *cb) {
+    cuda_park *P = cb->park;
+    if (!P) return;
+    cudaStreamSynchronize(P->copy);
+    for (int s = 0; s < 2; s++) {
+        if (P->stage[s]) {
+            cudaFree(P->stage[s]);
+            lmx_backend_mem(&cb->base, -(int64_t)P->bytes);
+        }
+        if (P->ev_copy[s]) cudaEventDestroy(P->ev_copy[s]);
+        if (P->ev_main[s]) cudaEventDestroy(P->ev_main[s]);
+    }
+    if (P->copy) cudaStreamDestroy(P->copy);
+    free(P);
+    cb->park = NULL;
+}
+
+/* cb->park with stages of at least bytes (made, or grown with both streams idle) */
+static lmx_status park_ready(cuda_backend *cb, size_t bytes) {
+    if (!cb->park) {
+        cuda_park *P = (cuda_park *)calloc(1, sizeof *P);
+        if (!P) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of memory");
+        cb->park = P;
+        CUDA_TRY(cb, cudaStreamCreateWithFlags(&P->copy, cudaStreamNonBlocking), "offload");
+        for (int s = 0; s < 2; s++) {
+            CUDA_TRY(cb, cudaEventCreateWithFlags(&P->ev_copy[s], cudaEventDisableTiming), "offload");
+            CUDA_TRY(cb, cudaEventCreateWithFlags(&P->ev_main[s], cudaEventDisableTiming), "offload");
+        }
+    }
+    cuda_park *P = cb->park;
+    if (bytes <= P->bytes) return LMX_OK;
+    lmx_status st = lmx_backend_mem_check(&cb->base, 2 * ((int64_t)bytes - (int64_t)P->bytes));
+    if (st) return lmx_err_prefix(&cb->base.err, "offload stages");
+    CUDA_TRY(cb, cudaStreamSynchronize(P->copy), "offload");
+    CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "offload");
+    for (int s = 0; s < 2; s++) {
+        if (P->stage[s]) {
+            cudaFree(P->stage[s]);
+            lmx_backend_mem(&cb->base, -(int64_t)P->bytes);
+        }
+        P->stage[s] = NULL, P->staged[s] = NULL;
+    }
+    P->bytes = 0;
+    for (int s = 0; s < 2; s++) {
+        CUDA_TRY(cb, cudaMalloc(&P->stage[s], bytes), "offload stages");
+        lmx_backend_mem(&cb->base, (int64_t)bytes);
+    }
+    P->bytes = bytes; /* both made: free_park counts both */
+    return LMX_OK;
+}
+
+/* The copy stream brings host block (n values) into stage s, after the main stream's last use of it. */
+static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t n, size_t es) {
+    cuda_park *P = cb->park;
+    CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "reload");
+    CUDA_TRY(cb, cudaMemcpyAsync(P->stage[s], host, (size_t)n * es, cudaMemcpyHostToDevice, P->copy), "reload");
+    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "reload");
+    P->staged[s] = host, P->staged_n[s] = n;
+    return LMX_OK;
+}
+
+lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    const int64_t n = lmx_tensor_nelem(x);
+    const size_t es = lmx_dtype_size(cuda_bwd_keep_dtype(be));
+    if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es))) return st;
+    cuda_park *P = cb->park;
+    for (int s = 0; s < 2; s++)
+        if (P->staged[s] == host) P->staged[s] = NULL; /* its contents change */
+    const int s = P->turn;
+    P->turn ^= 1;
+    P->staged[s] = NULL;
+    CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "offload");
+    if (es == 2) {
+        if ((st = cuda_narrow_bf16(cb, (__nv_bfloat16 *)P->stage[s], (const float *)x->data, n))) return st;
+    } else {
+        CUDA_TRY(cb, cudaMemcpyAsync(P->stage[s], x->data, (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream), "offload");
+    }
+    CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload");
+    CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "offload");
+    CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToHost, P->copy), "offload");
+    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "offload");
+    return LMX_OK;
+}
+
+lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    const size_t es = lmx_dtype_size(cuda_bwd_keep_dtype(be));
+    if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es))) return st;
+    if (lmx_tensor_nelem(dst) < n) return lmx_err_set(&be->err, LMX_ERR_SHAPE, "reload: %lld values into a tensor of %lld",
+                                                      (long long)n, (long long)lmx_tensor_nelem(dst));
+    cuda_park *P = cb->park;
+    int s = P->staged[0] == host && P->staged_n[0] == n ? 0 : P->staged[1] == host && P->staged_n[1] == n ? 1 : -1;
+    if (s < 0) {
+        s = P->turn;
+        P->turn ^= 1;
+        if ((st = park_fetch(cb, s, host, n, es))) return st;
+    }
+    P->staged[s] = NULL;
+    CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "reload");
+    if (es == 2) {
+        if ((st = cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)P->stage[s], n))) return st;
+    } else {
+        CUDA_TRY(cb, cudaMemcpyAsync(dst->data, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream), "reload");
+    }
+    CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "reload");
+    if (next) {
+        P->turn = s; /* the stage just read is taken next; the other fetches ahead */
+        if ((st = park_fetch(cb, s ^ 1, next, n, es))) return st;
+    }
+    return LMX_OK;
+}
