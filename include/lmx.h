@@ -67,6 +67,10 @@ typedef struct lmx_load_params {
                               0 (default): none */
     int64_t cache_limit;   /* > 0: the most bytes the prompt cache and scratch buffers may keep
                               between calls (see lmx_model_set_cache_limit); 0 (default): no limit */
+    int embed_on_host;     /* 1: a GPU backend leaves the token embedding table in host memory and
+                              reads each token's row from there (a table the lm head does not share:
+                              ~1 GiB of GPU memory saved on Llama-3.1-8B, training's default); 0
+                              (default): on the device */
 } lmx_load_params;
 
 lmx_load_params lmx_load_default_params(void);

@@ -17,7 +17,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 run "$bin/test_cuda_ops"
 [ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)
-for m in llama qwen3; do run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda; done
+# (and checkpointed: the layers' inputs through host memory, offload / reload)
+for m in llama qwen3; do
+    run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda
+    run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on
+done
 # memory limits, peak and cache on the cuda backend; the device list
 [ -x "$bin/test_memory" ] && run env LMX_FIXTURES="$fix" "$bin/test_memory" "$fix"
 run "$bin/lmx" devices

@@ -1,7 +1,8 @@
 /* test_memory.c - memory controls and device info: a memory limit too small for a model fails the
  * load cleanly; a limit that allows loading but not a long context fails at the context, never
  * passes the limit, and the model keeps working after lmx_model_clear_cache; the cache limit, the
- * peak reset, the setter; lmx_devices.  On the cpu always; on cuda when a GPU is present. */
+ * peak reset, the setter; lmx_devices; the embedding table in host memory (embed_on_host).  On the cpu
+ * always; on cuda when a GPU is present. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,6 +201,48 @@ static void case_cache_limit(const char *backend) {
     lmx_model_free(m);
 }
 
+/* lmx_load_params.embed_on_host on an untied model (qwen3): on cuda the table leaves the device (its
+ * bytes, vocab x hidden in its dtype, fewer active) and every logit of a prompt and then a decode step
+ * is the same bit for bit; the cpu has no device memory to save and ignores it. */
+static void case_embed_on_host(const char *backend) {
+    char *path = fixture("qwen3", NULL);
+    lmx_model *m[2] = {NULL, NULL};
+    int64_t active[2] = {0, 0};
+    float *logits[2] = {NULL, NULL};
+    int V = 0, C = 0;
+    for (int h = 0; h < 2; h++) {
+        lmx_load_params p = lmx_load_default_params();
+        p.backend = backend;
+        p.n_threads = 2;
+        p.embed_on_host = h;
+        CHECK_MSG(lmx_model_load(path, &p, &m[h]) == LMX_OK, "%s", lmx_last_error(NULL));
+        if (!m[h]) break;
+        lmx_model_info info;
+        lmx_model_get_info(m[h], &info);
+        V = info.vocab_size, C = info.hidden_size;
+        lmx_memory_info mi;
+        lmx_model_get_memory(m[h], &mi);
+        active[h] = mi.active_bytes;
+        lmx_context *c = NULL;
+        const lmx_context_params cp = lmx_context_default_params();
+        logits[h] = malloc((size_t)(SHORT_N + 1) * V * sizeof(float));
+        CHECK(lmx_context_create(m[h], &cp, &c) == LMX_OK);
+        CHECK(c && lmx_context_eval(c, short_ids, SHORT_N, logits[h], 1) == LMX_OK);
+        CHECK(c && lmx_context_eval(c, short_ids + 3, 1, logits[h] + (size_t)SHORT_N * V, 0) == LMX_OK);
+        lmx_context_free(c);
+    }
+    if (m[0] && m[1]) {
+        const int64_t saved = active[0] - active[1], table = (int64_t)V * C * 2; /* the fixture's bf16 */
+        if (!strcmp(backend, "cuda")) CHECK_MSG(saved == table, "embed_on_host saved %lld bytes of the device's, not the "
+                                                "table's %lld", (long long)saved, (long long)table);
+        else CHECK_MSG(saved == 0, "embed_on_host on the cpu changed the active bytes by %lld", (long long)saved);
+        CHECK_MSG(!memcmp(logits[0], logits[1], (size_t)(SHORT_N + 1) * V * sizeof(float)),
+                  "embed_on_host (%s): the logits differ", backend);
+    }
+    for (int h = 0; h < 2; h++) lmx_model_free(m[h]), free(logits[h]);
+    free(path);
+}
+
 static int case_devices(void) {
     int n = -1;
     CHECK(lmx_devices(NULL, 0, &n) == LMX_OK);
@@ -236,6 +279,7 @@ int main(int argc, char **argv) {
         case_load_too_small(backends[b]);
         case_long_context(backends[b]);
         case_cache_limit(backends[b]);
+        case_embed_on_host(backends[b]);
     }
     return check_summary("test_memory");
 }

@@ -211,6 +211,10 @@ typedef struct lmx_backend_ops {
     /* As alloc, the contents left undefined (optional: NULL where zeroing costs little, as on the cpu;
      * training's fresh gradients, which the backward op writes whole, backward.h). */
     lmx_status (*alloc_raw)(lmx_backend *be, lmx_tensor *t);
+    /* As upload_weight, the copy left in host memory that the device reads in place over the bus
+     * (optional: NULL where the backend's memory is the host's): for a table read a few rows a token,
+     * the token embeddings, whose device memory it saves (lmx_load_params.embed_on_host). */
+    lmx_status (*upload_weight_host)(lmx_backend *be, lmx_tensor *w);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

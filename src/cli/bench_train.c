@@ -20,14 +20,14 @@
 
 int cmd_bench_train(int argc, char **argv) {
     const char *path = NULL, *backend = "auto";
-    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1, offload = 1;
+    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1, offload = 1, embed_host = 1;
     double peak_tflops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: lmx bench-train MODEL [--backend NAME] [--rank R] [--batch B] [--seq T] [--steps N]\n"
-                   "                         [--grad-checkpoint on|off|auto] [--offload on|off] [--peak-tflops F] [--profile]\n"
-                   "                         [--json]\n\n"
+                   "                         [--grad-checkpoint on|off|auto] [--offload on|off] [--embed-host on|off]\n"
+                   "                         [--peak-tflops F] [--profile] [--json]\n\n"
                    "LoRA training speed on random tokens: tokens/s, peak memory and MFU (F: the device's dense\n"
                    "bf16 peak, 989 for an H100 SXM when the backend is cuda and F is not given).  --profile waits\n"
                    "for the device after each phase and prints the seconds of each (forward, loss, backward, AdamW).\n");
@@ -39,9 +39,9 @@ int cmd_bench_train(int argc, char **argv) {
             if (cli_parse_checkpoint(argv[++i], &ckpt))
                 return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
         }
-        else if (!strcmp(a, "--offload") && i + 1 < argc) {
-            if (cli_parse_checkpoint(argv[++i], &offload) || offload < 0)
-                return cli_usage_error("bench-train: --offload takes on or off");
+        else if ((!strcmp(a, "--offload") || !strcmp(a, "--embed-host")) && i + 1 < argc) {
+            if (cli_parse_onoff(argv[++i], !strcmp(a, "--offload") ? &offload : &embed_host))
+                return cli_usage_error("bench-train: %s takes on or off", a);
         }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank) || rank < 1) return cli_usage_error("bench-train: bad --rank"); }
@@ -56,6 +56,7 @@ int cmd_bench_train(int argc, char **argv) {
     if (!path) return cli_usage_error("bench-train: no model given");
     lmx_load_params lp = lmx_load_default_params();
     lp.backend = backend;
+    lp.embed_on_host = embed_host;
     lmx_model *m = NULL;
     lmx_adapter *ad = NULL;
     lmx_trainer *tr = NULL;

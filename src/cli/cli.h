@@ -55,5 +55,7 @@ int cli_parse_int(const char *s, int *out);
 int cli_parse_ids(const char *s, int32_t **out, int *n);
 /* --grad-checkpoint's value: on 1, off 0, auto -1 (the trainer's checkpoint field); returns 0 on success. */
 int cli_parse_checkpoint(const char *s, int *out);
+/* An on|off option's value: on 1, off 0; returns 0 on success. */
+int cli_parse_onoff(const char *s, int *out);
 
 #endif

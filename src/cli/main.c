@@ -66,6 +66,13 @@ int cli_parse_checkpoint(const char *s, int *out) {
     return 0;
 }
 
+int cli_parse_onoff(const char *s, int *out) {
+    int v = -1;
+    if (cli_parse_checkpoint(s, &v) || v < 0) return -1;
+    *out = v;
+    return 0;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "lmx %s - run language models on CPUs and GPUs\n\n"

@@ -422,6 +422,22 @@ lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
     return st;
 }
 
+lmx_status lmx_model_ffn_buffers(lmx_model *m, int release) {
+    lmx_backend *be = m->be;
+    lmx_tensor *t[2] = {&m->ws.gate, &m->ws.up};
+    for (int i = 0; i < 2; i++) {
+        if (release) {
+            if (t[i]->data) be->ops->release(be, t[i]);
+            continue;
+        }
+        if (t[i]->data || m->ws.max_rows <= 0) continue;
+        *t[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {m->ws.max_rows, m->max_ffn}};
+        lmx_status st = (be->ops->alloc_raw ? be->ops->alloc_raw : be->ops->alloc)(be, t[i]);
+        if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
+    }
+    return LMX_OK;
+}
+
 void lmx_model_head_release(lmx_model *m) {
     if (m->ws.xr.data) m->be->ops->release(m->be, &m->ws.xr);
     if (m->ws.logits.data) m->be->ops->release(m->be, &m->ws.logits);

@@ -100,6 +100,7 @@ lmx_status lmx_model_load(const char *path, const lmx_load_params *params, lmx_m
     }
     m->progress = params->progress;
     m->progress_user = params->progress_user;
+    m->embed_on_host = params->embed_on_host;
     if ((st = lmx_model_bind(m))) {
         lmx_err_prefix(&m->err, "%s", path);
         goto fail;

@@ -16,7 +16,14 @@ typedef struct binder {
     lmx_model *m;
     const char *prefix;          /* "model." etc. */
     const char *head_prefix;     /* where lm_head lives: "" or "language_model." */
+    int host;                    /* 1: the tensor being bound goes to host memory (upload_weight_host) */
 } binder;
+
+/* t (pointing at the file's bytes) made usable by the backend's ops */
+static lmx_status upload_weight(const binder *b, lmx_tensor *t) {
+    lmx_backend *be = b->m->be;
+    return (b->host ? be->ops->upload_weight_host : be->ops->upload_weight)(be, t);
+}
 
 static const lmx_st_tensor *lookup(const binder *b, const char *prefix, const char *name) {
     char full[512];
@@ -85,7 +92,7 @@ static lmx_status bind_quantized(binder *b, lmx_tensor *t, const char *prefix, c
     t->data = (void *)st->data;
     t->q = (lmx_quant){.bits = bits, .group = group, .scale_dtype = sc->dtype,
                        .scales = (void *)sc->data, .biases = (void *)bi->data};
-    lmx_status s = m->be->ops->upload_weight(m->be, t);
+    lmx_status s = upload_weight(b, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
     m->n_params += d0 * d1;
     m->weight_bytes += (int64_t)(st->nbytes + sc->nbytes + bi->nbytes);
@@ -128,7 +135,7 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
     t->shape[1] = d1;
     t->data = (void *)st->data;
     t->q.ggml_type = type;
-    lmx_status s = m->be->ops->upload_weight(m->be, t);
+    lmx_status s = upload_weight(b, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
     m->n_params += d0 * d1;
     m->weight_bytes += (int64_t)st->nbytes;
@@ -176,7 +183,7 @@ static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const ch
     t->shape[0] = rows;
     if (t->ndim == 2) t->shape[1] = st->shape[st->ndim - 1];
     t->data = (void *)st->data;
-    lmx_status s = m->be->ops->upload_weight(m->be, t);
+    lmx_status s = upload_weight(b, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
     m->n_params += st->n_elements;
     m->weight_bytes += (int64_t)st->nbytes;
@@ -187,6 +194,16 @@ static lmx_status bind_as(binder *b, lmx_tensor *t, const char *prefix, const ch
 static lmx_status bind(binder *b, lmx_tensor *t, const char *prefix, const char *name, int optional, int64_t d0,
                        int64_t d1) {
     return bind_as(b, t, prefix, name, optional, d0, d1, 0);
+}
+
+/* The token embeddings; in host memory where asked (m->embed_on_host), the backend can, and the table is
+ * its own (untied): only the embed op reads it, a row a token. */
+static lmx_status bind_embed(binder *b, int untied) {
+    lmx_model *m = b->m;
+    b->host = m->embed_on_host && untied && m->be->ops->upload_weight_host;
+    lmx_status st = bind(b, &m->embed, b->prefix, "embed_tokens.weight", 0, m->cfg.vocab, m->cfg.hidden);
+    b->host = 0;
+    return st;
 }
 
 /* Rows [row0, row0 + n) of a bound matrix w as a matrix of its own: the same memory (dense, MLX or GGUF
@@ -461,7 +478,7 @@ int64_t lmx_model_kv_row(const lmx_model *m, int l) {
 }
 
 lmx_status lmx_model_bind(lmx_model *m) {
-    binder b = {m, NULL, NULL};
+    binder b = {m, NULL, NULL, 0};
     lmx_status st = find_layout(&b);
     if (st) return st;
     const lmx_config *c = &m->cfg;
@@ -479,7 +496,8 @@ lmx_status lmx_model_bind(lmx_model *m) {
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     if ((st = plan_layers(m))) return st;
 
-    if ((st = bind(&b, &m->embed, b.prefix, "embed_tokens.weight", 0, c->vocab, c->hidden))) return st;
+    const int has_head = lookup(&b, b.head_prefix, "lm_head.weight") != NULL;
+    if ((st = bind_embed(&b, c->tie_embeddings != 1 && has_head))) return st;
     if ((st = bind(&b, &m->final_norm, b.prefix, "norm.weight", 0, c->hidden, -1))) return st;
     if (c->ple_dim > 0) { /* gemma4's per-layer inputs: a token table and a projection of the embeddings */
         const int64_t LP = (int64_t)c->n_layers * c->ple_dim;
@@ -492,7 +510,6 @@ lmx_status lmx_model_bind(lmx_model *m) {
         if ((st = bind_layer(&b, i))) return st;
         if (m->progress) m->progress((float)(i + 1) / (float)(c->n_layers + 1), m->progress_user);
     }
-    int has_head = lookup(&b, b.head_prefix, "lm_head.weight") != NULL;
     if (c->tie_embeddings == 1 || !has_head) {
         if (c->tie_embeddings == 0)
             return lmx_err_set(&m->err, LMX_ERR_MISSING, "missing tensor \"%slm_head.weight\" (tie_word_embeddings is false)",

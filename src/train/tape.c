@@ -596,6 +596,8 @@ static int64_t w_free(const lmx_backend *be) {
     return in->ops->free_bytes(in);
 }
 static void w_destroy(lmx_backend *be) { (void)be; /* lmx_tape_free owns it */ }
+static void *w_host_alloc(lmx_backend *be, size_t n) { return TAPE(be)->in->ops->host_alloc(TAPE(be)->in, n); }
+static void w_host_free(lmx_backend *be, void *p) { TAPE(be)->in->ops->host_free(TAPE(be)->in, p); }
 
 /* ---- public ------------------------------------------------------------------------------------- */
 
@@ -635,6 +637,9 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.trim = w_trim;
     t->ops.cached_bytes = w_cached;
     t->ops.free_bytes = inner->ops->free_bytes ? w_free : NULL;
+    t->ops.host_alloc = inner->ops->host_alloc ? w_host_alloc : NULL;
+    t->ops.host_free = inner->ops->host_free ? w_host_free : NULL;
+    t->ops.upload_weight_host = NULL; /* weights are bound before any tape */
     t->base.ops = &t->ops;
     *out = t;
     return LMX_OK;

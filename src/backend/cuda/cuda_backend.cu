@@ -196,7 +196,25 @@ static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out
     return LMX_OK;
 }
 
-static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
+/* The same into mapped page-locked host memory, which kernels read in place over the bus (upload_weight_host). */
+static lmx_status upload_host(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
+    void *p = NULL, *d = NULL;
+    if (cb->n_host_weights == cb->cap_host_weights) {
+        int cap = cb->cap_host_weights ? 2 * cb->cap_host_weights : 8;
+        void **nw = (void **)realloc(cb->host_weights, (size_t)cap * sizeof *nw);
+        if (!nw) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
+        cb->host_weights = nw;
+        cb->cap_host_weights = cap;
+    }
+    CUDA_TRY(cb, cudaHostAlloc(&p, n ? n : 16, cudaHostAllocMapped), what);
+    cb->host_weights[cb->n_host_weights++] = p;
+    memcpy(p, src, n);
+    CUDA_TRY(cb, cudaHostGetDevicePointer(&d, p, 0), what);
+    *out = d;
+    return LMX_OK;
+}
+
+static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status gst = cuda_graph_flush(cb);
     if (gst) return gst;
@@ -210,13 +228,14 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
                            lmx_dtype_name(w->dtype));
     lmx_status st;
     void *d = NULL;
-    if ((st = upload(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
+    lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
+    if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
     if (w->q.bits) {
         int64_t N = w->shape[0], G = w->shape[1] / w->q.group;
         size_t sb = (size_t)N * (size_t)G * lmx_dtype_size(w->q.scale_dtype);
         void *s = NULL, *b = NULL;
-        if ((st = upload(cb, w->q.scales, sb, &s, "weight upload"))) return st;
-        if ((st = upload(cb, w->q.biases, sb, &b, "weight upload"))) return st;
+        if ((st = up(cb, w->q.scales, sb, &s, "weight upload"))) return st;
+        if ((st = up(cb, w->q.biases, sb, &b, "weight upload"))) return st;
         w->q.scales = s;
         w->q.biases = b;
     }
@@ -225,6 +244,8 @@ static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) {
     w->owned = 0; /* freed with the backend */
     return LMX_OK;
 }
+static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) { return weight_upload(be, w, 0); }
+static lmx_status cuda_upload_weight_host(lmx_backend *be, lmx_tensor *w) { return weight_upload(be, w, 1); }
 
 /* Activations come from the backend's stream-ordered pool: a release returns the block to the pool on
  * the stream (no wait), and a later allocation on the stream reuses it.  mem_now counts the tensors'
@@ -368,6 +389,8 @@ static void cuda_destroy(lmx_backend *be) {
     cuda_park_free(cb);
     cuda_graph_destroy(cb);
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i]);
+    for (int i = 0; i < cb->n_host_weights; i++) cudaFreeHost(cb->host_weights[i]);
+    free(cb->host_weights);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->pool) cudaMemPoolDestroy(cb->pool); /* tensors still held are freed with it */
@@ -412,6 +435,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
     /* .alloc_raw = */ cuda_op_alloc_raw,
+    /* .upload_weight_host = */ cuda_upload_weight_host,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

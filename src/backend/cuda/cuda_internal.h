@@ -61,6 +61,8 @@ typedef struct cuda_backend {
     size_t scratch_due[CUDA_SCRATCH_SLOTS]; /* bytes asked of a slot while a decode graph was capturing */
     void **weights;          /* device blocks made by upload_weight, freed by destroy */
     int n_weights, cap_weights;
+    void **host_weights;     /* mapped page-locked blocks made by upload_weight_host, freed by destroy */
+    int n_host_weights, cap_host_weights;
     int *dyn;                /* device [CUDA_DYN_N]: this step's ids / n_past / n_new */
     int dyn_on;              /* 1 while capturing: kernels read the per-step values from dyn */
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
