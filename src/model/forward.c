@@ -81,13 +81,25 @@ static lmx_status route_reserve(lmx_moe_route *r, const lmx_config *c, int rows)
     return LMX_OK;
 }
 
+/* The buffers a layer's pass writes before it reads them, [max_rows, width] each: all but x, the hidden
+ * state that goes from layer to layer (and the MoE's and per-layer inputs'). */
+enum { LAYER_BUFS = 8 };
+static void layer_buffers(lmx_model *m, lmx_tensor **t, int64_t *width) {
+    lmx_workspace *ws = &m->ws;
+    const int64_t C = m->cfg.hidden, HD = m->q_width, KD = m->kv_width, F = m->max_ffn;
+    lmx_tensor *all[LAYER_BUFS] = {&ws->xn, &ws->q, &ws->k, &ws->v, &ws->att, &ws->proj, &ws->gate, &ws->up};
+    const int64_t w[LAYER_BUFS] = {C, HD, KD, KD, HD, C, F, F};
+    memcpy(t, all, sizeof all);
+    memcpy(width, w, sizeof w);
+}
+
 /* Grow the buffers to B sequences, M rows and R logit rows; a no-op once large enough, so decode
  * steps never allocate. */
 static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     lmx_backend *be = m->be;
     lmx_workspace *ws = &m->ws;
     const lmx_config *c = &m->cfg;
-    const int64_t C = c->hidden, HD = m->q_width, KD = m->kv_width, LP = (int64_t)c->n_layers * c->ple_dim;
+    const int64_t C = c->hidden, KD = m->kv_width, LP = (int64_t)c->n_layers * c->ple_dim;
     if (B > ws->max_batch) {
         lmx_kv_layer **kv = realloc(ws->kv, (size_t)B * sizeof *kv);
         if (kv) ws->kv = kv;
@@ -105,14 +117,10 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
         if (!ids || (LP && !ple_rows)) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         ws->max_rows = 0; /* until every buffer has grown: a failure (a memory limit) leaves some freed */
         TRY(ws_tensor(be, &ws->x, rows, C));
-        TRY(ws_tensor(be, &ws->xn, rows, C));
-        TRY(ws_tensor(be, &ws->q, rows, HD));
-        TRY(ws_tensor(be, &ws->k, rows, KD));
-        TRY(ws_tensor(be, &ws->v, rows, KD));
-        TRY(ws_tensor(be, &ws->att, rows, HD));
-        TRY(ws_tensor(be, &ws->proj, rows, C));
-        TRY(ws_tensor(be, &ws->gate, rows, m->max_ffn));
-        TRY(ws_tensor(be, &ws->up, rows, m->max_ffn));
+        lmx_tensor *lb[LAYER_BUFS];
+        int64_t lw[LAYER_BUFS];
+        layer_buffers(m, lb, lw);
+        for (int i = 0; i < LAYER_BUFS; i++) TRY(ws_tensor(be, lb[i], rows, lw[i]));
         if (c->layer_moe) {
             TRY(ws_tensor(be, &ws->router, rows, c->n_experts));
             TRY(ws_tensor(be, &ws->mx, rows, C));
@@ -422,16 +430,18 @@ lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
     return st;
 }
 
-lmx_status lmx_model_ffn_buffers(lmx_model *m, int release) {
+lmx_status lmx_model_layer_buffers(lmx_model *m, int release) {
     lmx_backend *be = m->be;
-    lmx_tensor *t[2] = {&m->ws.gate, &m->ws.up};
-    for (int i = 0; i < 2; i++) {
+    lmx_tensor *t[LAYER_BUFS];
+    int64_t w[LAYER_BUFS];
+    layer_buffers(m, t, w);
+    for (int i = 0; i < LAYER_BUFS; i++) {
         if (release) {
             if (t[i]->data) be->ops->release(be, t[i]);
             continue;
         }
         if (t[i]->data || m->ws.max_rows <= 0) continue;
-        *t[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {m->ws.max_rows, m->max_ffn}};
+        *t[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {m->ws.max_rows, w[i]}};
         lmx_status st = (be->ops->alloc_raw ? be->ops->alloc_raw : be->ops->alloc)(be, t[i]);
         if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
     }

@@ -159,10 +159,11 @@ lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits);
 /* The head's buffers (ws.xr, ws.logits) released until a head or a pass next needs them: training's
  * backward through the layers holds no logits. */
 void lmx_model_head_release(lmx_model *m);
-/* The widest buffers, the MLP's gate and up [max_rows, ffn], released (release 1) or made again (0: a
- * no-op while they are there): training releases them while it walks back a checkpointed layer, whose
- * backward reads only what the tape kept of them, and makes them again before the next layer runs. */
-lmx_status lmx_model_ffn_buffers(lmx_model *m, int release);
+/* The buffers a layer's pass writes before it reads them (all of ws but x: norm output, q, k, v,
+ * attention output, projection, gate, up), released (release 1) or made again (0: a no-op while they are
+ * there): training releases them while it walks back a checkpointed layer, whose backward reads only
+ * what the tape kept of them, and makes them again before the next layer runs. */
+lmx_status lmx_model_layer_buffers(lmx_model *m, int release);
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
 
