@@ -56,7 +56,7 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
         lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda graph: scratch %d grows while capturing", slot);
         return NULL;
     }
-    size_t want = bytes + bytes / 4;
+    size_t want = bytes + (bytes / 4 < (32u << 20) ? bytes / 4 : (32u << 20)); /* headroom: at most 32 MiB */
     if (lmx_backend_mem_check(&cb->base, (int64_t)want - (int64_t)cb->scratch_bytes[slot]) != LMX_OK) {
         want = bytes; /* without the headroom, if that fits */
         if (lmx_backend_mem_check(&cb->base, (int64_t)want - (int64_t)cb->scratch_bytes[slot]) != LMX_OK) return NULL;

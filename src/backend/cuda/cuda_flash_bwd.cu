@@ -283,10 +283,12 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
     const int64_t HD = (int64_t)args->H * D, KD = (int64_t)args->Hk * D;
     const int nb = bt->B < ATT_SEQ_MAX ? bt->B : ATT_SEQ_MAX; /* sequences per launch */
     const int64_t nq = nb * (int64_t)T * HD, nk = nb * (int64_t)T * KD, ns = (int64_t)nb * args->H * T;
-    __nv_bfloat16 *q16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_BWD, (size_t)(2 * nq + 2 * nk) * 2 + ns * 8);
+    /* scratch: q and dO narrowed, k and v where they are not bf16 keeps, L and D */
+    const int64_t nk16 = args->k->dtype == LMX_DTYPE_BF16 ? 0 : nk, nv16 = args->v->dtype == LMX_DTYPE_BF16 ? 0 : nk;
+    __nv_bfloat16 *q16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_BWD, (size_t)(2 * nq + nk16 + nv16) * 2 + ns * 8);
     if (!q16) return cb->base.err.status;
-    __nv_bfloat16 *do16 = q16 + nq, *k16 = do16 + nq, *v16 = k16 + nk;
-    float *lse = (float *)(v16 + nk), *dsum = lse + ns;
+    __nv_bfloat16 *do16 = q16 + nq, *k16 = do16 + nq, *v16 = k16 + nk16;
+    float *lse = (float *)(v16 + nv16), *dsum = lse + ns;
     att_arg a;
     a.T = T, a.H = args->H, a.Hk = args->Hk, a.D = D, a.G = args->H / args->Hk;
     a.gmax = a.G, a.hchunks = 1, a.splits = 1, a.scale = args->scale, a.softcap = args->softcap, a.dyn = NULL;

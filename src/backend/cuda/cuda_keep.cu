@@ -155,44 +155,53 @@ lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *
 
 /* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */
 
-/* Two device stages of keep dtype take turns.  offload narrows x into a stage on the main stream and
- * the copy stream moves it to the host; reload has the copy stream bring a block into a stage (at once,
- * or ahead as the previous reload's next) and widens it into dst on the main stream.  Before either
- * stream touches a stage it waits for the other's last use of it: ev_copy[s] marks the copy stream's,
+/* Device stages of keep dtype.  offload narrows x into a stage on the main stream and the copy stream
+ * moves it to the host, two stages taking turns so that a copy overlaps the next layer.  reload has the
+ * copy stream bring a block into stage 0 (at once, or ahead as the previous reload's next) and widens it
+ * into dst on the main stream; one stage is enough, the fetch ahead waiting only for the widening, so
+ * reload frees the second (the backward it serves holds the most memory).  Before either stream
+ * touches a stage it waits for the other's last use of it: ev_copy[s] marks the copy stream's,
  * ev_main[s] the main stream's (an event never recorded is no wait). */
 struct cuda_park {
     cudaStream_t copy;
     cudaEvent_t ev_copy[2], ev_main[2];
     void *stage[2];
-    size_t bytes;              /* each stage's size */
-    const void *staged[2];     /* the host block stage s holds or is fetching (NULL: none) */
+    size_t bytes[2];           /* each stage's size (0: none) */
+    const void *staged[2];     /* the host block a stage holds or is fetching (NULL: none) */
     int64_t staged_n[2];
-    int turn;                  /* the stage to take next when none is asked for */
+    int turn;                  /* offload's next stage */
 };
 
 void cuda_park_wait(cuda_backend *cb) {
     if (cb->park) cudaStreamSynchronize(cb->park->copy);
 }
 
+/* stage s freed, the copy stream done with it (the main stream's uses come before any later op's) */
+static void stage_free(cuda_backend *cb, int s) {
+    cuda_park *P = cb->park;
+    if (!P->stage[s]) return;
+    cudaStreamSynchronize(P->copy);
+    cudaFreeAsync(P->stage[s], cb->stream);
+    lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
+    P->stage[s] = NULL, P->bytes[s] = 0, P->staged[s] = NULL;
+}
+
 void cuda_park_free(cuda_backend *cb) {
     cuda_park *P = cb->park;
     if (!P) return;
-    cudaStreamSynchronize(P->copy);
     for (int s = 0; s < 2; s++) {
-        if (P->stage[s]) {
-            cudaFree(P->stage[s]);
-            lmx_backend_mem(&cb->base, -(int64_t)P->bytes);
-        }
+        stage_free(cb, s);
         if (P->ev_copy[s]) cudaEventDestroy(P->ev_copy[s]);
         if (P->ev_main[s]) cudaEventDestroy(P->ev_main[s]);
     }
+    cudaStreamSynchronize(cb->stream);
     if (P->copy) cudaStreamDestroy(P->copy);
     free(P);
     cb->park = NULL;
 }
 
-/* cb->park with stages of at least bytes (made, or grown with both streams idle) */
-static lmx_status park_ready(cuda_backend *cb, size_t bytes) {
+/* cb->park with stages [0, n) of at least bytes each (made, or grown from the stream-ordered pool) */
+static lmx_status park_ready(cuda_backend *cb, size_t bytes, int n) {
     if (!cb->park) {
         cuda_park *P = (cuda_park *)calloc(1, sizeof *P);
         if (!P) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of memory");
@@ -204,24 +213,16 @@ static lmx_status park_ready(cuda_backend *cb, size_t bytes) {
         }
     }
     cuda_park *P = cb->park;
-    if (bytes <= P->bytes) return LMX_OK;
-    lmx_status st = lmx_backend_mem_check(&cb->base, 2 * ((int64_t)bytes - (int64_t)P->bytes));
-    if (st) return lmx_err_prefix(&cb->base.err, "offload stages");
-    CUDA_TRY(cb, cudaStreamSynchronize(P->copy), "offload");
-    CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "offload");
-    for (int s = 0; s < 2; s++) {
-        if (P->stage[s]) {
-            cudaFree(P->stage[s]);
-            lmx_backend_mem(&cb->base, -(int64_t)P->bytes);
-        }
-        P->stage[s] = NULL, P->staged[s] = NULL;
-    }
-    P->bytes = 0;
-    for (int s = 0; s < 2; s++) {
-        CUDA_TRY(cb, cudaMalloc(&P->stage[s], bytes), "offload stages");
+    for (int s = 0; s < n; s++) {
+        if (bytes <= P->bytes[s]) continue;
+        stage_free(cb, s);
+        lmx_status st = lmx_backend_mem_check(&cb->base, (int64_t)bytes);
+        if (st) return lmx_err_prefix(&cb->base.err, "offload stages");
+        CUDA_TRY(cb, cudaMallocFromPoolAsync(&P->stage[s], bytes, cb->pool, cb->stream), "offload stages");
         lmx_backend_mem(&cb->base, (int64_t)bytes);
+        P->bytes[s] = bytes;
+        CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload stages"); /* the copy stream waits for it */
     }
-    P->bytes = bytes; /* both made: free_park counts both */
     return LMX_OK;
 }
 
@@ -240,7 +241,7 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     lmx_status st = cuda_graph_flush(cb);
     const int64_t n = lmx_tensor_nelem(x);
     const size_t es = lmx_dtype_size(cuda_bwd_keep_dtype(be));
-    if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es))) return st;
+    if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es, 2))) return st;
     cuda_park *P = cb->park;
     for (int s = 0; s < 2; s++)
         if (P->staged[s] == host) P->staged[s] = NULL; /* its contents change */
@@ -264,27 +265,20 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     const size_t es = lmx_dtype_size(cuda_bwd_keep_dtype(be));
-    if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es))) return st;
+    if (st || n <= 0) return st;
     if (lmx_tensor_nelem(dst) < n) return lmx_err_set(&be->err, LMX_ERR_SHAPE, "reload: %lld values into a tensor of %lld",
                                                       (long long)n, (long long)lmx_tensor_nelem(dst));
+    if ((st = park_ready(cb, (size_t)n * es, 1))) return st;
     cuda_park *P = cb->park;
-    int s = P->staged[0] == host && P->staged_n[0] == n ? 0 : P->staged[1] == host && P->staged_n[1] == n ? 1 : -1;
-    if (s < 0) {
-        s = P->turn;
-        P->turn ^= 1;
-        if ((st = park_fetch(cb, s, host, n, es))) return st;
-    }
-    P->staged[s] = NULL;
-    CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "reload");
+    stage_free(cb, 1); /* offload's second */
+    if ((P->staged[0] != host || P->staged_n[0] != n) && (st = park_fetch(cb, 0, host, n, es))) return st;
+    P->staged[0] = NULL;
+    CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[0], 0), "reload");
     if (es == 2) {
-        if ((st = cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)P->stage[s], n))) return st;
+        if ((st = cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)P->stage[0], n))) return st;
     } else {
-        CUDA_TRY(cb, cudaMemcpyAsync(dst->data, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream), "reload");
+        CUDA_TRY(cb, cudaMemcpyAsync(dst->data, P->stage[0], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream), "reload");
     }
-    CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "reload");
-    if (next) {
-        P->turn = s; /* the stage just read is taken next; the other fetches ahead */
-        if ((st = park_fetch(cb, s ^ 1, next, n, es))) return st;
-    }
-    return LMX_OK;
+    CUDA_TRY(cb, cudaEventRecord(P->ev_main[0], cb->stream), "reload");
+    return next ? park_fetch(cb, 0, next, n, es) : LMX_OK;
 }
