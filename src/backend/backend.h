@@ -215,6 +215,9 @@ typedef struct lmx_backend_ops {
      * (optional: NULL where the backend's memory is the host's): for a table read a few rows a token,
      * the token embeddings, whose device memory it saves (lmx_load_params.embed_on_host). */
     lmx_status (*upload_weight_host)(lmx_backend *be, lmx_tensor *w);
+    /* trim's scratch buffers alone, whatever else trim gives back kept for reuse (optional: NULL where
+     * trim does no more): training's checkpointed backward, which needs less scratch than its forward. */
+    void (*trim_scratch)(lmx_backend *be);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

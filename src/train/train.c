@@ -356,7 +356,8 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         lmx_model_head_release(m); /* the layers' backward holds no logits */
         /* nor the unrecorded forward's scratch (its widest: the down projections' inputs narrowed, which
          * the recorded layers take from the tape's keeps): a checkpointed step gives it back */
-        if (ckpt && inner->ops->trim) inner->ops->trim(inner);
+        if (ckpt && (inner->ops->trim_scratch || inner->ops->trim))
+            (inner->ops->trim_scratch ? inner->ops->trim_scratch : inner->ops->trim)(inner);
         prof_mark(tr, 1, &t0);
         if (!st && grad_weight != 0 && ckpt) st = layers_back(tr, inner, kvs, ads, &bt, &cs, leaf);
         else if (!st && grad_weight != 0 && (st = lmx_tape_walk(tr->tape, 0)))

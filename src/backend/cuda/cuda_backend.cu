@@ -40,10 +40,10 @@ lmx_status cuda_check_launch(cuda_backend *cb, const char *what) {
     return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, what);
 }
 
-/* Free scratch slot's buffer (the stream done with it) and its count. */
+/* Free scratch slot's buffer (to the pool, after the kernels enqueued before) and its count. */
 static void scratch_free(cuda_backend *cb, int slot) {
     if (!cb->scratch[slot]) return;
-    cudaFree(cb->scratch[slot]);
+    cudaFreeAsync(cb->scratch[slot], cb->stream);
     lmx_backend_mem(&cb->base, -(int64_t)cb->scratch_bytes[slot]);
     cb->scratch[slot] = NULL;
     cb->scratch_bytes[slot] = 0;
@@ -62,12 +62,9 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
         if (lmx_backend_mem_check(&cb->base, (int64_t)want - (int64_t)cb->scratch_bytes[slot]) != LMX_OK) return NULL;
     }
     cuda_graph_drop(cb); /* a captured graph may hold the old buffer */
-    if (cb->scratch[slot]) {
-        cudaStreamSynchronize(cb->stream); /* earlier kernels may still read it */
-        scratch_free(cb, slot);
-    }
+    scratch_free(cb, slot); /* stream-ordered: no wait for the kernels that read it */
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, want);
+    cudaError_t e = cudaMallocFromPoolAsync(&p, want, cb->pool, cb->stream);
     if (e != cudaSuccess) {
         cuda_fail(cb, e, "scratch allocation");
         return NULL;
@@ -146,12 +143,16 @@ static int64_t cuda_free_bytes(const lmx_backend *be) {
 
 /* Free the scratch buffers (cuda_scratch allocates them again when an op needs them) and the pool's
  * idle blocks. */
-static void cuda_trim(lmx_backend *be) {
+static void cuda_trim_scratch(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
     cuda_graph_drop(cb);  /* a captured graph may use the buffers */
-    pool_trim(cb); /* waits for the stream */
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
+}
+
+static void cuda_trim(lmx_backend *be) {
+    cuda_trim_scratch(be);
+    pool_trim((cuda_backend *)be);
 }
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -392,6 +393,7 @@ static void cuda_destroy(lmx_backend *be) {
     for (int i = 0; i < cb->n_host_weights; i++) cudaFreeHost(cb->host_weights[i]);
     free(cb->host_weights);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
+    if (cb->stream) cudaStreamSynchronize(cb->stream); /* the frees before the pool goes */
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->pool) cudaMemPoolDestroy(cb->pool); /* tensors still held are freed with it */
     if (cb->stream) cudaStreamDestroy(cb->stream);
@@ -436,6 +438,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .host_free = */ cuda_host_free,
     /* .alloc_raw = */ cuda_op_alloc_raw,
     /* .upload_weight_host = */ cuda_upload_weight_host,
+    /* .trim_scratch = */ cuda_trim_scratch,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
