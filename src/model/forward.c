@@ -443,7 +443,10 @@ lmx_status lmx_model_layer_buffers(lmx_model *m, int release) {
         if (t[i]->data || m->ws.max_rows <= 0) continue;
         *t[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {m->ws.max_rows, w[i]}};
         lmx_status st = (be->ops->alloc_raw ? be->ops->alloc_raw : be->ops->alloc)(be, t[i]);
-        if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
+        if (st) {
+            m->ws.max_rows = 0; /* the next pass makes every buffer again */
+            return lmx_err_set(&m->err, st, "%s", be->err.msg);
+        }
     }
     return LMX_OK;
 }
