@@ -22,6 +22,8 @@ for m in llama qwen3; do
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on
 done
+# lmx train: the same losses and adapter with the layers' inputs and the embeddings in host memory and on the GPU
+run "$root/tests/train_placement_check.sh" "$bin/lmx" "$fix"
 # memory limits, peak and cache on the cuda backend; the device list
 [ -x "$bin/test_memory" ] && run env LMX_FIXTURES="$fix" "$bin/test_memory" "$fix"
 run "$bin/lmx" devices
