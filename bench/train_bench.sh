@@ -10,7 +10,7 @@ lmx=$1 out=$2 hf=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out" /tmp/lmxb
 # name, then "batch:checkpointing" runs of lmx, then "batch:checkpointing" runs of HF
-for spec in "qwen3-0.6b 8:on 8:off 16:auto / 8:on 8:off" "llama-3.1-8b 4:on 2:off 4:auto 6:auto 8:auto / 4:on 2:off"; do
+for spec in "qwen3-0.6b 8:on 8:off 16:auto / 8:on 8:off" "llama-3.1-8b 4:on 2:on 2:off 4:auto 6:auto 8:auto / 4:on 2:on 2:off"; do
     set -- $spec
     name=$1 dir=/tmp/lmxb/$1
     shift
