@@ -207,7 +207,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
     lmx_status st = LMX_OK;
     /* where the GLU writes the keeps of its gate and up (glu_keep), backward reads nothing else of the
      * widest buffers; of the others the tape copies what it reads as they go */
-    const int trim = inner->ops->backward->glu_keep != NULL;
+    const int release_ws = inner->ops->backward->glu_keep != NULL;
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
@@ -216,7 +216,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         m->be = tb;
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
-        if (!st && trim) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
+        if (!st && release_ws) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
         m->be = inner;
         if (!st && (st = lmx_tape_backward_from(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
         inner->ops->release(inner, &g);

@@ -141,8 +141,8 @@ static int64_t cuda_free_bytes(const lmx_backend *be) {
     return (int64_t)free_b + (int64_t)(reserved > used ? reserved - used : 0);
 }
 
-/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them) and the pool's
- * idle blocks. */
+/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them); trim also gives the
+ * pool's idle blocks back to the device. */
 static void cuda_trim_scratch(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
@@ -165,16 +165,21 @@ size_t cuda_weight_bytes(const lmx_tensor *w) {
     return (size_t)lmx_tensor_nelem(w) * lmx_dtype_size(w->dtype);
 }
 
+/* Room for one more block in a list of *n blocks (grown by doubling): 0, or -1 out of host memory. */
+static int list_room(void ***list, int *n, int *cap) {
+    if (*n < *cap) return 0;
+    const int c = *cap ? 2 * *cap : 256;
+    void **nl = (void **)realloc(*list, (size_t)c * sizeof *nl);
+    if (!nl) return -1;
+    *list = nl, *cap = c;
+    return 0;
+}
+
+/* device block p, freed with the backend */
 static lmx_status track(cuda_backend *cb, void *p) {
-    if (cb->n_weights == cb->cap_weights) {
-        int cap = cb->cap_weights ? 2 * cb->cap_weights : 256;
-        void **nw = (void **)realloc(cb->weights, (size_t)cap * sizeof *nw);
-        if (!nw) {
-            cudaFree(p);
-            return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
-        }
-        cb->weights = nw;
-        cb->cap_weights = cap;
+    if (list_room(&cb->weights, &cb->n_weights, &cb->cap_weights)) {
+        cudaFree(p);
+        return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
     }
     cb->weights[cb->n_weights++] = p;
     return LMX_OK;
@@ -200,13 +205,8 @@ static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out
 /* The same into mapped page-locked host memory, which kernels read in place over the bus (upload_weight_host). */
 static lmx_status upload_host(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
     void *p = NULL, *d = NULL;
-    if (cb->n_host_weights == cb->cap_host_weights) {
-        int cap = cb->cap_host_weights ? 2 * cb->cap_host_weights : 8;
-        void **nw = (void **)realloc(cb->host_weights, (size_t)cap * sizeof *nw);
-        if (!nw) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
-        cb->host_weights = nw;
-        cb->cap_host_weights = cap;
-    }
+    if (list_room(&cb->host_weights, &cb->n_host_weights, &cb->cap_host_weights))
+        return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
     CUDA_TRY(cb, cudaHostAlloc(&p, n ? n : 16, cudaHostAllocMapped), what);
     cb->host_weights[cb->n_host_weights++] = p;
     memcpy(p, src, n);

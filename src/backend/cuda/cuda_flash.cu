@@ -202,25 +202,30 @@ static lmx_status launch_flash(cuda_backend *cb, const att_arg &a, const float *
     return cuda_check_launch(cb, "attention");
 }
 
+/* The key tile of head dim D: 32 rows for 256 (shared memory), else 64. */
+template <int D> constexpr int flash_kt() { return D == 256 ? 32 : 64; }
+
 /* launch_flash for a.D (the STATS form has no kernel for 256) */
 template <bool STATS>
 static lmx_status flash_by_dim(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
                                const __nv_bfloat16 *v16, float *out, const float *dout, float *lse, float *dsum) {
     switch (a.D) {
-    case 32: return launch_flash<32, 64, STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
-    case 64: return launch_flash<64, 64, STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
-    case 128: return launch_flash<128, 64, STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
-    case 256: return STATS ? LMX_ERR_UNSUPPORTED : launch_flash<256, 32, false>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 32: return launch_flash<32, flash_kt<32>(), STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 64: return launch_flash<64, flash_kt<64>(), STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 128: return launch_flash<128, flash_kt<128>(), STATS>(cb, a, q, k16, v16, out, dout, lse, dsum);
+    case 256:
+        return STATS ? LMX_ERR_UNSUPPORTED : launch_flash<256, flash_kt<256>(), false>(cb, a, q, k16, v16, out, dout, lse, dsum);
     default: return LMX_ERR_UNSUPPORTED;
     }
 }
 
-template <int D, int KT, bool STATS> static void flash_allow() {
-    cudaFuncSetAttribute(k_flash<D, KT, STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<D, KT>());
+template <int D, bool STATS> static void flash_allow() {
+    cudaFuncSetAttribute(k_flash<D, flash_kt<D>(), STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)flash_smem<D, flash_kt<D>()>());
 }
 void cuda_flash_init(void) { /* every instance flash_by_dim launches */
-    flash_allow<32, 64, false>(), flash_allow<64, 64, false>(), flash_allow<128, 64, false>(), flash_allow<256, 32, false>();
-    flash_allow<32, 64, true>(), flash_allow<64, 64, true>(), flash_allow<128, 64, true>();
+    flash_allow<32, false>(), flash_allow<64, false>(), flash_allow<128, false>(), flash_allow<256, false>();
+    flash_allow<32, true>(), flash_allow<64, true>(), flash_allow<128, true>();
     cudaGetLastError();
 }
 

@@ -261,12 +261,17 @@ static lmx_status fb_launch(cuda_backend *cb, const att_arg &a, const __nv_bfloa
     return cuda_check_launch(cb, "attention backward");
 }
 
-template <int D, int KT, int QT> static void fb_allow() {
-    cudaFuncSetAttribute(k_fa_dq<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_dq_smem<D, KT>());
-    cudaFuncSetAttribute(k_fa_dkdv<D, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_dkdv_smem<D, QT>());
+/* The tiles of head dim D: keys 64 rows for dQ; queries 64 rows for dK dV, 32 for D = 128 (shared memory). */
+constexpr int FB_KT = 64;
+template <int D> constexpr int fb_qt() { return D == 128 ? 32 : 64; }
+
+template <int D> static void fb_allow() {
+    cudaFuncSetAttribute(k_fa_dq<D, FB_KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_dq_smem<D, FB_KT>());
+    cudaFuncSetAttribute(k_fa_dkdv<D, fb_qt<D>()>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)fa_dkdv_smem<D, fb_qt<D>()>());
 }
 void cuda_flash_bwd_init(void) { /* every instance cuda_flash_attention_bwd launches */
-    fb_allow<32, 64, 64>(), fb_allow<64, 64, 64>(), fb_allow<128, 64, 32>();
+    fb_allow<32>(), fb_allow<64>(), fb_allow<128>();
     cudaGetLastError();
 }
 
@@ -328,9 +333,9 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         if (st) break;
         float *gq = dq + r0 * HD, *gk = dk + r0 * KD, *gv = dv + r0 * KD;
         switch (D) {
-        case 32: st = fb_launch<32, 64, 64>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
-        case 64: st = fb_launch<64, 64, 64>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
-        default: st = fb_launch<128, 64, 32>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
+        case 32: st = fb_launch<32, FB_KT, fb_qt<32>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
+        case 64: st = fb_launch<64, FB_KT, fb_qt<64>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
+        default: st = fb_launch<128, FB_KT, fb_qt<128>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
         }
     }
     return st;

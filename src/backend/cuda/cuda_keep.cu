@@ -125,32 +125,35 @@ lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be) {
     return ((const cuda_backend *)be)->keep_f32 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16;
 }
 
+/* n values of x into dst of dtype dt (bf16: rounded; f32: copied) */
+static lmx_status keep_into(cuda_backend *cb, void *dst, lmx_dtype dt, const float *x, int64_t n) {
+    if (dt == LMX_DTYPE_BF16) return cuda_narrow_bf16(cb, (__nv_bfloat16 *)dst, x, n);
+    cudaError_t e = cudaMemcpyAsync(dst, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "keeping an activation");
+}
+
+/* keep_into's inverse: n values of src (dtype dt) into dst as f32 */
+static lmx_status restore_into(cuda_backend *cb, float *dst, const void *src, lmx_dtype dt, int64_t n) {
+    if (dt == LMX_DTYPE_BF16) return cuda_widen_into(cb, dst, (const __nv_bfloat16 *)src, n);
+    if (dt != LMX_DTYPE_F32) return lmx_err_set(&cb->base.err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d", (int)dt);
+    cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
+}
+
 lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
     *dst = (lmx_tensor){.dtype = cuda_bwd_keep_dtype(be), .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
     if ((st = cuda_alloc_raw(cb, dst))) return st;
-    const int64_t n = lmx_tensor_nelem(dst);
-    if (dst->dtype == LMX_DTYPE_BF16) {
-        st = cuda_narrow_bf16(cb, (__nv_bfloat16 *)dst->data, (const float *)x->data, n);
-    } else {
-        cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
-        if (e != cudaSuccess) st = cuda_fail(cb, e, "keeping an activation");
-    }
-    if (st) be->ops->release(be, dst);
+    if ((st = keep_into(cb, dst->data, dst->dtype, (const float *)x->data, lmx_tensor_nelem(dst)))) be->ops->release(be, dst);
     return st;
 }
 
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
-    if (st) return st;
-    const int64_t n = lmx_tensor_nelem(x);
-    if (x->dtype == LMX_DTYPE_BF16) return cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)x->data, n);
-    if (x->dtype != LMX_DTYPE_F32) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d", (int)x->dtype);
-    cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
-    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
+    return st ? st : restore_into(cb, (float *)dst->data, x->data, x->dtype, lmx_tensor_nelem(x));
 }
 
 /* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */
@@ -167,8 +170,9 @@ struct cuda_park {
     cudaEvent_t ev_copy[2], ev_main[2];
     void *stage[2];
     size_t bytes[2];           /* each stage's size (0: none) */
-    const void *staged[2];     /* the host block a stage holds or is fetching (NULL: none) */
-    int64_t staged_n[2];
+    const void *ahead;         /* the host block (ahead_n values) stage 0 holds or is fetching for the next
+                                  reload (NULL: none) */
+    int64_t ahead_n;
     int turn;                  /* offload's next stage */
 };
 
@@ -183,7 +187,8 @@ static void stage_free(cuda_backend *cb, int s) {
     cudaStreamSynchronize(P->copy);
     cudaFreeAsync(P->stage[s], cb->stream);
     lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
-    P->stage[s] = NULL, P->bytes[s] = 0, P->staged[s] = NULL;
+    P->stage[s] = NULL, P->bytes[s] = 0;
+    if (s == 0) P->ahead = NULL;
 }
 
 void cuda_park_free(cuda_backend *cb) {
@@ -226,13 +231,13 @@ static lmx_status park_ready(cuda_backend *cb, size_t bytes, int n) {
     return LMX_OK;
 }
 
-/* The copy stream brings host block (n values) into stage s, after the main stream's last use of it. */
-static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t n, size_t es) {
+/* The copy stream brings host block (n values) into stage 0, after the main stream's last use of it. */
+static lmx_status park_fetch(cuda_backend *cb, const void *host, int64_t n, size_t es) {
     cuda_park *P = cb->park;
-    CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "reload");
-    CUDA_TRY(cb, cudaMemcpyAsync(P->stage[s], host, (size_t)n * es, cudaMemcpyHostToDevice, P->copy), "reload");
-    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "reload");
-    P->staged[s] = host, P->staged_n[s] = n;
+    CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[0], 0), "reload");
+    CUDA_TRY(cb, cudaMemcpyAsync(P->stage[0], host, (size_t)n * es, cudaMemcpyHostToDevice, P->copy), "reload");
+    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[0], P->copy), "reload");
+    P->ahead = host, P->ahead_n = n;
     return LMX_OK;
 }
 
@@ -240,20 +245,15 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     const int64_t n = lmx_tensor_nelem(x);
-    const size_t es = lmx_dtype_size(cuda_bwd_keep_dtype(be));
+    const lmx_dtype dt = cuda_bwd_keep_dtype(be);
+    const size_t es = lmx_dtype_size(dt);
     if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es, 2))) return st;
     cuda_park *P = cb->park;
-    for (int s = 0; s < 2; s++)
-        if (P->staged[s] == host) P->staged[s] = NULL; /* its contents change */
     const int s = P->turn;
     P->turn ^= 1;
-    P->staged[s] = NULL;
+    if (s == 0 || P->ahead == host) P->ahead = NULL; /* overwritten, or its contents change */
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "offload");
-    if (es == 2) {
-        if ((st = cuda_narrow_bf16(cb, (__nv_bfloat16 *)P->stage[s], (const float *)x->data, n))) return st;
-    } else {
-        CUDA_TRY(cb, cudaMemcpyAsync(P->stage[s], x->data, (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream), "offload");
-    }
+    if ((st = keep_into(cb, P->stage[s], dt, (const float *)x->data, n))) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload");
     CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "offload");
     CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToHost, P->copy), "offload");
@@ -264,21 +264,18 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
 lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
-    const size_t es = lmx_dtype_size(cuda_bwd_keep_dtype(be));
+    const lmx_dtype dt = cuda_bwd_keep_dtype(be);
+    const size_t es = lmx_dtype_size(dt);
     if (st || n <= 0) return st;
     if (lmx_tensor_nelem(dst) < n) return lmx_err_set(&be->err, LMX_ERR_SHAPE, "reload: %lld values into a tensor of %lld",
                                                       (long long)n, (long long)lmx_tensor_nelem(dst));
     if ((st = park_ready(cb, (size_t)n * es, 1))) return st;
     cuda_park *P = cb->park;
     stage_free(cb, 1); /* offload's second */
-    if ((P->staged[0] != host || P->staged_n[0] != n) && (st = park_fetch(cb, 0, host, n, es))) return st;
-    P->staged[0] = NULL;
+    if ((P->ahead != host || P->ahead_n != n) && (st = park_fetch(cb, host, n, es))) return st;
+    P->ahead = NULL;
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[0], 0), "reload");
-    if (es == 2) {
-        if ((st = cuda_widen_into(cb, (float *)dst->data, (const __nv_bfloat16 *)P->stage[0], n))) return st;
-    } else {
-        CUDA_TRY(cb, cudaMemcpyAsync(dst->data, P->stage[0], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream), "reload");
-    }
+    if ((st = restore_into(cb, (float *)dst->data, P->stage[0], dt, n))) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[0], cb->stream), "reload");
-    return next ? park_fetch(cb, 0, next, n, es) : LMX_OK;
+    return next ? park_fetch(cb, next, n, es) : LMX_OK;
 }
