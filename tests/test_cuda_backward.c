@@ -572,6 +572,10 @@ int main(void) {
     test_attention(37, 4, 2, 64, 8, 0.0f, 0, 1, 1);
     test_attention(20, 4, 4, 64, 0, 20.0f, 0, 0, 1);
     test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 1);
+    /* several blocks of 128 keys / query rows (the warpgroup kernels on Hopper): a window across them, GQA */
+    test_attention(300, 4, 2, 128, 130, 0.0f, 0, 1, 1);
+    test_attention(260, 6, 2, 64, 0, 30.0f, 0, 1, 1);
+    test_attention(257, 2, 2, 128, 0, 0.0f, 0, 0, 0);
     test_gather();
     test_xent(0.37);
     test_xent(0.0);

@@ -36,6 +36,15 @@ static __device__ __forceinline__ float att_ds(float p, float dp, float dsum, fl
     return ds;
 }
 
+/* One score's P and dS in place of its scaled score s (before soft-capping) and dP, given its visibility, the
+ * row's log-sum-exp L and D = dO . O (the flash backward kernels). */
+static __device__ __forceinline__ void att_grad(float &s, float &dp, bool vis, float L, float D, float cap) {
+    const float x = cap > 0 ? cap * tanhf(s / cap) : s;
+    const float p = vis ? __expf(x - L) : 0.0f;
+    s = p;
+    dp = vis ? att_ds(p, dp, D, x, cap) : 0.0f;
+}
+
 /* Prefill attention on tensor cores for the a.B sequences of a (T rows each): q, out [B*T, H*D]
  * f32; k, v [B*T, Hk*D] f32 new rows (narrowed to bf16 in scratch first); lse NULL, or [a.B, H, T] f32
  * for each row's log-sum-exp (as cuda_flash_stats writes it).  LMX_ERR_UNSUPPORTED (nothing launched)
@@ -61,5 +70,14 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
  * then fails at its launch, which cuda_check_launch reports. */
 void cuda_flash_init(void);
 void cuda_flash_bwd_init(void);
+void cuda_flash_bwd_wg_init(void);
+
+/* The backward's two passes (cuda_flash_bwd.cu's k_fa_dq / k_fa_dkdv) on warpgroup MMA
+ * (cuda_flash_bwd_wg.cu): q16 (scaled), do16 [B*T, H*D], k16, v16 [B*T, Hk*D] bf16, lse / dsum [a.B, H, T];
+ * dq, dk, dv += f32.  LMX_ERR_UNSUPPORTED (nothing launched) without cb->wgmma or for head dims other than 64
+ * and 128. */
+lmx_status cuda_flash_bwd_wg(cuda_backend *cb, const att_arg &a, const __nv_bfloat16 *q16, const __nv_bfloat16 *k16,
+                             const __nv_bfloat16 *v16, const __nv_bfloat16 *do16, const float *lse, const float *dsum,
+                             float *dq, float *dk, float *dv);
 
 #endif

@@ -542,9 +542,15 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->gemv_variant = gv ? atoi(gv) : 0;
     const char *xb = getenv("LMX_CUDA_XS_BLOCKS");
     cb->xs_blocks = xb ? atoi(xb) : 4 * cb->sm_count;
+    int cc_major = 0, cc_minor = 0;
+    cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, cb->device);
+    cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, cb->device);
+    const char *wg = getenv("LMX_CUDA_WGMMA");
+    cb->wgmma = cc_major == 9 && cc_minor == 0 ? (wg ? atoi(wg) : 1) : 0; /* the sm_90a code of the build */
     cuda_gemv_init();
     cuda_flash_init();
     cuda_flash_bwd_init();
+    cuda_flash_bwd_wg_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {
         lmx_err_set(err, LMX_ERR_NOMEM, "cuda backend: out of memory");

@@ -23,14 +23,6 @@
 #define FB_ROWS 64   /* query rows (k_fa_dq) or keys (k_fa_dkdv) per block */
 #define FB_THREADS 128
 
-/* One score's P and dS given its scaled score s (before soft-capping), visibility, L, dP and D. */
-static __device__ __forceinline__ void fb_grad(float &s, float &dp, bool vis, float L, float D, float cap) {
-    const float x = cap > 0 ? cap * tanhf(s / cap) : s;
-    const float p = vis ? __expf(x - L) : 0.0f;
-    s = p;
-    dp = vis ? att_ds(p, dp, D, x, cap) : 0.0f;
-}
-
 /* Shared memory of k_fa_dq: Qs, dO [64][D+8], K, V [2][KT][D+8] (bf16). */
 template <int D, int KT> constexpr size_t fa_dq_smem() { return (size_t)2 * (D + 8) * (2 * FB_ROWS + 4 * KT); }
 
@@ -99,7 +91,7 @@ __global__ void __launch_bounds__(FB_THREADS)
                 for (int e = 0; e < 4; e++) {
                     const int row = e / 2, p = p0 + 8 * j + 2 * tq + (e & 1), pos = row ? pos1 : pos0;
                     const bool vis = (row ? ok1 : ok0) && att_sees(pos, p, window);
-                    fb_grad(s[j][e], dp[j][e], vis, row ? L1 : L0, row ? D1 : D0, a.softcap);
+                    att_grad(s[j][e], dp[j][e], vis, row ? L1 : L0, row ? D1 : D0, a.softcap);
                 }
             /* dQ += dS K: dS's accumulators are the A operand, K [keys][D] the B operand (keys as k) */
             mma_acc_pt<KT, ND>(acc, dp, ks, LD);
@@ -200,7 +192,7 @@ __global__ void __launch_bounds__(FB_THREADS)
                 for (int e = 0; e < 4; e++) {
                     const int c = 8 * j + 2 * tq + (e & 1), t = t0 + c, key = e / 2 ? key1 : key0;
                     const bool vis = t <= qmax && key <= kmax && att_sees(t, key, window);
-                    fb_grad(s[j][e], dp[j][e], vis, ls[c], ds[c], a.softcap);
+                    att_grad(s[j][e], dp[j][e], vis, ls[c], ds[c], a.softcap);
                 }
             /* dV += P^T dO and dK += dS^T Qs: the accumulators are the A operands, dO and Qs [queries][D]
              * the B operands (queries as k) */
@@ -332,6 +324,8 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         }
         if (st) break;
         float *gq = dq + r0 * HD, *gk = dk + r0 * KD, *gv = dv + r0 * KD;
+        st = cuda_flash_bwd_wg(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv);
+        if (st != LMX_ERR_UNSUPPORTED) continue;
         switch (D) {
         case 32: st = fb_launch<32, FB_KT, fb_qt<32>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
         case 64: st = fb_launch<64, FB_KT, fb_qt<64>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;

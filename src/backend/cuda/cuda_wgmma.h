@@ -1,0 +1,67 @@
+/* cuda_wgmma.h - Hopper's warpgroup MMA (wgmma, sm_90a) for the kernels that use it (cuda_flash_bwd_wg.cu):
+ * shared-memory tiles in the 128-byte swizzled layout, their descriptors, and the fence / commit / wait
+ * around the asynchronous products.  Outside an sm_90a device pass (CUDA_WGMMA undefined) every helper is
+ * empty and the kernels are never launched (cuda_backend.wgmma is 0 there).
+ *
+ * Layout: a tile of R rows and a multiple of 64 bf16 columns is stored as column blocks of 64, each [R][64]
+ * (128 bytes a row), the 16-byte chunk c of row r at chunk c ^ (r % 8); blocks 1024-byte aligned.  As a
+ * K-major operand (rows = M or N, columns = K) a k16 step starts 32 bytes further into its block (LBO
+ * unused, SBO 1024: eight rows); as an MN-major operand (rows = K, columns = N) a k16 step starts 16 rows
+ * further (SBO 1024) and the next 64 columns of N are the next block (LBO: the block's bytes).
+ * Accumulators d [N/8][4] of m64nNk16 are mma.sync's: warp w of the group holds rows 16w + g and 16w + g + 8
+ * (g = lane / 4), columns 8j + 2 (lane % 4) + {0, 1} (cuda_mma.h). */
+#ifndef LMX_BACKEND_CUDA_WGMMA_H
+#define LMX_BACKEND_CUDA_WGMMA_H
+
+#include "cuda_mma.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CUDA_WGMMA 1
+#endif
+
+/* The element offset of chunk c (8 bf16) of row r in a [R][64] swizzled block. */
+static __device__ __forceinline__ int wg_chunk(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
+
+/* A shared-memory matrix descriptor: 128-byte swizzle, byte offsets lbo / sbo, start at shared address addr. */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+static __device__ __forceinline__ uint64_t wg_kmajor(uint32_t addr) { return wg_desc(addr, 16, 1024); }
+static __device__ __forceinline__ uint64_t wg_mnmajor(uint32_t addr, uint32_t block_bytes) {
+    return wg_desc(addr, block_bytes, 1024);
+}
+
+/* Before a group's first product and after other instructions touched its registers. */
+static __device__ __forceinline__ void wg_fence() {
+#ifdef CUDA_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void wg_commit() {
+#ifdef CUDA_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> static __device__ __forceinline__ void wg_wait() {
+#ifdef CUDA_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* Shared memory written by the threads (cp.async included) made visible to wgmma's reads: each writer
+ * after its writes completed, before the barrier. */
+static __device__ __forceinline__ void wg_proxy_fence() {
+#ifdef CUDA_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/* The accumulators read only after the wait: no use of them moved above it. */
+template <int N> static __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+#include "cuda_wgmma_ops.h"
+
+#endif
