@@ -359,6 +359,17 @@ static void test_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }
 
+/* The first prefill on Hopper's warpgroup kernel (head dims 64, 128): windows across its 64-row tiles,
+ * soft-capping, padded rows, then prefill over the cache on the mma.sync kernel.  Run last, so that the
+ * random data of the tests before it stay as they were. */
+static void test_attention_wg(void) {
+    const attn_case cases[] = {
+        {"prefill sliding softcap gqa", 3, 8, 2, 128, 70, 0, 30.0f, 1, 260, 40},
+        {"prefill head dim 64, long", 2, 6, 6, 64, 0, 0, 0.0f, 1, 700, 33},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
+}
+
 /* ---- top-k --------------------------------------------------------------------------------- */
 
 static const float *g_rowp;
@@ -724,6 +735,7 @@ int main(void) {
     test_moe();
     test_graph_gguf();
     test_graph_dense();
+    test_attention_wg();
     return pair_close("test_cuda_ops");
 }
 #endif

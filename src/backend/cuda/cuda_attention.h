@@ -71,6 +71,13 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
 void cuda_flash_init(void);
 void cuda_flash_bwd_init(void);
 void cuda_flash_bwd_wg_init(void);
+void cuda_flash_wg_init(void);
+
+/* cuda_flash_attention's kernel on warpgroup MMA (cuda_flash_wg.cu) for k16, v16 already narrowed: the same
+ * arguments and results.  LMX_ERR_UNSUPPORTED (nothing launched) without cb->wgmma, for head dims other than
+ * 64 and 128, or when a sequence has cached positions (n_past > 0). */
+lmx_status cuda_flash_wg(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                         const __nv_bfloat16 *v16, float *out, float *lse);
 
 /* The backward's two passes (cuda_flash_bwd.cu's k_fa_dq / k_fa_dkdv) on warpgroup MMA
  * (cuda_flash_bwd_wg.cu): q16 (scaled), do16 [B*T, H*D], k16, v16 [B*T, Hk*D] bf16, lse / dsum [a.B, H, T];

@@ -238,6 +238,8 @@ lmx_status cuda_flash_attention(cuda_backend *cb, const att_arg &a, const float 
     __nv_bfloat16 *v16 = k16 + n;
     lmx_status st;
     if ((st = cuda_narrow_bf16(cb, k16, k, n)) || (st = cuda_narrow_bf16(cb, v16, v, n))) return st;
+    st = cuda_flash_wg(cb, a, q, k16, v16, out, lse); /* Hopper, sequences from position 0 */
+    if (st != LMX_ERR_UNSUPPORTED) return st;
     return flash_by_dim<false>(cb, a, q, k16, v16, out, NULL, lse, NULL);
 }
 

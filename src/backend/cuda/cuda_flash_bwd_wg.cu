@@ -5,79 +5,27 @@
  * become operands, one += into dq / dk / dv at the end (no atomics: the same bits every run).  What changes
  * is the tile a product takes: a warpgroup (4 warps) multiplies 64 rows at once with its B operand read
  * once from shared memory, where mma.sync had each warp read it again for its 16 rows (the old kernels'
- * limit: shared-memory reads of B).  A block is two warpgroups sharing the tiles they read.
- *   k_wg_dkdv, key-major (a block: 128 keys of one kv head, a warpgroup each 64): for each query head of the
- *     group and tile of 64 queries, S^T = K Qs^T and dP^T = V dO^T (A and B from shared memory), then
- *     dV += P^T dO and dK += dS^T Qs (P^T and dS^T from registers, dO and Qs read transposed).
- *   k_wg_dq, query-major (a block: 128 query rows of one head): for each tile of 64 keys, S = Qs K^T and
- *     dP = dO V^T, then dQ += dS K.
- * Tiles are double-buffered by cp.async into the swizzled layout of cuda_wgmma.h. */
+ * limit: shared-memory reads of B).  A block is WB_W warpgroups sharing the tiles they read.
+ *   k_wg_dkdv, key-major (a block: 64 keys of one kv head a warpgroup): for each query head of the group and
+ *     tile of 64 queries, S^T = K Qs^T and dP^T = V dO^T (A and B from shared memory), then dV += P^T dO
+ *     (issued as soon as P is known, while dP finishes) and dK += dS^T Qs (P^T and dS^T from registers, dO
+ *     and Qs read transposed).
+ *   k_wg_dq, query-major (a block: 64 query rows of one head a warpgroup): for each tile of 64 keys, S = Qs
+ *     K^T and dP = dO V^T, then dQ += dS K.
+ * Tiles are double-buffered by cp.async into the swizzled layout of cuda_wgmma.h.  Tiles whose scores are all
+ * visible skip the mask; a soft-cap is a template parameter (its tanh otherwise costs every score). */
 #include "cuda_attention.h"
 #include "cuda_wgmma.h"
 
-#define WB_TILE 64    /* queries (dkdv) or keys (dq) a tile; keys or query rows a warpgroup */
 #define LOG2E 1.4426950408889634f
-
-/* rows [0, R) x D of a [.., ld] bf16 matrix from row r0 (rows past last: row last) into a swizzled tile, by NT
- * threads: a thread copies the same chunk of every RS-th row, so its shared offsets (and swizzle) are fixed */
-template <int D, int R, int NT>
-static __device__ __forceinline__ void wb_load(__nv_bfloat16 *tile, const __nv_bfloat16 *src, int64_t ld, int r0,
-                                               int last) {
-    constexpr int CPR = D / 8, RS = NT / CPR; /* chunks a row, rows a pass */
-    static_assert(NT % CPR == 0 && RS % 8 == 0 && R % RS == 0, "wb_load: a pass keeps each row's swizzle");
-    const int c = threadIdx.x % CPR, rt = threadIdx.x / CPR;
-    const uint32_t dst = smem_addr(tile + (c / 8) * R * 64 + wg_chunk(rt, c % 8));
-    src += 8 * c;
-#pragma unroll
-    for (int k = 0; k < R / RS; k++) {
-        const int row = r0 + rt + k * RS <= last ? r0 + rt + k * RS : last;
-        cp_async16(dst + k * RS * 128, src + row * ld);
-    }
-}
-
-/* A double-buffered loop's turn (cp_async_turn) whose tiles wgmma reads. */
-template <class F> static __device__ __forceinline__ void wb_turn(bool more, F &&load_next) {
-    if (more) {
-        load_next();
-        cp_async_wait<1>();
-    } else {
-        cp_async_wait<0>();
-    }
-    wg_proxy_fence();
-    __syncthreads();
-}
-
-/* d = A B^T over D: A the 64 rows of a K-major tile (D/64 blocks of ablk bytes, from byte aoff of each), B a
- * K-major tile of 64 rows (blocks of bblk bytes) */
-template <int D>
-static __device__ __forceinline__ void wb_abt(float (&d)[8][4], uint32_t a, uint32_t ablk, uint32_t b, uint32_t bblk) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t o = (kk % 4) * 32; /* bytes: the k16 step inside its block */
-        wg_ss_n64(d, wg_kmajor(a + (kk / 4) * ablk + o), wg_kmajor(b + (kk / 4) * bblk + o), kk > 0);
-    }
-}
-
-/* d [64][D] += P T: P the bf16 A fragments p[4] of a 64 x 64 product, T a [64][D] tile read MN-major */
-template <int D>
-static __device__ __forceinline__ void wb_acc(float (&d)[D / 8][4], const uint32_t (&p)[4][4], uint32_t t) {
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        const uint64_t db = wg_mnmajor(t + kk * 16 * 128, WB_TILE * 128);
-        if constexpr (D == 128) wg_rs_n128_t(d, p[kk], db, 1);
-        else wg_rs_n64_t(d, p[kk], db, 1);
-    }
-}
+#define WB_W 1 /* warpgroups a block: two sharing their tiles ran no faster on the H100 (one block of 8 warps a
+                  multiprocessor instead of two of 4) */
 
 template <int D, int W> constexpr size_t wg_dkdv_smem() { /* K, V [64 W][D]; Qs, dO [2][64][D]; L, D [2][64] */
     return (size_t)2 * (2 * 64 * W * D + 4 * WB_TILE * D) + 4 * 4 * WB_TILE + 1024;
 }
 template <int D, int W> constexpr size_t wg_dq_smem() { /* Qs, dO [64 W][D]; K, V [2][64][D] */
     return (size_t)2 * (2 * 64 * W * D + 4 * WB_TILE * D) + 1024;
-}
-
-static __device__ __forceinline__ __attribute__((unused)) unsigned char *wb_smem_base(unsigned char *raw) {
-    return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023); /* swizzled blocks: 1024-aligned */
 }
 
 /* P of each score in place of its scaled score s: att_grad's first half, with L2 = L log2(e) of the score's
@@ -378,13 +326,8 @@ lmx_status cuda_flash_bwd_wg(cuda_backend *cb, const att_arg &a, const __nv_bflo
                              const __nv_bfloat16 *v16, const __nv_bfloat16 *do16, const float *lse, const float *dsum,
                              float *dq, float *dk, float *dv) {
     if (!cb->wgmma) return LMX_ERR_UNSUPPORTED;
-    const int two = cb->wgmma == 2; /* LMX_CUDA_WGMMA=2: blocks of two warpgroups (an A/B experiment) */
-    if (a.D == 128)
-        return two ? wb_cap<128, 2>(cb, a, q16, k16, v16, do16, lse, dsum, dq, dk, dv)
-                   : wb_cap<128, 1>(cb, a, q16, k16, v16, do16, lse, dsum, dq, dk, dv);
-    if (a.D == 64)
-        return two ? wb_cap<64, 2>(cb, a, q16, k16, v16, do16, lse, dsum, dq, dk, dv)
-                   : wb_cap<64, 1>(cb, a, q16, k16, v16, do16, lse, dsum, dq, dk, dv);
+    if (a.D == 128) return wb_cap<128, WB_W>(cb, a, q16, k16, v16, do16, lse, dsum, dq, dk, dv);
+    if (a.D == 64) return wb_cap<64, WB_W>(cb, a, q16, k16, v16, do16, lse, dsum, dq, dk, dv);
     return LMX_ERR_UNSUPPORTED;
 }
 
@@ -393,7 +336,6 @@ template <int D, int W, bool CAP> static void wb_allow() {
     cudaFuncSetAttribute(k_wg_dkdv<D, W, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_dkdv_smem<D, W>());
 }
 void cuda_flash_bwd_wg_init(void) {
-    wb_allow<64, 1, false>(), wb_allow<64, 1, true>(), wb_allow<128, 1, false>(), wb_allow<128, 1, true>();
-    wb_allow<64, 2, false>(), wb_allow<64, 2, true>(), wb_allow<128, 2, false>(), wb_allow<128, 2, true>();
+    wb_allow<64, WB_W, false>(), wb_allow<64, WB_W, true>(), wb_allow<128, WB_W, false>(), wb_allow<128, WB_W, true>();
     cudaGetLastError();
 }

@@ -64,4 +64,62 @@ template <int N> static __device__ __forceinline__ void wg_hold(float (&d)[N][4]
 
 #include "cuda_wgmma_ops.h"
 
+/* ---- tiles of the flash kernels (cuda_flash_wg.cu, cuda_flash_bwd_wg.cu): 64 rows a warpgroup ---------- */
+#define WB_TILE 64 /* key / query rows a tile and a warpgroup */
+
+static __device__ __forceinline__ __attribute__((unused)) unsigned char *wb_smem_base(unsigned char *raw) {
+    return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023); /* swizzled blocks: 1024-aligned */
+}
+
+/* rows [0, R) x D of a [.., ld] bf16 matrix from row r0 (rows past last: row last) into a swizzled tile, by NT
+ * threads: a thread copies the same chunk of every RS-th row, so its shared offsets (and swizzle) are fixed */
+template <int D, int R, int NT>
+static __device__ __forceinline__ void wb_load(__nv_bfloat16 *tile, const __nv_bfloat16 *src, int64_t ld, int r0,
+                                               int last) {
+    constexpr int CPR = D / 8, RS = NT / CPR; /* chunks a row, rows a pass */
+    static_assert(NT % CPR == 0 && RS % 8 == 0 && R % RS == 0, "wb_load: a pass keeps each row's swizzle");
+    const int c = threadIdx.x % CPR, rt = threadIdx.x / CPR;
+    const uint32_t dst = smem_addr(tile + (c / 8) * R * 64 + wg_chunk(rt, c % 8));
+    src += 8 * c;
+#pragma unroll
+    for (int k = 0; k < R / RS; k++) {
+        const int row = r0 + rt + k * RS <= last ? r0 + rt + k * RS : last;
+        cp_async16(dst + k * RS * 128, src + row * ld);
+    }
+}
+
+/* A double-buffered loop's turn (cp_async_turn) whose tiles wgmma reads. */
+template <class F> static __device__ __forceinline__ void wb_turn(bool more, F &&load_next) {
+    if (more) {
+        load_next();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    wg_proxy_fence();
+    __syncthreads();
+}
+
+/* d = A B^T over D: A 64 rows of a K-major tile at shared address a (its column blocks ablk bytes apart), B a
+ * K-major tile of 64 rows at b (blocks bblk bytes apart) */
+template <int D>
+static __device__ __forceinline__ void wb_abt(float (&d)[8][4], uint32_t a, uint32_t ablk, uint32_t b, uint32_t bblk) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t o = (kk % 4) * 32; /* bytes: the k16 step inside its block */
+        wg_ss_n64(d, wg_kmajor(a + (kk / 4) * ablk + o), wg_kmajor(b + (kk / 4) * bblk + o), kk > 0);
+    }
+}
+
+/* d [64][D] += P T: P the bf16 A fragments p[4] of a 64 x 64 product, T a [64][D] tile read MN-major */
+template <int D>
+static __device__ __forceinline__ void wb_acc(float (&d)[D / 8][4], const uint32_t (&p)[4][4], uint32_t t) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const uint64_t db = wg_mnmajor(t + kk * 16 * 128, 64 * 128);
+        if constexpr (D == 128) wg_rs_n128_t(d, p[kk], db, 1);
+        else wg_rs_n64_t(d, p[kk], db, 1);
+    }
+}
+
 #endif

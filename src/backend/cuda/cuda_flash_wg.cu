@@ -1,0 +1,167 @@
+/* cuda_flash_wg.cu - prefill / training attention on Hopper's warpgroup MMA (wgmma), head dims 64 and 128,
+ * for launches whose sequences all start at position 0 (no cached keys: training, and a prompt's first
+ * prefill).  cuda_flash.cu's mma.sync kernel takes the rest, with the same arithmetic: Q scaled and rounded
+ * to bf16, S = Qs K^T and O += P V from bf16 operands with f32 accumulators, the softmax online per row (a
+ * row's four threads share it), masked where a key is not visible, soft-capped before the mask.
+ *
+ * A block is one warpgroup (4 warps, 64 query rows of one head and sequence); key and value tiles of 64 rows
+ * stream through shared memory (cp.async, two stages) in the swizzled layout of cuda_wgmma.h.  S is an
+ * m64n64 product with both operands in shared memory, O += P V an m64nD product with P from registers and V
+ * read transposed: each operand tile is read once for the warpgroup's 64 rows. */
+#include <math.h>
+
+#include "cuda_attention.h"
+#include "cuda_wgmma.h"
+
+template <int D> constexpr size_t wf_smem() { return (size_t)2 * (WB_TILE * D + 4 * WB_TILE * D) + 1024; }
+
+template <int D, bool CAP>
+__global__ void __launch_bounds__(128, 2)
+    k_wg_flash(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ k16, const __nv_bfloat16 *__restrict__ v16,
+               float *__restrict__ out, float *__restrict__ lse, const att_arg a) {
+#ifdef CUDA_WGMMA
+    extern __shared__ unsigned char wf_raw[];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)wb_smem_base(wf_raw); /* [64][D] */
+    __nv_bfloat16 *Ks = Qs + WB_TILE * D;                       /* [2][64][D] */
+    __nv_bfloat16 *Vs = Ks + 2 * WB_TILE * D;                   /* [2][64][D] */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * WB_TILE; /* the longest tiles first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / a.G;
+    const int n = a.s[b].n_new, window = a.s[b].window;
+    const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
+    const int tmax = t0 + WB_TILE - 1 < n - 1 ? t0 + WB_TILE - 1 : n - 1;
+    const int64_t kvo = (int64_t)b * a.T * KD + (int64_t)kvh * D;
+
+    for (int i = tid; i < WB_TILE * D / 4; i += 128) { /* Q scaled, as bf16 (rows past T: zeros) */
+        const int r = i / (D / 4), c = (i % (D / 4)) * 4, t = t0 + r;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < a.T) v = __ldg((const float4 *)(q + ((int64_t)b * a.T + t) * HD + (int64_t)h * D + c));
+        const uint2 pk = make_uint2(pack_bf16(v.x * a.scale, v.y * a.scale), pack_bf16(v.z * a.scale, v.w * a.scale));
+        *(uint2 *)(Qs + (c / 64) * WB_TILE * 64 + wg_chunk(r, c % 64 / 8) + c % 8) = pk;
+    }
+
+    /* keys [pmin, pmax] are visible to some row of the tile */
+    const int pmin = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0, pmax = tmax;
+    const int ntiles = tmax >= t0 ? (pmax - pmin) / WB_TILE + 1 : 0;
+    auto load_tile = [&](int p0, int st) {
+        wb_load<D, WB_TILE, 128>(Ks + st * WB_TILE * D, k16 + kvo, KD, p0, pmax);
+        wb_load<D, WB_TILE, 128>(Vs + st * WB_TILE * D, v16 + kvo, KD, p0, pmax);
+        cp_async_commit();
+    };
+
+    const int wrow = t0 + 16 * warp, pos0 = wrow + g, pos1 = pos0 + 8; /* this thread's rows */
+    const bool ok0 = pos0 < n, ok1 = pos1 < n;
+    const uint32_t qs = smem_addr(Qs);
+    float o[D / 8][4], m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    acc_zero(o);
+
+    if (ntiles > 0) load_tile(pmin, 0);
+    for (int it = 0; it < ntiles; it++) {
+        const int p0 = pmin + it * WB_TILE, st = it & 1;
+        wb_turn(it + 1 < ntiles, [&] { load_tile(p0 + WB_TILE, st ^ 1); }); /* tile it (and Q) */
+        const uint32_t ks = smem_addr(Ks + st * WB_TILE * D), vs = smem_addr(Vs + st * WB_TILE * D);
+        float s[8][4];
+        wg_fence();
+        wb_abt<D>(s, qs, WB_TILE * 128, ks, WB_TILE * 128);
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(s);
+        /* every score visible: the block's rows all exist, the tile's last key precedes its first row and its
+         * first key sits in the last row's window */
+        const bool masked = !(t0 + 63 < n && p0 + WB_TILE - 1 <= t0 && (window <= 0 || p0 > t0 + 63 - window));
+        float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = e / 2, p = p0 + 8 * j + 2 * tq + (e & 1);
+                float x = s[j][e];
+                if constexpr (CAP) x = a.softcap * tanhf(x / a.softcap);
+                if (masked && !((row ? ok1 : ok0) && att_sees(row ? pos1 : pos0, p, window))) x = -INFINITY;
+                s[j][e] = x;
+                mx[row] = fmaxf(mx[row], x);
+            }
+        float base[2], corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+            corr[r] = __expf(m_r[r] - base[r]);
+            m_r[r] = mx[r];
+            l_r[r] *= corr[r];
+        }
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float pv = __expf(s[j][e] - base[e / 2]);
+                s[j][e] = pv;
+                l_r[e / 2] += pv;
+            }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        wg_fence();
+        wb_acc<D>(o, pa, vs); /* O += P V */
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(o);
+        __syncthreads(); /* the stage is refilled next turn */
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+        inv[r] = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+    }
+    if (lse) { /* the row's log-sum-exp: one thread of the row's four */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = r ? pos1 : pos0;
+            if (tq == 0 && t < a.T)
+                lse[((int64_t)b * a.H + h) * a.T + t] = (r ? ok1 : ok0) && l_r[r] > 0.f ? m_r[r] + logf(l_r[r]) : 0.f;
+        }
+    }
+    float *o0 = out + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D + 2 * tq, *o1 = o0 + 8 * HD;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        if (pos0 < a.T) *(float2 *)(o0 + 8 * j) = make_float2(o[j][0] * inv[0], o[j][1] * inv[0]);
+        if (pos1 < a.T) *(float2 *)(o1 + 8 * j) = make_float2(o[j][2] * inv[1], o[j][3] * inv[1]);
+    }
+#endif
+}
+
+template <int D>
+static lmx_status wf_launch(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                            const __nv_bfloat16 *v16, float *out, float *lse) {
+    const dim3 grid((unsigned)((a.T + WB_TILE - 1) / WB_TILE), (unsigned)a.H, (unsigned)a.B);
+    if (a.softcap > 0) k_wg_flash<D, true><<<grid, 128, wf_smem<D>(), cb->stream>>>(q, k16, v16, out, lse, a);
+    else k_wg_flash<D, false><<<grid, 128, wf_smem<D>(), cb->stream>>>(q, k16, v16, out, lse, a);
+    return cuda_check_launch(cb, "attention");
+}
+
+lmx_status cuda_flash_wg(cuda_backend *cb, const att_arg &a, const float *q, const __nv_bfloat16 *k16,
+                         const __nv_bfloat16 *v16, float *out, float *lse) {
+    if (!cb->wgmma || (a.D != 64 && a.D != 128)) return LMX_ERR_UNSUPPORTED;
+    for (int b = 0; b < a.B; b++)
+        if (a.s[b].n_past != 0) return LMX_ERR_UNSUPPORTED;
+    return a.D == 128 ? wf_launch<128>(cb, a, q, k16, v16, out, lse) : wf_launch<64>(cb, a, q, k16, v16, out, lse);
+}
+
+template <int D, bool CAP> static void wf_allow() {
+    cudaFuncSetAttribute(k_wg_flash<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wf_smem<D>());
+}
+void cuda_flash_wg_init(void) {
+    wf_allow<64, false>(), wf_allow<64, true>(), wf_allow<128, false>(), wf_allow<128, true>();
+    cudaGetLastError();
+}
