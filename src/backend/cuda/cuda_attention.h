@@ -45,6 +45,70 @@ static __device__ __forceinline__ void att_grad(float &s, float &dp, bool vis, f
     dp = vis ? att_ds(p, dp, D, x, cap) : 0.0f;
 }
 
+/* The online softmax's step for a thread's two rows (g and g + 8 of its warp's 16; a row's four threads
+ * share it, cuda_mma.h's fragments): the tile's scores s [NS][4] (soft-capped, -inf where not visible) become
+ * exp(s - the row's new max), the running max m and sum l move on, and the output's accumulators o [ND][4]
+ * are rescaled (the prefill kernels). */
+template <int NS, int ND>
+static __device__ __forceinline__ void att_softmax_step(float (&s)[NS][4], float (&m)[2], float (&l)[2],
+                                                        float (&o)[ND][4]) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < NS; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+        corr[r] = __expf(m[r] - base[r]);
+        m[r] = mx[r];
+        l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < NS; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float pv = __expf(s[j][e] - base[e / 2]);
+            s[j][e] = pv;
+            l[e / 2] += pv;
+        }
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+    }
+}
+
+/* The softmax's end for the two rows: l summed over the row's four threads, inv = 1 / l (0 for a row that saw
+ * nothing), and the row's log-sum-exp (0 there), what the forward keeps for the backward. */
+static __device__ __forceinline__ void att_softmax_end(float (&l)[2], const float (&m)[2], float (&inv)[2],
+                                                       float (&lse)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        lse[r] = l[r] > 0.f ? m[r] + logf(l[r]) : 0.f;
+    }
+}
+
+/* row[8 j + 2 (lane % 4) + {0, 1}] += scale * acc[j][2 r + {0, 1}] for a thread's row r (0: g, 1: g + 8) of
+ * accumulators acc [ND][4] (the backward kernels' one += of dq, dk, dv) */
+template <int ND>
+static __device__ __forceinline__ void att_add_row(float *row, const float (&acc)[ND][4], int r, float scale) {
+    row += 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        float2 *p = (float2 *)(row + 8 * j), v = *p;
+        *p = make_float2(v.x + scale * acc[j][2 * r], v.y + scale * acc[j][2 * r + 1]);
+    }
+}
+
 /* Prefill attention on tensor cores for the a.B sequences of a (T rows each): q, out [B*T, H*D]
  * f32; k, v [B*T, Hk*D] f32 new rows (narrowed to bf16 in scratch first); lse NULL, or [a.B, H, T] f32
  * for each row's log-sum-exp (as cuda_flash_stats writes it).  LMX_ERR_UNSUPPORTED (nothing launched)

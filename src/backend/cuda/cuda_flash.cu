@@ -97,7 +97,6 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
             float s[NS][4];
             mma_abt<D, NS>(s, Qs, warp * 16, ks, LD);
             /* mask, soft-cap, online softmax (rows g and g + 8; a row's 4 threads share it) */
-            float mx[2] = {m_r[0], m_r[1]};
 #pragma unroll
             for (int j = 0; j < NS; j++)
 #pragma unroll
@@ -107,55 +106,23 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash(const float *__restrict__ 
                     float x = s[j][e];
                     if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
                     const bool vis = (row ? ok1 : ok0) && att_sees(pos, p, window);
-                    x = vis ? x : -INFINITY;
-                    s[j][e] = x;
-                    mx[row] = fmaxf(mx[row], x);
+                    s[j][e] = vis ? x : -INFINITY;
                 }
-            float base[2], corr[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-                corr[r] = __expf(m_r[r] - base[r]);
-                m_r[r] = mx[r];
-                l_r[r] *= corr[r];
-            }
-#pragma unroll
-            for (int j = 0; j < NS; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float pv = __expf(s[j][e] - base[e / 2]);
-                    s[j][e] = pv;
-                    l_r[e / 2] += pv;
-                }
-#pragma unroll
-            for (int j = 0; j < ND; j++) {
-                o[j][0] *= corr[0];
-                o[j][1] *= corr[0];
-                o[j][2] *= corr[1];
-                o[j][3] *= corr[1];
-            }
+            att_softmax_step(s, m_r, l_r, o);
             /* O += P V: the score accumulators of two key octets are the A operand of one k-step */
             mma_acc_pt<KT, ND>(o, s, vs, LD);
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
     }
 
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
-        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
-        inv[r] = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
-    }
+    float inv[2], ls[2];
+    att_softmax_end(l_r, m_r, inv, ls);
     const int r0 = wrow + g, r1 = r0 + 8;
     if (lse) { /* the row's log-sum-exp: one thread of the row's four */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int t = r ? r1 : r0;
-            if (tq == 0 && t < a.T)
-                lse[((int64_t)b * a.H + h) * a.T + t] = (r ? ok1 : ok0) && l_r[r] > 0.f ? m_r[r] + logf(l_r[r]) : 0.f;
+            if (tq == 0 && t < a.T) lse[((int64_t)b * a.H + h) * a.T + t] = ls[r];
         }
     }
     if (STATS) {

@@ -99,18 +99,9 @@ __global__ void __launch_bounds__(FB_THREADS)
         __syncthreads(); /* every warp is done with this stage before it is refilled */
     }
 
-    float *o0 = dq + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D + 2 * tq, *o1 = o0 + 8 * HD;
-#pragma unroll
-    for (int j = 0; j < ND; j++) {
-        if (ok0) {
-            float2 *p = (float2 *)(o0 + 8 * j), v = *p;
-            *p = make_float2(v.x + a.scale * acc[j][0], v.y + a.scale * acc[j][1]);
-        }
-        if (ok1) {
-            float2 *p = (float2 *)(o1 + 8 * j), v = *p;
-            *p = make_float2(v.x + a.scale * acc[j][2], v.y + a.scale * acc[j][3]);
-        }
-    }
+    float *o0 = dq + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D;
+    if (ok0) att_add_row(o0, acc, 0, a.scale);
+    if (ok1) att_add_row(o0 + 8 * HD, acc, 1, a.scale);
 }
 
 /* Shared memory of k_fa_dkdv: K, V [64][D+8], Qs, dO [2][QT][D+8] (bf16), L, D [2][QT] (f32). */
@@ -206,13 +197,9 @@ __global__ void __launch_bounds__(FB_THREADS)
     for (int r = 0; r < 2; r++) {
         const int key = r ? key1 : key0;
         if (key > kmax) continue;
-        const int64_t o = ((int64_t)b * a.T + key) * KD + (int64_t)kvh * D + 2 * tq;
-#pragma unroll
-        for (int j = 0; j < ND; j++) {
-            float2 *pk = (float2 *)(dk + o + 8 * j), *pv = (float2 *)(dv + o + 8 * j), x = *pk, y = *pv;
-            *pk = make_float2(x.x + adk[j][2 * r], x.y + adk[j][2 * r + 1]);
-            *pv = make_float2(y.x + adv[j][2 * r], y.y + adv[j][2 * r + 1]);
-        }
+        const int64_t o = ((int64_t)b * a.T + key) * KD + (int64_t)kvh * D;
+        att_add_row(dk + o, adk, r, 1.0f);
+        att_add_row(dv + o, adv, r, 1.0f);
     }
 }
 

@@ -69,7 +69,6 @@ __global__ void __launch_bounds__(128, 2)
         /* every score visible: the block's rows all exist, the tile's last key precedes its first row and its
          * first key sits in the last row's window */
         const bool masked = !(t0 + 63 < n && p0 + WB_TILE - 1 <= t0 && (window <= 0 || p0 > t0 + 63 - window));
-        float mx[2] = {m_r[0], m_r[1]};
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -79,36 +78,11 @@ __global__ void __launch_bounds__(128, 2)
                 if constexpr (CAP) x = a.softcap * tanhf(x / a.softcap);
                 if (masked && !((row ? ok1 : ok0) && att_sees(row ? pos1 : pos0, p, window))) x = -INFINITY;
                 s[j][e] = x;
-                mx[row] = fmaxf(mx[row], x);
             }
-        float base[2], corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-            corr[r] = __expf(m_r[r] - base[r]);
-            m_r[r] = mx[r];
-            l_r[r] *= corr[r];
-        }
+        att_softmax_step(s, m_r, l_r, o);
         uint32_t pa[4][4];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float pv = __expf(s[j][e] - base[e / 2]);
-                s[j][e] = pv;
-                l_r[e / 2] += pv;
-            }
-#pragma unroll
         for (int kk = 0; kk < 4; kk++) acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
-        }
         wg_fence();
         wb_acc<D>(o, pa, vs); /* O += P V */
         wg_commit();
@@ -117,21 +91,14 @@ __global__ void __launch_bounds__(128, 2)
         __syncthreads(); /* the stage is refilled next turn */
     }
 
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
-        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
-        inv[r] = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
-    }
-    if (lse) { /* the row's log-sum-exp: one thread of the row's four */
+    float inv[2], ls[2];
+    att_softmax_end(l_r, m_r, inv, ls);
+    if (lse) /* the row's log-sum-exp: one thread of the row's four */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int t = r ? pos1 : pos0;
-            if (tq == 0 && t < a.T)
-                lse[((int64_t)b * a.H + h) * a.T + t] = (r ? ok1 : ok0) && l_r[r] > 0.f ? m_r[r] + logf(l_r[r]) : 0.f;
+            if (tq == 0 && t < a.T) lse[((int64_t)b * a.H + h) * a.T + t] = ls[r];
         }
-    }
     float *o0 = out + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D + 2 * tq, *o1 = o0 + 8 * HD;
 #pragma unroll
     for (int j = 0; j < D / 8; j++) {
