@@ -11,6 +11,7 @@
  * Every op first ends a pending decode-graph step (cuda_graph_flush): the forward ops before it may
  * still be recorded, not issued.  What training keeps of the forward pass (the keep op, the ops that
  * write keeps in their pass, the values made again) is in cuda_keep.cu. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -659,9 +660,18 @@ static lmx_status bwd_gather_rows(lmx_backend *be, lmx_tensor *dx, const lmx_ten
 
 /* ---- the loss ------------------------------------------------------------------------------------- */
 
+/* One value x into a running max m and sum s of exp(z - m) (m starts at -FLT_MAX, so that no -inf - -inf). */
+static __device__ __forceinline__ void xent_acc(float &m, float &s, float x) {
+    const float mn = fmaxf(m, x);
+    s = s * __expf(m - mn) + __expf(x - mn);
+    m = mn;
+}
+
 /* One block per row of z [R, V]: loss[r] = w (logsumexp(z) - z[t]); with c != 0, z = c w (softmax(z) - onehot(t)).
- * The row is read twice: once for its max and sum (online, as flash attention's softmax), once to write. */
-__global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, float c, float *loss) {
+ * The row is read twice: once for its max and sum (online, as flash attention's softmax), once to write.  V4: V
+ * a multiple of 4, four values a thread a step, each into its own running max and sum (four chains of exps in
+ * flight instead of one). */
+template <int V4> __global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, float c, float *loss) {
     __shared__ float sh[33];
     float *zr = z + (int64_t)blockIdx.x * V;
     const float w = wt[blockIdx.x];
@@ -671,20 +681,38 @@ __global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, floa
         if (threadIdx.x == 0) loss[blockIdx.x] = 0.0f;
         return;
     }
-    float mt = -INFINITY, st = 0.0f; /* this thread's max and its sum of exp(z - mt): one pass over the row */
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        const float x = zr[v];
-        if (x > mt) st = st * expf(mt - x) + 1.0f, mt = x;
-        else st += expf(x - mt);
+    float m[4] = {-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX}, sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (V4) {
+        for (int v = threadIdx.x; v < V / 4; v += blockDim.x) {
+            const float4 x = ((const float4 *)zr)[v];
+            xent_acc(m[0], sm[0], x.x), xent_acc(m[1], sm[1], x.y), xent_acc(m[2], sm[2], x.z), xent_acc(m[3], sm[3], x.w);
+        }
+    } else {
+        for (int v = threadIdx.x; v < V; v += blockDim.x) xent_acc(m[0], sm[0], zr[v]);
     }
+    const float mt = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+    float st = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) st += sm[k] * __expf(m[k] - mt);
     const float mx = block_reduce(mt, sh, 1);
-    const float se = block_reduce(mt == -INFINITY ? 0.0f : st * expf(mt - mx), sh, 0);
+    const float se = block_reduce(st * __expf(mt - mx), sh, 0);
     const float zt = zr[t];
     __syncthreads(); /* every thread has read z[t] before it is overwritten */
     if (threadIdx.x == 0) loss[blockIdx.x] = w * (logf(se) + mx - zt);
     if (c == 0.0f) return;
     const float cw = c * w, inv = 1.0f / se;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) zr[v] = cw * (expf(zr[v] - mx) * inv - (v == t ? 1.0f : 0.0f));
+    if constexpr (V4) {
+        for (int v = threadIdx.x; v < V / 4; v += blockDim.x) {
+            float4 x = ((float4 *)zr)[v];
+            x = make_float4(cw * (__expf(x.x - mx) * inv - (4 * v == t ? 1.0f : 0.0f)),
+                            cw * (__expf(x.y - mx) * inv - (4 * v + 1 == t ? 1.0f : 0.0f)),
+                            cw * (__expf(x.z - mx) * inv - (4 * v + 2 == t ? 1.0f : 0.0f)),
+                            cw * (__expf(x.w - mx) * inv - (4 * v + 3 == t ? 1.0f : 0.0f)));
+            ((float4 *)zr)[v] = x;
+        }
+    } else {
+        for (int v = threadIdx.x; v < V; v += blockDim.x) zr[v] = cw * (__expf(zr[v] - mx) * inv - (v == t ? 1.0f : 0.0f));
+    }
 }
 
 static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
@@ -706,7 +734,10 @@ static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *target
     cudaError_t e = cudaMemcpyAsync(dt, targets, n * 4, cudaMemcpyHostToDevice, cb->stream);
     if (e == cudaSuccess) e = cudaMemcpyAsync(dw, host, n * 4, cudaMemcpyHostToDevice, cb->stream);
     if (e == cudaSuccess) {
-        k_xent<<<R, 1024, 0, cb->stream>>>((float *)z->data, dt, dw, V, (float)c, dl);
+        if (V % 4 == 0 && (uintptr_t)z->data % 16 == 0) /* every row 16-byte aligned */
+            k_xent<1><<<R, 1024, 0, cb->stream>>>((float *)z->data, dt, dw, V, (float)c, dl);
+        else
+            k_xent<0><<<R, 1024, 0, cb->stream>>>((float *)z->data, dt, dw, V, (float)c, dl);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess) e = cudaMemcpyAsync(host, dl, n * 4, cudaMemcpyDeviceToHost, cb->stream);

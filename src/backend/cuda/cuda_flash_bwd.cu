@@ -219,10 +219,20 @@ __global__ void k_fa_dsum(float *__restrict__ dsum, const float *__restrict__ do
     if (lane == 0) dsum[w] = d;
 }
 
-/* dst = bf16(src * scale): q kept as bf16, scaled as the forward's flash kernel scales it */
+/* dst = bf16(src * scale): q kept as bf16, scaled as the forward's flash kernel scales it; eight values a
+ * thread a step (n a multiple of 8, both 16-byte aligned: the scratch and a keep's rows of H*D) */
 __global__ void k_fa_scale_bf16(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int64_t n, float scale) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(__bfloat162float(src[i]) * scale);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n / 8; i += (int64_t)gridDim.x * blockDim.x) {
+        uint4 u = ((const uint4 *)src)[i];
+        uint32_t *w = (uint32_t *)&u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+            const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+            w[k] = *(const uint32_t *)&r;
+        }
+        ((uint4 *)dst)[i] = u;
+    }
 }
 
 template <int D, int KT, int QT>
@@ -286,7 +296,7 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         /* q scaled to bf16; k and v bf16 (a bf16 keep is read in place); dO to bf16 */
         const __nv_bfloat16 *kb = k16, *vb = v16;
         if (args->q->dtype == LMX_DTYPE_BF16) {
-            k_fa_scale_bf16<<<cuda_ew_grid(mq), 256, 0, cb->stream>>>(q16, (const __nv_bfloat16 *)args->q->data + r0 * HD,
+            k_fa_scale_bf16<<<cuda_ew_grid(mq / 8), 256, 0, cb->stream>>>(q16, (const __nv_bfloat16 *)args->q->data + r0 * HD,
                                                                      mq, a.scale);
             st = cuda_check_launch(cb, "attention backward");
         } else {

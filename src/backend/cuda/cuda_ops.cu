@@ -11,11 +11,18 @@ typedef struct ids_arg { int n; int32_t id[CUDA_IDS_MAX]; } ids_arg;
 
 /* ---- elementwise --------------------------------------------------------------------------- */
 
-__global__ void k_add(float *y, const float *x, int64_t n) {
+/* y += x, four values a thread a step where both are 16-byte aligned (V 4), else one */
+template <int V> __global__ void k_add(float *y, const float *x, int64_t n) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] += x[i];
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n / V; i += (int64_t)gridDim.x * blockDim.x) {
+        if constexpr (V == 4) {
+            const float4 a = ((const float4 *)y)[i], b = ((const float4 *)x)[i];
+            ((float4 *)y)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        } else {
+            y[i] += x[i];
+        }
+    }
 }
 
 /* o = act(g) u, stored as O (f32; bf16 for the grouped experts' GEMMs, rounded once) */
@@ -35,7 +42,10 @@ __global__ void k_softcap(float *x, int64_t n, float cap) {
 
 lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
-    cuda_launch(cb, k_add, cuda_ew_grid(n), 256, 0, (float *)y->data, (const float *)x->data, n);
+    if (n % 4 == 0 && (uintptr_t)y->data % 16 == 0 && (uintptr_t)x->data % 16 == 0)
+        cuda_launch(cb, k_add<4>, cuda_ew_grid(n / 4), 256, 0, (float *)y->data, (const float *)x->data, n);
+    else
+        cuda_launch(cb, k_add<1>, cuda_ew_grid(n), 256, 0, (float *)y->data, (const float *)x->data, n);
     return cuda_check_launch(cb, "add");
 }
 
