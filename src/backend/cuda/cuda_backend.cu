@@ -546,7 +546,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, cb->device);
     cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, cb->device);
     const char *wg = getenv("LMX_CUDA_WGMMA");
-    cb->wgmma = cc_major == 9 && cc_minor == 0 ? (wg ? atoi(wg) : 1) : 0; /* the sm_90a code of the build */
+    cb->wgmma = cc_major == 9 && cc_minor == 0 && !(wg && wg[0] == '0'); /* the sm_90a code of the build */
     cuda_gemv_init();
     cuda_flash_init();
     cuda_flash_bwd_init();

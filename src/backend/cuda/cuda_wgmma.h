@@ -1,7 +1,7 @@
-/* cuda_wgmma.h - Hopper's warpgroup MMA (wgmma, sm_90a) for the kernels that use it (cuda_flash_bwd_wg.cu):
- * shared-memory tiles in the 128-byte swizzled layout, their descriptors, and the fence / commit / wait
- * around the asynchronous products.  Outside an sm_90a device pass (CUDA_WGMMA undefined) every helper is
- * empty and the kernels are never launched (cuda_backend.wgmma is 0 there).
+/* cuda_wgmma.h - Hopper's warpgroup MMA (wgmma, sm_90a) for the kernels that use it (cuda_flash_wg.cu,
+ * cuda_flash_bwd_wg.cu): shared-memory tiles in the 128-byte swizzled layout, their descriptors, and the fence /
+ * commit / wait around the asynchronous products.  Outside an sm_90a device pass (CUDA_WGMMA undefined) every
+ * helper is empty and the kernels are never launched (cuda_backend.wgmma is 0 there).
  *
  * Layout: a tile of R rows and a multiple of 64 bf16 columns is stored as column blocks of 64, each [R][64]
  * (128 bytes a row), the 16-byte chunk c of row r at chunk c ^ (r % 8); blocks 1024-byte aligned.  As a
