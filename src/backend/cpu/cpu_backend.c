@@ -375,6 +375,26 @@ static lmx_status cpu_kv_append(lmx_backend *be, lmx_kv_layer *const *kv,
 
 /* ---- scratch ----------------------------------------------------------------------------- */
 
+float *cpu_work(lmx_backend *be, size_t n, const char *what) {
+    if (lmx_backend_mem_check(be, (int64_t)(n * sizeof(float)))) {
+        lmx_err_prefix(&be->err, "%s", what);
+        return NULL;
+    }
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        lmx_err_set(&be->err, LMX_ERR_NOMEM, "%s: out of memory", what);
+        return NULL;
+    }
+    lmx_backend_mem(be, (int64_t)(n * sizeof(float)));
+    return p;
+}
+
+void cpu_work_free(lmx_backend *be, float *p, size_t n) {
+    if (!p) return;
+    free(p);
+    lmx_backend_mem(be, -(int64_t)(n * sizeof(float)));
+}
+
 float *cpu_scratch(cpu_backend *cb, int slot, size_t n_floats) {
     if (n_floats > cb->scratch_n[slot]) {
         if (lmx_backend_mem_check(&cb->base, (int64_t)(n_floats - cb->scratch_n[slot]) * (int64_t)sizeof(float)))

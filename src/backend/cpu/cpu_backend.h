@@ -40,6 +40,9 @@ typedef struct cpu_backend {
     size_t attn_scratch_n[CPU_MAX_THREADS];
 } cpu_backend;
 
+/* n floats of working memory, counted against be's memory (limit included); NULL with be->err set ("what: ..."). */
+float *cpu_work(lmx_backend *be, size_t n, const char *what);
+void cpu_work_free(lmx_backend *be, float *p, size_t n);
 /* A float buffer of at least n_floats in scratch slot `slot`, reused between calls. */
 float *cpu_scratch(cpu_backend *cb, int slot, size_t n_floats);
 /* Widen rows [n0, n0 + nb) of weight w (any format) into dst [nb, K] on the pool's threads. */

@@ -17,29 +17,9 @@
 
 #define BWD_TILE_BYTES (4u << 20) /* f32 weight rows widened at once in matmul_bwd */
 
-/* n floats of working memory, counted against be's memory (limit included); NULL with be->err set. */
-static float *work(lmx_backend *be, size_t n, const char *what) {
-    if (lmx_backend_mem_check(be, (int64_t)(n * sizeof(float)))) {
-        lmx_err_prefix(&be->err, "%s", what);
-        return NULL;
-    }
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    if (!p) {
-        lmx_err_set(&be->err, LMX_ERR_NOMEM, "%s: out of memory", what);
-        return NULL;
-    }
-    lmx_backend_mem(be, (int64_t)(n * sizeof(float)));
-    return p;
-}
-static void work_free(lmx_backend *be, float *p, size_t n) {
-    if (!p) return;
-    free(p);
-    lmx_backend_mem(be, -(int64_t)(n * sizeof(float)));
-}
-
 static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
                                   const lmx_tensor *w, int rows, int n, float eps, float add_one) {
-    float *g = work(be, (size_t)n, "rmsnorm backward");
+    float *g = cpu_work(be, (size_t)n, "rmsnorm backward");
     if (!g) return be->err.status;
     cpu_row_to_f32((const cpu_backend *)be, g, w, 0, n);
     for (int i = 0; i < n; i++) g[i] += add_one;
@@ -55,7 +35,7 @@ static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_ten
         const double inv = 1.0 / sqrt(ss / n + eps), c = inv * inv * inv * dot / n;
         for (int i = 0; i < n; i++) dxr[i] += (float)(inv * g[i] * dyr[i] - xr[i] * c);
     }
-    work_free(be, g, (size_t)n);
+    cpu_work_free(be, g, (size_t)n);
     return LMX_OK;
 }
 
@@ -65,7 +45,7 @@ static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tens
     if (fresh & 1) memset(dx->data, 0, (size_t)M * K * sizeof(float));
     int64_t rows = BWD_TILE_BYTES / (K * 4);
     rows = rows < 16 ? 16 : rows > N ? N : rows;
-    float *tile = work(be, (size_t)(rows * K), "matmul backward");
+    float *tile = cpu_work(be, (size_t)(rows * K), "matmul backward");
     if (!tile) return be->err.status;
     for (int64_t n0 = 0; n0 < N; n0 += rows) { /* dx += dy[:, n0:n1] W[n0:n1, :] */
         const int64_t nb = N - n0 < rows ? N - n0 : rows;
@@ -73,7 +53,7 @@ static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tens
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)K, (int)nb, 1.0f, (const float *)dy->data + n0,
                     (int)N, tile, (int)K, 1.0f, (float *)dx->data, (int)K);
     }
-    work_free(be, tile, (size_t)(rows * K));
+    cpu_work_free(be, tile, (size_t)(rows * K));
     return LMX_OK;
 }
 
@@ -88,28 +68,37 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
         if (!lmx_lora_pair_fits(p, K, N))
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]", b,
                                (long long)K, (long long)N);
+        if (xa && xa->shape[xa->ndim - 1] != p->a.shape[0])
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: x A^T of rank %lld for a pair of rank %lld",
+                               (long long)xa->shape[xa->ndim - 1], (long long)p->a.shape[0]);
+    }
+    for (int b0 = 0; b0 < B;) { /* segments: consecutive sequences with one pair and one gradient */
+        int b1 = b0 + 1;
+        while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
+        const lmx_lora_pair *p = pairs[b0];
+        const int64_t r0 = (int64_t)b0 * T;
+        const int rows = (b1 - b0) * T;
+        b0 = b1;
+        if (!p) continue;
         const int r = (int)p->a.shape[0];
-        if (xa && xa->shape[xa->ndim - 1] != r)
-            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: x A^T of rank %lld for a pair of rank %d",
-                               (long long)xa->shape[xa->ndim - 1], r);
-        const float *A = p->a.data, *Bm = p->b.data, *xs = (const float *)x->data + (int64_t)b * T * K;
-        const float *dys = (const float *)dy->data + (int64_t)b * T * N;
-        float *t = work(be, (size_t)2 * T * r, "lora backward");
+        const float *A = p->a.data, *Bm = p->b.data, *xs = (const float *)x->data + r0 * K;
+        const float *dys = (const float *)dy->data + r0 * N;
+        float *t = cpu_work(be, (size_t)2 * rows * r, "lora backward");
         if (!t) return be->err.status;
-        float *u = t + (size_t)T * r;
-        /* t = x A^T [T, r] (xa's rows, where given), u = s dy B [T, r] */
-        if (xa) memcpy(t, (const float *)xa->data + (int64_t)b * T * r, (size_t)T * r * sizeof(float));
-        else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, r, (int)K, 1.0f, xs, (int)K, A, (int)K, 0.0f, t, r);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, (int)N, p->scale, dys, (int)N, Bm, r, 0.0f, u, r);
-        /* dB += s dy^T t [N, r]; dA += u^T x [r, K]; dx += u A [T, K] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, r, T, p->scale, dys, (int)N, t, r, 1.0f,
-                    (float *)db[b]->data, r);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, (int)K, T, 1.0f, u, r, xs, (int)K, 1.0f,
-                    (float *)da[b]->data, (int)K);
+        float *u = t + (size_t)rows * r;
+        /* t = x A^T [rows, r] (xa's rows, where given), u = s dy B [rows, r] */
+        if (xa) memcpy(t, (const float *)xa->data + r0 * r, (size_t)rows * r * sizeof(float));
+        else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r, (int)K, 1.0f, xs, (int)K, A, (int)K, 0.0f, t, r);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, r, (int)N, p->scale, dys, (int)N, Bm, r, 0.0f, u, r);
+        /* dB += s dy^T t [N, r]; dA += u^T x [r, K]; dx += u A [rows, K] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, r, rows, p->scale, dys, (int)N, t, r, 1.0f,
+                    (float *)db[b1 - 1]->data, r);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, (int)K, rows, 1.0f, u, r, xs, (int)K, 1.0f,
+                    (float *)da[b1 - 1]->data, (int)K);
         if (dx)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, (int)K, r, 1.0f, u, r, A, (int)K, 1.0f,
-                        (float *)dx->data + (int64_t)b * T * K, (int)K);
-        work_free(be, t, (size_t)2 * T * r);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, (int)K, r, 1.0f, u, r, A, (int)K, 1.0f,
+                        (float *)dx->data + r0 * K, (int)K);
+        cpu_work_free(be, t, (size_t)2 * rows * r);
     }
     return LMX_OK;
 }
@@ -231,10 +220,10 @@ static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor 
     const int threads = lmx_pool_size(cb->pool), T = a->batch->T;
     const size_t n = (size_t)threads * 3 * (size_t)(T > 0 ? T : 1);
     attn_bwd_job j = {cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
-                      (float *)dv->data, work(be, n, "attention backward")};
+                      (float *)dv->data, cpu_work(be, n, "attention backward")};
     if (!j.scratch) return be->err.status;
     lmx_pool_run(cb->pool, a->batch->B * a->Hk, attn_bwd_task, &j);
-    work_free(be, j.scratch, n);
+    cpu_work_free(be, j.scratch, n);
     return LMX_OK;
 }
 
