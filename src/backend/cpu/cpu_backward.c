@@ -103,20 +103,36 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
     return LMX_OK;
 }
 
+typedef struct glu_bwd_job {
+    const float *g, *u, *d;
+    float *dg, *du;
+    int64_t n, per_task;
+    int silu;
+    unsigned fresh;
+} glu_bwd_job;
+
+static void glu_bwd_task(void *arg, int task, int thread) {
+    (void)thread;
+    const glu_bwd_job *j = arg;
+    const int64_t i0 = task * j->per_task, i1 = i0 + j->per_task < j->n ? i0 + j->per_task : j->n;
+    for (int64_t i = i0; i < i1; i++) {
+        float a, da; /* act(x) and its derivative */
+        lmx_act_grad(j->g[i], j->silu, &a, &da);
+        j->dg[i] = (j->fresh & 1 ? 0.0f : j->dg[i]) + j->d[i] * j->u[i] * da;
+        j->du[i] = (j->fresh & 2 ? 0.0f : j->du[i]) + j->d[i] * a;
+    }
+}
+
+/* split over the pool in contiguous ranges (its exps are most of a step's elementwise work) */
 static lmx_status cpu_glu_bwd(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                               const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh) {
     if (dgate->dtype != LMX_DTYPE_F32 || dup->dtype != LMX_DTYPE_F32) /* keeps are f32 here: never bf16 gradients */
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu glu backward: f32 gradients only");
-    const float *g = gate->data, *u = up->data, *d = dy->data;
-    float *dg = dgate->data, *du = dup->data;
-    if (fresh & 1) memset(dg, 0, (size_t)n * sizeof(float));
-    if (fresh & 2) memset(du, 0, (size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) {
-        float a, da; /* act(x) and its derivative */
-        lmx_act_grad(g[i], act == LMX_ACT_SILU, &a, &da);
-        dg[i] += d[i] * u[i] * da;
-        du[i] += d[i] * a;
-    }
+    cpu_backend *cb = (cpu_backend *)be;
+    const int tasks = n >= 65536 ? lmx_pool_size(cb->pool) : 1;
+    glu_bwd_job j = {gate->data, up->data, dy->data, dgate->data, dup->data, n, (n + tasks - 1) / tasks,
+                     act == LMX_ACT_SILU, fresh};
+    lmx_pool_run(cb->pool, tasks, glu_bwd_task, &j);
     return LMX_OK;
 }
 
