@@ -252,24 +252,51 @@ static lmx_status cpu_gather_rows_bwd(lmx_backend *be, lmx_tensor *dx, const lmx
     return LMX_OK;
 }
 
-static lmx_status cpu_xent(lmx_backend *be, lmx_tensor *zt, const int32_t *targets, const float *wt, int R, int V,
-                           double c, double *loss) {
-    (void)be;
-    double sum = 0;
-    for (int r = 0; r < R; r++) {
-        float *z = (float *)zt->data + (int64_t)r * V;
-        const float w = wt ? wt[r] : 1.0f;
+typedef struct xent_job {
+    float *z;
+    const int32_t *targets;
+    const float *wt;
+    double *row_loss;
+    double c;
+    int R, V, per_task;
+} xent_job;
+
+static void xent_task(void *arg, int task, int thread) {
+    (void)thread;
+    const xent_job *j = arg;
+    const int V = j->V, r1 = (task + 1) * j->per_task < j->R ? (task + 1) * j->per_task : j->R;
+    for (int r = task * j->per_task; r < r1; r++) {
+        float *z = j->z + (int64_t)r * V;
+        const float w = j->wt ? j->wt[r] : 1.0f;
+        j->row_loss[r] = 0;
         if (w == 0.0f) {
-            if (c != 0) memset(z, 0, (size_t)V * sizeof *z);
+            if (j->c != 0) memset(z, 0, (size_t)V * sizeof *z);
             continue;
         }
         float mx = z[0];
         for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         double se = 0;
         for (int v = 0; v < V; v++) se += exp((double)z[v] - mx);
-        sum += w * (log(se) + mx - z[targets[r]]);
-        for (int v = 0; c != 0 && v < V; v++) z[v] = (float)(c * w * (exp((double)z[v] - mx) / se - (v == targets[r])));
+        j->row_loss[r] = w * (log(se) + mx - z[j->targets[r]]);
+        for (int v = 0; j->c != 0 && v < V; v++)
+            z[v] = (float)(j->c * w * (exp((double)z[v] - mx) / se - (v == j->targets[r])));
     }
+}
+
+/* rows split over the pool; the loss summed in row order afterwards (the same sum on any pool) */
+static lmx_status cpu_xent(lmx_backend *be, lmx_tensor *zt, const int32_t *targets, const float *wt, int R, int V,
+                           double c, double *loss) {
+    cpu_backend *cb = (cpu_backend *)be;
+    *loss = 0;
+    if (R <= 0) return LMX_OK;
+    double *row_loss = malloc((size_t)R * sizeof *row_loss);
+    if (!row_loss) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "loss: out of memory");
+    const int threads = lmx_pool_size(cb->pool), tasks = R < threads ? R : threads;
+    xent_job j = {zt->data, targets, wt, row_loss, c, R, V, (R + tasks - 1) / tasks};
+    lmx_pool_run(cb->pool, tasks, xent_task, &j);
+    double sum = 0;
+    for (int r = 0; r < R; r++) sum += row_loss[r];
+    free(row_loss);
     *loss = sum;
     return LMX_OK;
 }
