@@ -75,9 +75,10 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
     for (int b0 = 0; b0 < B;) { /* segments: consecutive sequences with one pair and one gradient */
         int b1 = b0 + 1;
         while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
-        const lmx_lora_pair *p = pairs[b0];
-        const int64_t r0 = (int64_t)b0 * T;
-        const int rows = (b1 - b0) * T;
+        const int b = b0; /* the segment: sequences [b, b1), their pair and gradients those of b */
+        const lmx_lora_pair *p = pairs[b];
+        const int64_t r0 = (int64_t)b * T;
+        const int rows = (b1 - b) * T;
         b0 = b1;
         if (!p) continue;
         const int r = (int)p->a.shape[0];
@@ -92,9 +93,9 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, r, (int)N, p->scale, dys, (int)N, Bm, r, 0.0f, u, r);
         /* dB += s dy^T t [N, r]; dA += u^T x [r, K]; dx += u A [rows, K] */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, r, rows, p->scale, dys, (int)N, t, r, 1.0f,
-                    (float *)db[b1 - 1]->data, r);
+                    (float *)db[b]->data, r);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, (int)K, rows, 1.0f, u, r, xs, (int)K, 1.0f,
-                    (float *)da[b1 - 1]->data, (int)K);
+                    (float *)da[b]->data, (int)K);
         if (dx)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, (int)K, r, 1.0f, u, r, A, (int)K, 1.0f,
                         (float *)dx->data + r0 * K, (int)K);

@@ -11,11 +11,11 @@
 
 typedef struct lora_job {
     const cpu_backend *cb;
-    const float *x;           /* [M, K] */
+    const float *x;           /* [M, K]: one row a sequence (decode) */
     float *y;                 /* [M, N] */
     int64_t K, N;
-    int M, T, rows_per_task;
-    const lmx_lora_pair *const *pairs;
+    int M, rows_per_task;
+    const lmx_lora_pair *const *pairs; /* [M] */
     const float *t1;          /* single-row mode: the row's shrink [r], else NULL */
     int64_t n_per_task;
 } lora_job;
@@ -42,7 +42,7 @@ static void rows_task(void *arg, int task, int thread) {
     float t[LMX_LORA_RANK_MAX];
     int m1 = (task + 1) * j->rows_per_task < j->M ? (task + 1) * j->rows_per_task : j->M;
     for (int m = task * j->rows_per_task; m < m1; m++) {
-        const lmx_lora_pair *p = j->pairs[m / j->T];
+        const lmx_lora_pair *p = j->pairs[m];
         if (!p) continue;
         shrink(j->cb, p, j->x + (int64_t)m * j->K, j->K, t);
         expand(p, t, j->y + (int64_t)m * j->N, 0, j->N);
@@ -92,7 +92,7 @@ lmx_status cpu_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, 
     }
     if (T > 1) return LMX_OK;
     int threads = lmx_pool_size(cb->pool);
-    lora_job j = {.cb = cb, .x = x->data, .y = y->data, .K = K, .N = N, .M = M, .T = T, .pairs = pairs};
+    lora_job j = {.cb = cb, .x = x->data, .y = y->data, .K = K, .N = N, .M = M, .pairs = pairs};
     if (M == 1) { /* one row: shrink once, expand split over the outputs */
         float t[LMX_LORA_RANK_MAX];
         if (!pairs[0]) return LMX_OK;
