@@ -616,20 +616,23 @@ static void test_graph_gguf_case(const char *name, const int *types, int M, int 
     gg_release(ref, &c);
 }
 
-/* Dense weights (bf16 or f16) in a decode graph of 9-32 rows: the residual add and the norm as one launch; up
+/* MLX 4- or 8-bit weights (bits, groups of 64) in a one-row decode graph: the norm folded into the q/k/v
+ * group's launch (three sizes, odd rows), the gate/up pair with its GLU in another (k_gstream1; with K = GG_C
+ * every block quantizes x), each step against the cpu at one row's int16 tolerance.
+ * Dense weights (bf16 or f16) in a decode graph of 9-32 rows: the residual add and the norm as one launch; up
  * to 16 rows the q/k/v group as one launch and the gate/up pair with its GLU as another (k_gemv_tc), from 17
  * rows cuBLAS for each matmul (bf16: reading the norm's bf16 copy of its output, written in its launch) and the
  * glu op; each step against the cpu at the tensor cores' tolerance (x rounded to bf16 or f16), and (eager
  * non-NULL, bf16 from 17 rows) against a cuda backend with graphs off bit for bit.  GGUF weights (types: q, k,
  * v, gate and up), 9-32 rows: the tensor-core GEMV's groups and pairs (cuda_gemv_tc.cu). */
-static void test_graph_dense_case(lmx_dtype dt, const int *types, int M, lmx_backend *eager) {
+static void test_graph_dense_case(lmx_dtype dt, int bits, const int *types, int M, lmx_backend *eager) {
     const int N[3] = {200, 64, 72};
     wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GG_C), n2 = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GG_C);
     gg_set g, c;
     memset(&g, 0, sizeof g), memset(&c, 0, sizeof c);
     g.table = table.g, g.n2 = n2.g, c.table = table.c, c.n2 = n2.c;
     for (int j = 0; j < 5; j++) {
-        wpair w = make_weight(dt, 0, 0, types ? types[j] : 0, j < 3 ? N[j] : GG_F, GG_C);
+        wpair w = make_weight(dt, bits, bits ? 64 : 0, types ? types[j] : 0, j < 3 ? N[j] : GG_F, GG_C);
         lmx_tensor *tg = j < 3 ? &g.w[j] : j == 3 ? &g.wg : &g.wu, *tc = j < 3 ? &c.w[j] : j == 3 ? &c.wg : &c.wu;
         *tg = w.g, *tc = w.c;
     }
@@ -662,9 +665,10 @@ static void test_graph_dense_case(lmx_dtype dt, const int *types, int M, lmx_bac
             const int64_t n = (int64_t)M * (j < 3 ? N[j] : j < 5 ? GG_F : GG_C);
             float *a = fetch(gpu, tg, n), *b = fetch(cpu, tc, n);
             const double e = rel_err(a, b, n);
-            CHECK_MSG(e <= 5e-3, "graph %s M=%d step %d %s: relative error %.3g > 5e-3",
-                      types ? "gguf" : dt == LMX_DTYPE_F16 ? "f16" : "bf16", M, step,
-                      (const char *[]){"y0", "y1", "y2", "glu", "up", "down"}[j], e);
+            const double tol = bits ? 2e-4 : 5e-3;
+            CHECK_MSG(e <= tol, "graph %s M=%d step %d %s: relative error %.3g > %.3g",
+                      bits == 4 ? "mlx q4" : bits ? "mlx q8" : types ? "gguf" : dt == LMX_DTYPE_F16 ? "f16" : "bf16", M,
+                      step, (const char *[]){"y0", "y1", "y2", "glu", "up", "down"}[j], e, tol);
             if (eager) {
                 const lmx_tensor *te = j < 3 ? &ge.y[j] : j == 3 ? &ge.yg : j == 4 ? &ge.yu : &ge.yd;
                 float *h = fetch(eager, te, n);
@@ -692,11 +696,13 @@ static void test_graph_dense(void) {
     unsetenv("LMX_CUDA_GRAPH");
     const int Md[] = {9, 17, 24, 32};
     for (size_t i = 0; i < sizeof Md / sizeof Md[0]; i++) {
-        test_graph_dense_case(LMX_DTYPE_BF16, NULL, Md[i], eager);
-        test_graph_dense_case(LMX_DTYPE_F16, NULL, Md[i], NULL);
-        test_graph_dense_case(LMX_DTYPE_U8, q4km, Md[i], NULL);
-        test_graph_dense_case(LMX_DTYPE_U8, q80, Md[i], NULL);
+        test_graph_dense_case(LMX_DTYPE_BF16, 0, NULL, Md[i], eager);
+        test_graph_dense_case(LMX_DTYPE_F16, 0, NULL, Md[i], NULL);
+        test_graph_dense_case(LMX_DTYPE_U8, 0, q4km, Md[i], NULL);
+        test_graph_dense_case(LMX_DTYPE_U8, 0, q80, Md[i], NULL);
     }
+    test_graph_dense_case(LMX_DTYPE_U32, 4, NULL, 1, NULL);
+    test_graph_dense_case(LMX_DTYPE_U32, 8, NULL, 1, NULL);
     if (eager) lmx_backend_free(eager);
 }
 

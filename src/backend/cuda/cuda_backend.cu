@@ -540,6 +540,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->keep_f32 = kp && !strcmp(kp, "f32");
     const char *gv = getenv("LMX_CUDA_GEMV");
     cb->gemv_variant = gv ? atoi(gv) : 0;
+    const char *sb = getenv("LMX_CUDA_STREAM_BPM");
+    cb->stream_bpm = sb ? atoi(sb) : 0;
     const char *xb = getenv("LMX_CUDA_XS_BLOCKS");
     cb->xs_blocks = xb ? atoi(xb) : 4 * cb->sm_count;
     int cc_major = 0, cc_minor = 0;

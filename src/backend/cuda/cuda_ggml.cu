@@ -27,9 +27,32 @@
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_gemv.h"
 
-/* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors, the group's scale and bias raw
- * (raw_at, converted when used).  4-bit words hold even elements in the low nibbles and odd ones in the
- * high, interleaved back to element order; 8-bit codes are read as signed bytes less 128 for dp2a. */
+/* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors w, the group's scale and bias raw
+ * (raw_at, converted when used), decoded to 8-bit codes q and the (sc, mn) pairs of the part.  4-bit words
+ * hold even elements in the low nibbles and odd ones in the high, interleaved back to element order; 8-bit
+ * codes are read as signed bytes less 128 for dp2a. */
+template <int BITS>
+static __device__ __forceinline__ void gq_mlx_part(const uint4 *w, uint32_t s, uint32_t b, lmx_dtype t, uint32_t (&q)[8],
+                                                   float (&sc)[2], float (&mn)[2]) {
+#pragma unroll
+    for (int v = 0; v < BITS / 4; v++) {
+        const uint32_t ws[4] = {w[v].x, w[v].y, w[v].z, w[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (BITS == 4) {
+                const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
+                q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
+            } else {
+                q[4 * v + i] = ws[i] ^ 0x80808080u;
+            }
+        }
+    }
+    const float sv = raw_val(s, t);
+    sc[0] = sc[1] = sv; /* s q + b, and for 8 bits s (q - 128) + (b + 128 s) */
+    mn[0] = mn[1] = BITS == 8 ? -(raw_val(b, t) + 128.0f * sv) : -raw_val(b, t);
+}
+
+/* An MLX unit (one part) as k_ggemv holds it. */
 template <int BITS> struct gq_unit_mlx {
     static constexpr int UP = 1, V = BITS / 4;
     uint4 w[V];
@@ -41,22 +64,7 @@ template <int BITS> struct gq_unit_mlx {
         s = s_raw, b = b_raw, t = dt;
     }
     __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            const uint32_t ws[4] = {w[v].x, w[v].y, w[v].z, w[v].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if constexpr (BITS == 4) {
-                    const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
-                    q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
-                } else {
-                    q[4 * v + i] = ws[i] ^ 0x80808080u;
-                }
-            }
-        }
-        const float sv = raw_val(s, t);
-        sc[0] = sc[1] = sv; /* s q + b, and for 8 bits s (q - 128) + (b + 128 s) */
-        mn[0] = mn[1] = BITS == 8 ? -(raw_val(b, t) + 128.0f * sv) : -raw_val(b, t);
+        gq_mlx_part<BITS>(w, s, b, t, q, sc, mn);
     }
 };
 template <> struct gq_unit<GQ_MLX4> : gq_unit_mlx<4> {};
@@ -79,11 +87,12 @@ static __host__ __device__ __forceinline__ int gq_ul(int UP) { return UP == 4 ? 
 
 /* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
  * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
- * with a Q6_K v); xq NULL: none. */
+ * with a Q6_K v); xq NULL: none.  nib: each chunk's 8 codes in the order of a 4-bit word's nibbles, low ones
+ * then high ones: words (x0, x2), (x4, x6), (x1, x3), (x5, x7) (k_gstream1). */
 struct gq_xq {
     int4 *xq;
     float4 *xm;
-    int PR, ul;
+    int PR, ul, nib;
 };
 
 /* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v, into part pc of row m of
@@ -110,7 +119,13 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, const gq_xq &o, c
     for (int t = 0; t < 2; t++) {
         const gq_xq &q = t ? o1 : o;
         if (!q.xq) break;
-        ((uint2 *)(q.xq + (size_t)m * q.PR * 4 + gq_xchunk(pc, q.ul) + 32 * (i >> 1)))[i & 1] = w;
+        int4 *ch = q.xq + (size_t)m * q.PR * 4 + gq_xchunk(pc, q.ul) + 32 * (i >> 1);
+        if (q.nib) { /* lane i & 1 holds x0..x3 or x4..x7 of the chunk */
+            ((uint32_t *)ch)[i & 1] = (uint32_t)(a & 0xffff) | ((uint32_t)c << 16);
+            ((uint32_t *)ch)[2 + (i & 1)] = (uint32_t)(b & 0xffff) | ((uint32_t)e << 16);
+        } else {
+            ((uint2 *)ch)[i & 1] = w;
+        }
         if (i == 0) q.xm[(size_t)m * q.PR + gq_xpart(pc, q.ul)] = mv;
     }
 }
@@ -406,6 +421,172 @@ __global__ void __launch_bounds__(256) k_ggemv_mix(const int4 *__restrict__ xq, 
     }
 }
 
+/* ---- one row of MLX 4-bit weights, streamed --------------------------------------------------------- */
+/* k_gstream1: the one-row GEMV of MLX 4-bit rows (decode of one sequence) as a stream.  The launch's
+ * segments form one space of row groups: two rows of a segment (q's, then k's, then v's), or row n of gate
+ * and of up (PAIR).  The grid is the blocks that fit the multiprocessors at once, and warp w of W takes
+ * groups w, w + W, ...; a step of a group is lane l's unit (64 values: two 16-byte vectors, two parts of x)
+ * l + 32 s of both rows, with its scales and biases.  The next step's weights (at a group's end, the next
+ * group's first) are loaded while the current ones are used, the first before the wait: a warp keeps its
+ * loads in flight from its start to its end, where k_ggemv's warps (a group each, in blocks of their own)
+ * ran dry at every group (H100, bench_cuda_gemv, one row of the 8B's gate/up shape: 1.86 -> 2.2 TB/s).  x
+ * in the layout of 64-value units (as Q4_K's), quantized by each block (XS; with the grid this size, a few
+ * hundred times a launch) or by a launch before.  Groups of 32 (two scales a unit, one 32-bit load), 64 or
+ * 128, 16-bit scales. */
+struct gs_unit {
+    uint4 w[2];
+    uint32_t s, b; /* raw: a 16-bit scale and bias, or (groups of 32) the unit's two */
+};
+
+/* dp2a of two int16 x (a) and two unsigned bytes of b (low or high half), added to c */
+static __device__ __forceinline__ int gs_dp2a_lo(int a, uint32_t b, int c) {
+    int d;
+    asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+static __device__ __forceinline__ int gs_dp2a_hi(int a, uint32_t b, int c) {
+    int d;
+    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* The codes of a part (four words of 8 nibbles) . its x in nibble order (gq_xq.nib): the low nibbles as
+ * bytes against x0, x2, x4, x6, the high ones kept in place (16 times the code) against x1, x3, x5, x7, so a
+ * word costs two masks and four dp2a (exact in int32: the second sum is a multiple of 16). */
+static __device__ __forceinline__ int gs_dot(const uint4 &w, const int4 (&X)[4]) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    int il = 0, ih = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = ws[i] & 0xF0F0F0F0u;
+        il = gs_dp2a_lo(X[i].x, lo, il), il = gs_dp2a_hi(X[i].y, lo, il);
+        ih = gs_dp2a_lo(X[i].z, hi, ih), ih = gs_dp2a_hi(X[i].w, hi, ih);
+    }
+    return il + (ih >> 4);
+}
+
+template <int F16> static __device__ __forceinline__ float gs_val(uint32_t r) { /* a raw 16-bit scale or bias */
+    if constexpr (F16) return __half2float(__ushort_as_half((unsigned short)r));
+    else return __uint_as_float(r << 16);
+}
+
+template <int PAIR, int XS, int F16>
+__global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                                     const gv_segs sg, int K, int PR, int act, int resid,
+                                                     const float *__restrict__ xf, const cuda_row_norm nm) {
+    cuda_pdl_trigger();
+    const int lane = threadIdx.x % 32, NU = K / 64, S = (NU + 31) / 32; /* units of a row; steps a group */
+    const int4 *xqv = XS ? gq_xs : xq; /* x's codes and scales: the block's own (XS) or the launch before's */
+    const float4 *xmv = XS ? (const float4 *)(gq_xs + PR * 4) : xm;
+    const int W = gridDim.x * 8, g32 = sg.group == 32, lgs = sg.group == 128; /* a unit's scales: 2, 1, 1/2 */
+    const int e0 = PAIR ? sg.s[0].N : (sg.s[0].N + 1) / 2, e1 = PAIR ? e0 : e0 + (sg.s[1].N + 1) / 2;
+    const int G = PAIR ? e0 : e1 + (sg.s[2].N + 1) / 2; /* groups; segment i's end at e_i */
+    const int64_t row_bytes = (int64_t)K / 2, srow = (int64_t)K / sg.group * 2; /* codes, scales of a row */
+    auto seg_of = [&](int g, int &j) { /* group g's segment, j its index there */
+        const int i = g < e0 ? 0 : g < e1 ? 1 : 2;
+        j = g - (i == 0 ? 0 : i == 1 ? e0 : e1);
+        return i;
+    };
+    const uint8_t *wr[2];        /* the rows of the group whose step loads next: codes, */
+    const unsigned short *sr[2], *br[2]; /* scales and biases */
+    auto rows = [&](int g) {
+        int j = g;
+        const gv_seg S0 = PAIR ? sg.s[0] : seg_pick(sg, seg_of(g, j));
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const gv_seg &Sr = PAIR && r ? sg.s[1] : S0;
+            const int n = PAIR ? j : 2 * j + r, row = n < Sr.N ? n : Sr.N - 1;
+            wr[r] = (const uint8_t *)Sr.w + row * row_bytes + lane * 32;
+            sr[r] = (const unsigned short *)((const char *)Sr.scales + row * srow);
+            br[r] = (const unsigned short *)((const char *)Sr.biases + row * srow);
+        }
+    };
+    auto load = [&](gs_unit (&u)[2], int s) {
+        const int c = lane + 32 * s;
+        if (c >= NU) return;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint4 *p = (const uint4 *)(wr[r] + s * 1024);
+            u[r].w[0] = __ldcs(p), u[r].w[1] = __ldcs(p + 1);
+            if (g32) {
+                u[r].s = __ldg((const unsigned *)sr[r] + c), u[r].b = __ldg((const unsigned *)br[r] + c);
+            } else {
+                u[r].s = __ldg(sr[r] + (c >> lgs)), u[r].b = __ldg(br[r] + (c >> lgs));
+            }
+        }
+    };
+    auto use = [&](const gs_unit (&u)[2], int s, float (&acc)[2]) {
+        const int c = lane + 32 * s;
+        if (c >= NU) return;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int pp = 2 * c + k; /* the part */
+            const int4 *xv = xqv + gq_xchunk(pp, 1);
+            const int4 X[4] = {gq_ldx<XS>(xv), gq_ldx<XS>(xv + 32), gq_ldx<XS>(xv + 64), gq_ldx<XS>(xv + 96)};
+            const float4 xs = gq_ldx<XS>(xmv + gq_xpart(pp, 1));
+            const float xsum = xs.y + xs.z; /* d * the codes' sum */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint32_t sh = g32 && k ? 16 : 0;
+                const float sv = gs_val<F16>((u[r].s >> sh) & 0xffffu), bv = gs_val<F16>((u[r].b >> sh) & 0xffffu);
+                acc[r] = fmaf(xs.x * sv, (float)gs_dot(u[r].w[k], X), fmaf(bv, xsum, acc[r]));
+            }
+        }
+    };
+    auto finish = [&](int g, float (&acc)[2]) { /* group g's sums over the lanes, stored as k_ggemv stores them */
+        const float a0 = cuda_warp_sum(acc[0]), a1 = cuda_warp_sum(acc[1]);
+        acc[0] = acc[1] = 0.0f;
+        if (lane != 0) return;
+        if constexpr (PAIR != 0) {
+            float gv = a0 + bias_at(sg.s[0].bias, sg.s[0].bt, g), uv = a1 + bias_at(sg.s[1].bias, sg.s[1].bt, g);
+            if (sg.s[0].lb) gv = gv + gv_lora_term(sg.s[0], g); /* as the lora op adds it, before the GLU */
+            if (sg.s[1].lb) uv = uv + gv_lora_term(sg.s[1], g);
+            sg.s[0].y[g] = glu_act(gv, act) * uv;
+            sg.s[1].y[g] = uv;
+        } else {
+            int j;
+            const gv_seg S0 = seg_pick(sg, seg_of(g, j));
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int n = 2 * j + r;
+                if (n >= S0.N) break;
+                float o = (r ? a1 : a0) + bias_at(S0.bias, S0.bt, n);
+                if (S0.lb) o = o + gv_lora_term(S0, n);
+                S0.y[n] = resid ? S0.y[n] + o : o;
+            }
+        }
+    };
+
+    int g = blockIdx.x * 8 + threadIdx.x / 32, s = 0;
+    gs_unit cur[2];
+    if (g < G) { /* weights, which no kernel writes: before the wait */
+        rows(g);
+        load(cur, 0);
+    }
+    cuda_pdl_wait(); /* x is ready */
+    if constexpr (XS) {
+        __shared__ float part[8];
+        const gq_xq o = {gq_xs, (float4 *)(gq_xs + PR * 4), PR, 1, 1};
+        const float inv = nm.w ? cuda_rms_inv256(xf, K, nm.eps, part) : 1.0f;
+        for (int b = 0; b * 32 < K / 32; b++) gquant_x_parts(xf, o, gq_xq{}, K, nm, inv, 0, b);
+        __syncthreads();
+    }
+    float acc[2] = {0.0f, 0.0f};
+    while (g < G) {
+        int gn = g, sn = s + 1;
+        if (sn == S) gn = g + W, sn = 0;
+        gs_unit nxt[2];
+        if (gn < G) {
+            if (gn != g) rows(gn);
+            load(nxt, sn);
+        }
+        use(cur, s, acc);
+        if (sn == 0) finish(g, acc);
+        cur[0] = nxt[0], cur[1] = nxt[1];
+        g = gn, s = sn;
+    }
+}
+
 /* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y
  * is pair p = row i * kused + choice, on expert pick[p]'s weights (the table mo) and on row i of the
  * quantized x (gate/up) or row p (down), writing row p of the results.  Q4_K's down projection is held to
@@ -558,14 +739,14 @@ static size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o.PR * (
  * (k_moe_quant_route); with sum->sum_y (one row), it first adds a mixture of experts' outputs to x
  * (k_gquant_x_sum).  0 with the error set when the scratch cannot grow. */
 static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm,
-                      gq_xq *xo, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL) {
+                      gq_xq *xo, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL, int nib = 0) {
     int64_t pr[2], room = 0; /* the room of a row of x in each layout, in all */
     for (int j = 0; j < nl; j++) room += pr[j] = gq_row_parts(K, ups[j]);
     float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
     if (!xm) return 0;
     int4 *xq = (int4 *)(xm + (size_t)M * room);
     for (int j = 0; j < nl; j++) {
-        xo[j] = gq_xq{xq, xm, (int)pr[j], gq_ul(ups[j])};
+        xo[j] = gq_xq{xq, xm, (int)pr[j], gq_ul(ups[j]), nib};
         xq += (size_t)M * pr[j] * 4, xm += (size_t)M * pr[j];
     }
     const gq_xq o1 = nl > 1 ? xo[1] : gq_xq{};
@@ -578,6 +759,31 @@ static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, 
     else
         cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xo[0], o1, K, nm);
     return 1;
+}
+
+/* The streamed one-row GEMV (k_gstream1) of the n MLX 4-bit segments of sg (glu >= 0: the gate/up pair), x
+ * quantized by each block where K <= GQ_XS_MAX_K, else by a launch before; nm's norm folded in. */
+static int gs_takes(const cuda_backend *cb, const lmx_tensor *w) {
+    return w->q.bits == 4 && !w->q.ggml_type && w->shape[1] % 64 == 0 && cb->gemv_variant != 5 &&
+           (w->q.scale_dtype == LMX_DTYPE_BF16 || w->q.scale_dtype == LMX_DTYPE_F16);
+}
+static lmx_status gs_launch(cuda_backend *cb, int n, const gv_segs &sg, int glu, const float *x, int K,
+                            const cuda_row_norm &nm, int resid) {
+    const int xs = K <= GQ_XS_MAX_K && cb->gemv_variant != 4, pair = glu >= 0;
+    typedef void (*gs_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, const float *, cuda_row_norm);
+    const gs_fn k = sg.sdt == LMX_DTYPE_F16
+                        ? (pair ? (xs ? k_gstream1<1, 1, 1> : k_gstream1<1, 0, 1>) : (xs ? k_gstream1<0, 1, 1> : k_gstream1<0, 0, 1>))
+                        : (pair ? (xs ? k_gstream1<1, 1, 0> : k_gstream1<1, 0, 0>) : (xs ? k_gstream1<0, 1, 0> : k_gstream1<0, 0, 0>));
+    int64_t groups = 0; /* k_gstream1's row groups */
+    for (int i = 0; i < (pair ? 1 : n); i++) groups += pair ? sg.s[i].N : (sg.s[i].N + 1) / 2;
+    const int up = 2; /* x in the layout of 64-value units */
+    gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 1, 1};
+    if (!xs && !gq_quant_x(cb, &up, 1, x, 1, K, nm, &xo, NULL, NULL, 1)) return cb->base.err.status;
+    const int64_t fit = (int64_t)(cb->stream_bpm > 0 ? cb->stream_bpm : cuda_fit_blocks(cb, (const void *)k)) * cb->sm_count;
+    const int64_t blocks = (groups + 7) / 8 < fit ? (groups + 7) / 8 : fit;
+    cuda_launch(cb, k, dim3((unsigned)blocks), 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq, (const float4 *)xo.xm, sg,
+                K, xo.PR, pair ? glu : 0, resid, x, nm);
+    return cuda_check_launch(cb, pair ? "matmul + glu" : "matmul");
 }
 
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
@@ -615,6 +821,8 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
+    if (M == 1 && nt == 1 && types[0] == GQ_MLX4 && gs_takes(cb, ws[0]) && !(opts && opts->sum_y))
+        return gs_launch(cb, n, sg, glu, x, (int)K, gv_row_norm(opts), resid);
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx[2] = {1, 1}; /* blocks of each type's segments */
     int64_t busy = 0;        /* blocks with rows to compute */

@@ -76,7 +76,10 @@ typedef struct cuda_backend {
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
                                 cuda_ggml.cu's int16 kernel; 4 that kernel's one row with x quantized
-                                in a launch before it, not by each block */
+                                in a launch before it, not by each block; 5 MLX one row by that kernel,
+                                not k_gstream1 */
+    int stream_bpm;          /* k_gstream1's blocks a multiprocessor (LMX_CUDA_STREAM_BPM, A/B measurements; 0: as
+                                many as fit) */
     int xs_blocks;           /* the most blocks of a one-row GGUF / MLX GEMV that quantize x each (cuda_ggml.cu;
                                 4 a multiprocessor, LMX_CUDA_XS_BLOCKS for A/B measurements) */
     struct {                 /* cuda_fit_blocks: the blocks of a kernel that fit a multiprocessor, asked once */
