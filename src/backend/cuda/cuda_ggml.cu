@@ -132,19 +132,43 @@ static __device__ __forceinline__ void gq_quant_part(float4 v, const gq_xq &o, c
 
 /* Parts B bx .. B bx + B - 1 of row m of x [M, K] (eight lanes a part, B = blockDim.x / 8) into o [and o1]; with
  * nm.w (one row) the RMSNorm of x as the norm kernels compute it, inv its 1 / rms (cuda_rms_inv256). */
-static __device__ __forceinline__ void gquant_x_parts(const float *__restrict__ x, const gq_xq &o, const gq_xq &o1,
-                                                      int K, const cuda_row_norm &nm, float inv, int m, int bx) {
-    const int P = K / 32, p = bx * (blockDim.x / 8) + threadIdx.x / 8, pc = p < P ? p : P - 1;
-    const float *xr = x + (size_t)m * K;
+static __device__ __forceinline__ float4 gquant_x_load(const float *__restrict__ x, int K, const cuda_row_norm &nm,
+                                                       float inv, int m, int pc) { /* this lane's 4 values of part pc */
     const int i = 32 * pc + 4 * (threadIdx.x & 7);
-    float4 v = *(const float4 *)(xr + i);
+    float4 v = *(const float4 *)(x + (size_t)m * K + i);
     if (nm.w) {
         v.x = v.x * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
         v.y = v.y * inv * (cuda_elem(nm.w, nm.wt, i + 1) + nm.add_one);
         v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
         v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
     }
-    gq_quant_part(v, o, o1, m, pc, p < P);
+    return v;
+}
+static __device__ __forceinline__ void gquant_x_parts(const float *__restrict__ x, const gq_xq &o, const gq_xq &o1,
+                                                      int K, const cuda_row_norm &nm, float inv, int m, int bx) {
+    const int P = K / 32, p = bx * (blockDim.x / 8) + threadIdx.x / 8, pc = p < P ? p : P - 1;
+    gq_quant_part(gquant_x_load(x, K, nm, inv, m, pc), o, o1, m, pc, p < P);
+}
+
+/* The one row x [K] into o by a block of 256 threads (k_gstream1's own, XS), normalised where nm.w: the loads of
+ * four passes of 32 parts at once, then their quantization (a pass at a time, each waiting on its load, left
+ * the 8B's MLX 4-bit decode at 451 tok/s against 464). */
+static __device__ __forceinline__ void gquant_x_row(const float *__restrict__ x, const gq_xq &o, int K,
+                                                    const cuda_row_norm &nm, float inv) {
+    const int P = K / 32;
+    for (int b = 0; b * 32 < P; b += 4) {
+        float4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int p = (b + j) * 32 + threadIdx.x / 8;
+            v[j] = gquant_x_load(x, K, nm, inv, 0, p < P ? p : P - 1);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int p = (b + j) * 32 + threadIdx.x / 8;
+            if ((b + j) * 32 < P) gq_quant_part(v[j], o, gq_xq{}, 0, p < P ? p : P - 1, p < P);
+        }
+    }
 }
 
 /* Block (bx, m) of x's quantization: its 32 parts of row m, normalised where nm.w. */
@@ -291,7 +315,8 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
         __shared__ float part[8];
         const gq_xq o = {(int4 *)xq, (float4 *)xm, PR, gq_ul(UP)};
         const float inv = nm->w ? cuda_rms_inv256(xf, K, nm->eps, part) : 1.0f;
-        for (int b = 0; b * 32 < P; b++) gquant_x_parts(xf, o, gq_xq{}, K, *nm, inv, 0, b);
+        for (int b = 0; b * 32 < P; b++) gquant_x_parts(xf, o, gq_xq{}, K, *nm, inv, 0, b); /* (gquant_x_row's batched
+                                                        loads here, beside the first units held: 8B Q4_K_M 329 -> 312) */
         __syncthreads();
     }
 
@@ -568,7 +593,7 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
         __shared__ float part[8];
         const gq_xq o = {gq_xs, (float4 *)(gq_xs + PR * 4), PR, 1, 1};
         const float inv = nm.w ? cuda_rms_inv256(xf, K, nm.eps, part) : 1.0f;
-        for (int b = 0; b * 32 < K / 32; b++) gquant_x_parts(xf, o, gq_xq{}, K, nm, inv, 0, b);
+        gquant_x_row(xf, o, K, nm, inv);
         __syncthreads();
     }
     float acc[2] = {0.0f, 0.0f};
@@ -762,7 +787,8 @@ static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, 
 }
 
 /* The streamed one-row GEMV (k_gstream1) of the n MLX 4-bit segments of sg (glu >= 0: the gate/up pair), x
- * quantized by each block where K <= GQ_XS_MAX_K, else by a launch before; nm's norm folded in. */
+ * quantized by each block where K <= GQ_XS_MAX_K, else by a launch before (the 8B's down projection, K = 14,336,
+ * quantizing in each of its 264 blocks: 464 -> 451 tok/s); nm's norm folded in. */
 static int gs_takes(const cuda_backend *cb, const lmx_tensor *w) {
     return w->q.bits == 4 && !w->q.ggml_type && w->shape[1] % 64 == 0 && cb->gemv_variant != 5 &&
            (w->q.scale_dtype == LMX_DTYPE_BF16 || w->q.scale_dtype == LMX_DTYPE_F16);
