@@ -143,6 +143,8 @@ static void test_matmul(void) {
         double tq = M > 32 ? 2e-2 : 1e-4, t4 = M > 32 ? 2e-2 : M > 1 ? 5e-3 : 1e-4;
         test_matmul_case("mlx q4 g64", LMX_DTYPE_U32, 4, 64, 0, 45, 512, M, 1, t4);
         test_matmul_case("mlx q4 g32", LMX_DTYPE_U32, 4, 32, 0, 17, 96, M, 0, t4);
+        test_matmul_case("mlx q4 g32, whole units of 64", LMX_DTYPE_U32, 4, 32, 0, 19, 320, M, 1, t4);
+        test_matmul_case_sdt("mlx q4 g128 f16 scales", LMX_DTYPE_U32, 4, 128, 0, 33, 384, M, 0, t4, LMX_DTYPE_F16);
         /* f16 scales and biases (rounded to bf16 on the tensor cores), f32 ones (the CUDA-core kernels) */
         test_matmul_case_sdt("mlx q4 g64 f16 scales", LMX_DTYPE_U32, 4, 64, 0, 150, 512, M, 1, t4, LMX_DTYPE_F16);
         test_matmul_case_sdt("mlx q4 g32 f32 scales", LMX_DTYPE_U32, 4, 32, 0, 150, 256, M, 0, t4, LMX_DTYPE_F32);

@@ -27,32 +27,9 @@
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_gemv.h"
 
-/* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors w, the group's scale and bias raw
- * (raw_at, converted when used), decoded to 8-bit codes q and the (sc, mn) pairs of the part.  4-bit words
- * hold even elements in the low nibbles and odd ones in the high, interleaved back to element order; 8-bit
- * codes are read as signed bytes less 128 for dp2a. */
-template <int BITS>
-static __device__ __forceinline__ void gq_mlx_part(const uint4 *w, uint32_t s, uint32_t b, lmx_dtype t, uint32_t (&q)[8],
-                                                   float (&sc)[2], float (&mn)[2]) {
-#pragma unroll
-    for (int v = 0; v < BITS / 4; v++) {
-        const uint32_t ws[4] = {w[v].x, w[v].y, w[v].z, w[v].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if constexpr (BITS == 4) {
-                const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
-                q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
-            } else {
-                q[4 * v + i] = ws[i] ^ 0x80808080u;
-            }
-        }
-    }
-    const float sv = raw_val(s, t);
-    sc[0] = sc[1] = sv; /* s q + b, and for 8 bits s (q - 128) + (b + 128 s) */
-    mn[0] = mn[1] = BITS == 8 ? -(raw_val(b, t) + 128.0f * sv) : -raw_val(b, t);
-}
-
-/* An MLX unit (one part) as k_ggemv holds it. */
+/* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors, the group's scale and bias raw
+ * (raw_at, converted when used).  4-bit words hold even elements in the low nibbles and odd ones in the
+ * high, interleaved back to element order; 8-bit codes are read as signed bytes less 128 for dp2a. */
 template <int BITS> struct gq_unit_mlx {
     static constexpr int UP = 1, V = BITS / 4;
     uint4 w[V];
@@ -64,7 +41,22 @@ template <int BITS> struct gq_unit_mlx {
         s = s_raw, b = b_raw, t = dt;
     }
     __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
-        gq_mlx_part<BITS>(w, s, b, t, q, sc, mn);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const uint32_t ws[4] = {w[v].x, w[v].y, w[v].z, w[v].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if constexpr (BITS == 4) {
+                    const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = (ws[i] >> 4) & 0x0F0F0F0Fu;
+                    q[2 * i] = __byte_perm(lo, hi, 0x5140u), q[2 * i + 1] = __byte_perm(lo, hi, 0x7362u);
+                } else {
+                    q[4 * v + i] = ws[i] ^ 0x80808080u;
+                }
+            }
+        }
+        const float sv = raw_val(s, t);
+        sc[0] = sc[1] = sv; /* s q + b, and for 8 bits s (q - 128) + (b + 128 s) */
+        mn[0] = mn[1] = BITS == 8 ? -(raw_val(b, t) + 128.0f * sv) : -raw_val(b, t);
     }
 };
 template <> struct gq_unit<GQ_MLX4> : gq_unit_mlx<4> {};
@@ -315,8 +307,9 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
         __shared__ float part[8];
         const gq_xq o = {(int4 *)xq, (float4 *)xm, PR, gq_ul(UP)};
         const float inv = nm->w ? cuda_rms_inv256(xf, K, nm->eps, part) : 1.0f;
-        for (int b = 0; b * 32 < P; b++) gquant_x_parts(xf, o, gq_xq{}, K, *nm, inv, 0, b); /* (gquant_x_row's batched
-                                                        loads here, beside the first units held: 8B Q4_K_M 329 -> 312) */
+        /* a pass at a time: gquant_x_row's batched loads, beside the units held across, measured slower here (8B
+         * Q4_K_M decode 329 -> 312 tok/s) */
+        for (int b = 0; b * 32 < P; b++) gquant_x_parts(xf, o, gq_xq{}, K, *nm, inv, 0, b);
         __syncthreads();
     }
 
@@ -454,13 +447,13 @@ __global__ void __launch_bounds__(256) k_ggemv_mix(const int4 *__restrict__ xq, 
  * l + 32 s of both rows, with its scales and biases.  The next step's weights (at a group's end, the next
  * group's first) are loaded while the current ones are used, the first before the wait: a warp keeps its
  * loads in flight from its start to its end, where k_ggemv's warps (a group each, in blocks of their own)
- * ran dry at every group (H100, bench_cuda_gemv, one row of the 8B's gate/up shape: 1.86 -> 2.2 TB/s).  x
- * in the layout of 64-value units (as Q4_K's), quantized by each block (XS; with the grid this size, a few
- * hundred times a launch) or by a launch before.  Groups of 32 (two scales a unit, one 32-bit load), 64 or
- * 128, 16-bit scales. */
+ * ran dry at every group (H100, bench_cuda_gemv, one row of the 8B's gate/up shape: 1.83 -> 2.54 TB/s).  x
+ * in the layout of 64-value units (as Q4_K's) and in nibble order (gs_dot), quantized by each block (XS; with
+ * the grid this size, a few hundred times a launch) or by a launch before.  Groups of 32 (two scales a unit),
+ * 64 or 128; 16-bit scales. */
 struct gs_unit {
     uint4 w[2];
-    uint32_t s, b; /* raw: a 16-bit scale and bias, or (groups of 32) the unit's two */
+    uint32_t s, b; /* raw: a 16-bit scale and bias, or (groups of 32) the unit's two, the second in the high half */
 };
 
 /* dp2a of two int16 x (a) and two unsigned bytes of b (low or high half), added to c */
@@ -533,8 +526,9 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
         for (int r = 0; r < 2; r++) {
             const uint4 *p = (const uint4 *)(wr[r] + s * 1024);
             u[r].w[0] = __ldcs(p), u[r].w[1] = __ldcs(p + 1);
-            if (g32) {
-                u[r].s = __ldg((const unsigned *)sr[r] + c), u[r].b = __ldg((const unsigned *)br[r] + c);
+            if (g32) { /* the unit's two, each a 16-bit load (the scales' alignment is theirs) */
+                u[r].s = __ldg(sr[r] + 2 * c) | (uint32_t)__ldg(sr[r] + 2 * c + 1) << 16;
+                u[r].b = __ldg(br[r] + 2 * c) | (uint32_t)__ldg(br[r] + 2 * c + 1) << 16;
             } else {
                 u[r].s = __ldg(sr[r] + (c >> lgs)), u[r].b = __ldg(br[r] + (c >> lgs));
             }
