@@ -10,6 +10,7 @@
 
 #include <yaml.h>
 
+#include "base/status.h"
 #include "cli.h"
 
 /* A plain scalar as YAML 1.1 types it; a quoted one is a string. */
@@ -23,18 +24,6 @@ static cJSON *scalar(const yaml_event_t *ev) {
     const double d = strtod(v, &end);
     if (end && end != v && !*end) return cJSON_CreateNumber(d);
     return cJSON_CreateString(v);
-}
-
-/* key as a message may show it: at most 60 bytes, control characters as '?' (one line) */
-static const char *shown(const char *key, char *buf, size_t cap) {
-    size_t n = 0;
-    for (; key && key[n] && n + 1 < cap && n < 60; n++) buf[n] = (unsigned char)key[n] < 0x20 || key[n] == 0x7f ? '?' : key[n];
-    buf[n] = 0;
-    if (key && key[n] && ((unsigned char)key[n] & 0xc0) == 0x80) { /* cut inside a UTF-8 sequence: drop its start */
-        while (n > 0 && ((unsigned char)buf[n - 1] & 0xc0) == 0x80) buf[--n] = 0;
-        if (n > 0) buf[--n] = 0;
-    }
-    return key ? buf : "?";
 }
 
 cJSON *cli_yaml_object(const char *text, size_t len, char *msg, size_t cap) {
@@ -61,8 +50,9 @@ cJSON *cli_yaml_object(const char *text, size_t len, char *msg, size_t cap) {
         case YAML_STREAM_END_EVENT: done = 1; break;
         case YAML_MAPPING_START_EVENT:
             if (obj) {
-                char kb[64];
-                snprintf(msg, cap, "line %lu: %s: a nested mapping (use a flat key: value list)", line, shown(key, kb, sizeof kb));
+                char kb[72]; /* the key quoted (lmx_quote: escaped and shortened, so the message stays one line) */
+                snprintf(msg, cap, "line %lu: %s: a nested mapping (use a flat key: value list)", line,
+                         lmx_quote_str(kb, sizeof kb, key));
                 ok = 0;
             } else {
                 obj = cJSON_CreateObject();
