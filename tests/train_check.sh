@@ -83,10 +83,10 @@ c=$(grep -o 'valid loss [0-9.]*' "$tmp/cfg3.log" | tail -1 | cut -d' ' -f3)
     { echo "FAIL: the YAML config gave $c, the command line $trained"; fail=1; }
 printf 'lora:\n  rank: 4\n' >"$tmp/bad.yaml" # nested mappings are refused with the line
 "$lmx" train --config "$tmp/bad.yaml" 2>"$tmp/cfg4.log" && { echo "FAIL: a nested YAML config accepted"; fail=1; }
-grep -q 'line 2: lora: a nested mapping' "$tmp/cfg4.log" || { echo "FAIL: YAML config message: $(cat "$tmp/cfg4.log")"; fail=1; }
+grep -q 'line 2: "lora": a nested mapping' "$tmp/cfg4.log" || { echo "FAIL: YAML config message: $(cat "$tmp/cfg4.log")"; fail=1; }
 mkdir -p "$tmp/y" && cp "$tmp/bad.yaml" "$tmp/y/a.yml" # a name as short as a.yml is YAML too
 (cd "$tmp/y" && "$lmx" train --config a.yml) 2>"$tmp/cfg6.log"
-grep -q 'line 2: lora: a nested mapping' "$tmp/cfg6.log" || { echo "FAIL: a.yml read as: $(cat "$tmp/cfg6.log")"; fail=1; }
+grep -q 'line 2: "lora": a nested mapping' "$tmp/cfg6.log" || { echo "FAIL: a.yml read as: $(cat "$tmp/cfg6.log")"; fail=1; }
 
 printf 'grad_checkpoint: on\niters: 1\n' >"$tmp/on.yaml" # on/off: a value, not a flag
 "$lmx" train "$tmp/model" --data "$tmp/data" --adapter-out "$tmp/cfgout4" --config "$tmp/on.yaml" 2>"$tmp/cfg5.log" ||
