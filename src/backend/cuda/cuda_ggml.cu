@@ -25,7 +25,7 @@
  * 32 (KS + k) + l, ...; KS a function of the type and shape, so a weight gives the same bits in every
  * launch).  Results are stored, or go through the GLU, or (one row) are added into y, with the
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
-#include "cuda_gemv.h"
+#include "cuda_ggml_x.h"
 
 /* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors, the group's scale and bias raw
  * (raw_at, converted when used).  4-bit words hold even elements in the low nibbles and odd ones in the
@@ -61,107 +61,6 @@ template <int BITS> struct gq_unit_mlx {
 };
 template <> struct gq_unit<GQ_MLX4> : gq_unit_mlx<4> {};
 template <> struct gq_unit<GQ_MLX8> : gq_unit_mlx<8> {};
-
-/* Where part pp of a row of x goes in the GEMV's layout of quantized x (UP = 1 << ul parts a unit,
- * gq_unit): the kernel's lane l takes units 32 g + l, so the 16-byte chunks i (0..3) of part k of
- * unit 32 g + l lie at int4 ((g UP + k) 4 + i) 32 + l, and its {d, s0, s1} at float4 (g UP + k) 32 + l:
- * the 32 lanes read each as one contiguous run.  A row takes gq_row_parts parts' room. */
-static __device__ __forceinline__ int gq_xchunk(int pp, int ul) {
-    const int u = pp >> ul, k = pp & ((1 << ul) - 1);
-    return ((((u >> 5) << ul) + k) * 4) * 32 + (u & 31);
-}
-static __device__ __forceinline__ int gq_xpart(int pp, int ul) {
-    const int u = pp >> ul, k = pp & ((1 << ul) - 1);
-    return (((u >> 5) << ul) + k) * 32 + (u & 31);
-}
-static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31) / 32 * 32 * UP; }
-static __host__ __device__ __forceinline__ int gq_ul(int UP) { return UP == 4 ? 2 : UP == 2 ? 1 : 0; } /* log2 UP */
-
-/* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
- * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
- * with a Q6_K v); xq NULL: none.  nib: each chunk's 8 codes in the order of a 4-bit word's nibbles, low ones
- * then high ones: words (x0, x2), (x4, x6), (x1, x3), (x5, x7) (k_gstream1). */
-struct gq_xq {
-    int4 *xq;
-    float4 *xm;
-    int PR, ul, nib;
-};
-
-/* Eight lanes quantize a part, lane i of them holding elements 4i .. 4i + 3 in v, into part pc of row m of
- * o (and of o1 where o1.xq): codes to the part's chunks (gq_xchunk), {d, d * sum of codes 0..15, d * sum
- * of codes 16..31, 0} to its xm (gq_xpart); store 0: the reductions only (every lane of the warp takes
- * part in them). */
-static __device__ __forceinline__ void gq_quant_part(float4 v, const gq_xq &o, const gq_xq &o1, int m, int pc,
-                                                     bool store) {
-    const int i = threadIdx.x & 7;
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float id = amax > 0.0f ? 32767.0f / amax : 0.0f, d = amax / 32767.0f;
-    const int a = __float2int_rn(v.x * id), b = __float2int_rn(v.y * id), c = __float2int_rn(v.z * id),
-              e = __float2int_rn(v.w * id);
-    int s = a + b + c + e;
-#pragma unroll
-    for (int o = 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* lanes 0-3: half 0, 4-7: half 1 */
-    const int s1 = __shfl_down_sync(0xffffffffu, s, 4);
-    if (!store) return;
-    const uint2 w = make_uint2((uint32_t)(a & 0xffff) | ((uint32_t)b << 16), (uint32_t)(c & 0xffff) | ((uint32_t)e << 16));
-    const float4 mv = make_float4(d, d * (float)s, d * (float)s1, 0.0f);
-#pragma unroll
-    for (int t = 0; t < 2; t++) {
-        const gq_xq &q = t ? o1 : o;
-        if (!q.xq) break;
-        int4 *ch = q.xq + (size_t)m * q.PR * 4 + gq_xchunk(pc, q.ul) + 32 * (i >> 1);
-        if (q.nib) { /* lane i & 1 holds x0..x3 or x4..x7 of the chunk */
-            ((uint32_t *)ch)[i & 1] = (uint32_t)(a & 0xffff) | ((uint32_t)c << 16);
-            ((uint32_t *)ch)[2 + (i & 1)] = (uint32_t)(b & 0xffff) | ((uint32_t)e << 16);
-        } else {
-            ((uint2 *)ch)[i & 1] = w;
-        }
-        if (i == 0) q.xm[(size_t)m * q.PR + gq_xpart(pc, q.ul)] = mv;
-    }
-}
-
-/* Parts B bx .. B bx + B - 1 of row m of x [M, K] (eight lanes a part, B = blockDim.x / 8) into o [and o1]; with
- * nm.w (one row) the RMSNorm of x as the norm kernels compute it, inv its 1 / rms (cuda_rms_inv256). */
-static __device__ __forceinline__ float4 gquant_x_load(const float *__restrict__ x, int K, const cuda_row_norm &nm,
-                                                       float inv, int m, int pc) { /* this lane's 4 values of part pc */
-    const int i = 32 * pc + 4 * (threadIdx.x & 7);
-    float4 v = *(const float4 *)(x + (size_t)m * K + i);
-    if (nm.w) {
-        v.x = v.x * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
-        v.y = v.y * inv * (cuda_elem(nm.w, nm.wt, i + 1) + nm.add_one);
-        v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
-        v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
-    }
-    return v;
-}
-static __device__ __forceinline__ void gquant_x_parts(const float *__restrict__ x, const gq_xq &o, const gq_xq &o1,
-                                                      int K, const cuda_row_norm &nm, float inv, int m, int bx) {
-    const int P = K / 32, p = bx * (blockDim.x / 8) + threadIdx.x / 8, pc = p < P ? p : P - 1;
-    gq_quant_part(gquant_x_load(x, K, nm, inv, m, pc), o, o1, m, pc, p < P);
-}
-
-/* The one row x [K] into o by a block of 256 threads (k_gstream1's own, XS), normalised where nm.w: the loads of
- * four passes of 32 parts at once, then their quantization (a pass at a time, each waiting on its load, left
- * the 8B's MLX 4-bit decode at 451 tok/s against 464). */
-static __device__ __forceinline__ void gquant_x_row(const float *__restrict__ x, const gq_xq &o, int K,
-                                                    const cuda_row_norm &nm, float inv) {
-    const int P = K / 32;
-    for (int b = 0; b * 32 < P; b += 4) {
-        float4 v[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int p = (b + j) * 32 + threadIdx.x / 8;
-            v[j] = gquant_x_load(x, K, nm, inv, 0, p < P ? p : P - 1);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int p = (b + j) * 32 + threadIdx.x / 8;
-            if ((b + j) * 32 < P) gq_quant_part(v[j], o, gq_xq{}, 0, p < P ? p : P - 1, p < P);
-        }
-    }
-}
 
 /* Block (bx, m) of x's quantization: its 32 parts of row m, normalised where nm.w. */
 static __device__ __forceinline__ void gquant_x_block(const float *__restrict__ x, const gq_xq &o, const gq_xq &o1,
@@ -232,13 +131,6 @@ static __host__ __device__ __forceinline__ int gq_lanes(int NU, int KS) {
     int n = 1;
     while (n < NU && n < 32) n *= 2;
     return KS == 1 ? n : 32;
-}
-
-/* x's codes and scales as the GEMV reads them: from global memory (read-only cache), or (XS) from the
- * block's shared memory. */
-template <int XS, class V> static __device__ __forceinline__ V gq_ldx(const V *p) {
-    if constexpr (XS) return *p;
-    else return __ldg(p);
 }
 
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over the M rows of quantized x; k_ggemv and
@@ -403,8 +295,6 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     }
 }
 
-extern __shared__ int4 gq_xs[]; /* XS: x's codes [PR * 4], then its scales [PR] (float4) */
-
 /* XS: the one row xf, quantized by each block (ggemv_body) into gq_xs; else x quantized before (xq, xm). */
 template <int T, int MM, int PAIR, int XS>
 __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
@@ -436,173 +326,6 @@ __global__ void __launch_bounds__(256) k_ggemv_mix(const int4 *__restrict__ xq, 
     } else {
         if ((alt >> blockIdx.y) & 1) ggemv_body<T2, MM, 0>(xq2, xm2, sg, S, K, PR2, M, 0, 0);
         else ggemv_body<T, MM, 0>(xq, xm, sg, S, K, PR, M, 0, 0);
-    }
-}
-
-/* ---- one row of MLX 4-bit weights, streamed --------------------------------------------------------- */
-/* k_gstream1: the one-row GEMV of MLX 4-bit rows (decode of one sequence) as a stream.  The launch's
- * segments form one space of row groups: two rows of a segment (q's, then k's, then v's), or row n of gate
- * and of up (PAIR).  The grid is the blocks that fit the multiprocessors at once, and warp w of W takes
- * groups w, w + W, ...; a step of a group is lane l's unit (64 values: two 16-byte vectors, two parts of x)
- * l + 32 s of both rows, with its scales and biases.  The next step's weights (at a group's end, the next
- * group's first) are loaded while the current ones are used, the first before the wait: a warp keeps its
- * loads in flight from its start to its end, where k_ggemv's warps (a group each, in blocks of their own)
- * ran dry at every group (H100, bench_cuda_gemv, one row of the 8B's gate/up shape: 1.83 -> 2.54 TB/s).  x
- * in the layout of 64-value units (as Q4_K's) and in nibble order (gs_dot), quantized by each block (XS; with
- * the grid this size, a few hundred times a launch) or by a launch before.  Groups of 32 (two scales a unit),
- * 64 or 128; 16-bit scales. */
-struct gs_unit {
-    uint4 w[2];
-    uint32_t s, b; /* raw: a 16-bit scale and bias, or (groups of 32) the unit's two, the second in the high half */
-};
-
-/* dp2a of two int16 x (a) and two unsigned bytes of b (low or high half), added to c */
-static __device__ __forceinline__ int gs_dp2a_lo(int a, uint32_t b, int c) {
-    int d;
-    asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-static __device__ __forceinline__ int gs_dp2a_hi(int a, uint32_t b, int c) {
-    int d;
-    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-/* The codes of a part (four words of 8 nibbles) . its x in nibble order (gq_xq.nib): the low nibbles as
- * bytes against x0, x2, x4, x6, the high ones kept in place (16 times the code) against x1, x3, x5, x7, so a
- * word costs two masks and four dp2a (exact in int32: the second sum is a multiple of 16). */
-static __device__ __forceinline__ int gs_dot(const uint4 &w, const int4 (&X)[4]) {
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-    int il = 0, ih = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t lo = ws[i] & 0x0F0F0F0Fu, hi = ws[i] & 0xF0F0F0F0u;
-        il = gs_dp2a_lo(X[i].x, lo, il), il = gs_dp2a_hi(X[i].y, lo, il);
-        ih = gs_dp2a_lo(X[i].z, hi, ih), ih = gs_dp2a_hi(X[i].w, hi, ih);
-    }
-    return il + (ih >> 4);
-}
-
-template <int F16> static __device__ __forceinline__ float gs_val(uint32_t r) { /* a raw 16-bit scale or bias */
-    if constexpr (F16) return __half2float(__ushort_as_half((unsigned short)r));
-    else return __uint_as_float(r << 16);
-}
-
-template <int PAIR, int XS, int F16>
-__global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
-                                                     const gv_segs sg, int K, int PR, int act, int resid,
-                                                     const float *__restrict__ xf, const cuda_row_norm nm) {
-    cuda_pdl_trigger();
-    const int lane = threadIdx.x % 32, NU = K / 64, S = (NU + 31) / 32; /* units of a row; steps a group */
-    const int4 *xqv = XS ? gq_xs : xq; /* x's codes and scales: the block's own (XS) or the launch before's */
-    const float4 *xmv = XS ? (const float4 *)(gq_xs + PR * 4) : xm;
-    const int W = gridDim.x * 8, g32 = sg.group == 32, lgs = sg.group == 128; /* a unit's scales: 2, 1, 1/2 */
-    const int e0 = PAIR ? sg.s[0].N : (sg.s[0].N + 1) / 2, e1 = PAIR ? e0 : e0 + (sg.s[1].N + 1) / 2;
-    const int G = PAIR ? e0 : e1 + (sg.s[2].N + 1) / 2; /* groups; segment i's end at e_i */
-    const int64_t row_bytes = (int64_t)K / 2, srow = (int64_t)K / sg.group * 2; /* codes, scales of a row */
-    auto seg_of = [&](int g, int &j) { /* group g's segment, j its index there */
-        const int i = g < e0 ? 0 : g < e1 ? 1 : 2;
-        j = g - (i == 0 ? 0 : i == 1 ? e0 : e1);
-        return i;
-    };
-    const uint8_t *wr[2];        /* the rows of the group whose step loads next: codes, */
-    const unsigned short *sr[2], *br[2]; /* scales and biases */
-    auto rows = [&](int g) {
-        int j = g;
-        const gv_seg S0 = PAIR ? sg.s[0] : seg_pick(sg, seg_of(g, j));
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const gv_seg &Sr = PAIR && r ? sg.s[1] : S0;
-            const int n = PAIR ? j : 2 * j + r, row = n < Sr.N ? n : Sr.N - 1;
-            wr[r] = (const uint8_t *)Sr.w + row * row_bytes + lane * 32;
-            sr[r] = (const unsigned short *)((const char *)Sr.scales + row * srow);
-            br[r] = (const unsigned short *)((const char *)Sr.biases + row * srow);
-        }
-    };
-    auto load = [&](gs_unit (&u)[2], int s) {
-        const int c = lane + 32 * s;
-        if (c >= NU) return;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const uint4 *p = (const uint4 *)(wr[r] + s * 1024);
-            u[r].w[0] = __ldcs(p), u[r].w[1] = __ldcs(p + 1);
-            if (g32) { /* the unit's two, each a 16-bit load (the scales' alignment is theirs) */
-                u[r].s = __ldg(sr[r] + 2 * c) | (uint32_t)__ldg(sr[r] + 2 * c + 1) << 16;
-                u[r].b = __ldg(br[r] + 2 * c) | (uint32_t)__ldg(br[r] + 2 * c + 1) << 16;
-            } else {
-                u[r].s = __ldg(sr[r] + (c >> lgs)), u[r].b = __ldg(br[r] + (c >> lgs));
-            }
-        }
-    };
-    auto use = [&](const gs_unit (&u)[2], int s, float (&acc)[2]) {
-        const int c = lane + 32 * s;
-        if (c >= NU) return;
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int pp = 2 * c + k; /* the part */
-            const int4 *xv = xqv + gq_xchunk(pp, 1);
-            const int4 X[4] = {gq_ldx<XS>(xv), gq_ldx<XS>(xv + 32), gq_ldx<XS>(xv + 64), gq_ldx<XS>(xv + 96)};
-            const float4 xs = gq_ldx<XS>(xmv + gq_xpart(pp, 1));
-            const float xsum = xs.y + xs.z; /* d * the codes' sum */
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const uint32_t sh = g32 && k ? 16 : 0;
-                const float sv = gs_val<F16>((u[r].s >> sh) & 0xffffu), bv = gs_val<F16>((u[r].b >> sh) & 0xffffu);
-                acc[r] = fmaf(xs.x * sv, (float)gs_dot(u[r].w[k], X), fmaf(bv, xsum, acc[r]));
-            }
-        }
-    };
-    auto finish = [&](int g, float (&acc)[2]) { /* group g's sums over the lanes, stored as k_ggemv stores them */
-        const float a0 = cuda_warp_sum(acc[0]), a1 = cuda_warp_sum(acc[1]);
-        acc[0] = acc[1] = 0.0f;
-        if (lane != 0) return;
-        if constexpr (PAIR != 0) {
-            float gv = a0 + bias_at(sg.s[0].bias, sg.s[0].bt, g), uv = a1 + bias_at(sg.s[1].bias, sg.s[1].bt, g);
-            if (sg.s[0].lb) gv = gv + gv_lora_term(sg.s[0], g); /* as the lora op adds it, before the GLU */
-            if (sg.s[1].lb) uv = uv + gv_lora_term(sg.s[1], g);
-            sg.s[0].y[g] = glu_act(gv, act) * uv;
-            sg.s[1].y[g] = uv;
-        } else {
-            int j;
-            const gv_seg S0 = seg_pick(sg, seg_of(g, j));
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int n = 2 * j + r;
-                if (n >= S0.N) break;
-                float o = (r ? a1 : a0) + bias_at(S0.bias, S0.bt, n);
-                if (S0.lb) o = o + gv_lora_term(S0, n);
-                S0.y[n] = resid ? S0.y[n] + o : o;
-            }
-        }
-    };
-
-    int g = blockIdx.x * 8 + threadIdx.x / 32, s = 0;
-    gs_unit cur[2];
-    if (g < G) { /* weights, which no kernel writes: before the wait */
-        rows(g);
-        load(cur, 0);
-    }
-    cuda_pdl_wait(); /* x is ready */
-    if constexpr (XS) {
-        __shared__ float part[8];
-        const gq_xq o = {gq_xs, (float4 *)(gq_xs + PR * 4), PR, 1, 1};
-        const float inv = nm.w ? cuda_rms_inv256(xf, K, nm.eps, part) : 1.0f;
-        gquant_x_row(xf, o, K, nm, inv);
-        __syncthreads();
-    }
-    float acc[2] = {0.0f, 0.0f};
-    while (g < G) {
-        int gn = g, sn = s + 1;
-        if (sn == S) gn = g + W, sn = 0;
-        gs_unit nxt[2];
-        if (gn < G) {
-            if (gn != g) rows(gn);
-            load(nxt, sn);
-        }
-        use(cur, s, acc);
-        if (sn == 0) finish(g, acc);
-        cur[0] = nxt[0], cur[1] = nxt[1];
-        g = gn, s = sn;
     }
 }
 
@@ -743,7 +466,6 @@ static int gq_block_rows(int type, int K, int rpb, int ks) {
     return rpb / ks * (32 / gq_lanes(K / 32 / gq_unit_parts(type), ks));
 }
 
-#define GQ_XS_MAX_K 4096 /* the longest row of x a GEMV block quantizes itself (XS; 10 KB of shared memory) */
 /* Whether a GEMV of M rows of K values in `blocks` blocks quantizes x in each block (XS: one row, K <=
  * GQ_XS_MAX_K, at most four blocks a multiprocessor: beyond, the blocks' repeated quantization costs more than
  * the launch it saves (H100, a 151,936-row head: 2% of a 12-layer mixture of experts' step); LMX_CUDA_GEMV=4
@@ -751,14 +473,9 @@ static int gq_block_rows(int type, int K, int rpb, int ks) {
 static int gq_xs_takes(const cuda_backend *cb, int M, int64_t K, int64_t blocks) {
     return M == 1 && K <= GQ_XS_MAX_K && blocks <= cb->xs_blocks && cb->gemv_variant != 4;
 }
-static size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o.PR * (4 * sizeof(int4) + sizeof(float4)) : 0; }
-
-/* x [M, K] quantized (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch for GEMVs of units of
- * ups[j] parts (j < nl, 1 or 2): xo[j], its layout.  With rt (one layout), the launch also routes the rows
- * (k_moe_quant_route); with sum->sum_y (one row), it first adds a mixture of experts' outputs to x
- * (k_gquant_x_sum).  0 with the error set when the scratch cannot grow. */
-static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm,
-                      gq_xq *xo, const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL, int nib = 0) {
+/* gq_quant_x (cuda_ggml_x.h) */
+int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm, gq_xq *xo,
+               const cuda_moe_router *rt, const cuda_gemv_opts *sum, int nib) {
     int64_t pr[2], room = 0; /* the room of a row of x in each layout, in all */
     for (int j = 0; j < nl; j++) room += pr[j] = gq_row_parts(K, ups[j]);
     float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
@@ -778,32 +495,6 @@ static int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, 
     else
         cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xo[0], o1, K, nm);
     return 1;
-}
-
-/* The streamed one-row GEMV (k_gstream1) of the n MLX 4-bit segments of sg (glu >= 0: the gate/up pair), x
- * quantized by each block where K <= GQ_XS_MAX_K, else by a launch before (the 8B's down projection, K = 14,336,
- * quantizing in each of its 264 blocks: 464 -> 451 tok/s); nm's norm folded in. */
-static int gs_takes(const cuda_backend *cb, const lmx_tensor *w) {
-    return w->q.bits == 4 && !w->q.ggml_type && w->shape[1] % 64 == 0 && cb->gemv_variant != 5 &&
-           (w->q.scale_dtype == LMX_DTYPE_BF16 || w->q.scale_dtype == LMX_DTYPE_F16);
-}
-static lmx_status gs_launch(cuda_backend *cb, int n, const gv_segs &sg, int glu, const float *x, int K,
-                            const cuda_row_norm &nm, int resid) {
-    const int xs = K <= GQ_XS_MAX_K && cb->gemv_variant != 4, pair = glu >= 0;
-    typedef void (*gs_fn)(const int4 *, const float4 *, gv_segs, int, int, int, int, const float *, cuda_row_norm);
-    const gs_fn k = sg.sdt == LMX_DTYPE_F16
-                        ? (pair ? (xs ? k_gstream1<1, 1, 1> : k_gstream1<1, 0, 1>) : (xs ? k_gstream1<0, 1, 1> : k_gstream1<0, 0, 1>))
-                        : (pair ? (xs ? k_gstream1<1, 1, 0> : k_gstream1<1, 0, 0>) : (xs ? k_gstream1<0, 1, 0> : k_gstream1<0, 0, 0>));
-    int64_t groups = 0; /* k_gstream1's row groups */
-    for (int i = 0; i < (pair ? 1 : n); i++) groups += pair ? sg.s[i].N : (sg.s[i].N + 1) / 2;
-    const int up = 2; /* x in the layout of 64-value units */
-    gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 1, 1};
-    if (!xs && !gq_quant_x(cb, &up, 1, x, 1, K, nm, &xo, NULL, NULL, 1)) return cb->base.err.status;
-    const int64_t fit = (int64_t)(cb->stream_bpm > 0 ? cb->stream_bpm : cuda_fit_blocks(cb, (const void *)k)) * cb->sm_count;
-    const int64_t blocks = (groups + 7) / 8 < fit ? (groups + 7) / 8 : fit;
-    cuda_launch(cb, k, dim3((unsigned)blocks), 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq, (const float4 *)xo.xm, sg,
-                K, xo.PR, pair ? glu : 0, resid, x, nm);
-    return cuda_check_launch(cb, pair ? "matmul + glu" : "matmul");
 }
 
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
@@ -841,8 +532,8 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-    if (M == 1 && nt == 1 && types[0] == GQ_MLX4 && gs_takes(cb, ws[0]) && !(opts && opts->sum_y))
-        return gs_launch(cb, n, sg, glu, x, (int)K, gv_row_norm(opts), resid);
+    if (M == 1 && nt == 1 && types[0] == GQ_MLX4 && cuda_gstream_takes(cb, ws[0]) && !(opts && opts->sum_y))
+        return cuda_gstream(cb, n, sg, glu, x, (int)K, gv_row_norm(opts), resid);
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx[2] = {1, 1}; /* blocks of each type's segments */
     int64_t busy = 0;        /* blocks with rows to compute */
