@@ -142,6 +142,15 @@ if python3 -c "import torch, safetensors" 2>/dev/null; then
         fi
         rm -rf "$q06"
     done
+    # heads of 256 with (1 + w) q/k norms, local and global RoPE: the attention's fold of the norms, RoPE and
+    # kv append (cuda_attention_fused) at Gemma 3's shape
+    g3=$(mktemp -d)
+    if python3 "$root/bench/make_random_model.py" gemma-3-1b "$g3" --layers 8 >/dev/null 2>&1; then
+        graph_same "$g3" --max-tokens 64
+    else
+        echo "FAILED: bench/make_random_model.py gemma-3-1b"; fail=1
+    fi
+    rm -rf "$g3"
 fi
 if [ "$san" = "--sanitize" ]; then
     run compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/lmx" check-reference "$fix/models/gemma3" --backend cuda

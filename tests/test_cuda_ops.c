@@ -731,6 +731,133 @@ static void test_graph_gguf(void) {
     lmx_backend_free(eager);
 }
 
+/* ---- decode graphs: q/k norm, RoPE, attention and kv append as one launch --------------------- */
+
+#define GA_C 64 /* hidden size */
+typedef struct ga_case {
+    const char *name;
+    int B, H, Hk, D, norm, P, window; /* P: the prefill's rows; window > 0: a rotating cache that long */
+    float add_one, softcap;
+} ga_case;
+/* One backend's tensors: the embedding [16, GA_C], q/k/v [N_j, GA_C], the q and k norms [D]; activations [0] of the
+ * prefill (B*P rows) and [1] of a decode step (B rows), each kept for the whole case (a release drops a graph). */
+typedef struct ga_set {
+    lmx_tensor table, w[3], nq, nk;
+    lmx_tensor x[2], y[2][3], o[2];
+    lmx_kv_layer kv[3];
+    lmx_kv_layer *pk[3];
+} ga_set;
+
+/* x = table[ids]; q, k, v = x W^T; [per-head norms of q and k;] RoPE of q and k; attention; kv append. */
+static void ga_call(lmx_backend *be, ga_set *s, int i, const int32_t *ids, const lmx_batch *bt, const ga_case *c,
+                    const lmx_rope *rope) {
+    const int M = bt->B * bt->T;
+    lmx_tensor *y = s->y[i];
+    CHECK(be->ops->embed(be, &s->x[i], &s->table, ids, M, 1.0f) == LMX_OK);
+    for (int j = 0; j < 3; j++) CHECK(be->ops->matmul(be, &y[j], &s->x[i], &s->w[j], NULL, M) == LMX_OK);
+    if (c->norm) {
+        CHECK(be->ops->rmsnorm(be, &y[0], &y[0], &s->nq, M * c->H, c->D, 1e-6f, c->add_one) == LMX_OK);
+        CHECK(be->ops->rmsnorm(be, &y[1], &y[1], &s->nk, M * c->Hk, c->D, 1e-6f, c->add_one) == LMX_OK);
+    }
+    CHECK(be->ops->rope(be, &y[0], bt, c->H, c->D, rope) == LMX_OK);
+    CHECK(be->ops->rope(be, &y[1], bt, c->Hk, c->D, rope) == LMX_OK);
+    const lmx_attn_args a = {.batch = bt, .out = &s->o[i], .q = &y[0], .k = &y[1], .v = &y[2], .kv = s->pk, .H = c->H,
+                             .Hk = c->Hk, .D = c->D, .scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap};
+    CHECK(be->ops->attention(be, &a) == LMX_OK);
+    CHECK(be->ops->kv_append(be, s->pk, bt, &y[1], &y[2]) == LMX_OK);
+}
+
+/* A prefill, then decode steps in a graph (gpu) against a cuda backend with graphs off (eager: bit for bit, the
+ * fold doing k_norm_rope's arithmetic) and the cpu (bf16 caches: 1e-2).  Heads of 64, 128 and 256 values fold
+ * the norms, RoPE and append into the attention launch, which leaves q as the matmul wrote it: the last step's
+ * q tells that the fold ran (and, for other head sizes, that it did not). */
+static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
+    lmx_backend *be[3] = {gpu, eager, cpu};
+    const int N[3] = {c->H * c->D, c->Hk * c->D, c->Hk * c->D}, B = c->B, steps = 6;
+    const int64_t KD = (int64_t)c->Hk * c->D;
+    wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GA_C), nq = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D),
+          nk = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D), w[3];
+    for (int j = 0; j < 3; j++) w[j] = make_weight(LMX_DTYPE_BF16, 0, 0, 0, N[j], GA_C);
+    ga_set s[3];
+    memset(s, 0, sizeof s);
+    s[0].table = table.g, s[0].nq = nq.g, s[0].nk = nk.g;
+    s[2].table = table.c, s[2].nq = nq.c, s[2].nk = nk.c;
+    s[1].table = gg_upload(eager, &table.c), s[1].nq = gg_upload(eager, &nq.c), s[1].nk = gg_upload(eager, &nk.c);
+    for (int j = 0; j < 3; j++) s[0].w[j] = w[j].g, s[2].w[j] = w[j].c, s[1].w[j] = gg_upload(eager, &w[j].c);
+    for (int e = 0; e < 3; e++) {
+        for (int i = 0; i < 2; i++) {
+            const int M = i ? B : B * c->P;
+            s[e].x[i] = act(be[e], M, GA_C, NULL), s[e].o[i] = act(be[e], M, N[0], NULL);
+            for (int j = 0; j < 3; j++) s[e].y[i][j] = act(be[e], M, N[j], NULL);
+        }
+        for (int b = 0; b < B; b++) {
+            lmx_kv_layer *kv = &s[e].kv[b];
+            *kv = (lmx_kv_layer){.window = c->window, .rotating = c->window > 0, .cap = c->window};
+            if (c->window) {
+                kv->k = kv->v = (lmx_tensor){.dtype = be[e]->ops->kv_dtype, .ndim = 2, .shape = {c->window, KD}};
+                CHECK(be[e]->ops->alloc(be[e], &kv->k) == LMX_OK && be[e]->ops->alloc(be[e], &kv->v) == LMX_OK);
+            }
+            CHECK(be[e]->ops->kv_reserve(be[e], kv, c->P + steps, KD) == LMX_OK);
+            s[e].pk[b] = kv;
+        }
+    }
+    float inv[128];
+    for (int i = 0; i < c->D / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / c->D);
+    const lmx_rope rope = {.rot_dim = c->D, .inv_freq = inv, .attn_factor = 1.1f};
+    int n_past[3] = {0, 0, 0}, n_new[3];
+    int32_t ids[3 * 300];
+    for (int step = -1; step < steps; step++) {
+        const int T = step < 0 ? c->P : 1;
+        for (int b = 0; b < B; b++) n_new[b] = T;
+        for (int m = 0; m < B * T; m++) ids[m] = (m * 5 + 3 * step + 7) % 16;
+        const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new};
+        for (int e = 0; e < 3; e++) ga_call(be[e], &s[e], step >= 0, ids, &bt, c, &rope);
+        for (int b = 0; b < B; b++) n_past[b] += T;
+        if (step < 0) continue;
+        const int64_t n = (int64_t)B * N[0];
+        float *o[3], *q[2];
+        for (int e = 0; e < 3; e++) o[e] = fetch(be[e], &s[e].o[1], n);
+        const double err = rel_err(o[0], o[2], n);
+        CHECK_MSG(err <= 1e-2, "graph attention %s step %d: relative error %.3g > 1e-2", c->name, step, err);
+        CHECK_MSG(!memcmp(o[0], o[1], (size_t)n * 4), "graph attention %s step %d: not the eager bits", c->name, step);
+        if (step == steps - 1) {
+            for (int e = 0; e < 2; e++) q[e] = fetch(be[e], &s[e].y[1][0], n);
+            const char *off = getenv("LMX_CUDA_ATT_FOLD");
+            const int folded = (c->D == 64 || c->D == 128 || c->D == 256) && !(off && off[0] == '0');
+            CHECK_MSG(folded == !!memcmp(q[0], q[1], (size_t)n * 4), "graph attention %s: the fold %s", c->name,
+                      folded ? "did not run" : "ran");
+            free(q[0]), free(q[1]);
+        }
+        for (int e = 0; e < 3; e++) free(o[e]);
+    }
+    for (int e = 0; e < 3; e++) {
+        for (int i = 0; i < 2; i++) {
+            be[e]->ops->release(be[e], &s[e].x[i]), be[e]->ops->release(be[e], &s[e].o[i]);
+            for (int j = 0; j < 3; j++) be[e]->ops->release(be[e], &s[e].y[i][j]);
+        }
+        for (int b = 0; b < B; b++) be[e]->ops->release(be[e], &s[e].kv[b].k), be[e]->ops->release(be[e], &s[e].kv[b].v);
+    }
+}
+
+static void test_graph_attention(void) {
+    const ga_case cases[] = {
+        {"qwen3 shape", 1, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f},
+        {"gqa 8, batch 2", 2, 16, 2, 128, 1, 12, 0, 0.0f, 0.0f},
+        {"(1 + w) norms, softcap, rotating window", 2, 4, 1, 256, 1, 20, 24, 1.0f, 30.0f},
+        {"no norms, batch 3", 3, 8, 2, 64, 0, 9, 0, 0.0f, 0.0f},
+        {"long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f},
+        {"head dim 32, not folded", 2, 4, 2, 32, 1, 10, 0, 0.0f, 0.0f},
+    };
+    lmx_backend *eager = NULL;
+    lmx_err err = {0};
+    setenv("LMX_CUDA_GRAPH", "0", 1);
+    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
+    unsetenv("LMX_CUDA_GRAPH");
+    if (!eager) return;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_graph_attention_case(&cases[i], eager);
+    lmx_backend_free(eager);
+}
+
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
@@ -744,6 +871,7 @@ int main(void) {
     test_graph_gguf();
     test_graph_dense();
     test_attention_wg();
+    test_graph_attention(); /* after test_attention_wg, whose random data stay as they were */
     return pair_close("test_cuda_ops");
 }
 #endif

@@ -21,8 +21,38 @@
 
 static int att_gmax(int D) { return D > 256 ? ATT_GMAX / 2 : ATT_GMAX; }
 
-/* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
- * part [rows, H, splits, D + 2] when splits > 1. */
+/* A decode graph's per-head q / k RMSNorm and RoPE, and its kv append, done by the attention launch
+ * (cuda_attention_fused): one token a sequence, heads of 32 * DPL values all rotated (pairs d, d + D / 2,
+ * so a lane's value jj pairs with its value jj + DPL / 2).  The arithmetic is k_norm_rope's, value for
+ * value, so graphs with and without the fold agree bit for bit. */
+#define ATT_PRE_HALF 128
+typedef struct att_pre {
+    const void *qw, *kw;     /* norm weights [D]; NULL: none */
+    lmx_dtype qwt, kwt;
+    float qeps, keps, qone, kone, attn_factor;
+    float inv_freq[ATT_PRE_HALF];
+} att_pre;
+
+/* x: a lane's DPL values of one head (dims lane + 32 jj): RMSNorm with weights w (already + add_one) when
+ * norm, then the rotation by (c, s) of pairs (jj, jj + DPL / 2). */
+template <int DPL>
+__device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const float (&w)[DPL], float eps, int D,
+                                             const float (&c)[DPL / 2], const float (&s)[DPL / 2]) {
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) ss += x[jj] * x[jj];
+        ss = cuda_warp_sum(ss);
+        const float inv = rsqrtf(ss / D + eps);
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) x[jj] = x[jj] * inv * w[jj];
+    }
+#pragma unroll
+    for (int jj = 0; jj < DPL / 2; jj++) {
+        cuda_rope_pair(x[jj], x[jj + DPL / 2], c[jj], s[jj], x[jj], x[jj + DPL / 2]);
+    }
+}
+
 /* Online-softmax update of GM heads with KB keys (the first nvalid count). */
 template <int DPL, int GM, int KB>
 __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&acc)[GM][DPL], float (&m)[GM],
@@ -70,10 +100,12 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
     }
 }
 
-template <int DPL, int GM, int KB>
+/* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
+ * part [rows, H, splits, D + 2] when splits > 1.  PRE: q and kn before their norm and RoPE (att_pre). */
+template <int DPL, int GM, int KB, bool PRE>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__restrict__ q, const float *__restrict__ kn,
                                                               const float *__restrict__ vn, float *__restrict__ out,
-                                                              float *__restrict__ part, const att_arg a) {
+                                                              float *__restrict__ part, const att_arg a, const att_pre p) {
     __shared__ float sm_m[ATT_WARPS][ATT_GMAX], sm_l[ATT_WARPS][ATT_GMAX];
     __shared__ float sm_acc[ATT_SMEM]; /* [ATT_WARPS][a.gmax][D] */
     const int split = blockIdx.x, row = blockIdx.z;
@@ -128,8 +160,38 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     const bool early = !S.rotating || S.n_past + S.n_new <= S.cap;
     const int jb0 = j0 + warp * KB; /* this warp's first step */
     if (early && jb0 < jc) load_kv(jb0);
+    /* PRE: the rotation at this token's position and the norm weights, neither written by a kernel */
+    constexpr int PH = PRE ? DPL / 2 : 1, PW = PRE ? DPL : 1;
+    float pc[PH], ps[PH], wq[PW], wk[PW];
+    if constexpr (PRE) {
+#pragma unroll
+        for (int jj = 0; jj < DPL / 2; jj++) {
+            double sd, cd;
+            sincos((double)(S.n_past + t) * (double)p.inv_freq[lane + 32 * jj], &sd, &cd);
+            pc[jj] = (float)cd * p.attn_factor, ps[jj] = (float)sd * p.attn_factor;
+        }
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) {
+            wq[jj] = p.qw ? cuda_elem(p.qw, p.qwt, lane + 32 * jj) + p.qone : 0.0f;
+            wk[jj] = p.kw ? cuda_elem(p.kw, p.kwt, lane + 32 * jj) + p.kone : 0.0f;
+        }
+    }
     cuda_pdl_wait(); /* q, the new rows and (else) the cache come from the kernels before */
     if (!early && jb0 < jc) load_kv(jb0);
+    const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
+    const float *vnb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
+    const int jn0 = j0 > n_cached ? j0 : n_cached;
+    /* PRE (one token): the new row, when this block's split holds it, is warp 0's; its loads go out now, beside
+     * q's, and it is used last, as without the fold */
+    const bool own = PRE && warp == 0 && jn0 < j1;
+    float kn1[PW], vn1[PW];
+    if constexpr (PRE)
+        if (own)
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                kn1[jj] = __ldg(knb + (int64_t)u0 * KD + lane + 32 * jj);
+                vn1[jj] = __ldg(vnb + (int64_t)u0 * KD + lane + 32 * jj);
+            }
 
     float qr[GM][DPL], acc[GM][DPL], m[GM], l[GM];
 #pragma unroll
@@ -139,12 +201,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
 #pragma unroll
         for (int jj = 0; jj < DPL; jj++) {
             int d = lane + 32 * jj;
-            qr[g][jj] = g < ng && d < D ? q[(int64_t)row * HD + (int64_t)(h0 + g) * D + d] * a.scale : 0.0f;
+            qr[g][jj] = g < ng && d < D ? q[(int64_t)row * HD + (int64_t)(h0 + g) * D + d] : 0.0f;
             acc[g][jj] = 0.0f;
         }
+        if constexpr (PRE) att_pre_head<DPL>(qr[g], p.qw != NULL, wq, p.qeps, D, pc, ps);
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) qr[g][jj] *= a.scale;
     }
-    const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
-    const float *vnb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
     /* Cached keys first (bf16, loaded a step ahead), then this call's new rows (f32). */
     for (int jb = jb0; jb < jc; jb += ATT_WARPS * KB) {
         if constexpr (DPL > 8)
@@ -161,21 +224,40 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
             if (jb + ATT_WARPS * KB < jc) load_kv(jb + ATT_WARPS * KB);
         att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, jc - jb, a.softcap);
     }
-    const int jn0 = j0 > n_cached ? j0 : n_cached;
-    for (int jb = jn0 + warp * KB; jb < j1; jb += ATT_WARPS * KB) {
-        float kf[KB][DPL], vf[KB][DPL];
+    if constexpr (PRE) {
+        if (own) {
+            float kf[KB][DPL], vf[KB][DPL]; /* the new row in every slot: att_update counts the first */
 #pragma unroll
-        for (int u = 0; u < KB; u++) {
-            const int j = jb + u < j1 ? jb + u : j1 - 1;
-            const int64_t r = (int64_t)(u0 + j - n_cached) * KD;
+            for (int jj = 0; jj < DPL; jj++)
 #pragma unroll
-            for (int jj = 0; jj < DPL; jj++) {
-                int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
-                kf[u][jj] = __ldg(knb + r + d);
-                vf[u][jj] = __ldg(vnb + r + d);
+                for (int u = 0; u < KB; u++) kf[u][jj] = kn1[jj], vf[u][jj] = vn1[jj];
+            att_pre_head<DPL>(kf[0], p.kw != NULL, wk, p.keps, D, pc, ps);
+            if (blockIdx.y % a.hchunks == 0) { /* the kv append, once a kv head */
+                const int64_t off = (int64_t)((S.n_past + t) % S.cap) * KD + (int64_t)kvh * D;
+#pragma unroll
+                for (int jj = 0; jj < DPL; jj++) {
+                    ((__nv_bfloat16 *)S.kc)[off + lane + 32 * jj] = __float2bfloat16(kf[0][jj]);
+                    ((__nv_bfloat16 *)S.vc)[off + lane + 32 * jj] = __float2bfloat16(vf[0][jj]);
+                }
             }
+            att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, 1, a.softcap);
         }
-        att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, j1 - jb, a.softcap);
+    } else {
+        for (int jb = jn0 + warp * KB; jb < j1; jb += ATT_WARPS * KB) {
+            float kf[KB][DPL], vf[KB][DPL];
+#pragma unroll
+            for (int u = 0; u < KB; u++) {
+                const int j = jb + u < j1 ? jb + u : j1 - 1;
+                const int64_t r = (int64_t)(u0 + j - n_cached) * KD;
+#pragma unroll
+                for (int jj = 0; jj < DPL; jj++) {
+                    int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
+                    kf[u][jj] = __ldg(knb + r + d);
+                    vf[u][jj] = __ldg(vnb + r + d);
+                }
+            }
+            att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, j1 - jb, a.softcap);
+        }
     }
     /* merge the warps */
 #pragma unroll
@@ -246,16 +328,17 @@ __global__ void k_attention_merge(float *__restrict__ out, const float *__restri
     }
 }
 
-template <int DPL>
+template <int DPL, bool PRE>
 static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
-                       float *part, const att_arg &a) {
+                       float *part, const att_arg &a, const att_pre &p) {
     constexpr int KB = DPL >= 8 ? 2 : 8;
     switch (gm) {
-    case 1: cuda_launch(cb, k_attention<DPL, 1, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
-    case 2: cuda_launch(cb, k_attention<DPL, 2, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
-    case 4: cuda_launch(cb, k_attention<DPL, 4, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a); break;
+    case 1: cuda_launch(cb, k_attention<DPL, 1, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p); break;
+    case 2: cuda_launch(cb, k_attention<DPL, 2, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p); break;
+    case 4: cuda_launch(cb, k_attention<DPL, 4, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p); break;
     default:
-        if constexpr (DPL * 32 <= 256) cuda_launch(cb, k_attention<DPL, 8, KB>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a);
+        if constexpr (DPL * 32 <= 256)
+            cuda_launch(cb, k_attention<DPL, 8, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p);
         break;
     }
 }
@@ -289,6 +372,71 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
     return splits | gmax << 8;
 }
 
+/* The decode kernel (and the merge of its splits) for the a.B sequences from b0; pre: with att_pre's fold. */
+static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0, att_arg &a, const float *qp,
+                             const float *kp, const float *vp, float *op, const att_pre *pre) {
+    const int rows = a.B * a.T;
+    const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255;
+    a.splits = splits;
+    a.gmax = plan >> 8;
+    a.hchunks = (a.G + a.gmax - 1) / a.gmax;
+    float *part = NULL;
+    if (splits > 1) {
+        part = (float *)cuda_scratch(cb, CUDA_SCRATCH_ATTN, (size_t)rows * a.H * splits * (a.D + 2) * sizeof(float));
+        if (!part) return cb->base.err.status;
+    }
+    dim3 grid(splits, a.Hk * a.hchunks, rows);
+    const int gm = a.gmax; /* heads a block: the kernel's GM */
+    if (pre) {
+        if (a.D == 64) launch_dpl<2, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
+        else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
+        else launch_dpl<8, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
+    } else {
+        att_pre none;
+        memset(&none, 0, sizeof none);
+        if (a.D <= 64) launch_dpl<2, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
+        else if (a.D <= 128) launch_dpl<4, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
+        else if (a.D <= 256) launch_dpl<8, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
+        else launch_dpl<16, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
+    }
+    lmx_status st = cuda_check_launch(cb, "attention");
+    if (st) return st;
+    if (splits > 1) {
+        cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0, op, (const float *)part, a.H,
+                    a.D, splits);
+        if ((st = cuda_check_launch(cb, "attention merge"))) return st;
+    }
+    return LMX_OK;
+}
+
+/* The launch's description of sequences [b0, b0 + a.B) (a.B set). */
+static void att_seqs(att_arg &a, const lmx_attn_args *args, int b0) {
+    const lmx_batch *bt = args->batch;
+    for (int b = 0; b < a.B; b++) {
+        const lmx_kv_layer *kv = args->kv[b0 + b];
+        att_seq *s = &a.s[b];
+        s->kc = (const __nv_bfloat16 *)kv->k.data;
+        s->vc = (const __nv_bfloat16 *)kv->v.data;
+        s->n_past = bt->n_past[b0 + b];
+        s->n_new = bt->n_new[b0 + b];
+        s->cap = kv->cap > 0 ? kv->cap : 1;
+        s->rotating = kv->rotating;
+        s->window = kv->window;
+    }
+}
+
+static void att_init(att_arg &a, cuda_backend *cb, const lmx_attn_args *args) {
+    a.T = args->batch->T;
+    a.H = args->H;
+    a.Hk = args->Hk;
+    a.D = args->D;
+    a.G = args->H / args->Hk;
+    a.gmax = a.G, a.hchunks = 1; /* the decode launch's, per cuda_attention_plan (att_decode) */
+    a.scale = args->scale;
+    a.softcap = args->softcap;
+    a.dyn = cb->dyn_on ? cb->dyn : NULL;
+}
+
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
     cuda_backend *cb = (cuda_backend *)be;
     const lmx_batch *bt = args->batch;
@@ -304,29 +452,11 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
             if (bt->n_past[b] != 0) return LMX_ERR_UNSUPPORTED;
     }
     att_arg a;
-    a.T = bt->T;
-    a.H = args->H;
-    a.Hk = args->Hk;
-    a.D = args->D;
-    a.G = args->H / args->Hk;
-    a.gmax = a.G, a.hchunks = 1; /* the decode launch's, per cuda_attention_plan, below */
-    a.scale = args->scale;
-    a.softcap = args->softcap;
-    a.dyn = cb->dyn_on ? cb->dyn : NULL;
+    att_init(a, cb, args);
     const int64_t HD = (int64_t)a.H * a.D, KD = (int64_t)a.Hk * a.D;
     for (int b0 = 0; b0 < bt->B; b0 += ATT_SEQ_MAX) {
         a.B = bt->B - b0 < ATT_SEQ_MAX ? bt->B - b0 : ATT_SEQ_MAX;
-        for (int b = 0; b < a.B; b++) {
-            const lmx_kv_layer *kv = args->kv[b0 + b];
-            att_seq *s = &a.s[b];
-            s->kc = (const __nv_bfloat16 *)kv->k.data;
-            s->vc = (const __nv_bfloat16 *)kv->v.data;
-            s->n_past = bt->n_past[b0 + b];
-            s->n_new = bt->n_new[b0 + b];
-            s->cap = kv->cap > 0 ? kv->cap : 1;
-            s->rotating = kv->rotating;
-            s->window = kv->window;
-        }
+        att_seqs(a, args, b0);
         int64_t r0 = (int64_t)b0 * a.T;
         const float *qp = (const float *)args->q->data + r0 * HD, *kp = (const float *)args->k->data + r0 * KD,
                     *vp = (const float *)args->v->data + r0 * KD;
@@ -337,31 +467,31 @@ lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
             if (st == LMX_OK) continue;
             if (st != LMX_ERR_UNSUPPORTED) return st;
         }
-        int rows = a.B * a.T;
-        const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255;
-        a.splits = splits;
-        a.gmax = plan >> 8;
-        a.hchunks = (a.G + a.gmax - 1) / a.gmax;
-        float *part = NULL;
-        if (splits > 1) {
-            part = (float *)cuda_scratch(cb, CUDA_SCRATCH_ATTN, (size_t)rows * a.H * splits * (a.D + 2) * sizeof(float));
-            if (!part) return be->err.status;
-        }
-        dim3 grid(splits, a.Hk * a.hchunks, rows);
-        const int gm = a.gmax; /* heads a block: the kernel's GM */
-        if (a.D <= 64) launch_dpl<2>(cb, gm, grid, qp, kp, vp, op, part, a);
-        else if (a.D <= 128) launch_dpl<4>(cb, gm, grid, qp, kp, vp, op, part, a);
-        else if (a.D <= 256) launch_dpl<8>(cb, gm, grid, qp, kp, vp, op, part, a);
-        else launch_dpl<16>(cb, gm, grid, qp, kp, vp, op, part, a);
-        lmx_status st = cuda_check_launch(cb, "attention");
+        lmx_status st = att_decode(cb, args, b0, a, qp, kp, vp, op, NULL);
         if (st) return st;
-        if (splits > 1) {
-            cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0,
-                        (float *)args->out->data + r0 * HD, (const float *)part, a.H, a.D, splits);
-            if ((st = cuda_check_launch(cb, "attention merge"))) return st;
-        }
     }
     return LMX_OK;
+}
+
+lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, const cuda_att_pre *pre) {
+    const lmx_batch *bt = args->batch;
+    const lmx_rope *r = pre->rope;
+    if (!cb->dyn_on || bt->T != 1 || bt->B > ATT_SEQ_MAX || args->lse || args->Hk < 1 || args->H % args->Hk ||
+        (args->D != 64 && args->D != 128 && args->D != 256) || r->rot_dim != args->D || r->interleaved)
+        return LMX_ERR_UNSUPPORTED;
+    att_pre p;
+    memset(&p, 0, sizeof p);
+    if (pre->qw) p.qw = pre->qw->data, p.qwt = pre->qw->dtype;
+    if (pre->kw) p.kw = pre->kw->data, p.kwt = pre->kw->dtype;
+    p.qeps = pre->qeps, p.keps = pre->keps, p.qone = pre->qone, p.kone = pre->kone;
+    p.attn_factor = r->attn_factor;
+    for (int i = 0; i < args->D / 2; i++) p.inv_freq[i] = r->inv_freq[i];
+    att_arg a;
+    att_init(a, cb, args);
+    a.B = bt->B;
+    att_seqs(a, args, 0);
+    return att_decode(cb, args, 0, a, (const float *)args->q->data, (const float *)args->k->data,
+                      (const float *)args->v->data, (float *)args->out->data, &p);
 }
 
 /* ---- KV append ------------------------------------------------------------------------------ */

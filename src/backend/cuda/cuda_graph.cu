@@ -56,6 +56,8 @@ lmx_status cuda_graph_create(cuda_backend *cb) {
     int cc = 0;
     cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, cb->device);
     cb->g->pdl = cc >= 9 && !(pdl && pdl[0] == '0');
+    const char *af = getenv("LMX_CUDA_ATT_FOLD"); /* =0: the q/k norm + RoPE a launch of its own (A/B) */
+    cb->g->att_fold = !(af && af[0] == '0');
     return LMX_OK;
 }
 

@@ -92,6 +92,7 @@ typedef struct cuda_graph {
     int failed;              /* capture failed once: stay eager */
     int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
+    int att_fold;            /* one-token q/k norm + RoPE + kv append folded into the attention launch */
 } cuda_graph;
 
 /* Run one recorded op eagerly (or into a capture), its per-step values from the host copy. */

@@ -293,6 +293,18 @@ typedef struct cuda_kv_dst {
 lmx_status cuda_norm_rope(cuda_backend *cb, int B, int T, int hd, const lmx_rope *rope, int nset, lmx_tensor *const *x,
                           const int *nh, const lmx_tensor *const *w, const float *eps, const float *add_one,
                           const cuda_kv_dst *app);
+/* What a decode graph folds into its attention launch (cuda_attention_fused): the per-head RMSNorm (weights
+ * [D], NULL: none) and RoPE of q and k, then the append of the new key and value rows to args->kv's caches,
+ * which no query of the step reads back (an unbounded cache, or a rotating one at least its window long). */
+typedef struct cuda_att_pre {
+    const lmx_rope *rope;
+    const lmx_tensor *qw, *kw;
+    float qeps, keps, qone, kone;
+} cuda_att_pre;
+/* Attention of one new token a sequence on q and k as the q/k/v matmul left them (positions from cb->dyn:
+ * capture only); LMX_ERR_UNSUPPORTED, nothing launched, where the fold does not apply (heads of 64, 128
+ * or 256 values, all rotated, pairs half a head apart). */
+lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, const cuda_att_pre *pre);
 /* Bytes of weight w's packed data (dense, MLX or GGUF); 0 if the layout is not supported. */
 size_t cuda_weight_bytes(const lmx_tensor *w);
 /* dst[i] = bf16(src[i]) for n values, on the stream; the _scaled form narrows src[i] * scale (rounded once). */
@@ -327,6 +339,14 @@ lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, co
 static __device__ __forceinline__ float cuda_ld_f(const float *p) { return __ldg(p); }
 static __device__ __forceinline__ float cuda_ld_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 static __device__ __forceinline__ float cuda_ld_f(const __half *p) { return __half2float(*p); }
+
+/* RoPE's rotation of the pair (x1, x2) by (c, s): ya = x1 c - x2 s, yb = x2 c + x1 s, rounded alike (one fma
+ * over a rounded product) in every kernel that rotates (k_rope, k_norm_rope, the attention's fold), which the
+ * compiler's own contraction of the expression does not promise. */
+static __device__ __forceinline__ void cuda_rope_pair(float x1, float x2, float c, float s, float &ya, float &yb) {
+    ya = __fmaf_rn(x1, c, -__fmul_rn(x2, s));
+    yb = __fmaf_rn(x2, c, __fmul_rn(x1, s));
+}
 
 /* Element i of a float vector stored as f32 / bf16 / f16. */
 static __device__ __forceinline__ float cuda_elem(const void *p, lmx_dtype t, int64_t i) {

@@ -227,9 +227,7 @@ __global__ void k_rope(float *x, const rope_arg a) {
         const int h1 = (run + 1) * a.hpt < a.nh ? (run + 1) * a.hpt : a.nh;
         for (int h = run * a.hpt; h < h1; h++) {
             float *v = x + row * (int64_t)a.nh * a.hd + (int64_t)h * a.hd;
-            const float x1 = v[ia], x2 = v[ib];
-            v[ia] = x1 * c - x2 * s;
-            v[ib] = x2 * c + x1 * s;
+            cuda_rope_pair(v[ia], v[ib], c, s, v[ia], v[ib]);
         }
     }
 }
@@ -358,7 +356,8 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
         if (i >= a.half) break;
         const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
         const float x1 = t_[ia], x2 = t_[ib];
-        const float ya = x1 * cs[k] - x2 * sn[k], yb = x2 * cs[k] + x1 * sn[k];
+        float ya, yb;
+        cuda_rope_pair(x1, x2, cs[k], sn[k], ya, yb);
         v[ia] = ya;
         v[ib] = yb;
         if (kc) {
