@@ -294,7 +294,8 @@ static lmx_status g_gemm_bf16_run(cuda_backend *cb, int i, int n, const __nv_bfl
 /* Fusions applied while capturing (the eager path never fuses): matmuls of one input (q/k/v,
  * gate/up) as one launch, gate/up + GLU as one launch, a row's RMSNorm folded into the matmuls that
  * read it, a matmul's residual add folded into it, per-head q/k norm + RoPE as one launch (with the
- * layer's kv append when it is safe to write the cache before the attention reads it), and a
+ * layer's kv append when it is safe to write the cache before the attention reads it; one token a
+ * sequence, all of it inside the attention's launch: cuda_attention_fused), and a
  * residual add followed by the norm of its result as one launch, and (one row, GGUF experts) the norm
  * before a mixture of experts folded into its router's GEMV and its experts' x quantization, and its
  * combine into the next norm's GGUF matmuls (g_moe_exec).  Each does the arithmetic of the
