@@ -15,6 +15,9 @@ run() { echo "\$ $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 run "$bin/test_cuda_ops"
+# the A/B path kept beside the default: the one-token q/k norm + RoPE + kv append as a launch before the
+# attention (k_norm_rope), graphs against eager cuda bit for bit
+run env LMX_CUDA_ATT_FOLD=0 "$bin/test_cuda_ops"
 [ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)
 # (and checkpointed: the layers' inputs through host memory, offload / reload)
