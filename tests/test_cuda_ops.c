@@ -738,6 +738,7 @@ typedef struct ga_case {
     const char *name;
     int B, H, Hk, D, norm, P, window; /* P: the prefill's rows; window > 0: a rotating cache that long */
     float add_one, softcap;
+    int interleaved; /* RoPE of pairs (2i, 2i + 1): GGUF llama checkpoints */
 } ga_case;
 /* One backend's tensors: the embedding [16, GA_C], q/k/v [N_j, GA_C], the q and k norms [D]; activations [0] of the
  * prefill (B*P rows) and [1] of a decode step (B rows), each kept for the whole case (a release drops a graph). */
@@ -769,8 +770,8 @@ static void ga_call(lmx_backend *be, ga_set *s, int i, const int32_t *ids, const
 
 /* A prefill, then decode steps in a graph (gpu) against a cuda backend with graphs off (eager: bit for bit, the
  * fold doing k_norm_rope's arithmetic) and the cpu (bf16 caches: 1e-2).  Heads of 64, 128 and 256 values fold
- * the norms, RoPE and append into the attention launch, which leaves q as the matmul wrote it: the last step's
- * q tells that the fold ran (and, for other head sizes, that it did not). */
+ * the norms, RoPE (rotate-half or interleaved pairs) and append into the attention launch, which leaves q as
+ * the matmul wrote it: the last step's q tells that the fold ran (and, for other head sizes, that it did not). */
 static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     lmx_backend *be[3] = {gpu, eager, cpu};
     const int N[3] = {c->H * c->D, c->Hk * c->D, c->Hk * c->D}, B = c->B, steps = 6;
@@ -803,7 +804,7 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     }
     float inv[128];
     for (int i = 0; i < c->D / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / c->D);
-    const lmx_rope rope = {.rot_dim = c->D, .inv_freq = inv, .attn_factor = 1.1f};
+    const lmx_rope rope = {.rot_dim = c->D, .interleaved = c->interleaved, .inv_freq = inv, .attn_factor = 1.1f};
     int n_past[3] = {0, 0, 0}, n_new[3];
     int32_t ids[3 * 300];
     for (int step = -1; step < steps; step++) {
@@ -841,12 +842,15 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
 
 static void test_graph_attention(void) {
     const ga_case cases[] = {
-        {"qwen3 shape", 1, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f},
-        {"gqa 8, batch 2", 2, 16, 2, 128, 1, 12, 0, 0.0f, 0.0f},
-        {"(1 + w) norms, softcap, rotating window", 2, 4, 1, 256, 1, 20, 24, 1.0f, 30.0f},
-        {"no norms, batch 3", 3, 8, 2, 64, 0, 9, 0, 0.0f, 0.0f},
-        {"long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f},
-        {"head dim 32, not folded", 2, 4, 2, 32, 1, 10, 0, 0.0f, 0.0f},
+        {"qwen3 shape", 1, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0},
+        {"gqa 8, batch 2", 2, 16, 2, 128, 1, 12, 0, 0.0f, 0.0f, 0},
+        {"(1 + w) norms, softcap, rotating window", 2, 4, 1, 256, 1, 20, 24, 1.0f, 30.0f, 0},
+        {"no norms, batch 3", 3, 8, 2, 64, 0, 9, 0, 0.0f, 0.0f, 0},
+        {"long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0},
+        {"head dim 32, not folded", 2, 4, 2, 32, 1, 10, 0, 0.0f, 0.0f, 0},
+        {"interleaved pairs (gguf llama)", 1, 32, 8, 128, 0, 20, 0, 0.0f, 0.0f, 1},
+        {"interleaved pairs, norms, batch 2", 2, 4, 2, 64, 1, 150, 0, 0.0f, 0.0f, 1},
+        {"interleaved pairs, head dim 256, rotating window", 1, 4, 1, 256, 1, 20, 24, 1.0f, 0.0f, 1},
     };
     lmx_backend *eager = NULL;
     lmx_err err = {0};

@@ -22,22 +22,25 @@
 static int att_gmax(int D) { return D > 256 ? ATT_GMAX / 2 : ATT_GMAX; }
 
 /* A decode graph's per-head q / k RMSNorm and RoPE, and its kv append, done by the attention launch
- * (cuda_attention_fused): one token a sequence, heads of 32 * DPL values all rotated (pairs d, d + D / 2,
- * so a lane's value jj pairs with its value jj + DPL / 2).  The arithmetic is k_norm_rope's, value for
- * value, so graphs with and without the fold agree bit for bit. */
+ * (cuda_attention_fused): one token a sequence, heads of 32 * DPL values all rotated.  A lane holds dims
+ * lane + 32 jj; the rotate-half pairs (d, d + D / 2) are its values jj and jj + DPL / 2, the interleaved pairs
+ * (2 i, 2 i + 1) are a value of lanes 2 l and 2 l + 1 (a shuffle apart).  The arithmetic is k_norm_rope's,
+ * value for value, so graphs with and without the fold agree bit for bit. */
 #define ATT_PRE_HALF 128
 typedef struct att_pre {
     const void *qw, *kw;     /* norm weights [D]; NULL: none */
     lmx_dtype qwt, kwt;
     float qeps, keps, qone, kone, attn_factor;
+    int interleaved;
     float inv_freq[ATT_PRE_HALF];
 } att_pre;
 
-/* x: a lane's DPL values of one head (dims lane + 32 jj): RMSNorm with weights w (already + add_one) when
- * norm, then the rotation by (c, s) of pairs (jj, jj + DPL / 2). */
+/* x: a lane's DPL values of one head: RMSNorm with weights w (already + add_one) when norm, then the rotation
+ * by the angles of (c, s): rotate-half, c[jj] for pair (jj, jj + DPL / 2), jj < DPL / 2; interleaved, c[jj]
+ * for the pair of value jj. */
 template <int DPL>
 __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const float (&w)[DPL], float eps, int D,
-                                             const float (&c)[DPL / 2], const float (&s)[DPL / 2]) {
+                                             bool inter, const float (&c)[DPL], const float (&s)[DPL]) {
     if (norm) {
         float ss = 0.0f;
 #pragma unroll
@@ -47,9 +50,19 @@ __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const f
 #pragma unroll
         for (int jj = 0; jj < DPL; jj++) x[jj] = x[jj] * inv * w[jj];
     }
+    if (inter) {
+        const bool odd = threadIdx.x & 1;
 #pragma unroll
-    for (int jj = 0; jj < DPL / 2; jj++) {
-        cuda_rope_pair(x[jj], x[jj + DPL / 2], c[jj], s[jj], x[jj], x[jj + DPL / 2]);
+        for (int jj = 0; jj < DPL; jj++) {
+            const float other = __shfl_xor_sync(0xffffffffu, x[jj], 1);
+            float ya, yb;
+            cuda_rope_pair(odd ? other : x[jj], odd ? x[jj] : other, c[jj], s[jj], ya, yb);
+            x[jj] = odd ? yb : ya;
+        }
+    } else {
+#pragma unroll
+        for (int jj = 0; jj < DPL / 2; jj++)
+            cuda_rope_pair(x[jj], x[jj + DPL / 2], c[jj], s[jj], x[jj], x[jj + DPL / 2]);
     }
 }
 
@@ -161,13 +174,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     const int jb0 = j0 + warp * KB; /* this warp's first step */
     if (early && jb0 < jc) load_kv(jb0);
     /* PRE: the rotation at this token's position and the norm weights, neither written by a kernel */
-    constexpr int PH = PRE ? DPL / 2 : 1, PW = PRE ? DPL : 1;
-    float pc[PH], ps[PH], wq[PW], wk[PW];
+    constexpr int PW = PRE ? DPL : 1;
+    float pc[PW], ps[PW], wq[PW], wk[PW];
     if constexpr (PRE) {
 #pragma unroll
-        for (int jj = 0; jj < DPL / 2; jj++) {
+        for (int jj = 0; jj < DPL; jj++) { /* the angle of pair i: rotate-half lane + 32 jj, interleaved its half */
+            const int i = p.interleaved ? (lane + 32 * jj) / 2 : lane + 32 * jj;
+            if (!p.interleaved && jj >= DPL / 2) break;
             double sd, cd;
-            sincos((double)(S.n_past + t) * (double)p.inv_freq[lane + 32 * jj], &sd, &cd);
+            sincos((double)(S.n_past + t) * (double)p.inv_freq[i], &sd, &cd);
             pc[jj] = (float)cd * p.attn_factor, ps[jj] = (float)sd * p.attn_factor;
         }
 #pragma unroll
@@ -204,7 +219,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
             qr[g][jj] = g < ng && d < D ? q[(int64_t)row * HD + (int64_t)(h0 + g) * D + d] : 0.0f;
             acc[g][jj] = 0.0f;
         }
-        if constexpr (PRE) att_pre_head<DPL>(qr[g], p.qw != NULL, wq, p.qeps, D, pc, ps);
+        if constexpr (PRE) att_pre_head<DPL>(qr[g], p.qw != NULL, wq, p.qeps, D, p.interleaved, pc, ps);
 #pragma unroll
         for (int jj = 0; jj < DPL; jj++) qr[g][jj] *= a.scale;
     }
@@ -231,7 +246,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
             for (int jj = 0; jj < DPL; jj++)
 #pragma unroll
                 for (int u = 0; u < KB; u++) kf[u][jj] = kn1[jj], vf[u][jj] = vn1[jj];
-            att_pre_head<DPL>(kf[0], p.kw != NULL, wk, p.keps, D, pc, ps);
+            att_pre_head<DPL>(kf[0], p.kw != NULL, wk, p.keps, D, p.interleaved, pc, ps);
             if (blockIdx.y % a.hchunks == 0) { /* the kv append, once a kv head */
                 const int64_t off = (int64_t)((S.n_past + t) % S.cap) * KD + (int64_t)kvh * D;
 #pragma unroll
@@ -477,7 +492,7 @@ lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, con
     const lmx_batch *bt = args->batch;
     const lmx_rope *r = pre->rope;
     if (!cb->dyn_on || bt->T != 1 || bt->B > ATT_SEQ_MAX || args->lse || args->Hk < 1 || args->H % args->Hk ||
-        (args->D != 64 && args->D != 128 && args->D != 256) || r->rot_dim != args->D || r->interleaved)
+        (args->D != 64 && args->D != 128 && args->D != 256) || r->rot_dim != args->D)
         return LMX_ERR_UNSUPPORTED;
     att_pre p;
     memset(&p, 0, sizeof p);
@@ -485,6 +500,7 @@ lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, con
     if (pre->kw) p.kw = pre->kw->data, p.kwt = pre->kw->dtype;
     p.qeps = pre->qeps, p.keps = pre->keps, p.qone = pre->qone, p.kone = pre->kone;
     p.attn_factor = r->attn_factor;
+    p.interleaved = r->interleaved;
     for (int i = 0; i < args->D / 2; i++) p.inv_freq[i] = r->inv_freq[i];
     att_arg a;
     att_init(a, cb, args);

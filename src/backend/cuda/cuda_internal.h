@@ -302,8 +302,8 @@ typedef struct cuda_att_pre {
     float qeps, keps, qone, kone;
 } cuda_att_pre;
 /* Attention of one new token a sequence on q and k as the q/k/v matmul left them (positions from cb->dyn:
- * capture only); LMX_ERR_UNSUPPORTED, nothing launched, where the fold does not apply (heads of 64, 128
- * or 256 values, all rotated, pairs half a head apart). */
+ * capture only); LMX_ERR_UNSUPPORTED, nothing launched, where the fold does not apply (it takes heads of 64,
+ * 128 or 256 values, every value rotated, in rotate-half or interleaved pairs). */
 lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, const cuda_att_pre *pre);
 /* Bytes of weight w's packed data (dense, MLX or GGUF); 0 if the layout is not supported. */
 size_t cuda_weight_bytes(const lmx_tensor *w);
