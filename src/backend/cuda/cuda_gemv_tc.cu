@@ -1,6 +1,6 @@
 /* cuda_gemv_tc.cu - decode GEMVs of 2..CUDA_GEMV_TC_ROWS rows on the tensor cores (batched decode).
  *
- * y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for bf16 / f16, MLX 4-bit and GGUF Q4_0 / Q8_0 / Q4_K / Q5_K /
+ * y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for bf16 / f16, MLX 4 / 8-bit and GGUF Q4_0 / Q8_0 / Q4_K / Q5_K /
  * Q6_K weights, one weight or a q/k/v group (blockIdx.y picks it) or the gate/up pair with the GLU, as
  * cuda_gemv's contract says.  Each weight byte is read once for all M rows: the weights are the A
  * operand of mma.sync m16n8k16 (16 rows a warp), x the B operand (8 rows of x per n-tile, NT n-tiles),
@@ -12,11 +12,12 @@
  * lane loads whole 16-byte vectors and the k slots of the mma fragments are assigned to them: with
  * g = lane / 4 and c = lane % 4, the fragment gives lane (g, c) the k slots {2c, 2c+1, 2c+8, 2c+9} of
  * rows g and g+8 (A) and of column g (B).  Dense: lane c reads the 8 values at 32 s + 8 c of its two
- * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  4-bit and
- * GGUF: lane c takes the 32 values at 128 s + 32 c (MLX: 4 words, one group at most, as group % 32 == 0;
- * GGUF: one part, its raw bytes loaded a step ahead, gq_raw); each 8 of them feed two mmas, paired (e,
- * e + 4) as a mask of an MLX word pairs them.  4-bit codes become bf16 exactly (0x4300 | q reads 128 + q,
- * less 128) and then scale * q + bias rounded to bf16, GGUF parts their gq_value rounded to bf16: the
+ * rows (step s covers 32 k); the first mma takes the first four, the second the last four.  MLX and
+ * GGUF: lane c takes the 32 values at 128 s + 32 c (MLX 4-bit: 4 words, 8-bit: 8, one group at most, as
+ * group % 32 == 0; GGUF: one part, its raw bytes loaded a step ahead, gq_raw); each 8 of them feed two mmas,
+ * paired (e, e + 4) as a mask of an MLX 4-bit word pairs them.  MLX codes become bf16 exactly (4-bit:
+ * 0x4300 | q reads 128 + q, less 128; 8-bit: through f32, tc_dequant8) and then scale * q + bias rounded to
+ * bf16, GGUF parts their gq_value rounded to bf16: the
  * values the prefill dequantizers produce (up to 16 rows, GGUF codes below 128 take bf16 arithmetic with
  * the part's scale and min rounded to bf16: tc_dequant_bytes).  x is rounded to bf16 (f16 for f16
  * weights), as the prefill GEMMs round it, and staged in shared memory a chunk of K at a time, already in
@@ -65,7 +66,7 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32
  * (CH: 33 KB for 8 or 16 rows, 35 KB for 24 or 32). */
 #define TC_GQ 64 /* KIND TC_GQ + t: GGUF blocks of type t (decoded a part of 32 at a time, cuda_ggml.h) */
 template <int KIND, int PAIR, int NT> struct tc {
-    static constexpr int GT = KIND >= TC_GQ ? KIND - TC_GQ : 0, Q = KIND == GV_Q4 || GT;
+    static constexpr int GT = KIND >= TC_GQ ? KIND - TC_GQ : 0, Q8 = KIND == GV_Q8, Q = KIND == GV_Q4 || Q8 || GT;
     static constexpr int E = Q ? 32 : 8, SK = 4 * E, U = GT ? 1 : Q ? 2 : PAIR ? 2 : 4;
     static constexpr int F16 = KIND == GV_F16, CH = NT <= 2 ? 2048 / NT : 512;
     /* GGUF codes below 128 (all but Q8_0's) up to 16 rows: decoded a bf16 pair at a time (tc_dequant_bytes),
@@ -74,10 +75,10 @@ template <int KIND, int PAIR, int NT> struct tc {
     static constexpr int BP = GT != 0 && GT != LMX_GGML_Q8_0 && NT <= 2;
 };
 
-/* One step's loads of a lane: per row tile t, rows g and g + 8 (16 bytes each) and for 4-bit their
- * group's raw scale and bias; GGUF (type GT): the raw part of each row. */
+/* One step's loads of a lane: per row tile t, rows g and g + 8 (16 bytes each; MLX 8-bit 32: w then w2) and
+ * for MLX their group's raw scale and bias; GGUF (type GT): the raw part of each row. */
 template <int T, int GT> struct tc_ld {
-    uint4 w[T][2];
+    uint4 w[T][2], w2[T][2];
     uint32_t s[T][2], b[T][2];
     gq_raw<GT> r[T][2];
 };
@@ -93,6 +94,20 @@ static __device__ __forceinline__ void tc_dequant4(uint32_t w, __nv_bfloat162 s,
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(w >> (4 * j)), "r"(lo), "r"(hi)); /* (a & b) | c */
         __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&t), c128);
         __nv_bfloat162 v = __hfma2(q, s, b);
+        p[j] = *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+/* MLX 8-bit: words a (values e = 0..3 of 8) and b (e = 4..7) -> the A registers of their two mmas, bf16 pairs
+ * (q_e, q_{e+4}) * scale + bias as tc_dequant4 makes them.  A code becomes f32 2^23 + q by one prmt (its byte
+ * under 0x4B000000), q after a subtraction, and bf16 exactly (q < 256). */
+static __device__ __forceinline__ void tc_dequant8(uint32_t a, uint32_t b, __nv_bfloat162 s, __nv_bfloat162 bi,
+                                                   uint32_t (&p)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float qa = __uint_as_float(__byte_perm(a, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
+        const float qb = __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
+        __nv_bfloat162 v = __hfma2(__floats2bfloat162_rn(qa, qb), s, bi);
         p[j] = *reinterpret_cast<uint32_t *>(&v);
     }
 }
@@ -158,7 +173,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
     const char *wr[T][2];
     const void *sp[T], *bp[T];
     int64_t grow[T][2];
-    int64_t rb = C::Q ? (int64_t)K / 2 : (int64_t)K * 2; /* row bytes */
+    int64_t rb = C::Q8 ? (int64_t)K : C::Q ? (int64_t)K / 2 : (int64_t)K * 2; /* row bytes */
     if constexpr (C::GT != 0) rb = (int64_t)(K / gq_traits<C::GT>::ELEMS) * gq_traits<C::GT>::BYTES;
     const int gpr = C::Q && !C::GT ? K / sg.group : 1, lg = __ffs(sg.group) - 1; /* group = 1 << lg */
     const bool sbf = sg.sdt == LMX_DTYPE_BF16;
@@ -188,8 +203,9 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                     constexpr int EL = gq_traits<C::GT>::ELEMS, BY = gq_traits<C::GT>::BYTES;
                     L.r[t][h].load((const uint8_t *)wr[t][h] + (in ? (int64_t)(k / EL) * BY : 0), in ? k % EL / 32 : 0, in);
                 } else {
-                    const char *a = wr[t][h] + (C::Q ? k / 2 : (int64_t)k * 2);
+                    const char *a = wr[t][h] + (C::Q8 ? k : C::Q ? k / 2 : (int64_t)k * 2);
                     L.w[t][h] = in ? tc_ld16<!C::Q>(a) : make_uint4(0, 0, 0, 0);
+                    if constexpr (C::Q8) L.w2[t][h] = in ? tc_ld16<0>(a + 16) : make_uint4(0, 0, 0, 0);
                     if constexpr (C::Q) { /* MLX: 16-bit scales and biases (cuda_gemv_tc_takes) */
                         const int64_t gi = grow[t][h] + ((in ? k : 0) >> lg);
                         L.s[t][h] = in ? __ldg((const unsigned short *)sp[t] + gi) : 0u;
@@ -296,6 +312,9 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                                     gq_value(q[t][h], sc[t][h], mn[t][h], 8 * i + 4 + jj, C::GT == LMX_GGML_Q8_0));
                                 a[t][h][jj] = *reinterpret_cast<uint32_t *>(&v);
                             }
+                        } else if constexpr (C::Q8) { /* word i: bytes 8 i .. 8 i + 7 of the lane's 32 */
+                            const uint4 &v = i < 2 ? L.w[t][h] : L.w2[t][h];
+                            tc_dequant8(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, s2[t][h], b2[t][h], a[t][h]);
                         } else {
                             const uint32_t wi = i == 0 ? L.w[t][h].x : i == 1 ? L.w[t][h].y : i == 2 ? L.w[t][h].z : L.w[t][h].w;
                             tc_dequant4(wi, s2[t][h], b2[t][h], a[t][h]);
@@ -420,7 +439,7 @@ int cuda_gemv_tc_kind_gguf(const cuda_backend *cb, const lmx_tensor *w, int M) {
 
 int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, int M) {
     if (M < 2 || M > cuda_gemv_tc_rows(kind) || cb->gemv_variant == 2 || w->shape[1] % 8) return 0;
-    if (kind == GV_Q4) /* groups of 32 << i; bf16 or f16 scales and biases (f32 ones take the CUDA-core kernels) */
+    if (kind == GV_Q4 || kind == GV_Q8) /* groups of 32 << i; bf16 or f16 scales and biases (f32: CUDA-core kernels) */
         return w->q.group >= 32 && !(w->q.group & (w->q.group - 1)) &&
                (w->q.scale_dtype == LMX_DTYPE_BF16 || w->q.scale_dtype == LMX_DTYPE_F16);
     return kind == GV_BF16 || kind == GV_F16;
@@ -467,6 +486,7 @@ template <int PAIR> static tc_fn tc_kernel(int kind, int nt) {
     case GV_BF16: return tc_kernel<GV_BF16, PAIR>(nt);
     case GV_F16: return tc_kernel<GV_F16, PAIR>(nt);
     case GV_Q4: return tc_kernel<GV_Q4, PAIR>(nt);
+    case GV_Q8: return tc_kernel<GV_Q8, PAIR>(nt);
 #define TC_GQ_CASE(t) case TC_GQ + t: return tc_kernel<TC_GQ + t, PAIR>(nt);
         TC_GQ_TYPES(TC_GQ_CASE)
 #undef TC_GQ_CASE
@@ -495,7 +515,7 @@ static int *tc_scratch(cuda_backend *cb, float **part) {
 }
 
 lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K) {
-    const int rows = 16 * TC_WARPS, sk = kind == GV_Q4 || kind >= TC_GQ ? 128 : 32;
+    const int rows = 16 * TC_WARPS, sk = kind == GV_Q4 || kind == GV_Q8 || kind >= TC_GQ ? 128 : 32;
     int groups = 0, gmax = 1;
     for (int i = 0; i < n; i++) {
         const int gi = (sg->s[i].N + rows - 1) / rows;
@@ -506,7 +526,7 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
     /* GGUF and MLX 4-bit kinds: K parts timed over the blocks that fit at once (up to two a multiprocessor),
      * dense ones counted for one a multiprocessor (tc_parts) */
-    const int timed = kind >= TC_GQ || kind == GV_Q4;
+    const int timed = kind >= TC_GQ || kind == GV_Q4 || kind == GV_Q8;
     int per_sm = timed ? cuda_fit_blocks(cb, (const void *)k) : 1;
     per_sm = per_sm > 2 ? 2 : per_sm;
     int kp = tc_parts(timed, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
