@@ -517,6 +517,16 @@ static void test_moe(void) {
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 200, 1, 0, 0);
 }
 
+/* A second cuda backend with graphs off (the eager reference of the graph tests), or NULL (a failed check). */
+static lmx_backend *eager_cuda(void) {
+    lmx_backend *eager = NULL;
+    lmx_err err = {0};
+    setenv("LMX_CUDA_GRAPH", "0", 1);
+    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
+    unsetenv("LMX_CUDA_GRAPH");
+    return eager;
+}
+
 /* ---- decode graphs: fused groups of GGUF weights ------------------------------------------------ */
 
 #define GG_C 512 /* hidden size */
@@ -696,11 +706,7 @@ static void test_graph_dense(void) {
      * Q8_0 (a Q8_0 pair) */
     const int q4km[5] = {LMX_GGML_Q4_K, LMX_GGML_Q4_K, LMX_GGML_Q6_K, LMX_GGML_Q4_K, LMX_GGML_Q4_K};
     const int q80[5] = {LMX_GGML_Q4_0, LMX_GGML_Q5_K, LMX_GGML_Q8_0, LMX_GGML_Q8_0, LMX_GGML_Q8_0};
-    lmx_backend *eager = NULL;
-    lmx_err err = {0};
-    setenv("LMX_CUDA_GRAPH", "0", 1);
-    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
-    unsetenv("LMX_CUDA_GRAPH");
+    lmx_backend *eager = eager_cuda();
     const int Md[] = {9, 17, 24, 32};
     for (size_t i = 0; i < sizeof Md / sizeof Md[0]; i++) {
         test_graph_dense_case(LMX_DTYPE_BF16, 0, NULL, Md[i], eager);
@@ -726,11 +732,7 @@ static void test_graph_gguf(void) {
         test_graph_gguf_case(cases[i].name, cases[i].t, 1, 0, NULL);
         test_graph_gguf_case(cases[i].name, cases[i].t, 3, 0, NULL);
     }
-    lmx_backend *eager = NULL;
-    lmx_err err = {0};
-    setenv("LMX_CUDA_GRAPH", "0", 1);
-    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
-    unsetenv("LMX_CUDA_GRAPH");
+    lmx_backend *eager = eager_cuda();
     if (!eager) return;
     test_graph_gguf_case("moe, q4_k q4_k q6_k", cases[0].t, 1, 1, eager);
     test_graph_gguf_case("moe, q4_k", cases[5].t, 1, 1, eager);
@@ -858,11 +860,7 @@ static void test_graph_attention(void) {
         {"interleaved pairs, norms, batch 2", 2, 4, 2, 64, 1, 150, 0, 0.0f, 0.0f, 1},
         {"interleaved pairs, head dim 256, rotating window", 1, 4, 1, 256, 1, 20, 24, 1.0f, 0.0f, 1},
     };
-    lmx_backend *eager = NULL;
-    lmx_err err = {0};
-    setenv("LMX_CUDA_GRAPH", "0", 1);
-    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
-    unsetenv("LMX_CUDA_GRAPH");
+    lmx_backend *eager = eager_cuda();
     if (!eager) return;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_graph_attention_case(&cases[i], eager);
     lmx_backend_free(eager);
