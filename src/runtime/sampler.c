@@ -87,6 +87,35 @@ static int cand_cmp(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+static void cand_swap(lmx_cand *c, int i, int j) {
+    const lmx_cand t = c[i];
+    c[i] = c[j];
+    c[j] = t;
+}
+
+/* The k first of c [n] in cand_cmp's order (k <= n) moved to c [0, k), in no particular order: a quickselect, so
+ * that top-k over a flat distribution (every token gathered) costs O(n), not a sort of the vocabulary. */
+static void select_first(lmx_cand *c, int n, int k) {
+    const int t = k - 1; /* the place whose element ends in its sorted position */
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2; /* median of three as the pivot */
+        if (cand_cmp(&c[mid], &c[lo]) < 0) cand_swap(c, mid, lo);
+        if (cand_cmp(&c[hi], &c[lo]) < 0) cand_swap(c, hi, lo);
+        if (cand_cmp(&c[hi], &c[mid]) < 0) cand_swap(c, hi, mid);
+        const lmx_cand piv = c[mid];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cand_cmp(&c[i], &piv) < 0) i++;
+            while (cand_cmp(&c[j], &piv) > 0) j--;
+            if (i <= j) cand_swap(c, i++, j--);
+        }
+        if (t <= j) hi = j; /* c [lo, j] precede the pivot, c [i, hi] follow it, those between are it */
+        else if (t >= i) lo = i;
+        else break;
+    }
+}
+
 /* Gather the tokens whose relative probability exp((l - lmax) / T) is at least thr into cand,
  * with that value in p; returns how many, and their summed relative probability in *mass. */
 static int gather(lmx_sampler *s, float temperature, const float *logits, float lmax, float thr,
@@ -127,6 +156,10 @@ int lmx_sampler_filter(lmx_sampler *s, const lmx_sampler_params *p, const float 
             n = gather(s, p->temperature, logits, lmax, thr, &mass);
             if ((use_min && !k) || thr == 0.0f || (k && n >= k) || (!k && use_p && mass >= p->top_p * total)) break;
             thr = thr > 1e-30f ? thr * 1e-6f : 0.0f;
+        }
+        if (k && n > 2 * k) { /* only the first k are kept: select them, then sort those */
+            select_first(s->cand, n, k);
+            n = k;
         }
         qsort(s->cand, (size_t)n, sizeof *s->cand, cand_cmp);
     }
