@@ -78,6 +78,8 @@ typedef struct cuda_backend {
                                 cuda_ggml.cu's int16 kernel; 4 that kernel's one row with x quantized
                                 in a launch before it, not by each block; 5 MLX one row by that kernel,
                                 not k_gstream1 */
+    void *topk_host;         /* page-locked staging of the top-k results (one copy, not two pageable ones) */
+    size_t topk_host_bytes;
     int stream_bpm;          /* k_gstream1's blocks a multiprocessor (LMX_CUDA_STREAM_BPM, A/B measurements; 0: as
                                 many as fit) */
     int xs_blocks;           /* the most blocks of a one-row GGUF / MLX GEMV that quantize x each (cuda_ggml.cu;

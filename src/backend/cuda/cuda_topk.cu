@@ -10,6 +10,7 @@
  * exactly the number still needed; the winners are then the keys whose selected prefix is at least
  * the one found. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_internal.h"
 
@@ -177,8 +178,18 @@ lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, 
     if ((st = cuda_check_launch(cb, "topk"))) return st;
     k_topk_merge<<<R, TK_THREADS, 0, cb->stream>>>(cand, G * k, k, dv, di);
     if ((st = cuda_check_launch(cb, "topk"))) return st;
-    CUDA_TRY(cb, cudaMemcpyAsync(vals, dv, (size_t)R * k * sizeof(float), cudaMemcpyDeviceToHost, cb->stream), "topk");
-    CUDA_TRY(cb, cudaMemcpyAsync(idx, di, (size_t)R * k * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream), "topk");
+    /* values and indices (contiguous) in one copy to page-locked staging: copies to the caller's pageable
+     * arrays would each be a synchronous staged copy */
+    if (cb->topk_host_bytes < out_bytes) {
+        if (cb->topk_host) cudaFreeHost(cb->topk_host);
+        cb->topk_host = NULL;
+        cb->topk_host_bytes = 0;
+        CUDA_TRY(cb, cudaHostAlloc(&cb->topk_host, out_bytes, cudaHostAllocDefault), "topk staging");
+        cb->topk_host_bytes = out_bytes;
+    }
+    CUDA_TRY(cb, cudaMemcpyAsync(cb->topk_host, dv, out_bytes, cudaMemcpyDeviceToHost, cb->stream), "topk");
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "topk");
+    memcpy(vals, cb->topk_host, (size_t)R * k * sizeof(float));
+    memcpy(idx, (const char *)cb->topk_host + (size_t)R * k * sizeof(float), (size_t)R * k * sizeof(int32_t));
     return LMX_OK;
 }
