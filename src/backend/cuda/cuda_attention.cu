@@ -407,8 +407,7 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
         else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else launch_dpl<8, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
     } else {
-        att_pre none;
-        memset(&none, 0, sizeof none);
+        const att_pre none{};
         if (a.D <= 64) launch_dpl<2, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
         else if (a.D <= 128) launch_dpl<4, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
         else if (a.D <= 256) launch_dpl<8, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);

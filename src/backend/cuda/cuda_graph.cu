@@ -106,7 +106,7 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
 
 lmx_status cuda_g_exec(cuda_backend *cb, g_rec *r) {
     cuda_graph *g = cb->g;
-    lmx_batch bt = {r->B, r->T, g->dyn + CUDA_DYN_PAST, g->dyn + CUDA_DYN_NEW};
+    const lmx_batch bt = g_rec_batch(g, r);
     return g_run_direct(cb, r, g->dyn + CUDA_DYN_IDS, &bt, r->kvp, r->rows);
 }
 
@@ -321,7 +321,7 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
     }
     case G_ROPE: return cuda_rope(be, &c->t[0], bt, c->i0, c->i1, &c->rope);
     case G_ATTENTION: {
-        lmx_attn_args a = {bt, &c->t[0], &c->t[1], &c->t[2], &c->t[3], kv, c->i0, c->i1, c->i2, c->f0, c->f1};
+        const lmx_attn_args a = g_attn_args(c, bt, kv);
         return cuda_attention(be, &a);
     }
     case G_KV_APPEND: return cuda_kv_append(be, kv, bt, &c->t[0], &c->t[1]);

@@ -54,6 +54,11 @@ static inline lmx_moe_args g_moe_args(g_rec *c, lmx_tensor *x) {
                             (lmx_act)c->act, 1};
     return a;
 }
+/* The attention op's arguments of record c (G_ATTENTION) for batch bt and caches kv */
+static inline lmx_attn_args g_attn_args(g_rec *c, const lmx_batch *bt, lmx_kv_layer *const *kv) {
+    const lmx_attn_args a = {bt, &c->t[0], &c->t[1], &c->t[2], &c->t[3], kv, c->i0, c->i1, c->i2, c->f0, c->f1};
+    return a;
+}
 /* 1 when a and b record the same call (fixed fields and the entries in use). */
 static inline int g_rec_same(const g_rec *a, const g_rec *b) {
     if (memcmp(a, b, offsetof(g_rec, kvp))) return 0;
@@ -95,6 +100,11 @@ typedef struct cuda_graph {
     int att_fold;            /* one-token q/k norm + RoPE + kv append folded into the attention launch */
 } cuda_graph;
 
+/* Record r's batch with the step's positions from the host copy of the per-step values */
+static inline lmx_batch g_rec_batch(const cuda_graph *g, const g_rec *r) {
+    const lmx_batch bt = {r->B, r->T, g->dyn + CUDA_DYN_PAST, g->dyn + CUDA_DYN_NEW};
+    return bt;
+}
 /* Run one recorded op eagerly (or into a capture), its per-step values from the host copy. */
 lmx_status cuda_g_exec(cuda_backend *cb, g_rec *r);
 /* While capturing: the ops from record i as fused launches; *used = ops consumed (0: none applied). */

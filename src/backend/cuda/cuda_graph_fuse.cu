@@ -431,9 +431,8 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
             g_dead_after(g, ik, xs[1]->data)) {
             /* ... and nothing after reads the normed q and k: the attention does all of it */
             g_rec *at = &g->rec[ia];
-            const lmx_batch bt = {at->B, at->T, g->dyn + CUDA_DYN_PAST, g->dyn + CUDA_DYN_NEW};
-            const lmx_attn_args aa = {&bt, &at->t[0], &at->t[1], &at->t[2], &at->t[3], at->kvp, at->i0, at->i1,
-                                      at->i2, at->f0, at->f1};
+            const lmx_batch bt = g_rec_batch(g, at);
+            const lmx_attn_args aa = g_attn_args(at, &bt, at->kvp);
             const cuda_att_pre pre = {&r0->rope, ws[0], ws[1], eps[0], eps[1], one[0], one[1]};
             lmx_status st = cuda_attention_fused(cb, &aa, &pre);
             if (st != LMX_ERR_UNSUPPORTED) {

@@ -65,16 +65,12 @@ static __device__ __forceinline__ int gs_dot(const uint4 &w, const int4 (&X)[4])
     return il + (ih >> 4);
 }
 
-template <int F16> static __device__ __forceinline__ float gs_val(uint32_t r) { /* a raw 16-bit scale or bias */
-    if constexpr (F16) return __half2float(__ushort_as_half((unsigned short)r));
-    else return __uint_as_float(r << 16);
-}
-
 template <int PAIR, int XS, int F16>
 __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                      const gv_segs sg, int K, int PR, int act, int resid,
                                                      const float *__restrict__ xf, const cuda_row_norm nm) {
     cuda_pdl_trigger();
+    constexpr lmx_dtype sdt = F16 ? LMX_DTYPE_F16 : LMX_DTYPE_BF16; /* the scales' and biases' */
     const int lane = threadIdx.x % 32, NU = K / 64, S = (NU + 31) / 32; /* units of a row; steps a group */
     const int4 *xqv = XS ? gq_xs : xq; /* x's codes and scales: the block's own (XS) or the launch before's */
     const float4 *xmv = XS ? (const float4 *)(gq_xs + PR * 4) : xm;
@@ -89,9 +85,10 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
     };
     const uint8_t *wr[2];        /* the rows of the group whose step loads next: codes, */
     const unsigned short *sr[2], *br[2]; /* scales and biases */
-    auto rows = [&](int g) {
-        int j = g;
-        const gv_seg S0 = PAIR ? sg.s[0] : seg_pick(sg, seg_of(g, j));
+    auto rows = [&](int g, int &i, int &j) { /* and group g's segment i, its index there j */
+        j = g;
+        i = PAIR ? 0 : seg_of(g, j);
+        const gv_seg S0 = PAIR ? sg.s[0] : seg_pick(sg, i);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const gv_seg &Sr = PAIR && r ? sg.s[1] : S0;
@@ -129,12 +126,13 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const uint32_t sh = g32 && k ? 16 : 0;
-                const float sv = gs_val<F16>((u[r].s >> sh) & 0xffffu), bv = gs_val<F16>((u[r].b >> sh) & 0xffffu);
+                const float sv = raw_val((u[r].s >> sh) & 0xffffu, sdt), bv = raw_val((u[r].b >> sh) & 0xffffu, sdt);
                 acc[r] = fmaf(xs.x * sv, (float)gs_dot(u[r].w[k], X), fmaf(bv, xsum, acc[r]));
             }
         }
     };
-    auto finish = [&](int g, float (&acc)[2]) { /* group g's sums over the lanes, stored as k_ggemv stores them */
+    auto finish = [&](int g, int i, int j, float (&acc)[2]) { /* group g's (segment i's j) sums over the lanes,
+                                                                 stored as k_ggemv stores them */
         const float a0 = cuda_warp_sum(acc[0]), a1 = cuda_warp_sum(acc[1]);
         acc[0] = acc[1] = 0.0f;
         if (lane != 0) return;
@@ -145,8 +143,7 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
             sg.s[0].y[g] = glu_act(gv, act) * uv;
             sg.s[1].y[g] = uv;
         } else {
-            int j;
-            const gv_seg S0 = seg_pick(sg, seg_of(g, j));
+            const gv_seg S0 = seg_pick(sg, i);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int n = 2 * j + r;
@@ -158,10 +155,10 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
         }
     };
 
-    int g = blockIdx.x * 8 + threadIdx.x / 32, s = 0;
+    int g = blockIdx.x * 8 + threadIdx.x / 32, s = 0, gi = 0, gj = g; /* the group, its step, segment, index */
     gs_unit cur[2];
     if (g < G) { /* weights, which no kernel writes: before the wait */
-        rows(g);
+        rows(g, gi, gj);
         load(cur, 0);
     }
     cuda_pdl_wait(); /* x is ready */
@@ -174,17 +171,17 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
     }
     float acc[2] = {0.0f, 0.0f};
     while (g < G) {
-        int gn = g, sn = s + 1;
+        int gn = g, sn = s + 1, ni = gi, nj = gj;
         if (sn == S) gn = g + W, sn = 0;
         gs_unit nxt[2];
         if (gn < G) {
-            if (gn != g) rows(gn);
+            if (gn != g) rows(gn, ni, nj);
             load(nxt, sn);
         }
         use(cur, s, acc);
-        if (sn == 0) finish(g, acc);
+        if (sn == 0) finish(g, gi, gj, acc);
         cur[0] = nxt[0], cur[1] = nxt[1];
-        g = gn, s = sn;
+        g = gn, s = sn, gi = ni, gj = nj;
     }
 }
 
