@@ -544,7 +544,11 @@ static void gg_alloc(lmx_backend *be, gg_set *s, int M, const int *N) {
     s->x = act(be, M, GG_C, NULL), s->h = act(be, M, GG_C, NULL), s->z = act(be, M, GG_E, NULL);
     s->xn = act(be, M, GG_C, NULL);
     for (int j = 0; j < 3; j++) s->y[j] = act(be, M, N[j], NULL);
-    s->yg = act(be, M, GG_F, NULL), s->yu = act(be, M, GG_F, NULL), s->yd = act(be, M, GG_C, NULL);
+    if (M % 2) /* both orders of gate's and up's outputs (a strided-batched pair's stride either sign) */
+        s->yu = act(be, M, GG_F, NULL), s->yg = act(be, M, GG_F, NULL);
+    else
+        s->yg = act(be, M, GG_F, NULL), s->yu = act(be, M, GG_F, NULL);
+    s->yd = act(be, M, GG_C, NULL);
 }
 static void gg_release(lmx_backend *be, gg_set *s) {
     lmx_tensor *t[] = {&s->x, &s->h, &s->z, &s->xn, &s->y[0], &s->y[1], &s->y[2], &s->yg, &s->yu, &s->yd};

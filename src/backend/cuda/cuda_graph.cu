@@ -58,6 +58,13 @@ lmx_status cuda_graph_create(cuda_backend *cb) {
     cb->g->pdl = cc >= 9 && !(pdl && pdl[0] == '0');
     const char *af = getenv("LMX_CUDA_ATT_FOLD"); /* =0: the q/k norm + RoPE a launch of its own (A/B) */
     cb->g->att_fold = !(af && af[0] == '0');
+    const char *gp = getenv("LMX_CUDA_GEMM_PAIR"); /* =0: k / v, gate / up as two GEMMs (A/B) */
+    cb->g->gemm_pair = !(gp && gp[0] == '0');
+    cb->g->ptab = (const void **)malloc(G_PTAB_CAP * sizeof(void *));
+    if (!cb->g->ptab || cudaMalloc((void **)&cb->g->ptab_dev, G_PTAB_CAP * sizeof(void *)) != cudaSuccess) {
+        cudaGetLastError();
+        cb->g->ptab_dev = NULL; /* no batched GEMMs */
+    }
     return LMX_OK;
 }
 
@@ -75,6 +82,8 @@ void cuda_graph_destroy(cuda_backend *cb) {
         cuda_graph_drop(cb);
         free(cb->g->rec);
         free(cb->g->skip);
+        free(cb->g->ptab);
+        if (cb->g->ptab_dev) cudaFree(cb->g->ptab_dev);
         free(cb->g);
         cb->g = NULL;
     }
@@ -121,6 +130,7 @@ static void g_capture_once(cuda_backend *cb, int retry) {
     }
     cb->dyn_on = 1;
     cb->pdl = g->pdl;
+    g->ptab_n = 0; /* the exec that read the table is gone (cuda_graph_drop) */
     memset(g->skip, 0, (size_t)g->n_rec);
     lmx_status st = LMX_OK;
     for (int i = 0; i < g->n_rec && st == LMX_OK;) {
@@ -150,7 +160,10 @@ static void g_capture_once(cuda_backend *cb, int retry) {
     cudaGraphExec_t ex = NULL;
     e = cudaGraphInstantiate(&ex, graph, 0);
     cudaGraphDestroy(graph);
+    if (e == cudaSuccess && g->ptab_n) /* stream-ordered before the graph's first launch */
+        e = cudaMemcpyAsync(g->ptab_dev, g->ptab, (size_t)g->ptab_n * sizeof(void *), cudaMemcpyHostToDevice, cb->stream);
     if (e != cudaSuccess) {
+        if (ex) cudaGraphExecDestroy(ex);
         cudaGetLastError();
         g->failed = 1;
         return;

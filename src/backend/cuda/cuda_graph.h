@@ -98,7 +98,23 @@ typedef struct cuda_graph {
     int nofuse;              /* LMX_CUDA_GRAPH=1: graphs without the fusions */
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
     int att_fold;            /* one-token q/k norm + RoPE + kv append folded into the attention launch */
+    int gemm_pair;           /* two bf16 cuBLAS GEMMs of one shape and input as one batch */
+    /* pointers that the captured graph's batched GEMMs read: written on the host while capturing, copied to
+       the device once the capture succeeds (before its first launch) */
+    const void **ptab, **ptab_dev;
+    int ptab_n;
 } cuda_graph;
+
+enum { G_PTAB_CAP = 4096 };
+/* n slots of the pointer table (NULL: full, or none) and their device address */
+static inline const void **g_ptab_take(cuda_graph *g, int n) {
+    if (!g->ptab_dev || g->ptab_n + n > G_PTAB_CAP) return NULL;
+    g->ptab_n += n;
+    return g->ptab + g->ptab_n - n;
+}
+static inline const void *const *g_ptab_dev(const cuda_graph *g, const void **slot) {
+    return g->ptab_dev + (slot - g->ptab);
+}
 
 /* Record r's batch with the step's positions from the host copy of the per-step values */
 static inline lmx_batch g_rec_batch(const cuda_graph *g, const g_rec *r) {

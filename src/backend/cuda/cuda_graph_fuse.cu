@@ -281,10 +281,25 @@ static int g_gemm_bf16(const cuda_backend *cb, const cuda_graph *g, int i, int n
     int mi[3], lglu;
     return g_lora_after(g, i, n, mi, &lglu) <= 0;
 }
+/* Two neighbours of one shape and no bias (k / v, gate / up) run as one batched GEMM (g->gemm_pair), its
+ * pointers in the graph's table. */
 static lmx_status g_gemm_bf16_run(cuda_backend *cb, int i, int n, const __nv_bfloat16 *x16, int *used) {
     lmx_status st = LMX_OK;
     for (int j = 0; j < n && !st; j++) {
-        g_rec *m = &cb->g->rec[i + j];
+        g_rec *m = &cb->g->rec[i + j], *m1 = m + 1;
+        const void **tab;
+        if (cb->g->gemm_pair && j + 1 < n && !m->has[3] && !m1->has[3] && m->M == m1->M &&
+            m->t[2].shape[0] == m1->t[2].shape[0] && m->t[2].shape[1] == m1->t[2].shape[1] &&
+            (tab = g_ptab_take(cb->g, 6))) {
+            const void *p[6] = {x16, x16, m->t[2].data, m1->t[2].data, m->t[0].data, m1->t[0].data};
+            memcpy(tab, p, sizeof p);
+            if ((st = cuda_gemm_bf16_batch(cb, g_ptab_dev(cb->g, tab), 2, m->M, (int)m->t[2].shape[0],
+                                           (int)m->t[2].shape[1])))
+                return st;
+            *used += 2;
+            j++;
+            continue;
+        }
         const lmx_tensor xb = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {m->M, m->t[2].shape[1]}, .data = (void *)x16};
         if (!(st = cuda_matmul(&cb->base, &m->t[0], &xb, &m->t[2], m->has[3] ? &m->t[3] : NULL, m->M))) (*used)++;
     }

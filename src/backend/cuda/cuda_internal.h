@@ -311,6 +311,9 @@ lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, con
 size_t cuda_weight_bytes(const lmx_tensor *w);
 /* dst[i] = bf16(src[i]) for n values, on the stream; the _scaled form narrows src[i] * scale (rounded once). */
 lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n);
+/* count GEMMs of bf16 x [M, K] and bf16 weights of one shape [N, K] into f32 [M, N] as one cuBLAS batch; ptr:
+ * device memory holding the x, weight and output pointers (count each, in that order). */
+lmx_status cuda_gemm_bf16_batch(cuda_backend *cb, const void *const *ptr, int count, int M, int N, int K);
 /* dst[i] = src[i] widened to f32 for n values, on the stream */
 lmx_status cuda_widen_into(cuda_backend *cb, float *dst, const __nv_bfloat16 *src, int64_t n);
 /* *wide = a new f32 tensor of bf16 x's shape and values (the caller releases it) */
@@ -355,6 +358,29 @@ static __device__ __forceinline__ float cuda_elem(const void *p, lmx_dtype t, in
     if (t == LMX_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     if (t == LMX_DTYPE_F16) return __half2float(((const __half *)p)[i]);
     return ((const float *)p)[i];
+}
+
+/* v[j] = element i0 + stride * j of such a vector (0 from n on), j < J, plus add: the dtype asked once, so
+ * every load is in flight before the first is used. */
+template <int J>
+static __device__ __forceinline__ void cuda_elems(float *v, const void *p, lmx_dtype t, int i0, int stride, int n,
+                                                  float add) {
+    if (t == LMX_DTYPE_BF16) {
+        __nv_bfloat16 r[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) r[j] = i0 + stride * j < n ? ((const __nv_bfloat16 *)p)[i0 + stride * j] : __nv_bfloat16();
+#pragma unroll
+        for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? __bfloat162float(r[j]) + add : 0.0f;
+    } else if (t == LMX_DTYPE_F32) {
+        float r[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) r[j] = i0 + stride * j < n ? ((const float *)p)[i0 + stride * j] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? r[j] + add : 0.0f;
+    } else {
+#pragma unroll
+        for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? cuda_elem(p, t, i0 + stride * j) + add : 0.0f;
+    }
 }
 
 static __device__ __forceinline__ float cuda_warp_sum(float v) {

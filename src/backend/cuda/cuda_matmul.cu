@@ -154,6 +154,16 @@ static lmx_status gemm16(cuda_backend *cb, const void *x16, const void *w16, cud
     return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul");
 }
 
+/* y_i = x_i @ w_i^T for i < count (bf16 x [M, K], bf16 weights of one shape [N, K], f32 outputs [M, N]) as one
+ * cuBLAS batch; ptr: the batch's pointers in device memory, x's, w's and y's, count each. */
+lmx_status cuda_gemm_bf16_batch(cuda_backend *cb, const void *const *ptr, int count, int M, int N, int K) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmBatchedEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, ptr + count, CUDA_R_16BF, K,
+                                           ptr, CUDA_R_16BF, K, &zero, (void *const *)(ptr + 2 * count), CUDA_R_32F, N,
+                                           count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul batch");
+}
+
 /* x f32, or xb non-NULL: x already bf16 (a training keep) for a bf16 or quantized w */
 static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloat16 *xb, const lmx_tensor *w, float *y,
                               int M, int N, int K) {

@@ -108,8 +108,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
     float ss = 0;
     if constexpr (J > 0) {
         float wv[J], v[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) wv[j] = t + 256 * j < n ? cuda_elem(w, wt, t + 256 * j) + add_one : 0.0f;
+        cuda_elems<J>(wv, w, wt, t, 256, n, add_one);
         cuda_pdl_wait();
 #pragma unroll
         for (int j = 0; j < J; j++) v[j] = t + 256 * j < n ? yr[t + 256 * j] : 0.0f;
