@@ -29,6 +29,48 @@ __global__ void k_fill(__nv_bfloat16 *p, size_t n, unsigned seed) {
     }
 }
 
+/* The decode graph's add + RMSNorm of rows of n = 256 J (lmx's k_rmsnorm_block order: thread t sums t, t + 256,
+ * ..., the 8 warps in order), bf16 weights, an f32 and a bf16 output: its cost between two GEMMs measured. */
+template <int J>
+__global__ void __launch_bounds__(256) k_addnorm(float *out, float *y, const float *p, const __nv_bfloat16 *w, int n,
+                                                 __nv_bfloat16 *o16) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    __shared__ float part[8];
+    const int t = threadIdx.x;
+    float *yr = y + (size_t)blockIdx.x * n, *orow = out + (size_t)blockIdx.x * n;
+    const float *pr = p + (size_t)blockIdx.x * n;
+    float wv[J], v[J], ss = 0;
+#pragma unroll
+    for (int j = 0; j < J; j++) wv[j] = __bfloat162float(w[t + 256 * j]);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < J; j++) v[j] = yr[t + 256 * j] + pr[t + 256 * j];
+#pragma unroll
+    for (int j = 0; j < J; j++) yr[t + 256 * j] = v[j], ss += v[j] * v[j];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (t % 32 == 0) part[t / 32] = ss;
+    __syncthreads();
+    float tot = 0;
+    for (int i = 0; i < 8; i++) tot += part[i];
+    const float inv = rsqrtf(tot / n + 1e-5f);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const float o = v[j] * inv * wv[j];
+        if (out) orow[t + 256 * j] = o;
+        o16[(size_t)blockIdx.x * n + t + 256 * j] = __float2bfloat16(o);
+    }
+}
+template <typename... A>
+static void launch_pdl(void (*k)(A...), int grid, int block, cudaStream_t s, A... args) {
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid, c.blockDim = block, c.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at, c.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&c, k, args...));
+}
+
 static cublasHandle_t blas;
 static cublasLtHandle_t lt;
 static cudaStream_t st;
@@ -210,6 +252,60 @@ int main(int argc, char **argv) {
             gemmb(pd + l * 12 + 6, F, H); gemm(x, W[l].d, M, H);
         }
     });
+    /* q beside the k / v pair on a second stream (fork / join in the graph; a second handle, its own workspace) */
+    cudaStream_t st2;
+    cublasHandle_t blas2;
+    void *ws2;
+    cudaEvent_t ef[64], ej[64];
+    CK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+    BK(cublasCreate(&blas2));
+    BK(cublasSetStream(blas2, st2));
+    CK(cudaMalloc(&ws2, LTWS));
+    BK(cublasSetWorkspace(blas2, ws2, LTWS));
+    for (int l = 0; l < 64; l++) {
+        CK(cudaEventCreateWithFlags(&ef[l], cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&ej[l], cudaEventDisableTiming));
+    }
+    timed("q beside the k/v pair (two streams)", [&] {
+        for (int l = 0; l < L; l++) {
+            CK(cudaEventRecord(ef[l % 64], st));
+            CK(cudaStreamWaitEvent(st2, ef[l % 64], 0));
+            std::swap(blas, blas2);
+            gemmb(pd + l * 12, KV, H);
+            std::swap(blas, blas2);
+            CK(cudaEventRecord(ej[l % 64], st2));
+            gemm(x, W[l].q, M, H);
+            CK(cudaStreamWaitEvent(st, ej[l % 64], 0));
+            gemm(x, W[l].o, M, H);
+            gemmb(pd + l * 12 + 6, F, H); gemm(x, W[l].d, M, H);
+        }
+    });
+    /* the add + norm between the GEMMs: its cost in a graph (with PDL, as lmx launches it) */
+    float *ny, *np2, *nout;
+    __nv_bfloat16 *n16, *nw;
+    CK(cudaMalloc(&ny, (size_t)M * H * 4)); CK(cudaMalloc(&np2, (size_t)M * H * 4)); CK(cudaMalloc(&nout, (size_t)M * H * 4));
+    CK(cudaMalloc(&n16, (size_t)M * H * 2)); CK(cudaMalloc(&nw, (size_t)L * H * 2));
+    CK(cudaMemset(ny, 0, (size_t)M * H * 4)); CK(cudaMemset(np2, 0, (size_t)M * H * 4));
+    k_fill<<<64, 256>>>(nw, (size_t)L * H, 9);
+    if (H == 4096) {
+        timed("  q, o alone", [&] { for (int l = 0; l < L; l++) gemm(x, W[l].q, M, H), gemm(x, W[l].o, M, H); });
+        timed("  q, add+norm, o, add+norm", [&] {
+            for (int l = 0; l < L; l++) {
+                gemm(x, W[l].q, M, H);
+                launch_pdl(k_addnorm<16>, M, 256, st, nout, ny, (const float *)np2, (const __nv_bfloat16 *)nw + (size_t)l * H, H, n16);
+                gemm(x, W[l].o, M, H);
+                launch_pdl(k_addnorm<16>, M, 256, st, nout, ny, (const float *)np2, (const __nv_bfloat16 *)nw + (size_t)l * H, H, n16);
+            }
+        });
+        timed("  the same, no f32 output", [&] {
+            for (int l = 0; l < L; l++) {
+                gemm(x, W[l].q, M, H);
+                launch_pdl(k_addnorm<16>, M, 256, st, (float *)NULL, ny, (const float *)np2, (const __nv_bfloat16 *)nw + (size_t)l * H, H, n16);
+                gemm(x, W[l].o, M, H);
+                launch_pdl(k_addnorm<16>, M, 256, st, (float *)NULL, ny, (const float *)np2, (const __nv_bfloat16 *)nw + (size_t)l * H, H, n16);
+            }
+        });
+    }
     timed("q|k|v and gate|up side by side", [&] {
         for (int l = 0; l < L; l++) {
             mat qkv = {W[l].q.w, H + 2 * KV, H, yqkv}, gu = {W[l].g.w, 2 * F, H, ygu};

@@ -752,16 +752,19 @@ typedef struct ga_case {
     float add_one, softcap;
     int interleaved; /* RoPE of pairs (2i, 2i + 1): GGUF llama checkpoints */
 } ga_case;
-/* One backend's tensors: the embedding [16, GA_C], q/k/v [N_j, GA_C], the q and k norms [D]; activations [0] of the
- * prefill (B*P rows) and [1] of a decode step (B rows), each kept for the whole case (a release drops a graph). */
+#define GA_B 20 /* sequences at most */
+/* One backend's tensors: the embedding [16, GA_C], q/k/v [N_j, GA_C], the o projection [GA_C, H*D], the q and k
+ * norms [D]; activations [0] of the prefill (B*P rows) and [1] of a decode step (B rows), each kept for the
+ * whole case (a release drops a graph). */
 typedef struct ga_set {
-    lmx_tensor table, w[3], nq, nk;
-    lmx_tensor x[2], y[2][3], o[2];
-    lmx_kv_layer kv[3];
-    lmx_kv_layer *pk[3];
+    lmx_tensor table, w[3], wo, nq, nk;
+    lmx_tensor x[2], y[2][3], o[2], z[2];
+    lmx_kv_layer kv[GA_B];
+    lmx_kv_layer *pk[GA_B];
 } ga_set;
 
-/* x = table[ids]; q, k, v = x W^T; [per-head norms of q and k;] RoPE of q and k; attention; kv append. */
+/* x = table[ids]; q, k, v = x W^T; [per-head norms of q and k;] RoPE of q and k; attention; kv append; z = the
+ * attention's output through the o projection. */
 static void ga_call(lmx_backend *be, ga_set *s, int i, const int32_t *ids, const lmx_batch *bt, const ga_case *c,
                     const lmx_rope *rope) {
     const int M = bt->B * bt->T;
@@ -778,6 +781,7 @@ static void ga_call(lmx_backend *be, ga_set *s, int i, const int32_t *ids, const
                              .Hk = c->Hk, .D = c->D, .scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap};
     CHECK(be->ops->attention(be, &a) == LMX_OK);
     CHECK(be->ops->kv_append(be, s->pk, bt, &y[1], &y[2]) == LMX_OK);
+    CHECK(be->ops->matmul(be, &s->z[i], &s->o[i], &s->wo, NULL, M) == LMX_OK);
 }
 
 /* A prefill, then decode steps in a graph (gpu) against a cuda backend with graphs off (eager: bit for bit, the
@@ -789,7 +793,7 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     const int N[3] = {c->H * c->D, c->Hk * c->D, c->Hk * c->D}, B = c->B, steps = 6;
     const int64_t KD = (int64_t)c->Hk * c->D;
     wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GA_C), nq = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D),
-          nk = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D), w[3];
+          nk = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D), wo = make_weight(LMX_DTYPE_BF16, 0, 0, 0, GA_C, N[0]), w[3];
     for (int j = 0; j < 3; j++) w[j] = make_weight(LMX_DTYPE_BF16, 0, 0, 0, N[j], GA_C);
     ga_set s[3];
     memset(s, 0, sizeof s);
@@ -797,10 +801,11 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     s[2].table = table.c, s[2].nq = nq.c, s[2].nk = nk.c;
     s[1].table = gg_upload(eager, &table.c), s[1].nq = gg_upload(eager, &nq.c), s[1].nk = gg_upload(eager, &nk.c);
     for (int j = 0; j < 3; j++) s[0].w[j] = w[j].g, s[2].w[j] = w[j].c, s[1].w[j] = gg_upload(eager, &w[j].c);
+    s[0].wo = wo.g, s[2].wo = wo.c, s[1].wo = gg_upload(eager, &wo.c);
     for (int e = 0; e < 3; e++) {
         for (int i = 0; i < 2; i++) {
             const int M = i ? B : B * c->P;
-            s[e].x[i] = act(be[e], M, GA_C, NULL), s[e].o[i] = act(be[e], M, N[0], NULL);
+            s[e].x[i] = act(be[e], M, GA_C, NULL), s[e].o[i] = act(be[e], M, N[0], NULL), s[e].z[i] = act(be[e], M, GA_C, NULL);
             for (int j = 0; j < 3; j++) s[e].y[i][j] = act(be[e], M, N[j], NULL);
         }
         for (int b = 0; b < B; b++) {
@@ -817,8 +822,8 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     float inv[128];
     for (int i = 0; i < c->D / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / c->D);
     const lmx_rope rope = {.rot_dim = c->D, .interleaved = c->interleaved, .inv_freq = inv, .attn_factor = 1.1f};
-    int n_past[3] = {0, 0, 0}, n_new[3];
-    int32_t ids[3 * 300];
+    int n_past[GA_B] = {0}, n_new[GA_B];
+    int32_t ids[GA_B * 300];
     for (int step = -1; step < steps; step++) {
         const int T = step < 0 ? c->P : 1;
         for (int b = 0; b < B; b++) n_new[b] = T;
@@ -842,10 +847,19 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
             free(q[0]), free(q[1]);
         }
         for (int e = 0; e < 3; e++) free(o[e]);
+        /* the o projection (from 17 rows a cuBLAS GEMM: in a graph it reads the attention's bf16 copy) */
+        const int64_t nz = (int64_t)B * GA_C;
+        for (int e = 0; e < 3; e++) o[e] = fetch(be[e], &s[e].z[1], nz);
+        const double ez = rel_err(o[0], o[2], nz);
+        CHECK_MSG(ez <= 1e-2, "graph attention %s step %d: o projection relative error %.3g > 1e-2", c->name, step, ez);
+        CHECK_MSG(!memcmp(o[0], o[1], (size_t)nz * 4), "graph attention %s step %d: o projection not the eager bits",
+                  c->name, step);
+        for (int e = 0; e < 3; e++) free(o[e]);
     }
     for (int e = 0; e < 3; e++) {
         for (int i = 0; i < 2; i++) {
             be[e]->ops->release(be[e], &s[e].x[i]), be[e]->ops->release(be[e], &s[e].o[i]);
+            be[e]->ops->release(be[e], &s[e].z[i]);
             for (int j = 0; j < 3; j++) be[e]->ops->release(be[e], &s[e].y[i][j]);
         }
         for (int b = 0; b < B; b++) be[e]->ops->release(be[e], &s[e].kv[b].k), be[e]->ops->release(be[e], &s[e].kv[b].v);
@@ -863,6 +877,8 @@ static void test_graph_attention(void) {
         {"interleaved pairs (gguf llama)", 1, 32, 8, 128, 0, 20, 0, 0.0f, 0.0f, 1},
         {"interleaved pairs, norms, batch 2", 2, 4, 2, 64, 1, 150, 0, 0.0f, 0.0f, 1},
         {"interleaved pairs, head dim 256, rotating window", 1, 4, 1, 256, 1, 20, 24, 1.0f, 0.0f, 1},
+        {"batch 20: the o projection's GEMM reads the attention's bf16 copy", 20, 8, 2, 128, 0, 12, 0, 0.0f, 0.0f, 0},
+        {"batch 18, norms, splits", 18, 4, 2, 64, 1, 200, 0, 0.0f, 0.0f, 0},
     };
     lmx_backend *eager = eager_cuda();
     if (!eager) return;

@@ -296,7 +296,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
             }
         int h = h0 + g;
         if (a.splits == 1) {
-            out[(int64_t)row * HD + (int64_t)h * D + d] = L > 0 ? o / L : 0.0f;
+            const float y = L > 0 ? o / L : 0.0f;
+            out[(int64_t)row * HD + (int64_t)h * D + d] = y;
+            if (a.o16) a.o16[(int64_t)row * HD + (int64_t)h * D + d] = __float2bfloat16(y);
         } else {
             float *p = part + (((int64_t)row * a.H + h) * a.splits + split) * (D + 2);
             p[d] = o;
@@ -306,7 +308,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
 }
 
 /* out[row, h, :] = merge of the splits' partials (splits <= 64). */
-__global__ void k_attention_merge(float *__restrict__ out, const float *__restrict__ part, int H, int D, int splits) {
+__global__ void k_attention_merge(float *__restrict__ out, __nv_bfloat16 *__restrict__ o16, const float *__restrict__ part,
+                                  int H, int D, int splits) {
     __shared__ float w[64];
     __shared__ float tot;
     cuda_pdl_trigger();
@@ -340,6 +343,7 @@ __global__ void k_attention_merge(float *__restrict__ out, const float *__restri
         float o = 0.0f;
         for (int s = 0; s < splits; s++) o = fmaf(p[s * (D + 2) + d], w[s], o);
         out[rh * D + d] = o * inv;
+        if (o16) o16[rh * D + d] = __float2bfloat16(o * inv);
     }
 }
 
@@ -416,7 +420,7 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
     lmx_status st = cuda_check_launch(cb, "attention");
     if (st) return st;
     if (splits > 1) {
-        cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0, op, (const float *)part, a.H,
+        cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0, op, a.o16, (const float *)part, a.H,
                     a.D, splits);
         if ((st = cuda_check_launch(cb, "attention merge"))) return st;
     }
@@ -449,6 +453,7 @@ static void att_init(att_arg &a, cuda_backend *cb, const lmx_attn_args *args) {
     a.scale = args->scale;
     a.softcap = args->softcap;
     a.dyn = cb->dyn_on ? cb->dyn : NULL;
+    a.o16 = NULL;
 }
 
 lmx_status cuda_attention(lmx_backend *be, const lmx_attn_args *args) {
@@ -503,6 +508,7 @@ lmx_status cuda_attention_fused(cuda_backend *cb, const lmx_attn_args *args, con
     for (int i = 0; i < args->D / 2; i++) p.inv_freq[i] = r->inv_freq[i];
     att_arg a;
     att_init(a, cb, args);
+    a.o16 = pre->o16;
     a.B = bt->B;
     att_seqs(a, args, 0);
     return att_decode(cb, args, 0, a, (const float *)args->q->data, (const float *)args->k->data,

@@ -16,6 +16,7 @@ typedef struct att_arg {
     int B, T, H, Hk, D, G, gmax, hchunks, splits; /* gmax: query heads a decode block takes */
     float scale, softcap;
     const int *dyn;          /* non-NULL: n_past / n_new from this device array (decode graphs) */
+    __nv_bfloat16 *o16;      /* non-NULL (decode): the output also rounded to bf16 here, [rows, H * D] */
     att_seq s[ATT_SEQ_MAX];
 } att_arg;
 

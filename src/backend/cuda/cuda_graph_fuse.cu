@@ -448,8 +448,21 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
             g_rec *at = &g->rec[ia];
             const lmx_batch bt = g_rec_batch(g, at);
             const lmx_attn_args aa = g_attn_args(at, &bt, at->kvp);
-            const cuda_att_pre pre = {&r0->rope, ws[0], ws[1], eps[0], eps[1], one[0], one[1]};
+            /* ... and a bf16 GEMM reading the output next (the o projection): the attention writes its bf16 input */
+            const int io = ik + 1;
+            const g_rec *mo = io < g->n_rec ? &g->rec[io] : NULL;
+            const int o16 = mo && mo->op == G_MATMUL && mo->t[1].data == at->t[0].data &&
+                            (int64_t)mo->M * mo->t[2].shape[1] == (int64_t)at->B * at->T * aa.H * aa.D &&
+                            g_gemm_bf16(cb, g, io, 1);
+            cuda_att_pre pre = {&r0->rope, ws[0], ws[1], eps[0], eps[1], one[0], one[1], NULL};
+            if (o16 && !(pre.o16 = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)mo->M * mo->t[2].shape[1] * 2)))
+                return cb->base.err.status;
             lmx_status st = cuda_attention_fused(cb, &aa, &pre);
+            if (st == LMX_OK && o16) { /* the GEMM now, so the loop skips it (and the append) */
+                int u = 0;
+                st = g_gemm_bf16_run(cb, io, 1, pre.o16, &u);
+                if (st == LMX_OK) g->skip[io] = 1;
+            }
             if (st != LMX_ERR_UNSUPPORTED) {
                 if (st == LMX_OK) g->skip[ik] = 1;
                 *used = nn + 3;

@@ -302,6 +302,7 @@ typedef struct cuda_att_pre {
     const lmx_rope *rope;
     const lmx_tensor *qw, *kw;
     float qeps, keps, qone, kone;
+    __nv_bfloat16 *o16;      /* non-NULL: the output also rounded to bf16 here (the o projection's GEMM input) */
 } cuda_att_pre;
 /* Attention of one new token a sequence on q and k as the q/k/v matmul left them (positions from cb->dyn:
  * capture only); LMX_ERR_UNSUPPORTED, nothing launched, where the fold does not apply (it takes heads of 64,
@@ -360,26 +361,30 @@ static __device__ __forceinline__ float cuda_elem(const void *p, lmx_dtype t, in
     return ((const float *)p)[i];
 }
 
-/* v[j] = element i0 + stride * j of such a vector (0 from n on), j < J, plus add: the dtype asked once, so
- * every load is in flight before the first is used. */
+/* v[j] = element i0 + stride * j of such a vector (0 from n on; n > 0), j < J, plus add: the dtype asked
+ * once and every load unconditional (an index past n reads element n - 1, then counted as 0), so all of them
+ * are in flight before the first is used. */
 template <int J>
 static __device__ __forceinline__ void cuda_elems(float *v, const void *p, lmx_dtype t, int i0, int stride, int n,
                                                   float add) {
+    int at[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) at[j] = i0 + stride * j < n ? i0 + stride * j : n - 1;
     if (t == LMX_DTYPE_BF16) {
         __nv_bfloat16 r[J];
 #pragma unroll
-        for (int j = 0; j < J; j++) r[j] = i0 + stride * j < n ? ((const __nv_bfloat16 *)p)[i0 + stride * j] : __nv_bfloat16();
+        for (int j = 0; j < J; j++) r[j] = ((const __nv_bfloat16 *)p)[at[j]];
 #pragma unroll
         for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? __bfloat162float(r[j]) + add : 0.0f;
     } else if (t == LMX_DTYPE_F32) {
         float r[J];
 #pragma unroll
-        for (int j = 0; j < J; j++) r[j] = i0 + stride * j < n ? ((const float *)p)[i0 + stride * j] : 0.0f;
+        for (int j = 0; j < J; j++) r[j] = ((const float *)p)[at[j]];
 #pragma unroll
         for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? r[j] + add : 0.0f;
     } else {
 #pragma unroll
-        for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? cuda_elem(p, t, i0 + stride * j) + add : 0.0f;
+        for (int j = 0; j < J; j++) v[j] = i0 + stride * j < n ? cuda_elem(p, t, at[j]) + add : 0.0f;
     }
 }
 
@@ -488,8 +493,25 @@ static __device__ __forceinline__ float cuda_rms_inv256(const float *x, int K, f
     const int tid = threadIdx.x, lane = tid % 32;
     float ss = 0.0f;
     if (K > 256) {
-        if (tid < 256)
-            for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
+        if (tid < 256) { /* the loads of 8 (then 4) values at once, summed in the same order */
+            int i = tid;
+            for (; i + 256 * 7 < K; i += 256 * 8) {
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = x[i + 256 * j];
+#pragma unroll
+                for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+            }
+            if (i + 256 * 3 < K) {
+                float v[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) v[j] = x[i + 256 * j];
+#pragma unroll
+                for (int j = 0; j < 4; j++) ss += v[j] * v[j];
+                i += 256 * 4;
+            }
+            for (; i < K; i += 256) ss += x[i] * x[i];
+        }
         return cuda_rms_inv_block(ss, K, eps, part);
     }
     for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
