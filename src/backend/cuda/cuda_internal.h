@@ -493,25 +493,8 @@ static __device__ __forceinline__ float cuda_rms_inv256(const float *x, int K, f
     const int tid = threadIdx.x, lane = tid % 32;
     float ss = 0.0f;
     if (K > 256) {
-        if (tid < 256) { /* the loads of 8 (then 4) values at once, summed in the same order */
-            int i = tid;
-            for (; i + 256 * 7 < K; i += 256 * 8) {
-                float v[8];
-#pragma unroll
-                for (int j = 0; j < 8; j++) v[j] = x[i + 256 * j];
-#pragma unroll
-                for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-            }
-            if (i + 256 * 3 < K) {
-                float v[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) v[j] = x[i + 256 * j];
-#pragma unroll
-                for (int j = 0; j < 4; j++) ss += v[j] * v[j];
-                i += 256 * 4;
-            }
-            for (; i < K; i += 256) ss += x[i] * x[i];
-        }
+        if (tid < 256)
+            for (int i = tid; i < K; i += 256) ss += x[i] * x[i];
         return cuda_rms_inv_block(ss, K, eps, part);
     }
     for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
