@@ -95,7 +95,7 @@ static void gemm2(const __nv_bfloat16 *x, const mat &a, const mat &b, int M) {
 }
 
 /* cuBLASLt: y[M, N] = x[M, K] w[N, K]^T, column-major view: y^T [N, M] = w^T... as cuBLAS sees it (op T on w). */
-struct ltplan { cublasLtMatmulDesc_t d; cublasLtMatrixLayout_t a, b, c; cublasLtMatmulAlgo_t algo; int ok; };
+struct ltplan { cublasLtMatmulDesc_t d; cublasLtMatrixLayout_t a, b, c; cublasLtMatmulAlgo_t algo; };
 static void lt_layouts(ltplan &p, int N, int M, int K, int ldc) {
     BK(cublasLtMatmulDescCreate(&p.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
@@ -124,7 +124,6 @@ static ltplan lt_tune(int N, int M, int K, const std::vector<const __nv_bfloat16
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     float best = 1e30f;
-    p.ok = 0;
     for (int i = 0; i < n; i++) {
         for (size_t l = 0; l < ws.size(); l++) lt_run(p, x, ws[l], y, &res[i].algo); /* warm */
         CK(cudaEventRecord(e0, st));
@@ -136,7 +135,7 @@ static ltplan lt_tune(int N, int M, int K, const std::vector<const __nv_bfloat16
         CK(cudaEventElapsedTime(&ms, e0, e1));
         float us = ms * 1000 / (3 * ws.size());
         if (i == 0) *first_us = us;
-        if (us < best) { best = us; p.algo = res[i].algo; p.ok = 1; }
+        if (us < best) { best = us; p.algo = res[i].algo; }
     }
     *best_us = best;
     return p;

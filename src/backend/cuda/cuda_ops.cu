@@ -107,9 +107,9 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
     const float *pr = ADD ? p + (int64_t)blockIdx.x * n : NULL;
     float ss = 0;
     if constexpr (J > 0) {
-        /* FULL: n = 256 J, every value in the row; else a value past it is loaded from the row's last (an
-         * unconditional load: guarded ones were issued one after another, 8.5 us for 32 rows of 4096) and
-         * then counted as 0 */
+        /* FULL: n = 256 J, every value in the row (no clamped indices held: 48 registers, not 86, at J 16);
+         * else a value past it is loaded from the row's last (an unconditional load: guarded ones were issued
+         * one after another, 8.5 us for 32 rows of 4096) and then counted as 0 */
         auto in = [&](int j) { return FULL || t + 256 * j < n; };
         auto at = [&](int j) { return FULL || t + 256 * j < n ? t + 256 * j : n - 1; };
         float wv[J], v[J];
@@ -321,7 +321,8 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     const int rot = t < nn ? 2 * a.half : 0;
     float wv[NR_PER], cs[NR_ROT], sn[NR_ROT];
 #pragma unroll
-    for (int k = 0; k < NR_PER; k++) wv[k] = w && lane + 32 * k < n ? cuda_elem(w, wt, lane + 32 * k) + add_one : 0.0f;
+    for (int k = 0; k < NR_PER; k++) wv[k] = 0.0f;
+    if (w) cuda_elems<NR_PER>(wv, w, wt, lane, 32, n, add_one);
 #pragma unroll
     for (int k = 0; k < NR_ROT; k++) {
         const int i = lane + 32 * k;
