@@ -544,7 +544,7 @@ static void gg_alloc(lmx_backend *be, gg_set *s, int M, const int *N) {
     s->x = act(be, M, GG_C, NULL), s->h = act(be, M, GG_C, NULL), s->z = act(be, M, GG_E, NULL);
     s->xn = act(be, M, GG_C, NULL);
     for (int j = 0; j < 3; j++) s->y[j] = act(be, M, N[j], NULL);
-    if (M % 2) /* both orders of gate's and up's outputs (a strided-batched pair's stride either sign) */
+    if (M % 2) /* gate's and up's outputs in both orders (the graph's batched pair takes either) */
         s->yu = act(be, M, GG_F, NULL), s->yg = act(be, M, GG_F, NULL);
     else
         s->yg = act(be, M, GG_F, NULL), s->yu = act(be, M, GG_F, NULL);
