@@ -18,6 +18,9 @@ run "$bin/test_cuda_ops"
 # the A/B path kept beside the default: the one-token q/k norm + RoPE + kv append as a launch before the
 # attention (k_norm_rope), graphs against eager cuda bit for bit
 run env LMX_CUDA_ATT_FOLD=0 "$bin/test_cuda_ops"
+# GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights in their own blocks (LMX_CUDA_GGUF_REPACK=0): the GGUF kernels that
+# the upload's rewrite as MLX groups (cuda_repack.cu) otherwise leaves to Q5 / Q6 / Q2 / Q3 types and experts
+run env LMX_CUDA_GGUF_REPACK=0 "$bin/test_cuda_ops"
 [ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)
 # (and checkpointed: the layers' inputs through host memory, offload / reload)

@@ -90,7 +90,8 @@ typedef struct wpair { lmx_tensor g, c; } wpair;
 
 static void put_f16(uint8_t *p, float v) { uint16_t h = lmx_f32_to_f16(v); memcpy(p, &h, 2); }
 
-static wpair make_weight_sdt(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K, lmx_dtype sdt) {
+/* experts > 0: a GGUF weight marked as the loader marks stacked experts (the cuda backend keeps their blocks) */
+static wpair make_weight_ex(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K, lmx_dtype sdt, int experts) {
     lmx_tensor t = {.dtype = dt, .ndim = 2, .shape = {N, K}};
     if (gtype) {
         size_t rb = lmx_ggml_row_bytes(gtype, K), bb = (size_t)lmx_ggml_block_bytes(gtype);
@@ -112,6 +113,7 @@ static wpair make_weight_sdt(lmx_dtype dt, int bits, int group, int gtype, int64
         t.dtype = LMX_DTYPE_U8;
         t.data = p;
         t.q.ggml_type = gtype;
+        t.q.experts = experts;
     } else if (bits) {
         int64_t W = K * bits / 32, G = K / group;
         uint32_t *p = malloc((size_t)(N * W) * 4);
@@ -145,6 +147,10 @@ static wpair make_weight_sdt(lmx_dtype dt, int bits, int group, int gtype, int64
     CHECK(gpu->ops->upload_weight(gpu, &w.g) == LMX_OK);
     CHECK(cpu->ops->upload_weight(cpu, &w.c) == LMX_OK);
     return w;
+}
+
+static wpair make_weight_sdt(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K, lmx_dtype sdt) {
+    return make_weight_ex(dt, bits, group, gtype, N, K, sdt, 0);
 }
 
 static wpair make_weight(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K) {

@@ -9,6 +9,7 @@
 
 #include "cuda_attention.h"
 #include "cuda_internal.h"
+#include "cuda_repack.h"
 
 extern "C" {
 #include "../backward.h"
@@ -189,7 +190,7 @@ static lmx_status track(cuda_backend *cb, void *p) {
  * a mapped safetensors file need not be aligned): the copy is bytewise, and the device block from
  * cudaMalloc is 256-byte aligned, so the kernels' word and vector loads never see the file's layout.
  * Weights, scales and biases each get their own block for that reason. */
-static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
+static lmx_status weight_block(cuda_backend *cb, size_t n, void **out, const char *what) {
     void *p = NULL;
     lmx_status st = lmx_backend_mem_check(&cb->base, (int64_t)(n ? n : 16));
     if (st) return st;
@@ -197,8 +198,50 @@ static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out
     st = track(cb, p);
     if (st) return st;
     lmx_backend_mem(&cb->base, (int64_t)(n ? n : 16)); /* freed with the backend */
-    CUDA_TRY(cb, cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, cb->stream), what);
     *out = p;
+    return LMX_OK;
+}
+
+static lmx_status upload(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
+    lmx_status st = weight_block(cb, n, out, what);
+    if (st) return st;
+    CUDA_TRY(cb, cudaMemcpyAsync(*out, src, n, cudaMemcpyHostToDevice, cb->stream), what);
+    return LMX_OK;
+}
+
+/* Give back the last n blocks weight_block made, made in the order of bytes (a repack that kept the GGUF blocks). */
+static void weight_blocks_drop(cuda_backend *cb, int n, const size_t *bytes) {
+    for (int i = n - 1; i >= 0 && cb->n_weights > 0; i--) {
+        cudaFree(cb->weights[--cb->n_weights]);
+        lmx_backend_mem(&cb->base, -(int64_t)(bytes[i] ? bytes[i] : 16));
+    }
+}
+
+/* GGUF w rewritten as MLX groups of 32 on the device (cuda_repack.cu); *done 0: w is as it was. */
+static lmx_status upload_repacked(cuda_backend *cb, lmx_tensor *w, int *done) {
+    *done = 0;
+    const int bits = cuda_repack_bits(cb, w);
+    const int64_t N = w->shape[0], K = w->shape[1];
+    const size_t bytes[3] = {(size_t)(N * K * bits / 8), (size_t)(N * K / 32) * 2, (size_t)(N * K / 32) * 2};
+    void *b[3] = {NULL, NULL, NULL}; /* words, scales, biases */
+    lmx_status st = LMX_OK;
+    int made = 0, ok = 0;
+    while (made < 3 && !(st = weight_block(cb, bytes[made], &b[made], "weight upload"))) made++;
+    if (!st) st = cuda_repack(cb, w, b[0], b[1], b[2], &ok);
+    if (st || !ok) {
+        weight_blocks_drop(cb, made, bytes);
+        return st;
+    }
+    w->data = b[0];
+    w->q.ggml_type = 0;
+    w->q.bits = bits;
+    w->q.group = 32;
+    w->q.scale_dtype = LMX_DTYPE_F16;
+    w->q.scales = b[1];
+    w->q.biases = b[2];
+    w->dtype = LMX_DTYPE_U32;
+    w->owned = 0;
+    *done = 1;
     return LMX_OK;
 }
 
@@ -228,6 +271,10 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: %s weights are not supported",
                            lmx_dtype_name(w->dtype));
     lmx_status st;
+    if (!host && cuda_repack_bits(cb, w)) {
+        int done = 0;
+        if ((st = upload_repacked(cb, w, &done)) || done) return st;
+    }
     void *d = NULL;
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
     if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
@@ -537,6 +584,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->moe_off = mo && mo[0] == '0';
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
+    const char *gr = getenv("LMX_CUDA_GGUF_REPACK");
+    cb->gguf_repack = !(gr && gr[0] == '0');
     const char *kp = getenv("LMX_CUDA_KEEP");
     cb->keep_f32 = kp && !strcmp(kp, "f32");
     const char *gv = getenv("LMX_CUDA_GEMV");

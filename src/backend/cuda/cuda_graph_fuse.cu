@@ -84,6 +84,22 @@ static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const fl
         st = cuda_gemv(cb, 2, ws, bs, ys, x, g->rec[i].M, -1, NULL);
         if (st == LMX_OK) *used = 2;
     }
+    /* ... and with the norm folded into both (each reads x and normalises it): v first, alone, so that
+     * nothing has run when its kind takes no fold; q and k then take what v's launch took (one row: Q4_K
+     * q and k as MLX groups, cuda_repack.cu, beside a Q6_K v) */
+    if (st == LMX_ERR_UNSUPPORTED && n == 3 && opts && !opts->resid && !opts->sum_y && !opts->lora_b[0] &&
+        !opts->lora_b[1] && !opts->lora_b[2]) {
+        const int M = g->rec[i].M;
+        st = cuda_gemv(cb, 1, ws + 2, bs + 2, ys + 2, x, M, -1, opts);
+        if (st == LMX_OK) {
+            st = cuda_gemv(cb, 2, ws, bs, ys, x, M, -1, opts);
+            if (st == LMX_ERR_UNSUPPORTED && (st = cuda_gemv(cb, 1, ws, bs, ys, x, M, -1, opts)) == LMX_OK)
+                st = cuda_gemv(cb, 1, ws + 1, bs + 1, ys + 1, x, M, -1, opts);
+            if (st == LMX_ERR_UNSUPPORTED) /* v ran with the fold and q or k cannot: the step cannot be made */
+                return lmx_err_set(&cb->base.err, LMX_ERR_BACKEND, "cuda graph: q/k/v take the norm apart");
+            if (st == LMX_OK) *used = 3;
+        }
+    }
     return st == LMX_ERR_UNSUPPORTED ? LMX_OK : st;
 }
 

@@ -72,6 +72,8 @@ typedef struct cuda_backend {
                                 none in this cuBLAS: a GEMM per expert) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
                                 turns them off for A/B measurements */
+    int gguf_repack;         /* 1: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights uploaded as MLX groups of 32 (cuda_repack.cu;
+                                LMX_CUDA_GGUF_REPACK=0 keeps the blocks, for A/B measurements) */
     int keep_f32;            /* LMX_CUDA_KEEP=f32: training keeps forward values in f32, not bf16 */
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not

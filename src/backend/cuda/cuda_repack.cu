@@ -1,0 +1,128 @@
+/* cuda_repack.cu - GGUF 4-bit and 8-bit blocks rewritten on upload as MLX affine groups of 32.
+ *
+ * Every Q4_0, Q4_1, Q4_K and Q8_0 group of 32 weights is an affine map of its codes, w = scale * q + bias:
+ * Q4_0 d (q - 8), Q4_1 d q + m, Q4_K (d sc) q - (dmin m) with the sub-block's 6-bit sc and m, Q8_0 d q
+ * (q + 128 unsigned, bias -128 d).  The MLX kernels (cuda_gemv_tc.cu, cuda_gstream.cu, cuda_ggml.cu's MLX
+ * rows) read that layout with far fewer instructions a weight than the GGUF ones decode the blocks: the
+ * codes in order, eight 4-bit (four 8-bit) to a word, one 16-byte load a lane a step, and the scale and
+ * bias of the group as two 16-bit loads, nothing to unpack.  So on upload the cuda backend writes such a
+ * weight as MLX [N, K] with groups of 32 and f16 scales and biases: Q4_0, Q4_1 and Q8_0 exactly (their d
+ * and m are f16 already, and 8 d, 128 d too unless they overflow), Q4_K within f16's rounding of d sc and
+ * dmin m (relative 2^-12; the tensor-core kernels round scales to bf16 anyway, as they did the GGUF
+ * path's).  The cost is bytes: Q4_K 4.5 -> 5 bits a weight (+11%), Q4_0 4.5 -> 5, Q8_0 8.5 -> 9; Q4_1 is 5
+ * either way.  A scale or bias beyond f16's range keeps the weight in its GGUF blocks.
+ *
+ * The source blocks go up in chunks of rows through a staging buffer of at most 64 MB, converted by one
+ * thread a group. */
+#include "cuda_repack.h"
+
+#include "../../formats/ggml_types.h"
+
+#define REPACK_STAGE (64u << 20)
+
+static __device__ __forceinline__ float rp_half(const uint8_t *p) {
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+
+/* Group gk of the row at row (type T): its 32 codes, scale and bias. */
+template <int T> static __device__ void rp_group(const uint8_t *row, int gk, uint8_t (&q)[32], float &s, float &b) {
+    if constexpr (T == LMX_GGML_Q4_K) { /* d, dmin, scales[12], qs[128]: element 64 c + 32 h + l is nibble h of qs[32 c + l] */
+        const uint8_t *blk = row + (int64_t)(gk / 8) * 144, *sc = blk + 4, *qs = blk + 16;
+        const int j = gk % 8;
+        int s6, m6;
+        if (j < 4) {
+            s6 = sc[j] & 63, m6 = sc[j + 4] & 63;
+        } else {
+            s6 = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+            m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        }
+        s = rp_half(blk) * (float)s6, b = -(rp_half(blk + 2) * (float)m6);
+        for (int e = 0; e < 32; e++) q[e] = (qs[32 * (j / 2) + e] >> (4 * (j % 2))) & 15;
+    } else if constexpr (T == LMX_GGML_Q8_0) { /* d, int8 qs[32] */
+        const uint8_t *blk = row + (int64_t)gk * 34;
+        s = rp_half(blk), b = -128.0f * s;
+        for (int e = 0; e < 32; e++) q[e] = (uint8_t)((int)(int8_t)blk[2 + e] + 128);
+    } else { /* Q4_0: d, qs[16]; Q4_1: d, m, qs[16]: element l low nibble of qs[l], 16 + l its high nibble */
+        constexpr int BY = T == LMX_GGML_Q4_0 ? 18 : 20;
+        const uint8_t *blk = row + (int64_t)gk * BY, *qs = blk + BY - 16;
+        s = rp_half(blk), b = T == LMX_GGML_Q4_0 ? -8.0f * s : rp_half(blk + 2);
+        for (int e = 0; e < 16; e++) q[e] = qs[e] & 15, q[16 + e] = qs[e] >> 4;
+    }
+}
+
+/* groups [N rows, G a row] of src (rows of row_bytes) -> MLX words (BITS 4: 4 a group, 8: 8), f16 scale and
+ * bias a group; *bad |= 1 where one leaves f16's range. */
+template <int T, int BITS>
+__global__ void k_repack(const uint8_t *__restrict__ src, int64_t row_bytes, int G, int64_t groups, uint32_t *__restrict__ w,
+                         __half *__restrict__ sc, __half *__restrict__ bi, int *bad) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= groups) return;
+    uint8_t q[32];
+    float s, b;
+    rp_group<T>(src + (i / G) * row_bytes, (int)(i % G), q, s, b);
+    constexpr int PER = 32 / BITS, WORDS = 32 / PER; /* codes a word, words a group */
+#pragma unroll
+    for (int k = 0; k < WORDS; k++) {
+        uint32_t v = 0;
+#pragma unroll
+        for (int e = 0; e < PER; e++) v |= (uint32_t)q[PER * k + e] << (BITS * e);
+        w[i * WORDS + k] = v;
+    }
+    const __half hs = __float2half_rn(s), hb = __float2half_rn(b);
+    if (!isfinite(__half2float(hs)) || !isfinite(__half2float(hb))) atomicOr(bad, 1);
+    sc[i] = hs, bi[i] = hb;
+}
+
+int cuda_repack_bits(const cuda_backend *cb, const lmx_tensor *w) {
+    /* experts keep their blocks: the GGUF mixture kernels (cuda_moe.cu) fold the router's norm and the
+     * routing in, the MLX ones do not (measured on an H100, Qwen3-30B-A3B Q4_K_M, 12 layers: 1,430 -> 273 tok/s) */
+    if (!cb->gguf_repack || w->ndim != 2 || w->shape[1] % 32 || w->q.experts) return 0;
+    switch (w->q.ggml_type) {
+    case LMX_GGML_Q4_0:
+    case LMX_GGML_Q4_1:
+    case LMX_GGML_Q4_K: return 4;
+    case LMX_GGML_Q8_0: return 8;
+    default: return 0;
+    }
+}
+
+typedef void (*repack_fn)(const uint8_t *, int64_t, int, int64_t, uint32_t *, __half *, __half *, int *);
+
+lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, void *words, void *scales, void *biases, int *ok) {
+    *ok = 0;
+    const int type = w->q.ggml_type;
+    const int64_t N = w->shape[0], K = w->shape[1], G = K / 32, rb = (int64_t)lmx_ggml_row_bytes(type, K);
+    const int bits = cuda_repack_bits(cb, w);
+    repack_fn k = type == LMX_GGML_Q4_K   ? k_repack<LMX_GGML_Q4_K, 4>
+                  : type == LMX_GGML_Q4_0 ? k_repack<LMX_GGML_Q4_0, 4>
+                  : type == LMX_GGML_Q4_1 ? k_repack<LMX_GGML_Q4_1, 4>
+                                          : k_repack<LMX_GGML_Q8_0, 8>;
+    int64_t chunk = REPACK_STAGE / rb; /* rows a chunk */
+    if (chunk < 1) chunk = 1;
+    if (chunk > N) chunk = N;
+    uint8_t *stage = NULL;
+    int *bad = NULL, flag = 0;
+    lmx_status st = LMX_OK;
+    cudaError_t e = cudaMalloc((void **)&stage, (size_t)(chunk * rb) + 16);
+    if (e == cudaSuccess) e = cudaMallocAsync((void **)&bad, sizeof(int), cb->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(bad, 0, sizeof(int), cb->stream);
+    for (int64_t r0 = 0; e == cudaSuccess && r0 < N; r0 += chunk) {
+        const int64_t n = N - r0 < chunk ? N - r0 : chunk, groups = n * G;
+        e = cudaMemcpyAsync(stage, (const uint8_t *)w->data + r0 * rb, (size_t)(n * rb), cudaMemcpyHostToDevice, cb->stream);
+        if (e != cudaSuccess) break;
+        k<<<(unsigned)((groups + 255) / 256), 256, 0, cb->stream>>>(stage, rb, (int)G, groups,
+                                                                   (uint32_t *)words + r0 * G * (bits == 4 ? 4 : 8),
+                                                                   (__half *)scales + r0 * G, (__half *)biases + r0 * G, bad);
+        e = cudaGetLastError();
+        /* the staging buffer is written again by the next chunk's copy: that copy is ordered after this
+         * kernel on the stream */
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&flag, bad, sizeof(int), cudaMemcpyDeviceToHost, cb->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream);
+    if (e != cudaSuccess) st = cuda_fail(cb, e, "weight upload (GGUF repack)");
+    if (bad) cudaFreeAsync(bad, cb->stream);
+    cudaStreamSynchronize(cb->stream);
+    if (stage) cudaFree(stage);
+    if (!st) *ok = !flag;
+    return st;
+}
