@@ -139,7 +139,7 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
     lmx_status s = upload_weight(b, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
     m->n_params += d0 * d1;
-    m->weight_bytes += (int64_t)st->nbytes;
+    m->weight_bytes += lmx_weight_bytes(t); /* as the backend holds it (cuda may rewrite GGUF blocks as MLX groups) */
     if (type >= 0 && type < 32) m->bytes_by_ggml_type[type] += (int64_t)st->nbytes;
     int main_type = type; /* name the model after the type holding most of its bytes */
     for (int i = 0; i < 32; i++)
