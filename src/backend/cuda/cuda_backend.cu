@@ -590,6 +590,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->keep_f32 = kp && !strcmp(kp, "f32");
     const char *gv = getenv("LMX_CUDA_GEMV");
     cb->gemv_variant = gv ? atoi(gv) : 0;
+    const char *sm = getenv("LMX_CUDA_STREAM_MIN");
+    cb->stream_min = sm ? atoll(sm) : (int64_t)8 << 20; /* cuda_ggml.cu measures it */
     const char *sb = getenv("LMX_CUDA_STREAM_BPM");
     cb->stream_bpm = sb ? atoi(sb) : 0;
     const char *xb = getenv("LMX_CUDA_XS_BLOCKS");

@@ -82,6 +82,8 @@ typedef struct cuda_backend {
                                 not k_gstream1 */
     void *topk_host;         /* page-locked staging of the top-k results (one copy, not two pageable ones) */
     size_t topk_host_bytes;
+    int64_t stream_min;      /* the fewest weights of a one-row MLX 4-bit launch that k_gstream1 takes (smaller ones: the
+                                int16 kernel, cuda_ggml.cu; LMX_CUDA_STREAM_MIN) */
     int stream_bpm;          /* k_gstream1's blocks a multiprocessor (LMX_CUDA_STREAM_BPM, A/B measurements; 0: as
                                 many as fit) */
     int xs_blocks;           /* the most blocks of a one-row GGUF / MLX GEMV that quantize x each (cuda_ggml.cu;
