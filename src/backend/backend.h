@@ -32,7 +32,9 @@ typedef struct lmx_quant {
  * cuda.  A cpu weight (data, q.scales, q.biases) aliases its file at any alignment, so cpu kernels read
  * weights through lmx_load_* (base/half.h) or unaligned vector loads; cuda copies them to aligned
  * device memory.  Weights keep their stored dtype (quantized ones stay packed: dtype U32, shape the
- * logical [N, K], q says how); activations are F32. */
+ * logical [N, K], q says how), except that an upload may rewrite a weight's packing into another the
+ * backend reads faster, with q updated to say so (cuda: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 matrices as MLX
+ * groups of 32, cuda_repack.cu); activations are F32. */
 typedef struct lmx_tensor {
     lmx_dtype dtype;
     int ndim;
@@ -135,7 +137,8 @@ typedef struct lmx_backend_ops {
     /* memory */
     /* Make weight w usable by ops.  On entry w->data (and w->q.scales / biases) point at host
      * memory that stays valid while the model lives; the cpu backend keeps them (zero copy), a
-     * device backend copies them and replaces the pointers. */
+     * device backend copies them and replaces the pointers (and may change w's packing, q and dtype
+     * with it: see lmx_tensor). */
     lmx_status (*upload_weight)(lmx_backend *be, lmx_tensor *w);
     /* Allocate t->data for t's dtype and shape (zeroed).  release frees what alloc made. */
     lmx_status (*alloc)(lmx_backend *be, lmx_tensor *t);

@@ -85,8 +85,8 @@ static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const fl
         if (st == LMX_OK) *used = 2;
     }
     /* ... and with the norm folded into both (each reads x and normalises it): v first, alone, so that
-     * nothing has run when its kind takes no fold; q and k then take what v's launch took (one row: Q4_K
-     * q and k as MLX groups, cuda_repack.cu, beside a Q6_K v) */
+     * nothing has run when its kind takes no fold; q and k then take what v's launch took (one row of an 8B
+     * Q4_K_M: q and k as MLX groups, cuda_repack.cu, streamed by k_gstream1, beside a Q6_K v) */
     if (st == LMX_ERR_UNSUPPORTED && n == 3 && opts && !opts->resid && !opts->sum_y && !opts->lora_b[0] &&
         !opts->lora_b[1] && !opts->lora_b[2]) {
         const int M = g->rec[i].M;

@@ -100,29 +100,29 @@ lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, void *words, void 
     int64_t chunk = REPACK_STAGE / rb; /* rows a chunk */
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
+    /* the staging buffer and the flag after it, from the stream's pool (reused by the next weight, then by
+     * activations) */
+    const size_t sbytes = ((size_t)(chunk * rb) + 15) / 16 * 16;
     uint8_t *stage = NULL;
-    int *bad = NULL, flag = 0;
+    int flag = 0;
     lmx_status st = LMX_OK;
-    cudaError_t e = cudaMalloc((void **)&stage, (size_t)(chunk * rb) + 16);
-    if (e == cudaSuccess) e = cudaMallocAsync((void **)&bad, sizeof(int), cb->stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(bad, 0, sizeof(int), cb->stream);
+    int *bad = NULL;
+    cudaError_t e = cudaMallocFromPoolAsync((void **)&stage, sbytes + 16, cb->pool, cb->stream);
+    if (e == cudaSuccess) bad = (int *)(stage + sbytes), e = cudaMemsetAsync(bad, 0, sizeof(int), cb->stream);
     for (int64_t r0 = 0; e == cudaSuccess && r0 < N; r0 += chunk) {
         const int64_t n = N - r0 < chunk ? N - r0 : chunk, groups = n * G;
+        /* (the copy into the staging buffer waits on the stream for the kernel that read it last) */
         e = cudaMemcpyAsync(stage, (const uint8_t *)w->data + r0 * rb, (size_t)(n * rb), cudaMemcpyHostToDevice, cb->stream);
         if (e != cudaSuccess) break;
         k<<<(unsigned)((groups + 255) / 256), 256, 0, cb->stream>>>(stage, rb, (int)G, groups,
                                                                    (uint32_t *)words + r0 * G * (bits == 4 ? 4 : 8),
                                                                    (__half *)scales + r0 * G, (__half *)biases + r0 * G, bad);
         e = cudaGetLastError();
-        /* the staging buffer is written again by the next chunk's copy: that copy is ordered after this
-         * kernel on the stream */
     }
     if (e == cudaSuccess) e = cudaMemcpyAsync(&flag, bad, sizeof(int), cudaMemcpyDeviceToHost, cb->stream);
+    if (stage) cudaFreeAsync(stage, cb->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream);
     if (e != cudaSuccess) st = cuda_fail(cb, e, "weight upload (GGUF repack)");
-    if (bad) cudaFreeAsync(bad, cb->stream);
-    cudaStreamSynchronize(cb->stream);
-    if (stage) cudaFree(stage);
     if (!st) *ok = !flag;
     return st;
 }
