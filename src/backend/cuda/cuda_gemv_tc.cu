@@ -65,10 +65,18 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32
  * GGUF one: its raw parts take 6-21 registers a row); x values a row staged in shared memory at a time
  * (CH: 33 KB for 8 or 16 rows, 35 KB for 24 or 32). */
 #define TC_GQ 64 /* KIND TC_GQ + t: GGUF blocks of type t (decoded a part of 32 at a time, cuda_ggml.h) */
+/* MLX 4 / 8-bit with f16 scales and biases (GGUF blocks as cuda_repack.cu rewrites them, MLX files stored in
+ * f16): decoded in f16 arithmetic, the scale and bias exact, and multiplied with x rounded to f16.  In bf16 the
+ * scale and bias would be rounded once for the whole group, an error shared by its 32 weights (measured on
+ * SmolLM2-135M Q4_1 against a float64 forward pass, prompts of 17-29 tokens: max |err| 0.46 in bf16, 0.043 on
+ * the GGUF blocks); here each weight's one rounding (2^-11) is its own. */
+#define TC_Q4H (TC_GQ - 2)
+#define TC_Q8H (TC_GQ - 1)
 template <int KIND, int PAIR, int NT> struct tc {
-    static constexpr int GT = KIND >= TC_GQ ? KIND - TC_GQ : 0, Q8 = KIND == GV_Q8, Q = KIND == GV_Q4 || Q8 || GT;
+    static constexpr int GT = KIND >= TC_GQ ? KIND - TC_GQ : 0, H = KIND == TC_Q4H || KIND == TC_Q8H;
+    static constexpr int Q8 = KIND == GV_Q8 || KIND == TC_Q8H, Q = KIND == GV_Q4 || Q8 || GT || H;
     static constexpr int E = Q ? 32 : 8, SK = 4 * E, U = GT ? 1 : Q ? 2 : PAIR ? 2 : 4;
-    static constexpr int F16 = KIND == GV_F16, CH = NT <= 2 ? 2048 / NT : 512;
+    static constexpr int F16 = KIND == GV_F16 || H, CH = NT <= 2 ? 2048 / NT : 512;
     /* GGUF codes below 128 (all but Q8_0's) up to 16 rows: decoded a bf16 pair at a time (tc_dequant_bytes),
      * pairing the values (e, e + 2) of each 4, not (e, e + 4).  Measured on an H100, 8B Q4_K_M, tok/s: batch
      * 8 1,361 -> 1,466; at 32 rows (3,356 -> 3,176) the conversions were not what bound the kernel. */
@@ -108,6 +116,30 @@ static __device__ __forceinline__ void tc_dequant8(uint32_t a, uint32_t b, __nv_
         const float qa = __uint_as_float(__byte_perm(a, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
         const float qb = __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
         __nv_bfloat162 v = __hfma2(__floats2bfloat162_rn(qa, qb), s, bi);
+        p[j] = *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+/* tc_dequant4 in f16: the code pair becomes f16 1024 + q (0x6400 | q), then q * scale + bias, scale and bias f16. */
+static __device__ __forceinline__ void tc_dequant4h(uint32_t w, __half2 s, __half2 b, uint32_t (&p)[4]) {
+    const __half2 c1024 = __floats2half2_rn(1024.0f, 1024.0f);
+    const uint32_t lo = 0x000F000Fu, hi = 0x64006400u;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t t;
+        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(w >> (4 * j)), "r"(lo), "r"(hi)); /* (a & b) | c */
+        __half2 v = __hfma2(__hsub2(*reinterpret_cast<__half2 *>(&t), c1024), s, b);
+        p[j] = *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+/* tc_dequant8 in f16 (codes below 256: exact in f16). */
+static __device__ __forceinline__ void tc_dequant8h(uint32_t a, uint32_t b, __half2 s, __half2 bi, uint32_t (&p)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float qa = __uint_as_float(__byte_perm(a, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
+        const float qb = __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
+        __half2 v = __hfma2(__floats2half2_rn(qa, qb), s, bi);
         p[j] = *reinterpret_cast<uint32_t *>(&v);
     }
 }
@@ -254,8 +286,8 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                     at = at - kk + 32 * (kk % 32 / 8) + 8 * (kk / 32);
                     v = C::BP ? make_uint4(tc_pack(lo[u].x, lo[u].z, 0), tc_pack(lo[u].y, lo[u].w, 0), tc_pack(hi[u].x, hi[u].z, 0),
                                            tc_pack(hi[u].y, hi[u].w, 0))
-                              : make_uint4(tc_pack(lo[u].x, hi[u].x, 0), tc_pack(lo[u].y, hi[u].y, 0), tc_pack(lo[u].z, hi[u].z, 0),
-                                           tc_pack(lo[u].w, hi[u].w, 0));
+                              : make_uint4(tc_pack(lo[u].x, hi[u].x, C::F16), tc_pack(lo[u].y, hi[u].y, C::F16),
+                                           tc_pack(lo[u].z, hi[u].z, C::F16), tc_pack(lo[u].w, hi[u].w, C::F16));
                 } else {
                     v = make_uint4(tc_pack(lo[u].x, lo[u].y, C::F16), tc_pack(lo[u].z, lo[u].w, C::F16),
                                    tc_pack(hi[u].x, hi[u].y, C::F16), tc_pack(hi[u].z, hi[u].w, C::F16));
@@ -273,11 +305,20 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
             uint32_t q[T][2][8];
             float sc[T][2][2], mn[T][2][2];
             __nv_bfloat162 s2[T][2], b2[T][2]; /* MLX: the step's scale and bias of each row */
-            if constexpr (C::GT == 0)
+            __half2 sh[T][2], bh[T][2];         /* (H: as f16 pairs) */
+            if constexpr (C::GT == 0) {
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) s2[t][h] = tc_sb(L.s[t][h], sbf), b2[t][h] = tc_sb(L.b[t][h], sbf);
+                    for (int h = 0; h < 2; h++) {
+                        if constexpr (C::H) {
+                            const uint32_t sv = __byte_perm(L.s[t][h], 0, 0x1010), bv = __byte_perm(L.b[t][h], 0, 0x1010);
+                            sh[t][h] = *reinterpret_cast<const __half2 *>(&sv), bh[t][h] = *reinterpret_cast<const __half2 *>(&bv);
+                        } else {
+                            s2[t][h] = tc_sb(L.s[t][h], sbf), b2[t][h] = tc_sb(L.b[t][h], sbf);
+                        }
+                    }
+            }
             __nv_bfloat162 ps[T][2][2], pm[T][2][2]; /* BP: each half part's scale and -min, bf16 pairs */
             if constexpr (C::GT != 0) { /* (braces: nvcc's front end rejects this lambda without them) */
 #pragma unroll
@@ -314,18 +355,20 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                             }
                         } else if constexpr (C::Q8) { /* word i: bytes 8 i .. 8 i + 7 of the lane's 32 */
                             const uint4 &v = i < 2 ? L.w[t][h] : L.w2[t][h];
-                            tc_dequant8(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, s2[t][h], b2[t][h], a[t][h]);
+                            if constexpr (C::H) tc_dequant8h(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, sh[t][h], bh[t][h], a[t][h]);
+                            else tc_dequant8(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, s2[t][h], b2[t][h], a[t][h]);
                         } else {
                             const uint32_t wi = i == 0 ? L.w[t][h].x : i == 1 ? L.w[t][h].y : i == 2 ? L.w[t][h].z : L.w[t][h].w;
-                            tc_dequant4(wi, s2[t][h], b2[t][h], a[t][h]);
+                            if constexpr (C::H) tc_dequant4h(wi, sh[t][h], bh[t][h], a[t][h]);
+                            else tc_dequant4(wi, s2[t][h], b2[t][h], a[t][h]);
                         }
                     }
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
                     for (int j = 0; j < NT; j++) {
-                        tc_mma<0>(d[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b[j].x, b[j].y);
-                        tc_mma<0>(d[t][j], a[t][0][2], a[t][1][2], a[t][0][3], a[t][1][3], b[j].z, b[j].w);
+                        tc_mma<C::F16>(d[t][j], a[t][0][0], a[t][1][0], a[t][0][1], a[t][1][1], b[j].x, b[j].y);
+                        tc_mma<C::F16>(d[t][j], a[t][0][2], a[t][1][2], a[t][0][3], a[t][1][3], b[j].z, b[j].w);
                     }
             }
         } else {
@@ -487,6 +530,8 @@ template <int PAIR> static tc_fn tc_kernel(int kind, int nt) {
     case GV_F16: return tc_kernel<GV_F16, PAIR>(nt);
     case GV_Q4: return tc_kernel<GV_Q4, PAIR>(nt);
     case GV_Q8: return tc_kernel<GV_Q8, PAIR>(nt);
+    case TC_Q4H: return tc_kernel<TC_Q4H, PAIR>(nt);
+    case TC_Q8H: return tc_kernel<TC_Q8H, PAIR>(nt);
 #define TC_GQ_CASE(t) case TC_GQ + t: return tc_kernel<TC_GQ + t, PAIR>(nt);
         TC_GQ_TYPES(TC_GQ_CASE)
 #undef TC_GQ_CASE
@@ -515,7 +560,8 @@ static int *tc_scratch(cuda_backend *cb, float **part) {
 }
 
 lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K) {
-    const int rows = 16 * TC_WARPS, sk = kind == GV_Q4 || kind == GV_Q8 || kind >= TC_GQ ? 128 : 32;
+    if ((kind == GV_Q4 || kind == GV_Q8) && sg->sdt == LMX_DTYPE_F16) kind = kind == GV_Q4 ? TC_Q4H : TC_Q8H;
+    const int rows = 16 * TC_WARPS, sk = kind == GV_Q4 || kind == GV_Q8 || kind >= TC_Q4H ? 128 : 32;
     int groups = 0, gmax = 1;
     for (int i = 0; i < n; i++) {
         const int gi = (sg->s[i].N + rows - 1) / rows;
@@ -526,7 +572,7 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
     /* GGUF and MLX 4-bit kinds: K parts timed over the blocks that fit at once (up to two a multiprocessor),
      * dense ones counted for one a multiprocessor (tc_parts) */
-    const int timed = kind >= TC_GQ || kind == GV_Q4 || kind == GV_Q8;
+    const int timed = kind >= TC_Q4H || kind == GV_Q4 || kind == GV_Q8;
     int per_sm = timed ? cuda_fit_blocks(cb, (const void *)k) : 1;
     per_sm = per_sm > 2 ? 2 : per_sm;
     int kp = tc_parts(timed, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
