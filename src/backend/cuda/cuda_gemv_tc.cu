@@ -17,10 +17,10 @@
  * group % 32 == 0; GGUF: one part, its raw bytes loaded a step ahead, gq_raw); each 8 of them feed two mmas,
  * paired (e, e + 4) as a mask of an MLX 4-bit word pairs them.  MLX codes become bf16 exactly (4-bit:
  * 0x4300 | q reads 128 + q, less 128; 8-bit: through f32, tc_dequant8) and then scale * q + bias rounded to
- * bf16, GGUF parts their gq_value rounded to bf16: the
- * values the prefill dequantizers produce (up to 16 rows, GGUF codes below 128 take bf16 arithmetic with
- * the part's scale and min rounded to bf16: tc_dequant_bytes).  x is rounded to bf16 (f16 for f16
- * weights), as the prefill GEMMs round it, and staged in shared memory a chunk of K at a time, already in
+ * bf16 (with f16 scales and biases all of it in f16, x too: TC_Q4H / TC_Q8H below), GGUF parts their gq_value
+ * rounded to bf16: the values the prefill dequantizers produce (up to 16 rows, GGUF codes below 128 take bf16
+ * arithmetic with the part's scale and min rounded to bf16: tc_dequant_bytes).  x is rounded to bf16 (f16 for
+ * f16 weights and f16-scaled MLX), as the prefill GEMMs round it, and staged in shared memory a chunk of K at a time, already in
  * the order the B registers take it.
  *
  * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
