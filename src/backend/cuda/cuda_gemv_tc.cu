@@ -28,6 +28,8 @@
  * fill the GPU, KP blocks share a row block, each a part of K: each leaves its sums in scratch, and the
  * last to finish (a ticket counter, reset for the next launch) adds them in part order and stores.  KP
  * depends only on the launch's shapes and the GPU, so a weight gives the same bits in any launch. */
+#include <type_traits>
+
 #include "cuda_gemv.h"
 #include "cuda_ggml.h"
 
@@ -91,55 +93,43 @@ template <int T, int GT> struct tc_ld {
     gq_raw<GT> r[T][2];
 };
 
-/* 4-bit word -> the A registers of its two mmas: bf16 pairs (q_e, q_{e+4}) * scale + bias.  The code
- * pair becomes bf16 128 + q by one lop3 ((w >> 4 j) & 0x000F000F | 0x43004300, both masks in registers). */
-static __device__ __forceinline__ void tc_dequant4(uint32_t w, __nv_bfloat162 s, __nv_bfloat162 b, uint32_t (&p)[4]) {
-    const __nv_bfloat162 c128 = __floats2bfloat162_rn(128.0f, 128.0f);
-    const uint32_t lo = 0x000F000Fu, hi = 0x43004300u;
+/* The pair type of the A registers: bf16, or f16 for MLX weights with f16 scales and biases (TC_Q4H, TC_Q8H):
+ * the 16-bit pattern that reads OFF + q for a 4-bit code q in its low bits, and a pair of floats packed. */
+template <class P> struct tc_pair;
+template <> struct tc_pair<__nv_bfloat162> {
+    static constexpr uint32_t MAGIC = 0x43004300u; /* 128 + q */
+    static constexpr float OFF = 128.0f;
+    static __device__ __forceinline__ __nv_bfloat162 pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+template <> struct tc_pair<__half2> {
+    static constexpr uint32_t MAGIC = 0x64006400u; /* 1024 + q */
+    static constexpr float OFF = 1024.0f;
+    static __device__ __forceinline__ __half2 pack(float a, float b) { return __floats2half2_rn(a, b); }
+};
+
+/* 4-bit word -> the A registers of its two mmas: pairs (q_e, q_{e+4}) * scale + bias.  The code pair becomes
+ * OFF + q by one lop3 ((w >> 4 j) & 0x000F000F | MAGIC, both masks in registers), q after a subtraction. */
+template <class P> static __device__ __forceinline__ void tc_dequant4(uint32_t w, P s, P b, uint32_t (&p)[4]) {
+    const P off = tc_pair<P>::pack(tc_pair<P>::OFF, tc_pair<P>::OFF);
+    const uint32_t lo = 0x000F000Fu, hi = tc_pair<P>::MAGIC;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         uint32_t t;
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(w >> (4 * j)), "r"(lo), "r"(hi)); /* (a & b) | c */
-        __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&t), c128);
-        __nv_bfloat162 v = __hfma2(q, s, b);
+        P v = __hfma2(__hsub2(*reinterpret_cast<P *>(&t), off), s, b);
         p[j] = *reinterpret_cast<uint32_t *>(&v);
     }
 }
 
-/* MLX 8-bit: words a (values e = 0..3 of 8) and b (e = 4..7) -> the A registers of their two mmas, bf16 pairs
+/* MLX 8-bit: words a (values e = 0..3 of 8) and b (e = 4..7) -> the A registers of their two mmas, pairs
  * (q_e, q_{e+4}) * scale + bias as tc_dequant4 makes them.  A code becomes f32 2^23 + q by one prmt (its byte
- * under 0x4B000000), q after a subtraction, and bf16 exactly (q < 256). */
-static __device__ __forceinline__ void tc_dequant8(uint32_t a, uint32_t b, __nv_bfloat162 s, __nv_bfloat162 bi,
-                                                   uint32_t (&p)[4]) {
+ * under 0x4B000000), q after a subtraction, and bf16 or f16 exactly (q < 256). */
+template <class P> static __device__ __forceinline__ void tc_dequant8(uint32_t a, uint32_t b, P s, P bi, uint32_t (&p)[4]) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const float qa = __uint_as_float(__byte_perm(a, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
         const float qb = __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
-        __nv_bfloat162 v = __hfma2(__floats2bfloat162_rn(qa, qb), s, bi);
-        p[j] = *reinterpret_cast<uint32_t *>(&v);
-    }
-}
-
-/* tc_dequant4 in f16: the code pair becomes f16 1024 + q (0x6400 | q), then q * scale + bias, scale and bias f16. */
-static __device__ __forceinline__ void tc_dequant4h(uint32_t w, __half2 s, __half2 b, uint32_t (&p)[4]) {
-    const __half2 c1024 = __floats2half2_rn(1024.0f, 1024.0f);
-    const uint32_t lo = 0x000F000Fu, hi = 0x64006400u;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        uint32_t t;
-        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(w >> (4 * j)), "r"(lo), "r"(hi)); /* (a & b) | c */
-        __half2 v = __hfma2(__hsub2(*reinterpret_cast<__half2 *>(&t), c1024), s, b);
-        p[j] = *reinterpret_cast<uint32_t *>(&v);
-    }
-}
-
-/* tc_dequant8 in f16 (codes below 256: exact in f16). */
-static __device__ __forceinline__ void tc_dequant8h(uint32_t a, uint32_t b, __half2 s, __half2 bi, uint32_t (&p)[4]) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float qa = __uint_as_float(__byte_perm(a, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
-        const float qb = __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7650u + j)) - 8388608.0f;
-        __half2 v = __hfma2(__floats2half2_rn(qa, qb), s, bi);
+        P v = __hfma2(tc_pair<P>::pack(qa, qb), s, bi);
         p[j] = *reinterpret_cast<uint32_t *>(&v);
     }
 }
@@ -304,16 +294,16 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
              * once for its 4 words */
             uint32_t q[T][2][8];
             float sc[T][2][2], mn[T][2][2];
-            __nv_bfloat162 s2[T][2], b2[T][2]; /* MLX: the step's scale and bias of each row */
-            __half2 sh[T][2], bh[T][2];         /* (H: as f16 pairs) */
+            typedef std::conditional_t<C::H, __half2, __nv_bfloat162> P; /* the A registers' pairs */
+            P s2[T][2], b2[T][2]; /* MLX: the step's scale and bias of each row */
             if constexpr (C::GT == 0) {
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        if constexpr (C::H) {
+                        if constexpr (C::H) { /* f16 as it is */
                             const uint32_t sv = __byte_perm(L.s[t][h], 0, 0x1010), bv = __byte_perm(L.b[t][h], 0, 0x1010);
-                            sh[t][h] = *reinterpret_cast<const __half2 *>(&sv), bh[t][h] = *reinterpret_cast<const __half2 *>(&bv);
+                            s2[t][h] = *reinterpret_cast<const P *>(&sv), b2[t][h] = *reinterpret_cast<const P *>(&bv);
                         } else {
                             s2[t][h] = tc_sb(L.s[t][h], sbf), b2[t][h] = tc_sb(L.b[t][h], sbf);
                         }
@@ -355,12 +345,10 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                             }
                         } else if constexpr (C::Q8) { /* word i: bytes 8 i .. 8 i + 7 of the lane's 32 */
                             const uint4 &v = i < 2 ? L.w[t][h] : L.w2[t][h];
-                            if constexpr (C::H) tc_dequant8h(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, sh[t][h], bh[t][h], a[t][h]);
-                            else tc_dequant8(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, s2[t][h], b2[t][h], a[t][h]);
+                            tc_dequant8(i % 2 ? v.z : v.x, i % 2 ? v.w : v.y, s2[t][h], b2[t][h], a[t][h]);
                         } else {
                             const uint32_t wi = i == 0 ? L.w[t][h].x : i == 1 ? L.w[t][h].y : i == 2 ? L.w[t][h].z : L.w[t][h].w;
-                            if constexpr (C::H) tc_dequant4h(wi, sh[t][h], bh[t][h], a[t][h]);
-                            else tc_dequant4(wi, s2[t][h], b2[t][h], a[t][h]);
+                            tc_dequant4(wi, s2[t][h], b2[t][h], a[t][h]);
                         }
                     }
 #pragma unroll
