@@ -8,8 +8,8 @@
  * bias of the group as two 16-bit loads, nothing to unpack.  So on upload the cuda backend writes such a
  * weight as MLX [N, K] with groups of 32 and f16 scales and biases: Q4_0, Q4_1 and Q8_0 exactly (their d
  * and m are f16 already, and 8 d, 128 d too unless they overflow), Q4_K within f16's rounding of d sc and
- * dmin m (relative 2^-12; the tensor-core kernels round scales to bf16 anyway, as they did the GGUF
- * path's).  The cost is bytes: Q4_K 4.5 -> 5 bits a weight (+11%), Q4_0 4.5 -> 5, Q8_0 8.5 -> 9; Q4_1 is 5
+ * dmin m (relative 2^-12; the tensor-core GEMV decodes f16-scaled groups in f16, cuda_gemv_tc.cu, so
+ * nothing rounds them further).  The cost is bytes: Q4_K 4.5 -> 5 bits a weight (+11%), Q4_0 4.5 -> 5, Q8_0 8.5 -> 9; Q4_1 is 5
  * either way.  A scale or bias beyond f16's range keeps the weight in its GGUF blocks.
  *
  * The source blocks go up in chunks of rows through a staging buffer of at most 64 MB, converted by one
