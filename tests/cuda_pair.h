@@ -90,7 +90,8 @@ typedef struct wpair { lmx_tensor g, c; } wpair;
 
 static void put_f16(uint8_t *p, float v) { uint16_t h = lmx_f32_to_f16(v); memcpy(p, &h, 2); }
 
-/* experts > 0: a GGUF weight marked as the loader marks stacked experts (the cuda backend keeps their blocks) */
+/* experts != 0: a GGUF weight marked as the loader marks stacked experts (> 0) and a mixture model's other
+ * weights (< 0): the cuda backend keeps their blocks */
 static wpair make_weight_ex(lmx_dtype dt, int bits, int group, int gtype, int64_t N, int64_t K, lmx_dtype sdt, int experts) {
     lmx_tensor t = {.dtype = dt, .ndim = 2, .shape = {N, K}};
     if (gtype) {

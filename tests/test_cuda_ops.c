@@ -635,8 +635,8 @@ static void test_graph_gguf_case(const char *name, const int *types, int M, int 
     memset(&g, 0, sizeof g), memset(&c, 0, sizeof c);
     g.table = table.g, g.n1 = n1.g, g.n2 = n2.g, g.router = router.g;
     c.table = table.c, c.n1 = n1.c, c.n2 = n2.c, c.router = router.c;
-    for (int j = 0; j < 3; j++) {
-        wpair w = make_weight(LMX_DTYPE_U8, 0, 0, types[j], N[j], GG_C);
+    for (int j = 0; j < 3; j++) { /* (moe: marked as a mixture model's, as the loader marks them: kept in blocks) */
+        wpair w = make_weight_ex(LMX_DTYPE_U8, 0, 0, types[j], N[j], GG_C, LMX_DTYPE_BF16, moe ? -1 : 0);
         g.w[j] = w.g, c.w[j] = w.c;
     }
     for (int e = 0; moe && e < GG_E; e++)

@@ -25,7 +25,8 @@ typedef struct lmx_quant {
     int group;
     lmx_dtype scale_dtype;   /* of scales and biases: bf16, f16 or f32 */
     void *scales, *biases;   /* [N, K/group] each, in backend memory */
-    int experts;             /* > 0: the rows of that many stacked experts (a mixture's), as bound */
+    int experts;             /* > 0: the rows of that many stacked experts (a mixture's), as bound; < 0: another
+                                weight of a mixture-of-experts model */
 } lmx_quant;
 
 /* A tensor in backend memory.  data is a host pointer on the cpu backend, a device pointer on

@@ -135,7 +135,7 @@ static lmx_status bind_blocks(binder *b, lmx_tensor *t, const lmx_st_tensor *st,
     t->shape[1] = d1;
     t->data = (void *)st->data;
     t->q.ggml_type = type;
-    t->q.experts = stacked;
+    t->q.experts = stacked ? stacked : m->cfg.n_experts > 0 ? -1 : 0;
     lmx_status s = upload_weight(b, t);
     if (s != LMX_OK) return lmx_err_set(&m->err, s, "%s", m->be->err.msg);
     m->n_params += d0 * d1;
