@@ -217,17 +217,17 @@ static void weight_blocks_drop(cuda_backend *cb, int n, const size_t *bytes) {
     }
 }
 
-/* GGUF w rewritten as MLX groups of 32 on the device (cuda_repack.cu); *done 0: w is as it was. */
-static lmx_status upload_repacked(cuda_backend *cb, lmx_tensor *w, int *done) {
+/* GGUF w rewritten as MLX groups of 32 of bits (cuda_repack_bits) on the device (cuda_repack.cu); *done 0: w is
+ * as it was. */
+static lmx_status upload_repacked(cuda_backend *cb, lmx_tensor *w, int bits, int *done) {
     *done = 0;
-    const int bits = cuda_repack_bits(cb, w);
     const int64_t N = w->shape[0], K = w->shape[1];
     const size_t bytes[3] = {(size_t)(N * K * bits / 8), (size_t)(N * K / 32) * 2, (size_t)(N * K / 32) * 2};
     void *b[3] = {NULL, NULL, NULL}; /* words, scales, biases */
     lmx_status st = LMX_OK;
     int made = 0, ok = 0;
     while (made < 3 && !(st = weight_block(cb, bytes[made], &b[made], "weight upload"))) made++;
-    if (!st) st = cuda_repack(cb, w, b[0], b[1], b[2], &ok);
+    if (!st) st = cuda_repack(cb, w, bits, b[0], b[1], b[2], &ok);
     if (st || !ok) {
         weight_blocks_drop(cb, made, bytes);
         return st;
@@ -271,9 +271,10 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: %s weights are not supported",
                            lmx_dtype_name(w->dtype));
     lmx_status st;
-    if (!host && cuda_repack_bits(cb, w)) {
+    const int bits = host ? 0 : cuda_repack_bits(cb, w);
+    if (bits) {
         int done = 0;
-        if ((st = upload_repacked(cb, w, &done)) || done) return st;
+        if ((st = upload_repacked(cb, w, bits, &done)) || done) return st;
     }
     void *d = NULL;
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;

@@ -20,8 +20,8 @@
  * bf16 (with f16 scales and biases all of it in f16, x too: TC_Q4H / TC_Q8H below), GGUF parts their gq_value
  * rounded to bf16: the values the prefill dequantizers produce (up to 16 rows, GGUF codes below 128 take bf16
  * arithmetic with the part's scale and min rounded to bf16: tc_dequant_bytes).  x is rounded to bf16 (f16 for
- * f16 weights and f16-scaled MLX), as the prefill GEMMs round it, and staged in shared memory a chunk of K at a time, already in
- * the order the B registers take it.
+ * f16 weights and f16-scaled MLX), as the prefill GEMMs round it, and staged in shared memory a chunk of K at
+ * a time, already in the order the B registers take it.
  *
  * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
  * warps on the same range of K, so x is staged once per 128 rows.  When the row blocks alone would not
@@ -154,13 +154,15 @@ static __device__ __forceinline__ void tc_dequant_bytes(uint32_t w0, uint32_t w1
     }
 }
 
-/* A raw 16-bit scale or bias -> a bf16 pair of it: bf16 as it is, f16 rounded to bf16. */
-static __device__ __forceinline__ __nv_bfloat162 tc_sb(uint32_t r, bool bf16) {
-    if (bf16) {
+/* A raw 16-bit scale or bias -> a pair of it of the A registers' type P: its bits as they are (as_is: bf16 for
+ * bf16 pairs, f16 for f16 pairs), else an f16 rounded to P. */
+template <class P> static __device__ __forceinline__ P tc_sb(uint32_t r, bool as_is) {
+    if (as_is) {
         const uint32_t v = __byte_perm(r, 0, 0x1010);
-        return *reinterpret_cast<const __nv_bfloat162 *>(&v);
+        return *reinterpret_cast<const P *>(&v);
     }
-    return __float2bfloat162_rn(raw_val(r, LMX_DTYPE_F16));
+    const float f = raw_val(r, LMX_DTYPE_F16);
+    return tc_pair<P>::pack(f, f);
 }
 
 /* 16 bytes at p, streamed (evict first).  HINT: L2 fetches the whole 256-byte run around it, which the
@@ -300,14 +302,8 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        if constexpr (C::H) { /* f16 as it is */
-                            const uint32_t sv = __byte_perm(L.s[t][h], 0, 0x1010), bv = __byte_perm(L.b[t][h], 0, 0x1010);
-                            s2[t][h] = *reinterpret_cast<const P *>(&sv), b2[t][h] = *reinterpret_cast<const P *>(&bv);
-                        } else {
-                            s2[t][h] = tc_sb(L.s[t][h], sbf), b2[t][h] = tc_sb(L.b[t][h], sbf);
-                        }
-                    }
+                    for (int h = 0; h < 2; h++) /* (H: f16 scales into f16 pairs) */
+                        s2[t][h] = tc_sb<P>(L.s[t][h], C::H || sbf), b2[t][h] = tc_sb<P>(L.b[t][h], C::H || sbf);
             }
             __nv_bfloat162 ps[T][2][2], pm[T][2][2]; /* BP: each half part's scale and -min, bf16 pairs */
             if constexpr (C::GT != 0) { /* (braces: nvcc's front end rejects this lambda without them) */
@@ -549,7 +545,8 @@ static int *tc_scratch(cuda_backend *cb, float **part) {
 
 lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K) {
     if ((kind == GV_Q4 || kind == GV_Q8) && sg->sdt == LMX_DTYPE_F16) kind = kind == GV_Q4 ? TC_Q4H : TC_Q8H;
-    const int rows = 16 * TC_WARPS, sk = kind == GV_Q4 || kind == GV_Q8 || kind >= TC_Q4H ? 128 : 32;
+    const int quant = kind == GV_Q4 || kind == GV_Q8 || kind >= TC_Q4H; /* MLX or GGUF: steps of 128 values */
+    const int rows = 16 * TC_WARPS, sk = quant ? 128 : 32;
     int groups = 0, gmax = 1;
     for (int i = 0; i < n; i++) {
         const int gi = (sg->s[i].N + rows - 1) / rows;
@@ -560,10 +557,9 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     const tc_fn k = glu >= 0 ? tc_kernel<1>(kind, nt) : tc_kernel<0>(kind, nt);
     /* GGUF and MLX 4-bit kinds: K parts timed over the blocks that fit at once (up to two a multiprocessor),
      * dense ones counted for one a multiprocessor (tc_parts) */
-    const int timed = kind >= TC_Q4H || kind == GV_Q4 || kind == GV_Q8;
-    int per_sm = timed ? cuda_fit_blocks(cb, (const void *)k) : 1;
+    int per_sm = quant ? cuda_fit_blocks(cb, (const void *)k) : 1;
     per_sm = per_sm > 2 ? 2 : per_sm;
-    int kp = tc_parts(timed, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
+    int kp = tc_parts(quant, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
     float *part = NULL;
     int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;

@@ -512,12 +512,16 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
         ti[i] = k;
     }
     if (nt > 2 || (nt > 1 && glu >= 0)) return LMX_ERR_UNSUPPORTED;
-    /* MLX groups beside GGUF blocks (a Q4_K_M file's q and k as cuda_repack.cu rewrote them, its Q6_K v): one
-     * launch where one row of MLX would not take the stream anyway (cuda_gstream below), else one each */
+    /* one row of MLX 4-bit goes to the stream (cuda_gstream below) where the launch has weights enough (at least
+     * stream_min) and no combine to fold in.  Measured on an H100, tok/s, stream / int16: Qwen3-0.6B (launches
+     * of 2-6M weights) MLX 4-bit 1,412-1,416 / 1,517-1,537, its GGUF Q4_0 as MLX groups 1,316-1,337 /
+     * 1,476-1,491; Llama-3.1-8B Q4_K_M (17-117M) 367-372 / 334-337 */
     int64_t weights = 0;
     for (int i = 0; i < n; i++) weights += ws[i]->shape[0] * K;
-    if (nt > 1 && (GQ_IS_MLX(types[0]) || GQ_IS_MLX(types[1])) && M == 1 && weights >= cb->stream_min)
-        return LMX_ERR_UNSUPPORTED;
+    const int stream = M == 1 && weights >= cb->stream_min;
+    /* MLX groups beside GGUF blocks (a Q4_K_M file's q and k as cuda_repack.cu rewrote them, its Q6_K v): one
+     * launch where the MLX groups would not take the stream, else one each */
+    if (nt > 1 && (GQ_IS_MLX(types[0]) || GQ_IS_MLX(types[1])) && stream) return LMX_ERR_UNSUPPORTED;
     for (int k = 0; k < nt; k++) {
         const int up = gq_unit_parts(types[k]);
         int j = 0;
@@ -542,11 +546,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-    /* one row of MLX 4-bit: the stream where the launch has weights enough (at least stream_min).  Measured on an
-     * H100, tok/s, stream / int16: Qwen3-0.6B (launches of 2-6M weights) MLX 4-bit 1,412-1,416 / 1,517-1,537, its
-     * GGUF Q4_0 as MLX groups 1,316-1,337 / 1,476-1,491; Llama-3.1-8B Q4_K_M (17-117M) 367-372 / 334-337 */
-    if (M == 1 && nt == 1 && types[0] == GQ_MLX4 && cuda_gstream_takes(cb, ws[0]) && !(opts && opts->sum_y) &&
-        weights >= cb->stream_min)
+    if (stream && nt == 1 && types[0] == GQ_MLX4 && cuda_gstream_takes(cb, ws[0]) && !(opts && opts->sum_y))
         return cuda_gstream(cb, n, sg, glu, x, (int)K, gv_row_norm(opts), resid);
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx[2] = {1, 1}; /* blocks of each type's segments */

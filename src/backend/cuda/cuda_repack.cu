@@ -90,11 +90,11 @@ int cuda_repack_bits(const cuda_backend *cb, const lmx_tensor *w) {
 
 typedef void (*repack_fn)(const uint8_t *, int64_t, int, int64_t, uint32_t *, __half *, __half *, int *);
 
-lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, void *words, void *scales, void *biases, int *ok) {
+lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, int bits, void *words, void *scales, void *biases,
+                       int *ok) {
     *ok = 0;
     const int type = w->q.ggml_type;
     const int64_t N = w->shape[0], K = w->shape[1], G = K / 32, rb = (int64_t)lmx_ggml_row_bytes(type, K);
-    const int bits = cuda_repack_bits(cb, w);
     repack_fn k = type == LMX_GGML_Q4_K   ? k_repack<LMX_GGML_Q4_K, 4>
                   : type == LMX_GGML_Q4_0 ? k_repack<LMX_GGML_Q4_0, 4>
                   : type == LMX_GGML_Q4_1 ? k_repack<LMX_GGML_Q4_1, 4>
@@ -116,9 +116,9 @@ lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, void *words, void 
         /* (the copy into the staging buffer waits on the stream for the kernel that read it last) */
         e = cudaMemcpyAsync(stage, (const uint8_t *)w->data + r0 * rb, (size_t)(n * rb), cudaMemcpyHostToDevice, cb->stream);
         if (e != cudaSuccess) break;
-        k<<<(unsigned)((groups + 255) / 256), 256, 0, cb->stream>>>(stage, rb, (int)G, groups,
-                                                                   (uint32_t *)words + r0 * G * (bits == 4 ? 4 : 8),
-                                                                   (__half *)scales + r0 * G, (__half *)biases + r0 * G, bad);
+        cuda_launch(cb, k, dim3((unsigned)((groups + 255) / 256)), 256, 0, (const uint8_t *)stage, rb, (int)G, groups,
+                    (uint32_t *)words + r0 * G * bits /* bits words a group */, (__half *)scales + r0 * G,
+                    (__half *)biases + r0 * G, bad);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess) e = cudaMemcpyAsync(&flag, bad, sizeof(int), cudaMemcpyDeviceToHost, cb->stream);

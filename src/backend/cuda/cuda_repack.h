@@ -7,8 +7,10 @@
 /* The MLX bits (4 or 8) the upload of w rewrites it as, or 0: it stays in its GGUF blocks (another type,
  * not a matrix, or LMX_CUDA_GGUF_REPACK=0). */
 int cuda_repack_bits(const cuda_backend *cb, const lmx_tensor *w);
-/* w's host blocks -> words [N, K * bits / 32], f16 scales and biases [N, K / 32] (device blocks the caller
- * made).  *ok 0 (with LMX_OK): some scale or bias does not fit f16, and the caller keeps the GGUF blocks. */
-lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, void *words, void *scales, void *biases, int *ok);
+/* w's host blocks -> words [N, K * bits / 32] (bits: cuda_repack_bits), f16 scales and biases [N, K / 32]
+ * (device blocks the caller made).  *ok 0 (with LMX_OK): some scale or bias does not fit f16, and the caller
+ * keeps the GGUF blocks. */
+lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, int bits, void *words, void *scales, void *biases,
+                       int *ok);
 
 #endif
