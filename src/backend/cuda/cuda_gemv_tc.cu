@@ -420,9 +420,14 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float sum = 0.0f;
-                    for (int q = 0; q < kp; q++) sum += __ldcg(all + ((int64_t)q * F + (t * NT + j) * 4 + i) * 256 + threadIdx.x);
+                for (int i = 0; i < 4; i++) { /* every part's load in flight before the sum (kp <= 16, tc_parts) */
+                    float v[16], sum = 0.0f;
+#pragma unroll
+                    for (int q = 0; q < 16; q++)
+                        v[q] = q < kp ? __ldcg(all + ((int64_t)q * F + (t * NT + j) * 4 + i) * 256 + threadIdx.x) : 0.0f;
+#pragma unroll
+                    for (int q = 0; q < 16; q++)
+                        if (q < kp) sum += v[q];
                     d[t][j][i] = sum;
                 }
         if (threadIdx.x == 0) *tk = 0;
