@@ -26,8 +26,10 @@
  * Work split: a block of 8 warps takes 128 rows (16 a warp; the gate/up pair 128 rows of each), all its
  * warps on the same range of K, so x is staged once per 128 rows.  When the row blocks alone would not
  * fill the GPU, KP blocks share a row block, each a part of K: each leaves its sums in scratch, and the
- * last to finish (a ticket counter, reset for the next launch) adds them in part order and stores.  KP
- * depends only on the launch's shapes and the GPU, so a weight gives the same bits in any launch. */
+ * last to finish (a ticket counter, reset for the next launch) loads every part of a sum at once (a loop of
+ * dependent L2 reads was the tail of every small matrix: 8B Q4_K_M batch 32 +16%), adds them in part order
+ * and stores.  KP depends only on the launch's shapes and the GPU, so a weight gives the same bits in any
+ * launch. */
 #include <type_traits>
 
 #include "cuda_gemv.h"
@@ -35,6 +37,7 @@
 
 #define TC_WARPS 8
 #define TC_PAD 32    /* bf16 after each staged row: consecutive rows start 16 banks apart */
+#define TC_PARTS_MAX 16 /* K parts a row block at most (tc_parts; the last block loads them all at once) */
 
 static __device__ __forceinline__ uint32_t tc_pack(float a, float b, int f16) {
     uint32_t r;
@@ -420,13 +423,13 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) { /* every part's load in flight before the sum (kp <= 16, tc_parts) */
-                    float v[16], sum = 0.0f;
+                for (int i = 0; i < 4; i++) { /* every part's load in flight before the sum, added in part order */
+                    float v[TC_PARTS_MAX], sum = 0.0f;
 #pragma unroll
-                    for (int q = 0; q < 16; q++)
+                    for (int q = 0; q < TC_PARTS_MAX; q++)
                         v[q] = q < kp ? __ldcg(all + ((int64_t)q * F + (t * NT + j) * 4 + i) * 256 + threadIdx.x) : 0.0f;
 #pragma unroll
-                    for (int q = 0; q < 16; q++)
+                    for (int q = 0; q < TC_PARTS_MAX; q++)
                         if (q < kp) sum += v[q];
                     d[t][j][i] = sum;
                 }
@@ -493,11 +496,11 @@ int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, in
 static int tc_parts(int timed, int slots, int groups, int gmax, int steps, int sm_count) {
     int kp = 1;
     if (!timed) {
-        while (kp < 16 && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
+        while (kp < TC_PARTS_MAX && (int64_t)groups * kp < slots && steps / (2 * kp) >= 8) kp *= 2;
         return kp;
     }
     int64_t best = -1;
-    for (int p = 1; p <= 16 && p <= steps && (int64_t)gmax * p <= 4 * sm_count; p *= 2) { /* tc_scratch's cells */
+    for (int p = 1; p <= TC_PARTS_MAX && p <= steps && (int64_t)gmax * p <= 4 * sm_count; p *= 2) { /* tc_scratch's cells */
         const int64_t waves = ((int64_t)groups * p + slots - 1) / slots, t = waves * ((steps + p - 1) / p + TC_PART_COST);
         if (best < 0 || t < best) best = t, kp = p;
     }
