@@ -157,15 +157,11 @@ static __device__ __forceinline__ void tc_dequant_bytes(uint32_t w0, uint32_t w1
     }
 }
 
-/* A raw 16-bit scale or bias -> a pair of it of the A registers' type P: its bits as they are (as_is: bf16 for
- * bf16 pairs, f16 for f16 pairs), else an f16 rounded to P. */
-template <class P> static __device__ __forceinline__ P tc_sb(uint32_t r, bool as_is) {
-    if (as_is) {
-        const uint32_t v = __byte_perm(r, 0, 0x1010);
-        return *reinterpret_cast<const P *>(&v);
-    }
-    const float f = raw_val(r, LMX_DTYPE_F16);
-    return tc_pair<P>::pack(f, f);
+/* A raw 16-bit scale or bias -> a pair of it, its bits as they are: MLX scales are bf16 in bf16 pairs, or f16 in f16
+ * pairs (cuda_gemv_tc sends f16-scaled groups to TC_Q4H / TC_Q8H; cuda_gemv_tc_takes takes no other dtype). */
+template <class P> static __device__ __forceinline__ P tc_sb(uint32_t r) {
+    const uint32_t v = __byte_perm(r, 0, 0x1010);
+    return *reinterpret_cast<const P *>(&v);
 }
 
 /* 16 bytes at p, streamed (evict first).  HINT: L2 fetches the whole 256-byte run around it, which the
@@ -203,7 +199,6 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
     int64_t rb = C::Q8 ? (int64_t)K : C::Q ? (int64_t)K / 2 : (int64_t)K * 2; /* row bytes */
     if constexpr (C::GT != 0) rb = (int64_t)(K / gq_traits<C::GT>::ELEMS) * gq_traits<C::GT>::BYTES;
     const int gpr = C::Q && !C::GT ? K / sg.group : 1, lg = __ffs(sg.group) - 1; /* group = 1 << lg */
-    const bool sbf = sg.sdt == LMX_DTYPE_BF16;
 #pragma unroll
     for (int t = 0; t < T; t++) {
         const void *base = PAIR ? (t == 0 ? sg.s[0].w : sg.s[1].w) : S.w;
@@ -305,8 +300,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 #pragma unroll
                 for (int t = 0; t < T; t++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) /* (H: f16 scales into f16 pairs) */
-                        s2[t][h] = tc_sb<P>(L.s[t][h], C::H || sbf), b2[t][h] = tc_sb<P>(L.b[t][h], C::H || sbf);
+                    for (int h = 0; h < 2; h++) s2[t][h] = tc_sb<P>(L.s[t][h]), b2[t][h] = tc_sb<P>(L.b[t][h]);
             }
             __nv_bfloat162 ps[T][2][2], pm[T][2][2]; /* BP: each half part's scale and -min, bf16 pairs */
             if constexpr (C::GT != 0) { /* (braces: nvcc's front end rejects this lambda without them) */
