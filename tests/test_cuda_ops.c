@@ -782,6 +782,39 @@ static void test_graph_gguf(void) {
     lmx_backend_free(eager);
 }
 
+/* One row of a bf16 weight whose blocks are at most one a multiprocessor (k_gemv1_wide: four vectors a lane in
+ * flight) against the cpu, and against a cuda backend without that form (LMX_CUDA_GEMV=6: k_gemv1) bit for bit:
+ * the o / down projection shapes of a small model, K split into four vectors a lane or more (and not). */
+static void test_gemv_wide(void) {
+    setenv("LMX_CUDA_GEMV", "6", 1);
+    lmx_backend *plain = NULL;
+    lmx_err err = {0};
+    CHECK_MSG(lmx_cuda_backend_create(&plain, &err) == LMX_OK, "a cuda backend without the wide GEMV: %s", err.msg);
+    unsetenv("LMX_CUDA_GEMV");
+    if (!plain) return;
+    const int shapes[][2] = {{1024, 2048}, {1024, 3072}, {1000, 4096}, {512, 6144}, {96, 1032}, {1024, 1024}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int N = shapes[i][0], K = shapes[i][1];
+        wpair w = make_weight(LMX_DTYPE_BF16, 0, 0, 0, N, K);
+        const lmx_tensor wp = gg_upload(plain, &w.c);
+        float *xh = malloc((size_t)K * 4);
+        for (int k = 0; k < K; k++) xh[k] = frand();
+        lmx_tensor xg = act(gpu, 1, K, xh), xc = act(cpu, 1, K, xh), xp = act(plain, 1, K, xh);
+        lmx_tensor yg = act(gpu, 1, N, NULL), yc = act(cpu, 1, N, NULL), yp = act(plain, 1, N, NULL);
+        CHECK(gpu->ops->matmul(gpu, &yg, &xg, &w.g, NULL, 1) == LMX_OK);
+        CHECK(cpu->ops->matmul(cpu, &yc, &xc, &w.c, NULL, 1) == LMX_OK);
+        CHECK(plain->ops->matmul(plain, &yp, &xp, &wp, NULL, 1) == LMX_OK);
+        float *a = fetch(gpu, &yg, N), *b = fetch(cpu, &yc, N), *c = fetch(plain, &yp, N);
+        const double e = rel_err(a, b, N);
+        CHECK_MSG(e <= 1e-5, "gemv wide %d x %d: relative error %.3g > 1e-5", N, K, e);
+        CHECK_MSG(!memcmp(a, c, (size_t)N * 4), "gemv wide %d x %d: not k_gemv1's bits", N, K);
+        free(a), free(b), free(c), free(xh);
+        free_pair(&xg, &xc), free_pair(&yg, &yc);
+        plain->ops->release(plain, &xp), plain->ops->release(plain, &yp);
+    }
+    lmx_backend_free(plain);
+}
+
 /* ---- decode graphs: q/k norm, RoPE, attention and kv append as one launch --------------------- */
 
 #define GA_C 64 /* hidden size */
@@ -790,26 +823,29 @@ typedef struct ga_case {
     int B, H, Hk, D, norm, P, window; /* P: the prefill's rows; window > 0: a rotating cache that long */
     float add_one, softcap;
     int interleaved; /* RoPE of pairs (2i, 2i + 1): GGUF llama checkpoints */
+    int xnorm;       /* q/k/v read the RMSNorm of x (in a graph of one row: folded into the q/k/v launch) */
 } ga_case;
 #define GA_B 20 /* sequences at most */
 /* One backend's tensors: the embedding [16, GA_C], q/k/v [N_j, GA_C], the o projection [GA_C, H*D], the q and k
  * norms [D]; activations [0] of the prefill (B*P rows) and [1] of a decode step (B rows), each kept for the
  * whole case (a release drops a graph). */
 typedef struct ga_set {
-    lmx_tensor table, w[3], wo, nq, nk;
-    lmx_tensor x[2], y[2][3], o[2], z[2];
+    lmx_tensor table, w[3], wo, nq, nk, nx;
+    lmx_tensor x[2], xn[2], y[2][3], o[2], z[2];
     lmx_kv_layer kv[GA_B];
     lmx_kv_layer *pk[GA_B];
 } ga_set;
 
-/* x = table[ids]; q, k, v = x W^T; [per-head norms of q and k;] RoPE of q and k; attention; kv append; z = the
+/* x = table[ids]; [x = rmsnorm(x);] q, k, v = x W^T; [per-head norms of q and k;] RoPE of q and k; attention; kv append; z = the
  * attention's output through the o projection. */
 static void ga_call(lmx_backend *be, ga_set *s, int i, const int32_t *ids, const lmx_batch *bt, const ga_case *c,
                     const lmx_rope *rope) {
     const int M = bt->B * bt->T;
     lmx_tensor *y = s->y[i];
     CHECK(be->ops->embed(be, &s->x[i], &s->table, ids, M, 1.0f) == LMX_OK);
-    for (int j = 0; j < 3; j++) CHECK(be->ops->matmul(be, &y[j], &s->x[i], &s->w[j], NULL, M) == LMX_OK);
+    if (c->xnorm) CHECK(be->ops->rmsnorm(be, &s->xn[i], &s->x[i], &s->nx, M, GA_C, 1e-6f, 0.0f) == LMX_OK);
+    const lmx_tensor *xin = c->xnorm ? &s->xn[i] : &s->x[i];
+    for (int j = 0; j < 3; j++) CHECK(be->ops->matmul(be, &y[j], xin, &s->w[j], NULL, M) == LMX_OK);
     if (c->norm) {
         CHECK(be->ops->rmsnorm(be, &y[0], &y[0], &s->nq, M * c->H, c->D, 1e-6f, c->add_one) == LMX_OK);
         CHECK(be->ops->rmsnorm(be, &y[1], &y[1], &s->nk, M * c->Hk, c->D, 1e-6f, c->add_one) == LMX_OK);
@@ -832,19 +868,22 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     const int N[3] = {c->H * c->D, c->Hk * c->D, c->Hk * c->D}, B = c->B, steps = 6;
     const int64_t KD = (int64_t)c->Hk * c->D;
     wpair table = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 16, GA_C), nq = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D),
-          nk = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D), wo = make_weight(LMX_DTYPE_BF16, 0, 0, 0, GA_C, N[0]), w[3];
+          nk = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, c->D), wo = make_weight(LMX_DTYPE_BF16, 0, 0, 0, GA_C, N[0]), w[3],
+          nx = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, GA_C);
     for (int j = 0; j < 3; j++) w[j] = make_weight(LMX_DTYPE_BF16, 0, 0, 0, N[j], GA_C);
     ga_set s[3];
     memset(s, 0, sizeof s);
-    s[0].table = table.g, s[0].nq = nq.g, s[0].nk = nk.g;
-    s[2].table = table.c, s[2].nq = nq.c, s[2].nk = nk.c;
+    s[0].table = table.g, s[0].nq = nq.g, s[0].nk = nk.g, s[0].nx = nx.g;
+    s[2].table = table.c, s[2].nq = nq.c, s[2].nk = nk.c, s[2].nx = nx.c;
     s[1].table = gg_upload(eager, &table.c), s[1].nq = gg_upload(eager, &nq.c), s[1].nk = gg_upload(eager, &nk.c);
+    s[1].nx = gg_upload(eager, &nx.c);
     for (int j = 0; j < 3; j++) s[0].w[j] = w[j].g, s[2].w[j] = w[j].c, s[1].w[j] = gg_upload(eager, &w[j].c);
     s[0].wo = wo.g, s[2].wo = wo.c, s[1].wo = gg_upload(eager, &wo.c);
     for (int e = 0; e < 3; e++) {
         for (int i = 0; i < 2; i++) {
             const int M = i ? B : B * c->P;
             s[e].x[i] = act(be[e], M, GA_C, NULL), s[e].o[i] = act(be[e], M, N[0], NULL), s[e].z[i] = act(be[e], M, GA_C, NULL);
+            s[e].xn[i] = act(be[e], M, GA_C, NULL);
             for (int j = 0; j < 3; j++) s[e].y[i][j] = act(be[e], M, N[j], NULL);
         }
         for (int b = 0; b < B; b++) {
@@ -898,6 +937,7 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     for (int e = 0; e < 3; e++) {
         for (int i = 0; i < 2; i++) {
             be[e]->ops->release(be[e], &s[e].x[i]), be[e]->ops->release(be[e], &s[e].o[i]);
+            be[e]->ops->release(be[e], &s[e].xn[i]);
             be[e]->ops->release(be[e], &s[e].z[i]);
             for (int j = 0; j < 3; j++) be[e]->ops->release(be[e], &s[e].y[i][j]);
         }
@@ -907,17 +947,26 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
 
 static void test_graph_attention(void) {
     const ga_case cases[] = {
-        {"qwen3 shape", 1, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0},
-        {"gqa 8, batch 2", 2, 16, 2, 128, 1, 12, 0, 0.0f, 0.0f, 0},
-        {"(1 + w) norms, softcap, rotating window", 2, 4, 1, 256, 1, 20, 24, 1.0f, 30.0f, 0},
-        {"no norms, batch 3", 3, 8, 2, 64, 0, 9, 0, 0.0f, 0.0f, 0},
-        {"long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0},
-        {"head dim 32, not folded", 2, 4, 2, 32, 1, 10, 0, 0.0f, 0.0f, 0},
-        {"interleaved pairs (gguf llama)", 1, 32, 8, 128, 0, 20, 0, 0.0f, 0.0f, 1},
-        {"interleaved pairs, norms, batch 2", 2, 4, 2, 64, 1, 150, 0, 0.0f, 0.0f, 1},
-        {"interleaved pairs, head dim 256, rotating window", 1, 4, 1, 256, 1, 20, 24, 1.0f, 0.0f, 1},
-        {"batch 20: the o projection's GEMM reads the attention's bf16 copy", 20, 8, 2, 128, 0, 12, 0, 0.0f, 0.0f, 0},
-        {"batch 18, norms, splits", 18, 4, 2, 64, 1, 200, 0, 0.0f, 0.0f, 0},
+        {"qwen3 shape", 1, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0, 0},
+        {"gqa 8, batch 2", 2, 16, 2, 128, 1, 12, 0, 0.0f, 0.0f, 0, 0},
+        {"(1 + w) norms, softcap, rotating window", 2, 4, 1, 256, 1, 20, 24, 1.0f, 30.0f, 0, 0},
+        {"no norms, batch 3", 3, 8, 2, 64, 0, 9, 0, 0.0f, 0.0f, 0, 0},
+        {"long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0, 0},
+        {"head dim 32, not folded", 2, 4, 2, 32, 1, 10, 0, 0.0f, 0.0f, 0, 0},
+        {"interleaved pairs (gguf llama)", 1, 32, 8, 128, 0, 20, 0, 0.0f, 0.0f, 1, 0},
+        {"interleaved pairs, norms, batch 2", 2, 4, 2, 64, 1, 150, 0, 0.0f, 0.0f, 1, 0},
+        {"interleaved pairs, head dim 256, rotating window", 1, 4, 1, 256, 1, 20, 24, 1.0f, 0.0f, 1, 0},
+        {"batch 20: the o projection's GEMM reads the attention's bf16 copy", 20, 8, 2, 128, 0, 12, 0, 0.0f, 0.0f, 0, 0},
+        {"batch 18, norms, splits", 18, 4, 2, 64, 1, 200, 0, 0.0f, 0.0f, 0, 0},
+        /* x normed before q/k/v, as in a model: one row's graph folds that norm into the q/k/v launch before
+         * the attention launch folds the per-head norms, RoPE and the append */
+        {"normed x, qwen3 shape", 1, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0, 1},
+        {"normed x, heads of 64, no gqa", 1, 8, 8, 64, 1, 9, 0, 0.0f, 0.0f, 0, 1},
+        {"normed x, head dim 256, (1 + w), softcap, rotating window", 1, 4, 1, 256, 1, 20, 24, 1.0f, 30.0f, 0, 1},
+        {"normed x, interleaved pairs, gqa 4", 1, 32, 8, 128, 0, 20, 0, 0.0f, 0.0f, 1, 1},
+        {"normed x, gqa 3", 1, 6, 2, 128, 1, 40, 0, 0.0f, 0.0f, 0, 1},
+        {"normed x, long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0, 1},
+        {"normed x, batch 2", 2, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0, 1},
     };
     lmx_backend *eager = eager_cuda();
     if (!eager) return;
@@ -935,6 +984,7 @@ int main(void) {
     test_attention();
     test_topk();
     test_moe();
+    test_gemv_wide();
     test_graph_gguf();
     test_graph_dense();
     test_attention_wg();

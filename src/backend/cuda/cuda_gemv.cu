@@ -365,13 +365,13 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
 }
 
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over x; k_gemv1 and k_moe_gemv1 around it. */
-template <int KIND, int PAIR, int NORM, int RESID, int LORA>
+template <int KIND, int PAIR, int NORM, int RESID, int LORA, int UW = g1<KIND>::U>
 static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, const gv_segs &sg, const gv_seg &S, int K,
                                                   int act, const cuda_row_norm &nm) {
     extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
     __shared__ float part[8];
     constexpr bool Q = g1<KIND>::Q;
-    constexpr int E = g1<KIND>::E, R = g1<KIND>::R, U = g1<KIND>::U, RO = PAIR ? R / 2 : R;
+    constexpr int E = g1<KIND>::E, R = g1<KIND>::R, U = UW, RO = PAIR ? R / 2 : R;
     __shared__ float red[8][R];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
     const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
@@ -529,6 +529,18 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
     gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, blockIdx.y), K, act, nm);
 }
 
+/* A dense weight whose blocks are at most one a multiprocessor (the o and down projections of a small model:
+ * N = 1024, 128 blocks) streams at what eight warps keep in flight, two vectors a row and lane: half the
+ * memory's bandwidth.  With the registers the GPU has to spare at one block a multiprocessor, this form keeps
+ * four in flight (and loads four before its wait, where K splits into four vectors a lane: all of a row).
+ * Its vectors are taken in the same order, so the same bits as k_gemv1. */
+template <int KIND, int NORM, int RESID>
+__global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__ x, const gv_segs sg, int K, int act,
+                                                      const cuda_row_norm nm) {
+    cuda_pdl_trigger();
+    gemv1_body<KIND, 0, NORM, RESID, 0, 4>(x, sg, seg_pick(sg, blockIdx.y), K, act, nm);
+}
+
 /* ---- mixture of experts: the chosen experts of a few rows (decode) ------------------------------- */
 /* One launch runs the gate/up pair (with the GLU) or the down projection of every (row, choice) pair:
  * blockIdx.y is pair p = row i * kused + choice, whose expert pick[p] the routing kernel wrote, and the
@@ -610,6 +622,9 @@ void cuda_gemv_init(void) {
         cudaFuncSetAttribute(moe_kernel<0>(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
         cudaFuncSetAttribute(moe_kernel<1>(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
     }
+    cudaFuncSetAttribute(k_gemv1_wide<GV_BF16, 0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+    cudaFuncSetAttribute(k_gemv1_wide<GV_BF16, 1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+    cudaFuncSetAttribute(k_gemv1_wide<GV_BF16, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
     cudaGetLastError();
 }
 
@@ -782,8 +797,14 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     }
     const unsigned gy = glu >= 0 ? 1 : n;
     if (one_row) {
-        cuda_launch(cb, g1_kernel(kind, glu >= 0, norm, resid, lora), dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K,
-                    glu < 0 ? 0 : glu, gv_row_norm(opts));
+        g1_fn f = g1_kernel(kind, glu >= 0, norm, resid, lora);
+        /* one block a multiprocessor at most, and four vectors a lane and row: the wide form */
+        if (kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)(gx * gy) <= cb->sm_count) {
+            int wide = 1;
+            for (int i = 0; i < n; i++) wide &= (int)(K / 8) >= 4 * 32 * sg.s[i].ks;
+            if (wide) f = resid ? k_gemv1_wide<GV_BF16, 0, 1> : norm ? k_gemv1_wide<GV_BF16, 1, 0> : k_gemv1_wide<GV_BF16, 0, 0>;
+        }
+        cuda_launch(cb, f, dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K, glu < 0 ? 0 : glu, gv_row_norm(opts));
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }
     switch (M) {
