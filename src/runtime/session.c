@@ -165,7 +165,7 @@ static int session_limit(const lmx_model *m) {
     return m->cfg.max_positions > 0 ? m->cfg.max_positions : 0;
 }
 
-lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *p) {
+lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *p, int k) {
     lmx_runtime *rt = m->rt;
     if (!ids || n <= 0) return lmx_err_set(&m->err, LMX_ERR_INVALID_ARG, "the prompt is empty");
     for (int i = 0; i < n; i++)
@@ -201,8 +201,11 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
     for (int done = L; done < n;) {
         if (atomic_load(&rt->cancel)) break; /* the caller sees the flag and finishes */
         int chunk = n - done < step ? n - done : step;
-        st = lmx_context_eval(rt->ctx, ids + done, chunk, rt->logits, 0);
+        st = k > 0 && done + chunk == n
+                 ? lmx_context_eval_topk(rt->ctx, ids + done, chunk, k, rt->cand_vals, rt->cand_ids, rt->logits, &rt->n_cand)
+                 : lmx_context_eval(rt->ctx, ids + done, chunk, rt->logits, 0);
         if (st) {
+            rt->n_cand = 0;
             lmx_context_reset(rt->ctx); /* a partial chunk may be cached: start clean next time */
             rt->hist.len = 0;
             return st;

@@ -39,7 +39,7 @@ static lmx_status open_ids(lmx_model *m, const int32_t *ids, int n, const lmx_ge
     lmx_tokenizer *tok = optional_tokenizer(m);
     lmx_status st;
     if ((st = lmx_gen_seq_begin(&s->seq, m, p, tok, ids, n, extra_stops, n_extra, &m->err))) return st;
-    if ((st = lmx_runtime_prefill(m, ids, n, p))) return st;
+    if ((st = lmx_runtime_prefill(m, ids, n, p, s->seq.topk))) return st;
     if (atomic_load(&rt->cancel)) lmx_gen_seq_end(&s->seq, m, LMX_FINISH_CANCELLED);
     s->open = 1;
     s->started = 0;
@@ -260,7 +260,7 @@ lmx_status lmx_prompt_cache_warm_ids(lmx_model *m, const int32_t *ids, int n) {
     lmx_status st = begin_call(m, NULL);
     if (st) return st;
     /* evaluate all n tokens: a later prompt extending them reuses every one */
-    if ((st = lmx_runtime_prefill(m, ids, n, NULL))) return st;
+    if ((st = lmx_runtime_prefill(m, ids, n, NULL, 0))) return st;
     lmx_runtime_trim(m);
     return LMX_OK;
 }
@@ -271,7 +271,7 @@ lmx_status lmx_prompt_cache_warm(lmx_model *m, const char *prompt) {
     int32_t *ids;
     int n;
     if ((st = lmx_runtime_encode(m, prompt, &ids, &n))) return st;
-    st = lmx_runtime_prefill(m, ids, n, NULL);
+    st = lmx_runtime_prefill(m, ids, n, NULL, 0);
     free(ids);
     if (st == LMX_OK) lmx_runtime_trim(m);
     return st;
