@@ -530,10 +530,11 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
 }
 
 /* A dense weight whose blocks are at most one a multiprocessor (the o and down projections of a small model:
- * N = 1024, 128 blocks) streams at what eight warps keep in flight, two vectors a row and lane: half the
- * memory's bandwidth.  With the registers the GPU has to spare at one block a multiprocessor, this form keeps
- * four in flight (and loads four before its wait, where K splits into four vectors a lane: all of a row).
- * Its vectors are taken in the same order, so the same bits as k_gemv1. */
+ * N = 1024, 128 blocks) streams only what eight warps keep in flight: two 16-byte vectors a row and lane, 16 KB
+ * a multiprocessor.  With the registers the GPU has to spare at one block a multiprocessor (k_gemv1's 64 are
+ * for four), this form keeps four in flight and loads four before its wait (where K splits into four vectors a
+ * lane: all of a row).  Its vectors are taken in the same order, so its bits are k_gemv1's (Qwen3-0.6B bf16 one
+ * row +1.5% on an H100: bench/RESULTS.md). */
 template <int KIND, int NORM, int RESID>
 __global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                       const cuda_row_norm nm) {
