@@ -367,14 +367,14 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over x; k_gemv1 and k_moe_gemv1 around it. */
 template <int KIND, int PAIR, int NORM, int RESID, int LORA, int UW = g1<KIND>::U>
 static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, const gv_segs &sg, const gv_seg &S, int K,
-                                                  int act, const cuda_row_norm &nm) {
+                                                  int act, const cuda_row_norm &nm, int bx) {
     extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
     __shared__ float part[8];
     constexpr bool Q = g1<KIND>::Q;
     constexpr int E = g1<KIND>::E, R = g1<KIND>::R, U = UW, RO = PAIR ? R / 2 : R;
     __shared__ float red[8][R];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KS = S.ks, kslice = warp % KS;
-    const int n0 = (blockIdx.x * (8 / KS) + warp / KS) * RO;
+    const int n0 = (bx * (8 / KS) + warp / KS) * RO;
     const bool active = n0 < S.N; /* a warp past the end still helps to stage x */
     const int nv = K / E, vstride = 32 * KS; /* a warp's vectors: 32 kslice + lane + vstride * i */
     const int64_t row_bytes = (int64_t)K * g1<KIND>::BYTES_PER_8 / 8;
@@ -526,7 +526,8 @@ template <int KIND, int PAIR, int NORM, int RESID, int LORA>
 __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                const cuda_row_norm nm) {
     cuda_pdl_trigger();
-    gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, blockIdx.y), K, act, nm);
+    const int i = (int)blockIdx.x >= sg.b2 ? 2 : (int)blockIdx.x >= sg.b1; /* the segments' blocks one after another */
+    gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, i), K, act, nm, blockIdx.x - (i == 2 ? sg.b2 : i ? sg.b1 : 0));
 }
 
 /* A dense weight whose blocks are at most one a multiprocessor (the o and down projections of a small model:
@@ -539,7 +540,8 @@ template <int KIND, int NORM, int RESID>
 __global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                       const cuda_row_norm nm) {
     cuda_pdl_trigger();
-    gemv1_body<KIND, 0, NORM, RESID, 0, 4>(x, sg, seg_pick(sg, blockIdx.y), K, act, nm);
+    const int i = (int)blockIdx.x >= sg.b2 ? 2 : (int)blockIdx.x >= sg.b1;
+    gemv1_body<KIND, 0, NORM, RESID, 0, 4>(x, sg, seg_pick(sg, i), K, act, nm, blockIdx.x - (i == 2 ? sg.b2 : i ? sg.b1 : 0));
 }
 
 /* ---- mixture of experts: the chosen experts of a few rows (decode) ------------------------------- */
@@ -566,7 +568,7 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4)
         s.s[j].biases = mo.biases[j][e];
         s.s[j].y = sg.s[j].y + (int64_t)p * sg.s[j].N;
     }
-    gemv1_body<KIND, PAIR, 0, 0, 0>(x + (int64_t)(PAIR ? p / kused : p) * K, s, s.s[0], K, act, cuda_row_norm{});
+    gemv1_body<KIND, PAIR, 0, 0, 0>(x + (int64_t)(PAIR ? p / kused : p) * K, s, s.s[0], K, act, cuda_row_norm{}, blockIdx.x);
 }
 
 /* Warps sharing each row of an N x K weight whose unsplit blocks take rpb rows: the fewest (1, 2,
@@ -797,15 +799,23 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         if (b > gx) gx = b;
     }
     const unsigned gy = glu >= 0 ? 1 : n;
-    if (one_row) {
+    if (one_row) { /* the segments' blocks one after another in x (no idle blocks of a shorter one) */
+        unsigned nb = 0;
+        for (int i = 0; i < (int)gy; i++) {
+            if (i == 1) sg.b1 = (int)nb;
+            if (i == 2) sg.b2 = (int)nb;
+            nb += cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
+        }
+        if (gy < 2) sg.b1 = (int)nb;
+        if (gy < 3) sg.b2 = (int)nb;
         g1_fn f = g1_kernel(kind, glu >= 0, norm, resid, lora);
         /* one block a multiprocessor at most, and four vectors a lane and row: the wide form */
-        if (kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)(gx * gy) <= cb->sm_count) {
+        if (kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)nb <= cb->sm_count) {
             int wide = 1;
             for (int i = 0; i < n; i++) wide &= (int)(K / 8) >= 4 * 32 * sg.s[i].ks;
             if (wide) f = resid ? k_gemv1_wide<GV_BF16, 0, 1> : norm ? k_gemv1_wide<GV_BF16, 1, 0> : k_gemv1_wide<GV_BF16, 0, 0>;
         }
-        cuda_launch(cb, f, dim3(gx, gy), 256, g1_smem(kind, K), x, sg, (int)K, glu < 0 ? 0 : glu, gv_row_norm(opts));
+        cuda_launch(cb, f, dim3(nb), 256, g1_smem(kind, K), x, sg, (int)K, glu < 0 ? 0 : glu, gv_row_norm(opts));
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }
     switch (M) {

@@ -24,6 +24,7 @@ typedef struct gv_seg {
 
 typedef struct gv_segs {
     gv_seg s[3];
+    int b1, b2;                   /* k_gemv1: the first blocks of segments 1 and 2 in its one-dimensional grid */
     int group;                    /* MLX group size */
     lmx_dtype sdt;                /* MLX scale / bias dtype */
 } gv_segs;
