@@ -9,10 +9,10 @@
  *            x vector it loads serves R rows), lanes stride over the rows' 16-byte vectors;
  *   k_qgemv  MLX 4 / 8 bit, 2 to 8 input rows: the same with lanes on consecutive packed words.
  * One launch may cover up to 3 weights of the same input (fused q/k/v or gate/up in decode graphs;
- * blockIdx.y picks the weight), and gate/up may end in the GLU (a warp takes row n of both and
- * writes act(gate . x) * (up . x)).  Under programmatic dependent launch a warp loads its first
- * weight vectors before it waits for the kernel that writes x, so weight streaming starts while
- * the previous kernel drains.
+ * blockIdx.y picks the weight, or in k_gemv1 the weights' blocks follow one another), and gate/up may end
+ * in the GLU (a warp takes row n of both and writes act(gate . x) * (up . x)).  Under programmatic
+ * dependent launch a warp loads its first weight vectors before it waits for the kernel that writes x,
+ * so weight streaming starts while the previous kernel drains.
  *
  * Formats: dense bf16 / f16 / f32 (K a multiple of the vector), MLX affine 4 and 8 bit (groups of
  * whole words); GGUF blocks go to cuda_ggml.cu.  Everything else (2-bit, odd shapes) takes
@@ -522,12 +522,21 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     }
 }
 
+/* k_gemv1's grid: the blocks of its weights one after another (sg.b1, sg.b2 the first of weights 1 and 2).  The
+ * weight of this block, and the block's index among that weight's (bx). */
+static __device__ __forceinline__ int g1_seg(const gv_segs &sg, int &bx) {
+    const int b = (int)blockIdx.x, i = b >= sg.b2 ? 2 : b >= sg.b1;
+    bx = b - (i == 2 ? sg.b2 : i ? sg.b1 : 0);
+    return i;
+}
+
 template <int KIND, int PAIR, int NORM, int RESID, int LORA>
 __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                const cuda_row_norm nm) {
     cuda_pdl_trigger();
-    const int i = (int)blockIdx.x >= sg.b2 ? 2 : (int)blockIdx.x >= sg.b1; /* the segments' blocks one after another */
-    gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, i), K, act, nm, blockIdx.x - (i == 2 ? sg.b2 : i ? sg.b1 : 0));
+    int bx;
+    const int i = g1_seg(sg, bx);
+    gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, i), K, act, nm, bx);
 }
 
 /* A dense weight whose blocks are at most one a multiprocessor (the o and down projections of a small model:
@@ -540,8 +549,9 @@ template <int KIND, int NORM, int RESID>
 __global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                       const cuda_row_norm nm) {
     cuda_pdl_trigger();
-    const int i = (int)blockIdx.x >= sg.b2 ? 2 : (int)blockIdx.x >= sg.b1;
-    gemv1_body<KIND, 0, NORM, RESID, 0, 4>(x, sg, seg_pick(sg, i), K, act, nm, blockIdx.x - (i == 2 ? sg.b2 : i ? sg.b1 : 0));
+    int bx;
+    const int i = g1_seg(sg, bx);
+    gemv1_body<KIND, 0, NORM, RESID, 0, 4>(x, sg, seg_pick(sg, i), K, act, nm, bx);
 }
 
 /* ---- mixture of experts: the chosen experts of a few rows (decode) ------------------------------- */
