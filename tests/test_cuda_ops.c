@@ -554,15 +554,19 @@ static void test_moe(void) {
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 200, 1, 0, 0);
 }
 
-/* A second cuda backend with graphs off (the eager reference of the graph tests), or NULL (a failed check). */
-static lmx_backend *eager_cuda(void) {
-    lmx_backend *eager = NULL;
+/* A second cuda backend created with environment variable var set to val (its switches are read at creation),
+ * or NULL (a failed check). */
+static lmx_backend *cuda_with(const char *var, const char *val) {
+    lmx_backend *be = NULL;
     lmx_err err = {0};
-    setenv("LMX_CUDA_GRAPH", "0", 1);
-    CHECK_MSG(lmx_cuda_backend_create(&eager, &err) == LMX_OK, "a second cuda backend: %s", err.msg);
-    unsetenv("LMX_CUDA_GRAPH");
-    return eager;
+    setenv(var, val, 1);
+    CHECK_MSG(lmx_cuda_backend_create(&be, &err) == LMX_OK, "a second cuda backend (%s=%s): %s", var, val, err.msg);
+    unsetenv(var);
+    return be;
 }
+
+/* ... with graphs off: the eager reference of the graph tests. */
+static lmx_backend *eager_cuda(void) { return cuda_with("LMX_CUDA_GRAPH", "0"); }
 
 /* ---- decode graphs: fused groups of GGUF weights ------------------------------------------------ */
 
@@ -786,11 +790,7 @@ static void test_graph_gguf(void) {
  * flight) against the cpu, and against a cuda backend without that form (LMX_CUDA_GEMV=6: k_gemv1) bit for bit:
  * the o / down projection shapes of a small model, K split into four vectors a lane or more (and not). */
 static void test_gemv_wide(void) {
-    setenv("LMX_CUDA_GEMV", "6", 1);
-    lmx_backend *plain = NULL;
-    lmx_err err = {0};
-    CHECK_MSG(lmx_cuda_backend_create(&plain, &err) == LMX_OK, "a cuda backend without the wide GEMV: %s", err.msg);
-    unsetenv("LMX_CUDA_GEMV");
+    lmx_backend *plain = cuda_with("LMX_CUDA_GEMV", "6");
     if (!plain) return;
     const int shapes[][2] = {{1024, 2048}, {1024, 3072}, {1000, 4096}, {512, 6144}, {96, 1032}, {1024, 1024}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {

@@ -545,13 +545,14 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
  * for four), this form keeps four in flight and loads four before its wait (where K splits into four vectors a
  * lane: all of a row).  Its vectors are taken in the same order, so its bits are k_gemv1's (Qwen3-0.6B bf16 one
  * row +1.5% on an H100: bench/RESULTS.md). */
+#define G1_WIDE_U 4 /* k_gemv1_wide's vectors a lane and row in flight */
 template <int KIND, int NORM, int RESID>
 __global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                       const cuda_row_norm nm) {
     cuda_pdl_trigger();
     int bx;
     const int i = g1_seg(sg, bx);
-    gemv1_body<KIND, 0, NORM, RESID, 0, 4>(x, sg, seg_pick(sg, i), K, act, nm, bx);
+    gemv1_body<KIND, 0, NORM, RESID, 0, G1_WIDE_U>(x, sg, seg_pick(sg, i), K, act, nm, bx);
 }
 
 /* ---- mixture of experts: the chosen experts of a few rows (decode) ------------------------------- */
@@ -802,29 +803,23 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     if (tcore) return cuda_gemv_tc(cb, kind, n, &sg, glu, x, M, (int)K);
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
-    unsigned gx = 1;
+    const unsigned gy = glu >= 0 ? 1 : n; /* weights with blocks of their own (the pair shares its blocks) */
+    unsigned gx = 1, nb = 0; /* the most blocks of a weight (a plane each: k_gemv, k_qgemv); all, in a row (k_gemv1) */
+    int first[3];
     for (int i = 0; i < n; i++) {
         sg.s[i].ks = one_row ? g1_split(cb, kind, sg.s[i].N, (int)K, rpb) : 1;
         const unsigned b = cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
         if (b > gx) gx = b;
+        first[i] = (int)nb;
+        if (i < (int)gy) nb += b;
     }
-    const unsigned gy = glu >= 0 ? 1 : n;
-    if (one_row) { /* the segments' blocks one after another in x (no idle blocks of a shorter one) */
-        unsigned nb = 0;
-        for (int i = 0; i < (int)gy; i++) {
-            if (i == 1) sg.b1 = (int)nb;
-            if (i == 2) sg.b2 = (int)nb;
-            nb += cuda_blocks(sg.s[i].N, rpb / sg.s[i].ks);
-        }
-        if (gy < 2) sg.b1 = (int)nb;
-        if (gy < 3) sg.b2 = (int)nb;
+    if (one_row) {
+        sg.b1 = gy > 1 ? first[1] : (int)nb, sg.b2 = gy > 2 ? first[2] : (int)nb;
         g1_fn f = g1_kernel(kind, glu >= 0, norm, resid, lora);
-        /* one block a multiprocessor at most, and four vectors a lane and row: the wide form */
-        if (kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)nb <= cb->sm_count) {
-            int wide = 1;
-            for (int i = 0; i < n; i++) wide &= (int)(K / 8) >= 4 * 32 * sg.s[i].ks;
-            if (wide) f = resid ? k_gemv1_wide<GV_BF16, 0, 1> : norm ? k_gemv1_wide<GV_BF16, 1, 0> : k_gemv1_wide<GV_BF16, 0, 0>;
-        }
+        /* one block a multiprocessor at most, and G1_WIDE_U vectors a lane and row: the wide form */
+        int wide = kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)nb <= cb->sm_count;
+        for (int i = 0; wide && i < n; i++) wide = K / g1<GV_BF16>::E >= G1_WIDE_U * 32 * sg.s[i].ks;
+        if (wide) f = resid ? k_gemv1_wide<GV_BF16, 0, 1> : norm ? k_gemv1_wide<GV_BF16, 1, 0> : k_gemv1_wide<GV_BF16, 0, 0>;
         cuda_launch(cb, f, dim3(nb), 256, g1_smem(kind, K), x, sg, (int)K, glu < 0 ? 0 : glu, gv_row_norm(opts));
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }
