@@ -824,6 +824,7 @@ typedef struct ga_case {
     float add_one, softcap;
     int interleaved; /* RoPE of pairs (2i, 2i + 1): GGUF llama checkpoints */
     int xnorm;       /* q/k/v read the RMSNorm of x (in a graph of one row: folded into the q/k/v launch) */
+    int resid;       /* the o projection added into x, as in a model (one row's graph: the add folded into its launch) */
 } ga_case;
 #define GA_B 20 /* sequences at most */
 /* One backend's tensors: the embedding [16, GA_C], q/k/v [N_j, GA_C], the o projection [GA_C, H*D], the q and k
@@ -857,6 +858,7 @@ static void ga_call(lmx_backend *be, ga_set *s, int i, const int32_t *ids, const
     CHECK(be->ops->attention(be, &a) == LMX_OK);
     CHECK(be->ops->kv_append(be, s->pk, bt, &y[1], &y[2]) == LMX_OK);
     CHECK(be->ops->matmul(be, &s->z[i], &s->o[i], &s->wo, NULL, M) == LMX_OK);
+    if (c->resid) CHECK(be->ops->add(be, &s->x[i], &s->z[i], (int64_t)M * GA_C) == LMX_OK);
 }
 
 /* A prefill, then decode steps in a graph (gpu) against a cuda backend with graphs off (eager: bit for bit, the
@@ -925,9 +927,10 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
             free(q[0]), free(q[1]);
         }
         for (int e = 0; e < 3; e++) free(o[e]);
-        /* the o projection (from 17 rows a cuBLAS GEMM: in a graph it reads the attention's bf16 copy) */
+        /* the o projection (from 17 rows a cuBLAS GEMM: in a graph it reads the attention's bf16 copy), or x after
+         * the projection was added into it */
         const int64_t nz = (int64_t)B * GA_C;
-        for (int e = 0; e < 3; e++) o[e] = fetch(be[e], &s[e].z[1], nz);
+        for (int e = 0; e < 3; e++) o[e] = fetch(be[e], c->resid ? &s[e].x[1] : &s[e].z[1], nz);
         const double ez = rel_err(o[0], o[2], nz);
         CHECK_MSG(ez <= 1e-2, "graph attention %s step %d: o projection relative error %.3g > 1e-2", c->name, step, ez);
         CHECK_MSG(!memcmp(o[0], o[1], (size_t)nz * 4), "graph attention %s step %d: o projection not the eager bits",
@@ -967,6 +970,13 @@ static void test_graph_attention(void) {
         {"normed x, gqa 3", 1, 6, 2, 128, 1, 40, 0, 0.0f, 0.0f, 0, 1},
         {"normed x, long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0, 1},
         {"normed x, batch 2", 2, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0, 1},
+        /* one row with its keys split (past 128 keys; up to 40 splits): the splits' merge, then the o projection with
+         * the residual add folded in */
+        {"normed x, qwen3 shape, splits, o into the residual", 1, 16, 8, 128, 1, 140, 0, 0.0f, 0.0f, 0, 1, 1},
+        {"normed x, long context, splits, o into the residual", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0, 1, 1},
+        {"head dim 256, (1 + w), softcap, rotating window, splits, o into the residual", 1, 4, 1, 256, 1, 150, 200,
+         1.0f, 30.0f, 0, 0, 1},
+        {"heads of 64, interleaved pairs, 40 splits", 1, 16, 4, 64, 1, 5000, 0, 0.0f, 0.0f, 1, 1, 0},
     };
     lmx_backend *eager = eager_cuda();
     if (!eager) return;

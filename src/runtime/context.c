@@ -125,6 +125,17 @@ int64_t lmx_context_bytes(const lmx_context *c) {
     return b;
 }
 
+void lmx_context_reserve(lmx_context *c, int n) {
+    lmx_backend *be = c->m->be;
+    for (int l = 0; l < c->m->cfg.n_layers; l++) {
+        const int64_t KD = lmx_model_kv_row(c->m, l);
+        if (KD && !c->kv[l].rotating && be->ops->kv_reserve(be, &c->kv[l], n, KD) != LMX_OK) {
+            lmx_err_clear(&be->err); /* no room now: the caches grow as positions come, as without */
+            return;
+        }
+    }
+}
+
 static lmx_status reserve_rows(lmx_context *c, int n) {
     if (n <= c->rows_cap) return LMX_OK;
     int *r = realloc(c->rows, (size_t)n * sizeof *r);

@@ -28,6 +28,10 @@ static inline int lmx_prefill_chunk(const lmx_model *m) {
  * or -1 when a rotating cache has already overwritten positions that the new start needs
  * (the caller then resets instead). */
 int lmx_context_rewind(lmx_context *c, int n);
+/* Room in every unbounded cache of c for n positions, as far as memory allows (best effort: what does not fit
+ * is grown later, as positions come).  A generation that knows its length reserves it up front: a cache
+ * that grows mid-generation copies itself and makes a decode graph be captured again. */
+void lmx_context_reserve(lmx_context *c, int n);
 /* The id of the adapter c evaluates with (0: none). */
 unsigned lmx_context_adapter(const lmx_context *c);
 /* Layer l's KV cache of c (what an inspection reads after a prefill). */

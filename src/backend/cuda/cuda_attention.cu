@@ -364,7 +364,8 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
 
 /* The decode kernel's layout for sequences [b0, b0 + nb) of args: the query heads a block takes (a power of
  * two, at most att_gmax) and the splits of each row's keys, so that rows x Hk x hchunks x splits blocks fill
- * the GPU.  Keys are split first, down to 128 a split (each kv head's keys read once a row); a context too
+ * the GPU.  Keys are split first, in a power of two of splits down to 128 keys a split (each kv head's keys read
+ * once a row); a context too
  * short to fill half the multiprocessors so takes fewer query heads a block instead (a decode step of 32
  * heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys). */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
@@ -382,10 +383,12 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
     while (gmax < G && gmax < att_gmax(args->D)) gmax *= 2;
     for (;; gmax /= 2) {
         const int64_t base = (int64_t)nb * bt->T * args->Hk * ((G + gmax - 1) / gmax);
-        splits = (int)((2 * cb->sm_count + base - 1) / base);
-        if (splits > max_splits) splits = max_splits;
-        if (splits > 64) splits = 64;
-        if (splits < 1) splits = 1;
+        int fill = (int)((2 * cb->sm_count + base - 1) / base);
+        if (fill > 64) fill = 64;
+        /* a power of two: the fewest that give each split at most 128 keys, at most the largest that fill
+         * allows; so a decode graph, which records the plan, is captured again 6 times in a context of 4096
+         * (1, 2, 4 .. 32 splits), not at every 128 keys */
+        for (splits = 1; splits < max_splits && 2 * splits <= fill;) splits *= 2;
         if (gmax == 1 || base * splits >= cb->sm_count / 2) break;
     }
     return splits | gmax << 8;
