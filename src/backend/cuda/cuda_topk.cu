@@ -16,6 +16,28 @@
 
 #define TK_THREADS 256
 #define TK_CAND 4096           /* candidates the second kernel merges: G * k */
+#define TK_SLICE 4096          /* the most values of a slice that the first kernel stages in shared memory */
+#define TK_LOADS 8             /* loads a thread has in flight while staging */
+
+/* dst[0 .. n) = src[0 .. n) by the block, TK_LOADS independent loads a thread at a time (the selection's passes
+ * then read shared memory: loading in its loops, one value a thread and step, waited on L2 at every step). */
+template <typename T>
+static __device__ __forceinline__ void tk_stage(T *dst, const T *src, int n) {
+    for (int i0 = threadIdx.x; i0 < n; i0 += blockDim.x * TK_LOADS) {
+        T v[TK_LOADS];
+#pragma unroll
+        for (int j = 0; j < TK_LOADS; j++) {
+            const int i = i0 + j * (int)blockDim.x;
+            v[j] = i < n ? src[i] : T(0);
+        }
+#pragma unroll
+        for (int j = 0; j < TK_LOADS; j++) {
+            const int i = i0 + j * (int)blockDim.x;
+            if (i < n) dst[i] = v[j];
+        }
+    }
+    __syncthreads();
+}
 
 static __device__ __forceinline__ uint64_t tk_key(float v, int idx) {
     uint32_t u = __float_as_uint(v);
@@ -90,11 +112,14 @@ static __device__ void tk_select(int n, int k, F key_at, uint64_t &pref, uint64_
 __global__ void __launch_bounds__(TK_THREADS) k_topk_part(const float *__restrict__ x, int n, int k, int per,
                                                           uint64_t *__restrict__ cand) {
     __shared__ tk_shared sh;
+    __shared__ float xs[TK_SLICE];
     const int r = blockIdx.y, g = blockIdx.x, G = gridDim.x;
     const int i0 = g * per, cnt = n - i0 < per ? n - i0 : per;
     const float *xr = x + (size_t)r * n + i0;
     uint64_t *out = cand + ((size_t)r * G + g) * k;
-    auto key_at = [&](int i) { return tk_key(__ldg(xr + i), i0 + i); };
+    const bool staged = cnt <= TK_SLICE; /* uniform over the block */
+    if (staged) tk_stage(xs, xr, cnt > 0 ? cnt : 0);
+    auto key_at = [&](int i) { return tk_key(staged ? xs[i] : __ldg(xr + i), i0 + i); };
     const int kk = cnt < k ? (cnt > 0 ? cnt : 0) : k;
     uint64_t pref = 0, mask = 0;
     if (kk > 0 && kk < cnt) tk_select(cnt, kk, key_at, pref, mask, sh);
@@ -112,9 +137,10 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_merge(const uint64_t *__res
                                                            float *__restrict__ vals, int32_t *__restrict__ idx) {
     __shared__ tk_shared sh;
     __shared__ uint64_t win[LMX_TOPK_MAX];
+    __shared__ uint64_t cs[TK_CAND]; /* the row's candidates */
     const int r = blockIdx.x, tid = threadIdx.x;
-    const uint64_t *cr = cand + (size_t)r * nc;
-    auto key_at = [&](int i) { return cr[i]; };
+    tk_stage(cs, cand + (size_t)r * nc, nc);
+    auto key_at = [&](int i) { return cs[i]; };
     uint64_t pref = 0, mask = 0;
     if (k < nc) tk_select(nc, k, key_at, pref, mask, sh);
     int P = 1;
@@ -123,7 +149,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_merge(const uint64_t *__res
     if (tid == 0) sh.count = 0;
     __syncthreads();
     for (int i = tid; i < nc; i += blockDim.x) {
-        const uint64_t c = cr[i];
+        const uint64_t c = cs[i];
         if ((c & mask) >= pref) {
             const unsigned s = atomicAdd(&sh.count, 1u);
             if (s < (unsigned)k) win[s] = c; /* exactly k unless fewer candidates than k */
