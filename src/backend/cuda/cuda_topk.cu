@@ -51,6 +51,25 @@ static __device__ __forceinline__ float tk_val(uint64_t c) {
 }
 static __device__ __forceinline__ int tk_idx(uint64_t c) { return (int)~(uint32_t)c; }
 
+/* The largest of the block's keys v (0 for none), in thread 0; red: [32] shared.  k = 1 (greedy): no passes. */
+static __device__ uint64_t tk_block_max(uint64_t v, uint64_t *red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = (blockDim.x + 31) / 32;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = t > v ? t : v;
+    }
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = t > v ? t : v;
+    }
+    return v;
+}
+
 typedef struct tk_shared {
     unsigned hist[256];
     unsigned need, bin, done, count;
@@ -120,6 +139,17 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_part(const float *__restric
     const bool staged = cnt <= TK_SLICE; /* uniform over the block */
     if (staged) tk_stage(xs, xr, cnt > 0 ? cnt : 0);
     auto key_at = [&](int i) { return tk_key(staged ? xs[i] : __ldg(xr + i), i0 + i); };
+    if (k == 1) { /* the largest key: a maximum, no radix passes (an empty slice leaves 0, as below) */
+        __shared__ uint64_t red[32];
+        uint64_t best = 0;
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+            const uint64_t c = key_at(i);
+            best = c > best ? c : best;
+        }
+        best = tk_block_max(best, red);
+        if (threadIdx.x == 0) out[0] = best;
+        return;
+    }
     const int kk = cnt < k ? (cnt > 0 ? cnt : 0) : k;
     uint64_t pref = 0, mask = 0;
     if (kk > 0 && kk < cnt) tk_select(cnt, kk, key_at, pref, mask, sh);
@@ -141,6 +171,16 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_merge(const uint64_t *__res
     const int r = blockIdx.x, tid = threadIdx.x;
     tk_stage(cs, cand + (size_t)r * nc, nc);
     auto key_at = [&](int i) { return cs[i]; };
+    if (k == 1) {
+        uint64_t best = 0;
+        for (int i = tid; i < nc; i += blockDim.x) best = cs[i] > best ? cs[i] : best;
+        best = tk_block_max(best, win);
+        if (tid == 0) {
+            vals[r] = tk_val(best);
+            idx[r] = tk_idx(best);
+        }
+        return;
+    }
     uint64_t pref = 0, mask = 0;
     if (k < nc) tk_select(nc, k, key_at, pref, mask, sh);
     int P = 1;
