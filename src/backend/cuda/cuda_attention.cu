@@ -154,11 +154,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
      * in flight before the first use, and (heads up to 256 wide: registers for both) the next step's are loaded
      * while this one is used */
     unsigned short kr[KB][DPL], vr[KB][DPL];
+    const int c0m = c0 % S.cap; /* key j's slot: c0m + j, less cap past it (j < n_cached <= cap): no division a key */
     auto load_kv = [&](int jb) {
 #pragma unroll
         for (int u = 0; u < KB; u++) {
-            const int j = jb + u < jc ? jb + u : jc - 1;
-            const int64_t off = (int64_t)((c0 + j) % S.cap) * KD + (int64_t)kvh * D;
+            const int j = jb + u < jc ? jb + u : jc - 1, slot = c0m + j < S.cap ? c0m + j : c0m + j - S.cap;
+            const int64_t off = (int64_t)slot * KD + (int64_t)kvh * D;
             const unsigned short *kp = (const unsigned short *)S.kc + off, *vp = (const unsigned short *)S.vc + off;
 #pragma unroll
             for (int jj = 0; jj < DPL; jj++) {
