@@ -970,13 +970,13 @@ static void test_graph_attention(void) {
         {"normed x, gqa 3", 1, 6, 2, 128, 1, 40, 0, 0.0f, 0.0f, 0, 1},
         {"normed x, long context, splits", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0, 1},
         {"normed x, batch 2", 2, 16, 8, 128, 1, 20, 0, 0.0f, 0.0f, 0, 1},
-        /* one row with its keys split (past 128 keys; up to 40 splits): the splits' merge, then the o projection with
+        /* one row with its keys split (past 128 keys; up to 64 splits): the splits' merge, then the o projection with
          * the residual add folded in */
         {"normed x, qwen3 shape, splits, o into the residual", 1, 16, 8, 128, 1, 140, 0, 0.0f, 0.0f, 0, 1, 1},
         {"normed x, long context, splits, o into the residual", 1, 8, 2, 128, 1, 300, 0, 0.0f, 0.0f, 0, 1, 1},
         {"head dim 256, (1 + w), softcap, rotating window, splits, o into the residual", 1, 4, 1, 256, 1, 150, 200,
          1.0f, 30.0f, 0, 0, 1},
-        {"heads of 64, interleaved pairs, 40 splits", 1, 16, 4, 64, 1, 5000, 0, 0.0f, 0.0f, 1, 1, 0},
+        {"heads of 64, interleaved pairs, 64 splits", 1, 16, 4, 64, 1, 5000, 0, 0.0f, 0.0f, 1, 1, 0},
     };
     lmx_backend *eager = eager_cuda();
     if (!eager) return;

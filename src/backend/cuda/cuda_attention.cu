@@ -376,9 +376,8 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
 /* The decode kernel's layout for sequences [b0, b0 + nb) of args: the query heads a block takes (a power of
  * two, at most att_gmax) and the splits of each row's keys, so that rows x Hk x hchunks x splits blocks fill
  * the GPU.  Keys are split first, in a power of two of splits down to 128 keys a split (each kv head's keys read
- * once a row); a context too
- * short to fill half the multiprocessors so takes fewer query heads a block instead (a decode step of 32
- * heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys). */
+ * once a row); a context too short to fill half the multiprocessors so takes fewer query heads a block instead (a
+ * decode step of 32 heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys). */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
