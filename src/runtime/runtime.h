@@ -144,10 +144,11 @@ lmx_tokenizer *lmx_runtime_tokenizer(lmx_model *m);
 lmx_status lmx_runtime_encode(lmx_model *m, const char *text, int32_t **ids, int *n);
 /* Ensure the session context, logits and sampler buffers exist. */
 lmx_status lmx_runtime_ready(lmx_model *m);
-/* Evaluate ids into the session (prompt cache reused), leaving their last logits in rt->logits, or with
- * k > 0 the last position's k best candidates in rt->cand_* (rt->n_cand = k) when the backend can select
- * them (as lmx_runtime_decode: the first token is then drawn without the vocabulary crossing to the host).
- * Fills metrics' prompt fields. */
+/* Evaluate ids into the session (prompt cache reused) for the generation of params p (NULL: none follows, as when
+ * warming the prompt cache; else the caches are reserved for its max_tokens too), leaving their last logits in
+ * rt->logits, or with k > 0 the last position's k best candidates in rt->cand_* (rt->n_cand = k) when the backend
+ * can select them (as lmx_runtime_decode: the first token is then drawn without the vocabulary crossing to the
+ * host).  Fills metrics' prompt fields. */
 lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lmx_gen_params *p, int k);
 /* Evaluate one more token into the session: its logits into rt->logits, or with k > 0 its k best
  * candidates into rt->cand_* (rt->n_cand = k) when the backend can select them. */

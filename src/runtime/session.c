@@ -195,10 +195,10 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
     rt->hist.len = (size_t)L * sizeof(int32_t);
     size_t more = p ? (size_t)(p->max_tokens < (1 << 16) ? p->max_tokens : (1 << 16)) : 0;
     if (hist_reserve(m, ((size_t)n + more) * sizeof(int32_t))) return m->err.status;
-    /* the caches for the prompt and the generation (up to GEN_RESERVE positions past it; unlimited: as many) */
-    const int want = p ? p->max_tokens : lmx_gen_default_params().max_tokens;
-    const int gen = want > 0 && want < GEN_RESERVE ? want : GEN_RESERVE;
-    lmx_context_reserve(rt->ctx, limit && n + gen > limit ? limit : n + gen);
+    if (p) { /* a generation follows: the caches for it too (up to GEN_RESERVE positions; unlimited: as many) */
+        const int gen = p->max_tokens > 0 && p->max_tokens < GEN_RESERVE ? p->max_tokens : GEN_RESERVE;
+        lmx_context_reserve(rt->ctx, limit && n + gen > limit ? limit : n + gen);
+    }
     rt->metrics.prompt_tokens = n;
     rt->metrics.cached_tokens = L;
     rt->n_cand = 0;

@@ -39,7 +39,7 @@ static lmx_status open_ids(lmx_model *m, const int32_t *ids, int n, const lmx_ge
     lmx_tokenizer *tok = optional_tokenizer(m);
     lmx_status st;
     if ((st = lmx_gen_seq_begin(&s->seq, m, p, tok, ids, n, extra_stops, n_extra, &m->err))) return st;
-    if ((st = lmx_runtime_prefill(m, ids, n, p, s->seq.topk))) return st;
+    if ((st = lmx_runtime_prefill(m, ids, n, &s->seq.p, s->seq.topk))) return st; /* p as resolved (defaults) */
     if (atomic_load(&rt->cancel)) lmx_gen_seq_end(&s->seq, m, LMX_FINISH_CANCELLED);
     s->open = 1;
     s->started = 0;
