@@ -96,6 +96,15 @@ graph_same() {
 # at bf16 precision: bench/RESULTS.md; not in the list above until that is settled)
 for m in llama qwen3 gemma2 gemma3 llama_q4 qwen3_q8 qwen3_moe gemma4 gemma4_kv gemma4_moe; do graph_same "$fix/models/$m" --max-tokens 40; done
 for m in qwen3_moe gemma4_moe; do LMX_CUDA_MOE=0 graph_same "$fix/models/$m" --max-tokens 40; done
+# a repeat penalty reads whole logits every step, which a replayed graph writes into the host's memory itself
+# (read_ahead; after gemma2's and gemma3's final soft-cap the copy stays): graphs on / off, and the copy after
+# the step (LMX_CUDA_READ_AHEAD=0) against it
+for m in llama qwen3 gemma2 gemma3 llama_q4 gemma4; do
+    graph_same "$fix/models/$m" --max-tokens 40 --repeat-penalty 1.05
+    a=$(LMX_CUDA_READ_AHEAD=0 "$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 --repeat-penalty 1.05 2>&1)
+    b=$("$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 --repeat-penalty 1.05 2>&1)
+    if [ "$a" != "$b" ]; then echo "FAILED: read_ahead changes the output of $m"; fail=1; fi
+done
 for m in qwen3_moe gemma4_moe; do # the GPU's routing and the host's give the same tokens
     a=$("$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 2>&1)
     b=$(LMX_CUDA_MOE=0 "$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 2>&1)
@@ -142,6 +151,7 @@ if python3 -c "import torch, safetensors" 2>/dev/null; then
         q06=$(mktemp -d)
         if python3 "$root/bench/make_random_model.py" qwen3-0.6b "$q06" --bits $bits >/dev/null 2>&1; then
             graph_same "$q06" --max-tokens 64
+            graph_same "$q06" --max-tokens 64 --repeat-penalty 1.05
             if [ $bits = 0 ] && python3 "$root/bench/make_random_adapter.py" "$q06" "$q06/lora" >/dev/null 2>&1; then
                 graph_same "$q06" --max-tokens 64 --adapter "$q06/lora"
             fi

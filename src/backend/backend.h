@@ -223,6 +223,11 @@ typedef struct lmx_backend_ops {
     /* trim's scratch buffers alone, whatever else trim gives back kept for reuse (optional: NULL where
      * trim does no more): training's checkpointed backward, which needs less scratch than its forward. */
     void (*trim_scratch)(lmx_backend *be);
+    /* The step that has begun (its embedding issued) ends in read(t, 0, dst, n) (optional: NULL, or ignored
+     * where the backend has no use for it).  A backend that replays the step as a graph may write t's values
+     * into dst while it computes them, so that the read only waits: dst must stay valid and unread by the
+     * caller until that read, and t must be what the read reads. */
+    lmx_status (*read_ahead)(lmx_backend *be, const lmx_tensor *t, void *dst, size_t n);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

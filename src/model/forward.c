@@ -527,11 +527,14 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_a
     lmx_backend *be = m->be;
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;
+    lmx_workspace *ws = &m->ws;
     lmx_status st = embed_pass(m, kv_all, bt, tokens, R);
+    if (!st && R > 0 && out->k == 0 && out->logits && op->read_ahead && /* the step ends reading the logits */
+        (st = op->read_ahead(be, &ws->logits, out->logits, (size_t)R * c->vocab * sizeof(float))))
+        return lmx_err_set(&m->err, st, "%s", be->err.msg);
     if (!st) st = layers(m, kv_all, ad, bt, 0, c->n_layers);
     if (st) return st;
     if (R > 0) {
-        lmx_workspace *ws = &m->ws;
         if ((st = head(m, rows, R))) return st;
         st = LMX_ERR_UNSUPPORTED;
         if (out->k > 0) {

@@ -641,6 +641,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.host_free = inner->ops->host_free ? w_host_free : NULL;
     t->ops.upload_weight_host = NULL; /* weights are bound before any tape */
     t->ops.trim_scratch = NULL;       /* trim (w_trim) does it all */
+    t->ops.read_ahead = NULL;         /* its reads go through w_read */
     t->base.ops = &t->ops;
     *out = t;
     return LMX_OK;

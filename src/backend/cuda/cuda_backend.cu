@@ -127,6 +127,7 @@ static void *cuda_host_alloc(lmx_backend *be, size_t n) {
 }
 static void cuda_host_free(lmx_backend *be, void *p) {
     cuda_park_wait((cuda_backend *)be); /* its copies may still use p */
+    cuda_graph_forget_host(((cuda_backend *)be), p); /* and a decode graph may write into it */
     cudaFreeHost(p);
 }
 
@@ -351,8 +352,14 @@ static lmx_status cuda_write(lmx_backend *be, lmx_tensor *t, size_t off, const v
 
 static lmx_status cuda_read(lmx_backend *be, const lmx_tensor *t, size_t off, void *dst, size_t n) {
     cuda_backend *cb = (cuda_backend *)be;
+    /* the read the step's graph announced and writes itself (cuda_graph.cu, G_READ): only wait for it */
+    const int written = cuda_graph_writes_read(cb, t, off, dst, n);
     lmx_status gst = cuda_graph_flush(cb);
     if (gst) return gst;
+    if (written) {
+        CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "read");
+        return LMX_OK;
+    }
     CUDA_TRY(cb, cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost, cb->stream), "read");
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "read");
     return LMX_OK;
@@ -408,6 +415,7 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
 /* ---- the table ----------------------------------------------------------------------------- */
 
 /* the ops, through the decode-graph layer (cuda_graph.cu) */
+lmx_status cuda_op_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, size_t n);
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s);
 lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                            int n, float eps, float add_one);
@@ -488,6 +496,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .alloc_raw = */ cuda_op_alloc_raw,
     /* .upload_weight_host = */ cuda_upload_weight_host,
     /* .trim_scratch = */ cuda_trim_scratch,
+    /* .read_ahead = */ cuda_op_read_ahead,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

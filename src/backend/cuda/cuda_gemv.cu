@@ -492,6 +492,25 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
             for (int k = 1; k < KS; k++) acc[r] += red[warp + k][r];
         }
     }
+    /* the value of row r (lane 0) as the result leaves it in y */
+    auto row_out = [&](int r, int n) {
+        float o = acc[r] + bias_at(S.bias, S.bt, n);
+        if constexpr (LORA != 0)
+            if (S.lb) o = o + gv_lora_term(S, n);
+        return RESID ? S.y[n] + o : o;
+    };
+    if constexpr (PAIR == 0) {
+        if (S.ym) { /* y also into host memory (read_ahead; ks 1): the block's rows as one write, not one a warp */
+            if (lane == 0 && active)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (n0 + r < S.N) S.y[n0 + r] = red[warp][r] = row_out(r, n0 + r);
+            __syncthreads();
+            const int b0 = bx * 8 * R, cnt = S.N - b0 < 8 * R ? S.N - b0 : 8 * R;
+            if (tid < cnt) S.ym[b0 + tid] = red[tid / R][tid % R];
+            return;
+        }
+    }
     if (lane != 0 || !active) return;
     if constexpr (PAIR != 0) {
 #pragma unroll
@@ -510,15 +529,8 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
         }
     } else {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int n = n0 + r;
-            if (n < S.N) {
-                float o = acc[r] + bias_at(S.bias, S.bt, n);
-                if constexpr (LORA != 0)
-                    if (S.lb) o = o + gv_lora_term(S, n);
-                S.y[n] = RESID ? S.y[n] + o : o;
-            }
-        }
+        for (int r = 0; r < R; r++)
+            if (n0 + r < S.N) S.y[n0 + r] = row_out(r, n0 + r);
     }
 }
 
@@ -820,6 +832,12 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         int wide = kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)nb <= cb->sm_count;
         for (int i = 0; wide && i < n; i++) wide = K / g1<GV_BF16>::E >= G1_WIDE_U * 32 * sg.s[i].ks;
         if (wide) f = resid ? k_gemv1_wide<GV_BF16, 0, 1> : norm ? k_gemv1_wide<GV_BF16, 1, 0> : k_gemv1_wide<GV_BF16, 0, 0>;
+        /* a captured step's announced read of this result: written into the host's memory as well */
+        if (cb->dyn_on && cb->mirror.dptr && cb->mirror.y == ys[0] && n == 1 && glu < 0 && !resid && sg.s[0].ks == 1 &&
+            (size_t)sg.s[0].N * sizeof(float) == cb->mirror.n) {
+            sg.s[0].ym = cb->mirror.dptr;
+            cb->mirror.taken = 1;
+        }
         cuda_launch(cb, f, dim3(nb), 256, g1_smem(kind, K), x, sg, (int)K, glu < 0 ? 0 : glu, gv_row_norm(opts));
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }

@@ -20,6 +20,7 @@ typedef struct gv_seg {
     int ks;                       /* k_gemv1, k_ggemv: warps sharing each row (K split among them) */
     const float *lb, *lt;         /* k_gemv1, k_ggemv: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
     int lr;
+    float *ym;                    /* k_gemv1 (one weight, ks 1): y also written here (host memory), or NULL */
 } gv_seg;
 
 typedef struct gv_segs {
@@ -44,7 +45,7 @@ enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
 static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
     gv_seg r;
 #define PICK(f) r.f = i == 0 ? sg.s[0].f : i == 1 ? sg.s[1].f : sg.s[2].f
-    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks); PICK(lb); PICK(lt); PICK(lr);
+    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks); PICK(lb); PICK(lt); PICK(lr); PICK(ym);
 #undef PICK
     return r;
 }

@@ -60,6 +60,8 @@ lmx_status cuda_graph_create(cuda_backend *cb) {
     cb->g->att_fold = !(af && af[0] == '0');
     const char *gp = getenv("LMX_CUDA_GEMM_PAIR"); /* =0: k / v, gate / up as two GEMMs (A/B) */
     cb->g->gemm_pair = !(gp && gp[0] == '0');
+    const char *ra = getenv("LMX_CUDA_READ_AHEAD"); /* =0: announced reads copied after the step (A/B) */
+    cb->g->rd_off = ra && ra[0] == '0';
     cb->g->ptab = (const void **)malloc(G_PTAB_CAP * sizeof(void *));
     if (!cb->g->ptab || cudaMalloc((void **)&cb->g->ptab_dev, G_PTAB_CAP * sizeof(void *)) != cudaSuccess) {
         cudaGetLastError();
@@ -75,6 +77,7 @@ void cuda_graph_drop(cuda_backend *cb) {
         cudaGraphExecDestroy(g->exec);
         g->exec = NULL;
     }
+    if (g) g->rd_ok = 0;
 }
 
 void cuda_graph_destroy(cuda_backend *cb) {
@@ -132,6 +135,8 @@ static void g_capture_once(cuda_backend *cb, int retry) {
     cb->pdl = g->pdl;
     g->ptab_n = 0; /* the exec that read the table is gone (cuda_graph_drop) */
     memset(g->skip, 0, (size_t)g->n_rec);
+    memset(&cb->mirror, 0, sizeof cb->mirror);
+    int mirror_last = -1; /* the last record writing the announced read's tensor (G_READ sets cb->mirror) */
     lmx_status st = LMX_OK;
     for (int i = 0; i < g->n_rec && st == LMX_OK;) {
         int used = 0;
@@ -139,15 +144,23 @@ static void g_capture_once(cuda_backend *cb, int retry) {
             i++;
             continue;
         }
+        if (cb->mirror.y && mirror_last < 0)
+            for (int j = g->n_rec - 1; j > i && mirror_last < 0; j--)
+                if (g->rec[j].t[0].data == cb->mirror.y) mirror_last = j;
+        const int taken = cb->mirror.taken;
         if (!g->nofuse) st = cuda_g_exec_fused(cb, i, &used);
         if (st == LMX_OK && used == 0) {
             st = cuda_g_exec(cb, &g->rec[i]);
             used = 1;
         }
+        /* the host's copy is the result only if the launch that wrote it took the tensor's last writer */
+        if (cb->mirror.taken && !taken && !(i <= mirror_last && mirror_last < i + used)) cb->mirror.dptr = NULL;
         i += used;
     }
     cb->dyn_on = 0;
     cb->pdl = 0;
+    const int mirrored = cb->mirror.taken && cb->mirror.dptr;
+    memset(&cb->mirror, 0, sizeof cb->mirror);
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
     if (st != LMX_OK || e != cudaSuccess || !graph) {
@@ -156,6 +169,15 @@ static void g_capture_once(cuda_backend *cb, int retry) {
         if (retry && cuda_scratch_catch_up(cb)) lmx_err_clear(&cb->base.err);
         else g->failed = 1;
         return;
+    }
+    if (mirrored) { /* the G_READ record (the first, if several) */
+        for (int i = 0; i < g->n_rec; i++)
+            if (g->rec[i].op == G_READ) {
+                g->rd_t = g->rec[i].t[0].data;
+                g->rd_dst = g->rec[i].t[1].data;
+                g->rd_n = (size_t)g->rec[i].n;
+                break;
+            }
     }
     cudaGraphExec_t ex = NULL;
     e = cudaGraphInstantiate(&ex, graph, 0);
@@ -169,6 +191,7 @@ static void g_capture_once(cuda_backend *cb, int retry) {
         return;
     }
     g->exec = ex;
+    g->rd_ok = mirrored;
 }
 
 /* Capture the recorded step into a graph (nothing runs).  A fused launch may need a scratch slot larger than
@@ -339,6 +362,18 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
     }
     case G_KV_APPEND: return cuda_kv_append(be, kv, bt, &c->t[0], &c->t[1]);
     case G_GATHER: return cuda_gather_rows(be, &c->t[0], &c->t[1], rows, c->M, c->n);
+    case G_READ: /* while capturing, the launch that writes t may write dst too (mapped host memory) */
+        if (cb->dyn_on && !cb->mirror.y) {
+            void *d = NULL;
+            if (cudaHostGetDevicePointer(&d, c->t[1].data, 0) != cudaSuccess) {
+                cudaGetLastError(); /* pageable: the read copies */
+                d = NULL;
+            }
+            cb->mirror.y = c->t[0].data;
+            cb->mirror.dptr = (float *)d;
+            cb->mirror.n = (size_t)c->n;
+        }
+        return LMX_OK;
     case G_LORA: {
         const lmx_lora_pair *pairs[CUDA_G_MAX];
         for (int b = 0; b < c->B; b++) pairs[b] = c->lora[b].a.data ? &c->lora[b] : NULL;
@@ -376,6 +411,18 @@ static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ta
     rec_t(&r, 0, out);
     rec_t(&r, 1, table);
     return g_dispatch(cb, &r, ids, NULL, NULL, NULL);
+}
+
+static lmx_status w_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, size_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (!cb->g || cb->g->rd_off || !dst || !n) return LMX_OK;
+    g_rec r;
+    g_rec_clear(&r);
+    r.op = G_READ;
+    r.n = (int64_t)n;
+    rec_t(&r, 0, t);
+    r.t[1].data = dst;
+    return g_dispatch(cb, &r, NULL, NULL, NULL, NULL);
 }
 
 static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
@@ -607,6 +654,19 @@ lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, co
 lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_in_place(be, G_SOFTCAP, x, n, cap); }
 lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) { return w_in_place(be, G_SCALE, x, n, s); }
 lmx_status cuda_op_moe(lmx_backend *be, const lmx_moe_args *a) { return w_moe(be, a); }
+lmx_status cuda_op_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, size_t n) {
+    return w_read_ahead(be, t, dst, n);
+}
+
+int cuda_graph_writes_read(const cuda_backend *cb, const lmx_tensor *t, size_t off, const void *dst, size_t n) {
+    const cuda_graph *g = cb->g;
+    return g && g->mode == G_REPLAY && g->pos == g->n_rec && g->exec && g->rd_ok && t->data == g->rd_t && !off &&
+           dst == g->rd_dst && n == g->rd_n;
+}
+
+void cuda_graph_forget_host(cuda_backend *cb, const void *p) {
+    if (cb->g && cb->g->rd_ok && cb->g->rd_dst == p) cuda_graph_drop(cb);
+}
 lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
     return w_rope(be, x, b, nh, hd, rope);
 }

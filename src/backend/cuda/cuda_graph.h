@@ -8,7 +8,7 @@
 
 #include "cuda_internal.h"
 
-enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA, G_SCALE, G_MOE };
+enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA, G_SCALE, G_MOE, G_READ };
 enum { G_OFF = 0, G_REC, G_REPLAY };
 
 /* One op call.  The fields up to kvp are zero-filled before use (g_rec_clear) so that memcmp compares
@@ -99,6 +99,13 @@ typedef struct cuda_graph {
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
     int att_fold;            /* one-token q/k norm + RoPE + kv append folded into the attention launch */
     int gemm_pair;           /* two bf16 cuBLAS GEMMs of one shape and input as one batch */
+    /* the read that the captured step's G_READ announced and its launches write into host memory themselves
+       (cuda_read then only waits): t's data, dst, bytes; rd_ok 0: none */
+    const void *rd_t;
+    void *rd_dst;
+    size_t rd_n;
+    int rd_ok;
+    int rd_off;              /* LMX_CUDA_READ_AHEAD=0: announced reads are copied after the step (A/B) */
     /* pointers that the captured graph's batched GEMMs read: written on the host while capturing, copied to
        the device once the capture succeeds (before its first launch) */
     const void **ptab, **ptab_dev;

@@ -13,6 +13,7 @@ static int g_reads(const g_rec *r, const void *p) {
     case G_MATMUL: case G_ATTENTION: return r->t[1].data == p || r->t[2].data == p || (r->has[3] && r->t[3].data == p);
     case G_ADD: case G_KV_APPEND: case G_LORA: return r->t[0].data == p || r->t[1].data == p;
     case G_GATHER: return r->t[1].data == p;
+    case G_READ: return 0; /* an announcement: the read comes after the step */
     case G_MOE: return r->t[0].data == p || r->t[1].data == p || r->t[2].data == p;
     default: return r->t[0].data == p; /* softcap, rope: in place */
     }

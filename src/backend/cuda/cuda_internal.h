@@ -86,6 +86,13 @@ typedef struct cuda_backend {
                                 int16 kernel, cuda_ggml.cu; LMX_CUDA_STREAM_MIN) */
     int stream_bpm;          /* k_gstream1's blocks a multiprocessor (LMX_CUDA_STREAM_BPM, A/B measurements; 0: as
                                 many as fit) */
+    struct {                 /* while capturing: a step's read announced by read_ahead (cuda_graph.cu), which a
+                                one-row GEMV writing y also writes into dptr (the host's dst, mapped) */
+        const void *y;
+        float *dptr;         /* NULL: dst is not device-mapped host memory */
+        size_t n;
+        int taken;           /* a launch of this capture writes it */
+    } mirror;
     int xs_blocks;           /* the most blocks of a one-row GGUF / MLX GEMV that quantize x each (cuda_ggml.cu;
                                 4 a multiprocessor, LMX_CUDA_XS_BLOCKS for A/B measurements) */
     struct {                 /* cuda_fit_blocks: the blocks of a kernel that fit a multiprocessor, asked once */
@@ -132,6 +139,10 @@ lmx_status cuda_graph_create(cuda_backend *cb);
 void cuda_graph_destroy(cuda_backend *cb);
 lmx_status cuda_graph_flush(cuda_backend *cb);
 void cuda_graph_drop(cuda_backend *cb);
+/* 1 when the pending step is its graph's replay and that graph writes this read itself (the step's read_ahead
+ * announced it: cuda_read then only waits); forget_host: drop a graph that writes into host memory p. */
+int cuda_graph_writes_read(const cuda_backend *cb, const lmx_tensor *t, size_t off, const void *dst, size_t n);
+void cuda_graph_forget_host(cuda_backend *cb, const void *p);
 /* The rest of this step eager and unrecorded (after a flush): a step whose ops depend on values the
  * record does not compare (experts routed on the host) must not be replayed.  The next step may
  * record and replay again. */
