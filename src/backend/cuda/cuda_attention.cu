@@ -2,9 +2,9 @@
  * and appending new keys/values to the caches.  Calls of 32 or more rows per sequence (prefill) go
  * to the tensor-core kernel of cuda_flash.cu; this file's kernel serves decode steps and short calls.
  *
- * Flash-decoding layout: a block of 4 warps takes one query row, one kv head (gmax of its G query
- * heads, all of them where the GPU is filled anyway, so that each key/value row is loaded once per
- * group: cuda_attention_plan) and one split of that row's visible keys.
+ * Flash-decoding layout: a block of 4 or 8 warps (launch_dpl) takes one query row, one kv head (gmax
+ * of its G query heads, all of them where the GPU is filled anyway, so that each key/value row is
+ * loaded once per group: cuda_attention_plan) and one split of that row's visible keys.
  * Each warp walks keys with an online softmax, lanes holding strided dims of q, k, v; the warps'
  * partial (max, sum, acc) merge in shared memory.  With several splits the block writes its
  * partial to scratch and a second kernel merges the splits.  Scores never leave registers, so
@@ -14,10 +14,9 @@
 
 #include "cuda_attention.h"
 
-#define ATT_WARPS 4
+#define ATT_WARPS 4            /* a block's warps, but where launch_dpl takes eight */
 #define ATT_GMAX 8             /* query heads per block, head dims up to 256 */
 #define ATT_DMAX 512           /* head dims above 256 (Gemma 4's global layers): ATT_GMAX / 2 heads a block */
-#define ATT_SMEM (ATT_WARPS * ATT_GMAX * 256) /* the warps' partial outputs, floats */
 
 static int att_gmax(int D) { return D > 256 ? ATT_GMAX / 2 : ATT_GMAX; }
 
@@ -114,13 +113,14 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
 }
 
 /* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
- * part [rows, H, splits, D + 2] when splits > 1.  PRE: q and kn before their norm and RoPE (att_pre). */
-template <int DPL, int GM, int KB, bool PRE>
-__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__restrict__ q, const float *__restrict__ kn,
-                                                              const float *__restrict__ vn, float *__restrict__ out,
-                                                              float *__restrict__ part, const att_arg a, const att_pre p) {
-    __shared__ float sm_m[ATT_WARPS][ATT_GMAX], sm_l[ATT_WARPS][ATT_GMAX];
-    __shared__ float sm_acc[ATT_SMEM]; /* [ATT_WARPS][a.gmax][D] */
+ * part [rows, H, splits, D + 2] when splits > 1.  PRE: q and kn before their norm and RoPE (att_pre).  W warps
+ * a block, KB keys a warp and step, GM query heads a block (a.gmax). */
+template <int DPL, int GM, int KB, bool PRE, int W>
+__global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ q, const float *__restrict__ kn,
+                                                      const float *__restrict__ vn, float *__restrict__ out,
+                                                      float *__restrict__ part, const att_arg a, const att_pre p) {
+    __shared__ float sm_m[W][GM], sm_l[W][GM];
+    __shared__ float sm_acc[W * GM * 32 * DPL]; /* [W][a.gmax][D] */
     const int split = blockIdx.x, row = blockIdx.z;
     const int kvh = blockIdx.y / a.hchunks, h0 = kvh * a.G + (blockIdx.y % a.hchunks) * a.gmax;
     int ng = a.G - (blockIdx.y % a.hchunks) * a.gmax;
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
         for (int jj = 0; jj < DPL; jj++) qr[g][jj] *= a.scale;
     }
     /* Cached keys first (bf16, loaded a step ahead), then this call's new rows (f32). */
-    for (int jb = jb0; jb < jc; jb += ATT_WARPS * KB) {
+    for (int jb = jb0; jb < jc; jb += W * KB) {
         if constexpr (DPL > 8)
             if (jb != jb0) load_kv(jb);
         float kf[KB][DPL], vf[KB][DPL];
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
                 vf[u][jj] = __uint_as_float((unsigned)vr[u][jj] << 16);
             }
         if constexpr (DPL <= 8)
-            if (jb + ATT_WARPS * KB < jc) load_kv(jb + ATT_WARPS * KB);
+            if (jb + W * KB < jc) load_kv(jb + W * KB);
         att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, jc - jb, a.softcap);
     }
     if constexpr (PRE) {
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
             att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, 1, a.softcap);
         }
     } else {
-        for (int jb = jn0 + warp * KB; jb < j1; jb += ATT_WARPS * KB) {
+        for (int jb = jn0 + warp * KB; jb < j1; jb += W * KB) {
             float kf[KB][DPL], vf[KB][DPL];
 #pragma unroll
             for (int u = 0; u < KB; u++) {
@@ -287,10 +287,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *__res
     for (int idx = threadIdx.x; idx < ng * D; idx += blockDim.x) {
         int g = idx / D, d = idx % D;
         float mx = -INFINITY;
-        for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, sm_m[w][g]);
+        for (int w = 0; w < W; w++) mx = fmaxf(mx, sm_m[w][g]);
         float L = 0.0f, o = 0.0f;
         if (mx != -INFINITY)
-            for (int w = 0; w < ATT_WARPS; w++) {
+            for (int w = 0; w < W; w++) {
                 float c = __expf(sm_m[w][g] - mx);
                 L += sm_l[w][g] * c;
                 o += sm_acc[(w * a.gmax + g) * D + d] * c;
@@ -358,19 +358,36 @@ __global__ void k_attention_merge(float *__restrict__ out, __nv_bfloat16 *__rest
     }
 }
 
+template <int DPL, bool PRE, int W, int KB>
+static void launch_w(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
+                     float *part, const att_arg &a, const att_pre &p) {
+    switch (gm) {
+    case 1: cuda_launch(cb, k_attention<DPL, 1, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p); break;
+    case 2: cuda_launch(cb, k_attention<DPL, 2, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p); break;
+    case 4: /* eight warps take at most two heads (launch_dpl) */
+        if constexpr (W == ATT_WARPS)
+            cuda_launch(cb, k_attention<DPL, 4, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p);
+        break;
+    default:
+        if constexpr (W == ATT_WARPS && DPL * 32 <= 256)
+            cuda_launch(cb, k_attention<DPL, 8, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p);
+        break;
+    }
+}
+
+/* The decode kernel for heads of 32 DPL values, gm query heads a block.  A block of four warps takes KB keys a
+ * warp and step (eight for heads up to 128 wide, two up to 256: one step's loads in flight ahead of the one
+ * used).  With at most two heads a block and heads up to 256 wide, eight warps of half as many keys each: the
+ * same keys a step, twice the warps to hide their latency (H100, same call: Qwen3-0.6B at a context of 4,096
+ * 949-979 -> 1,009-1,018 tok/s, one row 1,432-1,491 -> 1,491-1,499; Gemma-3-1B 755-768 -> 809-810 and 906 ->
+ * 923-929).  At four heads, the 8B's long contexts, eight warps' 173 registers would leave one block a
+ * multiprocessor (169.7 -> 166.4). */
 template <int DPL, bool PRE>
 static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
                        float *part, const att_arg &a, const att_pre &p) {
-    constexpr int KB = DPL >= 8 ? 2 : 8;
-    switch (gm) {
-    case 1: cuda_launch(cb, k_attention<DPL, 1, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p); break;
-    case 2: cuda_launch(cb, k_attention<DPL, 2, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p); break;
-    case 4: cuda_launch(cb, k_attention<DPL, 4, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p); break;
-    default:
-        if constexpr (DPL * 32 <= 256)
-            cuda_launch(cb, k_attention<DPL, 8, KB, PRE>, grid, ATT_WARPS * 32, 0, q, k, v, o, part, a, p);
-        break;
-    }
+    if constexpr (DPL <= 8)
+        if (gm <= 2) return launch_w<DPL, PRE, 8, DPL >= 8 ? 2 : 4>(cb, gm, grid, q, k, v, o, part, a, p);
+    launch_w<DPL, PRE, ATT_WARPS, DPL >= 8 ? 2 : 8>(cb, gm, grid, q, k, v, o, part, a, p);
 }
 
 /* The decode kernel's layout for sequences [b0, b0 + nb) of args: the query heads a block takes (a power of
