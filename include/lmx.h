@@ -331,8 +331,9 @@ lmx_status lmx_eval_batch(lmx_model *m, lmx_context *const *ctxs, int B, const i
 /* Host memory that m's backend copies results into at full speed: page-locked on cuda (a device copy
  * into ordinary memory goes through a staging buffer at a third of the speed or less), ordinary memory
  * on the cpu.  Worth it for logits read every step: a batch of 32 rows of a 128k vocabulary is 16 MB a
- * step, 1.7 ms into ordinary memory on an H100.  NULL when out of memory.  Free it with lmx_host_free
- * on the same model, before the model is freed. */
+ * step, 1.7 ms into ordinary memory on an H100; and one sequence's decode step on cuda writes its logits
+ * into such memory as it computes them, with no copy after the step (26 us a token at a 152k vocabulary).
+ * NULL when out of memory.  Free it with lmx_host_free on the same model, before the model is freed. */
 void *lmx_host_alloc(lmx_model *m, size_t bytes);
 void lmx_host_free(lmx_model *m, void *p);
 
