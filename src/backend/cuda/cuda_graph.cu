@@ -122,6 +122,31 @@ lmx_status cuda_g_exec(cuda_backend *cb, g_rec *r) {
     return g_run_direct(cb, r, g->dyn + CUDA_DYN_IDS, &bt, r->kvp, r->rows);
 }
 
+/* The step's announced read (its first G_READ record; -1: none) when one matmul alone writes the tensor it
+ * reads after it and the destination is host memory the device can write: that matmul's launch may then write
+ * it there too (cb->mirror, cuda_gemv).  A soft-cap after the head (gemma2), or pageable memory: the read copies. */
+static int g_mirror_plan(cuda_backend *cb) {
+    cuda_graph *g = cb->g;
+    memset(&cb->mirror, 0, sizeof cb->mirror);
+    int r = 0;
+    while (r < g->n_rec && g->rec[r].op != G_READ) r++;
+    if (r == g->n_rec) return -1;
+    const void *y = g->rec[r].t[0].data;
+    int writers = 0, w = -1;
+    for (int j = r + 1; j < g->n_rec; j++)
+        if (g->rec[j].t[0].data == y) writers++, w = j; /* t[0]: every op's output, or what it changes in place */
+    void *d = NULL;
+    if (writers != 1 || g->rec[w].op != G_MATMUL) return -1;
+    if (cudaHostGetDevicePointer(&d, g->rec[r].t[1].data, 0) != cudaSuccess) { /* pageable */
+        cudaGetLastError();
+        return -1;
+    }
+    cb->mirror.y = y;
+    cb->mirror.dptr = (float *)d;
+    cb->mirror.n = (size_t)g->rec[r].n;
+    return r;
+}
+
 /* One capture of the recorded step; retry: a failure that a scratch slot's growth may mend leaves g->failed
  * unset (the error cleared) for the caller to capture again. */
 static void g_capture_once(cuda_backend *cb, int retry) {
@@ -135,8 +160,7 @@ static void g_capture_once(cuda_backend *cb, int retry) {
     cb->pdl = g->pdl;
     g->ptab_n = 0; /* the exec that read the table is gone (cuda_graph_drop) */
     memset(g->skip, 0, (size_t)g->n_rec);
-    memset(&cb->mirror, 0, sizeof cb->mirror);
-    int mirror_last = -1; /* the last record writing the announced read's tensor (G_READ sets cb->mirror) */
+    const int rd = g_mirror_plan(cb);
     lmx_status st = LMX_OK;
     for (int i = 0; i < g->n_rec && st == LMX_OK;) {
         int used = 0;
@@ -144,22 +168,16 @@ static void g_capture_once(cuda_backend *cb, int retry) {
             i++;
             continue;
         }
-        if (cb->mirror.y && mirror_last < 0)
-            for (int j = g->n_rec - 1; j > i && mirror_last < 0; j--)
-                if (g->rec[j].t[0].data == cb->mirror.y) mirror_last = j;
-        const int taken = cb->mirror.taken;
         if (!g->nofuse) st = cuda_g_exec_fused(cb, i, &used);
         if (st == LMX_OK && used == 0) {
             st = cuda_g_exec(cb, &g->rec[i]);
             used = 1;
         }
-        /* the host's copy is the result only if the launch that wrote it took the tensor's last writer */
-        if (cb->mirror.taken && !taken && !(i <= mirror_last && mirror_last < i + used)) cb->mirror.dptr = NULL;
         i += used;
     }
     cb->dyn_on = 0;
     cb->pdl = 0;
-    const int mirrored = cb->mirror.taken && cb->mirror.dptr;
+    const int mirrored = rd >= 0 && cb->mirror.taken;
     memset(&cb->mirror, 0, sizeof cb->mirror);
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
@@ -170,14 +188,10 @@ static void g_capture_once(cuda_backend *cb, int retry) {
         else g->failed = 1;
         return;
     }
-    if (mirrored) { /* the G_READ record (the first, if several) */
-        for (int i = 0; i < g->n_rec; i++)
-            if (g->rec[i].op == G_READ) {
-                g->rd_t = g->rec[i].t[0].data;
-                g->rd_dst = g->rec[i].t[1].data;
-                g->rd_n = (size_t)g->rec[i].n;
-                break;
-            }
+    if (mirrored) {
+        g->rd_t = g->rec[rd].t[0].data;
+        g->rd_dst = g->rec[rd].t[1].data;
+        g->rd_n = (size_t)g->rec[rd].n;
     }
     cudaGraphExec_t ex = NULL;
     e = cudaGraphInstantiate(&ex, graph, 0);
@@ -362,18 +376,7 @@ static lmx_status g_run_direct(cuda_backend *cb, g_rec *c, const int32_t *ids, c
     }
     case G_KV_APPEND: return cuda_kv_append(be, kv, bt, &c->t[0], &c->t[1]);
     case G_GATHER: return cuda_gather_rows(be, &c->t[0], &c->t[1], rows, c->M, c->n);
-    case G_READ: /* while capturing, the launch that writes t may write dst too (mapped host memory) */
-        if (cb->dyn_on && !cb->mirror.y) {
-            void *d = NULL;
-            if (cudaHostGetDevicePointer(&d, c->t[1].data, 0) != cudaSuccess) {
-                cudaGetLastError(); /* pageable: the read copies */
-                d = NULL;
-            }
-            cb->mirror.y = c->t[0].data;
-            cb->mirror.dptr = (float *)d;
-            cb->mirror.n = (size_t)c->n;
-        }
-        return LMX_OK;
+    case G_READ: return LMX_OK; /* an announcement (g_mirror_plan) */
     case G_LORA: {
         const lmx_lora_pair *pairs[CUDA_G_MAX];
         for (int b = 0; b < c->B; b++) pairs[b] = c->lora[b].a.data ? &c->lora[b] : NULL;
