@@ -113,7 +113,10 @@ for m in qwen3_moe gemma4_moe; do # the GPU's routing and the host's give the sa
 done
 for m in llama qwen3; do graph_same "$fix/models/$m" --max-tokens 40 --adapter "$fix/models/${m}_lora/peft_adapter"; done
 # GGUF blocks (cuda_ggml.cu): the graph's fused launches (norm folded in, gate/up + GLU, residual add)
-for g in llama_gguf_q4_0/llama_q4_0 qwen3_gguf_q8_0/qwen3_q8_0; do graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40; done
+for g in llama_gguf_q4_0/llama_q4_0 qwen3_gguf_q8_0/qwen3_q8_0; do
+    graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40
+    graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40 --repeat-penalty 1.05 # the int16 kernels' host copy
+done
 # GGUF experts: the norm before the router folded into the router's GEMV and the experts' x quantization,
 # the routing in that quantization's launch; and at a real shape (Q4_K / Q6_K experts, K = 768 rows in lane
 # groups) when gguf-py is at hand (GGUF_PY: its directory)
@@ -124,7 +127,7 @@ if PYTHONPATH=${GGUF_PY:-} python3 -c "import gguf, numpy" 2>/dev/null; then
         graph_same "$moe/moe2.gguf" --max-tokens 40
     # a dense Q4_K_M: q/k/v of two types (Q6_K v) in one launch, one row and batched
     PYTHONPATH=${GGUF_PY:-} python3 "$root/bench/random_gguf.py" qwen3-0.6b "$moe/q06.gguf" >/dev/null &&
-        graph_same "$moe/q06.gguf" --max-tokens 40
+        graph_same "$moe/q06.gguf" --max-tokens 40 && graph_same "$moe/q06.gguf" --max-tokens 40 --repeat-penalty 1.05
     rm -rf "$moe"
 fi
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws

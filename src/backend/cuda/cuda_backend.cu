@@ -127,7 +127,7 @@ static void *cuda_host_alloc(lmx_backend *be, size_t n) {
 }
 static void cuda_host_free(lmx_backend *be, void *p) {
     cuda_park_wait((cuda_backend *)be); /* its copies may still use p */
-    cuda_graph_forget_host(((cuda_backend *)be), p); /* and a decode graph may write into it */
+    cuda_graph_forget_host((cuda_backend *)be, p); /* and a decode graph may write into it */
     cudaFreeHost(p);
 }
 
