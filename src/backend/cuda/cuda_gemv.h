@@ -46,7 +46,8 @@ enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };
 static __device__ __forceinline__ gv_seg seg_pick(const gv_segs &sg, int i) {
     gv_seg r;
 #define PICK(f) r.f = i == 0 ? sg.s[0].f : i == 1 ? sg.s[1].f : sg.s[2].f
-    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks); PICK(lb); PICK(lt); PICK(lr); PICK(ym);
+    PICK(w); PICK(scales); PICK(biases); PICK(bias); PICK(y); PICK(N); PICK(bt); PICK(ks);
+    PICK(lb); PICK(lt); PICK(lr); PICK(ym);
 #undef PICK
     return r;
 }
@@ -116,8 +117,8 @@ static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *
     }
 }
 
-/* While a decode graph is captured: the launch of n weights whose only one is segment s (no GLU, no residual add)
- * also writes its result into the host memory of the step's announced read of it (cb->mirror, cuda_graph.cu). */
+/* While a decode graph is captured: a launch of one weight (segment s; no GLU, no residual add) whose result the
+ * step's announced read reads also writes it into that read's host memory (cb->mirror, cuda_graph.cu). */
 static inline void gv_mirror(cuda_backend *cb, gv_seg *s, int n, int glu, int resid) {
     if (cb->dyn_on && cb->mirror.dptr && cb->mirror.y == s->y && n == 1 && glu < 0 && !resid &&
         (size_t)s->N * sizeof(float) == cb->mirror.n) {

@@ -8,7 +8,8 @@
 
 #include "cuda_internal.h"
 
-enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA, G_SCALE, G_MOE, G_READ };
+enum { G_EMBED = 1, G_RMSNORM, G_MATMUL, G_ADD, G_GLU, G_SOFTCAP, G_ROPE, G_ATTENTION, G_KV_APPEND, G_GATHER, G_LORA,
+       G_SCALE, G_MOE, G_READ /* read_ahead's announcement */ };
 enum { G_OFF = 0, G_REC, G_REPLAY };
 
 /* One op call.  The fields up to kvp are zero-filled before use (g_rec_clear) so that memcmp compares
