@@ -20,8 +20,8 @@ typedef struct gv_seg {
     int ks;                       /* k_gemv1, k_ggemv: warps sharing each row (K split among them) */
     const float *lb, *lt;         /* k_gemv1, k_ggemv: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
     int lr;
-    float *ym;                    /* k_gemv1 (one weight, ks 1), k_ggemv (one row): y also written here (host
-                                     memory: gv_mirror), or NULL */
+    float *ym;                    /* k_gemv1 (one weight, ks 1): y also written here (host memory: gv_mirror), or
+                                     NULL */
 } gv_seg;
 
 typedef struct gv_segs {

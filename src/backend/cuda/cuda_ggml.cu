@@ -289,7 +289,6 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                     if (S.lb) o = o + gv_lora_term(S, n);
                     float *y = S.y + (size_t)m * S.N + n;
                     *y = resid ? *y + o : o;
-                    if (S.ym) S.ym[n] = o; /* one row (gv_mirror) */
                 }
             }
         }
@@ -549,7 +548,6 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
     if (stream && nt == 1 && types[0] == GQ_MLX4 && cuda_gstream_takes(cb, ws[0]) && !(opts && opts->sum_y))
         return cuda_gstream(cb, n, sg, glu, x, (int)K, gv_row_norm(opts), resid);
-    if (M == 1) gv_mirror(cb, &sg.s[0], n, glu, resid);
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx[2] = {1, 1}; /* blocks of each type's segments */
     int64_t busy = 0;        /* blocks with rows to compute */
