@@ -80,16 +80,19 @@ for w in 16 40; do
     run "$bin/lmx" check-reference "$fix/models/qwen3" --backend cuda --ctx $w \
         --reference "$root/tests/data/qwen3_window$w/reference.safetensors"
 done
+# `lmx run MODEL ARGS` with an A/B switch (ENV=VALUE) and without must print the same ids and exit the same way
+switch_same() {
+    local sw=$1 a b
+    shift
+    echo "\$ $sw / default: $*"
+    a=$(env "$sw" "$bin/lmx" run "$@" --backend cuda --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
+    b=$("$bin/lmx" run "$@" --backend cuda --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
+    if [ "$a" != "$b" ]; then echo "FAILED: $sw changes the output of $*"; echo "  with:    $a"; echo "  without: $b"; fail=1; fi
+}
 # decode graphs (cuda_graph.cu) replay the same kernels as the eager path, so greedy decoding with
 # graphs on and off (LMX_CUDA_GRAPH=0) must give the same ids; 40 steps cover record, replay,
 # re-record after a change (split count, cache growth) and ring wrap-around (--ctx 16).
-graph_same() {
-    local a b
-    echo "\$ graphs on/off: $*"
-    a=$(LMX_CUDA_GRAPH=0 "$bin/lmx" run "$@" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
-    b=$("$bin/lmx" run "$@" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
-    if [ "$a" != "$b" ]; then echo "FAILED: graphs change the output of $*"; echo "  off: $a"; echo "  on:  $b"; fail=1; fi
-}
+graph_same() { switch_same LMX_CUDA_GRAPH=0 "$@" --temp 0; }
 # The mixtures of experts decode in graphs (the moe op routes on the GPU), and with LMX_CUDA_MOE=0
 # route on the host, which keeps each such step out of the graph (qwen3_moe's check-reference on cuda
 # passes prefill, short decode and batch, but the long decode's routing flips between near-tied experts
@@ -97,25 +100,19 @@ graph_same() {
 for m in llama qwen3 gemma2 gemma3 llama_q4 qwen3_q8 qwen3_moe gemma4 gemma4_kv gemma4_moe; do graph_same "$fix/models/$m" --max-tokens 40; done
 for m in qwen3_moe gemma4_moe; do LMX_CUDA_MOE=0 graph_same "$fix/models/$m" --max-tokens 40; done
 # a repeat penalty reads whole logits every step, which a replayed graph writes into the host's memory itself
-# (read_ahead; after gemma2's and gemma3's final soft-cap the copy stays): graphs on / off, and the copy after
-# the step (LMX_CUDA_READ_AHEAD=0) against it
+# (read_ahead; after gemma2's final soft-cap and from quantized heads the copy stays): graphs on / off, and the
+# copy after the step (LMX_CUDA_READ_AHEAD=0) against it
 for m in llama qwen3 gemma2 gemma3 llama_q4 gemma4; do
     graph_same "$fix/models/$m" --max-tokens 40 --repeat-penalty 1.05
-    a=$(LMX_CUDA_READ_AHEAD=0 "$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 --repeat-penalty 1.05 2>&1)
-    b=$("$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 --repeat-penalty 1.05 2>&1)
-    if [ "$a" != "$b" ]; then echo "FAILED: read_ahead changes the output of $m"; fail=1; fi
+    switch_same LMX_CUDA_READ_AHEAD=0 "$fix/models/$m" --max-tokens 40 --repeat-penalty 1.05 --temp 0
 done
-for m in qwen3_moe gemma4_moe; do # the GPU's routing and the host's give the same tokens
-    a=$("$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 2>&1)
-    b=$(LMX_CUDA_MOE=0 "$bin/lmx" run "$fix/models/$m" --backend cuda --temp 0 --prompt-ids 5,17,42,7,99 --max-tokens 40 2>&1)
-    echo "\$ moe op / host routing: $m"
-    [ "$a" = "$b" ] || { echo "FAILED: the moe op changes the output of $m"; echo "  op:   $a"; echo "  host: $b"; fail=1; }
-done
+# the GPU's routing and the host's give the same tokens
+for m in qwen3_moe gemma4_moe; do switch_same LMX_CUDA_MOE=0 "$fix/models/$m" --max-tokens 40 --temp 0; done
 for m in llama qwen3; do graph_same "$fix/models/$m" --max-tokens 40 --adapter "$fix/models/${m}_lora/peft_adapter"; done
 # GGUF blocks (cuda_ggml.cu): the graph's fused launches (norm folded in, gate/up + GLU, residual add)
 for g in llama_gguf_q4_0/llama_q4_0 qwen3_gguf_q8_0/qwen3_q8_0; do
     graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40
-    graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40 --repeat-penalty 1.05 # the int16 kernels' host copy
+    graph_same "$root/tests/data/lora/$g.gguf" --max-tokens 40 --repeat-penalty 1.05 # whole logits, copied
 done
 # GGUF experts: the norm before the router folded into the router's GEMV and the experts' x quantization,
 # the routing in that quantization's launch; and at a real shape (Q4_K / Q6_K experts, K = 768 rows in lane
@@ -132,13 +129,7 @@ if PYTHONPATH=${GGUF_PY:-} python3 -c "import gguf, numpy" 2>/dev/null; then
 fi
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws
 # from every logit (LMX_CUDA_TOPK=0): greedy, and seeded top-k / top-p / min-p sampling
-topk_same() {
-    local a b
-    echo "\$ gpu top-k on/off: $*"
-    a=$(LMX_CUDA_TOPK=0 "$bin/lmx" run "$@" --backend cuda --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
-    b=$("$bin/lmx" run "$@" --backend cuda --prompt-ids 5,17,42,7,99 2>&1; echo "rc=$?")
-    if [ "$a" != "$b" ]; then echo "FAILED: gpu top-k changes the output of $*"; echo "  off: $a"; echo "  on:  $b"; fail=1; fi
-}
+topk_same() { switch_same LMX_CUDA_TOPK=0 "$@"; }
 for m in llama qwen3 gemma3 llama_q4; do
     topk_same "$fix/models/$m" --max-tokens 40 --temp 0
     topk_same "$fix/models/$m" --max-tokens 40 --temp 0.9 --seed 7

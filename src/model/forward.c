@@ -528,9 +528,10 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_a
     const lmx_backend_ops *op = be->ops;
     const lmx_config *c = &m->cfg;
     lmx_workspace *ws = &m->ws;
+    const size_t logit_bytes = (size_t)R * c->vocab * sizeof(float);
     lmx_status st = embed_pass(m, kv_all, bt, tokens, R);
     if (!st && R > 0 && out->k == 0 && out->logits && op->read_ahead && /* the step ends reading the logits */
-        (st = op->read_ahead(be, &ws->logits, out->logits, (size_t)R * c->vocab * sizeof(float))))
+        (st = op->read_ahead(be, &ws->logits, out->logits, logit_bytes)))
         return lmx_err_set(&m->err, st, "%s", be->err.msg);
     if (!st) st = layers(m, kv_all, ad, bt, 0, c->n_layers);
     if (st) return st;
@@ -543,7 +544,7 @@ static lmx_status forward(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_a
         }
         if (st == LMX_ERR_UNSUPPORTED) { /* whole rows: asked for, or the backend declined to select */
             lmx_err_clear(&be->err);
-            st = op->read(be, &ws->logits, 0, out->logits, (size_t)R * c->vocab * sizeof(float));
+            st = op->read(be, &ws->logits, 0, out->logits, logit_bytes);
         }
         if (st) return lmx_err_set(&m->err, st, "%s", be->err.msg);
     }

@@ -832,7 +832,14 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         int wide = kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)nb <= cb->sm_count;
         for (int i = 0; wide && i < n; i++) wide = K / g1<GV_BF16>::E >= G1_WIDE_U * 32 * sg.s[i].ks;
         if (wide) f = resid ? k_gemv1_wide<GV_BF16, 0, 1> : norm ? k_gemv1_wide<GV_BF16, 1, 0> : k_gemv1_wide<GV_BF16, 0, 0>;
-        if (sg.s[0].ks == 1) gv_mirror(cb, &sg.s[0], n, glu, resid); /* (the epilogue's block-wide write) */
+        /* while a decode graph is captured: a result that the step's announced read reads also goes into that
+         * read's host memory (cb->mirror, cuda_graph.cu; the epilogue's block-wide write, so one weight of ks 1) */
+        gv_seg *s0 = &sg.s[0];
+        if (cb->dyn_on && cb->mirror.dptr && cb->mirror.y == s0->y && n == 1 && glu < 0 && !resid && s0->ks == 1 &&
+            (size_t)s0->N * sizeof(float) == cb->mirror.n) {
+            s0->ym = cb->mirror.dptr;
+            cb->mirror.taken = 1;
+        }
         cuda_launch(cb, f, dim3(nb), 256, g1_smem(kind, K), x, sg, (int)K, glu < 0 ? 0 : glu, gv_row_norm(opts));
         return cuda_check_launch(cb, glu >= 0 ? "matmul + glu" : "matmul");
     }

@@ -20,7 +20,7 @@ typedef struct gv_seg {
     int ks;                       /* k_gemv1, k_ggemv: warps sharing each row (K split among them) */
     const float *lb, *lt;         /* k_gemv1, k_ggemv: a LoRA expand folded in (B [N, lr], t [lr]); lb NULL: none */
     int lr;
-    float *ym;                    /* k_gemv1 (one weight, ks 1): y also written here (host memory: gv_mirror), or
+    float *ym;                    /* k_gemv1 (one weight, ks 1): y also written here (host memory: cb->mirror), or
                                      NULL */
 } gv_seg;
 
@@ -114,16 +114,6 @@ static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *
         s->lb = opts->lora_b[i];
         s->lt = opts->lora_t[i];
         s->lr = opts->lora_r[i];
-    }
-}
-
-/* While a decode graph is captured: a launch of one weight (segment s; no GLU, no residual add) whose result the
- * step's announced read reads also writes it into that read's host memory (cb->mirror, cuda_graph.cu). */
-static inline void gv_mirror(cuda_backend *cb, gv_seg *s, int n, int glu, int resid) {
-    if (cb->dyn_on && cb->mirror.dptr && cb->mirror.y == s->y && n == 1 && glu < 0 && !resid &&
-        (size_t)s->N * sizeof(float) == cb->mirror.n) {
-        s->ym = cb->mirror.dptr;
-        cb->mirror.taken = 1;
     }
 }
 

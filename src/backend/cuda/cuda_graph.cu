@@ -62,6 +62,7 @@ lmx_status cuda_graph_create(cuda_backend *cb) {
     cb->g->gemm_pair = !(gp && gp[0] == '0');
     const char *ra = getenv("LMX_CUDA_READ_AHEAD"); /* =0: announced reads copied after the step (A/B) */
     cb->g->rd_off = ra && ra[0] == '0';
+    cb->g->rd = -1;
     cb->g->ptab = (const void **)malloc(G_PTAB_CAP * sizeof(void *));
     if (!cb->g->ptab || cudaMalloc((void **)&cb->g->ptab_dev, G_PTAB_CAP * sizeof(void *)) != cudaSuccess) {
         cudaGetLastError();
@@ -77,7 +78,7 @@ void cuda_graph_drop(cuda_backend *cb) {
         cudaGraphExecDestroy(g->exec);
         g->exec = NULL;
     }
-    if (g) g->rd_ok = 0;
+    if (g) g->rd = -1;
 }
 
 void cuda_graph_destroy(cuda_backend *cb) {
@@ -188,11 +189,6 @@ static void g_capture_once(cuda_backend *cb, int retry) {
         else g->failed = 1;
         return;
     }
-    if (mirrored) {
-        g->rd_t = g->rec[rd].t[0].data;
-        g->rd_dst = g->rec[rd].t[1].data;
-        g->rd_n = (size_t)g->rec[rd].n;
-    }
     cudaGraphExec_t ex = NULL;
     e = cudaGraphInstantiate(&ex, graph, 0);
     cudaGraphDestroy(graph);
@@ -205,7 +201,7 @@ static void g_capture_once(cuda_backend *cb, int retry) {
         return;
     }
     g->exec = ex;
-    g->rd_ok = mirrored;
+    g->rd = mirrored ? rd : -1;
 }
 
 /* Capture the recorded step into a graph (nothing runs).  A fused launch may need a scratch slot larger than
@@ -663,12 +659,13 @@ lmx_status cuda_op_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, s
 
 int cuda_graph_writes_read(const cuda_backend *cb, const lmx_tensor *t, size_t off, const void *dst, size_t n) {
     const cuda_graph *g = cb->g;
-    return g && g->mode == G_REPLAY && g->pos == g->n_rec && g->exec && g->rd_ok && t->data == g->rd_t && !off &&
-           dst == g->rd_dst && n == g->rd_n;
+    if (!g || g->mode != G_REPLAY || g->pos != g->n_rec || !g->exec || g->rd < 0 || g->rd >= g->n_rec) return 0;
+    const g_rec *r = &g->rec[g->rd]; /* this step's own announcement: it matched the record */
+    return t->data == r->t[0].data && !off && dst == r->t[1].data && n == (size_t)r->n;
 }
 
 void cuda_graph_forget_host(cuda_backend *cb, const void *p) {
-    if (cb->g && cb->g->rd_ok && cb->g->rd_dst == p) cuda_graph_drop(cb);
+    if (cb->g && cb->g->rd >= 0 && cb->g->rec[cb->g->rd].t[1].data == p) cuda_graph_drop(cb);
 }
 lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
     return w_rope(be, x, b, nh, hd, rope);

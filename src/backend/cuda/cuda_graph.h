@@ -100,12 +100,8 @@ typedef struct cuda_graph {
     int pdl;                 /* launch the graph's kernels with programmatic dependent launch */
     int att_fold;            /* one-token q/k norm + RoPE + kv append folded into the attention launch */
     int gemm_pair;           /* two bf16 cuBLAS GEMMs of one shape and input as one batch */
-    /* the read that the captured step's G_READ announced and its launches write into host memory themselves
-       (cuda_read then only waits): t's data, dst, bytes; rd_ok 0: none */
-    const void *rd_t;
-    void *rd_dst;
-    size_t rd_n;
-    int rd_ok;
+    int rd;                  /* the captured step's G_READ record whose read its launches write into host memory
+                                themselves (cuda_read then only waits); -1: none */
     int rd_off;              /* LMX_CUDA_READ_AHEAD=0: announced reads are copied after the step (A/B) */
     /* pointers that the captured graph's batched GEMMs read: written on the host while capturing, copied to
        the device once the capture succeeds (before its first launch) */
