@@ -657,15 +657,20 @@ lmx_status cuda_op_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, s
     return w_read_ahead(be, t, dst, n);
 }
 
+/* The captured graph's G_READ record whose read its launches write into host memory (g->rd), or NULL. */
+static const g_rec *g_mirrored_read(const cuda_graph *g) {
+    return g && g->exec && g->rd >= 0 && g->rd < g->n_rec ? &g->rec[g->rd] : NULL;
+}
+
 int cuda_graph_writes_read(const cuda_backend *cb, const lmx_tensor *t, size_t off, const void *dst, size_t n) {
-    const cuda_graph *g = cb->g;
-    if (!g || g->mode != G_REPLAY || g->pos != g->n_rec || !g->exec || g->rd < 0 || g->rd >= g->n_rec) return 0;
-    const g_rec *r = &g->rec[g->rd]; /* this step's own announcement: it matched the record */
-    return t->data == r->t[0].data && !off && dst == r->t[1].data && n == (size_t)r->n;
+    const g_rec *r = g_mirrored_read(cb->g); /* this step's own announcement once the whole step matched */
+    return r && cb->g->mode == G_REPLAY && cb->g->pos == cb->g->n_rec && t->data == r->t[0].data && !off &&
+           dst == r->t[1].data && n == (size_t)r->n;
 }
 
 void cuda_graph_forget_host(cuda_backend *cb, const void *p) {
-    if (cb->g && cb->g->rd >= 0 && cb->g->rec[cb->g->rd].t[1].data == p) cuda_graph_drop(cb);
+    const g_rec *r = g_mirrored_read(cb->g);
+    if (r && r->t[1].data == p) cuda_graph_drop(cb);
 }
 lmx_status cuda_op_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *b, int nh, int hd, const lmx_rope *rope) {
     return w_rope(be, x, b, nh, hd, rope);
