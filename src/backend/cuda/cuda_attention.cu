@@ -197,9 +197,12 @@ __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ 
     const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
     const float *vnb = vn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
     const int jn0 = j0 > n_cached ? j0 : n_cached;
-    /* PRE (one token): the new row, when this block's split holds it, is warp 0's; its loads go out now, beside
-     * q's, and it is used last, as without the fold */
-    const bool own = PRE && warp == 0 && jn0 < j1;
+    /* The new keys' groups of KB go round the warps from wn, the warp after the last to take a group of cached
+     * keys: one with the fewest steps of the walk (warp 0 has the most).  PRE (one token): the new row, when this
+     * block's split holds it, is warp wn's; its loads go out now, beside q's, and it is used after that warp's
+     * cached keys, as without the fold. */
+    const int wn = (jc > j0 ? (jc - j0 + KB - 1) / KB : 0) % W;
+    const bool own = PRE && warp == wn && jn0 < j1;
     float kn1[PW], vn1[PW];
     if constexpr (PRE)
         if (own)
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ 
             att_update<DPL, GM, KB>(qr, acc, m, l, kf, vf, 1, a.softcap);
         }
     } else {
-        for (int jb = jn0 + warp * KB; jb < j1; jb += W * KB) {
+        for (int jb = jn0 + ((warp - wn + W) % W) * KB; jb < j1; jb += W * KB) {
             float kf[KB][DPL], vf[KB][DPL];
 #pragma unroll
             for (int u = 0; u < KB; u++) {
