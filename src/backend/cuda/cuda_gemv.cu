@@ -410,6 +410,15 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     };
     int v = 32 * kslice + lane;
     if (active && v < nv) load(cw, cs, cb, v);
+    /* Dense with the norm folded in, where every lane of the warp has exactly two steps of vectors (a row of
+     * 1,024 bf16 values at KS 1): the second step's are loaded before the wait too, so that they arrive while
+     * the block computes the norm and stages x instead of after (the norm launches have the registers: 64
+     * without spills; the others spill).  The same vectors in the same order: the same bits. */
+    const bool two = !Q && NORM != 0 && LORA == 0 && active && 32 * kslice + 31 + vstride * U < nv &&
+                     32 * kslice + 2 * vstride * U >= nv;
+    uint4 w2[U][R];
+    uint32_t s2[U][R], b2[U][R];
+    if (two) load(w2, s2, b2, v + vstride * U);
     if constexpr (LORA != 0) /* the expand's rows of B, read in the epilogue: into L2 meanwhile (no registers held) */
         if (lane < RO && active)
 #pragma unroll
@@ -444,29 +453,37 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (; active && v < nv; v += vstride * U) {
-        const bool more = v + vstride * U < nv;
-        uint4 nw[U][R];
-        uint32_t ns[U][R], nb[U][R];
-        if (more) load(nw, ns, nb, v + vstride * U);
+    auto step = [&](const uint4 (&w)[U][R], const uint32_t (&sc)[U][R], const uint32_t (&bi)[U][R], int v0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int vu = v + vstride * u;
+            const int vu = v0 + vstride * u;
             if (vu >= nv) break;
             const float *xp = xsm + G1_PAD(vu * E);
             if constexpr (Q) {
                 const float xsum = KIND == GV_Q4 ? sums[2 * vu] + sums[2 * vu + 1] : sums[vu];
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const float d = g1_dot<KIND>(cw[u][r], xp);
-                    acc[r] = KIND == GV_Q4 ? qacc<4>(acc[r], cs[u][r], cb[u][r], sg.sdt, d, xsum)
-                                           : qacc<8>(acc[r], cs[u][r], cb[u][r], sg.sdt, d, xsum);
+                    const float d = g1_dot<KIND>(w[u][r], xp);
+                    acc[r] = KIND == GV_Q4 ? qacc<4>(acc[r], sc[u][r], bi[u][r], sg.sdt, d, xsum)
+                                           : qacc<8>(acc[r], sc[u][r], bi[u][r], sg.sdt, d, xsum);
                 }
             } else {
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r] += g1_dot<KIND>(cw[u][r], xp);
+                for (int r = 0; r < R; r++) acc[r] += g1_dot<KIND>(w[u][r], xp);
             }
         }
+    };
+    if (two) {
+        step(cw, cs, cb, v);
+        step(w2, s2, b2, v + vstride * U);
+        v = nv;
+    }
+    for (; active && v < nv; v += vstride * U) {
+        const bool more = v + vstride * U < nv;
+        uint4 nw[U][R];
+        uint32_t ns[U][R], nb[U][R];
+        if (more) load(nw, ns, nb, v + vstride * U);
+        step(cw, cs, cb, v);
         if (more)
 #pragma unroll
             for (int u = 0; u < U; u++)
