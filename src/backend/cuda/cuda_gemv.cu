@@ -410,12 +410,14 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     };
     int v = 32 * kslice + lane;
     if (active && v < nv) load(cw, cs, cb, v);
-    /* Dense with the norm folded in, where every lane of the warp has exactly two steps of vectors (a row of
-     * 1,024 bf16 values at KS 1): the second step's are loaded before the wait too, so that they arrive while
-     * the block computes the norm and stages x instead of after (the norm launches have the registers: 64
-     * without spills; the others spill).  The same vectors in the same order: the same bits. */
-    const bool two = !Q && NORM != 0 && LORA == 0 && active && 32 * kslice + 31 + vstride * U < nv &&
-                     32 * kslice + 2 * vstride * U >= nv;
+    /* Dense, where every lane of the warp has exactly two steps of vectors: the second step's are loaded before
+     * the wait too, so that they arrive while the block stages x (and computes the norm) instead of after.  Taken
+     * by the launches with the registers for it: the norm folded in (64 without spills; the others spill) and the
+     * wide form.  The same vectors in the same order: the same bits.  Qwen3-0.6B bf16 one row on an H100: its
+     * q/k/v, gate/up and head (rows of 1,024) +1-3%, and its down projection (3,072, wide) 3-6% more:
+     * bench/RESULTS.md. */
+    const bool two = !Q && (NORM != 0 || UW > g1<KIND>::U) && LORA == 0 && active &&
+                     32 * kslice + 31 + vstride * U < nv && 32 * kslice + 2 * vstride * U >= nv;
     uint4 w2[U][R];
     uint32_t s2[U][R], b2[U][R];
     if (two) load(w2, s2, b2, v + vstride * U);
