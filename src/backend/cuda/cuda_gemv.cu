@@ -365,7 +365,7 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
 }
 
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over x; k_gemv1 and k_moe_gemv1 around it. */
-template <int KIND, int PAIR, int NORM, int RESID, int LORA, int UW = g1<KIND>::U>
+template <int KIND, int PAIR, int NORM, int RESID, int LORA, int UW = g1<KIND>::U, int TWO = 0>
 static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, const gv_segs &sg, const gv_seg &S, int K,
                                                   int act, const cuda_row_norm &nm, int bx) {
     extern __shared__ float xsm[]; /* [G1_PAD(K)] x; quantized: then [K / 16] sums */
@@ -410,14 +410,11 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     };
     int v = 32 * kslice + lane;
     if (active && v < nv) load(cw, cs, cb, v);
-    /* Dense, where every lane of the warp has exactly two steps of vectors: the second step's are loaded before
-     * the wait too, so that they arrive while the block stages x (and computes the norm) instead of after.  Taken
-     * by the launches with the registers for it: the norm folded in (64 without spills; the others spill) and the
-     * wide form.  The same vectors in the same order: the same bits.  Qwen3-0.6B bf16 one row on an H100: its
-     * q/k/v, gate/up and head (rows of 1,024) +1-3%, and its down projection (3,072, wide) 3-6% more:
-     * bench/RESULTS.md. */
-    const bool two = !Q && (NORM != 0 || UW > g1<KIND>::U) && LORA == 0 && active &&
-                     32 * kslice + 31 + vstride * U < nv && 32 * kslice + 2 * vstride * U >= nv;
+    /* TWO (dense), where every lane of the warp has exactly two steps of vectors: the second step's are loaded
+     * before the wait too, so that they arrive while the block stages x (and computes the norm) instead of after.
+     * The same vectors in the same order: the same bits.  Qwen3-0.6B bf16 one row on an H100: its q/k/v,
+     * gate/up and head (rows of 1,024) +1-3%, and its down projection (3,072, wide) 3-6% more: bench/RESULTS.md. */
+    const bool two = TWO != 0 && !Q && active && 32 * kslice + 31 + vstride * U < nv && 32 * kslice + 2 * vstride * U >= nv;
     uint4 w2[U][R];
     uint32_t s2[U][R], b2[U][R];
     if (two) load(w2, s2, b2, v + vstride * U);
@@ -561,13 +558,13 @@ static __device__ __forceinline__ int g1_seg(const gv_segs &sg, int &bx) {
     return i;
 }
 
-template <int KIND, int PAIR, int NORM, int RESID, int LORA>
+template <int KIND, int PAIR, int NORM, int RESID, int LORA, int TWO>
 __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float *__restrict__ x, const gv_segs sg, int K, int act,
                                                const cuda_row_norm nm) {
     cuda_pdl_trigger();
     int bx;
     const int i = g1_seg(sg, bx);
-    gemv1_body<KIND, PAIR, NORM, RESID, LORA>(x, sg, seg_pick(sg, i), K, act, nm, bx);
+    gemv1_body<KIND, PAIR, NORM, RESID, LORA, g1<KIND>::U, TWO>(x, sg, seg_pick(sg, i), K, act, nm, bx);
 }
 
 /* A dense weight whose blocks are at most one a multiprocessor (the o and down projections of a small model:
@@ -583,7 +580,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__
     cuda_pdl_trigger();
     int bx;
     const int i = g1_seg(sg, bx);
-    gemv1_body<KIND, 0, NORM, RESID, 0, G1_WIDE_U>(x, sg, seg_pick(sg, i), K, act, nm, bx);
+    gemv1_body<KIND, 0, NORM, RESID, 0, G1_WIDE_U, 1>(x, sg, seg_pick(sg, i), K, act, nm, bx);
 }
 
 /* ---- mixture of experts: the chosen experts of a few rows (decode) ------------------------------- */
@@ -626,23 +623,41 @@ static int g1_split(const cuda_backend *cb, int kind, int N, int K, int rpb) {
     return ks;
 }
 
-/* The k_gemv1 instance for (kind, pair, norm, resid, lora); NULL for combinations never launched. */
+/* Whether some warp of a one-row launch over rows of K values (KS warps a row) has exactly two steps of vectors
+ * (gemv1_body's TWO). */
+static int g1_two(int kind, int64_t K, int ks) {
+    if (kind != GV_BF16 && kind != GV_F16 && kind != GV_F32) return 0;
+    const int64_t nv = K / (kind == GV_F32 ? 4 : 8), step = 32 * ks * g1<GV_BF16>::U;
+    for (int k = 0; k < ks; k++)
+        if (32 * k + 31 + step < nv && 32 * k + 2 * step >= nv) return 1;
+    return 0;
+}
+
+/* The k_gemv1 instance for (kind, pair, norm, resid, lora, two); NULL for combinations never launched.  Two steps
+ * before the wait (two) only with the norm folded in (the instances with the registers to spare: the others
+ * spill) and without LoRA, and only where a launch can take them (g1_two), so that other launches keep the
+ * plain loop's code. */
 typedef void (*g1_fn)(const float *, gv_segs, int, int, cuda_row_norm);
-template <int KIND, int LORA> static g1_fn g1_pick(int pair, int norm, int resid) {
-    if (pair) return resid ? (g1_fn)NULL : norm ? k_gemv1<KIND, 1, 1, 0, LORA> : k_gemv1<KIND, 1, 0, 0, LORA>;
-    if (resid) return norm ? (g1_fn)NULL : k_gemv1<KIND, 0, 0, 1, LORA>;
-    return norm ? k_gemv1<KIND, 0, 1, 0, LORA> : k_gemv1<KIND, 0, 0, 0, LORA>;
+template <int KIND, int LORA> static g1_fn g1_pick(int pair, int norm, int resid, int two) {
+    constexpr int T2 = !g1<KIND>::Q && LORA == 0;
+    if (pair)
+        return resid ? (g1_fn)NULL
+                     : norm ? (two && T2 ? k_gemv1<KIND, 1, 1, 0, LORA, T2> : k_gemv1<KIND, 1, 1, 0, LORA, 0>)
+                            : k_gemv1<KIND, 1, 0, 0, LORA, 0>;
+    if (resid) return norm ? (g1_fn)NULL : k_gemv1<KIND, 0, 0, 1, LORA, 0>;
+    return norm ? (two && T2 ? k_gemv1<KIND, 0, 1, 0, LORA, T2> : k_gemv1<KIND, 0, 1, 0, LORA, 0>)
+                : k_gemv1<KIND, 0, 0, 0, LORA, 0>;
 }
-template <int KIND> static g1_fn g1_pick(int pair, int norm, int resid, int lora) {
-    return lora ? g1_pick<KIND, 1>(pair, norm, resid) : g1_pick<KIND, 0>(pair, norm, resid);
+template <int KIND> static g1_fn g1_pick(int pair, int norm, int resid, int lora, int two) {
+    return lora ? g1_pick<KIND, 1>(pair, norm, resid, two) : g1_pick<KIND, 0>(pair, norm, resid, two);
 }
-static g1_fn g1_kernel(int kind, int pair, int norm, int resid, int lora) {
+static g1_fn g1_kernel(int kind, int pair, int norm, int resid, int lora, int two) {
     switch (kind) {
-    case GV_BF16: return g1_pick<GV_BF16>(pair, norm, resid, lora);
-    case GV_F16: return g1_pick<GV_F16>(pair, norm, resid, lora);
-    case GV_F32: return g1_pick<GV_F32>(pair, norm, resid, lora);
-    case GV_Q4: return g1_pick<GV_Q4>(pair, norm, resid, lora);
-    default: return g1_pick<GV_Q8>(pair, norm, resid, lora);
+    case GV_BF16: return g1_pick<GV_BF16>(pair, norm, resid, lora, two);
+    case GV_F16: return g1_pick<GV_F16>(pair, norm, resid, lora, two);
+    case GV_F32: return g1_pick<GV_F32>(pair, norm, resid, lora, two);
+    case GV_Q4: return g1_pick<GV_Q4>(pair, norm, resid, lora, two);
+    default: return g1_pick<GV_Q8>(pair, norm, resid, lora, two);
     }
 }
 
@@ -660,8 +675,8 @@ template <int PAIR> static moe_fn moe_kernel(int kind) {
 void cuda_gemv_init(void) {
     const int sm = (int)g1_smem(GV_Q4, G1_MAX_K);
     for (int kind = GV_BF16; kind <= GV_Q8; kind++) {
-        for (int c = 0; c < 16; c++) {
-            g1_fn f = g1_kernel(kind, c & 1, (c >> 1) & 1, (c >> 2) & 1, (c >> 3) & 1);
+        for (int c = 0; c < 32; c++) {
+            g1_fn f = g1_kernel(kind, c & 1, (c >> 1) & 1, (c >> 2) & 1, (c >> 3) & 1, (c >> 4) & 1);
             if (f) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
         }
         cudaFuncSetAttribute(moe_kernel<0>(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
@@ -805,7 +820,9 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
     }
     if (one_row) {
         sg.b1 = gy > 1 ? first[1] : (int)nb, sg.b2 = gy > 2 ? first[2] : (int)nb;
-        g1_fn f = g1_kernel(kind, glu >= 0, norm, resid, lora);
+        int two = 0;
+        for (int i = 0; i < n; i++) two |= g1_two(kind, K, sg.s[i].ks);
+        g1_fn f = g1_kernel(kind, glu >= 0, norm, resid, lora, two);
         /* one block a multiprocessor at most, and G1_WIDE_U vectors a lane and row: the wide form */
         int wide = kind == GV_BF16 && glu < 0 && !lora && cb->gemv_variant != 6 && (int)nb <= cb->sm_count;
         for (int i = 0; wide && i < n; i++) wide = K / g1<GV_BF16>::E >= G1_WIDE_U * 32 * sg.s[i].ks;
