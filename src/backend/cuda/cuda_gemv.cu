@@ -11,8 +11,9 @@
  * One launch may cover up to 3 weights of the same input (fused q/k/v or gate/up in decode graphs;
  * blockIdx.y picks the weight, or in k_gemv1 the weights' blocks follow one another), and gate/up may end
  * in the GLU (a warp takes row n of both and writes act(gate . x) * (up . x)).  Under programmatic
- * dependent launch a warp loads its first weight vectors before it waits for the kernel that writes x,
- * so weight streaming starts while the previous kernel drains.
+ * dependent launch a warp loads its first weight vectors (k_gemv1: two steps of them where that is its whole
+ * row) before it waits for the kernel that writes x, so weight streaming starts while the previous kernel
+ * drains.
  *
  * Formats: dense bf16 / f16 / f32 (K a multiple of the vector), MLX affine 4 and 8 bit (groups of
  * whole words); GGUF blocks go to cuda_ggml.cu.  Everything else (2-bit, odd shapes) takes
@@ -571,8 +572,9 @@ __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4) k_gemv1(const float 
  * N = 1024, 128 blocks) streams only what eight warps keep in flight: two 16-byte vectors a row and lane, 16 KB
  * a multiprocessor.  With the registers the GPU has to spare at one block a multiprocessor (k_gemv1's 64 are
  * for four), this form keeps four in flight and loads four before its wait (where K splits into four vectors a
- * lane: all of a row).  Its vectors are taken in the same order, so its bits are k_gemv1's (Qwen3-0.6B bf16 one
- * row +1.5% on an H100: bench/RESULTS.md). */
+ * lane: all of a row), or two steps of four where a lane's row is two (TWO: the 0.6B's down projection, K =
+ * 3,072).  Its vectors are taken in the same order, so its bits are k_gemv1's (Qwen3-0.6B bf16 one row +1.5% on
+ * an H100, and 3-6% more with the second step: bench/RESULTS.md). */
 #define G1_WIDE_U 4 /* k_gemv1_wide's vectors a lane and row in flight */
 template <int KIND, int NORM, int RESID>
 __global__ void __launch_bounds__(256, 2) k_gemv1_wide(const float *__restrict__ x, const gv_segs sg, int K, int act,
