@@ -127,6 +127,20 @@ if PYTHONPATH=${GGUF_PY:-} python3 -c "import gguf, numpy" 2>/dev/null; then
         graph_same "$moe/q06.gguf" --max-tokens 40 && graph_same "$moe/q06.gguf" --max-tokens 40 --repeat-penalty 1.05
     rm -rf "$moe"
 fi
+# a random Qwen3-0.6B in bf16, four layers: its one-row GEMVs over rows of 1,024 (q/k/v, gate/up, the head, with
+# the norm folded in) and the down projection over 3,072 (the wide form) load two steps of weights before their
+# wait, an instance of their own (gemv1_body's TWO) that the fixtures' small rows never take
+# (bench/make_random_model.py draws the weights with torch: the GPU machine's python3 has it)
+if python3 -c "import torch" 2>/dev/null; then
+    q06=$(mktemp -d)
+    if python3 "$root/bench/make_random_model.py" qwen3-0.6b "$q06" --layers 4 >/dev/null; then
+        graph_same "$q06" --max-tokens 40
+        graph_same "$q06" --max-tokens 40 --repeat-penalty 1.05
+    else
+        echo "FAILED: bench/make_random_model.py qwen3-0.6b"; fail=1
+    fi
+    rm -rf "$q06"
+fi
 # sampling from the GPU's top-k candidates (cuda_topk.cu) must draw the tokens the host sampler draws
 # from every logit (LMX_CUDA_TOPK=0): greedy, and seeded top-k / top-p / min-p sampling
 topk_same() { switch_same LMX_CUDA_TOPK=0 "$@"; }
