@@ -365,6 +365,13 @@ static __device__ __forceinline__ float g1_dot(const uint4 &w, const float *xp) 
     }
 }
 
+/* Whether the lanes of a warp's slice kslice of a row of nv vectors (vectors 32 kslice + lane, + vstride a step of
+ * u) all have exactly two steps: gemv1_body's TWO loads both before its wait; the host picks that instance where
+ * some warp does (g1_two). */
+static __host__ __device__ __forceinline__ bool g1_two_steps(int nv, int kslice, int vstride, int u) {
+    return 32 * kslice + 31 + vstride * u < nv && 32 * kslice + 2 * vstride * u >= nv;
+}
+
 /* The block's work: weight S (PAIR: sg.s[0] and sg.s[1]) over x; k_gemv1 and k_moe_gemv1 around it. */
 template <int KIND, int PAIR, int NORM, int RESID, int LORA, int UW = g1<KIND>::U, int TWO = 0>
 static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, const gv_segs &sg, const gv_seg &S, int K,
@@ -415,7 +422,7 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
      * before the wait too, so that they arrive while the block stages x (and computes the norm) instead of after.
      * The same vectors in the same order: the same bits.  Qwen3-0.6B bf16 one row on an H100: its q/k/v,
      * gate/up and head (rows of 1,024) +1-3%, and its down projection (3,072, wide) 3-6% more: bench/RESULTS.md. */
-    const bool two = TWO != 0 && !Q && active && 32 * kslice + 31 + vstride * U < nv && 32 * kslice + 2 * vstride * U >= nv;
+    const bool two = TWO != 0 && !Q && active && g1_two_steps(nv, kslice, vstride, U);
     uint4 w2[U][R];
     uint32_t s2[U][R], b2[U][R];
     if (two) load(w2, s2, b2, v + vstride * U);
@@ -476,9 +483,8 @@ static __device__ __forceinline__ void gemv1_body(const float *__restrict__ x, c
     if (two) {
         step(cw, cs, cb, v);
         step(w2, s2, b2, v + vstride * U);
-        v = nv;
     }
-    for (; active && v < nv; v += vstride * U) {
+    for (; active && !two && v < nv; v += vstride * U) {
         const bool more = v + vstride * U < nv;
         uint4 nw[U][R];
         uint32_t ns[U][R], nb[U][R];
@@ -629,9 +635,9 @@ static int g1_split(const cuda_backend *cb, int kind, int N, int K, int rpb) {
  * (gemv1_body's TWO). */
 static int g1_two(int kind, int64_t K, int ks) {
     if (kind != GV_BF16 && kind != GV_F16 && kind != GV_F32) return 0;
-    const int64_t nv = K / (kind == GV_F32 ? 4 : 8), step = 32 * ks * g1<GV_BF16>::U;
+    const int nv = (int)(K / (kind == GV_F32 ? 4 : 8));
     for (int k = 0; k < ks; k++)
-        if (32 * k + 31 + step < nv && 32 * k + 2 * step >= nv) return 1;
+        if (g1_two_steps(nv, k, 32 * ks, g1<GV_BF16>::U)) return 1;
     return 0;
 }
 
