@@ -70,6 +70,11 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
         cuda_fail(cb, e, "scratch allocation");
         return NULL;
     }
+    if (slot == CUDA_SCRATCH_MOE_TICKET && (e = cudaMemsetAsync(p, 0, want, cb->stream)) != cudaSuccess) {
+        cudaFreeAsync(p, cb->stream);
+        cuda_fail(cb, e, "scratch tickets");
+        return NULL;
+    }
     lmx_backend_mem(&cb->base, (int64_t)want);
     cb->scratch[slot] = p;
     cb->scratch_bytes[slot] = want;

@@ -774,7 +774,6 @@ int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M) {
 lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,
                      float *const *ys, const float *x, int M, int glu, const cuda_gemv_opts *opts) {
     if (n < 1 || n > 3 || M < 1 || M > CUDA_GEMV_TC_ROWS || (glu >= 0 && n != 2)) return LMX_ERR_UNSUPPORTED;
-    if (opts && opts->sum_y && !ws[0]->q.ggml_type) return LMX_ERR_UNSUPPORTED; /* the GGUF path's alone */
     if (ws[0]->q.ggml_type) {
         const int gk = opts ? -1 : cuda_gemv_tc_kind_gguf(cb, ws[0], M);
         if (gk < 0) return M > CUDA_GEMV_ROWS ? LMX_ERR_UNSUPPORTED : cuda_gemv_ggml(cb, n, ws, biases, ys, x, M, glu, opts);

@@ -15,8 +15,7 @@
  *
  * Several rows: k_gquant_x quantizes x once per launch into scratch, before the GEMV kernel reads it.
  * One row of up to GQ_XS_MAX_K values: each GEMV block quantizes x itself into shared memory once its
- * first weight loads are in flight (XS), with the RMSNorm folded in when the decode graph asks; a
- * mixture of experts' combine before the norm (one block, k_gquant_x_sum) still runs first.  Weights of
+ * first weight loads are in flight (XS), with the RMSNorm folded in when the decode graph asks.  Weights of
  * one input in two types (a Q4_K_M file's Q4_K q and k with a Q6_K v) take one launch (k_ggemv_mix),
  * x quantized in the layout of each type's units.  A warp takes two
  * weight rows (the GLU pair: row n of gate and of up), lane l the units l, l + 32, ... of them (a
@@ -75,25 +74,6 @@ __global__ void __launch_bounds__(256) k_gquant_x(const float *__restrict__ x, c
     cuda_pdl_trigger();
     cuda_pdl_wait();
     gquant_x_block(x, o, o1, K, nm, blockIdx.y, blockIdx.x);
-}
-
-#define GQ_SUM_MAX_K 8192 /* k_gquant_x_sum's row in shared memory (32 KB) */
-/* One row x [K] as k_gquant_x quantizes it, after a mixture of experts' combine (k_moe_combine's arithmetic):
- * x += sum over k < kk of pw[k] y[k, :], in order, written back to x; one block of 1024 threads, x' staged in
- * shared memory (K floats) for the norm (once) and the parts: the combine joins the next layer's first
- * launch. */
-#define GQ_SUM_THREADS 1024
-__global__ void __launch_bounds__(GQ_SUM_THREADS) k_gquant_x_sum(float *__restrict__ x, const gq_xq o, const gq_xq o1, int K,
-                                                      const cuda_row_norm nm, const float *__restrict__ y,
-                                                      const float *pw, int kk) {
-    extern __shared__ float xs[]; /* [K] */
-    __shared__ float part[8];
-    cuda_pdl_trigger();
-    cuda_pdl_wait();
-    for (int c = threadIdx.x; c < K; c += blockDim.x) xs[c] = x[c] = cuda_moe_sum(x[c], y, pw, NULL, kk, K, c);
-    __syncthreads();
-    const float inv = nm.w ? cuda_rms_inv256(xs, K, nm.eps, part) : 1.0f;
-    for (int b = 0; b * (GQ_SUM_THREADS / 8) < K / 32; b++) gquant_x_parts(xs, o, o1, K, nm, inv, 0, b);
 }
 
 /* A mixture of experts' first launch for GGUF experts (cuda_moe.cu): blocks (x, m < M) quantize row m as
@@ -329,6 +309,25 @@ __global__ void __launch_bounds__(256) k_ggemv_mix(const int4 *__restrict__ xq, 
     }
 }
 
+/* The combine (gv_moe_sum) after block (bx, p) of a down projection wrote rows [bx rows, (bx + 1) rows) of y's
+ * row p: the last of row i's kused pairs to get there adds them to out's rows, as k_moe_combine does. */
+static __device__ __forceinline__ void moe_sum_tail(const gv_moe_sum &cs, const float *y, int kused, int N) {
+    __shared__ int last;
+    const int i = blockIdx.y / kused;
+    int *tk = cs.ticket + (size_t)i * gridDim.x + blockIdx.x;
+    __threadfence(); /* this thread's rows of y, before the ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tk, 1) == kused - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int n1 = (blockIdx.x + 1) * cs.rows < N ? (blockIdx.x + 1) * cs.rows : N;
+    for (int n = blockIdx.x * cs.rows + threadIdx.x; n < n1; n += blockDim.x)
+        cs.out[(size_t)i * N + n] =
+            cuda_moe_sum(cs.out[(size_t)i * N + n], y + (size_t)i * kused * N, cs.pw + i * kused, NULL, kused, N, n);
+    if (threadIdx.x == 0) *tk = 0;
+}
+
 /* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y
  * is pair p = row i * kused + choice, on expert pick[p]'s weights (the table mo) and on row i of the
  * quantized x (gate/up) or row p (down), writing row p of the results.  Q4_K's down projection is held to
@@ -338,9 +337,12 @@ template <int T, int PAIR, int XS>
 __global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
     k_moe_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm, const gv_segs sg,
                 const __grid_constant__ gv_moe mo, const int *pick, int kused, int K, int PR, int act,
-                const float *__restrict__ xf) {
+                const float *__restrict__ xf, const gv_moe_sum cs) {
+    /* pick comes from the launch before gate/up (volatile reads: k_moe_gemv1), and gate/up lets its dependents
+     * launch only once past its wait: the down projection reads pick before its own wait, and so loads its
+     * first weights while gate/up finishes (ggemv_body's EARLY) */
+    if constexpr (PAIR) cuda_pdl_wait();
     cuda_pdl_trigger();
-    cuda_pdl_wait(); /* pick and x come from the kernels before (a volatile read of pick: k_moe_gemv1) */
     const int p = blockIdx.y, e = *(volatile const int *)(pick + p), row = PAIR ? p / kused : p;
     gv_segs s = sg;
 #pragma unroll
@@ -355,6 +357,8 @@ __global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
     } else {
         ggemv_body<T, 1, PAIR>(xq + (size_t)row * PR * 4, xm + (size_t)row * PR, s, s.s[0], K, PR, 1, act, 0);
     }
+    if constexpr (!PAIR)
+        if (cs.out) moe_sum_tail(cs, sg.s[0].y, kused, sg.s[0].N);
 }
 
 /* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores. */
@@ -475,7 +479,7 @@ static int gq_xs_takes(const cuda_backend *cb, int M, int64_t K, int64_t blocks)
 }
 /* gq_quant_x (cuda_ggml_x.h) */
 int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm, gq_xq *xo,
-               const cuda_moe_router *rt, const cuda_gemv_opts *sum, int nib) {
+               const cuda_moe_router *rt, int nib) {
     int64_t pr[2], room = 0; /* the room of a row of x in each layout, in all */
     for (int j = 0; j < nl; j++) room += pr[j] = gq_row_parts(K, ups[j]);
     float4 *xm = (float4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, (size_t)M * room * (sizeof(float4) + 64));
@@ -487,10 +491,7 @@ int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, 
     }
     const gq_xq o1 = nl > 1 ? xo[1] : gq_xq{};
     const int64_t P = K / 32;
-    if (sum && sum->sum_y) /* one row (cuda_gemv_ggml checked) */
-        cuda_launch(cb, k_gquant_x_sum, 1, GQ_SUM_THREADS, (size_t)K * sizeof(float), (float *)x, xo[0], o1, K, nm, sum->sum_y,
-                    sum->sum_pw, sum->sum_k);
-    else if (rt)
+    if (rt)
         cuda_launch(cb, k_moe_quant_route, dim3(cuda_blocks(P, 32), 2 * M), 256, 0, x, xo[0], K, nm, *rt);
     else
         cuda_launch(cb, k_gquant_x, dim3(cuda_blocks(P, 32), M), 256, 0, x, xo[0], o1, K, nm);
@@ -531,7 +532,6 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     }
     int norm, resid, lora;
     if (gv_opts_check(opts, M == 1, n, glu, K, &norm, &resid, &lora)) return LMX_ERR_UNSUPPORTED;
-    if (opts && opts->sum_y && (M != 1 || !norm || K > GQ_SUM_MAX_K || GQ_IS_MLX(types[0]))) return LMX_ERR_UNSUPPORTED;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     const lmx_tensor *mlx = NULL; /* the first MLX weight: the group size and scale dtype of all of them */
@@ -546,7 +546,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-    if (stream && nt == 1 && types[0] == GQ_MLX4 && cuda_gstream_takes(cb, ws[0]) && !(opts && opts->sum_y))
+    if (stream && nt == 1 && types[0] == GQ_MLX4 && cuda_gstream_takes(cb, ws[0]))
         return cuda_gstream(cb, n, sg, glu, x, (int)K, gv_row_norm(opts), resid);
     const int rpb = glu >= 0 ? 8 : 16; /* output rows of a block of 8 warps, unsplit */
     unsigned gx[2] = {1, 1}; /* blocks of each type's segments */
@@ -560,11 +560,11 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     }
     const int act = glu < 0 ? 0 : glu;
     const cuda_row_norm nm = gv_row_norm(opts);
-    /* one row: each block quantizes x itself (ggemv_body's XS), unless a combine comes first (sum_y) */
-    const int xs = gq_xs_takes(cb, M, K, busy) && !(opts && opts->sum_y);
+    /* one row: each block quantizes x itself (ggemv_body's XS) */
+    const int xs = gq_xs_takes(cb, M, K, busy);
     gq_xq xo[2];
     for (int j = 0; xs && j < nl; j++) xo[j] = gq_xq{NULL, NULL, (int)gq_row_parts(K, ups[j]), 0};
-    if (!xs && !gq_quant_x(cb, ups, nl, x, M, (int)K, nm, xo, NULL, opts)) return cb->base.err.status;
+    if (!xs && !gq_quant_x(cb, ups, nl, x, M, (int)K, nm, xo)) return cb->base.err.status;
     const char *what = glu >= 0 ? "matmul + glu" : "matmul";
     if (nt == 1) {
         cuda_launch(cb, gq_pick(types[0], M, glu >= 0, xs), dim3(gx[0], glu >= 0 ? 1 : n), 256, gq_xs_bytes(xs, xo[0]),
@@ -600,7 +600,8 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
 
 /* ---- mixture of experts (cuda_moe.cu) ------------------------------------------------------------ */
 
-typedef void (*gq_moe_fn)(const int4 *, const float4 *, gv_segs, gv_moe, const int *, int, int, int, int, const float *);
+typedef void (*gq_moe_fn)(const int4 *, const float4 *, gv_segs, gv_moe, const int *, int, int, int, int, const float *,
+                          gv_moe_sum);
 static gq_moe_fn gq_moe_pick(int type, int pair, int xs = 0) {
     switch (type) {
 #define GQ_MOE(t) case t: return pair ? k_moe_ggemv<t, 1, 0> : xs ? k_moe_ggemv<t, 0, 1> : k_moe_ggemv<t, 0, 0>;
@@ -623,7 +624,7 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
 
 lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                           int kused, const float *x, int rows, float *y0, float *y1, int act,
-                          const cuda_moe_router *rt, const cuda_row_norm *nm) {
+                          const cuda_moe_router *rt, const cuda_row_norm *nm, const gv_moe_sum *sum) {
     const lmx_tensor *w0 = &experts[down ? 2 : 0];
     const int type = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
     gv_moe tab; /* 12 KiB of pointers, passed by value */
@@ -640,12 +641,20 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
         sg.s[j].bt = LMX_DTYPE_F32;
         sg.s[j].y = j ? y1 : y0;
     }
-    const dim3 grid(cuda_blocks(N, gq_block_rows(type, K, rpb, ks)), (unsigned)pairs);
+    const int block_rows = gq_block_rows(type, K, rpb, ks);
+    const dim3 grid(cuda_blocks(N, block_rows), (unsigned)pairs);
+    gv_moe_sum cs = {};
+    if (down && sum) { /* tickets [CUDA_MOE_PAIRS, row blocks]: one size for every launch of these experts */
+        cs = *sum;
+        cs.rows = block_rows;
+        cs.ticket = (int *)cuda_scratch(cb, CUDA_SCRATCH_MOE_TICKET, (size_t)CUDA_MOE_PAIRS * grid.x * sizeof(int));
+        if (!cs.ticket) return cb->base.err.status;
+    }
     const int up = gq_unit_parts(type), xs = down && gq_xs_takes(cb, 1, K, (int64_t)grid.x * grid.y); /* down: XS */
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
     if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
     cuda_launch(cb, gq_moe_pick(type, !down, xs), grid, 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq,
-                (const float4 *)xo.xm, sg, tab, pick, kused, K, xo.PR, act, x);
+                (const float4 *)xo.xm, sg, tab, pick, kused, K, xo.PR, act, x, cs);
     return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
 }
 

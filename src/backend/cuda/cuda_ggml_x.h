@@ -101,10 +101,9 @@ static inline size_t gq_xs_bytes(int xs, const gq_xq &o) { return xs ? (size_t)o
 
 /* x [M, K] quantized (k_gquant_x, with nm's RMSNorm folded in where nm.w) into scratch for GEMVs of units of
  * ups[j] parts (j < nl, 1 or 2): xo[j], its layout.  With rt (one layout), the launch also routes the rows
- * (k_moe_quant_route); with sum->sum_y (one row), it first adds a mixture of experts' outputs to x
- * (k_gquant_x_sum).  0 with the error set when the scratch cannot grow. */
+ * (k_moe_quant_route).  0 with the error set when the scratch cannot grow. */
 int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, int K, const cuda_row_norm &nm, gq_xq *xo,
-               const cuda_moe_router *rt = NULL, const cuda_gemv_opts *sum = NULL, int nib = 0);
+               const cuda_moe_router *rt = NULL, int nib = 0);
 
 /* One row of MLX 4-bit weights as a stream (cuda_gstream.cu): whether k_gstream1 takes weight w, and the launch
  * for the n segments of sg (glu >= 0: the gate/up pair) with nm's norm (where nm.w) and the residual add. */

@@ -88,7 +88,7 @@ static lmx_status g_gemv_group(cuda_backend *cb, int i, int n, int glu, const fl
     /* ... and with the norm folded into both (each reads x and normalises it): v first, alone, so that
      * nothing has run when its kind takes no fold; q and k then take what v's launch took (one row of an 8B
      * Q4_K_M: q and k as MLX groups, cuda_repack.cu, streamed by k_gstream1, beside a Q6_K v) */
-    if (st == LMX_ERR_UNSUPPORTED && n == 3 && opts && !opts->resid && !opts->sum_y && !opts->lora_b[0] &&
+    if (st == LMX_ERR_UNSUPPORTED && n == 3 && opts && !opts->resid && !opts->lora_b[0] &&
         !opts->lora_b[1] && !opts->lora_b[2]) {
         const int M = g->rec[i].M;
         st = cuda_gemv(cb, 1, ws + 2, bs + 2, ys + 2, x, M, -1, opts);
@@ -252,38 +252,6 @@ static int g_norm_folds(const cuda_graph *g, int i, int n, int glu) {
     return ok;
 }
 
-/* The one-row GGUF mixture of experts a at record i (nm: the norm folded into it, or NULL), and when the
- * next records are a norm of its output and GGUF matmuls reading that (the next layer's q/k/v, or the
- * final norm and the head): the experts' combine joins those matmuls' x quantization, which adds the
- * experts' outputs to the residual stream before the norm (k_gquant_x_sum): one dependent launch fewer.
- * *used = records consumed from i. */
-static lmx_status g_moe_exec(cuda_backend *cb, int i, const lmx_moe_args *a, const cuda_row_norm *nm, int *used) {
-    cuda_graph *g = cb->g;
-    const int j = i + 1; /* the norm */
-    int n = 0, glu = -1, mi[3], lglu;
-    int ok = a->M == 1 && j + 1 < g->n_rec && g->rec[j].op == G_RMSNORM && g->rec[j].M == 1 &&
-             g->rec[j].t[1].data == a->out->data && g->rec[j + 1].op == G_MATMUL && g->rec[j + 1].M == 1 &&
-             g->rec[j + 1].t[1].data == g->rec[j].t[0].data && g->rec[j + 1].t[2].q.ggml_type;
-    if (ok) {
-        n = g_matmul_group(g, j + 1, &glu);
-        ok = g_lora_after(g, j + 1, n, mi, &lglu) == 0 && g_norm_folds(g, j, n, glu);
-    }
-    const float *y = NULL, *pw = NULL;
-    *used = 1;
-    lmx_status st = cuda_moe_normed(&cb->base, a, nm, ok ? &y : NULL, ok ? &pw : NULL);
-    if (st || !ok) return st;
-    const g_rec *r = &g->rec[j];
-    cuda_gemv_opts o = g_norm_opts(r);
-    o.sum_y = y;
-    o.sum_pw = pw;
-    o.sum_k = a->K;
-    int u = 0;
-    if ((st = g_gemv_group(cb, j + 1, n, glu, (const float *)r->t[1].data, &o, NULL, &u))) return st;
-    if (!u) return cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, 1, a->K, a->out->shape[a->out->ndim - 1]);
-    *used = 2 + u;
-    return LMX_OK;
-}
-
 /* Whether the matmuls at i .. i + n - 1 run as cuBLAS GEMMs on bf16 weights (more rows than the GEMVs take) with
  * no LoRA after them.  Each such GEMM first narrows its f32 input to bf16; in a graph the op that writes that
  * input writes its bf16 copy instead (the same rounding, so the same bits), and g_gemm_bf16_run runs the
@@ -329,9 +297,9 @@ static lmx_status g_gemm_bf16_run(cuda_backend *cb, int i, int n, const __nv_bfl
  * layer's kv append when it is safe to write the cache before the attention reads it; one token a
  * sequence, all of it inside the attention's launch: cuda_attention_fused), and a
  * residual add followed by the norm of its result as one launch, and (one row, GGUF experts) the norm
- * before a mixture of experts folded into its router's GEMV and its experts' x quantization, and its
- * combine into the next norm's GGUF matmuls (g_moe_exec).  Each does the arithmetic of the
- * ops it replaces in the same order, so graphs and eager steps agree bit for bit.  With LoRA records
+ * before a mixture of experts folded into its router's GEMV and its experts' x quantization.  Each does
+ * the arithmetic of the ops it replaces in the same order, so graphs and eager steps agree bit for bit.
+ * With LoRA records
  * after a matmul group: for one row, the pairs' shrink (with the group's norm) and then the group's GEMV
  * with the expands folded in (g_exec_lora_row); for several, the group's launch and then one shrink (on
  * a side branch beside it) and one expand launch, which also does gate/up's GLU, the norm before the
@@ -378,15 +346,9 @@ lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
             if (st || !u) return st;
             const cuda_row_norm nm = {r->t[2].data, r->t[2].dtype, r->f0, r->f1};
             const lmx_moe_args a = g_moe_args(mo, &r->t[1]);
-            int um = 0;
-            st = g_moe_exec(cb, i + 2, &a, &nm, &um);
-            *used = 2 + um;
-            return st;
+            *used = 3;
+            return cuda_moe_normed(&cb->base, &a, &nm);
         }
-    }
-    if (r->op == G_MOE && r->M == 1 && r->experts[0].q.ggml_type) {
-        const lmx_moe_args a = g_moe_args(r, &r->t[1]);
-        return g_moe_exec(cb, i, &a, NULL, used);
     }
     if (r->op == G_RMSNORM && r->M == 1 && i + 1 < g->n_rec && g->rec[i + 1].op == G_MATMUL &&
         g->rec[i + 1].t[1].data == r->t[0].data && g->rec[i + 1].M == 1) {

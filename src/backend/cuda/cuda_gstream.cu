@@ -203,7 +203,7 @@ lmx_status cuda_gstream(cuda_backend *cb, int n, const gv_segs &sg, int glu, con
     for (int i = 0; i < (pair ? 1 : n); i++) groups += pair ? sg.s[i].N : (sg.s[i].N + 1) / 2;
     const int up = 2; /* x in the layout of 64-value units */
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 1, 1};
-    if (!xs && !gq_quant_x(cb, &up, 1, x, 1, K, nm, &xo, NULL, NULL, 1)) return cb->base.err.status;
+    if (!xs && !gq_quant_x(cb, &up, 1, x, 1, K, nm, &xo, NULL, 1)) return cb->base.err.status;
     const int64_t fit = (int64_t)(cb->stream_bpm > 0 ? cb->stream_bpm : cuda_fit_blocks(cb, (const void *)k)) * cb->sm_count;
     const int64_t blocks = (groups + 7) / 8 < fit ? (groups + 7) / 8 : fit;
     cuda_launch(cb, k, dim3((unsigned)blocks), 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq, (const float4 *)xo.xm, sg,

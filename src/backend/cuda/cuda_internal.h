@@ -35,6 +35,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_XQ,        /* GGUF GEMV of several rows: x quantized to int16   see cuda_ggml.cu */
        CUDA_SCRATCH_BWD,       /* training: attention scores of a query tile, the loss's rows   see cuda_backward.cu */
        CUDA_SCRATCH_MOE,       /* a mixture of experts' routing and expert outputs  see cuda_moe.cu */
+       CUDA_SCRATCH_MOE_TICKET, /* its combine's tickets (zeroed when new)          see gv_moe_sum */
        CUDA_SCRATCH_GEMV,      /* tensor-core GEMV: K parts' tickets and sums       see cuda_gemv_tc.cu */
        CUDA_SCRATCH_MOE_ROWS,  /* a mixture of experts over many rows: places, rows grouped by expert
                                   see cuda_moe_grouped.cu */
@@ -231,10 +232,6 @@ typedef struct cuda_gemv_opts {
      * B_i f32 [N_i, lora_r[i]] and t_i [lora_r[i]] the scaled shrink (cuda_lora_shrink_row) */
     const float *lora_b[3], *lora_t[3];
     int lora_r[3];
-    /* a mixture of experts' combine folded in (sum_y NULL: none; one row, GGUF weights, with norm_w): x [1, K]
-     * += sum over k < sum_k of sum_pw[k] sum_y[k, :], in order, written back to x before the norm */
-    const float *sum_y, *sum_pw;
-    int sum_k;
 } cuda_gemv_opts;
 /* The most rows cuda_gemv takes for weight w. */
 int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w);
@@ -253,6 +250,7 @@ int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E
  * pairs for down) */
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
+#define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
 /* The routing of row i0 + i of a, as a kernel parameter (cuda_moe_route_row) */
 typedef struct cuda_moe_router {
     const float *logits; /* [R, E] from row i0 */
@@ -262,22 +260,29 @@ typedef struct cuda_moe_router {
     float *pw;             /* [R, kused] */
     float es[CUDA_MOE_E_MAX]; /* es_on: each expert's weight scale */
 } cuda_moe_router;
+/* A mixture of experts' combine in its down projection's launch (k_moe_ggemv): out [M, N] += each row's
+ * kused outputs weighted by pw [M, kused], in choice order, by the last of a row's pairs to finish a block
+ * of rows (a ticket [M, row blocks], reset for the next launch).  out NULL: none. */
+typedef struct gv_moe_sum {
+    float *out;
+    const float *pw;
+    int *ticket;
+    int rows; /* output rows a block computes */
+} gv_moe_sum;
 /* rt for rows i0 .. of a, writing pick and pw (cuda_moe.cu) */
 void cuda_moe_router_set(cuda_moe_router *rt, const lmx_moe_args *a, int i0, int *pick, float *pw);
 /* rt (gate/up only; NULL: none): the routing that writes pick, done in x's quantization launch; nm (gate/up,
- * one row; NULL or nm->w NULL: none): x's RMSNorm, folded into that quantization */
+ * one row; NULL or nm->w NULL: none): x's RMSNorm, folded into that quantization; sum (down only; NULL:
+ * none): the combine into sum->out, with weights sum->pw, done in the same launch (gv_moe_sum) */
 lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                           int kused, const float *x, int rows, float *y0, float *y1, int act,
-                          const cuda_moe_router *rt, const cuda_row_norm *nm);
+                          const cuda_moe_router *rt, const cuda_row_norm *nm, const gv_moe_sum *sum = NULL);
 lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int down, const int *pick, int pairs,
                          int kused, const float *x, float *y0, float *y1, int act);
 lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
 /* The moe op on x's RMSNorm by nm (a decode graph's fusion of the norm before the router and the experts:
- * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL).  With y and pw
- * non-NULL the combine is left to the caller: *y [K, C] the chosen experts' outputs and *pw [K] their
- * weights (one row), to add to out in choice order (cuda_gemv_opts.sum_y). */
-lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm, const float **y,
-                           const float **pw);
+ * GGUF experts, one row; LMX_ERR_UNSUPPORTED otherwise), or on x as it is (nm NULL). */
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm);
 /* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
 lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
 /* 1 when the GPU routes a's rows (both paths): on, 1..CUDA_MOE_E_MAX experts, 1..32 choices, f32 router
@@ -476,7 +481,7 @@ static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router 
 
 /* s + the sum over a row's choices k < kused, in order, of pw[k] y[row k, c] (rows of C values; row k: slot[k], or
  * k without slots): a mixture of experts' combine, the same bits wherever it runs (k_moe_combine, and
- * k_gquant_x_sum in a decode graph).  pw and y come from earlier kernels: read past any cache they might miss. */
+ * the GGUF experts' down projection: gv_moe_sum).  pw and y come from earlier kernels: read past any cache they might miss. */
 static __device__ __forceinline__ float cuda_moe_sum(float s, const float *y, const float *pw, const int *slot,
                                                      int kused, int64_t C, int64_t c) {
     for (int k = 0; k < kused; k++)

@@ -1,14 +1,16 @@
 /* cuda_moe.cu - a mixture of experts for a few rows (decode) without the host: the routing, the chosen
- * experts' GEMVs and their weighted sum as four launches that a decode graph can hold (backend.h, moe).
+ * experts' GEMVs and their weighted sum as four launches (three for GGUF experts) that a decode graph can
+ * hold (backend.h, moe).
  *
  *   route     k_moe_route (cuda_moe_route_row): per row, the softmax of its router logits, its K best
  *             experts and their weights (pick, pw [M, K]), as forward.c's route() computes them on the
  *             host; for GGUF experts, in the launch that quantizes x (k_moe_quant_route)
  *   gate/up   cuda_moe_gemv: h [M K, F] = act(gate_e x_i) * (up_e x_i) for each (row i, choice) pair
- *   down      cuda_moe_gemv: y [M K, C] = down_e h_p
+ *   down      cuda_moe_gemv: y [M K, C] = down_e h_p; for GGUF experts, cuda_moe_ggemv, which reads pick
+ *             before its wait and so loads its first weights while gate/up finishes
  *   combine   k_moe_combine: out[i] += sum over the row's choices k (in order) of pw[i, k] y[i K + k]; for
- *             one row of GGUF experts in a decode graph, in the next norm's x quantization instead
- *             (cuda_graph_fuse.cu, g_moe_exec)
+ *             GGUF experts, in the down projection's launch (gv_moe_sum: the last of a row's pairs to
+ *             finish a block of rows adds them, the same bits)
  *
  * Only the chosen experts' weights are read (each pair reads its expert's; rows that chose the same
  * expert read it again).  GGUF experts take k_moe_ggemv (cuda_ggml.cu) the same way, on x quantized
@@ -16,8 +18,6 @@
  * grouped GEMMs of cuda_moe_grouped.cu.  More than 256 experts: LMX_ERR_UNSUPPORTED, and the model
  * routes on the host (per-expert GEMMs on the rows gathered for each). */
 #include "cuda_internal.h"
-
-#define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
 
 __global__ void __launch_bounds__(32) k_moe_route(const __grid_constant__ cuda_moe_router rt) {
     cuda_pdl_trigger();
@@ -76,13 +76,11 @@ int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
            (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E));
 }
 
-lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm, const float **ys,
-                           const float **pws) {
+lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm) {
     cuda_backend *cb = (cuda_backend *)be; /* the op's wrapper (w_moe) checked cuda_moe_takes */
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     const int gguf = a->experts[0].q.ggml_type != 0;
-    if ((nm && nm->w && (!gguf || a->M != 1)) || (ys && a->M != 1))
-        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "moe: a folded norm or combine");
+    if (nm && nm->w && (!gguf || a->M != 1)) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "moe: a folded norm");
     /* scratch: pick, pw [CUDA_MOE_PAIRS]; h, u [CUDA_MOE_PAIRS, F]; y [CUDA_MOE_PAIRS, C] (the largest launch's
      * size from the first, so that a decode graph never sees it move) */
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_MOE, (size_t)CUDA_MOE_PAIRS * (2 + 2 * F + C) * sizeof(float));
@@ -97,17 +95,13 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
         cuda_moe_router rt;
         cuda_moe_router_set(&rt, a, 0, pick, pw);
         st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, x, a->M, h, u, (int)a->act, &rt, nm);
-        if (!st) st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0, NULL, NULL);
-    } else {
-        st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
-        if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
-        if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
+        const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0}; /* the combine joins the down projection */
+        return st ? st : cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0, NULL, NULL, &sum);
     }
-    if (st || ys) {
-        if (ys) *ys = y, *pws = pw;
-        return st;
-    }
-    return cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, a->M, a->K, C);
+    st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
+    if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);
+    if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 1, pick, P, a->K, h, y, NULL, 0);
+    return st ? st : cuda_moe_combine(cb, (float *)a->out->data, y, pw, NULL, a->M, a->K, C);
 }
 
-lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { return cuda_moe_normed(be, a, NULL, NULL, NULL); }
+lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a) { return cuda_moe_normed(be, a, NULL); }
