@@ -76,8 +76,8 @@ __global__ void k_repack(const uint8_t *__restrict__ src, int64_t row_bytes, int
 int cuda_repack_bits(const cuda_backend *cb, const lmx_tensor *w) {
     /* a mixture model's weights keep their blocks: the GGUF mixture kernels (cuda_moe.cu) fold the router's norm
      * and the routing in, the MLX ones do not (measured on an H100, Qwen3-30B-A3B Q4_K_M, 12 layers: 1,430 -> 273
-     * tok/s), and the experts' combine folds into the GGUF q / k / v's x quantization after them (the attention
-     * rewritten: 1,421-1,431 -> 1,372-1,402) */
+     * tok/s); its attention rewritten, one row decodes slower too (H200, 12 / 48 layers: 1,599-1,604 / 483-488
+     * -> 1,556-1,568 / 476-477 tok/s; batch 8 2-3% faster) */
     if (!cb->gguf_repack || w->ndim != 2 || w->shape[1] % 32 || w->q.experts) return 0;
     switch (w->q.ggml_type) {
     case LMX_GGML_Q4_0:
