@@ -602,10 +602,13 @@ template <int KIND, int PAIR>
 __global__ void __launch_bounds__(256, g1<KIND>::Q ? 2 : 4)
     k_moe_gemv1(const float *__restrict__ x, const gv_segs sg, const __grid_constant__ gv_moe mo,
                 const int *pick, int kused, int K, int act) {
+    /* pick comes from the routing, the launch before gate/up, and gate/up lets its dependents launch only once
+     * past its wait: the down projection reads pick before its own wait and so loads its first weights while
+     * gate/up finishes (as k_moe_ggemv).  A volatile load: a read-only one (pick is restrict-free for this
+     * reason) may be hoisted above gate/up's wait, which under programmatic launch starts before the routing
+     * has written pick. */
+    if constexpr (PAIR) cuda_pdl_wait();
     cuda_pdl_trigger();
-    cuda_pdl_wait(); /* pick and x come from the kernels before */
-    /* a volatile load: a read-only one (pick is restrict-free for this reason) may be hoisted above the
-     * wait, and under programmatic launch this kernel starts before the routing has written pick */
     const int p = blockIdx.y, e = *(volatile const int *)(pick + p);
     gv_segs s = sg;
 #pragma unroll
