@@ -299,11 +299,10 @@ static lmx_status g_gemm_bf16_run(cuda_backend *cb, int i, int n, const __nv_bfl
  * residual add followed by the norm of its result as one launch, and (one row, GGUF experts) the norm
  * before a mixture of experts folded into its router's GEMV and its experts' x quantization.  Each does
  * the arithmetic of the ops it replaces in the same order, so graphs and eager steps agree bit for bit.
- * With LoRA records
- * after a matmul group: for one row, the pairs' shrink (with the group's norm) and then the group's GEMV
- * with the expands folded in (g_exec_lora_row); for several, the group's launch and then one shrink (on
- * a side branch beside it) and one expand launch, which also does gate/up's GLU, the norm before the
- * group a launch of its own (g_exec_lora_group).
+ * With LoRA records after a matmul group: for one row, the pairs' shrink (with the group's norm) and then
+ * the group's GEMV with the expands folded in (g_exec_lora_row); for several, the group's launch and then
+ * one shrink (on a side branch beside it) and one expand launch, which also does gate/up's GLU, the norm
+ * before the group a launch of its own (g_exec_lora_group).
  * *used = ops consumed (0: none applied). */
 lmx_status cuda_g_exec_fused(cuda_backend *cb, int i, int *used) {
     cuda_graph *g = cb->g;
