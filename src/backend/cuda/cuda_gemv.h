@@ -67,6 +67,64 @@ static __device__ __forceinline__ float raw_val(uint32_t r, lmx_dtype t) {
                                 : __uint_as_float(r);
 }
 
+/* The dense formats' 16-byte vectors as floats (k_gemv, k_gemv1). */
+template <typename WT> struct vec_traits;
+template <> struct vec_traits<float> {
+    static constexpr int E = 4;
+    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+        f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+    }
+};
+template <> struct vec_traits<__nv_bfloat16> {
+    static constexpr int E = 8;
+    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+};
+template <> struct vec_traits<__half> {
+    static constexpr int E = 8;
+    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 t = __half22float2(*reinterpret_cast<const __half2 *>(&u[i]));
+            f[2 * i] = t.x;
+            f[2 * i + 1] = t.y;
+        }
+    }
+};
+
+/* Codes of one word as floats: 4-bit 0.5 + q/256, 8-bit q (element order: bits BITS * e). */
+template <int BITS>
+static __device__ __forceinline__ void decode_word(uint32_t w, float (&q)[32 / BITS]) {
+    if constexpr (BITS == 4) {
+        const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            q[2 * k] = __uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7054u | ((unsigned)k << 8)));
+            q[2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7054u | ((unsigned)k << 8)));
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            q[k] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7650u | (unsigned)k)) - 8388608.0f;
+    }
+}
+
+/* Per word or vector: acc += scale * (q . x) + bias * sum(x), with d = sum(code * x) as decode_word
+ * leaves the codes (4-bit: 0.5 + q/256). */
+template <int BITS>
+static __device__ __forceinline__ float qacc(float acc, uint32_t s_raw, uint32_t b_raw, lmx_dtype t, float d, float xs) {
+    const float s = raw_val(s_raw, t), b = raw_val(b_raw, t);
+    if constexpr (BITS == 4) return fmaf(256.0f * s, d, fmaf(fmaf(-128.0f, s, b), xs, acc));
+    return fmaf(s, d, fmaf(b, xs, acc));
+}
 /* seg s's LoRA expand term for output n (the one-row kernels; lane 0 at the end, B and t read then: holding
  * them across the main loop, in registers or shared memory, or a wider sum measured slower) */
 static __device__ __forceinline__ float gv_lora_term(const gv_seg &s, int n) {
@@ -116,6 +174,13 @@ static inline void gv_seg_set(gv_seg *s, const lmx_tensor *w, const lmx_tensor *
         s->lr = opts->lora_r[i];
     }
 }
+
+/* Several rows (cuda_gemv_rows.cu): k_gemv (dense) or k_qgemv (MLX) for M (1..8) rows of kind's weights in sg,
+ * gx x gy blocks (blockIdx.y the weight, or 1 for the gate/up pair, glu >= 0), and the output rows a block of
+ * those kernels takes. */
+void cuda_gemv_rows_launch(cuda_backend *cb, int kind, int M, unsigned gx, unsigned gy, const float *x,
+                           const gv_segs &sg, int K, int glu);
+int cuda_gemv_rows_block(int kind, int M, int glu);
 
 /* Tensor cores (cuda_gemv_tc.cu): 1 when k_gemv_tc takes weight w (of kind, gv_kind) for M rows (2 ..
  * cuda_gemv_tc_rows: 16 for bf16 / f16, whose 17-32 rows cuBLAS runs faster even outside the fused
