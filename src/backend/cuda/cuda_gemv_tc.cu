@@ -182,7 +182,6 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                                                  int kp, float *__restrict__ part, int *__restrict__ ticket) {
     typedef tc<KIND, PAIR, NT> C;
     constexpr int T = PAIR ? 2 : 1, F = T * NT * 4; /* row tiles per warp (the pair's gate and up); sums per thread */
-    __shared__ int last;
     cuda_pdl_trigger();
     const gv_seg S = seg_pick(sg, blockIdx.y);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -404,13 +403,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) __stcg(mine + ((t * NT + j) * 4 + i) * 256 + threadIdx.x, d[t][j][i]);
-        __threadfence();
-        __syncthreads();
-        int *tk = ticket + blockIdx.y * (gridDim.x / kp) + grp;
-        if (threadIdx.x == 0) last = atomicAdd(tk, 1) == kp - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!cuda_block_last(ticket + blockIdx.y * (gridDim.x / kp) + grp, kp)) return;
         const float *all = part + ((int64_t)blockIdx.y * gridDim.x + (int64_t)grp * kp) * F * 256;
 #pragma unroll
         for (int t = 0; t < T; t++)
@@ -427,7 +420,6 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
                         if (q < kp) sum += v[q];
                     d[t][j][i] = sum;
                 }
-        if (threadIdx.x == 0) *tk = 0;
     }
     /* d[t][j][i]: row n0 + g + 8 (i / 2), column (x row) 8 j + 2 c + i % 2 */
 #pragma unroll

@@ -312,20 +312,12 @@ __global__ void __launch_bounds__(256) k_ggemv_mix(const int4 *__restrict__ xq, 
 /* The combine (gv_moe_sum) after block (bx, p) of a down projection wrote rows [bx rows, (bx + 1) rows) of y's
  * row p: the last of row i's kused pairs to get there adds them to out's rows, as k_moe_combine does. */
 static __device__ __forceinline__ void moe_sum_tail(const gv_moe_sum &cs, const float *y, int kused, int N) {
-    __shared__ int last;
     const int i = blockIdx.y / kused;
-    int *tk = cs.ticket + (size_t)i * gridDim.x + blockIdx.x;
-    __threadfence(); /* this thread's rows of y, before the ticket */
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tk, 1) == kused - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!cuda_block_last(cs.ticket + (size_t)i * gridDim.x + blockIdx.x, kused)) return;
     const int n1 = (blockIdx.x + 1) * cs.rows < N ? (blockIdx.x + 1) * cs.rows : N;
     for (int n = blockIdx.x * cs.rows + threadIdx.x; n < n1; n += blockDim.x)
         cs.out[(size_t)i * N + n] =
             cuda_moe_sum(cs.out[(size_t)i * N + n], y + (size_t)i * kused * N, cs.pw + i * kused, NULL, kused, N, n);
-    if (threadIdx.x == 0) *tk = 0;
 }
 
 /* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y

@@ -482,6 +482,22 @@ static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router 
 /* s + the sum over a row's choices k < kused, in order, of pw[k] y[row k, c] (rows of C values; row k: slot[k], or
  * k without slots): a mixture of experts' combine, the same bits wherever it runs (k_moe_combine, and
  * the GGUF experts' down projection: gv_moe_sum).  pw and y come from earlier kernels: read past any cache they might miss. */
+/* Whether this block is the last of count blocks to arrive at *ticket (a block-wide call; the same answer in
+ * every thread): the threads' global writes before it are visible to the last block's reads past L1 (__ldcg),
+ * and the last block resets the ticket for the next launch.  K parts of the tensor-core GEMV (cuda_gemv_tc.cu),
+ * a mixture of experts' combine (cuda_ggml.cu). */
+static __device__ __forceinline__ bool cuda_block_last(int *ticket, int count) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == count - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    if (threadIdx.x == 0) *ticket = 0;
+    return true;
+}
+
 static __device__ __forceinline__ float cuda_moe_sum(float s, const float *y, const float *pw, const int *slot,
                                                      int kused, int64_t C, int64_t c) {
     for (int k = 0; k < kused; k++)
