@@ -70,7 +70,10 @@ void *cuda_scratch(cuda_backend *cb, int slot, size_t bytes) {
         cuda_fail(cb, e, "scratch allocation");
         return NULL;
     }
-    if (slot == CUDA_SCRATCH_MOE_TICKET && (e = cudaMemsetAsync(p, 0, want, cb->stream)) != cudaSuccess) {
+    /* the slots that hold tickets start at zero (their last blocks reset them); a slot may grow after a graph
+     * capture asked for it (cuda_scratch_catch_up), so it is zeroed here rather than by its user */
+    const int tickets = slot == CUDA_SCRATCH_MOE_TICKET || slot == CUDA_SCRATCH_LORA_SUM || slot == CUDA_SCRATCH_GEMV;
+    if (tickets && (e = cudaMemsetAsync(p, 0, want, cb->stream)) != cudaSuccess) {
         cudaFreeAsync(p, cb->stream);
         cuda_fail(cb, e, "scratch tickets");
         return NULL;

@@ -517,22 +517,17 @@ template <int PAIR> static tc_fn tc_kernel(int kind, int nt) {
     }
 }
 
-/* The K parts' scratch: tickets [3, 4 SMs] (zeroed when new) and sums [3, 4 SMs, 32 * 256] floats, the
+/* The K parts' scratch: tickets [3, 4 SMs] (cuda_scratch zeroes them when new) and sums [3, 4 SMs, 32 * 256] floats, the
  * most a launch of kp > 1 needs (tc_parts keeps gmax * kp within 4 SMs; one size, so a graph capture never
  * grows it).  NULL (no error kept) when it does not fit: the launch then takes no K parts. */
 static int *tc_scratch(cuda_backend *cb, float **part) {
     const size_t cells = (size_t)3 * 4 * cb->sm_count, bytes = cells * sizeof(int) + cells * 32 * 256 * sizeof(float);
-    const void *old = cb->scratch[CUDA_SCRATCH_GEMV];
-    const size_t old_bytes = cb->scratch_bytes[CUDA_SCRATCH_GEMV];
     const lmx_err keep = cb->base.err;
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_GEMV, bytes);
     if (!buf) {
         cb->base.err = keep;
         return NULL;
     }
-    if ((buf != old || cb->scratch_bytes[CUDA_SCRATCH_GEMV] != old_bytes) &&
-        cudaMemsetAsync(buf, 0, cells * sizeof(int), cb->stream) != cudaSuccess)
-        return NULL;
     *part = (float *)(buf + cells * sizeof(int));
     return (int *)buf;
 }

@@ -189,17 +189,13 @@ static float *lora_t_scratch(cuda_backend *cb, int rmax) {
 }
 
 /* Launch g's shrink (g.t set): its chunks of K, and with more than one the tickets and partial sums
- * (their own scratch, zeroed whenever it is new so that every ticket starts at 0). */
+ * (their own scratch, which cuda_scratch zeroes whenever it is new so that every ticket starts at 0). */
 static lmx_status lora_shrink_launch(cuda_backend *cb, lora_grp &g, const cuda_row_norm *nm) {
     g.chunks = g.K & 3 ? 1 : (int)((g.K / 4 + LORA_CHUNK - 1) / LORA_CHUNK);
     if (g.chunks > 1) {
         const size_t cells = (size_t)3 * CUDA_LORA_ROWS * g.rmax;
-        const void *old = cb->scratch[CUDA_SCRATCH_LORA_SUM];
-        const size_t old_bytes = cb->scratch_bytes[CUDA_SCRATCH_LORA_SUM];
         char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_LORA_SUM, cells * (sizeof(int) + g.chunks * sizeof(float)));
         if (!buf) return cb->base.err.status;
-        if (buf != old || cb->scratch_bytes[CUDA_SCRATCH_LORA_SUM] != old_bytes)
-            CUDA_TRY(cb, cudaMemsetAsync(buf, 0, cb->scratch_bytes[CUDA_SCRATCH_LORA_SUM], cb->stream), "lora tickets");
         g.ticket = (int *)buf;
         g.part = (float *)(buf + cells * sizeof(int));
     }
