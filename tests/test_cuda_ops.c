@@ -238,6 +238,14 @@ static void test_embed(void) {
         compare("embed", &og, &oc, (int64_t)M * cases[c].K, cases[c].gtype == LMX_GGML_Q4_K ? 5e-4 : 1e-6);
         int32_t bad = 50;
         CHECK(gpu->ops->embed(gpu, &og, &w.g, &bad, 1, 1.0f) == LMX_ERR_INVALID_ARG);
+        if (cases[c].gtype == LMX_GGML_Q6_K) { /* stored with its blocks 16-byte aligned, on the device or in mapped host memory */
+            CHECK_MSG(w.g.q.ggml_type == LMX_GGML_Q6_K_A16, "Q6_K uploaded as ggml type %d", w.g.q.ggml_type);
+            lmx_tensor h = w.c; /* the host blocks (the cpu backend aliases them) */
+            CHECK(gpu->ops->upload_weight_host && gpu->ops->upload_weight_host(gpu, &h) == LMX_OK);
+            CHECK(h.q.ggml_type == LMX_GGML_Q6_K_A16);
+            CHECK(gpu->ops->embed(gpu, &og, &h, ids, M, 1.5f) == LMX_OK);
+            compare("embed q6_k, mapped host memory", &og, &oc, (int64_t)M * cases[c].K, 1e-6);
+        }
         free_pair(&og, &oc);
     }
 }

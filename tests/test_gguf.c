@@ -1,6 +1,7 @@
 /* test_gguf.c - the GGUF reader on a real file (stories260K.gguf: metadata and tensor directory
  * as the fixtures README and reference describe), and on damaged copies: every truncation, a bad
  * magic, an unknown version and absurd counts give a clean error naming the file, never a crash. */
+#define _GNU_SOURCE /* memmem */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,25 @@ int main(int argc, char **argv) {
             CHECK_CONTAINS(e.msg, cases[i].word);
             lmx_gguf_close(g);
         }
+    }
+    /* a tensor of a type number past the file types (LMX_GGML_LAYOUTS: a backend's layout, e.g. cuda's 16-byte
+     * aligned Q6_K) is refused as unknown: the type field after the first tensor's name, dims count and dims */
+    const char *name = "token_embd.weight";
+    char *at = data ? memmem(data, n, name, strlen(name)) : NULL;
+    CHECK(at != NULL);
+    if (at) {
+        const size_t tpos = (size_t)(at - data) + strlen(name) + 4 + 8 * (size_t)(uint8_t)at[strlen(name)];
+        uint8_t saved[4];
+        memcpy(saved, data + tpos, 4);
+        const uint8_t layout[4] = {14, 1, 0, 0}; /* 256 + 14, little-endian */
+        memcpy(data + tpos, layout, 4);
+        write_bytes(tmp, data, n);
+        memcpy(data + tpos, saved, 4);
+        lmx_err e = {0};
+        g = NULL;
+        CHECK_MSG(lmx_gguf_open(tmp, &g, &e) == LMX_ERR_UNSUPPORTED, "type 270: %s", e.msg);
+        CHECK_CONTAINS(e.msg, "unknown ggml type 270");
+        lmx_gguf_close(g);
     }
     CHECK(lmx_gguf_is_gguf(path) && !lmx_gguf_is_gguf("/nonexistent"));
     unlink(tmp);

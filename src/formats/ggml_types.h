@@ -25,6 +25,9 @@ typedef enum lmx_ggml_type {
     LMX_GGML_Q6_K = 14,
     LMX_GGML_Q8_K = 15,
     LMX_GGML_BF16 = 30,
+    /* Layouts a backend may store a type's blocks in after upload; never in a file (gguf.c refuses them). */
+    LMX_GGML_LAYOUTS = 256,
+    LMX_GGML_Q6_K_A16 = 256 + 14, /* Q6_K's 210-byte blocks 224 bytes apart: each starts on 16 bytes (cuda) */
 } lmx_ggml_type;
 
 /* Elements per block and bytes per block; 0 for types this table does not know. */

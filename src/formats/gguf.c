@@ -160,7 +160,7 @@ static lmx_status parse(lmx_gguf *g, lmx_err *err) {
             free(offsets);
             return lmx_err_set(err, LMX_ERR_FORMAT, "%s: tensor %s: truncated or absurd dimensions", path, LMX_QUOTED(t->name));
         }
-        int be = lmx_ggml_block_elems(t->type), bb = lmx_ggml_block_bytes(t->type);
+        int be = t->type < LMX_GGML_LAYOUTS ? lmx_ggml_block_elems(t->type) : 0, bb = lmx_ggml_block_bytes(t->type);
         if (!be) {
             free(offsets);
             return lmx_err_set(err, LMX_ERR_UNSUPPORTED, "%s: tensor %s has unknown ggml type %d", path, LMX_QUOTED(t->name), t->type);

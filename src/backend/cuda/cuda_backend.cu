@@ -167,10 +167,10 @@ static void cuda_trim(lmx_backend *be) {
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-size_t cuda_weight_bytes(const lmx_tensor *w) {
+size_t cuda_weight_bytes(const lmx_tensor *w) { /* as stored on the device (cuda_stored_ggml) */
     int64_t N = w->ndim == 2 ? w->shape[0] : 1, K = w->shape[w->ndim - 1];
-    if (w->q.ggml_type)
-        return lmx_ggml_is_supported_quant(w->q.ggml_type) ? lmx_ggml_row_bytes(w->q.ggml_type, K) * (size_t)N : 0;
+    const int type = cuda_stored_ggml(w->q.ggml_type);
+    if (type) return lmx_ggml_is_supported_quant(type) ? lmx_ggml_row_bytes(type, K) * (size_t)N : 0;
     if (w->q.bits) return (size_t)N * (size_t)(K * w->q.bits / 32) * 4;
     return (size_t)lmx_tensor_nelem(w) * lmx_dtype_size(w->dtype);
 }
@@ -254,14 +254,15 @@ static lmx_status upload_repacked(cuda_backend *cb, lmx_tensor *w, int bits, int
     return LMX_OK;
 }
 
-/* The same into mapped page-locked host memory, which kernels read in place over the bus (upload_weight_host). */
+/* The same into mapped page-locked host memory, which kernels read in place over the bus (upload_weight_host);
+ * src NULL: the block is left for the caller to fill (the newest of cb->host_weights). */
 static lmx_status upload_host(cuda_backend *cb, const void *src, size_t n, void **out, const char *what) {
     void *p = NULL, *d = NULL;
     if (list_room(&cb->host_weights, &cb->n_host_weights, &cb->cap_host_weights))
         return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of host memory");
     CUDA_TRY(cb, cudaHostAlloc(&p, n ? n : 16, cudaHostAllocMapped), what);
     cb->host_weights[cb->n_host_weights++] = p;
-    memcpy(p, src, n);
+    if (src) memcpy(p, src, n); /* NULL: the caller fills it */
     CUDA_TRY(cb, cudaHostGetDevicePointer(&d, p, 0), what);
     *out = d;
     return LMX_OK;
@@ -286,6 +287,20 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
         if ((st = upload_repacked(cb, w, bits, &done)) || done) return st;
     }
     void *d = NULL;
+    const int stored = cuda_stored_ggml(w->q.ggml_type);
+    if (stored != w->q.ggml_type) { /* the blocks in another layout (Q6_K 16-byte aligned) */
+        if (host) {
+            if ((st = upload_host(cb, NULL, cuda_weight_bytes(w), &d, "weight upload"))) return st;
+            cuda_host_aligned(w, cb->host_weights[cb->n_host_weights - 1]);
+        } else if ((st = weight_block(cb, cuda_weight_bytes(w), &d, "weight upload")) ||
+                   (st = cuda_upload_aligned(cb, w, d))) {
+            return st;
+        }
+        w->data = d;
+        w->q.ggml_type = stored;
+        w->owned = 0; /* freed with the backend */
+        return LMX_OK;
+    }
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
     if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
     if (w->q.bits) {

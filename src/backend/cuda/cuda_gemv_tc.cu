@@ -440,7 +440,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 }
 
 /* The GGUF types with a tensor-core instance: those of Q4_0, Q4_K_M, Q5_K_M, Q6_K and Q8_0 files. */
-#define TC_GQ_TYPES(X) X(LMX_GGML_Q4_0) X(LMX_GGML_Q8_0) X(LMX_GGML_Q4_K) X(LMX_GGML_Q5_K) X(LMX_GGML_Q6_K)
+#define TC_GQ_TYPES(X) X(LMX_GGML_Q4_0) X(LMX_GGML_Q8_0) X(LMX_GGML_Q4_K) X(LMX_GGML_Q5_K) X(LMX_GGML_Q6_K_A16)
 
 int cuda_gemv_tc_rows(int kind) { return kind == GV_BF16 || kind == GV_F16 ? 16 : kind >= 0 ? CUDA_GEMV_TC_ROWS : 0; }
 

@@ -404,7 +404,7 @@ static gq_fn gq_pick(int type, int M, int pair, int xs = 0) {
 }
 
 /* The two-type instances (k_ggemv_mix): the pairs k-quant files mix in one group of weights (X(T, T2)). */
-#define GQ_MIXES(X) X(LMX_GGML_Q4_K, LMX_GGML_Q6_K) X(LMX_GGML_Q5_K, LMX_GGML_Q6_K) X(GQ_MLX4, LMX_GGML_Q6_K)
+#define GQ_MIXES(X) X(LMX_GGML_Q4_K, LMX_GGML_Q6_K_A16) X(LMX_GGML_Q5_K, LMX_GGML_Q6_K_A16) X(GQ_MLX4, LMX_GGML_Q6_K_A16)
 typedef void (*gq_mix_fn)(const int4 *, const float4 *, const int4 *, const float4 *, gv_segs, int, int, int, int, int,
                           const float *, cuda_row_norm);
 template <int T, int T2> static gq_mix_fn gq_mix_kernel(int M, int xs) {

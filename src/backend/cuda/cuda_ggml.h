@@ -16,10 +16,13 @@
 
 #include "cuda_internal.h"
 
-/* The block types with kernels (X(type) for each): every type lmx_ggml_is_supported_quant takes. */
+/* The block types with kernels (X(type) for each): every type lmx_ggml_is_supported_quant takes, Q6_K in the
+ * layout its upload writes (LMX_GGML_Q6_K_A16: each 210-byte block 224 bytes from the last, so that it starts on
+ * 16 bytes and a lane reads its codes as 16-byte loads; from the file's 2-byte-aligned blocks a one-row GEMV
+ * issued 30 word loads a 128-element unit and was bound by its load queue at under half the bandwidth). */
 #define GQ_TYPES(X)                                                                                                 \
     X(LMX_GGML_Q4_0) X(LMX_GGML_Q4_1) X(LMX_GGML_Q5_0) X(LMX_GGML_Q5_1) X(LMX_GGML_Q8_0) X(LMX_GGML_Q2_K)           \
-    X(LMX_GGML_Q3_K) X(LMX_GGML_Q4_K) X(LMX_GGML_Q5_K) X(LMX_GGML_Q6_K)
+    X(LMX_GGML_Q3_K) X(LMX_GGML_Q4_K) X(LMX_GGML_Q5_K) X(LMX_GGML_Q6_K_A16)
 
 /* MLX 4-bit and 8-bit rows (element 8 i + k at bits 4 k of word i, or 4 i + k at bits 8 k; a scale and a
  * bias per group of 32, 64 or 128) taken by the same GEMV as pseudo block types of 32 elements in 16 or 32
@@ -43,13 +46,13 @@ GQ_TRAITS(LMX_GGML_Q2_K, 256, 84);
 GQ_TRAITS(LMX_GGML_Q3_K, 256, 110);
 GQ_TRAITS(LMX_GGML_Q4_K, 256, 144);
 GQ_TRAITS(LMX_GGML_Q5_K, 256, 176);
-GQ_TRAITS(LMX_GGML_Q6_K, 256, 210);
+GQ_TRAITS(LMX_GGML_Q6_K_A16, 256, 224);
 GQ_TRAITS(GQ_MLX4, 32, 16);
 GQ_TRAITS(GQ_MLX8, 32, 32);
 #undef GQ_TRAITS
 
-/* N little-endian words from p, whose address is a multiple of AL (2, 4 or 16) bytes: 16-byte
- * loads, word loads, or (AL 2) the aligned words around the run joined by funnel shifts, the word
+/* N little-endian words from p, whose address is a multiple of AL (2, 4, 8 or 16) bytes: 16-byte or
+ * 8-byte loads, word loads, or (AL 2) the aligned words around the run joined by funnel shifts, the word
  * after the run read only when the run is not itself aligned (never a byte past the run's word).
  * load issues the loads and keeps what they return; get makes the words (after the loads have come,
  * so a kernel can have a run in flight while it computes with the previous one). */
@@ -62,6 +65,12 @@ template <int N, int AL> struct gq_run {
             for (int i = 0; i < N / 4; i++) {
                 const uint4 v = __ldg((const uint4 *)p + i);
                 r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
+            }
+        } else if constexpr (AL >= 8 && N % 2 == 0) {
+#pragma unroll
+            for (int i = 0; i < N / 2; i++) {
+                const uint2 v = __ldg((const uint2 *)p + i);
+                r[2 * i] = v.x, r[2 * i + 1] = v.y;
             }
         } else if constexpr (AL >= 4) {
 #pragma unroll
@@ -210,10 +219,10 @@ template <int T> struct gq_raw_k4 {
 template <> struct gq_raw<LMX_GGML_Q4_K> : gq_raw_k4<LMX_GGML_Q4_K> {};
 template <> struct gq_raw<LMX_GGML_Q5_K> : gq_raw_k4<LMX_GGML_Q5_K> {};
 
-/* Q6_K: ql[128], qh[64], int8 scales[16], d; element 128 a + 32 i + l: low nibble (i < 2) or high nibble of
- * ql[64 a + 32 (i & 1) + l], bits 2 i.. of qh[32 a + l] above it; minus 32 */
-template <> struct gq_raw<LMX_GGML_Q6_K> {
-    gq_run<8, 2> lo, hi;
+/* Q6_K (16-byte aligned): ql[128], qh[64], int8 scales[16], d; element 128 a + 32 i + l: low nibble (i < 2) or
+ * high nibble of ql[64 a + 32 (i & 1) + l], bits 2 i.. of qh[32 a + l] above it; minus 32 */
+template <> struct gq_raw<LMX_GGML_Q6_K_A16> {
+    gq_run<8, 16> lo, hi;
     uint32_t s2, d;
     int j;
     __device__ __forceinline__ void load(const uint8_t *b, int j_, bool in) {
@@ -235,7 +244,8 @@ template <> struct gq_raw<LMX_GGML_Q6_K> {
 /* Part j of the block at b (see the top of this file). */
 template <int T>
 static __device__ __forceinline__ void gq_part(const uint8_t *b, int j, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) {
-    if constexpr (T == LMX_GGML_Q8_0 || T == LMX_GGML_Q4_0 || T == LMX_GGML_Q4_K || T == LMX_GGML_Q5_K || T == LMX_GGML_Q6_K) {
+    if constexpr (T == LMX_GGML_Q8_0 || T == LMX_GGML_Q4_0 || T == LMX_GGML_Q4_K || T == LMX_GGML_Q5_K ||
+                  T == LMX_GGML_Q6_K_A16) {
         gq_raw<T> r;
         r.load(b, j, true);
         r.part(q, sc, mn);
@@ -326,14 +336,14 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
 template <> struct gq_unit<LMX_GGML_Q4_K> : gq_unit_k4<LMX_GGML_Q4_K> {};
 template <> struct gq_unit<LMX_GGML_Q5_K> : gq_unit_k4<LMX_GGML_Q5_K> {};
 
-template <> struct gq_unit<LMX_GGML_Q6_K> { /* half a of 128 elements (parts 4a .. 4a + 3), as in gq_raw */
+template <> struct gq_unit<LMX_GGML_Q6_K_A16> { /* half a of 128 elements (parts 4a .. 4a + 3), as in gq_raw */
     static constexpr int UP = 4;
     uint32_t lo[16], hi[8], s2[2];
     float d;
     __device__ __forceinline__ void load(const uint8_t *b, int a) {
-        gq_words<16, 2>(b + 64 * a, lo);
-        gq_words<8, 2>(b + 128 + 32 * a, hi);
-        gq_words<2, 2>(b + 192 + 8 * a, s2);
+        gq_words<16, 16>(b + 64 * a, lo);
+        gq_words<8, 16>(b + 128 + 32 * a, hi);
+        gq_words<2, 8>(b + 192 + 8 * a, s2);
         d = gq_f16(b + 208);
     }
     __device__ __forceinline__ void part(int i4, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {

@@ -13,7 +13,12 @@
  * either way.  A scale or bias beyond f16's range keeps the weight in its GGUF blocks.
  *
  * The source blocks go up in chunks of rows through a staging buffer of at most 64 MB, converted by one
- * thread a group. */
+ * thread a group.
+ *
+ * Q6_K keeps its blocks but not their spacing: a 210-byte block is only 2-byte aligned in a row, so a lane
+ * read its codes as words joined by funnel shifts (30 loads for 128 elements), and the one-row GEMV over a
+ * Q4_K_M file's Q6_K head was bound by its load queue at under half the bandwidth.  On upload each block
+ * moves to a 224-byte slot (LMX_GGML_Q6_K_A16, +6.7% bytes) where its fields are 16-byte aligned. */
 #include "cuda_repack.h"
 
 #include "../../formats/ggml_types.h"
@@ -127,4 +132,34 @@ lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, int bits, void *wo
     if (e != cudaSuccess) st = cuda_fail(cb, e, "weight upload (GGUF repack)");
     if (!st) *ok = !flag;
     return st;
+}
+
+int cuda_stored_ggml(int type) { return type == LMX_GGML_Q6_K ? LMX_GGML_Q6_K_A16 : type; }
+
+lmx_status cuda_upload_aligned(cuda_backend *cb, const lmx_tensor *w, void *dst) {
+    const int from = lmx_ggml_block_bytes(w->q.ggml_type), to = lmx_ggml_block_bytes(cuda_stored_ggml(w->q.ggml_type));
+    const int64_t blocks = (int64_t)(cuda_weight_bytes(w) / (size_t)to), chunk = REPACK_STAGE / from;
+    uint8_t *stage = NULL;
+    cudaError_t e = cudaMemsetAsync(dst, 0, (size_t)(blocks * to), cb->stream); /* the gaps */
+    if (e == cudaSuccess)
+        e = cudaMallocFromPoolAsync((void **)&stage, (size_t)((blocks < chunk ? blocks : chunk) * from), cb->pool, cb->stream);
+    for (int64_t b0 = 0; e == cudaSuccess && b0 < blocks; b0 += chunk) {
+        const int64_t n = blocks - b0 < chunk ? blocks - b0 : chunk;
+        e = cudaMemcpyAsync(stage, (const uint8_t *)w->data + b0 * from, (size_t)(n * from), cudaMemcpyHostToDevice, cb->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync((uint8_t *)dst + b0 * to, (size_t)to, stage, (size_t)from, (size_t)from, (size_t)n,
+                                  cudaMemcpyDeviceToDevice, cb->stream);
+    }
+    if (stage) cudaFreeAsync(stage, cb->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream); /* the host blocks may go away */
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "weight upload (Q6_K aligned)");
+}
+
+void cuda_host_aligned(const lmx_tensor *w, void *dst) {
+    const int from = lmx_ggml_block_bytes(w->q.ggml_type), to = lmx_ggml_block_bytes(cuda_stored_ggml(w->q.ggml_type));
+    const int64_t blocks = (int64_t)(cuda_weight_bytes(w) / (size_t)to);
+    for (int64_t b = 0; b < blocks; b++) {
+        memcpy((uint8_t *)dst + b * to, (const uint8_t *)w->data + b * from, (size_t)from);
+        memset((uint8_t *)dst + b * to + from, 0, (size_t)(to - from));
+    }
 }

@@ -1,4 +1,5 @@
-/* cuda_repack.h - GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights written on upload as MLX groups of 32 (cuda_repack.cu). */
+/* cuda_repack.h - GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights written on upload as MLX groups of 32, Q6_K blocks
+ * 16-byte aligned (cuda_repack.cu). */
 #ifndef LMX_BACKEND_CUDA_REPACK_H
 #define LMX_BACKEND_CUDA_REPACK_H
 
@@ -12,5 +13,14 @@ int cuda_repack_bits(const cuda_backend *cb, const lmx_tensor *w);
  * keeps the GGUF blocks. */
 lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, int bits, void *words, void *scales, void *biases,
                        int *ok);
+
+/* The ggml type a GGUF type is stored as on the device: LMX_GGML_Q6_K_A16 for Q6_K (its blocks 16-byte aligned),
+ * else the type itself.  cuda_weight_bytes counts the stored layout. */
+int cuda_stored_ggml(int type);
+/* w's host blocks (a type cuda_stored_ggml changes) into dst (cuda_weight_bytes(w) of device memory) in the
+ * stored layout, through a staging buffer; it waits for the copies. */
+lmx_status cuda_upload_aligned(cuda_backend *cb, const lmx_tensor *w, void *dst);
+/* The same into host memory (mapped page-locked memory the kernels read over the bus). */
+void cuda_host_aligned(const lmx_tensor *w, void *dst);
 
 #endif
