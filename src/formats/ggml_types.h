@@ -39,7 +39,8 @@ int lmx_ggml_scale_elems(int type);
 size_t lmx_ggml_row_bytes(int type, int64_t K);
 /* "Q4_K" etc.; "unknown" otherwise. */
 const char *lmx_ggml_type_name(int type);
-/* 1 for the block-quantized types lmx computes with (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K). */
+/* 1 for the block-quantized types lmx computes with (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K, and the layouts a
+ * backend stores them in after upload). */
 int lmx_ggml_is_supported_quant(int type);
 
 #endif

@@ -141,7 +141,7 @@ lmx_status cuda_upload_aligned(cuda_backend *cb, const lmx_tensor *w, void *dst)
     const int64_t blocks = (int64_t)(cuda_weight_bytes(w) / (size_t)to), chunk = REPACK_STAGE / from;
     uint8_t *stage = NULL;
     cudaError_t e = cudaMemsetAsync(dst, 0, (size_t)(blocks * to), cb->stream); /* the gaps */
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && blocks > 0)
         e = cudaMallocFromPoolAsync((void **)&stage, (size_t)((blocks < chunk ? blocks : chunk) * from), cb->pool, cb->stream);
     for (int64_t b0 = 0; e == cudaSuccess && b0 < blocks; b0 += chunk) {
         const int64_t n = blocks - b0 < chunk ? blocks - b0 : chunk;
