@@ -92,18 +92,6 @@ static __device__ __forceinline__ void gq_prefetch(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-/* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word). */
-static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4 (&X)[4], int &i0, int &i1) {
-    const int x[16] = {X[0].x, X[0].y, X[0].z, X[0].w, X[1].x, X[1].y, X[1].z, X[1].w,
-                       X[2].x, X[2].y, X[2].z, X[2].w, X[3].x, X[3].y, X[3].z, X[3].w};
-    i0 = 0, i1 = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        i0 = __dp2a_lo(x[2 * k], (int)q[k], i0), i0 = __dp2a_hi(x[2 * k + 1], (int)q[k], i0);
-        i1 = __dp2a_lo(x[8 + 2 * k], (int)q[4 + k], i1), i1 = __dp2a_hi(x[8 + 2 * k + 1], (int)q[4 + k], i1);
-    }
-}
-
 /* Lanes that share a row: a warp's 32, or, for a row of NU < 32 units and one warp a row (KS 1), the
  * fewest (a power of two) that hold a unit each, so that a warp takes 32 / lanes rows at once (a
  * mixture of experts' down projection of K = 768 is 6 Q6_K units: 26 of 32 lanes were idle). */
@@ -559,6 +547,10 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     if (!xs && !gq_quant_x(cb, ups, nl, x, M, (int)K, nm, xo)) return cb->base.err.status;
     const char *what = glu >= 0 ? "matmul + glu" : "matmul";
     if (nt == 1) {
+        /* one row of a long Q6_K row as a stream (cuda_gstream.cu; H100, Llama-3.1-8B Q4_K_M decode, its 16 Q6_K
+         * down projections: 383 -> 393 tok/s) */
+        if (stream && !xs && glu < 0 && types[0] == LMX_GGML_Q6_K_A16 && cuda_gstream6_takes(cb, n, sg, K))
+            return cuda_gstream6(cb, sg, xo[0], (int)K, resid);
         cuda_launch(cb, gq_pick(types[0], M, glu >= 0, xs), dim3(gx[0], glu >= 0 ? 1 : n), 256, gq_xs_bytes(xs, xo[0]),
                     (const int4 *)xo[0].xq, (const float4 *)xo[0].xm, sg, (int)K, xo[0].PR, M, act, resid, x, nm);
         return cuda_check_launch(cb, what);

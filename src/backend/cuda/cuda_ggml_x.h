@@ -21,6 +21,18 @@ static __device__ __forceinline__ int gq_xpart(int pp, int ul) {
 static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31) / 32 * 32 * UP; }
 static __host__ __device__ __forceinline__ int gq_ul(int UP) { return UP == 4 ? 2 : UP == 2 ? 1 : 0; } /* log2 UP */
 
+/* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word). */
+static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4 (&X)[4], int &i0, int &i1) {
+    const int x[16] = {X[0].x, X[0].y, X[0].z, X[0].w, X[1].x, X[1].y, X[1].z, X[1].w,
+                       X[2].x, X[2].y, X[2].z, X[2].w, X[3].x, X[3].y, X[3].z, X[3].w};
+    i0 = 0, i1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        i0 = __dp2a_lo(x[2 * k], (int)q[k], i0), i0 = __dp2a_hi(x[2 * k + 1], (int)q[k], i0);
+        i1 = __dp2a_lo(x[8 + 2 * k], (int)q[4 + k], i1), i1 = __dp2a_hi(x[8 + 2 * k + 1], (int)q[4 + k], i1);
+    }
+}
+
 /* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
  * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
  * with a Q6_K v); xq NULL: none.  nib: each chunk's 8 codes in the order of a 4-bit word's nibbles, low ones
@@ -110,5 +122,9 @@ int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, 
 int cuda_gstream_takes(const cuda_backend *cb, const lmx_tensor *w);
 lmx_status cuda_gstream(cuda_backend *cb, int n, const gv_segs &sg, int glu, const float *x, int K, const cuda_row_norm &nm,
                         int resid);
+/* One row of n segments of Q6_K (16-byte aligned) of width K as a stream (k_gstream6): whether it takes them (one
+ * segment of a long row, no LoRA term), and the launch on x quantized in xo (Q6_K's unit layout). */
+int cuda_gstream6_takes(const cuda_backend *cb, int n, const gv_segs &sg, int64_t K);
+lmx_status cuda_gstream6(cuda_backend *cb, const gv_segs &sg, const gq_xq &xo, int K, int resid);
 
 #endif

@@ -1,4 +1,5 @@
-/* cuda_gstream.cu - one row of MLX 4-bit weights (decode of one sequence) as a stream, k_gstream1. */
+/* cuda_gstream.cu - one row of MLX 4-bit weights (decode of one sequence) as a stream, k_gstream1; long rows of
+ * Q6_K the same way, k_gstream6. */
 #include "cuda_ggml_x.h"
 
 /* The one row x [K] into o by a block of 256 threads (k_gstream1's own, XS), normalised where nm.w: the loads of
@@ -65,6 +66,32 @@ static __device__ __forceinline__ int gs_dot(const uint4 &w, const int4 (&X)[4])
     return il + (ih >> 4);
 }
 
+/* The stream's walk (k_gstream1, k_gstream6): warp groups g, g + W, ... (G of them) of S steps each, the next
+ * step's weights (at a group's end, the next group's first) loaded while the current ones are used; cur holds
+ * group g's step 0, loaded before the kernel's wait.  pos is where group g's rows are, as rows(g) returns it
+ * (pointing the loads at them); load(u, s) and use(u, s, acc) take a step of the group the loads point at, and
+ * finish(g, pos, acc) stores a group's two sums and clears acc. */
+template <class U, class P, class Rows, class Load, class Use, class Fin>
+static __device__ __forceinline__ void gs_walk(int g, P pos, U (&cur)[2], int G, int S, int W, Rows rows, Load load,
+                                               Use use, Fin finish) {
+    float acc[2] = {0.0f, 0.0f};
+    int s = 0;
+    while (g < G) {
+        int gn = g, sn = s + 1;
+        P pn = pos;
+        if (sn == S) gn = g + W, sn = 0;
+        U nxt[2];
+        if (gn < G) {
+            if (gn != g) pn = rows(gn);
+            load(nxt, sn);
+        }
+        use(cur, s, acc);
+        if (sn == 0) finish(g, pos, acc);
+        cur[0] = nxt[0], cur[1] = nxt[1];
+        g = gn, s = sn, pos = pn;
+    }
+}
+
 template <int PAIR, int XS, int F16>
 __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                      const gv_segs sg, int K, int PR, int act, int resid,
@@ -85,9 +112,9 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
     };
     const uint8_t *wr[2];        /* the rows of the group whose step loads next: codes, */
     const unsigned short *sr[2], *br[2]; /* scales and biases */
-    auto rows = [&](int g, int &i, int &j) { /* and group g's segment i, its index there j */
-        j = g;
-        i = PAIR ? 0 : seg_of(g, j);
+    auto rows = [&](int g) { /* and group g's segment and its index there */
+        int j = g;
+        const int i = PAIR ? 0 : seg_of(g, j);
         const gv_seg S0 = PAIR ? sg.s[0] : seg_pick(sg, i);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -97,6 +124,7 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
             sr[r] = (const unsigned short *)((const char *)Sr.scales + row * srow);
             br[r] = (const unsigned short *)((const char *)Sr.biases + row * srow);
         }
+        return make_int2(i, j);
     };
     auto load = [&](gs_unit (&u)[2], int s) {
         const int c = lane + 32 * s;
@@ -131,8 +159,9 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
             }
         }
     };
-    auto finish = [&](int g, int i, int j, float (&acc)[2]) { /* group g's (segment i's j) sums over the lanes,
-                                                                 stored as k_ggemv stores them */
+    auto finish = [&](int g, int2 pos, float (&acc)[2]) { /* group g's (segment pos.x's pos.y) sums over the
+                                                              lanes, stored as k_ggemv stores them */
+        const int i = pos.x, j = pos.y;
         const float a0 = cuda_warp_sum(acc[0]), a1 = cuda_warp_sum(acc[1]);
         acc[0] = acc[1] = 0.0f;
         if (lane != 0) return;
@@ -155,10 +184,11 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
         }
     };
 
-    int g = blockIdx.x * 8 + threadIdx.x / 32, s = 0, gi = 0, gj = g; /* the group, its step, segment, index */
+    const int g = blockIdx.x * 8 + threadIdx.x / 32; /* the warp's first group */
+    int2 pos = make_int2(0, g);
     gs_unit cur[2];
     if (g < G) { /* weights, which no kernel writes: before the wait */
-        rows(g, gi, gj);
+        pos = rows(g);
         load(cur, 0);
     }
     cuda_pdl_wait(); /* x is ready */
@@ -169,20 +199,80 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
         gquant_x_row(xf, o, K, nm, inv);
         __syncthreads();
     }
-    float acc[2] = {0.0f, 0.0f};
-    while (g < G) {
-        int gn = g, sn = s + 1, ni = gi, nj = gj;
-        if (sn == S) gn = g + W, sn = 0;
-        gs_unit nxt[2];
-        if (gn < G) {
-            if (gn != g) rows(gn, ni, nj);
-            load(nxt, sn);
+    gs_walk(g, pos, cur, G, S, W, rows, load, use, finish);
+}
+
+/* k_gstream6: one row of one segment of Q6_K (the 16-byte-aligned layout) as k_gstream1 streams MLX rows: warp w
+ * of W takes groups of two rows w, w + W, ...; a step of a group is lane l's unit (half a block: 128 values, its
+ * codes, scales and d) l + 32 s of both rows.  x is quantized by a launch before in the layout of Q6_K's units.
+ * For rows of K >= GS6_MIN_K: the int16 kernel (k_ggemv) loads a lane's next unit only after it has used the
+ * last, and its launch over the 8B's Q6_K down projection (K = 14,336) took 28.8 us in a decode graph for 51 MB.
+ * One block a multiprocessor: two units of two rows a lane in registers (248; held to 128, it spilled and
+ * lost 8%). */
+#define GS6_MIN_K 8192
+__global__ void __launch_bounds__(256, 1) k_gstream6(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                                      const gv_segs sg, int K, int resid) {
+    cuda_pdl_trigger();
+    constexpr int T = LMX_GGML_Q6_K_A16, UP = gq_unit<T>::UP, BYTES = gq_traits<T>::BYTES;
+    const gv_seg &S0 = sg.s[0];
+    const int lane = threadIdx.x % 32, NU = K / 128, S = (NU + 31) / 32, W = gridDim.x * 8, G = (S0.N + 1) / 2;
+    const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
+    const uint8_t *wr[2]; /* the rows of the group whose step loads next */
+    auto rows = [&](int g) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int n = 2 * g + r, row = n < S0.N ? n : S0.N - 1;
+            wr[r] = (const uint8_t *)S0.w + row * row_bytes;
         }
-        use(cur, s, acc);
-        if (sn == 0) finish(g, gi, gj, acc);
-        cur[0] = nxt[0], cur[1] = nxt[1];
-        g = gn, s = sn, gi = ni, gj = nj;
+        return 0;
+    };
+    auto load = [&](gq_unit<T> (&u)[2], int s) {
+        const int c = lane + 32 * s;
+        if (c >= NU) return;
+#pragma unroll
+        for (int r = 0; r < 2; r++) u[r].load(wr[r] + (int64_t)(c >> 1) * BYTES, c & 1);
+    };
+    auto use = [&](const gq_unit<T> (&u)[2], int s, float (&acc)[2]) { /* as ggemv_body's one row */
+        const int c = lane + 32 * s;
+        if (c >= NU) return;
+#pragma unroll
+        for (int k = 0; k < UP; k++) {
+            const int pp = c * UP + k; /* the part */
+            const int4 *xv = xq + gq_xchunk(pp, gq_ul(UP));
+            const int4 X[4] = {__ldg(xv), __ldg(xv + 32), __ldg(xv + 64), __ldg(xv + 96)};
+            const float4 xs = __ldg(xm + gq_xpart(pp, gq_ul(UP)));
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                uint32_t q[8];
+                float sc[2], mn[2];
+                u[r].part(k, q, sc, mn);
+                int i0, i1;
+                gq_dot(q, X, i0, i1);
+                const float dot = fmaf(sc[0], (float)i0, sc[1] * (float)i1);
+                acc[r] = fmaf(xs.x, dot, acc[r] - fmaf(mn[0], xs.y, mn[1] * xs.z));
+            }
+        }
+    };
+    auto finish = [&](int g, int, float (&acc)[2]) { /* as k_ggemv stores them */
+        const float a0 = cuda_warp_sum(acc[0]), a1 = cuda_warp_sum(acc[1]);
+        acc[0] = acc[1] = 0.0f;
+        if (lane != 0) return;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int n = 2 * g + r;
+            if (n >= S0.N) break;
+            const float o = (r ? a1 : a0) + bias_at(S0.bias, S0.bt, n);
+            S0.y[n] = resid ? S0.y[n] + o : o;
+        }
+    };
+    const int g = blockIdx.x * 8 + threadIdx.x / 32;
+    gq_unit<T> cur[2];
+    if (g < G) { /* weights, which no kernel writes: before the wait */
+        rows(g);
+        load(cur, 0);
     }
+    cuda_pdl_wait(); /* x is ready */
+    gs_walk(g, 0, cur, G, S, W, rows, load, use, finish);
 }
 
 /* The streamed one-row GEMV (k_gstream1) of the n MLX 4-bit segments of sg (glu >= 0: the gate/up pair), x
@@ -211,3 +301,13 @@ lmx_status cuda_gstream(cuda_backend *cb, int n, const gv_segs &sg, int glu, con
     return cuda_check_launch(cb, pair ? "matmul + glu" : "matmul");
 }
 
+
+int cuda_gstream6_takes(const cuda_backend *cb, int n, const gv_segs &sg, int64_t K) {
+    return n == 1 && K >= GS6_MIN_K && K % 256 == 0 && !sg.s[0].lb && cb->gemv_variant != 5;
+}
+lmx_status cuda_gstream6(cuda_backend *cb, const gv_segs &sg, const gq_xq &xo, int K, int resid) {
+    const int64_t groups = (sg.s[0].N + 1) / 2, fit = (int64_t)cuda_fit_blocks(cb, (const void *)k_gstream6) * cb->sm_count;
+    const int64_t blocks = (groups + 7) / 8 < fit ? (groups + 7) / 8 : fit;
+    cuda_launch(cb, k_gstream6, dim3((unsigned)blocks), 256, 0, (const int4 *)xo.xq, (const float4 *)xo.xm, sg, K, resid);
+    return cuda_check_launch(cb, "matmul");
+}
