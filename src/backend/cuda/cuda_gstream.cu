@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(256, 2) k_gstream1(const int4 *__restrict__ xq
  * codes, scales and d) l + 32 s of both rows.  x is quantized by a launch before in the layout of Q6_K's units.
  * For rows of K >= GS6_MIN_K: the int16 kernel (k_ggemv) loads a lane's next unit only after it has used the
  * last, and its launch over the 8B's Q6_K down projection (K = 14,336) took 28.8 us in a decode graph for 51 MB.
- * One block a multiprocessor: two units of two rows a lane in registers (246; held to 128, it spilled and
- * lost 8%). */
+ * One block a multiprocessor: two units of two rows a lane in registers (246; held to 128 for two blocks, it
+ * spilled and ran 7% below the int16 kernel). */
 #define GS6_MIN_K 8192
 __global__ void __launch_bounds__(256, 1) k_gstream6(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                       const gv_segs sg, int K, int resid) {
