@@ -479,9 +479,6 @@ static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router 
     rt.pw[i * kused + lane] = w;
 }
 
-/* s + the sum over a row's choices k < kused, in order, of pw[k] y[row k, c] (rows of C values; row k: slot[k], or
- * k without slots): a mixture of experts' combine, the same bits wherever it runs (k_moe_combine, and
- * the GGUF experts' down projection: gv_moe_sum).  pw and y come from earlier kernels: read past any cache they might miss. */
 /* Whether this block is the last of count blocks to arrive at *ticket (a block-wide call; the same answer in
  * every thread): the threads' global writes before it are visible to the last block's reads past L1 (__ldcg),
  * and the last block resets the ticket for the next launch.  K parts of the tensor-core GEMV (cuda_gemv_tc.cu),
@@ -498,6 +495,9 @@ static __device__ __forceinline__ bool cuda_block_last(int *ticket, int count) {
     return true;
 }
 
+/* s + the sum over a row's choices k < kused, in order, of pw[k] y[row k, c] (rows of C values; row k: slot[k], or
+ * k without slots): a mixture of experts' combine, the same bits wherever it runs (k_moe_combine, and
+ * the GGUF experts' down projection: gv_moe_sum).  pw and y come from earlier kernels: read past any cache they might miss. */
 static __device__ __forceinline__ float cuda_moe_sum(float s, const float *y, const float *pw, const int *slot,
                                                      int kused, int64_t C, int64_t c) {
     for (int k = 0; k < kused; k++)
