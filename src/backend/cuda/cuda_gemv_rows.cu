@@ -86,24 +86,22 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
 #pragma unroll
         for (int m = 0; m < MM; m++) acc[r][m] = 0.0f;
 
-    int v = lane;
-    bool full = v + 32 * (U - 1) < nv;
-    uint4 cur[U][R];
-    if (full)
+    auto load = [&](uint4 (&dst)[U][R], int v0) { /* vectors v0, v0 + 32, ... (a step) of each row */
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < R; r++) cur[u][r] = __ldcs(wr[r] + v + 32 * u);
+            for (int r = 0; r < R; r++) dst[u][r] = __ldcs(wr[r] + v0 + 32 * u);
+    };
+    int v = lane;
+    bool full = v + 32 * (U - 1) < nv;
+    uint4 cur[U][R];
+    if (full) load(cur, v);
     cuda_pdl_wait(); /* x is ready */
     while (full) {
         const int vn = v + 32 * U;
         const bool nfull = vn + 32 * (U - 1) < nv;
         uint4 nxt[U][R];
-        if (nfull)
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < R; r++) nxt[u][r] = __ldcs(wr[r] + vn + 32 * u);
+        if (nfull) load(nxt, vn);
 #pragma unroll
         for (int u = 0; u < U; u++) dense_dot<WT, MM, R>(x, K, v + 32 * u, cur[u], acc);
         if (nfull)
