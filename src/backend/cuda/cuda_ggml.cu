@@ -549,7 +549,7 @@ lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, 
     if (nt == 1) {
         /* one row of a long Q6_K row as a stream (cuda_gstream.cu; H100, Llama-3.1-8B Q4_K_M decode, its 16 Q6_K
          * down projections: 383 -> 393 tok/s) */
-        if (stream && !xs && glu < 0 && types[0] == LMX_GGML_Q6_K_A16 && cuda_gstream6_takes(cb, n, sg, K))
+        if (stream && !xs && cuda_gstream6_takes(cb, types[0], n, glu, sg, K))
             return cuda_gstream6(cb, sg, xo[0], (int)K, resid);
         cuda_launch(cb, gq_pick(types[0], M, glu >= 0, xs), dim3(gx[0], glu >= 0 ? 1 : n), 256, gq_xs_bytes(xs, xo[0]),
                     (const int4 *)xo[0].xq, (const float4 *)xo[0].xm, sg, (int)K, xo[0].PR, M, act, resid, x, nm);

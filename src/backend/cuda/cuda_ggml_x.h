@@ -122,9 +122,10 @@ int gq_quant_x(cuda_backend *cb, const int *ups, int nl, const float *x, int M, 
 int cuda_gstream_takes(const cuda_backend *cb, const lmx_tensor *w);
 lmx_status cuda_gstream(cuda_backend *cb, int n, const gv_segs &sg, int glu, const float *x, int K, const cuda_row_norm &nm,
                         int resid);
-/* One row of n segments of Q6_K (16-byte aligned) of width K as a stream (k_gstream6): whether it takes them (one
- * segment of a long row, no LoRA term), and the launch on x quantized in xo (Q6_K's unit layout). */
-int cuda_gstream6_takes(const cuda_backend *cb, int n, const gv_segs &sg, int64_t K);
+/* One row of n segments of type (glu >= 0: the gate/up pair) of width K as a stream (k_gstream6): whether it takes
+ * them (one segment of Q6_K, 16-byte aligned, a long row, no LoRA term), and the launch on x quantized in xo (Q6_K's
+ * unit layout). */
+int cuda_gstream6_takes(const cuda_backend *cb, int type, int n, int glu, const gv_segs &sg, int64_t K);
 lmx_status cuda_gstream6(cuda_backend *cb, const gv_segs &sg, const gq_xq &xo, int K, int resid);
 
 #endif

@@ -302,8 +302,9 @@ lmx_status cuda_gstream(cuda_backend *cb, int n, const gv_segs &sg, int glu, con
 }
 
 
-int cuda_gstream6_takes(const cuda_backend *cb, int n, const gv_segs &sg, int64_t K) {
-    return n == 1 && K >= GS6_MIN_K && K % 256 == 0 && !sg.s[0].lb && cb->gemv_variant != 5;
+int cuda_gstream6_takes(const cuda_backend *cb, int type, int n, int glu, const gv_segs &sg, int64_t K) {
+    return type == LMX_GGML_Q6_K_A16 && n == 1 && glu < 0 && K >= GS6_MIN_K && K % 256 == 0 && !sg.s[0].lb &&
+           cb->gemv_variant != 5;
 }
 lmx_status cuda_gstream6(cuda_backend *cb, const gv_segs &sg, const gq_xq &xo, int K, int resid) {
     const int64_t groups = (sg.s[0].N + 1) / 2, fit = (int64_t)cuda_fit_blocks(cb, (const void *)k_gstream6) * cb->sm_count;
