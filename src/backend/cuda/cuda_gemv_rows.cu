@@ -225,29 +225,25 @@ __global__ void __launch_bounds__(256) k_qgemv(const float *__restrict__ x, cons
  * gate rows, half the same rows of up). */
 template <int MM> constexpr int qg_rows() { return MM <= 2 ? 4 : 2; }
 
+/* PAIR: the gate/up pair with its GLU (k_gemv one row of each a warp), else blockIdx.y the weight (two rows). */
+template <int MM, int PAIR>
+static void gv_launch_pair(cuda_backend *cb, int kind, unsigned gx, unsigned gy, const float *x, const gv_segs &sg, int K,
+                      int act) {
+    constexpr int QR = qg_rows<MM>(), R = PAIR ? 1 : 2;
+    const dim3 grid(gx, gy);
+    switch (kind) {
+    case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, 2, R, PAIR>, grid, 256, 0, x, sg, K, act); break;
+    case GV_F16: cuda_launch(cb, k_gemv<__half, MM, 2, R, PAIR>, grid, 256, 0, x, sg, K, act); break;
+    case GV_F32: cuda_launch(cb, k_gemv<float, MM, 2, R, PAIR>, grid, 256, 0, x, sg, K, act); break;
+    case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, QR, PAIR>, grid, 256, 0, x, sg, K, act); break;
+    default: cuda_launch(cb, k_qgemv<8, MM, QR, PAIR>, grid, 256, 0, x, sg, K, act); break;
+    }
+}
 template <int MM>
 static void gv_launch(cuda_backend *cb, int kind, unsigned gx, unsigned gy, const float *x, const gv_segs &sg, int K,
                       int glu) {
-    const int act = glu < 0 ? 0 : glu;
-    constexpr int QR = qg_rows<MM>();
-    const dim3 grid(gx, gy);
-    if (glu >= 0) {
-        switch (kind) {
-        case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, 2, 1, 1>, grid, 256, 0, x, sg, K, act); break;
-        case GV_F16: cuda_launch(cb, k_gemv<__half, MM, 2, 1, 1>, grid, 256, 0, x, sg, K, act); break;
-        case GV_F32: cuda_launch(cb, k_gemv<float, MM, 2, 1, 1>, grid, 256, 0, x, sg, K, act); break;
-        case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, QR, 1>, grid, 256, 0, x, sg, K, act); break;
-        default: cuda_launch(cb, k_qgemv<8, MM, QR, 1>, grid, 256, 0, x, sg, K, act); break;
-        }
-        return;
-    }
-    switch (kind) {
-    case GV_BF16: cuda_launch(cb, k_gemv<__nv_bfloat16, MM, 2, 2, 0>, grid, 256, 0, x, sg, K, act); break;
-    case GV_F16: cuda_launch(cb, k_gemv<__half, MM, 2, 2, 0>, grid, 256, 0, x, sg, K, act); break;
-    case GV_F32: cuda_launch(cb, k_gemv<float, MM, 2, 2, 0>, grid, 256, 0, x, sg, K, act); break;
-    case GV_Q4: cuda_launch(cb, k_qgemv<4, MM, QR, 0>, grid, 256, 0, x, sg, K, act); break;
-    default: cuda_launch(cb, k_qgemv<8, MM, QR, 0>, grid, 256, 0, x, sg, K, act); break;
-    }
+    if (glu >= 0) gv_launch_pair<MM, 1>(cb, kind, gx, gy, x, sg, K, glu);
+    else gv_launch_pair<MM, 0>(cb, kind, gx, gy, x, sg, K, 0);
 }
 
 int cuda_gemv_rows_block(int kind, int M, int glu) {
