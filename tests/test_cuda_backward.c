@@ -152,7 +152,7 @@ static void test_glu_keep(void) {
         CHECK(gpu->ops->alloc(gpu, &gk) == LMX_OK && gpu->ops->alloc(gpu, &uk) == LMX_OK && gpu->ops->alloc(gpu, &ok) == LMX_OK);
         lmx_tensor plain = act(gpu, 1, n, gv);
         CHECK(gpu->ops->glu(gpu, &plain, &plain, &u.g, n, a) == LMX_OK);
-        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, a, &gk, &uk, act_i ? &ok : NULL) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, a, &gk, &uk, act_i ? &ok : NULL, NULL, NULL) == LMX_OK);
         CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, a) == LMX_OK);
         float *o1 = fetch(gpu, &plain, n), *o2 = fetch(gpu, &g.g, n);
         CHECK_MSG(!memcmp(o1, o2, (size_t)n * 4), "glu_keep (act %d): output differs from the glu op's", act_i);
@@ -170,6 +170,68 @@ static void test_glu_keep(void) {
         gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk), gpu->ops->release(gpu, &ok);
         free(o1), free(o2), free(hg), free(hu), free(ho), free(gv), free(uv);
     }
+}
+
+/* a bf16 keep [n] against the cpu's f32 values (relative L2) */
+static void compare_keep(const char *what, const lmx_tensor *k, const lmx_tensor *ref, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    float *w = malloc((size_t)n * 4), *c = fetch(cpu, ref, n);
+    CHECK(gpu->ops->read(gpu, k, 0, h, (size_t)n * 2) == LMX_OK);
+    for (int64_t i = 0; i < n; i++) w[i] = lmx_bf16_to_f32(h[i]);
+    const double e = rel_err(w, c, n);
+    CHECK_MSG(e < 5e-3, "%s: relative error %.3g", what, e);
+    free(h), free(w), free(c);
+}
+
+/* LoRA expands taken by the op that reads the projection (lmx_lora_term): the shrink alone (lora_keep with
+ * y NULL), then glu_keep with gate's and / or up's term, and lora_add with and without x, against the cpu's
+ * lora op (the expand) followed by its glu / add.  rows and columns not multiples of the kernels' tiles;
+ * rank 12 takes the GEMM before the plain pass. */
+static void test_lora_terms(int r, int which) {
+    const int rows = 67, K = 40, N = 300;
+    const int64_t n = (int64_t)rows * N;
+    tpair x = rand_both(rows, K, 1.0f), a[2], b[2];
+    lmx_lora_pair pg[2], pc[2];
+    lmx_tensor xa[2] = {act(gpu, rows, r, NULL), act(gpu, rows, r, NULL)};
+    for (int i = 0; i < 2; i++) {
+        a[i] = rand_both(r, K, 0.3f), b[i] = rand_both(N, r, 0.3f);
+        pg[i] = (lmx_lora_pair){a[i].g, b[i].g, 0.5f + i}, pc[i] = (lmx_lora_pair){a[i].c, b[i].c, 0.5f + i};
+        const lmx_lora_pair *one = &pg[i];
+        CHECK(lmx_cuda_backward.lora_keep(gpu, NULL, &x.g, 1, rows, &one, &xa[i]) == LMX_OK);
+    }
+    const lmx_lora_term tg = {&xa[0], &pg[0]}, tu = {&xa[1], &pg[1]};
+    const lmx_lora_pair *pc0 = &pc[0], *pc1 = &pc[1];
+    char what[96];
+    for (int act_i = 0; act_i < 2; act_i++) { /* glu_keep: which 1 gate's term, 2 up's, 3 both */
+        const lmx_act ac = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
+        tpair g = rand_both(rows, N, 3.0f), u = rand_both(rows, N, 2.0f);
+        lmx_tensor gk = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}}, uk = gk, ok = gk;
+        CHECK(gpu->ops->alloc(gpu, &gk) == LMX_OK && gpu->ops->alloc(gpu, &uk) == LMX_OK && gpu->ops->alloc(gpu, &ok) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, ac, &gk, &uk, &ok, which & 1 ? &tg : NULL,
+                                         which & 2 ? &tu : NULL) == LMX_OK);
+        if (which & 1) CHECK(cpu->ops->lora(cpu, &g.c, &x.c, 1, rows, &pc0) == LMX_OK);
+        if (which & 2) CHECK(cpu->ops->lora(cpu, &u.c, &x.c, 1, rows, &pc1) == LMX_OK);
+        snprintf(what, sizeof what, "glu_keep with terms (rank %d, terms %d, act %d): ", r, which, act_i);
+        char w2[128];
+        snprintf(w2, sizeof w2, "%sgate's keep", what), compare_keep(w2, &gk, &g.c, n);
+        snprintf(w2, sizeof w2, "%sup's keep", what), compare_keep(w2, &uk, &u.c, n);
+        CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, ac) == LMX_OK);
+        snprintf(w2, sizeof w2, "%sout's keep", what), compare_keep(w2, &ok, &g.c, n);
+        snprintf(w2, sizeof w2, "%soutput", what), check_both(w2, &g, 2e-3);
+        drop(&u);
+        gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk), gpu->ops->release(gpu, &ok);
+    }
+    for (int with_x = 0; with_x < 2; with_x++) { /* lora_add */
+        tpair y = rand_both(rows, N, 1.0f), xx = rand_both(rows, N, 1.0f);
+        CHECK(lmx_cuda_backward.lora_add(gpu, &y.g, with_x ? &xx.g : NULL, n, &tg) == LMX_OK);
+        if (with_x) CHECK(cpu->ops->add(cpu, &y.c, &xx.c, n) == LMX_OK);
+        CHECK(cpu->ops->lora(cpu, &y.c, &x.c, 1, rows, &pc0) == LMX_OK);
+        snprintf(what, sizeof what, "lora_add (rank %d, x %d)", r, with_x);
+        check_both(what, &y, 2e-3);
+        drop(&xx);
+    }
+    for (int i = 0; i < 2; i++) drop(&a[i]), drop(&b[i]), gpu->ops->release(gpu, &xa[i]);
+    drop(&x);
 }
 
 /* rmsnorm_keep: the rmsnorm op's output bit for bit and its keep the output rounded to bf16, bit for
@@ -541,6 +603,10 @@ int main(void) {
     test_elementwise(0);
     test_elementwise(1);
     test_glu_keep();
+    test_lora_terms(16, 3);
+    test_lora_terms(8, 1);
+    test_lora_terms(32, 2);
+    test_lora_terms(12, 3); /* not a kernel's rank: the GEMMs first */
     test_glu_bwd16();
     test_rmsnorm_keep();
     test_redo();

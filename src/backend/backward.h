@@ -24,6 +24,14 @@ typedef struct lmx_adamw_step {
     double lr, beta1, beta2, eps, weight_decay, bc1, bc2, clip;
 } lmx_adamw_step;
 
+/* A low-rank term that an op adds to one of its inputs before it reads it (the tape's LoRA expand, left
+ * to the op that reads the projection next: glu_keep, lora_add): v[m, n] += pair->scale * sum_j xa[m, j]
+ * pair->b[n, j], with xa [rows, r] f32 the shrink x A^T that lora_keep wrote, one pair for every row. */
+typedef struct lmx_lora_term {
+    const lmx_tensor *xa;
+    const lmx_lora_pair *pair;
+} lmx_lora_term;
+
 typedef struct lmx_backward_ops {
     /* y = rmsnorm(x) * (w + add_one)                  dx += dy . dy/dx          x, dy, dx [rows, n] */
     lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
@@ -98,12 +106,16 @@ typedef struct lmx_backward_ops {
     lmx_status (*reload)(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
     /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's
      * values into gk and uk, and with ok non-NULL out's into ok, which the caller allocated in keep_dtype
-     * and gate's shape: one pass over gate and up where the op and their keeps take three or four. */
+     * and gate's shape: one pass over gate and up where the op and their keeps take three or four.
+     * tg / tu (NULL: none): terms added to gate / up first ([n / cols, cols] each), in the same pass where
+     * the backend can; the keeps hold the values with them. */
     lmx_status (*glu_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                           lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok);
+                           lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok, const lmx_lora_term *tg,
+                           const lmx_lora_term *tu);
     /* Optional (NULL: none): the lora op (backend.h) that also writes each row's shrink x A^T into xa
      * [B*T, r] (f32, allocated by the caller; every pair of rank r; rows of sequences without a pair
-     * are left as they are), which lora_bwd then reads instead of computing it again.
+     * are left as they are), which lora_bwd then reads instead of computing it again.  y NULL: the
+     * shrink alone (the caller adds the expand later as a term: glu_keep, lora_add).
      * LMX_ERR_UNSUPPORTED where the backend cannot (the caller runs the lora op). */
     lmx_status (*lora_keep)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                             const lmx_lora_pair *const *pairs, lmx_tensor *xa);
@@ -120,6 +132,10 @@ typedef struct lmx_backward_ops {
                            lmx_act act);
     lmx_status (*rmsnorm_redo)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                                int n, float eps, float add_one);
+    /* Optional (NULL: none; with lora_keep and glu_keep): y += x + term over n = rows * cols values (x
+     * NULL: y += term), term as glu_keep's: the add op of a projection's output into the residual stream
+     * with the projection's LoRA expand in the same pass. */
+    lmx_status (*lora_add)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const lmx_lora_term *term);
 } lmx_backward_ops;
 
 /* Whether the backend computes values again in backward (glu_redo and rmsnorm_redo): the tape keeps redos

@@ -132,6 +132,53 @@ static void set_shared(lmx_tape *t, int id) {
     t->shared = id + 1;
 }
 
+/* ---- LoRA expands left to the op that reads the projection next (tape_term) ------------------------ */
+
+static int term_index(const lmx_tape *t, const void *data) {
+    for (int i = 0; i < t->n_terms; i++)
+        if (t->terms[i].y == data) return i;
+    return -1;
+}
+
+/* term i off the waiting list, as the op that takes it reads it (d: room for the term's data) */
+static lmx_lora_term term_take(lmx_tape *t, int i, tape_term *d) {
+    *d = t->terms[i];
+    memmove(&t->terms[i], &t->terms[i + 1], (size_t)(t->n_terms - i - 1) * sizeof *t->terms);
+    t->n_terms--;
+    return (lmx_lora_term){&d->xa, d->pair};
+}
+
+/* term i added to its buffer now */
+static lmx_status settle_at(lmx_tape *t, int i) {
+    tape_term d;
+    const lmx_lora_term term = term_take(t, i, &d);
+    lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {d.rows, d.cols}, .data = d.y};
+    return pass(t, t->bwd->lora_add(t->in, &y, NULL, d.rows * d.cols, &term));
+}
+
+/* every waiting term but those of buffers a and b (NULL: none) added now */
+static lmx_status settle_others(lmx_tape *t, const void *a, const void *b) {
+    lmx_status st = LMX_OK;
+    for (int i = t->n_terms - 1; i >= 0 && !st; i--)
+        if (t->terms[i].y != a && t->terms[i].y != b) st = settle_at(t, i);
+    return st;
+}
+
+lmx_status tape_settle(lmx_tape *t, const void *data) {
+    lmx_status st = LMX_OK;
+    for (int i = t->n_terms - 1; i >= 0 && !st; i--)
+        if (!data || t->terms[i].y == data) st = settle_at(t, i);
+    return st;
+}
+
+/* No keep reads buffer data's present value from the buffer itself (every such keep has its copy): an op
+ * may take the buffer's term in its pass without the buffer ever holding it. */
+static int unkept(const lmx_tape *t, const void *data) {
+    for (int i = 0; i < t->n_keeps; i++)
+        if (t->keeps[i].refs > 0 && !t->keeps[i].copy.data && t->keeps[i].src == data) return 0;
+    return 1;
+}
+
 /* What matmul and lora read of input x [rows, cols]: where the backend keeps activations in bf16, the
  * keep of x's version, copied now (the op reads it instead of narrowing x itself, and the records that
  * keep x share it: q, k and v, or gate and up, narrow their input once); else x.  The tape holds the
@@ -195,7 +242,8 @@ static tape_rec *new_rec(lmx_tape *t, int op) {
 static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
                           float scale) {
     lmx_tape *t = TAPE(be);
-    lmx_status st = guard(t, out->data);
+    lmx_status st = tape_settle(t, NULL);
+    if (!st) st = guard(t, out->data);
     if (!st) st = pass(t, t->in->ops->embed(t->in, out, table, ids, M, scale));
     if (!st && new_var(t, out->data, M, table->shape[1], 0) < 0) st = nomem(t);
     return st;
@@ -291,6 +339,9 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         return lmx_err_set(&t->base.err, LMX_ERR_UNSUPPORTED, "training: a frozen adapter after a trained one");
     const int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1], rows = (int64_t)B * T;
     const int drop = watched && t->drop_p > 0;
+    lmx_status st0 = tape_settle(t, x->data);
+    if (!st0) st0 = tape_settle(t, y->data);
+    if (st0) return st0;
     const uint64_t seed = t->drop_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(first + 1)); /* one mask per pair */
     tape_rec *r = NULL;
     if (watched || requires(t, vy)) {
@@ -316,9 +367,17 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;
     if (xa.data) { /* the op keeps its shrink for backward, where the backend can */
-        st = t->bwd->lora_keep(t->in, y, xin, B, T, pairs, &xa);
-        if (st) t->in->ops->release(t->in, &xa);
-        else r->xa = xa;
+        /* and where one pair adapts every row, the expand waits for the op that reads y next */
+        int later = t->bwd->lora_add != NULL;
+        for (int b = 0; b < B; b++) later &= pairs[b] == pairs[0];
+        st = later && t->n_terms == TAPE_TERMS ? settle_at(t, 0) : LMX_OK;
+        if (!st) st = t->bwd->lora_keep(t->in, later ? NULL : y, xin, B, T, pairs, &xa);
+        if (st) {
+            t->in->ops->release(t->in, &xa);
+        } else {
+            r->xa = xa;
+            if (later) t->terms[t->n_terms++] = (tape_term){y->data, rows, N, xa, pairs[0]};
+        }
     }
     if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
     if (pass(t, st)) return st;
@@ -333,8 +392,18 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
 static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
-    lmx_status st = guard(t, y->data);
-    if (!st) st = pass(t, t->in->ops->add(t->in, y, x, n));
+    /* x's waiting LoRA expand in the add's pass (the projection's buffer is not read again) */
+    lmx_status st = settle_others(t, x->data != y->data ? x->data : NULL, NULL);
+    int ix = st ? -1 : term_index(t, x->data);
+    if (ix >= 0 && !unkept(t, x->data)) st = settle_at(t, ix), ix = -1;
+    if (!st) st = guard(t, y->data);
+    if (!st && ix >= 0) {
+        tape_term d;
+        const lmx_lora_term term = term_take(t, ix, &d);
+        st = pass(t, t->bwd->lora_add(t->in, y, x, n, &term));
+    } else if (!st) {
+        st = pass(t, t->in->ops->add(t->in, y, x, n));
+    }
     if (st) return st;
     const int req = requires(t, vy) || requires(t, vx);
     const int64_t cols = vy >= 0 && t->vars[vy].cols ? t->vars[vy].cols : vx >= 0 ? t->vars[vx].cols : n;
@@ -351,6 +420,8 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
 static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                           lmx_act act) {
     lmx_tape *t = TAPE(be);
+    lmx_status st0 = settle_others(t, gate->data, up->data);
+    if (st0) return st0;
     const int vg = var_of(t, gate->data), vu = var_of(t, up->data);
     const int req = requires(t, vg) || requires(t, vu);
     const int64_t cols = vg >= 0 && t->vars[vg].cols ? t->vars[vg].cols : n;
@@ -376,10 +447,24 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
             kg = ku = NULL;
         }
     }
+    /* gate's and up's waiting LoRA expands: in that pass too, else added first */
+    tape_term dg = {0}, du = {0};
+    lmx_lora_term tg = {0}, tu = {0};
+    lmx_status st = LMX_OK;
+    if (kg && unkept(t, gate->data) && unkept(t, up->data)) {
+        int i = term_index(t, gate->data);
+        if (i >= 0) tg = term_take(t, i, &dg);
+        if ((i = term_index(t, up->data)) >= 0) tu = term_take(t, i, &du);
+    } else {
+        st = tape_settle(t, gate->data);
+        if (!st) st = tape_settle(t, up->data);
+    }
     /* and the output's, which the down projection's matmul and LoRA read (shared_input) */
-    lmx_tensor ok = kg ? keep_room(t, n / cols, cols) : (lmx_tensor){0};
-    lmx_status st = guard(t, out->data);
-    if (!st && kg) st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy, ok.data ? &ok : NULL));
+    lmx_tensor ok = kg && !st ? keep_room(t, n / cols, cols) : (lmx_tensor){0};
+    if (!st) st = guard(t, out->data);
+    if (!st && kg)
+        st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy, ok.data ? &ok : NULL,
+                                      tg.xa ? &tg : NULL, tu.xa ? &tu : NULL));
     else if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
     const int v = st ? -1 : new_var(t, out->data, n / cols, cols, req);
     if (!st && v < 0) st = nomem(t);
@@ -395,7 +480,8 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
 static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = guard(t, x->data);
+    lmx_status st = tape_settle(t, NULL);
+    if (!st) st = guard(t, x->data);
     if (!st) st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
     if (st) return st;
     const int req = requires(t, vx);
@@ -486,7 +572,8 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
                                 int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = guard(t, out->data);
+    lmx_status st = tape_settle(t, NULL);
+    if (!st) st = guard(t, out->data);
     if (!st) st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
     if (st) return st;
     const int req = requires(t, vx), v = new_var(t, out->data, R, n, req);
@@ -504,12 +591,16 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
 static lmx_status w_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
                             float eps, float add_one) {
     lmx_tape *t = TAPE(be);
+    lmx_status st0 = tape_settle(t, NULL); /* whatever it reads holds its LoRA terms */
+    if (st0) return st0;
     FWD_START(out);
     return fwd_lap(t, T_RMSNORM, out, &fwd_t0, rec_rmsnorm(be, out, x, w, rows, n, eps, add_one));
 }
 static lmx_status w_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                            const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
+    lmx_status st0 = tape_settle(t, NULL); /* whatever it reads holds its LoRA terms */
+    if (st0) return st0;
     FWD_START(out);
     return fwd_lap(t, T_MATMUL, out, &fwd_t0, rec_matmul(be, out, x, w, bias, M));
 }
@@ -532,11 +623,15 @@ static lmx_status w_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate
 }
 static lmx_status w_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, int nh, int hd, const lmx_rope *rope) {
     lmx_tape *t = TAPE(be);
+    lmx_status st0 = tape_settle(t, NULL); /* whatever it reads holds its LoRA terms */
+    if (st0) return st0;
     FWD_START(x);
     return fwd_lap(t, T_ROPE, x, &fwd_t0, rec_rope(be, x, bt, nh, hd, rope));
 }
 static lmx_status w_attention(lmx_backend *be, const lmx_attn_args *a) {
     lmx_tape *t = TAPE(be);
+    lmx_status st0 = tape_settle(t, NULL); /* whatever it reads holds its LoRA terms */
+    if (st0) return st0;
     FWD_START(a->out);
     return fwd_lap(t, T_ATTENTION, a->out, &fwd_t0, rec_attention(be, a));
 }
@@ -564,22 +659,25 @@ static lmx_status w_alloc(lmx_backend *be, lmx_tensor *x) {
 }
 static void w_release(lmx_backend *be, lmx_tensor *x) {
     lmx_tape *t = TAPE(be);
-    if (x->data) guard(t, x->data); /* a failed copy leaves its keep lost: backward fails there */
+    if (x->data) tape_settle(t, x->data), guard(t, x->data); /* a failure leaves its keep lost: backward fails there */
     t->in->ops->release(t->in, x);
 }
 static lmx_status w_write(lmx_backend *be, lmx_tensor *x, size_t off, const void *src, size_t n) {
     lmx_tape *t = TAPE(be);
-    lmx_status st = guard(t, x->data);
+    lmx_status st = tape_settle(t, x->data);
+    if (!st) st = guard(t, x->data);
     if (!st) st = pass(t, t->in->ops->write(t->in, x, off, src, n));
     if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t);
     return st;
 }
 static lmx_status w_read(lmx_backend *be, const lmx_tensor *x, size_t off, void *dst, size_t n) {
-    return pass(TAPE(be), TAPE(be)->in->ops->read(TAPE(be)->in, x, off, dst, n));
+    lmx_status st = tape_settle(TAPE(be), x->data);
+    return st ? st : pass(TAPE(be), TAPE(be)->in->ops->read(TAPE(be)->in, x, off, dst, n));
 }
 static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *bt, const lmx_tensor *k,
                               const lmx_tensor *v) {
-    return pass(TAPE(be), TAPE(be)->in->ops->kv_append(TAPE(be)->in, kv, bt, k, v));
+    lmx_status st = tape_settle(TAPE(be), NULL);
+    return st ? st : pass(TAPE(be), TAPE(be)->in->ops->kv_append(TAPE(be)->in, kv, bt, k, v));
 }
 static lmx_status w_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems) {
     return pass(TAPE(be), TAPE(be)->in->ops->kv_reserve(TAPE(be)->in, kv, need, row_elems));
@@ -670,6 +768,7 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
 void lmx_tape_reset(lmx_tape *t) {
+    t->n_terms = 0; /* their records' xa go with the records */
     if (t->shared) unkeep(t, t->shared - 1);
     t->shared = 0;
     for (int i = 0; i < t->n_recs; i++) tape_rec_free(t, &t->recs[i]);
@@ -693,7 +792,10 @@ void lmx_tape_free(lmx_tape *t) {
 
 int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 
-lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) { return x->data ? guard(t, x->data) : LMX_OK; }
+lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) {
+    lmx_status st = x->data ? tape_settle(t, x->data) : LMX_OK;
+    return st || !x->data ? st : guard(t, x->data);
+}
 
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
     const int v = new_var(t, x->data, rows, cols, 1);

@@ -301,7 +301,7 @@ static int seed_var(lmx_tape *t, const lmx_tensor *y, int64_t n) {
 
 /* Walk the records from the last back to mark, then forget them. */
 static lmx_status walk_back(lmx_tape *t, int mark) {
-    lmx_status st = LMX_OK;
+    lmx_status st = tape_settle(t, NULL); /* the forward's values whole before any is read back */
     double t0 = 0;
     if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {

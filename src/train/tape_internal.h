@@ -60,6 +60,15 @@ typedef struct tape_watch {
     lmx_tensor *da, *db;
 } tape_watch;
 
+/* A LoRA expand not added yet (lmx_lora_term): it waits for the op that reads y next (a GLU, the residual
+ * add), which adds it in its own pass; any other op adds it first (tape_settle). */
+typedef struct tape_term {
+    void *y;                     /* the projection's output [rows, cols] f32 */
+    int64_t rows, cols;
+    lmx_tensor xa;               /* the shrink x A^T [rows, r] (its record owns it) */
+    const lmx_lora_pair *pair;   /* one pair for every row */
+} tape_term;
+#define TAPE_TERMS 3             /* q, k and v wait together */
 typedef struct tape_buf {
     const void *data;
     int var;
@@ -83,6 +92,8 @@ struct lmx_tape {
     int shared;                  /* keep id + 1 of the input last handed to matmul / lora as its copy (0: none) */
     double *prof;                /* non-NULL: seconds of each record kind's backward, waited for */
     double *prof_fwd;            /* non-NULL: seconds of each kind's recorded forward op (savings included) */
+    tape_term terms[TAPE_TERMS]; /* expands waiting, oldest first */
+    int n_terms;
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
 };
@@ -150,6 +161,8 @@ static inline void drop16(lmx_tape *t, int v) {
     if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
 }
 
+/* The waiting LoRA expands of buffer data (NULL: all of them) added now (tape.c) */
+lmx_status tape_settle(lmx_tape *t, const void *data);
 /* release record r's keeps and arrays (tape.c) */
 void tape_rec_free(lmx_tape *t, tape_rec *r);
 

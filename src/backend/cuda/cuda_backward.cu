@@ -847,4 +847,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_keep = */ cuda_bwd_rmsnorm_keep,
     /* .glu_redo = */ cuda_bwd_glu_redo,
     /* .rmsnorm_redo = */ cuda_bwd_rmsnorm_redo,
+    /* .lora_add = */ cuda_bwd_lora_add,
 };

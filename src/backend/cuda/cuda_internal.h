@@ -160,7 +160,8 @@ lmx_status cuda_topk(lmx_backend *be, const lmx_tensor *x, int R, int n, int k, 
  * (y [B, N] += scale_b * B_b (A_b x[b]) for each b with pairs[b] != NULL). */
 lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                      const lmx_lora_pair *const *pairs);
-/* the same, each segment's shrink x A^T written into xa [B*T, r] (training's lora_keep; T > 1) */
+/* the same, each segment's shrink x A^T written into xa [B*T, r] (training's lora_keep; T > 1; y NULL: the
+ * shrink alone) */
 lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs, float *xa);
 /* the rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's rmsnorm_keep; n > 256) */
@@ -168,6 +169,7 @@ lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *
                             float eps, float add_one, __nv_bfloat16 *o16);
 /* training's keeps (cuda_keep.cu): the backward ops keep, keep_dtype, restore, glu_keep, rmsnorm_keep,
  * glu_redo and rmsnorm_redo of backward.h, for cuda_backward.cu's table */
+struct lmx_lora_term; /* backward.h */
 lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
@@ -177,7 +179,15 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
 void cuda_park_free(cuda_backend *cb);
 void cuda_park_wait(cuda_backend *cb);
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                             lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok);
+                             lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok, const struct lmx_lora_term *tg,
+                             const struct lmx_lora_term *tu);
+/* LoRA terms left to the op that reads the projection (cuda_lora_term.cu): glu_keep's pass over gate and up
+ * with tg / tu added (*done 1; else, a rank the kernel does not take, the terms were added to gate and up
+ * in place by GEMMs and the caller runs its plain pass), and the lora_add backward op */
+lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
+                          __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const struct lmx_lora_term *tg,
+                          const struct lmx_lora_term *tu, int *done);
+lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const struct lmx_lora_term *term);
 lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                                  int n, float eps, float add_one, lmx_tensor *ok);
 lmx_status cuda_bwd_glu_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,

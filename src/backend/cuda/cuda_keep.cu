@@ -22,12 +22,20 @@ __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_
 }
 
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                               lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok) {
+                               lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok, const lmx_lora_term *tg,
+                               const lmx_lora_term *tu) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
     if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16 || (ok && ok->dtype != LMX_DTYPE_BF16))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: bf16 keeps only");
+    if (tg || tu) { /* the terms in the same pass (cuda_lora_term.cu), or added to gate and up first */
+        int done = 0;
+        st = cuda_glu_terms(cb, (float *)out->data, (const float *)gate->data, (const float *)up->data, n, (int)act,
+                            (__nv_bfloat16 *)gk->data, (__nv_bfloat16 *)uk->data,
+                            ok ? (__nv_bfloat16 *)ok->data : NULL, tg, tu, &done);
+        if (st || done) return st;
+    }
     k_glu_keep<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (__nv_bfloat16 *)gk->data,
                                                        (__nv_bfloat16 *)uk->data,
                                                        ok ? (__nv_bfloat16 *)ok->data : NULL,

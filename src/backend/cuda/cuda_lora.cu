@@ -341,7 +341,7 @@ static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, const
                           x + r0 * K, CUDA_R_32F, (int)K, &zero, t, CUDA_R_32F, r, CUBLAS_COMPUTE_32F_FAST_TF32,
                           CUBLAS_GEMM_DEFAULT);
     }
-    if (st == CUBLAS_STATUS_SUCCESS)
+    if (st == CUBLAS_STATUS_SUCCESS && y) /* y NULL: the shrink alone (lora_keep's deferred expand) */
         st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, r, &s, p->b.data, CUDA_R_32F, r, t,
                           CUDA_R_32F, r, &one, y + r0 * N, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F_FAST_TF32,
                           CUBLAS_GEMM_DEFAULT);
@@ -356,7 +356,10 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
 lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs, float *xa) {
     cuda_backend *cb = (cuda_backend *)be;
-    int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
+    const lmx_lora_pair *p0 = NULL;
+    for (int b = 0; b < B && !p0; b++) p0 = pairs[b];
+    if (!y && (!xa || T == 1)) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda lora: a shrink alone of one row");
+    int64_t K = x->shape[x->ndim - 1], N = y ? y->shape[y->ndim - 1] : p0 ? p0->b.shape[0] : 0;
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];
         if (p && !lmx_lora_pair_fits(p, K, N))
@@ -389,7 +392,7 @@ lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
         while (b1 < B && pairs[b1] == pairs[b0]) b1++;
         if (pairs[b0]) { /* t: the scratch, or xa's rows of the segment */
             const int64_t r0 = (int64_t)b0 * T;
-            lmx_status st = lora_segment(cb, (float *)y->data, xb ? NULL : (const float *)x->data,
+            lmx_status st = lora_segment(cb, y ? (float *)y->data : NULL, xb ? NULL : (const float *)x->data,
                                          xb ? (const __nv_bfloat16 *)x->data : NULL, K, N, r0, (int64_t)(b1 - b0) * T,
                                          pairs[b0], xa ? xa + r0 * pairs[b0]->a.shape[0] : t,
                                          xb ? (__nv_bfloat16 *)(t + t_len) : NULL);

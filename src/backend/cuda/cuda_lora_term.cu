@@ -1,0 +1,187 @@
+/* cuda_lora_term.cu - a training projection's LoRA expand added by the op that reads the projection next
+ * (backward.h's lmx_lora_term): the GLU over gate and up with their keeps (glu_keep), and the residual
+ * add of the o and down projections (lora_add).
+ *
+ * The expand y += s (x A^T) B^T on its own is a read and a write of y in f32 (1.4 GB a layer of an 8B
+ * model at 4,096 rows, 5% of its training step); inside the op that reads y anyway it costs only the
+ * products: each value is y[m, n] + sum_j xa[m, j] (s b[n, j]), rank R multiply-adds in f32 beside
+ * loads that the op makes anyway.  A block takes 256 columns (one a thread, its row of s B in
+ * registers) and TERM_ROWS rows (their xa in shared memory, read by every thread at once).  Ranks
+ * other than 8, 16 and 32 take the expand as a GEMM first (cuBLAS, TF32 as the lora op), then the op. */
+#include "cuda_internal.h"
+
+extern "C" {
+#include "../backward.h"
+}
+
+#define TERM_ROWS 32
+#define TERM_COLS 256
+
+/* b = s * B[c, :] (B [N, R] f32, rows 16-byte aligned) */
+template <int R> static __device__ __forceinline__ void term_row(float (&b)[R], const float *B, int64_t c, float s) {
+    const float4 *p = (const float4 *)(B + c * R);
+#pragma unroll
+    for (int j = 0; j < R / 4; j++) {
+        const float4 v = __ldg(p + j);
+        b[4 * j] = s * v.x, b[4 * j + 1] = s * v.y, b[4 * j + 2] = s * v.z, b[4 * j + 3] = s * v.w;
+    }
+}
+
+/* sum_j xa[j] b[j] (xa: a row in shared memory, the same for every thread) */
+template <int R> static __device__ __forceinline__ float term_dot(const float (&b)[R], const float *xa) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < R / 4; j++) {
+        const float4 x = ((const float4 *)xa)[j];
+        acc = __fmaf_rn(x.x, b[4 * j], acc);
+        acc = __fmaf_rn(x.y, b[4 * j + 1], acc);
+        acc = __fmaf_rn(x.z, b[4 * j + 2], acc);
+        acc = __fmaf_rn(x.w, b[4 * j + 3], acc);
+    }
+    return acc;
+}
+
+/* The block's rows of xa [rows, R] into sx [TERM_ROWS * R] (nr rows from r0) */
+template <int R> static __device__ __forceinline__ void term_rows(float *sx, const float *xa, int64_t r0, int nr) {
+    for (int i = threadIdx.x; i < nr * R; i += blockDim.x) sx[i] = xa[r0 * R + i];
+}
+
+/* One term as the kernels read it: xa [rows, R], B [N, R], scale (xa NULL: none) */
+struct term_arg {
+    const float *xa, *b;
+    float s;
+};
+
+/* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g); keeps of g', u' (and o: ok non-NULL) */
+template <int R>
+__global__ void __launch_bounds__(TERM_COLS) k_glu_terms(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
+                                                         __nv_bfloat16 *ok, const float *g, const float *u,
+                                                         int64_t rows, int64_t N, int act, term_arg tg, term_arg tu) {
+    __shared__ __align__(16) float sx[2][TERM_ROWS * R];
+    const int64_t r0 = (int64_t)blockIdx.y * TERM_ROWS, c = (int64_t)blockIdx.x * TERM_COLS + threadIdx.x;
+    const int nr = (int)(rows - r0 < TERM_ROWS ? rows - r0 : TERM_ROWS);
+    if (tg.xa) term_rows<R>(sx[0], tg.xa, r0, nr);
+    if (tu.xa) term_rows<R>(sx[1], tu.xa, r0, nr);
+    float bg[R], bu[R];
+    if (c < N && tg.xa) term_row<R>(bg, tg.b, c, tg.s);
+    if (c < N && tu.xa) term_row<R>(bu, tu.b, c, tu.s);
+    __syncthreads();
+    if (c >= N) return;
+#pragma unroll 4
+    for (int i = 0; i < nr; i++) {
+        const int64_t e = (r0 + i) * N + c;
+        float gi = g[e], ui = u[e];
+        if (tg.xa) gi += term_dot<R>(bg, sx[0] + i * R);
+        if (tu.xa) ui += term_dot<R>(bu, sx[1] + i * R);
+        const float oi = glu_act(gi, act) * ui;
+        gk[e] = __float2bfloat16(gi);
+        uk[e] = __float2bfloat16(ui);
+        o[e] = oi;
+        if (ok) ok[e] = __float2bfloat16(oi);
+    }
+}
+
+/* y += x + term (x NULL: y += term) */
+template <int R>
+__global__ void __launch_bounds__(TERM_COLS) k_add_term(float *y, const float *x, int64_t rows, int64_t N, term_arg t) {
+    __shared__ __align__(16) float sx[TERM_ROWS * R];
+    const int64_t r0 = (int64_t)blockIdx.y * TERM_ROWS, c = (int64_t)blockIdx.x * TERM_COLS + threadIdx.x;
+    const int nr = (int)(rows - r0 < TERM_ROWS ? rows - r0 : TERM_ROWS);
+    term_rows<R>(sx, t.xa, r0, nr);
+    float b[R];
+    if (c < N) term_row<R>(b, t.b, c, t.s);
+    __syncthreads();
+    if (c >= N) return;
+#pragma unroll 4
+    for (int i = 0; i < nr; i++) {
+        const int64_t e = (r0 + i) * N + c;
+        y[e] += (x ? x[e] : 0.0f) + term_dot<R>(b, sx + i * R);
+    }
+}
+
+/* ---- host ----------------------------------------------------------------------------------------- */
+
+/* The term's rank where the kernels take it (8, 16, 32; xa and B 16-byte aligned), else 0; *N its
+ * columns.  LMX_ERR_SHAPE where it does not cover n values. */
+static lmx_status term_rank(cuda_backend *cb, const lmx_lora_term *t, int64_t n, int *rank, int64_t *N) {
+    const int64_t r = t->pair->a.shape[0], cols = t->pair->b.shape[0], rows = t->xa->shape[0];
+    if (t->xa->dtype != LMX_DTYPE_F32 || t->xa->shape[t->xa->ndim - 1] != r || rows * cols != n)
+        return lmx_err_set(&cb->base.err, LMX_ERR_SHAPE, "lora term: x A^T [%lld, %lld] does not cover %lld values of %lld columns",
+                           (long long)rows, (long long)t->xa->shape[t->xa->ndim - 1], (long long)n, (long long)cols);
+    const int aligned = (((uintptr_t)t->xa->data | (uintptr_t)t->pair->b.data) & 15) == 0;
+    const int fits = rows <= 65535LL * TERM_ROWS; /* the grid's rows of blocks */
+    *rank = aligned && fits && (r == 8 || r == 16 || r == 32) ? (int)r : 0;
+    *N = cols;
+    return LMX_OK;
+}
+
+/* y += term as a GEMM: y [rows, N] += s xa B^T (TF32, as the lora op's expand) */
+static lmx_status term_gemm(cuda_backend *cb, float *y, const lmx_lora_term *t) {
+    const int r = (int)t->pair->a.shape[0], N = (int)t->pair->b.shape[0], rows = (int)t->xa->shape[0];
+    const float s = t->pair->scale, one = 1.0f;
+    const cublasStatus_t st =
+        cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, r, &s, t->pair->b.data, CUDA_R_32F, r, t->xa->data,
+                     CUDA_R_32F, r, &one, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, st, "lora term");
+}
+
+static term_arg term_of(const lmx_lora_term *t) {
+    return t ? term_arg{(const float *)t->xa->data, (const float *)t->pair->b.data, t->pair->scale}
+             : term_arg{NULL, NULL, 0.0f};
+}
+
+static dim3 term_grid(int64_t rows, int64_t N) {
+    return dim3((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TERM_ROWS - 1) / TERM_ROWS));
+}
+
+lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
+                          __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const lmx_lora_term *tg,
+                          const lmx_lora_term *tu, int *done) {
+    int rg = 0, ru = 0;
+    int64_t N = 0, Nu = 0;
+    lmx_status st = tg ? term_rank(cb, tg, n, &rg, &N) : LMX_OK;
+    if (!st && tu) st = term_rank(cb, tu, n, &ru, &Nu);
+    if (st) return st;
+    const int R = tg ? rg : ru;
+    *done = 0;
+    if (!R || (tg && tu && (rg != ru || N != Nu))) { /* the GEMMs into gate and up, then the plain kernel */
+        if (tg && (st = term_gemm(cb, (float *)gate, tg))) return st;
+        if (tu) st = term_gemm(cb, (float *)up, tu);
+        return st;
+    }
+    if (!tg) N = Nu;
+    const int64_t rows = n / N;
+    const dim3 grid = term_grid(rows, N);
+    const term_arg ag = term_of(tg), au = term_of(tu);
+    switch (R) {
+    case 8: k_glu_terms<8><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
+    case 16: k_glu_terms<16><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
+    default: k_glu_terms<32><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
+    }
+    *done = 1;
+    return cuda_check_launch(cb, "glu with lora terms");
+}
+
+lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const lmx_lora_term *term) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    int R = 0;
+    int64_t N = 0;
+    if ((st = term_rank(cb, term, n, &R, &N))) return st;
+    if (!R) { /* the GEMM, then the add op */
+        if ((st = term_gemm(cb, (float *)y->data, term))) return st;
+        return x ? be->ops->add(be, y, x, n) : LMX_OK;
+    }
+    const int64_t rows = n / N;
+    const dim3 grid = term_grid(rows, N);
+    const term_arg a = term_of(term);
+    float *yd = (float *)y->data;
+    const float *xd = x ? (const float *)x->data : NULL;
+    switch (R) {
+    case 8: k_add_term<8><<<grid, TERM_COLS, 0, cb->stream>>>(yd, xd, rows, N, a); break;
+    case 16: k_add_term<16><<<grid, TERM_COLS, 0, cb->stream>>>(yd, xd, rows, N, a); break;
+    default: k_add_term<32><<<grid, TERM_COLS, 0, cb->stream>>>(yd, xd, rows, N, a); break;
+    }
+    return cuda_check_launch(cb, "add with a lora term");
+}
