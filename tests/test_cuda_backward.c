@@ -119,8 +119,7 @@ static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_
 }
 
 /* kept: gate from a bf16 keep, and up too for GELU (a layer's kept gate beside its up still in f32) */
-static void test_elementwise(int kept) {
-    const int64_t n = 1001;
+static void test_elementwise(int kept, int64_t n) {
     for (int act_i = 0; act_i < 2; act_i++) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         tpair g = rand_in(1, n, 4.0f, kept), u = rand_in(1, n, 2.0f, kept && act_i), dy = rand_both(1, n, 1.0f);
@@ -143,7 +142,7 @@ static void test_elementwise(int kept) {
  * op's test tolerances), and the keeps equal to gate's, up's and (with GELU) out's values rounded to
  * bf16, bit for bit */
 static void test_glu_keep(void) {
-    const int64_t n = 3001;
+    for (int64_t n = 3000; n <= 3001; n++) /* four values a thread, and one */
     for (int act_i = 0; act_i < 2; act_i++) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         float *gv = rand_vec(n, 4.0f), *uv = rand_vec(n, 2.0f);
@@ -293,7 +292,7 @@ static int64_t off_bf16(const float *got, const float *ref, int64_t n) {
  * cpu's ops on the same values rounded to bf16 (within a step); from f32, the f32 forward ops' outputs
  * rounded (the norm of rows over 256: bit for bit), and f32 out where keeps are f32 */
 static void test_redo(void) {
-    const int64_t n = 3001;
+    for (int64_t n = 3000; n <= 3001; n++) /* four values a thread, and one */
     for (int act_i = 0; act_i < 2; act_i++) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         for (int mix = 0; mix < 3; mix++) { /* gate and up kept bf16; gate f32 and up bf16; both f32 into f32 */
@@ -409,7 +408,7 @@ static void test_offload(void) {
 /* glu backward into bf16 gradients (the tape's for a GLU's gate and up): the f32 ones rounded to bf16,
  * bit for bit; and the bf16 form refuses to add (fresh must be 3) */
 static void test_glu_bwd16(void) {
-    const int64_t n = 2999;
+    for (int64_t n = 2999; n <= 3000; n++) /* one value a thread, and four */
     for (int act_i = 0; act_i < 2; act_i++) {
         const lmx_act a = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         tpair g = rand_in(1, n, 4.0f, 1), u = rand_in(1, n, 2.0f, act_i), dy = rand_both(1, n, 1.0f);
@@ -600,8 +599,10 @@ int main(void) {
     test_lora(1, 0, 0, 1, 0); /* an f32 x (dropout's copy) beside it */
     test_lora(1, 1, 1, 1, 1); /* x A^T from the forward (lora_keep), as the tape runs it */
     test_lora(0, 0, 0, 0, 1);
-    test_elementwise(0);
-    test_elementwise(1);
+    test_elementwise(0, 1001);
+    test_elementwise(1, 1001);
+    test_elementwise(0, 1024); /* four values a thread */
+    test_elementwise(1, 1024);
     test_glu_keep();
     test_lora_terms(16, 3);
     test_lora_terms(8, 1);

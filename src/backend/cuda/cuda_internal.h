@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <initializer_list>
+
 extern "C" {
 #include "../backend.h"
 #include "../../formats/ggml_types.h"
@@ -375,6 +377,28 @@ lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, co
 static __device__ __forceinline__ float cuda_ld_f(const float *p) { return __ldg(p); }
 static __device__ __forceinline__ float cuda_ld_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 static __device__ __forceinline__ float cuda_ld_f(const __half *p) { return __half2float(*p); }
+
+/* Four consecutive values as floats, and four floats stored rounded to the pointer's type (f32: 16-byte
+ * aligned; bf16: 8): the elementwise kernels' vector form, four values a thread. */
+static __device__ __forceinline__ float4 cuda_ld4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ float4 cuda_ld4(const __nv_bfloat16 *p) {
+    const uint2 u = *(const uint2 *)p;
+    const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), hi = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+static __device__ __forceinline__ void cuda_st4(float *p, float4 v) { *(float4 *)p = v; }
+static __device__ __forceinline__ void cuda_st4(__nv_bfloat16 *p, float4 v) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    *(uint2 *)p = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+}
+/* Whether pointers p[0..n) (NULL ones left out) all take cuda_ld4 / cuda_st4 at every fourth value (16-byte
+ * aligned: bf16 needs only 8, asked the same for simplicity) and the count is a multiple of four. */
+static inline int cuda_vec4_ok(int64_t count, std::initializer_list<const void *> ps) {
+    if (count % 4) return 0;
+    for (const void *p : ps)
+        if ((uintptr_t)p % 16) return 0;
+    return 1;
+}
 
 /* RoPE's rotation of the pair (x1, x2) by (c, s): ya = x1 c - x2 s, yb = x2 c + x1 s, rounded alike (one fma
  * over a rounded product) in every kernel that rotates (k_rope, k_norm_rope, the attention's fold), which the

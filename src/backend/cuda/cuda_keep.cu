@@ -10,15 +10,25 @@ extern "C" {
 
 /* out = act(g) u as the glu op computes it (out may be g), and bf16 copies of g and u (and of out: ok
  * non-NULL) */
+template <int V>
 __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const float *g,
                            const float *u, int64_t n, int act) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float gi = g[i], ui = u[i], oi = glu_act(gi, act) * ui;
-        gk[i] = __float2bfloat16(gi);
-        uk[i] = __float2bfloat16(ui);
-        o[i] = oi;
-        if (ok) ok[i] = __float2bfloat16(oi);
-    }
+    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += V * (int64_t)gridDim.x * blockDim.x)
+        if constexpr (V == 4) {
+            const float4 a = cuda_ld4(g + i), b = cuda_ld4(u + i);
+            const float4 y = make_float4(glu_act(a.x, act) * b.x, glu_act(a.y, act) * b.y, glu_act(a.z, act) * b.z,
+                                         glu_act(a.w, act) * b.w);
+            cuda_st4(gk + i, a);
+            cuda_st4(uk + i, b);
+            cuda_st4(o + i, y);
+            if (ok) cuda_st4(ok + i, y);
+        } else {
+            const float gi = g[i], ui = u[i], oi = glu_act(gi, act) * ui;
+            gk[i] = __float2bfloat16(gi);
+            uk[i] = __float2bfloat16(ui);
+            o[i] = oi;
+            if (ok) ok[i] = __float2bfloat16(oi);
+        }
 }
 
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
@@ -36,10 +46,14 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
                             ok ? (__nv_bfloat16 *)ok->data : NULL, tg, tu, &done);
         if (st || done) return st;
     }
-    k_glu_keep<<<cuda_ew_grid(n), 256, 0, cb->stream>>>((float *)out->data, (__nv_bfloat16 *)gk->data,
-                                                       (__nv_bfloat16 *)uk->data,
-                                                       ok ? (__nv_bfloat16 *)ok->data : NULL,
-                                                       (const float *)gate->data, (const float *)up->data, n, (int)act);
+    float *o = (float *)out->data;
+    const float *g = (const float *)gate->data, *u = (const float *)up->data;
+    __nv_bfloat16 *g16 = (__nv_bfloat16 *)gk->data, *u16 = (__nv_bfloat16 *)uk->data,
+                  *o16 = ok ? (__nv_bfloat16 *)ok->data : NULL;
+    if (cuda_vec4_ok(n, {o, g, u, g16, u16, o16}))
+        k_glu_keep<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
+    else
+        k_glu_keep<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
     return cuda_check_launch(cb, "glu");
 }
 
@@ -56,18 +70,27 @@ lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_ten
 /* ---- values made again in backward (the tape's redo keeps) -------------------------------------- */
 
 /* o = act(g) u rounded to O, from gate and up as kept (f32 or bf16) */
-template <typename O, typename G, typename U>
+template <int V, typename O, typename G, typename U>
 __global__ void k_glu_redo(O *o, const G *g, const U *u, int64_t n, int act) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        o[i] = O(glu_act(cuda_ld_f(g + i), act) * cuda_ld_f(u + i));
+    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += V * (int64_t)gridDim.x * blockDim.x)
+        if constexpr (V == 4) {
+            const float4 a = cuda_ld4(g + i), b = cuda_ld4(u + i);
+            cuda_st4(o + i, make_float4(glu_act(a.x, act) * b.x, glu_act(a.y, act) * b.y, glu_act(a.z, act) * b.z,
+                                        glu_act(a.w, act) * b.w));
+        } else {
+            o[i] = O(glu_act(cuda_ld_f(g + i), act) * cuda_ld_f(u + i));
+        }
+}
+
+template <typename O, typename G, typename U> static void glu_redo_go(cuda_backend *cb, O *o, const G *g, const U *u, int64_t n, int act) {
+    if (cuda_vec4_ok(n, {o, g, u})) k_glu_redo<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g, u, n, act);
+    else k_glu_redo<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, u, n, act);
 }
 
 template <typename O, typename G>
 static void glu_redo_launch(cuda_backend *cb, O *o, const G *g, const lmx_tensor *up, int64_t n, int act) {
-    if (up->dtype == LMX_DTYPE_BF16)
-        k_glu_redo<<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, (const __nv_bfloat16 *)up->data, n, act);
-    else
-        k_glu_redo<<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, (const float *)up->data, n, act);
+    if (up->dtype == LMX_DTYPE_BF16) glu_redo_go(cb, o, g, (const __nv_bfloat16 *)up->data, n, act);
+    else glu_redo_go(cb, o, g, (const float *)up->data, n, act);
 }
 
 lmx_status cuda_bwd_glu_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,

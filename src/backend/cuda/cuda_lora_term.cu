@@ -16,6 +16,7 @@ extern "C" {
 
 #define TERM_ROWS 32
 #define TERM_COLS 256
+#define TERM_BATCH 8 /* rows a thread loads at once */
 
 /* b = s * B[c, :] (B [N, R] f32, rows 16-byte aligned) */
 template <int R> static __device__ __forceinline__ void term_row(float (&b)[R], const float *B, int64_t c, float s) {
@@ -54,7 +55,7 @@ struct term_arg {
 
 /* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g); keeps of g', u' (and o: ok non-NULL) */
 template <int R>
-__global__ void __launch_bounds__(TERM_COLS) k_glu_terms(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
+__global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
                                                          __nv_bfloat16 *ok, const float *g, const float *u,
                                                          int64_t rows, int64_t N, int act, term_arg tg, term_arg tu) {
     __shared__ __align__(16) float sx[2][TERM_ROWS * R];
@@ -67,23 +68,29 @@ __global__ void __launch_bounds__(TERM_COLS) k_glu_terms(float *o, __nv_bfloat16
     if (c < N && tu.xa) term_row<R>(bu, tu.b, c, tu.s);
     __syncthreads();
     if (c >= N) return;
-#pragma unroll 4
-    for (int i = 0; i < nr; i++) {
-        const int64_t e = (r0 + i) * N + c;
-        float gi = g[e], ui = u[e];
-        if (tg.xa) gi += term_dot<R>(bg, sx[0] + i * R);
-        if (tu.xa) ui += term_dot<R>(bu, sx[1] + i * R);
-        const float oi = glu_act(gi, act) * ui;
-        gk[e] = __float2bfloat16(gi);
-        uk[e] = __float2bfloat16(ui);
-        o[e] = oi;
-        if (ok) ok[e] = __float2bfloat16(oi);
+    for (int i0 = 0; i0 < nr; i0 += TERM_BATCH) { /* the batch's loads all out before its stores (o may be g) */
+        float gv[TERM_BATCH], uv[TERM_BATCH];
+#pragma unroll
+        for (int k = 0; k < TERM_BATCH; k++)
+            if (i0 + k < nr) gv[k] = g[(r0 + i0 + k) * N + c], uv[k] = u[(r0 + i0 + k) * N + c];
+#pragma unroll
+        for (int k = 0; k < TERM_BATCH; k++) {
+            if (i0 + k >= nr) break;
+            const int64_t e = (r0 + i0 + k) * N + c;
+            const float gi = tg.xa ? gv[k] + term_dot<R>(bg, sx[0] + (i0 + k) * R) : gv[k];
+            const float ui = tu.xa ? uv[k] + term_dot<R>(bu, sx[1] + (i0 + k) * R) : uv[k];
+            const float oi = glu_act(gi, act) * ui;
+            gk[e] = __float2bfloat16(gi);
+            uk[e] = __float2bfloat16(ui);
+            o[e] = oi;
+            if (ok) ok[e] = __float2bfloat16(oi);
+        }
     }
 }
 
 /* y += x + term (x NULL: y += term) */
 template <int R>
-__global__ void __launch_bounds__(TERM_COLS) k_add_term(float *y, const float *x, int64_t rows, int64_t N, term_arg t) {
+__global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 3) k_add_term(float *y, const float *x, int64_t rows, int64_t N, term_arg t) {
     __shared__ __align__(16) float sx[TERM_ROWS * R];
     const int64_t r0 = (int64_t)blockIdx.y * TERM_ROWS, c = (int64_t)blockIdx.x * TERM_COLS + threadIdx.x;
     const int nr = (int)(rows - r0 < TERM_ROWS ? rows - r0 : TERM_ROWS);
@@ -92,10 +99,14 @@ __global__ void __launch_bounds__(TERM_COLS) k_add_term(float *y, const float *x
     if (c < N) term_row<R>(b, t.b, c, t.s);
     __syncthreads();
     if (c >= N) return;
-#pragma unroll 4
-    for (int i = 0; i < nr; i++) {
-        const int64_t e = (r0 + i) * N + c;
-        y[e] += (x ? x[e] : 0.0f) + term_dot<R>(b, sx + i * R);
+    for (int i0 = 0; i0 < nr; i0 += TERM_BATCH) { /* loads before stores, as k_glu_terms */
+        float yv[TERM_BATCH], xv[TERM_BATCH];
+#pragma unroll
+        for (int k = 0; k < TERM_BATCH; k++)
+            if (i0 + k < nr) yv[k] = y[(r0 + i0 + k) * N + c], xv[k] = x ? x[(r0 + i0 + k) * N + c] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < TERM_BATCH; k++)
+            if (i0 + k < nr) y[(r0 + i0 + k) * N + c] = yv[k] + (xv[k] + term_dot<R>(b, sx + (i0 + k) * R));
     }
 }
 
