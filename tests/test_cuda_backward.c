@@ -229,6 +229,33 @@ static void test_lora_terms(int r, int which) {
         check_both(what, &y, 2e-3);
         drop(&xx);
     }
+    /* the lora_glu and lora_add ops (backend.h): one sequence of all the rows (the shrinks, then the kernels
+     * above), and the rows as one-row sequences (decode: the lora ops, then the glu op) */
+    const lmx_lora_pair **gg = calloc(rows, sizeof *gg), **gu = calloc(rows, sizeof *gu);
+    const lmx_lora_pair **cg = calloc(rows, sizeof *cg), **cu = calloc(rows, sizeof *cu);
+    for (int i = 0; i < rows; i++) {
+        gg[i] = which & 1 ? &pg[0] : NULL, gu[i] = which & 2 ? &pg[1] : NULL;
+        cg[i] = which & 1 ? &pc[0] : NULL, cu[i] = which & 2 ? &pc[1] : NULL;
+    }
+    for (int one_row = 0; one_row < 2; one_row++) {
+        const int B = one_row ? rows : 1, T = one_row ? 1 : rows;
+        tpair g = rand_both(rows, N, 3.0f), u = rand_both(rows, N, 2.0f);
+        CHECK(gpu->ops->lora_glu(gpu, &g.g, &g.g, &u.g, &x.g, B, T, gg, gu, n, LMX_ACT_SILU) == LMX_OK);
+        if (which & 1) CHECK(cpu->ops->lora(cpu, &g.c, &x.c, B, T, cg) == LMX_OK);
+        if (which & 2) CHECK(cpu->ops->lora(cpu, &u.c, &x.c, B, T, cu) == LMX_OK);
+        CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, LMX_ACT_SILU) == LMX_OK);
+        snprintf(what, sizeof what, "lora_glu op (rank %d, terms %d, %d rows a sequence)", r, which, T);
+        check_both(what, &g, 2e-3);
+        drop(&u);
+        tpair y = rand_both(rows, N, 1.0f), pj = rand_both(rows, N, 1.0f);
+        CHECK(gpu->ops->lora_add(gpu, &y.g, &pj.g, &x.g, B, T, gg[0] ? gg : gu, n) == LMX_OK);
+        CHECK(cpu->ops->lora(cpu, &pj.c, &x.c, B, T, gg[0] ? cg : cu) == LMX_OK);
+        CHECK(cpu->ops->add(cpu, &y.c, &pj.c, n) == LMX_OK);
+        snprintf(what, sizeof what, "lora_add op (rank %d, %d rows a sequence)", r, T);
+        check_both(what, &y, 2e-3);
+        drop(&pj);
+    }
+    free(gg), free(gu), free(cg), free(cu);
     for (int i = 0; i < 2; i++) drop(&a[i]), drop(&b[i]), gpu->ops->release(gpu, &xa[i]);
     drop(&x);
 }

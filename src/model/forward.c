@@ -103,7 +103,7 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     if (B > ws->max_batch) {
         lmx_kv_layer **kv = realloc(ws->kv, (size_t)B * sizeof *kv);
         if (kv) ws->kv = kv;
-        const lmx_lora_pair **lora = kv ? realloc(ws->lora, (size_t)B * sizeof *lora) : NULL;
+        const lmx_lora_pair **lora = kv ? realloc(ws->lora, (size_t)2 * B * sizeof *lora) : NULL;
         if (lora) ws->lora = lora;
         if (!kv || !lora) return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
         ws->max_batch = B;
@@ -150,22 +150,40 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
     return LMX_OK;
 }
 
+/* Projection p's pair of each sequence into pairs [B]: whether any sequence has one. */
+static int lora_pairs(const lmx_adapter *const *ad, int l, lmx_proj p, int B, const lmx_lora_pair **pairs) {
+    int any = 0;
+    for (int b = 0; b < B; b++) {
+        pairs[b] = ad && ad[b] ? lmx_adapter_pair(ad[b], l, p) : NULL;
+        any |= pairs[b] != NULL;
+    }
+    return any;
+}
+
 /* After projection p's matmul y = x W^T of layer l: y += s B (A x) for each sequence whose adapter
  * adapts it (none: nothing runs). */
 static lmx_status lora(lmx_model *m, const lmx_adapter *const *ad, int l, lmx_proj p, lmx_tensor *y,
                        const lmx_tensor *x, const lmx_batch *bt) {
-    if (!ad) return LMX_OK;
+    if (!ad || !lora_pairs(ad, l, p, bt->B, m->ws.lora)) return LMX_OK;
     lmx_backend *be = m->be;
-    int any = 0;
-    for (int b = 0; b < bt->B; b++) {
-        m->ws.lora[b] = ad[b] ? lmx_adapter_pair(ad[b], l, p) : NULL;
-        any |= m->ws.lora[b] != NULL;
-    }
-    if (!any) return LMX_OK;
     if (!be->ops->lora)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend does not apply LoRA adapters", be->ops->name);
     TRY(be->ops->lora(be, y, x, bt->B, bt->T, m->ws.lora));
     return LMX_OK;
+}
+
+/* The residual add x += proj after projection p (input in) with its pairs' expand: one op where the
+ * backend has lora_add, else the lora op and the add op. */
+static lmx_status lora_then_add(lmx_model *m, const lmx_adapter *const *ad, int l, lmx_proj p, lmx_tensor *proj,
+                                const lmx_tensor *in, const lmx_batch *bt, int64_t n) {
+    lmx_backend *be = m->be;
+    if (ad && be->ops->lora_add && lora_pairs(ad, l, p, bt->B, m->ws.lora)) {
+        TRY(be->ops->lora_add(be, &m->ws.x, proj, in, bt->B, bt->T, m->ws.lora, n));
+        return LMX_OK;
+    }
+    lmx_status st = lora(m, ad, l, p, proj, in, bt);
+    if (!st) st = be->ops->add(be, &m->ws.x, proj, n);
+    return st;
 }
 
 static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad,
@@ -212,9 +230,9 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
         TRY(op->kv_append(be, kv, bt, &k, &v));
 
     TRY(op->matmul(be, &ws->proj, &att, &L->wo, bias(&L->bo), M));
+    if (!L->post_attn_norm.data) return lora_then_add(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt, (int64_t)M * c->hidden);
     if ((st = lora(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt))) return st;
-    if (L->post_attn_norm.data)
-        TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, eps, one));
+    TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));
     return LMX_OK;
 }
@@ -235,10 +253,17 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     TRY(op->matmul(be, &gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
     TRY(op->matmul(be, &up, &ws->xn, &L->w_up, bias(&L->b_up), M));
     lmx_status st;
-    if ((st = lora(m, ad, l, LMX_PROJ_GATE, &gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &up, &ws->xn, bt)))
-        return st;
-    TRY(op->glu(be, &gate, &gate, &up, (int64_t)M * F, c->act));
+    const lmx_lora_pair **pg = ws->lora, **pu = ws->lora + bt->B; /* [B] each */
+    if (ad && op->lora_glu && (lora_pairs(ad, l, LMX_PROJ_GATE, bt->B, pg) | lora_pairs(ad, l, LMX_PROJ_UP, bt->B, pu))) {
+        TRY(op->lora_glu(be, &gate, &gate, &up, &ws->xn, bt->B, bt->T, pg, pu, (int64_t)M * F, c->act));
+    } else {
+        if ((st = lora(m, ad, l, LMX_PROJ_GATE, &gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &up, &ws->xn, bt)))
+            return st;
+        TRY(op->glu(be, &gate, &gate, &up, (int64_t)M * F, c->act));
+    }
     TRY(op->matmul(be, &ws->proj, &gate, &L->w_down, bias(&L->b_down), M));
+    if (!(L->moe && c->moe_beside_mlp) && !L->post_ffn_norm.data)
+        return lora_then_add(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &gate, bt, MC);
     if ((st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &gate, bt))) return st;
     if (L->moe && c->moe_beside_mlp) { /* gemma4: the experts beside the MLP, each output normed, then summed */
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm_1, M, c->hidden, eps, one));

@@ -740,6 +740,8 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.upload_weight_host = NULL; /* weights are bound before any tape */
     t->ops.trim_scratch = NULL;       /* trim (w_trim) does it all */
     t->ops.read_ahead = NULL;         /* its reads go through w_read */
+    t->ops.lora_glu = NULL;           /* the lora, glu and add records (their expands wait: tape_term) */
+    t->ops.lora_add = NULL;
     t->base.ops = &t->ops;
     *out = t;
     return LMX_OK;

@@ -439,6 +439,10 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
 
 /* the ops, through the decode-graph layer (cuda_graph.cu) */
 lmx_status cuda_op_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, size_t n);
+lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x, int B,
+                            int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n, lmx_act act);
+lmx_status cuda_op_lora_add(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, const lmx_tensor *x, int B, int T,
+                            const lmx_lora_pair *const *pairs, int64_t n);
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s);
 lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                            int n, float eps, float add_one);
@@ -520,6 +524,8 @@ static const lmx_backend_ops cuda_ops = {
     /* .upload_weight_host = */ cuda_upload_weight_host,
     /* .trim_scratch = */ cuda_trim_scratch,
     /* .read_ahead = */ cuda_op_read_ahead,
+    /* .lora_glu = */ cuda_op_lora_glu,
+    /* .lora_add = */ cuda_op_lora_add,
 };
 
 extern "C" int lmx_cuda_device_count(void) {

@@ -41,6 +41,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_GEMV,      /* tensor-core GEMV: K parts' tickets and sums       see cuda_gemv_tc.cu */
        CUDA_SCRATCH_MOE_ROWS,  /* a mixture of experts over many rows: places, rows grouped by expert
                                   see cuda_moe_grouped.cu */
+       CUDA_SCRATCH_TERM,      /* lora_glu / lora_add: the shrinks x A^T            [2, M, r] */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per
@@ -190,6 +191,12 @@ lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const
                           __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const struct lmx_lora_term *tg,
                           const struct lmx_lora_term *tu, int *done);
 lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const struct lmx_lora_term *term);
+/* the ops table's entries the lora_glu and lora_add ops fall back on (cuda_graph.cu: decode graphs see them) */
+lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                        const lmx_lora_pair *const *pairs);
+lmx_status cuda_op_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
+lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, const lmx_tensor *u, int64_t n,
+                       lmx_act act);
 lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                                  int n, float eps, float add_one, lmx_tensor *ok);
 lmx_status cuda_bwd_glu_redo(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,

@@ -1,6 +1,8 @@
-/* cuda_lora_term.cu - a training projection's LoRA expand added by the op that reads the projection next
- * (backward.h's lmx_lora_term): the GLU over gate and up with their keeps (glu_keep), and the residual
- * add of the o and down projections (lora_add).
+/* cuda_lora_term.cu - a projection's LoRA expand added by the op that reads the projection next: the GLU
+ * over gate and up, and the residual add of the o and down projections.  Training's recorded forward
+ * hands the expands over as terms (backward.h's lmx_lora_term: glu_keep, which also writes the keeps, and
+ * the lora_add backward op); prefill and training's unrecorded forward call the lora_glu and lora_add ops
+ * (backend.h), which shrink first and then run the same kernels.
  *
  * The expand y += s (x A^T) B^T on its own is a read and a write of y in f32 (1.4 GB a layer of an 8B
  * model at 4,096 rows, 5% of its training step); inside the op that reads y anyway it costs only the
@@ -53,7 +55,7 @@ struct term_arg {
     float s;
 };
 
-/* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g); keeps of g', u' (and o: ok non-NULL) */
+/* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g); keeps of g', u' (gk non-NULL; and of o: ok) */
 template <int R>
 __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
                                                          __nv_bfloat16 *ok, const float *g, const float *u,
@@ -80,8 +82,7 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float 
             const float gi = tg.xa ? gv[k] + term_dot<R>(bg, sx[0] + (i0 + k) * R) : gv[k];
             const float ui = tu.xa ? uv[k] + term_dot<R>(bu, sx[1] + (i0 + k) * R) : uv[k];
             const float oi = glu_act(gi, act) * ui;
-            gk[e] = __float2bfloat16(gi);
-            uk[e] = __float2bfloat16(ui);
+                if (gk) gk[e] = __float2bfloat16(gi), uk[e] = __float2bfloat16(ui);
             o[e] = oi;
             if (ok) ok[e] = __float2bfloat16(oi);
         }
@@ -195,4 +196,71 @@ lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x
     default: k_add_term<32><<<grid, TERM_COLS, 0, cb->stream>>>(yd, xd, rows, N, a); break;
     }
     return cuda_check_launch(cb, "add with a lora term");
+}
+
+/* ---- the lora_glu and lora_add ops (backend.h) ----------------------------------------------------- */
+
+/* The pair every one of B sequences has, or NULL (none, or not one for all) */
+static const lmx_lora_pair *one_pair(const lmx_lora_pair *const *pairs, int B) {
+    for (int b = 0; b < B; b++)
+        if (!pairs[b] || pairs[b] != pairs[0]) return NULL;
+    return B > 0 ? pairs[0] : NULL;
+}
+
+static int any_pair(const lmx_lora_pair *const *pairs, int B) {
+    for (int b = 0; b < B; b++)
+        if (pairs[b]) return 1;
+    return 0;
+}
+
+/* xa [rows, r] of x under pair p (the shrink alone) into room i of the scratch slot; its term in *t */
+static lmx_status term_shrink(cuda_backend *cb, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
+                              float *room, lmx_tensor *xa, lmx_lora_term *t) {
+    const lmx_lora_pair *p = pairs[0];
+    *xa = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {(int64_t)B * T, p->a.shape[0]}, .data = room};
+    *t = (lmx_lora_term){xa, p};
+    return cuda_lora_xa(&cb->base, NULL, x, B, T, pairs, room);
+}
+
+lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x, int B,
+                            int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n, lmx_act act) {
+    cuda_backend *cb = (cuda_backend *)be;
+    const int hg = any_pair(pg, B), hu = any_pair(pu, B);
+    const lmx_lora_pair *p0 = one_pair(pg, B), *p1 = one_pair(pu, B);
+    if (T > 1 && (!hg || p0) && (!hu || p1) && (hg || hu)) { /* prefill: one pair a projection for every row */
+        lmx_status st = cuda_graph_flush(cb);
+        if (st) return st;
+        const int64_t rows = (int64_t)B * T, rg = p0 ? p0->a.shape[0] : 0, ru = p1 ? p1->a.shape[0] : 0;
+        float *room = (float *)cuda_scratch(cb, CUDA_SCRATCH_TERM, (size_t)rows * (rg + ru + 4) * sizeof(float));
+        if (!room) return cb->base.err.status;
+        lmx_tensor xg, xu;
+        lmx_lora_term tg, tu;
+        if (p0) st = term_shrink(cb, x, B, T, pg, room, &xg, &tg);
+        if (!st && p1) st = term_shrink(cb, x, B, T, pu, room + ((rows * rg + 3) & ~(int64_t)3), &xu, &tu);
+        int done = 0;
+        if (!st)
+            st = cuda_glu_terms(cb, (float *)out->data, (const float *)gate->data, (const float *)up->data, n, (int)act,
+                                NULL, NULL, NULL, p0 ? &tg : NULL, p1 ? &tu : NULL, &done);
+        return st || done ? st : cuda_op_glu(be, out, gate, up, n, act); /* a rank the kernel does not take: added by GEMMs */
+    }
+    lmx_status st = hg ? cuda_op_lora(be, gate, x, B, T, pg) : LMX_OK; /* decode (graphs) and mixed batches */
+    if (!st && hu) st = cuda_op_lora(be, up, x, B, T, pu);
+    return st ? st : cuda_op_glu(be, out, gate, up, n, act);
+}
+
+lmx_status cuda_op_lora_add(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, const lmx_tensor *x, int B, int T,
+                            const lmx_lora_pair *const *pairs, int64_t n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    const lmx_lora_pair *p = one_pair(pairs, B);
+    if (T > 1 && p) {
+        lmx_status st = cuda_graph_flush(cb);
+        float *room = st ? NULL : (float *)cuda_scratch(cb, CUDA_SCRATCH_TERM, (size_t)B * T * p->a.shape[0] * sizeof(float));
+        if (!room) return cb->base.err.status;
+        lmx_tensor xa;
+        lmx_lora_term t;
+        st = term_shrink(cb, x, B, T, pairs, room, &xa, &t);
+        return st ? st : cuda_bwd_lora_add(be, y, proj, n, &t);
+    }
+    lmx_status st = any_pair(pairs, B) ? cuda_op_lora(be, proj, x, B, T, pairs) : LMX_OK;
+    return st ? st : cuda_op_add(be, y, proj, n);
 }
