@@ -232,8 +232,9 @@ typedef struct lmx_backend_ops {
      * op; pg / pu NULL: none), then the glu op out = act(gate) * up, in one pass where the backend can (a
      * LoRA expand alone reads and writes its projection in f32).  gate and up may be left with their
      * expands added.  As lora, glu. */
-    lmx_status (*lora_glu)(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x, int B,
-                           int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n, lmx_act act);
+    lmx_status (*lora_glu)(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x,
+                           int B, int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n,
+                           lmx_act act);
     /* Optional (NULL: the ops in turn): y += proj + proj's LoRA expand of x (pairs, as the lora op): the
      * residual add of the o or down projection in the pass of its expand.  proj may be left with it added. */
     lmx_status (*lora_add)(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, const lmx_tensor *x, int B, int T,

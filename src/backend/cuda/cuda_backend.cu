@@ -439,8 +439,9 @@ static lmx_status cuda_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, i
 
 /* the ops, through the decode-graph layer (cuda_graph.cu) */
 lmx_status cuda_op_read_ahead(lmx_backend *be, const lmx_tensor *t, void *dst, size_t n);
-lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x, int B,
-                            int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n, lmx_act act);
+lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x,
+                            int B, int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n,
+                            lmx_act act);
 lmx_status cuda_op_lora_add(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, const lmx_tensor *x, int B, int T,
                             const lmx_lora_pair *const *pairs, int64_t n);
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s);

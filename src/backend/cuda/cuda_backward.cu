@@ -293,7 +293,8 @@ static __device__ __forceinline__ float2 glu_grad(float d, float g, float u, int
  * thread a step: 4 where every pointer is aligned (the same arithmetic), else 1. */
 template <int V, typename O, typename G, typename U>
 __global__ void k_glu_bwd(O *dg, O *du, const float *dy, const G *g, const U *u, int64_t n, int act, unsigned fresh) {
-    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += V * (int64_t)gridDim.x * blockDim.x) {
+    const int64_t step = V * (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += step) {
         if constexpr (V == 4) {
             const float4 d = cuda_ld4(dy + i), a = cuda_ld4(g + i), b = cuda_ld4(u + i);
             const float2 r0 = glu_grad(d.x, a.x, b.x, act), r1 = glu_grad(d.y, a.y, b.y, act),

@@ -182,15 +182,16 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
 void cuda_park_free(cuda_backend *cb);
 void cuda_park_wait(cuda_backend *cb);
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
-                             lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok, const struct lmx_lora_term *tg,
-                             const struct lmx_lora_term *tu);
+                             lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok,
+                             const struct lmx_lora_term *tg, const struct lmx_lora_term *tu);
 /* LoRA terms left to the op that reads the projection (cuda_lora_term.cu): glu_keep's pass over gate and up
  * with tg / tu added (*done 1; else, a rank the kernel does not take, the terms were added to gate and up
  * in place by GEMMs and the caller runs its plain pass), and the lora_add backward op */
 lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
                           __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const struct lmx_lora_term *tg,
                           const struct lmx_lora_term *tu, int *done);
-lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const struct lmx_lora_term *term);
+lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n,
+                             const struct lmx_lora_term *term);
 /* the ops table's entries the lora_glu and lora_add ops fall back on (cuda_graph.cu: decode graphs see them) */
 lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs);
@@ -390,7 +391,8 @@ static __device__ __forceinline__ float cuda_ld_f(const __half *p) { return __ha
 static __device__ __forceinline__ float4 cuda_ld4(const float *p) { return *(const float4 *)p; }
 static __device__ __forceinline__ float4 cuda_ld4(const __nv_bfloat16 *p) {
     const uint2 u = *(const uint2 *)p;
-    const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), hi = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
+    const float2 hi = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 static __device__ __forceinline__ void cuda_st4(float *p, float4 v) { *(float4 *)p = v; }

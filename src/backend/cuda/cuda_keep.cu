@@ -13,7 +13,8 @@ extern "C" {
 template <int V>
 __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const float *g,
                            const float *u, int64_t n, int act) {
-    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += V * (int64_t)gridDim.x * blockDim.x)
+    const int64_t step = V * (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += step)
         if constexpr (V == 4) {
             const float4 a = cuda_ld4(g + i), b = cuda_ld4(u + i);
             const float4 y = make_float4(glu_act(a.x, act) * b.x, glu_act(a.y, act) * b.y, glu_act(a.z, act) * b.z,
@@ -72,7 +73,8 @@ lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_ten
 /* o = act(g) u rounded to O, from gate and up as kept (f32 or bf16) */
 template <int V, typename O, typename G, typename U>
 __global__ void k_glu_redo(O *o, const G *g, const U *u, int64_t n, int act) {
-    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += V * (int64_t)gridDim.x * blockDim.x)
+    const int64_t step = V * (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += step)
         if constexpr (V == 4) {
             const float4 a = cuda_ld4(g + i), b = cuda_ld4(u + i);
             cuda_st4(o + i, make_float4(glu_act(a.x, act) * b.x, glu_act(a.y, act) * b.y, glu_act(a.z, act) * b.z,
@@ -82,7 +84,8 @@ __global__ void k_glu_redo(O *o, const G *g, const U *u, int64_t n, int act) {
         }
 }
 
-template <typename O, typename G, typename U> static void glu_redo_go(cuda_backend *cb, O *o, const G *g, const U *u, int64_t n, int act) {
+template <typename O, typename G, typename U>
+static void glu_redo_go(cuda_backend *cb, O *o, const G *g, const U *u, int64_t n, int act) {
     if (cuda_vec4_ok(n, {o, g, u})) k_glu_redo<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g, u, n, act);
     else k_glu_redo<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, u, n, act);
 }

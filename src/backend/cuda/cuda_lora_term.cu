@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float 
 
 /* y += x + term (x NULL: y += term) */
 template <int R>
-__global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 3) k_add_term(float *y, const float *x, int64_t rows, int64_t N, term_arg t) {
+__global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 3)
+    k_add_term(float *y, const float *x, int64_t rows, int64_t N, term_arg t) {
     __shared__ __align__(16) float sx[TERM_ROWS * R];
     const int64_t r0 = (int64_t)blockIdx.y * TERM_ROWS, c = (int64_t)blockIdx.x * TERM_COLS + threadIdx.x;
     const int nr = (int)(rows - r0 < TERM_ROWS ? rows - r0 : TERM_ROWS);
@@ -222,8 +223,9 @@ static lmx_status term_shrink(cuda_backend *cb, const lmx_tensor *x, int B, int 
     return cuda_lora_xa(&cb->base, NULL, x, B, T, pairs, room);
 }
 
-lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x, int B,
-                            int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n, lmx_act act) {
+lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, lmx_tensor *up, const lmx_tensor *x,
+                            int B, int T, const lmx_lora_pair *const *pg, const lmx_lora_pair *const *pu, int64_t n,
+                            lmx_act act) {
     cuda_backend *cb = (cuda_backend *)be;
     const int hg = any_pair(pg, B), hu = any_pair(pu, B);
     const lmx_lora_pair *p0 = one_pair(pg, B), *p1 = one_pair(pu, B);
@@ -241,7 +243,8 @@ lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, 
         if (!st)
             st = cuda_glu_terms(cb, (float *)out->data, (const float *)gate->data, (const float *)up->data, n, (int)act,
                                 NULL, NULL, NULL, p0 ? &tg : NULL, p1 ? &tu : NULL, &done);
-        return st || done ? st : cuda_op_glu(be, out, gate, up, n, act); /* a rank the kernel does not take: added by GEMMs */
+        /* not done: a rank the kernel does not take, whose terms GEMMs added to gate and up */
+        return st || done ? st : cuda_op_glu(be, out, gate, up, n, act);
     }
     lmx_status st = hg ? cuda_op_lora(be, gate, x, B, T, pg) : LMX_OK; /* decode (graphs) and mixed batches */
     if (!st && hu) st = cuda_op_lora(be, up, x, B, T, pu);
@@ -254,7 +257,8 @@ lmx_status cuda_op_lora_add(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, co
     const lmx_lora_pair *p = one_pair(pairs, B);
     if (T > 1 && p) {
         lmx_status st = cuda_graph_flush(cb);
-        float *room = st ? NULL : (float *)cuda_scratch(cb, CUDA_SCRATCH_TERM, (size_t)B * T * p->a.shape[0] * sizeof(float));
+        const size_t bytes = (size_t)B * T * p->a.shape[0] * sizeof(float);
+        float *room = st ? NULL : (float *)cuda_scratch(cb, CUDA_SCRATCH_TERM, bytes);
         if (!room) return cb->base.err.status;
         lmx_tensor xa;
         lmx_lora_term t;
