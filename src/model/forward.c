@@ -253,8 +253,11 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     TRY(op->matmul(be, &gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
     TRY(op->matmul(be, &up, &ws->xn, &L->w_up, bias(&L->b_up), M));
     lmx_status st;
-    const lmx_lora_pair **pg = ws->lora, **pu = ws->lora + bt->B; /* [B] each */
-    if (ad && op->lora_glu && (lora_pairs(ad, l, LMX_PROJ_GATE, bt->B, pg) | lora_pairs(ad, l, LMX_PROJ_UP, bt->B, pu))) {
+    /* gate's and up's pairs ([B] each; `|`: both filled), and their expands in the GLU's pass where the backend can */
+    const lmx_lora_pair **pg = ws->lora, **pu = ws->lora + bt->B;
+    const int paired = ad && op->lora_glu &&
+                       (lora_pairs(ad, l, LMX_PROJ_GATE, bt->B, pg) | lora_pairs(ad, l, LMX_PROJ_UP, bt->B, pu));
+    if (paired) {
         TRY(op->lora_glu(be, &gate, &gate, &up, &ws->xn, bt->B, bt->T, pg, pu, (int64_t)M * F, c->act));
     } else {
         if ((st = lora(m, ad, l, LMX_PROJ_GATE, &gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &up, &ws->xn, bt)))

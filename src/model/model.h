@@ -84,7 +84,7 @@ typedef struct lmx_workspace {
     int max_batch;
     int32_t *ids;                /* host [max_rows]: token ids with padding replaced */
     lmx_kv_layer **kv;           /* host [max_batch]: one layer's cache of each sequence */
-    const lmx_lora_pair **lora;  /* host [max_batch]: one projection's LoRA pair of each sequence */
+    const lmx_lora_pair **lora;  /* host [2 max_batch]: one projection's LoRA pair of each sequence (two: gate, up) */
 } lmx_workspace;
 
 struct lmx_model {
