@@ -200,12 +200,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                                            gq_ldx<XS>(xv + 96)};
                         const float4 xs = gq_ldx<XS>(xm + (size_t)m * PR + xi);
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            int i0, i1;
-                            gq_dot(q[r], X, i0, i1);
-                            const float dot = fmaf(sc[r][0], (float)i0, sc[r][1] * (float)i1);
-                            acc[r][m] = fmaf(xs.x, dot, acc[r][m] - fmaf(mn[r][0], xs.y, mn[r][1] * xs.z));
-                        }
+                        for (int r = 0; r < R; r++) acc[r][m] = gq_part_acc(q[r], sc[r], mn[r], X, xs, acc[r][m]);
                     }
                 }
             }

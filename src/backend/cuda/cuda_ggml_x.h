@@ -33,6 +33,16 @@ static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4
     }
 }
 
+/* acc plus one part of a unit against x: its codes q, scales sc and mins mn (gq_unit::part) against x's codes X
+ * and {d, s0, s1} xs, as every int16 GGUF row sum takes a part (k_ggemv, k_gstream6) */
+static __device__ __forceinline__ float gq_part_acc(const uint32_t (&q)[8], const float (&sc)[2], const float (&mn)[2],
+                                                    const int4 (&X)[4], const float4 &xs, float acc) {
+    int i0, i1;
+    gq_dot(q, X, i0, i1);
+    const float dot = fmaf(sc[0], (float)i0, sc[1] * (float)i1);
+    return fmaf(xs.x, dot, acc - fmaf(mn[0], xs.y, mn[1] * xs.z));
+}
+
 /* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
  * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
  * with a Q6_K v); xq NULL: none.  nib: each chunk's 8 codes in the order of a 4-bit word's nibbles, low ones

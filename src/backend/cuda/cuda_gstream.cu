@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(256, 1) k_gstream6(const int4 *__restrict__ xq
 #pragma unroll
         for (int r = 0; r < 2; r++) u[r].load(wr[r] + (int64_t)(c >> 1) * BYTES, c & 1);
     };
-    auto use = [&](const gq_unit<T> (&u)[2], int s, float (&acc)[2]) { /* as ggemv_body's one row */
+    auto use = [&](const gq_unit<T> (&u)[2], int s, float (&acc)[2]) { /* as ggemv_body's one row: gq_part_acc */
         const int c = lane + 32 * s;
         if (c >= NU) return;
 #pragma unroll
@@ -246,10 +246,7 @@ __global__ void __launch_bounds__(256, 1) k_gstream6(const int4 *__restrict__ xq
                 uint32_t q[8];
                 float sc[2], mn[2];
                 u[r].part(k, q, sc, mn);
-                int i0, i1;
-                gq_dot(q, X, i0, i1);
-                const float dot = fmaf(sc[0], (float)i0, sc[1] * (float)i1);
-                acc[r] = fmaf(xs.x, dot, acc[r] - fmaf(mn[0], xs.y, mn[1] * xs.z));
+                acc[r] = gq_part_acc(q, sc, mn, X, xs, acc[r]);
             }
         }
     };
@@ -301,13 +298,13 @@ lmx_status cuda_gstream(cuda_backend *cb, int n, const gv_segs &sg, int glu, con
     return cuda_check_launch(cb, pair ? "matmul + glu" : "matmul");
 }
 
-
 int cuda_gstream6_takes(const cuda_backend *cb, int type, int n, int glu, const gv_segs &sg, int64_t K) {
     return type == LMX_GGML_Q6_K_A16 && n == 1 && glu < 0 && K >= GS6_MIN_K && K % 256 == 0 && !sg.s[0].lb &&
            cb->gemv_variant != 5;
 }
 lmx_status cuda_gstream6(cuda_backend *cb, const gv_segs &sg, const gq_xq &xo, int K, int resid) {
-    const int64_t groups = (sg.s[0].N + 1) / 2, fit = (int64_t)cuda_fit_blocks(cb, (const void *)k_gstream6) * cb->sm_count;
+    const int64_t groups = (sg.s[0].N + 1) / 2;
+    const int64_t fit = (int64_t)cuda_fit_blocks(cb, (const void *)k_gstream6) * cb->sm_count;
     const int64_t blocks = (groups + 7) / 8 < fit ? (groups + 7) / 8 : fit;
     cuda_launch(cb, k_gstream6, dim3((unsigned)blocks), 256, 0, (const int4 *)xo.xq, (const float4 *)xo.xm, sg, K, resid);
     return cuda_check_launch(cb, "matmul");
