@@ -328,7 +328,7 @@ __global__ void k_glu_bwd(O *dg, O *du, const float *dy, const G *g, const U *u,
 template <typename O, typename G, typename U>
 static void glu_bwd_go(cuda_backend *cb, O *dg, O *du, const float *dy, const G *g, const U *u, int64_t n, int act,
                        unsigned fresh) {
-    if (cuda_vec4_ok(n, {dg, du, dy, g, u}))
+    if (cuda_vec4_ok(n, dg, du, dy, g, u))
         k_glu_bwd<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(dg, du, dy, g, u, n, act, fresh);
     else
         k_glu_bwd<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(dg, du, dy, g, u, n, act, fresh);

@@ -15,8 +15,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <initializer_list>
-
 extern "C" {
 #include "../backend.h"
 #include "../../formats/ggml_types.h"
@@ -400,13 +398,10 @@ static __device__ __forceinline__ void cuda_st4(__nv_bfloat16 *p, float4 v) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
     *(uint2 *)p = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
 }
-/* Whether pointers p[0..n) (NULL ones left out) all take cuda_ld4 / cuda_st4 at every fourth value (16-byte
- * aligned: bf16 needs only 8, asked the same for simplicity) and the count is a multiple of four. */
-static inline int cuda_vec4_ok(int64_t count, std::initializer_list<const void *> ps) {
-    if (count % 4) return 0;
-    for (const void *p : ps)
-        if ((uintptr_t)p % 16) return 0;
-    return 1;
+/* Whether count values of every pointer p (NULL ones left out) take cuda_ld4 / cuda_st4 at every fourth value:
+ * the count a multiple of four, each pointer aligned to four of its values (f32 16 bytes, bf16 8). */
+template <typename... P> static inline bool cuda_vec4_ok(int64_t count, const P *...p) {
+    return count % 4 == 0 && ((!p || (uintptr_t)p % (4 * sizeof(P)) == 0) && ...);
 }
 
 /* RoPE's rotation of the pair (x1, x2) by (c, s): ya = x1 c - x2 s, yb = x2 c + x1 s, rounded alike (one fma

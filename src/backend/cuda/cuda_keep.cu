@@ -51,7 +51,7 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     const float *g = (const float *)gate->data, *u = (const float *)up->data;
     __nv_bfloat16 *g16 = (__nv_bfloat16 *)gk->data, *u16 = (__nv_bfloat16 *)uk->data,
                   *o16 = ok ? (__nv_bfloat16 *)ok->data : NULL;
-    if (cuda_vec4_ok(n, {o, g, u, g16, u16, o16}))
+    if (cuda_vec4_ok(n, o, g, u, g16, u16, o16))
         k_glu_keep<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
     else
         k_glu_keep<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
@@ -86,7 +86,7 @@ __global__ void k_glu_redo(O *o, const G *g, const U *u, int64_t n, int act) {
 
 template <typename O, typename G, typename U>
 static void glu_redo_go(cuda_backend *cb, O *o, const G *g, const U *u, int64_t n, int act) {
-    if (cuda_vec4_ok(n, {o, g, u})) k_glu_redo<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g, u, n, act);
+    if (cuda_vec4_ok(n, o, g, u)) k_glu_redo<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g, u, n, act);
     else k_glu_redo<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g, u, n, act);
 }
 

@@ -93,10 +93,9 @@ template <int V> __global__ void k_narrow_bf16(__nv_bfloat16 *dst, const float *
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n / V; i += step) {
         if constexpr (V == 4) {
-            float4 v = ((const float4 *)src)[i];
+            float4 v = cuda_ld4(src + 4 * i);
             if (scale != 1.0f) v = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
-            __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-            ((uint2 *)dst)[i] = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+            cuda_st4(dst + 4 * i, v);
         } else {
             dst[i] = __float2bfloat16(scale == 1.0f ? src[i] : src[i] * scale); /* 1: no flush of denormals */
         }
@@ -107,18 +106,11 @@ template <int V> __global__ void k_widen_bf16(float *dst, const __nv_bfloat16 *s
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n / V; i += step) {
         if constexpr (V == 4) {
-            const uint2 u = ((const uint2 *)src)[i];
-            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x),
-                         hi = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
-            ((float4 *)dst)[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
+            cuda_st4(dst + 4 * i, cuda_ld4(src + 4 * i));
         } else {
             dst[i] = __bfloat162float(src[i]);
         }
     }
-}
-/* Whether a and b (byte alignments aa, ab) and the count n take the four-a-thread form. */
-static int vec4_ok(const void *a, int aa, const void *b, int ab, int64_t n) {
-    return n % 4 == 0 && (uintptr_t)a % aa == 0 && (uintptr_t)b % ab == 0;
 }
 __global__ void k_narrow_f16(__half *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -136,7 +128,7 @@ static unsigned grid_for(int64_t n) {
 }
 
 lmx_status cuda_narrow_bf16_scaled(cuda_backend *cb, __nv_bfloat16 *dst, const float *src, int64_t n, float scale) {
-    if (vec4_ok(dst, 8, src, 16, n)) k_narrow_bf16<4><<<grid_for(n / 4), 256, 0, cb->stream>>>(dst, src, n, scale);
+    if (cuda_vec4_ok(n, dst, src)) k_narrow_bf16<4><<<grid_for(n / 4), 256, 0, cb->stream>>>(dst, src, n, scale);
     else k_narrow_bf16<1><<<grid_for(n), 256, 0, cb->stream>>>(dst, src, n, scale);
     return cuda_check_launch(cb, "narrow to bf16");
 }
@@ -205,7 +197,7 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloa
 
 lmx_status cuda_widen_into(cuda_backend *cb, float *dst, const __nv_bfloat16 *src, int64_t n) {
     if (n <= 0) return LMX_OK;
-    if (vec4_ok(dst, 16, src, 8, n)) k_widen_bf16<4><<<grid_for(n / 4), 256, 0, cb->stream>>>(dst, src, n);
+    if (cuda_vec4_ok(n, dst, src)) k_widen_bf16<4><<<grid_for(n / 4), 256, 0, cb->stream>>>(dst, src, n);
     else k_widen_bf16<1><<<grid_for(n), 256, 0, cb->stream>>>(dst, src, n);
     return cuda_check_launch(cb, "widen");
 }

@@ -17,8 +17,8 @@ template <int V> __global__ void k_add(float *y, const float *x, int64_t n) {
     cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n / V; i += (int64_t)gridDim.x * blockDim.x) {
         if constexpr (V == 4) {
-            const float4 a = ((const float4 *)y)[i], b = ((const float4 *)x)[i];
-            ((float4 *)y)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            const float4 a = cuda_ld4(y + 4 * i), b = cuda_ld4(x + 4 * i);
+            cuda_st4(y + 4 * i, make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w));
         } else {
             y[i] += x[i];
         }
@@ -42,7 +42,7 @@ __global__ void k_softcap(float *x, int64_t n, float cap) {
 
 lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     cuda_backend *cb = (cuda_backend *)be;
-    if (n % 4 == 0 && (uintptr_t)y->data % 16 == 0 && (uintptr_t)x->data % 16 == 0)
+    if (cuda_vec4_ok(n, (const float *)y->data, (const float *)x->data))
         cuda_launch(cb, k_add<4>, cuda_ew_grid(n / 4), 256, 0, (float *)y->data, (const float *)x->data, n);
     else
         cuda_launch(cb, k_add<1>, cuda_ew_grid(n), 256, 0, (float *)y->data, (const float *)x->data, n);
