@@ -165,6 +165,9 @@ lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B,
  * shrink alone) */
 lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs, float *xa);
+/* y [rows, N] += s t B^T of pair p (t [rows, r] f32: the rows' shrink x A^T): the lora op's expand, a TF32 GEMM */
+cublasStatus_t cuda_lora_expand(cuda_backend *cb, float *y, const float *t, int64_t rows, int64_t N,
+                                const lmx_lora_pair *p);
 /* the rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's rmsnorm_keep; n > 256) */
 lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
                             float eps, float add_one, __nv_bfloat16 *o16);

@@ -320,6 +320,14 @@ lmx_status cuda_lora_decode(cuda_backend *cb, float *y, const float *x, int64_t 
     return cuda_lora_group(cb, 1, &y, &Ni, x, K, B, &pairs, -1, 0);
 }
 
+cublasStatus_t cuda_lora_expand(cuda_backend *cb, float *y, const float *t, int64_t rows, int64_t N,
+                                const lmx_lora_pair *p) {
+    const int r = (int)p->a.shape[0];
+    const float one = 1.0f, s = p->scale;
+    return cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, r, &s, p->b.data, CUDA_R_32F, r, t,
+                        CUDA_R_32F, r, &one, y, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+}
+
 /* rows [r0, r0 + rows) share pair p: two GEMMs on the tensor cores in TF32 with f32 accumulation
  * (the low-rank delta is small next to the base output, so TF32's 10-bit mantissa costs nothing at the
  * bf16 criterion); cuBLAS is column-major: a row-major [M, K] is its K x M.  With xb (x a training keep
@@ -328,7 +336,7 @@ static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, const
                                int64_t N, int64_t r0, int64_t rows, const lmx_lora_pair *p, float *t,
                                __nv_bfloat16 *a16) {
     int r = (int)p->a.shape[0];
-    const float one = 1.0f, zero = 0.0f, s = p->scale;
+    const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st;
     if (xb) {
         lmx_status e = cuda_narrow_bf16(cb, a16, (const float *)p->a.data, (int64_t)r * K);
@@ -342,9 +350,7 @@ static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, const
                           CUBLAS_GEMM_DEFAULT);
     }
     if (st == CUBLAS_STATUS_SUCCESS && y) /* y NULL: the shrink alone (lora_keep's deferred expand) */
-        st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, r, &s, p->b.data, CUDA_R_32F, r, t,
-                          CUDA_R_32F, r, &one, y + r0 * N, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F_FAST_TF32,
-                          CUBLAS_GEMM_DEFAULT);
+        st = cuda_lora_expand(cb, y + r0 * N, t, rows, N, p);
     return st == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, st, "lora gemm");
 }
 

@@ -130,11 +130,8 @@ static lmx_status term_rank(cuda_backend *cb, const lmx_lora_term *t, int64_t n,
 
 /* y += term as a GEMM: y [rows, N] += s xa B^T (TF32, as the lora op's expand) */
 static lmx_status term_gemm(cuda_backend *cb, float *y, const lmx_lora_term *t) {
-    const int r = (int)t->pair->a.shape[0], N = (int)t->pair->b.shape[0], rows = (int)t->xa->shape[0];
-    const float s = t->pair->scale, one = 1.0f;
     const cublasStatus_t st =
-        cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, r, &s, t->pair->b.data, CUDA_R_32F, r, t->xa->data,
-                     CUDA_R_32F, r, &one, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+        cuda_lora_expand(cb, y, (const float *)t->xa->data, t->xa->shape[0], t->pair->b.shape[0], t->pair);
     return st == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, st, "lora term");
 }
 
