@@ -152,8 +152,9 @@ static lmx_lora_term term_take(lmx_tape *t, int i, tape_term *d) {
 static lmx_status settle_at(lmx_tape *t, int i) {
     tape_term d;
     const lmx_lora_term term = term_take(t, i, &d);
-    lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {d.rows, d.cols}, .data = d.y};
-    return pass(t, t->bwd->lora_add(t->in, &y, NULL, d.rows * d.cols, &term));
+    const int64_t rows = d.xa.shape[0], N = d.pair->b.shape[0];
+    lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, N}, .data = d.y};
+    return pass(t, t->bwd->lora_add(t->in, &y, NULL, rows * N, &term));
 }
 
 /* every waiting term but those of buffers a and b (NULL: none) added now */
@@ -376,7 +377,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             t->in->ops->release(t->in, &xa);
         } else {
             r->xa = xa;
-            if (later) t->terms[t->n_terms++] = (tape_term){y->data, rows, N, xa, pairs[0]};
+            if (later) t->terms[t->n_terms++] = (tape_term){y->data, xa, pairs[0]};
         }
     }
     if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);

@@ -63,8 +63,7 @@ typedef struct tape_watch {
 /* A LoRA expand not added yet (lmx_lora_term): it waits for the op that reads y next (a GLU, the residual
  * add), which adds it in its own pass; any other op adds it first (tape_settle). */
 typedef struct tape_term {
-    void *y;                     /* the projection's output [rows, cols] f32 */
-    int64_t rows, cols;
+    void *y;                     /* the projection's output [rows, N] f32 (N: pair's b [N, r]) */
     lmx_tensor xa;               /* the shrink x A^T [rows, r] (its record owns it) */
     const lmx_lora_pair *pair;   /* one pair for every row */
 } tape_term;
