@@ -148,8 +148,46 @@ static lmx_lora_term term_take(lmx_tape *t, int i, tape_term *d) {
     return (lmx_lora_term){&d->xa, d->pair};
 }
 
+/* ---- ops left unrun until the tape's next op (tape_lazy) ---------------------------------------- */
+
+static lmx_status lazy_exec(lmx_tape *t, tape_lazy *z) {
+    const lmx_lora_term term = {&z->term.xa, z->term.pair};
+    if (z->op == T_MATMUL) return pass(t, t->in->ops->matmul(t->in, &z->out, &z->x, z->w, z->bias, z->M));
+    if (z->op == T_LORA) return pass(t, t->in->ops->lora(t->in, &z->out, &z->x, z->B, z->T, z->pairs));
+    if (z->term.pair) return pass(t, t->bwd->lora_add(t->in, &z->out, &z->x, z->n, &term));
+    return pass(t, t->in->ops->add(t->in, &z->out, &z->x, z->n));
+}
+
+/* every op left unrun, run now (run 1) or dropped (run 0), oldest first */
+static lmx_status lazy_end(lmx_tape *t, int run) {
+    lmx_status st = LMX_OK;
+    for (int i = 0; i < t->n_lazy; i++) {
+        if (run && !st) st = lazy_exec(t, &t->lazy[i]);
+        if (t->lazy[i].keep >= 0) unkeep(t, t->lazy[i].keep);
+    }
+    t->n_lazy = 0;
+    return st;
+}
+
+/* The ops left unrun are a matmul into buffer data and its LoRA, with room for one more (else 0) */
+static int lazy_only_into(const lmx_tape *t, const void *data) {
+    for (int i = 0; i < t->n_lazy; i++)
+        if (t->lazy[i].op == T_ADD || t->lazy[i].out.data != data) return 0;
+    return t->n_lazy > 0 && t->n_lazy < TAPE_LAZY;
+}
+
+/* An op left unrun that reads xin: where xin is the tape's shared keep, a reference held on it (its id;
+ * else -1: xin is a buffer the next op to write runs the op first, or a record's own) */
+static int lazy_hold(lmx_tape *t, const lmx_tensor *xin) {
+    const int id = t->shared && xin == &t->keeps[t->shared - 1].copy ? t->shared - 1 : -1;
+    if (id >= 0) t->keeps[id].refs++;
+    return id;
+}
+
 /* term i added to its buffer now */
 static lmx_status settle_at(lmx_tape *t, int i) {
+    lmx_status st = lazy_end(t, 1);
+    if (st) return st;
     tape_term d;
     const lmx_lora_term term = term_take(t, i, &d);
     const int64_t rows = d.xa.shape[0], N = d.pair->b.shape[0];
@@ -165,11 +203,17 @@ static lmx_status settle_others(lmx_tape *t, const void *a, const void *b) {
     return st;
 }
 
-lmx_status tape_settle(lmx_tape *t, const void *data) {
+/* buffer data's waiting terms (NULL: every one) added now */
+static lmx_status settle_terms(lmx_tape *t, const void *data) {
     lmx_status st = LMX_OK;
     for (int i = t->n_terms - 1; i >= 0 && !st; i--)
         if (!data || t->terms[i].y == data) st = settle_at(t, i);
     return st;
+}
+
+lmx_status tape_settle(lmx_tape *t, const void *data) {
+    lmx_status st = lazy_end(t, 1);
+    return st ? st : settle_terms(t, data);
 }
 
 /* No keep reads buffer data's present value from the buffer itself (every such keep has its copy): an op
@@ -287,9 +331,18 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
                              const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = guard(t, out->data);
-    if (!st) st = pass(t, t->in->ops->matmul(t->in, out, shared_input(t, x, M, w->shape[1]), w, bias, M));
+    lmx_status st = lazy_end(t, 1);
+    if (!st) st = guard(t, out->data);
     if (st) return st;
+    /* left unrun until the tape's next op (tape_lazy), holding the input it reads; run now where the
+     * forward ops are timed, so that each op's seconds are its own */
+    const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
+    if (t->prof_fwd) {
+        if ((st = pass(t, t->in->ops->matmul(t->in, out, xin, w, bias, M)))) return st;
+    } else {
+        t->lazy[t->n_lazy++] = (tape_lazy){.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
+                                           .keep = lazy_hold(t, xin)};
+    }
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
     if (req) {
@@ -340,8 +393,10 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         return lmx_err_set(&t->base.err, LMX_ERR_UNSUPPORTED, "training: a frozen adapter after a trained one");
     const int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1], rows = (int64_t)B * T;
     const int drop = watched && t->drop_p > 0;
-    lmx_status st0 = tape_settle(t, x->data);
-    if (!st0) st0 = tape_settle(t, y->data);
+    /* a matmul into y left unrun stays so while y is not touched (its expand waits: below) */
+    const int lazy = x->data != y->data && lazy_only_into(t, y->data);
+    lmx_status st0 = lazy ? settle_terms(t, x->data) : tape_settle(t, x->data);
+    if (!st0) st0 = lazy ? settle_terms(t, y->data) : tape_settle(t, y->data);
     if (st0) return st0;
     const uint64_t seed = t->drop_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(first + 1)); /* one mask per pair */
     tape_rec *r = NULL;
@@ -371,7 +426,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         /* and where one pair adapts every row, the expand waits for the op that reads y next */
         int later = t->bwd->lora_add != NULL;
         for (int b = 0; b < B; b++) later &= pairs[b] == pairs[0];
-        st = later && t->n_terms == TAPE_TERMS ? settle_at(t, 0) : LMX_OK;
+        st = later && t->n_terms == TAPE_TERMS ? settle_at(t, 0) : later ? LMX_OK : lazy_end(t, 1);
         if (!st) st = t->bwd->lora_keep(t->in, later ? NULL : y, xin, B, T, pairs, &xa);
         if (st) {
             t->in->ops->release(t->in, &xa);
@@ -380,7 +435,12 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             if (later) t->terms[t->n_terms++] = (tape_term){y->data, xa, pairs[0]};
         }
     }
-    if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
+    if (st == LMX_ERR_UNSUPPORTED && lazy && r) { /* the lora op after the matmul left unrun: it waits too */
+        t->lazy[t->n_lazy++] = (tape_lazy){.op = T_LORA, .out = *y, .x = *xin, .B = B, .T = T, .pairs = r->pairs,
+                                           .keep = lazy_hold(t, xin)};
+        st = LMX_OK;
+    }
+    if (st == LMX_ERR_UNSUPPORTED && !(st = lazy_end(t, 1))) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
     if (pass(t, st)) return st;
     if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
     const int v = new_var(t, y->data, rows, N, 1);
@@ -397,14 +457,18 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     lmx_status st = settle_others(t, x->data != y->data ? x->data : NULL, NULL);
     int ix = st ? -1 : term_index(t, x->data);
     if (ix >= 0 && !unkept(t, x->data)) st = settle_at(t, ix), ix = -1;
+    /* after a matmul into x left unrun, the add is left unrun too; else both run now */
+    const int lazy = x->data != y->data && lazy_only_into(t, x->data);
+    if (!st && !lazy) st = lazy_end(t, 1);
     if (!st) st = guard(t, y->data);
-    if (!st && ix >= 0) {
-        tape_term d;
-        const lmx_lora_term term = term_take(t, ix, &d);
+    tape_term d = {0};
+    const lmx_lora_term term = !st && ix >= 0 ? term_take(t, ix, &d) : (lmx_lora_term){0};
+    if (!st && lazy)
+        t->lazy[t->n_lazy++] = (tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1};
+    else if (!st && term.pair)
         st = pass(t, t->bwd->lora_add(t->in, y, x, n, &term));
-    } else if (!st) {
+    else if (!st)
         st = pass(t, t->in->ops->add(t->in, y, x, n));
-    }
     if (st) return st;
     const int req = requires(t, vy) || requires(t, vx);
     const int64_t cols = vy >= 0 && t->vars[vy].cols ? t->vars[vy].cols : vx >= 0 ? t->vars[vx].cols : n;
@@ -421,7 +485,8 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
 static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                           lmx_act act) {
     lmx_tape *t = TAPE(be);
-    lmx_status st0 = settle_others(t, gate->data, up->data);
+    lmx_status st0 = lazy_end(t, 1);
+    if (!st0) st0 = settle_others(t, gate->data, up->data);
     if (st0) return st0;
     const int vg = var_of(t, gate->data), vu = var_of(t, up->data);
     const int req = requires(t, vg) || requires(t, vu);
@@ -771,6 +836,7 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
 void lmx_tape_reset(lmx_tape *t) {
+    lazy_end(t, 0);
     t->n_terms = 0; /* their records' xa go with the records */
     if (t->shared) unkeep(t, t->shared - 1);
     t->shared = 0;
@@ -798,6 +864,12 @@ int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) {
     lmx_status st = x->data ? tape_settle(t, x->data) : LMX_OK;
     return st || !x->data ? st : guard(t, x->data);
+}
+
+lmx_status lmx_tape_end_forward(lmx_tape *t) {
+    for (int i = 0; i < t->n_lazy; i++)
+        if (!unkept(t, t->lazy[i].out.data)) return lazy_end(t, 1); /* a keep reads what it writes */
+    return lazy_end(t, 0);
 }
 
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {

@@ -39,6 +39,12 @@ int lmx_tape_mark(const lmx_tape *t);
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
 lmx_status lmx_tape_walk(lmx_tape *t, int mark);
 
+/* The recorded forward pass is over; backward comes next, reading only what the records keep.  The tape
+ * runs an op when the next one comes, and not at all when none comes and no keep reads what it writes: a
+ * checkpointed layer run again for its backward leaves its last projection and residual add unrun (the
+ * buffers they would write keep what they held). */
+lmx_status lmx_tape_end_forward(lmx_tape *t);
+
 /* Buffer x is about to be written outside the tape (by the inner backend's ops): what the records keep
  * of it is copied first. */
 lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x);

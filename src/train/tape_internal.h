@@ -68,6 +68,23 @@ typedef struct tape_term {
     const lmx_lora_pair *pair;   /* one pair for every row */
 } tape_term;
 #define TAPE_TERMS 3             /* q, k and v wait together */
+/* An op recorded but not run yet: a frozen matmul, then its LoRA expand, then the residual add of its
+ * output (with the expand, where it waited as a term).  They run when the tape's next op does, before
+ * it; only the LoRA record and the add of the matmul's output pass them by, and lmx_tape_end_forward
+ * drops what no keep reads: a checkpointed layer run again for backward leaves its last projection and
+ * residual add unrun. */
+typedef struct tape_lazy {
+    int op;                      /* T_MATMUL: out = x w^T + bias; T_LORA: the lora op on out; T_ADD: out += x
+                                  * (+ term) */
+    lmx_tensor out, x;           /* copies of the op's tensors (x: the input it reads) */
+    const lmx_tensor *w, *bias;  /* matmul: the model's */
+    int M, keep;                 /* matmul: rows; the keep id of x it holds a reference on (-1: none) */
+    int B, T;                    /* lora: the batch */
+    const lmx_lora_pair **pairs; /* lora: its record's */
+    int64_t n;                   /* add: elements */
+    tape_term term;              /* add: the expand taken (pair NULL: none) */
+} tape_lazy;
+#define TAPE_LAZY 3              /* a matmul, its LoRA and its add */
 typedef struct tape_buf {
     const void *data;
     int var;
@@ -93,6 +110,8 @@ struct lmx_tape {
     double *prof_fwd;            /* non-NULL: seconds of each kind's recorded forward op (savings included) */
     tape_term terms[TAPE_TERMS]; /* expands waiting, oldest first */
     int n_terms;
+    tape_lazy lazy[TAPE_LAZY];   /* ops not run yet, oldest first */
+    int n_lazy;
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
 };
@@ -160,7 +179,8 @@ static inline void drop16(lmx_tape *t, int v) {
     if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
 }
 
-/* The waiting LoRA expands of buffer data (NULL: all of them) added now (tape.c) */
+/* The ops left unrun (tape_lazy), then the waiting LoRA expands of buffer data (NULL: all of them),
+ * added now (tape.c) */
 lmx_status tape_settle(lmx_tape *t, const void *data);
 /* release record r's keeps and arrays (tape.c) */
 void tape_rec_free(lmx_tape *t, tape_rec *r);

@@ -216,6 +216,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         m->be = tb;
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
+        if (!st && (st = lmx_tape_end_forward(tr->tape))) lmx_err_set(&m->err, st, "%s", tb->err.msg); /* output unread */
         if (!st && release_ws) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
         m->be = inner;
         if (!st && (st = lmx_tape_backward_from(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
