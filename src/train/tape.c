@@ -21,14 +21,15 @@ static lmx_status grow(void **p, int *cap, int need, size_t size) {
     return LMX_OK;
 }
 
-/* With t->prof_fwd: a forward op's seconds (x: a tensor it writes; its start waited for at *t0) */
+/* With t->prof_fwd: a forward op's seconds (x: a tensor it writes; its start waited for at *t0), less
+ * those of the ops left unrun before that it ran (t->lazy_s: lazy_end counts them as their own) */
 static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0, lmx_status st) {
-    if (t->prof_fwd && !st && *t0 > 0) t->prof_fwd[kind] += prof_lap(t, x, t0);
+    if (t->prof_fwd && !st && *t0 > 0) t->prof_fwd[kind] += prof_lap(t, x, t0) - t->lazy_s;
     return st;
 }
 #define FWD_START(x)                                    \
     double fwd_t0 = 0;                                  \
-    if (t->prof_fwd) prof_lap(t, (x), &fwd_t0)
+    if (t->prof_fwd) t->lazy_s = 0, prof_lap(t, (x), &fwd_t0)
 
 /* ---- vars and buffers ---------------------------------------------------------------------------- */
 
@@ -162,8 +163,15 @@ static lmx_status lazy_exec(lmx_tape *t, tape_lazy *z) {
 static lmx_status lazy_end(lmx_tape *t, int run) {
     lmx_status st = LMX_OK;
     for (int i = 0; i < t->n_lazy; i++) {
-        if (run && !st) st = lazy_exec(t, &t->lazy[i]);
-        if (t->lazy[i].keep >= 0) unkeep(t, t->lazy[i].keep);
+        tape_lazy *z = &t->lazy[i];
+        double t0 = 0;
+        if (run && !st && t->prof_fwd) prof_lap(t, &z->out, &t0);
+        if (run && !st) st = lazy_exec(t, z);
+        if (!st && t0 > 0) { /* timed as its kind's, not as the op's that ran it */
+            const double s = prof_lap(t, &z->out, &t0);
+            t->prof_fwd[z->op] += s, t->lazy_s += s;
+        }
+        if (z->keep >= 0) unkeep(t, z->keep);
     }
     t->n_lazy = 0;
     return st;
@@ -334,15 +342,10 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     lmx_status st = lazy_end(t, 1);
     if (!st) st = guard(t, out->data);
     if (st) return st;
-    /* left unrun until the tape's next op (tape_lazy), holding the input it reads; run now where the
-     * forward ops are timed, so that each op's seconds are its own */
+    /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
     const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
-    if (t->prof_fwd) {
-        if ((st = pass(t, t->in->ops->matmul(t->in, out, xin, w, bias, M)))) return st;
-    } else {
-        t->lazy[t->n_lazy++] = (tape_lazy){.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
-                                           .keep = lazy_hold(t, xin)};
-    }
+    t->lazy[t->n_lazy++] = (tape_lazy){.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
+                                       .keep = lazy_hold(t, xin)};
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
     if (req) {
@@ -866,10 +869,11 @@ lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) {
     return st || !x->data ? st : guard(t, x->data);
 }
 
-lmx_status lmx_tape_end_forward(lmx_tape *t) {
-    for (int i = 0; i < t->n_lazy; i++)
-        if (!unkept(t, t->lazy[i].out.data)) return lazy_end(t, 1); /* a keep reads what it writes */
-    return lazy_end(t, 0);
+lmx_status lmx_tape_end_forward(lmx_tape *t, const lmx_tensor *unread) {
+    /* the ops left unrun end in an add into unread (the matmul and LoRA before it feed it alone) */
+    int drop = unread && t->n_lazy > 0 && t->lazy[t->n_lazy - 1].out.data == unread->data;
+    for (int i = 0; drop && i < t->n_lazy; i++) drop = unkept(t, t->lazy[i].out.data); /* and no keep reads them */
+    return lazy_end(t, !drop);
 }
 
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {

@@ -27,7 +27,7 @@ lmx_backend *lmx_tape_backend(lmx_tape *t);
  * (f32, p's shapes, zeroed by the caller).  Watches stay until lmx_tape_clear_watches. */
 lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db);
 void lmx_tape_clear_watches(lmx_tape *t);
-/* Start a new record (the previous one, its saved copies and gradients are dropped). */
+/* Start a new record (the previous one, its saved copies and gradients, and ops left unrun are dropped). */
 void lmx_tape_reset(lmx_tape *t);
 /* Backpropagate from y (a buffer the recorded pass wrote, e.g. the logits) whose gradient is the first
  * n values of dy in inner's memory (it may be y's own buffer, overwritten with its gradient after the
@@ -39,11 +39,13 @@ int lmx_tape_mark(const lmx_tape *t);
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
 lmx_status lmx_tape_walk(lmx_tape *t, int mark);
 
-/* The recorded forward pass is over; backward comes next, reading only what the records keep.  The tape
- * runs an op when the next one comes, and not at all when none comes and no keep reads what it writes: a
- * checkpointed layer run again for its backward leaves its last projection and residual add unrun (the
- * buffers they would write keep what they held). */
-lmx_status lmx_tape_end_forward(lmx_tape *t);
+/* The forward pass on the tape's backend is over: the ops it has left unrun are run now.  The tape runs
+ * a projection's matmul, LoRA and residual add when its next op comes (their values whole before anything
+ * reads them), so call this before reading the pass's output outside the tape or resetting it.  unread
+ * non-NULL: the caller will not read buffer unread's value (backward starts from it): where the ops left
+ * unrun end in the add into it and no record keeps what they write, they are dropped, their buffers left
+ * as they were (a checkpointed layer run again for its backward skips its last projection). */
+lmx_status lmx_tape_end_forward(lmx_tape *t, const lmx_tensor *unread);
 
 /* Buffer x is about to be written outside the tape (by the inner backend's ops): what the records keep
  * of it is copied first. */

@@ -112,6 +112,7 @@ struct lmx_tape {
     int n_terms;
     tape_lazy lazy[TAPE_LAZY];   /* ops not run yet, oldest first */
     int n_lazy;
+    double lazy_s;               /* with prof_fwd: seconds of ops left unrun that ran since the op began */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
 };

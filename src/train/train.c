@@ -196,7 +196,8 @@ static lmx_status load_input(lmx_trainer *tr, const ckpt_store *cs, int l, int64
 /* Gradient checkpointing's backward: from the gradient of the last layer's output (var leaf's), each
  * layer from the last down to the lowest adapted one runs again from its saved input (back in ws.x),
  * recorded, and its output's gradient goes back through it to the pairs and to its input (a leaf; the
- * lowest layer's input needs none). */
+ * lowest layer's input needs none).  The output's value is not needed: the run leaves the last
+ * projection and its residual add out where the tape can (lmx_tape_end_forward). */
 static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer **kvs, const lmx_adapter **ads,
                               const lmx_batch *bt, const ckpt_store *cs, int leaf) {
     lmx_model *m = tr->m;
@@ -216,7 +217,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         m->be = tb;
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
-        if (!st && (st = lmx_tape_end_forward(tr->tape))) lmx_err_set(&m->err, st, "%s", tb->err.msg); /* output unread */
+        if (!st && (st = lmx_tape_end_forward(tr->tape, &m->ws.x))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
         if (!st && release_ws) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
         m->be = inner;
         if (!st && (st = lmx_tape_backward_from(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
@@ -334,6 +335,8 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
                 if (l >= tr->lowest && (st = save_input(tr, &cs, l, M))) break;
                 m->be = tr->dropout > 0 ? tb : inner;
                 st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
+                if (!st && m->be == tb && (st = lmx_tape_end_forward(tr->tape, NULL)))
+                    lmx_err_set(&m->err, st, "%s", tb->err.msg);
                 m->be = inner;
                 lmx_tape_reset(tr->tape);
             }
