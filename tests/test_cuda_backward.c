@@ -568,10 +568,37 @@ static void test_xent(double c) {
     const float w[6] = {1.0f, 0.5f, 0.0f, 1.0f, 2.0f, 1.0f};
     tpair z = rand_both(R, V, 8.0f);
     double lg = 0, lc = 0;
-    CHECK(lmx_cuda_backward.xent(gpu, &z.g, tg, w, R, V, c, &lg) == LMX_OK);
-    CHECK(lmx_cpu_backward.xent(cpu, &z.c, tg, w, R, V, c, &lc) == LMX_OK);
+    CHECK(lmx_cuda_backward.xent(gpu, &z.g, tg, w, R, V, c, &lg, NULL) == LMX_OK);
+    CHECK(lmx_cpu_backward.xent(cpu, &z.c, tg, w, R, V, c, &lc, NULL) == LMX_OK);
     CHECK_MSG(fabs(lg - lc) <= 1e-4 * fabs(lc), "xent loss %.7g, cpu %.7g", lg, lc);
     check_both(c != 0 ? "xent gradient" : "xent logits untouched", &z, 1e-5);
+}
+
+/* The gradient into a bf16 tensor of its own (g16): the cpu's in-place gradient rounded, the gpu's logits left
+ * as they were; V 3001 (one value a thread) and 3000 (four) */
+static void test_xent16(int V) {
+    const int R = 6;
+    const int32_t tg[6] = {0, 2999, 17, 5, 5, 2998};
+    const float w[6] = {1.0f, 0.5f, 0.0f, 1.0f, 2.0f, 1.0f};
+    tpair z = rand_both(R, V, 8.0f);
+    float *z0 = malloc((size_t)R * V * sizeof *z0);
+    CHECK(gpu->ops->read(gpu, &z.g, 0, z0, (size_t)R * V * sizeof *z0) == LMX_OK);
+    lmx_tensor g16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {R, V}};
+    CHECK(gpu->ops->alloc(gpu, &g16) == LMX_OK);
+    double lg = 0, lc = 0;
+    CHECK(lmx_cuda_backward.xent(gpu, &z.g, tg, w, R, V, 0.37, &lg, &g16) == LMX_OK);
+    CHECK(lmx_cpu_backward.xent(cpu, &z.c, tg, w, R, V, 0.37, &lc, NULL) == LMX_OK);
+    CHECK_MSG(fabs(lg - lc) <= 1e-4 * fabs(lc), "xent16 loss %.7g, cpu %.7g", lg, lc);
+    float *got = fetch16(&g16, (int64_t)R * V), *zg = malloc((size_t)R * V * sizeof *zg);
+    const int64_t bad = off_bf16(got, z.c.data, (int64_t)R * V);
+    CHECK_MSG(bad == 0, "xent16 (V %d): %lld gradients are not the cpu's rounded to bf16", V, (long long)bad);
+    CHECK(gpu->ops->read(gpu, &z.g, 0, zg, (size_t)R * V * sizeof *zg) == LMX_OK);
+    CHECK_MSG(memcmp(zg, z0, (size_t)R * V * sizeof *zg) == 0, "xent16 (V %d) wrote the logits", V);
+    lmx_tensor f32 = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {R, V}, .data = z.g.data};
+    CHECK(lmx_cuda_backward.xent(gpu, &z.g, tg, w, R, V, 0.37, &lg, &f32) == LMX_ERR_SHAPE); /* not bf16 */
+    free(got), free(zg), free(z0);
+    gpu->ops->release(gpu, &g16);
+    drop(&z);
 }
 
 static void test_optimizer(void) {
@@ -673,6 +700,8 @@ int main(void) {
     test_gather();
     test_xent(0.37);
     test_xent(0.0);
+    test_xent16(3001);
+    test_xent16(3000);
     test_optimizer();
     test_dropout();
     return pair_close("test_cuda_backward");

@@ -72,9 +72,12 @@ typedef struct lmx_backward_ops {
                                   int64_t n);
     /* The loss itself (not a tape op): cross-entropy of logits z [R, V] against targets[r] (in [0, V))
      * with weights w[r] (NULL: all 1; 0 skips the row): *loss = sum_r w_r (logsumexp(z_r) - z_r[t_r]),
-     * and with c != 0, z is overwritten by its gradient times c: c w_r (softmax(z_r) - onehot(t_r)). */
+     * and with c != 0, z is overwritten by its gradient times c: c w_r (softmax(z_r) - onehot(t_r)).
+     * g16 non-NULL (c != 0; bf16 [R, V], the caller's): the gradient written there instead, rounded, z
+     * left as it is (the head matmul's backward reads it so); a backend that cannot returns
+     * LMX_ERR_UNSUPPORTED, having done nothing and set no message. */
     lmx_status (*xent)(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
-                       double *loss);
+                       double *loss, lmx_tensor *g16);
     /* The optimizer (not tape ops either): *out = sum of x^2 over every value of the count tensors g[]
      * (one wait for all of them); and one AdamW update of n parameters p with gradients g and moments
      * m1, m2 (all f32 in backend memory), in double. */

@@ -323,10 +323,21 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
 
 lmx_status lmx_tape_walk(lmx_tape *t, int mark) { return walk_back(t, mark); }
 
+int lmx_tape_seed16(lmx_tape *t, const lmx_tensor *y) {
+    const int vy = var_of(t, y->data), j = vy >= 0 ? maker_of(t, t->n_recs, vy) : -1;
+    return j >= 0 && t->recs[j].op == T_MATMUL && t->bwd->keep_dtype(t->in) == LMX_DTYPE_BF16;
+}
+
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark) {
     const int vy = seed_var(t, y, n);
     if (vy < 0) return t->base.err.status;
     tape_var *v = &t->vars[vy];
+    if (dy->dtype == LMX_DTYPE_BF16) { /* lmx_tape_seed16: the matmul that made y reads it as it is (a view) */
+        if (!lmx_tape_seed16(t, y) || v->grad.data || v->grad16.data)
+            return lmx_err_set(&t->base.err, LMX_ERR_INVALID_ARG, "tape: a bf16 gradient for an output not a matmul's");
+        v->grad16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {v->rows, v->cols}, .data = dy->data};
+        return walk_back(t, mark);
+    }
     if (!v->grad.data && dy->data == y->data && dy->dtype == LMX_DTYPE_F32) {
         /* the gradient written over the output (the loss's logits): read where it is, not copied; a view
          * the walk's release leaves alone and pass_grad never hands on (the caller's buffer) */

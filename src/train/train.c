@@ -239,17 +239,25 @@ static int chunk_rows(const lmx_trainer *tr, int M) {
 }
 
 /* The loss of a chunk of R logit rows (row0 on) in m->ws.logits, with the gradient written in their
- * place when grad_weight != 0: the cross-entropy against targets (backend's xent op), or fn's loss
- * (the logits read to the host, fn's gradient written back times grad_weight). */
+ * place when grad_weight != 0 (or into g16, where its data is not NULL: bf16; released where the backend
+ * cannot): the cross-entropy against targets (backend's xent op), or fn's loss (the logits read to the
+ * host, fn's gradient written back times grad_weight). */
 static lmx_status chunk_loss(lmx_trainer *tr, lmx_backend *inner, const int32_t *targets, const float *mask, double wsum,
-                             lmx_loss_fn fn, void *user, int row0, int R, double grad_weight, float *host, double *part) {
+                             lmx_loss_fn fn, void *user, int row0, int R, double grad_weight, float *host, double *part,
+                             lmx_tensor *g16) {
     lmx_model *m = tr->m;
     const int V = m->cfg.vocab;
     lmx_status st = lmx_tape_guard(tr->tape, &m->ws.logits); /* overwritten here: a soft-cap keeps its output */
     if (st) return lmx_err_set(&m->err, st, "%s", lmx_tape_backend(tr->tape)->err.msg);
     if (!fn) {
-        st = inner->ops->backward->xent(inner, &m->ws.logits, targets + row0, mask ? mask + row0 : NULL, R, V,
-                                        grad_weight / wsum, part);
+        const lmx_backward_ops *bw = inner->ops->backward;
+        const double c = grad_weight / wsum;
+        st = bw->xent(inner, &m->ws.logits, targets + row0, mask ? mask + row0 : NULL, R, V, c, part,
+                      g16->data ? g16 : NULL);
+        if (st == LMX_ERR_UNSUPPORTED && g16->data) { /* in place, in f32 */
+            inner->ops->release(inner, g16);
+            st = bw->xent(inner, &m->ws.logits, targets + row0, mask ? mask + row0 : NULL, R, V, c, part, NULL);
+        }
         return st ? lmx_err_set(&m->err, st, "%s", inner->err.msg) : LMX_OK;
     }
     const size_t n = (size_t)R * V;
@@ -345,23 +353,30 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
                 st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         }
         prof_mark(tr, 0, &t0);
+        /* the unrecorded forward's scratch (its widest: the down projections' inputs narrowed, which the
+         * recorded layers take from the tape's keeps) goes before the head's: a checkpointed step gives it back */
+        if (ckpt && (inner->ops->trim_scratch || inner->ops->trim))
+            (inner->ops->trim_scratch ? inner->ops->trim_scratch : inner->ops->trim)(inner);
         const int mark = lmx_tape_mark(tr->tape);
+        lmx_tensor g16 = {0}; /* the loss's gradient of a chunk in bf16, where the head's backward reads it so */
         for (int r0 = 0; r0 < M && !st; r0 += CR) {
             const int R = M - r0 < CR ? M - r0 : CR;
             for (int i = 0; i < R; i++) rows[i] = r0 + i;
             if ((st = lmx_model_head(m, rows, R, NULL))) break;
-            double part = 0; /* the loss, and its gradient in place of the logits */
-            if ((st = chunk_loss(tr, inner, targets, mask, wsum, fn, user, r0, R, grad_weight, host, &part))) break;
+            if (r0 == 0 && !fn && grad_weight != 0 && lmx_tape_seed16(tr->tape, &m->ws.logits)) {
+                g16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {CR, V}};
+                if ((inner->ops->alloc_raw ? inner->ops->alloc_raw : inner->ops->alloc)(inner, &g16))
+                    lmx_err_clear(&inner->err), g16.data = NULL; /* then in place, in f32 */
+            }
+            double part = 0; /* the loss, and its gradient in place of the logits (or in g16) */
+            if ((st = chunk_loss(tr, inner, targets, mask, wsum, fn, user, r0, R, grad_weight, host, &part, &g16))) break;
             sum += part;
-            if (grad_weight != 0 &&
-                (st = lmx_tape_backward_from(tr->tape, &m->ws.logits, &m->ws.logits, (int64_t)R * V, mark)))
+            if (grad_weight != 0 && (st = lmx_tape_backward_from(tr->tape, &m->ws.logits, g16.data ? &g16 : &m->ws.logits,
+                                                                 (int64_t)R * V, mark)))
                 lmx_err_set(&m->err, st, "%s", tb->err.msg);
         }
+        if (g16.data) inner->ops->release(inner, &g16);
         lmx_model_head_release(m); /* the layers' backward holds no logits */
-        /* nor the unrecorded forward's scratch (its widest: the down projections' inputs narrowed, which
-         * the recorded layers take from the tape's keeps): a checkpointed step gives it back */
-        if (ckpt && (inner->ops->trim_scratch || inner->ops->trim))
-            (inner->ops->trim_scratch ? inner->ops->trim_scratch : inner->ops->trim)(inner);
         prof_mark(tr, 1, &t0);
         if (!st && grad_weight != 0 && ckpt) st = layers_back(tr, inner, kvs, ads, &bt, &cs, leaf);
         else if (!st && grad_weight != 0 && (st = lmx_tape_walk(tr->tape, 0)))

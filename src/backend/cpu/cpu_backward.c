@@ -286,9 +286,10 @@ static void xent_task(void *arg, int task, int thread) {
 
 /* rows split over the pool; the loss summed in row order afterwards (the same sum on any pool) */
 static lmx_status cpu_xent(lmx_backend *be, lmx_tensor *zt, const int32_t *targets, const float *wt, int R, int V,
-                           double c, double *loss) {
+                           double c, double *loss, lmx_tensor *g16) {
     cpu_backend *cb = (cpu_backend *)be;
     *loss = 0;
+    if (g16) return LMX_ERR_UNSUPPORTED; /* its keeps are f32 */
     if (R <= 0) return LMX_OK;
     double *row_loss = malloc((size_t)R * sizeof *row_loss);
     if (!row_loss) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "loss: out of memory");

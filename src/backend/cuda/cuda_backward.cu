@@ -700,17 +700,20 @@ static __device__ __forceinline__ void xent_acc(float &m, float &s, float x) {
     m = mn;
 }
 
-/* One block per row of z [R, V]: loss[r] = w (logsumexp(z) - z[t]); with c != 0, z = c w (softmax(z) - onehot(t)).
- * The row is read twice: once for its max and sum (online, as flash attention's softmax), once to write.  V4: V
- * a multiple of 4, four values a thread a step, each into its own running max and sum (four chains of exps in
- * flight instead of one). */
-template <int V4> __global__ void k_xent(float *z, const int32_t *tg, const float *wt, int V, float c, float *loss) {
+/* One block per row of z [R, V]: loss[r] = w (logsumexp(z) - z[t]); with c != 0, g = c w (softmax(z) - onehot(t)),
+ * g either z itself (G float) or a bf16 [R, V] of its own.  The row is read twice: once for its max and sum
+ * (online, as flash attention's softmax), once to write.  V4: V a multiple of 4 (and g's rows aligned to four
+ * values), four values a thread a step, each into its own running max and sum (four chains of exps in flight
+ * instead of one). */
+template <int V4, typename G>
+__global__ void k_xent(float *z, G *g, const int32_t *tg, const float *wt, int V, float c, float *loss) {
     __shared__ float sh[33];
-    float *zr = z + (int64_t)blockIdx.x * V;
+    const float *zr = z + (int64_t)blockIdx.x * V;
+    G *gr = g + (int64_t)blockIdx.x * V;
     const float w = wt[blockIdx.x];
     const int t = tg[blockIdx.x];
     if (w == 0.0f) {
-        for (int v = threadIdx.x; c != 0.0f && v < V; v += blockDim.x) zr[v] = 0.0f;
+        for (int v = threadIdx.x; c != 0.0f && v < V; v += blockDim.x) gr[v] = (G)0.0f;
         if (threadIdx.x == 0) loss[blockIdx.x] = 0.0f;
         return;
     }
@@ -736,24 +739,26 @@ template <int V4> __global__ void k_xent(float *z, const int32_t *tg, const floa
     const float cw = c * w, inv = 1.0f / se;
     if constexpr (V4) {
         for (int v = threadIdx.x; v < V / 4; v += blockDim.x) {
-            float4 x = ((float4 *)zr)[v];
+            float4 x = ((const float4 *)zr)[v];
             x = make_float4(cw * (__expf(x.x - mx) * inv - (4 * v == t ? 1.0f : 0.0f)),
                             cw * (__expf(x.y - mx) * inv - (4 * v + 1 == t ? 1.0f : 0.0f)),
                             cw * (__expf(x.z - mx) * inv - (4 * v + 2 == t ? 1.0f : 0.0f)),
                             cw * (__expf(x.w - mx) * inv - (4 * v + 3 == t ? 1.0f : 0.0f)));
-            ((float4 *)zr)[v] = x;
+            cuda_st4(gr + 4 * v, x);
         }
     } else {
-        for (int v = threadIdx.x; v < V; v += blockDim.x) zr[v] = cw * (__expf(zr[v] - mx) * inv - (v == t ? 1.0f : 0.0f));
+        for (int v = threadIdx.x; v < V; v += blockDim.x) gr[v] = (G)(cw * (__expf(zr[v] - mx) * inv - (v == t ? 1.0f : 0.0f)));
     }
 }
 
 static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *targets, const float *w, int R, int V, double c,
-                           double *loss) {
+                           double *loss, lmx_tensor *g16) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     *loss = 0;
     if (st || R <= 0) return st;
+    if (g16 && (g16->dtype != LMX_DTYPE_BF16 || lmx_tensor_nelem(g16) < (int64_t)R * V || c == 0))
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "loss: the bf16 gradient is not [%d, %d] bf16", R, V);
     const size_t n = (size_t)R;
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_BWD, n * 12);
     float *host = (float *)malloc(n * sizeof(float));
@@ -767,10 +772,13 @@ static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *target
     cudaError_t e = cudaMemcpyAsync(dt, targets, n * 4, cudaMemcpyHostToDevice, cb->stream);
     if (e == cudaSuccess) e = cudaMemcpyAsync(dw, host, n * 4, cudaMemcpyHostToDevice, cb->stream);
     if (e == cudaSuccess) {
-        if (V % 4 == 0 && (uintptr_t)z->data % 16 == 0) /* every row 16-byte aligned */
-            k_xent<1><<<R, 1024, 0, cb->stream>>>((float *)z->data, dt, dw, V, (float)c, dl);
-        else
-            k_xent<0><<<R, 1024, 0, cb->stream>>>((float *)z->data, dt, dw, V, (float)c, dl);
+        float *zf = (float *)z->data;
+        __nv_bfloat16 *gb = g16 ? (__nv_bfloat16 *)g16->data : NULL;
+        const bool v4 = cuda_vec4_ok(V, zf, gb); /* every row aligned */
+        if (gb && v4) k_xent<1><<<R, 1024, 0, cb->stream>>>(zf, gb, dt, dw, V, (float)c, dl);
+        else if (gb) k_xent<0><<<R, 1024, 0, cb->stream>>>(zf, gb, dt, dw, V, (float)c, dl);
+        else if (v4) k_xent<1><<<R, 1024, 0, cb->stream>>>(zf, zf, dt, dw, V, (float)c, dl);
+        else k_xent<0><<<R, 1024, 0, cb->stream>>>(zf, zf, dt, dw, V, (float)c, dl);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess) e = cudaMemcpyAsync(host, dl, n * 4, cudaMemcpyDeviceToHost, cb->stream);
