@@ -37,6 +37,9 @@ void lmx_tape_reset(lmx_tape *t);
  * lmx_tape_walk walks back from mark without seeding (it goes on from the gradients there are). */
 int lmx_tape_mark(const lmx_tape *t);
 lmx_status lmx_tape_backward_from(lmx_tape *t, const lmx_tensor *y, const lmx_tensor *dy, int64_t n, int mark);
+/* The same, taking dy's buffer over as y's gradient where dy owns it (f32, n values; dy emptied), not
+ * copying it (else as lmx_tape_backward_from, dy left to the caller). */
+lmx_status lmx_tape_backward_take(lmx_tape *t, const lmx_tensor *y, lmx_tensor *dy, int64_t n, int mark);
 /* 1 when the backward from y may start from a bf16 dy (the backend keeps bf16, and a matmul made y, whose
  * backward reads its gradient so: the loss's head), not rounded again; else dy must be f32. */
 int lmx_tape_seed16(lmx_tape *t, const lmx_tensor *y);

@@ -323,6 +323,18 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
 
 lmx_status lmx_tape_walk(lmx_tape *t, int mark) { return walk_back(t, mark); }
 
+lmx_status lmx_tape_backward_take(lmx_tape *t, const lmx_tensor *y, lmx_tensor *dy, int64_t n, int mark) {
+    const int vy = seed_var(t, y, n);
+    if (vy < 0) return t->base.err.status;
+    tape_var *v = &t->vars[vy];
+    if (v->grad.data || v->grad16.data || !dy->owned || dy->dtype != LMX_DTYPE_F32 || lmx_tensor_nelem(dy) != n)
+        return lmx_tape_backward_from(t, y, dy, n, mark);
+    v->grad = *dy; /* y's gradient, not zeros plus dy */
+    v->grad.ndim = 2, v->grad.shape[0] = v->rows, v->grad.shape[1] = v->cols;
+    memset(dy, 0, sizeof *dy);
+    return walk_back(t, mark);
+}
+
 int lmx_tape_seed16(lmx_tape *t, const lmx_tensor *y) {
     const int vy = var_of(t, y->data), j = vy >= 0 ? maker_of(t, t->n_recs, vy) : -1;
     return j >= 0 && t->recs[j].op == T_MATMUL && t->bwd->keep_dtype(t->in) == LMX_DTYPE_BF16;

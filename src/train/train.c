@@ -220,8 +220,8 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         if (!st && (st = lmx_tape_end_forward(tr->tape, &m->ws.x))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
         if (!st && release_ws) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
         m->be = inner;
-        if (!st && (st = lmx_tape_backward_from(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
-        inner->ops->release(inner, &g);
+        if (!st && (st = lmx_tape_backward_take(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
+        inner->ops->release(inner, &g); /* where the tape did not take it */
         if (!st) lmx_tape_take_grad(tr->tape, in, &g);
     }
     if (g.data) inner->ops->release(inner, &g);
