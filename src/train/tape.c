@@ -7,7 +7,10 @@
  * just before an op writes it, or it is released; records that read one version share one keep.  So a
  * value that survives until backward (a checkpointed layer's last activations) is never copied, and
  * q, k and v's LoRA records keep their one input once.  A LoRA record whose input a norm or a GLU made
- * keeps a redo instead (redo_input): backward computes the value again from that op's own keeps. */
+ * keeps a redo instead (redo_input): backward computes the value again from that op's own keeps.
+ * Two kinds of work wait for the op that reads their buffer next: a projection's LoRA expand (tape_term),
+ * and a frozen matmul with its LoRA op and residual add (tape_lazy), which a checkpointed layer's rerun
+ * never needs (lmx_tape_end_forward). */
 #include "tape_internal.h"
 
 static lmx_status grow(void **p, int *cap, int need, size_t size) {
