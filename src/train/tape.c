@@ -9,8 +9,8 @@
  * q, k and v's LoRA records keep their one input once.  A LoRA record whose input a norm or a GLU made
  * keeps a redo instead (redo_input): backward computes the value again from that op's own keeps.
  * Two kinds of work wait for the op that reads their buffer next: a projection's LoRA expand (tape_term),
- * and a frozen matmul with its LoRA op and residual add (tape_lazy), which a checkpointed layer's rerun
- * never needs (lmx_tape_end_forward). */
+ * and a frozen matmul with its LoRA op and residual add (tape_lazy); a checkpointed layer run again never
+ * needs its last projection's, which lmx_tape_end_forward drops. */
 #include "tape_internal.h"
 
 static lmx_status grow(void **p, int *cap, int need, size_t size) {
