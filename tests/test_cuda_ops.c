@@ -124,6 +124,42 @@ static void test_lora_bf16_x(int T) {
     free(a), free(b), free(x), free(y0);
 }
 
+/* The norm_matmuls op against the rmsnorm op then the matmul op in turn on the gpu: the same bits (its GEMMs
+ * read the norm's bf16 copy, the rounding their own narrowing does); rows few enough for the one-row kernels
+ * and dense f32 weights declined.  C 1024, outputs of 512, 256 and 192 (a bias on the first). */
+static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int gtype, int rows, int expect) {
+    const int C = 1024, N[3] = {512, 256, 192};
+    wpair w[3], nw = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, C), b = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, N[0]);
+    for (int i = 0; i < 3; i++) w[i] = make_weight(dt, bits, 64, gtype, N[i], C);
+    float *x = rand_vec((int64_t)rows * C, 2.0f);
+    lmx_tensor xg = act(gpu, rows, C, x), xn0 = act(gpu, rows, C, NULL), xn1 = act(gpu, rows, C, NULL), y0[3], y1[3];
+    lmx_tensor *outs[3];
+    const lmx_tensor *ws[3] = {&w[0].g, &w[1].g, &w[2].g}, *bs[3] = {&b.g, NULL, NULL};
+    for (int i = 0; i < 3; i++) y0[i] = act(gpu, rows, N[i], NULL), y1[i] = act(gpu, rows, N[i], NULL), outs[i] = &y1[i];
+    CHECK(gpu->ops->rmsnorm(gpu, &xn0, &xg, &nw.g, rows, C, 1e-6f, 0.0f) == LMX_OK);
+    for (int i = 0; i < 3; i++) CHECK(gpu->ops->matmul(gpu, &y0[i], &xn0, ws[i], bs[i], rows) == LMX_OK);
+    const lmx_status st = gpu->ops->norm_matmuls(gpu, &xn1, &xg, &nw.g, rows, C, 1e-6f, 0.0f, 3, outs, ws, bs);
+    CHECK_MSG(st == expect, "norm_matmuls %s rows %d: status %d, not %d", name, rows, (int)st, expect);
+    for (int i = -1; st == LMX_OK && i < 3; i++) {
+        const int64_t n = (int64_t)rows * (i < 0 ? C : N[i]);
+        float *a = fetch(gpu, i < 0 ? &xn0 : &y0[i], n), *c = fetch(gpu, i < 0 ? &xn1 : &y1[i], n);
+        CHECK_MSG(memcmp(a, c, (size_t)n * 4) == 0, "norm_matmuls %s rows %d: output %d differs from the ops in turn",
+                  name, rows, i);
+        free(a), free(c);
+    }
+    for (int i = 0; i < 3; i++) gpu->ops->release(gpu, &y0[i]), gpu->ops->release(gpu, &y1[i]);
+    gpu->ops->release(gpu, &xg), gpu->ops->release(gpu, &xn0), gpu->ops->release(gpu, &xn1);
+    free(x);
+}
+
+static void test_norm_matmuls(void) {
+    test_norm_matmuls_case("bf16", LMX_DTYPE_BF16, 0, 0, 300, LMX_OK);
+    test_norm_matmuls_case("mlx q4", LMX_DTYPE_U32, 4, 0, 300, LMX_OK);
+    test_norm_matmuls_case("Q4_K", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 300, LMX_OK);
+    test_norm_matmuls_case("bf16", LMX_DTYPE_BF16, 0, 0, 4, LMX_ERR_UNSUPPORTED);
+    test_norm_matmuls_case("f32", LMX_DTYPE_F32, 0, 0, 300, LMX_ERR_UNSUPPORTED);
+}
+
 static void test_matmul(void) {
     const int Mb[] = {3, 40, 300};
     for (size_t i = 0; i < sizeof Mb / sizeof Mb[0]; i++) {
@@ -1002,6 +1038,7 @@ int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
     test_matmul();
+    test_norm_matmuls();
     test_embed();
     test_elementwise();
     test_rope();

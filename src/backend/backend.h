@@ -239,6 +239,14 @@ typedef struct lmx_backend_ops {
      * residual add of the o or down projection in the pass of its expand.  proj may be left with it added. */
     lmx_status (*lora_add)(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, const lmx_tensor *x, int B, int T,
                            const lmx_lora_pair *const *pairs, int64_t n);
+    /* Optional (NULL: the ops in turn): xn = rmsnorm(x) as the rmsnorm op ([rows, n]), then for i < count
+     * outs[i] = xn @ ws[i]^T + biases[i] (NULL: none) as the matmul op: q, k and v, or gate and up, in fewer
+     * passes where the backend can (cuda: the norm also writes a bf16 copy of xn, which the GEMMs read
+     * instead of each narrowing xn).  The same values as the ops in turn; LMX_ERR_UNSUPPORTED (nothing done,
+     * no message) where the backend declines (rows few enough for its one-row kernels, other weights). */
+    lmx_status (*norm_matmuls)(lmx_backend *be, lmx_tensor *xn, const lmx_tensor *x, const lmx_tensor *norm_w, int rows,
+                               int n, float eps, float add_one, int count, lmx_tensor *const *outs,
+                               const lmx_tensor *const *ws, const lmx_tensor *const *biases);
 } lmx_backend_ops;
 
 #define LMX_TOPK_MAX 256

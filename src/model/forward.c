@@ -186,6 +186,22 @@ static lmx_status lora_then_add(lmx_model *m, const lmx_adapter *const *ad, int 
     return st;
 }
 
+/* ws.xn = rmsnorm(ws.x) by norm_w, then outs[i] = ws.xn W_i^T + b_i for i < count (the rows' q, k, v or gate,
+ * up): one op where the backend has norm_matmuls and takes it (a prompt's or training's rows), else the ops in
+ * turn */
+static lmx_status norm_matmuls(lmx_model *m, const lmx_batch *bt, const lmx_tensor *norm_w, int M, int count,
+                               lmx_tensor *const *outs, const lmx_tensor *const *ws, const lmx_tensor *const *bs) {
+    lmx_backend *be = m->be;
+    const float one = m->norm_add_one, eps = (float)m->cfg.eps;
+    lmx_status st = LMX_ERR_UNSUPPORTED; /* one row a sequence (decode): the ops in turn, which its graphs fuse */
+    if (be->ops->norm_matmuls && bt->T > 1)
+        st = be->ops->norm_matmuls(be, &m->ws.xn, &m->ws.x, norm_w, M, m->cfg.hidden, eps, one, count, outs, ws, bs);
+    if (st != LMX_ERR_UNSUPPORTED) return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
+    TRY(be->ops->rmsnorm(be, &m->ws.xn, &m->ws.x, norm_w, M, m->cfg.hidden, eps, one));
+    for (int i = 0; i < count; i++) TRY(be->ops->matmul(be, outs[i], &m->ws.xn, ws[i], bs[i], M));
+    return LMX_OK;
+}
+
 static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_all, const lmx_adapter *const *ad,
                                   lmx_kv_layer **kv, const lmx_batch *bt, int M) {
     lmx_backend *be = m->be;
@@ -202,13 +218,12 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     lmx_tensor v = as_rows(L->kv_slot >= 0 ? &ws->vs[L->kv_slot] : &ws->v, M, (int64_t)Hk * D);
     lmx_status st;
 
-    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->attn_norm, M, c->hidden, eps, one));
     /* the matmuls, then their LoRA pairs: in this order a cuda decode graph runs q/k/v as one launch with
      * the pairs' expands folded in (cuda_graph_fuse.cu); interleaved, each would be its own group */
     const int own_v = own && L->wv.data != NULL; /* else gemma4's K = V: the values come from the keys' projection */
-    TRY(op->matmul(be, &q, &ws->xn, &L->wq, bias(&L->bq), M));
-    if (own) TRY(op->matmul(be, &k, &ws->xn, &L->wk, bias(&L->bk), M));
-    if (own_v) TRY(op->matmul(be, &v, &ws->xn, &L->wv, bias(&L->bv), M));
+    lmx_tensor *const outs[3] = {&q, &k, &v};
+    const lmx_tensor *const wts[3] = {&L->wq, &L->wk, &L->wv}, *const bs[3] = {bias(&L->bq), bias(&L->bk), bias(&L->bv)};
+    if ((st = norm_matmuls(m, bt, &L->attn_norm, M, 1 + own + own_v, outs, wts, bs))) return st;
     if ((st = lora(m, ad, l, LMX_PROJ_Q, &q, &ws->xn, bt)) || (own && (st = lora(m, ad, l, LMX_PROJ_K, &k, &ws->xn, bt))) ||
         (own_v && (st = lora(m, ad, l, LMX_PROJ_V, &v, &ws->xn, bt))))
         return st;
@@ -249,10 +264,10 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     const int64_t F = L->ffn, MC = (int64_t)M * c->hidden;
     lmx_tensor gate = as_rows(&ws->gate, M, F), up = as_rows(&ws->up, M, F); /* [M, F] */
 
-    TRY(op->rmsnorm(be, &ws->xn, &ws->x, &L->ffn_norm, M, c->hidden, eps, one));
-    TRY(op->matmul(be, &gate, &ws->xn, &L->w_gate, bias(&L->b_gate), M));
-    TRY(op->matmul(be, &up, &ws->xn, &L->w_up, bias(&L->b_up), M));
-    lmx_status st;
+    lmx_tensor *const outs[2] = {&gate, &up};
+    const lmx_tensor *const wts[2] = {&L->w_gate, &L->w_up}, *const bs[2] = {bias(&L->b_gate), bias(&L->b_up)};
+    lmx_status st = norm_matmuls(m, bt, &L->ffn_norm, M, 2, outs, wts, bs);
+    if (st) return st;
     /* gate's and up's pairs ([B] each; `|`: both filled), and their expands in the GLU's pass where the backend can */
     const lmx_lora_pair **pg = ws->lora, **pu = ws->lora + bt->B;
     const int paired = ad && op->lora_glu &&

@@ -814,6 +814,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
     t->ops.read_ahead = NULL;         /* its reads go through w_read */
     t->ops.lora_glu = NULL;           /* the lora, glu and add records (their expands wait: tape_term) */
     t->ops.lora_add = NULL;
+    t->ops.norm_matmuls = NULL;       /* the rmsnorm record writes the keep the matmuls share (rmsnorm_keep) */
     t->base.ops = &t->ops;
     *out = t;
     return LMX_OK;

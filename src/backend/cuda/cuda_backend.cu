@@ -444,6 +444,9 @@ lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, 
                             lmx_act act);
 lmx_status cuda_op_lora_add(lmx_backend *be, lmx_tensor *y, lmx_tensor *proj, const lmx_tensor *x, int B, int T,
                             const lmx_lora_pair *const *pairs, int64_t n);
+lmx_status cuda_op_norm_matmuls(lmx_backend *be, lmx_tensor *xn, const lmx_tensor *x, const lmx_tensor *norm_w, int rows,
+                                int n, float eps, float add_one, int count, lmx_tensor *const *outs,
+                                const lmx_tensor *const *ws, const lmx_tensor *const *biases);
 lmx_status cuda_op_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *t, const int32_t *ids, int M, float s);
 lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                            int n, float eps, float add_one);
@@ -522,6 +525,7 @@ static const lmx_backend_ops cuda_ops = {
     /* .read_ahead = */ cuda_op_read_ahead,
     /* .lora_glu = */ cuda_op_lora_glu,
     /* .lora_add = */ cuda_op_lora_add,
+    /* .norm_matmuls = */ cuda_op_norm_matmuls,
 };
 
 extern "C" int lmx_cuda_device_count(void) {
