@@ -127,7 +127,7 @@ static void test_lora_bf16_x(int T) {
 /* The norm_matmuls op against the rmsnorm op then the matmul op in turn on the gpu: the same bits (its GEMMs
  * read the norm's bf16 copy, the rounding their own narrowing does); rows few enough for the one-row kernels
  * and dense f32 weights declined.  C 1024, outputs of 512, 256 and 192 (a bias on the first). */
-static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int gtype, int rows, int expect) {
+static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int gtype, int rows, lmx_status expect) {
     const int C = 1024, N[3] = {512, 256, 192};
     wpair w[3], nw = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, C), b = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, N[0]);
     for (int i = 0; i < 3; i++) w[i] = make_weight(dt, bits, 64, gtype, N[i], C);
