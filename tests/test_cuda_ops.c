@@ -126,8 +126,10 @@ static void test_lora_bf16_x(int T) {
 
 /* The norm_matmuls op against the rmsnorm op then the matmul op in turn on the gpu: the same bits (its GEMMs
  * read the norm's bf16 copy, the rounding their own narrowing does); rows few enough for the one-row kernels
- * and dense f32 weights declined.  C 1024, outputs of 512, 256 and 192 (a bias on the first). */
-static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int gtype, int rows, lmx_status expect) {
+ * and dense f32 weights declined.  C 1024, outputs of 512, 256 and 192 (a bias on the first); one: the norm's
+ * add_one. */
+static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int gtype, int rows, float one,
+                                   lmx_status expect) {
     const int C = 1024, N[3] = {512, 256, 192};
     wpair w[3], nw = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, C), b = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, N[0]);
     for (int i = 0; i < 3; i++) w[i] = make_weight(dt, bits, 64, gtype, N[i], C);
@@ -136,9 +138,9 @@ static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int
     lmx_tensor *outs[3];
     const lmx_tensor *ws[3] = {&w[0].g, &w[1].g, &w[2].g}, *bs[3] = {&b.g, NULL, NULL};
     for (int i = 0; i < 3; i++) y0[i] = act(gpu, rows, N[i], NULL), y1[i] = act(gpu, rows, N[i], NULL), outs[i] = &y1[i];
-    CHECK(gpu->ops->rmsnorm(gpu, &xn0, &xg, &nw.g, rows, C, 1e-6f, 0.0f) == LMX_OK);
+    CHECK(gpu->ops->rmsnorm(gpu, &xn0, &xg, &nw.g, rows, C, 1e-6f, one) == LMX_OK);
     for (int i = 0; i < 3; i++) CHECK(gpu->ops->matmul(gpu, &y0[i], &xn0, ws[i], bs[i], rows) == LMX_OK);
-    const lmx_status st = gpu->ops->norm_matmuls(gpu, &xn1, &xg, &nw.g, rows, C, 1e-6f, 0.0f, 3, outs, ws, bs);
+    const lmx_status st = gpu->ops->norm_matmuls(gpu, &xn1, &xg, &nw.g, rows, C, 1e-6f, one, 3, outs, ws, bs);
     CHECK_MSG(st == expect, "norm_matmuls %s rows %d: status %d, not %d", name, rows, (int)st, expect);
     for (int i = -1; st == LMX_OK && i < 3; i++) {
         const int64_t n = (int64_t)rows * (i < 0 ? C : N[i]);
@@ -153,11 +155,12 @@ static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int
 }
 
 static void test_norm_matmuls(void) {
-    test_norm_matmuls_case("bf16", LMX_DTYPE_BF16, 0, 0, 300, LMX_OK);
-    test_norm_matmuls_case("mlx q4", LMX_DTYPE_U32, 4, 0, 300, LMX_OK);
-    test_norm_matmuls_case("Q4_K", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 300, LMX_OK);
-    test_norm_matmuls_case("bf16", LMX_DTYPE_BF16, 0, 0, 4, LMX_ERR_UNSUPPORTED);
-    test_norm_matmuls_case("f32", LMX_DTYPE_F32, 0, 0, 300, LMX_ERR_UNSUPPORTED);
+    test_norm_matmuls_case("bf16", LMX_DTYPE_BF16, 0, 0, 300, 0.0f, LMX_OK);
+    test_norm_matmuls_case("bf16, (1 + w)", LMX_DTYPE_BF16, 0, 0, 77, 1.0f, LMX_OK); /* Gemma's norm */
+    test_norm_matmuls_case("mlx q4", LMX_DTYPE_U32, 4, 0, 300, 0.0f, LMX_OK);
+    test_norm_matmuls_case("Q4_K", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 300, 0.0f, LMX_OK);
+    test_norm_matmuls_case("bf16", LMX_DTYPE_BF16, 0, 0, 4, 0.0f, LMX_ERR_UNSUPPORTED);
+    test_norm_matmuls_case("f32", LMX_DTYPE_F32, 0, 0, 300, 0.0f, LMX_ERR_UNSUPPORTED);
 }
 
 static void test_matmul(void) {
