@@ -8,9 +8,8 @@
  * value that survives until backward (a checkpointed layer's last activations) is never copied, and
  * q, k and v's LoRA records keep their one input once.  A LoRA record whose input a norm or a GLU made
  * keeps a redo instead (redo_input): backward computes the value again from that op's own keeps.
- * Two kinds of work wait for the op that reads their buffer next: a projection's LoRA expand (tape_term),
- * and a frozen matmul with its LoRA op and residual add (tape_lazy); a checkpointed layer run again never
- * needs its last projection's, which lmx_tape_end_forward drops. */
+ * Two kinds of work wait for the op that reads their buffer next, a projection's LoRA expand and a frozen
+ * matmul with its LoRA op and residual add: tape_wait.c. */
 #include "tape_internal.h"
 
 static lmx_status grow(void **p, int *cap, int need, size_t size) {
@@ -86,12 +85,12 @@ static lmx_status guard(lmx_tape *t, const void *data) {
     return LMX_OK;
 }
 
-static void unkeep(lmx_tape *t, int id) {
+void tape_unkeep(lmx_tape *t, int id) {
     tape_keep *k = &t->keeps[id];
     if (--k->refs > 0) return;
     if (k->copy.data) t->in->ops->release(t->in, &k->copy);
     for (int i = 0; k->redo && i < 2; i++)
-        if (k->from[i] >= 0) unkeep(t, k->from[i]);
+        if (k->from[i] >= 0) tape_unkeep(t, k->from[i]);
 }
 
 /* Record slot *id reads version vx ([rows, cols]) as a redo (tape_keep) where a GLU's or a norm's record
@@ -132,107 +131,8 @@ static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) 
 
 /* Keep id becomes the tape's shared input, in place of the last one. */
 static void set_shared(lmx_tape *t, int id) {
-    if (t->shared) unkeep(t, t->shared - 1);
+    if (t->shared) tape_unkeep(t, t->shared - 1);
     t->shared = id + 1;
-}
-
-/* ---- LoRA expands left to the op that reads the projection next (tape_term) ------------------------ */
-
-static int term_index(const lmx_tape *t, const void *data) {
-    for (int i = 0; i < t->n_terms; i++)
-        if (t->terms[i].y == data) return i;
-    return -1;
-}
-
-/* term i off the waiting list, as the op that takes it reads it (d: room for the term's data) */
-static lmx_lora_term term_take(lmx_tape *t, int i, tape_term *d) {
-    *d = t->terms[i];
-    memmove(&t->terms[i], &t->terms[i + 1], (size_t)(t->n_terms - i - 1) * sizeof *t->terms);
-    t->n_terms--;
-    return (lmx_lora_term){&d->xa, d->pair};
-}
-
-/* ---- ops left unrun until the tape's next op (tape_lazy) ---------------------------------------- */
-
-static lmx_status lazy_exec(lmx_tape *t, tape_lazy *z) {
-    const lmx_lora_term term = {&z->term.xa, z->term.pair};
-    if (z->op == T_MATMUL) return pass(t, t->in->ops->matmul(t->in, &z->out, &z->x, z->w, z->bias, z->M));
-    if (z->op == T_LORA) return pass(t, t->in->ops->lora(t->in, &z->out, &z->x, z->B, z->T, z->pairs));
-    if (z->term.pair) return pass(t, t->bwd->lora_add(t->in, &z->out, &z->x, z->n, &term));
-    return pass(t, t->in->ops->add(t->in, &z->out, &z->x, z->n));
-}
-
-/* every op left unrun, run now (run 1) or dropped (run 0), oldest first */
-static lmx_status lazy_end(lmx_tape *t, int run) {
-    lmx_status st = LMX_OK;
-    for (int i = 0; i < t->n_lazy; i++) {
-        tape_lazy *z = &t->lazy[i];
-        double t0 = 0;
-        if (run && !st && t->prof_fwd) prof_lap(t, &z->out, &t0);
-        if (run && !st) st = lazy_exec(t, z);
-        if (!st && t0 > 0) { /* timed as its kind's, not as the op's that ran it */
-            const double s = prof_lap(t, &z->out, &t0);
-            t->prof_fwd[z->op] += s, t->lazy_s += s;
-        }
-        if (z->keep >= 0) unkeep(t, z->keep);
-    }
-    t->n_lazy = 0;
-    return st;
-}
-
-/* The ops left unrun are a matmul into buffer data and its LoRA, with room for one more (else 0) */
-static int lazy_only_into(const lmx_tape *t, const void *data) {
-    for (int i = 0; i < t->n_lazy; i++)
-        if (t->lazy[i].op == T_ADD || t->lazy[i].out.data != data) return 0;
-    return t->n_lazy > 0 && t->n_lazy < TAPE_LAZY;
-}
-
-/* An op left unrun that reads xin: where xin is the tape's shared keep, a reference held on it (its id;
- * else -1: xin is a buffer the next op to write runs the op first, or a record's own) */
-static int lazy_hold(lmx_tape *t, const lmx_tensor *xin) {
-    const int id = t->shared && xin == &t->keeps[t->shared - 1].copy ? t->shared - 1 : -1;
-    if (id >= 0) t->keeps[id].refs++;
-    return id;
-}
-
-/* term i added to its buffer now */
-static lmx_status settle_at(lmx_tape *t, int i) {
-    lmx_status st = lazy_end(t, 1);
-    if (st) return st;
-    tape_term d;
-    const lmx_lora_term term = term_take(t, i, &d);
-    const int64_t rows = d.xa.shape[0], N = d.pair->b.shape[0];
-    lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, N}, .data = d.y};
-    return pass(t, t->bwd->lora_add(t->in, &y, NULL, rows * N, &term));
-}
-
-/* every waiting term but those of buffers a and b (NULL: none) added now */
-static lmx_status settle_others(lmx_tape *t, const void *a, const void *b) {
-    lmx_status st = LMX_OK;
-    for (int i = t->n_terms - 1; i >= 0 && !st; i--)
-        if (t->terms[i].y != a && t->terms[i].y != b) st = settle_at(t, i);
-    return st;
-}
-
-/* buffer data's waiting terms (NULL: every one) added now */
-static lmx_status settle_terms(lmx_tape *t, const void *data) {
-    lmx_status st = LMX_OK;
-    for (int i = t->n_terms - 1; i >= 0 && !st; i--)
-        if (!data || t->terms[i].y == data) st = settle_at(t, i);
-    return st;
-}
-
-lmx_status tape_settle(lmx_tape *t, const void *data) {
-    lmx_status st = lazy_end(t, 1);
-    return st ? st : settle_terms(t, data);
-}
-
-/* No keep reads buffer data's present value from the buffer itself (every such keep has its copy): an op
- * may take the buffer's term in its pass without the buffer ever holding it. */
-static int unkept(const lmx_tape *t, const void *data) {
-    for (int i = 0; i < t->n_keeps; i++)
-        if (t->keeps[i].refs > 0 && !t->keeps[i].copy.data && t->keeps[i].src == data) return 0;
-    return 1;
 }
 
 /* What matmul and lora read of input x [rows, cols]: where the backend keeps activations in bf16, the
@@ -251,7 +151,7 @@ static const lmx_tensor *shared_input(lmx_tape *t, const lmx_tensor *x, int64_t 
         const lmx_tensor xv = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, cols}, .data = x->data};
         if (t->bwd->keep(t->in, &k->copy, &xv) != LMX_OK) { /* the op narrows x itself */
             k->copy.data = NULL;
-            unkeep(t, id);
+            tape_unkeep(t, id);
             return x;
         }
     }
@@ -342,13 +242,13 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
                              const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = lazy_end(t, 1);
+    lmx_status st = tape_lazy_end(t, 1);
     if (!st) st = guard(t, out->data);
     if (st) return st;
     /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
     const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
     t->lazy[t->n_lazy++] = (tape_lazy){.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
-                                       .keep = lazy_hold(t, xin)};
+                                       .keep = tape_lazy_hold(t, xin)};
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
     if (req) {
@@ -400,9 +300,9 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     const int64_t K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1], rows = (int64_t)B * T;
     const int drop = watched && t->drop_p > 0;
     /* a matmul into y left unrun stays so while y is not touched (its expand waits: below) */
-    const int lazy = x->data != y->data && lazy_only_into(t, y->data);
-    lmx_status st0 = lazy ? settle_terms(t, x->data) : tape_settle(t, x->data);
-    if (!st0) st0 = lazy ? settle_terms(t, y->data) : tape_settle(t, y->data);
+    const int lazy = x->data != y->data && tape_lazy_only_into(t, y->data);
+    lmx_status st0 = lazy ? tape_settle_terms(t, x->data) : tape_settle(t, x->data);
+    if (!st0) st0 = lazy ? tape_settle_terms(t, y->data) : tape_settle(t, y->data);
     if (st0) return st0;
     const uint64_t seed = t->drop_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(first + 1)); /* one mask per pair */
     tape_rec *r = NULL;
@@ -432,7 +332,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         /* and where one pair adapts every row, the expand waits for the op that reads y next */
         int later = t->bwd->lora_add != NULL;
         for (int b = 0; b < B; b++) later &= pairs[b] == pairs[0];
-        st = later && t->n_terms == TAPE_TERMS ? settle_at(t, 0) : later ? LMX_OK : lazy_end(t, 1);
+        st = later && t->n_terms == TAPE_TERMS ? tape_settle_at(t, 0) : later ? LMX_OK : tape_lazy_end(t, 1);
         if (!st) st = t->bwd->lora_keep(t->in, later ? NULL : y, xin, B, T, pairs, &xa);
         if (st) {
             t->in->ops->release(t->in, &xa);
@@ -443,10 +343,10 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     }
     if (st == LMX_ERR_UNSUPPORTED && lazy && r) { /* the lora op after the matmul left unrun: it waits too */
         t->lazy[t->n_lazy++] = (tape_lazy){.op = T_LORA, .out = *y, .x = *xin, .B = B, .T = T, .pairs = r->pairs,
-                                           .keep = lazy_hold(t, xin)};
+                                           .keep = tape_lazy_hold(t, xin)};
         st = LMX_OK;
     }
-    if (st == LMX_ERR_UNSUPPORTED && !(st = lazy_end(t, 1))) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
+    if (st == LMX_ERR_UNSUPPORTED && !(st = tape_lazy_end(t, 1))) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
     if (pass(t, st)) return st;
     if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
     const int v = new_var(t, y->data, rows, N, 1);
@@ -460,15 +360,15 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     lmx_tape *t = TAPE(be);
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
     /* x's waiting LoRA expand in the add's pass (the projection's buffer is not read again) */
-    lmx_status st = settle_others(t, x->data != y->data ? x->data : NULL, NULL);
-    int ix = st ? -1 : term_index(t, x->data);
-    if (ix >= 0 && !unkept(t, x->data)) st = settle_at(t, ix), ix = -1;
+    lmx_status st = tape_settle_others(t, x->data != y->data ? x->data : NULL, NULL);
+    int ix = st ? -1 : tape_term_index(t, x->data);
+    if (ix >= 0 && !tape_unkept(t, x->data)) st = tape_settle_at(t, ix), ix = -1;
     /* after a matmul into x left unrun, the add is left unrun too; else both run now */
-    const int lazy = x->data != y->data && lazy_only_into(t, x->data);
-    if (!st && !lazy) st = lazy_end(t, 1);
+    const int lazy = x->data != y->data && tape_lazy_only_into(t, x->data);
+    if (!st && !lazy) st = tape_lazy_end(t, 1);
     if (!st) st = guard(t, y->data);
     tape_term d = {0};
-    const lmx_lora_term term = !st && ix >= 0 ? term_take(t, ix, &d) : (lmx_lora_term){0};
+    const lmx_lora_term term = !st && ix >= 0 ? tape_term_take(t, ix, &d) : (lmx_lora_term){0};
     if (!st && lazy)
         t->lazy[t->n_lazy++] = (tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1};
     else if (!st && term.pair)
@@ -491,8 +391,8 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
 static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                           lmx_act act) {
     lmx_tape *t = TAPE(be);
-    lmx_status st0 = lazy_end(t, 1);
-    if (!st0) st0 = settle_others(t, gate->data, up->data);
+    lmx_status st0 = tape_lazy_end(t, 1);
+    if (!st0) st0 = tape_settle_others(t, gate->data, up->data);
     if (st0) return st0;
     const int vg = var_of(t, gate->data), vu = var_of(t, up->data);
     const int req = requires(t, vg) || requires(t, vu);
@@ -523,10 +423,10 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
     tape_term dg = {0}, du = {0};
     lmx_lora_term tg = {0}, tu = {0};
     lmx_status st = LMX_OK;
-    if (kg && unkept(t, gate->data) && unkept(t, up->data)) {
-        int i = term_index(t, gate->data);
-        if (i >= 0) tg = term_take(t, i, &dg);
-        if ((i = term_index(t, up->data)) >= 0) tu = term_take(t, i, &du);
+    if (kg && tape_unkept(t, gate->data) && tape_unkept(t, up->data)) {
+        int i = tape_term_index(t, gate->data);
+        if (i >= 0) tg = tape_term_take(t, i, &dg);
+        if ((i = tape_term_index(t, up->data)) >= 0) tu = tape_term_take(t, i, &du);
     } else {
         st = tape_settle(t, gate->data);
         if (!st) st = tape_settle(t, up->data);
@@ -825,7 +725,7 @@ lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 /* release record r's keeps and arrays */
 void tape_rec_free(lmx_tape *t, tape_rec *r) {
     for (int k = 0; k < 4; k++)
-        if (r->keep[k] >= 0) unkeep(t, r->keep[k]), r->keep[k] = -1;
+        if (r->keep[k] >= 0) tape_unkeep(t, r->keep[k]), r->keep[k] = -1;
     if (r->own.data) t->in->ops->release(t->in, &r->own);
     if (r->lse.data) t->in->ops->release(t->in, &r->lse);
     if (r->xa.data) t->in->ops->release(t->in, &r->xa);
@@ -843,9 +743,9 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
 void lmx_tape_reset(lmx_tape *t) {
-    lazy_end(t, 0);
+    tape_lazy_end(t, 0);
     t->n_terms = 0; /* their records' xa go with the records */
-    if (t->shared) unkeep(t, t->shared - 1);
+    if (t->shared) tape_unkeep(t, t->shared - 1);
     t->shared = 0;
     for (int i = 0; i < t->n_recs; i++) tape_rec_free(t, &t->recs[i]);
     for (int i = 0; i < t->n_vars; i++) {
@@ -871,13 +771,6 @@ int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) {
     lmx_status st = x->data ? tape_settle(t, x->data) : LMX_OK;
     return st || !x->data ? st : guard(t, x->data);
-}
-
-lmx_status lmx_tape_end_forward(lmx_tape *t, const lmx_tensor *unread) {
-    /* the ops left unrun end in an add into unread (the matmul and LoRA before it feed it alone) */
-    int drop = unread && t->n_lazy > 0 && t->lazy[t->n_lazy - 1].out.data == unread->data;
-    for (int i = 0; drop && i < t->n_lazy; i++) drop = unkept(t, t->lazy[i].out.data); /* and no keep reads them */
-    return lazy_end(t, !drop);
 }
 
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {

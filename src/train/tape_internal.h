@@ -180,10 +180,34 @@ static inline void drop16(lmx_tape *t, int v) {
     if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
 }
 
-/* The ops left unrun (tape_lazy), then the waiting LoRA expands of buffer data (NULL: all of them),
- * added now (tape.c) */
-lmx_status tape_settle(lmx_tape *t, const void *data);
 /* release record r's keeps and arrays (tape.c) */
 void tape_rec_free(lmx_tape *t, tape_rec *r);
+/* drop a reference to keep id: its copy (and a redo's inputs) released with the last (tape.c) */
+void tape_unkeep(lmx_tape *t, int id);
+
+/* ---- work left for later (tape_wait.c) ---------------------------------------------------------- */
+
+/* The ops left unrun (tape_lazy), then the waiting LoRA expands of buffer data (NULL: all of them),
+ * added now */
+lmx_status tape_settle(lmx_tape *t, const void *data);
+/* buffer data's waiting terms alone (NULL: every one) added now */
+lmx_status tape_settle_terms(lmx_tape *t, const void *data);
+/* every waiting term but those of buffers a and b (NULL: none) added now */
+lmx_status tape_settle_others(lmx_tape *t, const void *a, const void *b);
+/* waiting term i added to its buffer now */
+lmx_status tape_settle_at(lmx_tape *t, int i);
+/* the waiting term of buffer data (-1: none) */
+int tape_term_index(const lmx_tape *t, const void *data);
+/* term i off the waiting list, as the op that takes it reads it (d: room for the term's data) */
+lmx_lora_term tape_term_take(lmx_tape *t, int i, tape_term *d);
+/* No keep reads buffer data's present value from the buffer itself (every such keep has its copy) */
+int tape_unkept(const lmx_tape *t, const void *data);
+/* every op left unrun, run now (run 1) or dropped (run 0), oldest first */
+lmx_status tape_lazy_end(lmx_tape *t, int run);
+/* The ops left unrun are a matmul into buffer data and its LoRA, with room for one more (else 0) */
+int tape_lazy_only_into(const lmx_tape *t, const void *data);
+/* An op left unrun that reads xin: where xin is the tape's shared keep, a reference held on it (its id;
+ * else -1) */
+int tape_lazy_hold(lmx_tape *t, const lmx_tensor *xin);
 
 #endif
