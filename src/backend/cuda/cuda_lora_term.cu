@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float 
             const float gi = tg.xa ? gv[k] + term_dot<R>(bg, sx[0] + (i0 + k) * R) : gv[k];
             const float ui = tu.xa ? uv[k] + term_dot<R>(bu, sx[1] + (i0 + k) * R) : uv[k];
             const float oi = glu_act(gi, act) * ui;
-                if (gk) gk[e] = __float2bfloat16(gi), uk[e] = __float2bfloat16(ui);
+            if (gk) gk[e] = __float2bfloat16(gi), uk[e] = __float2bfloat16(ui);
             o[e] = oi;
             if (ok) ok[e] = __float2bfloat16(oi);
         }
