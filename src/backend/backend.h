@@ -280,6 +280,11 @@ static inline lmx_status lmx_backend_mem_check(lmx_backend *be, int64_t delta) {
                        (long long)be->mem_limit, (long long)need);
 }
 
+/* t allocated for an op that writes it whole: uninitialised where the backend can (alloc_raw), else zeroed. */
+static inline lmx_status lmx_backend_alloc_raw(lmx_backend *be, lmx_tensor *t) {
+    return (be->ops->alloc_raw ? be->ops->alloc_raw : be->ops->alloc)(be, t);
+}
+
 /* Bytes a weight occupies as stored (data, plus scales and biases when MLX-quantized). */
 int64_t lmx_weight_bytes(const lmx_tensor *w);
 

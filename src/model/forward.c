@@ -485,7 +485,7 @@ lmx_status lmx_model_layer_buffers(lmx_model *m, int release) {
         }
         if (t[i]->data || m->ws.max_rows <= 0) continue;
         *t[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {m->ws.max_rows, w[i]}};
-        lmx_status st = (be->ops->alloc_raw ? be->ops->alloc_raw : be->ops->alloc)(be, t[i]);
+        lmx_status st = lmx_backend_alloc_raw(be, t[i]);
         if (st) {
             m->ws.max_rows = 0; /* the next pass makes every buffer again */
             return lmx_err_set(&m->err, st, "%s", be->err.msg);

@@ -137,9 +137,9 @@ static inline double prof_lap(lmx_tape *t, const lmx_tensor *x, double *t0) {
     return d;
 }
 
-/* x allocated for an op that writes it whole: uninitialised where the backend can (alloc_raw), else zeroed */
+/* x allocated on the inner backend for an op that writes it whole (lmx_backend_alloc_raw) */
 static inline lmx_status tape_alloc(lmx_tape *t, lmx_tensor *x) {
-    return (t->in->ops->alloc_raw ? t->in->ops->alloc_raw : t->in->ops->alloc)(t->in, x);
+    return lmx_backend_alloc_raw(t->in, x);
 }
 
 /* ---- vars, keeps, watches ----------------------------------------------------------------------- */

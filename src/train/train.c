@@ -365,7 +365,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             if ((st = lmx_model_head(m, rows, R, NULL))) break;
             if (r0 == 0 && !fn && grad_weight != 0 && lmx_tape_seed16(tr->tape, &m->ws.logits)) {
                 g16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {CR, V}};
-                if ((inner->ops->alloc_raw ? inner->ops->alloc_raw : inner->ops->alloc)(inner, &g16))
+                if (lmx_backend_alloc_raw(inner, &g16))
                     lmx_err_clear(&inner->err), g16.data = NULL; /* then in place, in f32 */
             }
             double part = 0; /* the loss, and its gradient in place of the logits (or in g16) */
