@@ -237,24 +237,31 @@ static void test_lora_terms(int r, int which) {
         gg[i] = which & 1 ? &pg[0] : NULL, gu[i] = which & 2 ? &pg[1] : NULL;
         cg[i] = which & 1 ? &pc[0] : NULL, cu[i] = which & 2 ? &pc[1] : NULL;
     }
-    for (int one_row = 0; one_row < 2; one_row++) {
-        const int B = one_row ? rows : 1, T = one_row ? 1 : rows;
+    tpair xk = rand_in(rows, K, 1.0f, 1); /* a prompt's bf16 activations (backend.h): x, and lora_glu's out */
+    for (int v = 0; v < 4; v++) {
+        const int one_row = v & 1, a16 = v >> 1, B = one_row ? rows : 1, T = one_row ? 1 : rows;
+        const tpair *xv = a16 ? &xk : &x;
         tpair g = rand_both(rows, N, 3.0f), u = rand_both(rows, N, 2.0f);
-        CHECK(gpu->ops->lora_glu(gpu, &g.g, &g.g, &u.g, &x.g, B, T, gg, gu, n, LMX_ACT_SILU) == LMX_OK);
-        if (which & 1) CHECK(cpu->ops->lora(cpu, &g.c, &x.c, B, T, cg) == LMX_OK);
-        if (which & 2) CHECK(cpu->ops->lora(cpu, &u.c, &x.c, B, T, cu) == LMX_OK);
+        lmx_tensor o16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}};
+        if (a16) CHECK(gpu->ops->alloc(gpu, &o16) == LMX_OK);
+        CHECK(gpu->ops->lora_glu(gpu, a16 ? &o16 : &g.g, &g.g, &u.g, &xv->g, B, T, gg, gu, n, LMX_ACT_SILU) == LMX_OK);
+        if (which & 1) CHECK(cpu->ops->lora(cpu, &g.c, &xv->c, B, T, cg) == LMX_OK);
+        if (which & 2) CHECK(cpu->ops->lora(cpu, &u.c, &xv->c, B, T, cu) == LMX_OK);
         CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, LMX_ACT_SILU) == LMX_OK);
-        snprintf(what, sizeof what, "lora_glu op (rank %d, terms %d, %d rows a sequence)", r, which, T);
-        check_both(what, &g, 2e-3);
+        snprintf(what, sizeof what, "lora_glu op (rank %d, terms %d, %d rows a sequence%s)", r, which, T,
+                 a16 ? ", bf16 x and out" : "");
+        if (a16) compare_keep(what, &o16, &g.c, n), drop(&g), gpu->ops->release(gpu, &o16);
+        else check_both(what, &g, 2e-3);
         drop(&u);
         tpair y = rand_both(rows, N, 1.0f), pj = rand_both(rows, N, 1.0f);
-        CHECK(gpu->ops->lora_add(gpu, &y.g, &pj.g, &x.g, B, T, gg[0] ? gg : gu, n) == LMX_OK);
-        CHECK(cpu->ops->lora(cpu, &pj.c, &x.c, B, T, gg[0] ? cg : cu) == LMX_OK);
+        CHECK(gpu->ops->lora_add(gpu, &y.g, &pj.g, &xv->g, B, T, gg[0] ? gg : gu, n) == LMX_OK);
+        CHECK(cpu->ops->lora(cpu, &pj.c, &xv->c, B, T, gg[0] ? cg : cu) == LMX_OK);
         CHECK(cpu->ops->add(cpu, &y.c, &pj.c, n) == LMX_OK);
-        snprintf(what, sizeof what, "lora_add op (rank %d, %d rows a sequence)", r, T);
+        snprintf(what, sizeof what, "lora_add op (rank %d, %d rows a sequence%s)", r, T, a16 ? ", bf16 x" : "");
         check_both(what, &y, 2e-3);
         drop(&pj);
     }
+    drop(&xk);
     free(gg), free(gu), free(cg), free(cu);
     for (int i = 0; i < 2; i++) drop(&a[i]), drop(&b[i]), gpu->ops->release(gpu, &xa[i]);
     drop(&x);

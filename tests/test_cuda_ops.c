@@ -149,6 +149,23 @@ static void test_norm_matmuls_case(const char *name, lmx_dtype dt, int bits, int
                   name, rows, i);
         free(a), free(c);
     }
+    /* a bf16 xn (a prompt's activations, backend.h): the norm's output rounded, and the same products */
+    lmx_tensor x16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, C}};
+    CHECK(gpu->ops->alloc(gpu, &x16) == LMX_OK);
+    const lmx_status s16 = gpu->ops->norm_matmuls(gpu, &x16, &xg, &nw.g, rows, C, 1e-6f, one, 3, outs, ws, bs);
+    CHECK_MSG(s16 == expect, "norm_matmuls %s rows %d, bf16 xn: status %d, not %d", name, rows, (int)s16, expect);
+    for (int i = -1; s16 == LMX_OK && i < 3; i++) {
+        const int64_t n = (int64_t)rows * (i < 0 ? C : N[i]);
+        float *a = fetch(gpu, i < 0 ? &xn0 : &y0[i], n), *c = i < 0 ? NULL : fetch(gpu, &y1[i], n);
+        uint16_t *h = i < 0 ? malloc((size_t)n * 2) : NULL;
+        if (h) CHECK(gpu->ops->read(gpu, &x16, 0, h, (size_t)n * 2) == LMX_OK);
+        int64_t bad = 0;
+        for (int64_t j = 0; j < n; j++) bad += h ? h[j] != lmx_f32_to_bf16(a[j]) : memcmp(&a[j], &c[j], 4) != 0;
+        CHECK_MSG(bad == 0, "norm_matmuls %s rows %d, bf16 xn: output %d differs in %lld values", name, rows, i,
+                  (long long)bad);
+        free(a), free(c), free(h);
+    }
+    gpu->ops->release(gpu, &x16);
     for (int i = 0; i < 3; i++) gpu->ops->release(gpu, &y0[i]), gpu->ops->release(gpu, &y1[i]);
     gpu->ops->release(gpu, &xg), gpu->ops->release(gpu, &xn0), gpu->ops->release(gpu, &xn1);
     free(x);
@@ -318,6 +335,18 @@ static void test_elementwise(void) {
             /* gelu_tanh near x = -3 multiplies by 1 + tanh(...) ~ 0.006: the two backends' tanhf (fast math
              * on the GPU) differ there by ~1e-7 absolute, which that cancellation makes ~3e-5 relative */
             compare(a ? "glu gelu_tanh" : "glu silu", &og, &oc, m, a ? 1e-4 : 1e-5);
+            /* a bf16 out (a prompt's activations, backend.h): the f32 output rounded */
+            lmx_tensor o16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, n}};
+            CHECK(gpu->ops->alloc(gpu, &o16) == LMX_OK);
+            CHECK(gpu->ops->glu(gpu, &o16, &xg, &yg, m, (lmx_act)a) == LMX_OK);
+            float *f = fetch(gpu, &og, m);
+            uint16_t *h = malloc((size_t)m * 2);
+            CHECK(gpu->ops->read(gpu, &o16, 0, h, (size_t)m * 2) == LMX_OK);
+            int64_t bad = 0;
+            for (int64_t j = 0; j < m; j++) bad += h[j] != lmx_f32_to_bf16(f[j]);
+            CHECK_MSG(bad == 0, "glu %d into bf16, n %d: %lld values differ from the f32 output rounded", a, n, (long long)bad);
+            free(f), free(h);
+            gpu->ops->release(gpu, &o16);
             free_pair(&og, &oc);
         }
         CHECK(gpu->ops->softcap(gpu, &yg, m, 2.5f) == LMX_OK && cpu->ops->softcap(cpu, &yc, m, 2.5f) == LMX_OK);

@@ -243,7 +243,11 @@ typedef struct lmx_backend_ops {
      * outs[i] = xn @ ws[i]^T + biases[i] (NULL: none) as the matmul op: q, k and v, or gate and up, in fewer
      * passes where the backend can (cuda: the norm also writes a bf16 copy of xn, which the GEMMs read
      * instead of each narrowing xn).  The same values as the ops in turn; LMX_ERR_UNSUPPORTED (nothing done,
-     * no message) where the backend declines (rows few enough for its one-row kernels, other weights). */
+     * no message) where the backend declines (rows few enough for its one-row kernels, other weights).
+     * xn may be bf16 (forward.c asks so for a prompt's rows): the norm's output rounded, written alone, for the
+     * projections to read as it is.  A backend that takes it promises that its matmul, lora, lora_glu (x) and
+     * lora_add (x) ops take such bf16 activations, and its glu and lora_glu ops a bf16 out (the GLU's output,
+     * which only the down projection reads). */
     lmx_status (*norm_matmuls)(lmx_backend *be, lmx_tensor *xn, const lmx_tensor *x, const lmx_tensor *norm_w, int rows,
                                int n, float eps, float add_one, int count, lmx_tensor *const *outs,
                                const lmx_tensor *const *ws, const lmx_tensor *const *biases);

@@ -23,6 +23,11 @@
 #include "adapter.h"
 #include "model.h"
 
+/* A backend op's failure st as the model's (its message the backend's); LMX_OK as it is. */
+static lmx_status be_failed(lmx_model *m, lmx_status st) {
+    return st ? lmx_err_set(&m->err, st, "%s", m->be->err.msg) : LMX_OK;
+}
+
 /* The bias to pass to matmul: NULL when the checkpoint has none. */
 static const lmx_tensor *bias(const lmx_tensor *b) { return b->data ? b : NULL; }
 
@@ -186,18 +191,28 @@ static lmx_status lora_then_add(lmx_model *m, const lmx_adapter *const *ad, int 
     return st;
 }
 
-/* ws.xn = rmsnorm(ws.x) by norm_w, then outs[i] = ws.xn W_i^T + b_i for i < count (the rows' q, k, v or gate,
- * up): one op where the backend has norm_matmuls and takes it (a prompt's or training's rows), else the ops in
- * turn */
+/* xn = rmsnorm(ws.x) by norm_w, then outs[i] = xn W_i^T + b_i for i < count (the rows' q, k, v or gate, up):
+ * one op where the backend has norm_matmuls and takes it (a prompt's or training's rows), else the ops in
+ * turn.  *xn is what the projections read: ws.xn, or where the op takes a bf16 xn (backend.h) a bf16 tensor
+ * [M, hidden] made here, which the caller releases (x16). */
 static lmx_status norm_matmuls(lmx_model *m, const lmx_batch *bt, const lmx_tensor *norm_w, int M, int count,
-                               lmx_tensor *const *outs, const lmx_tensor *const *ws, const lmx_tensor *const *bs) {
+                               lmx_tensor *const *outs, const lmx_tensor *const *ws, const lmx_tensor *const *bs,
+                               lmx_tensor *x16, const lmx_tensor **xn) {
     lmx_backend *be = m->be;
     const float one = m->norm_add_one, eps = (float)m->cfg.eps;
+    const int C = m->cfg.hidden;
     lmx_status st = LMX_ERR_UNSUPPORTED; /* one row a sequence (decode): the ops in turn, which its graphs fuse */
-    if (be->ops->norm_matmuls && bt->T > 1)
-        st = be->ops->norm_matmuls(be, &m->ws.xn, &m->ws.x, norm_w, M, m->cfg.hidden, eps, one, count, outs, ws, bs);
+    *x16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {M, C}};
+    *xn = &m->ws.xn;
+    if (be->ops->norm_matmuls && bt->T > 1) {
+        TRY(lmx_backend_alloc_raw(be, x16));
+        st = be->ops->norm_matmuls(be, x16, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
+        if (st == LMX_OK) *xn = x16;
+        else be->ops->release(be, x16), x16->data = NULL;
+        if (st == LMX_ERR_UNSUPPORTED) st = be->ops->norm_matmuls(be, &m->ws.xn, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
+    }
     if (st != LMX_ERR_UNSUPPORTED) return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
-    TRY(be->ops->rmsnorm(be, &m->ws.xn, &m->ws.x, norm_w, M, m->cfg.hidden, eps, one));
+    TRY(be->ops->rmsnorm(be, &m->ws.xn, &m->ws.x, norm_w, M, C, eps, one));
     for (int i = 0; i < count; i++) TRY(be->ops->matmul(be, outs[i], &m->ws.xn, ws[i], bs[i], M));
     return LMX_OK;
 }
@@ -223,10 +238,13 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     const int own_v = own && L->wv.data != NULL; /* else gemma4's K = V: the values come from the keys' projection */
     lmx_tensor *const outs[3] = {&q, &k, &v};
     const lmx_tensor *const wts[3] = {&L->wq, &L->wk, &L->wv}, *const bs[3] = {bias(&L->bq), bias(&L->bk), bias(&L->bv)};
-    if ((st = norm_matmuls(m, bt, &L->attn_norm, M, 1 + own + own_v, outs, wts, bs))) return st;
-    if ((st = lora(m, ad, l, LMX_PROJ_Q, &q, &ws->xn, bt)) || (own && (st = lora(m, ad, l, LMX_PROJ_K, &k, &ws->xn, bt))) ||
-        (own_v && (st = lora(m, ad, l, LMX_PROJ_V, &v, &ws->xn, bt))))
-        return st;
+    lmx_tensor x16;
+    const lmx_tensor *xn;
+    if ((st = norm_matmuls(m, bt, &L->attn_norm, M, 1 + own + own_v, outs, wts, bs, &x16, &xn))) return st;
+    if (!(st = lora(m, ad, l, LMX_PROJ_Q, &q, xn, bt)) && own && !(st = lora(m, ad, l, LMX_PROJ_K, &k, xn, bt)) && own_v)
+        st = lora(m, ad, l, LMX_PROJ_V, &v, xn, bt);
+    if (x16.data) op->release(be, &x16);
+    if (st) return st;
     if (m->traits.qk_norm) TRY(op->rmsnorm(be, &q, &q, &L->q_norm, M * H, D, eps, one));
     if (own && m->traits.gemma4) /* each value head RMS-normed without a weight (before k's norm: K = V) */
         TRY(op->rmsnorm(be, &v, L->wv.data ? &v : &k, &m->unit_norm, M * Hk, D, eps, 1.0f));
@@ -266,23 +284,27 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
 
     lmx_tensor *const outs[2] = {&gate, &up};
     const lmx_tensor *const wts[2] = {&L->w_gate, &L->w_up}, *const bs[2] = {bias(&L->b_gate), bias(&L->b_up)};
-    lmx_status st = norm_matmuls(m, bt, &L->ffn_norm, M, 2, outs, wts, bs);
+    lmx_tensor x16;
+    const lmx_tensor *xn;
+    lmx_status st = norm_matmuls(m, bt, &L->ffn_norm, M, 2, outs, wts, bs, &x16, &xn);
     if (st) return st;
+    /* the GLU's output h [M, F]: into gate, or where the norm's output was bf16 (backend.h) a bf16 tensor of its own */
+    lmx_tensor h16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {M, F}}, *h = &gate;
+    if (x16.data && !(st = lmx_backend_alloc_raw(be, &h16))) h = &h16;
     /* gate's and up's pairs ([B] each; `|`: both filled), and their expands in the GLU's pass where the backend can */
     const lmx_lora_pair **pg = ws->lora, **pu = ws->lora + bt->B;
     const int paired = ad && op->lora_glu &&
                        (lora_pairs(ad, l, LMX_PROJ_GATE, bt->B, pg) | lora_pairs(ad, l, LMX_PROJ_UP, bt->B, pu));
-    if (paired) {
-        TRY(op->lora_glu(be, &gate, &gate, &up, &ws->xn, bt->B, bt->T, pg, pu, (int64_t)M * F, c->act));
-    } else {
-        if ((st = lora(m, ad, l, LMX_PROJ_GATE, &gate, &ws->xn, bt)) || (st = lora(m, ad, l, LMX_PROJ_UP, &up, &ws->xn, bt)))
-            return st;
-        TRY(op->glu(be, &gate, &gate, &up, (int64_t)M * F, c->act));
-    }
-    TRY(op->matmul(be, &ws->proj, &gate, &L->w_down, bias(&L->b_down), M));
-    if (!(L->moe && c->moe_beside_mlp) && !L->post_ffn_norm.data)
-        return lora_then_add(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &gate, bt, MC);
-    if ((st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, &gate, bt))) return st;
+    if (st) st = be_failed(m, st);
+    else if (paired) st = be_failed(m, op->lora_glu(be, h, &gate, &up, xn, bt->B, bt->T, pg, pu, (int64_t)M * F, c->act));
+    else if (!(st = lora(m, ad, l, LMX_PROJ_GATE, &gate, xn, bt)) && !(st = lora(m, ad, l, LMX_PROJ_UP, &up, xn, bt)))
+        st = be_failed(m, op->glu(be, h, &gate, &up, (int64_t)M * F, c->act));
+    if (x16.data) op->release(be, &x16);
+    if (!st) st = be_failed(m, op->matmul(be, &ws->proj, h, &L->w_down, bias(&L->b_down), M));
+    const int plain = !(L->moe && c->moe_beside_mlp) && !L->post_ffn_norm.data; /* x += down's output */
+    if (!st) st = plain ? lora_then_add(m, ad, l, LMX_PROJ_DOWN, &ws->proj, h, bt, MC) : lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, h, bt);
+    if (h16.data) op->release(be, &h16);
+    if (st || plain) return st;
     if (L->moe && c->moe_beside_mlp) { /* gemma4: the experts beside the MLP, each output normed, then summed */
         TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_ffn_norm_1, M, c->hidden, eps, one));
         if ((st = moe_block(m, l, bt, M))) return st;

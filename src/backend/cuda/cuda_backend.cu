@@ -627,6 +627,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->gguf_repack = !(gr && gr[0] == '0');
     const char *kp = getenv("LMX_CUDA_KEEP");
     cb->keep_f32 = kp && !strcmp(kp, "f32");
+    const char *a16 = getenv("LMX_CUDA_ACT16");
+    cb->act16 = !(a16 && a16[0] == '0');
     const char *gv = getenv("LMX_CUDA_GEMV");
     cb->gemv_variant = gv ? atoi(gv) : 0;
     const char *sm = getenv("LMX_CUDA_STREAM_MIN");

@@ -77,6 +77,8 @@ typedef struct cuda_backend {
     int gguf_repack;         /* 1: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights uploaded as MLX groups of 32 (cuda_repack.cu;
                                 LMX_CUDA_GGUF_REPACK=0 keeps the blocks, for A/B measurements) */
     int keep_f32;            /* LMX_CUDA_KEEP=f32: training keeps forward values in f32, not bf16 */
+    int act16;               /* 1: norm_matmuls takes a bf16 xn (backend.h: a prompt's activations for the
+                                projections in bf16); LMX_CUDA_ACT16=0 declines it, for A/B measurements */
     int gemv_variant;        /* LMX_CUDA_GEMV (A/B measurements): 1 no k_gemv1 (nor what it folds in); 2 no
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
                                 cuda_ggml.cu's int16 kernel; 4 that kernel's one row with x quantized

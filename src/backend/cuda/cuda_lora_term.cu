@@ -55,7 +55,8 @@ struct term_arg {
     float s;
 };
 
-/* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g); keeps of g', u' (gk non-NULL; and of o: ok) */
+/* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g; NULL: none); keeps of g', u' (gk non-NULL;
+ * and of o: ok, or o's bf16 values alone where o is NULL) */
 template <int R>
 __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
                                                          __nv_bfloat16 *ok, const float *g, const float *u,
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 3 : 2) k_glu_terms(float 
             const float ui = tu.xa ? uv[k] + term_dot<R>(bu, sx[1] + (i0 + k) * R) : uv[k];
             const float oi = glu_act(gi, act) * ui;
             if (gk) gk[e] = __float2bfloat16(gi), uk[e] = __float2bfloat16(ui);
-            o[e] = oi;
+            if (o) o[e] = oi;
             if (ok) ok[e] = __float2bfloat16(oi);
         }
     }
@@ -237,9 +238,11 @@ lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, 
         if (p0) st = term_shrink(cb, x, B, T, pg, room, &xg, &tg);
         if (!st && p1) st = term_shrink(cb, x, B, T, pu, room + ((rows * rg + 3) & ~(int64_t)3), &xu, &tu);
         int done = 0;
+        const int o16 = out->dtype == LMX_DTYPE_BF16; /* a prompt's bf16 activations (backend.h) */
         if (!st)
-            st = cuda_glu_terms(cb, (float *)out->data, (const float *)gate->data, (const float *)up->data, n, (int)act,
-                                NULL, NULL, NULL, p0 ? &tg : NULL, p1 ? &tu : NULL, &done);
+            st = cuda_glu_terms(cb, o16 ? NULL : (float *)out->data, (const float *)gate->data, (const float *)up->data, n,
+                                (int)act, NULL, NULL, o16 ? (__nv_bfloat16 *)out->data : NULL, p0 ? &tg : NULL,
+                                p1 ? &tu : NULL, &done);
         /* not done: a rank the kernel does not take, whose terms GEMMs added to gate and up */
         return st || done ? st : cuda_op_glu(be, out, gate, up, n, act);
     }

@@ -247,12 +247,14 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
 
 /* The norm_matmuls op (backend.h): where every GEMM takes a bf16 x as it is (bf16 or quantized weights, rows
  * past the one-row kernels'), the norm writes xn's bf16 copy in its pass (the rounding the GEMMs' own
- * narrowing does: the same values) and the GEMMs read it; else declined. */
+ * narrowing does: the same values) and the GEMMs read it; else declined.  A bf16 xn is that copy, and the
+ * norm writes nothing else. */
 lmx_status cuda_op_norm_matmuls(lmx_backend *be, lmx_tensor *xn, const lmx_tensor *x, const lmx_tensor *norm_w, int rows,
                                 int n, float eps, float add_one, int count, lmx_tensor *const *outs,
                                 const lmx_tensor *const *ws, const lmx_tensor *const *biases) {
     cuda_backend *cb = (cuda_backend *)be;
-    if (n <= 256 || x->dtype != LMX_DTYPE_F32) return LMX_ERR_UNSUPPORTED; /* cuda_rmsnorm_o16's rows */
+    const int only16 = xn->dtype == LMX_DTYPE_BF16;
+    if (n <= 256 || x->dtype != LMX_DTYPE_F32 || (only16 && !cb->act16)) return LMX_ERR_UNSUPPORTED; /* cuda_rmsnorm_o16's rows */
     for (int i = 0; i < count; i++) {
         const int quant = ws[i]->q.bits || ws[i]->q.ggml_type;
         if ((!quant && ws[i]->dtype != LMX_DTYPE_BF16) || rows <= (quant ? QGEMV_MAX_ROWS : cuda_gemv_rows(cb, ws[i])))
@@ -260,9 +262,10 @@ lmx_status cuda_op_norm_matmuls(lmx_backend *be, lmx_tensor *xn, const lmx_tenso
     }
     lmx_status st = cuda_graph_flush(cb);
     lmx_tensor x16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, n}}; /* [rows, n] */
-    if (st || (st = cuda_alloc_raw(cb, &x16))) return st;
-    st = cuda_rmsnorm_o16(be, xn, x, norm_w, rows, n, eps, add_one, (__nv_bfloat16 *)x16.data);
+    if (only16) x16 = *xn;
+    else if (st || (st = cuda_alloc_raw(cb, &x16))) return st;
+    if (!st) st = cuda_rmsnorm_o16(be, only16 ? NULL : xn, x, norm_w, rows, n, eps, add_one, (__nv_bfloat16 *)x16.data);
     for (int i = 0; i < count && !st; i++) st = cuda_matmul(be, outs[i], &x16, ws[i], biases[i], rows);
-    be->ops->release(be, &x16);
+    if (!only16) be->ops->release(be, &x16);
     return st;
 }

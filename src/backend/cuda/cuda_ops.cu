@@ -92,7 +92,7 @@ __global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dt
  * values in registers, so every load of the row is in flight at once, and the norm's weights are read
  * before the kernel waits for the one before it; longer rows loop over the row twice.
  * ADD: y += p first (the residual add of a decode graph), and the norm reads the sum.  o16 non-NULL: out
- * also rounded to bf16 into it (training's keep of a matmul's input). */
+ * also rounded to bf16 into it (training's keep of a matmul's input); out NULL (no ADD): o16 alone. */
 #define RMS_J_MAX 32
 template <int J, bool ADD, bool FULL = false>
 __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, float *__restrict__ y,
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
     cuda_pdl_trigger();
     __shared__ float part[8];
     const int t = threadIdx.x;
-    float *yr = y + (int64_t)blockIdx.x * n, *orow = out + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n, *orow = out ? out + (int64_t)blockIdx.x * n : NULL;
     __nv_bfloat16 *hrow = o16 ? o16 + (int64_t)blockIdx.x * n : NULL;
     const float *pr = ADD ? p + (int64_t)blockIdx.x * n : NULL;
     float ss = 0;
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
         for (int j = 0; j < J; j++)
             if (in(j)) {
                 const float o = v[j] * inv * wv[j];
-                orow[t + 256 * j] = o;
+                if (orow) orow[t + 256 * j] = o;
                 if (hrow) hrow[t + 256 * j] = __float2bfloat16(o);
             }
     } else {
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
         const float inv = cuda_rms_inv_block(ss, n, eps, part);
         for (int i = t; i < n; i += 256) {
             const float o = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
-            orow[i] = o;
+            if (orow) orow[i] = o;
             if (hrow) hrow[i] = __float2bfloat16(o);
         }
     }
@@ -188,14 +188,15 @@ lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, c
 }
 
 /* The rmsnorm op that also writes out rounded to bf16 into o16 [rows, n] (training's keep of the input of
- * the matmuls that follow); rows of n > 256 only. */
+ * the matmuls that follow; out NULL: only that); rows of n > 256 only. */
 lmx_status cuda_rmsnorm_o16(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows, int n,
                             float eps, float add_one, __nv_bfloat16 *o16) {
     cuda_backend *cb = (cuda_backend *)be;
     if (w->q.bits || w->q.ggml_type || n <= 256)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm with a bf16 copy of %d values a row", n);
     if (rows <= 0) return LMX_OK;
-    rmsnorm_block_launch<false>(cb, (float *)out->data, (float *)x->data, NULL, w, rows, n, eps, add_one, o16);
+    rmsnorm_block_launch<false>(cb, out ? (float *)out->data : NULL, (float *)x->data, NULL, w, rows, n, eps, add_one,
+                                o16);
     return cuda_check_launch(cb, "rmsnorm");
 }
 
