@@ -184,10 +184,10 @@ static void compare_keep(const char *what, const lmx_tensor *k, const lmx_tensor
 
 /* LoRA expands taken by the op that reads the projection (lmx_lora_term): the shrink alone (lora_keep with
  * y NULL), then glu_keep with gate's and / or up's term, and lora_add with and without x, against the cpu's
- * lora op (the expand) followed by its glu / add.  rows and columns not multiples of the kernels' tiles;
+ * lora op (the expand) followed by its glu / add.  rows and columns (N) not multiples of the kernels' tiles;
  * rank 12 takes the GEMM before the plain pass. */
-static void test_lora_terms(int r, int which) {
-    const int rows = 67, K = 40, N = 300;
+static void test_lora_terms(int r, int which, int N) {
+    const int rows = 67, K = 40;
     const int64_t n = (int64_t)rows * N;
     tpair x = rand_both(rows, K, 1.0f), a[2], b[2];
     lmx_lora_pair pg[2], pc[2];
@@ -665,10 +665,11 @@ int main(void) {
     test_elementwise(0, 1024); /* four values a thread */
     test_elementwise(1, 1024);
     test_glu_keep();
-    test_lora_terms(16, 3);
-    test_lora_terms(8, 1);
-    test_lora_terms(32, 2);
-    test_lora_terms(12, 3); /* not a kernel's rank: the GEMMs first */
+    test_lora_terms(16, 3, 300);
+    test_lora_terms(16, 3, 301); /* odd columns: the GLU's kernel a value at a time */
+    test_lora_terms(8, 1, 300);
+    test_lora_terms(32, 2, 300);
+    test_lora_terms(12, 3, 300); /* not a kernel's rank: the GEMMs first */
     test_glu_bwd16();
     test_rmsnorm_keep();
     test_redo();
