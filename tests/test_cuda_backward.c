@@ -628,6 +628,34 @@ static void test_optimizer(void) {
     drop(&g);
 }
 
+/* adamw_many over parameters of 4099, 1 and 70000 values (chunks of a launch that end inside a tensor and
+ * tensors of one value) against the cpu's adamw op on each; sumsq over the same three gradients */
+static void test_optimizer_many(void) {
+    const int64_t ns[3] = {4099, 1, 70000};
+    tpair p[3], g[3], m[6];
+    lmx_tensor *pg[3], gg[3], mg[6], gc[3];
+    for (int i = 0; i < 3; i++) {
+        p[i] = rand_both(1, ns[i], 0.5f), g[i] = rand_both(1, ns[i], 1e-3f);
+        m[2 * i] = rand_both(1, ns[i], 1e-4f), m[2 * i + 1] = rand_both(1, ns[i], 0.0f); /* m2 >= 0: zeros */
+        pg[i] = &p[i].g, gg[i] = g[i].g, gc[i] = g[i].c, mg[2 * i] = m[2 * i].g, mg[2 * i + 1] = m[2 * i + 1].g;
+    }
+    double sg = 0, sc = 0;
+    CHECK(lmx_cuda_backward.sumsq(gpu, gg, 3, &sg) == LMX_OK);
+    CHECK(lmx_cpu_backward.sumsq(cpu, gc, 3, &sc) == LMX_OK);
+    CHECK_MSG(fabs(sg - sc) <= 1e-12 + 1e-9 * sc, "sumsq of three, %.12g, cpu %.12g", sg, sc);
+    const lmx_adamw_step s = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                              .bc1 = 1 - 0.9, .bc2 = 1 - 0.999, .clip = 1.0};
+    CHECK(lmx_cuda_backward.adamw_many(gpu, 3, pg, gg, mg, &s) == LMX_OK);
+    for (int i = 0; i < 3; i++) {
+        CHECK(lmx_cpu_backward.adamw(cpu, &p[i].c, &g[i].c, &m[2 * i].c, &m[2 * i + 1].c, ns[i], &s) == LMX_OK);
+        char what[64];
+        snprintf(what, sizeof what, "adamw_many parameter %d", i), check_both(what, &p[i], 1e-6);
+        snprintf(what, sizeof what, "adamw_many m1 %d", i), check_both(what, &m[2 * i], 1e-6);
+        snprintf(what, sizeof what, "adamw_many m2 %d", i), check_both(what, &m[2 * i + 1], 1e-6);
+        drop(&g[i]);
+    }
+}
+
 static void test_dropout(void) {
     tpair x = rand_both(37, 1001, 1.0f), y = rand_both(37, 1001, 0.0f);
     CHECK(lmx_cuda_backward.dropout(gpu, &y.g, &x.g, y.n, 0.25f, 7) == LMX_OK);
@@ -711,6 +739,7 @@ int main(void) {
     test_xent16(3001);
     test_xent16(3000);
     test_optimizer();
+    test_optimizer_many();
     test_dropout();
     return pair_close("test_cuda_backward");
 }

@@ -415,10 +415,13 @@ lmx_status lmx_trainer_adamw(lmx_trainer *tr, const lmx_adamw *opt, double *gnor
                               .bc2 = 1.0 - pow(opt->beta2, (double)tr->step),
                               .clip = opt->clip_grad_norm > 0 && norm > opt->clip_grad_norm
                                           ? opt->clip_grad_norm / (norm + 1e-6) : 1.0};
-    for (int i = 0; i < 2 * tr->n && !st; i++) {
-        lmx_tensor *par = i & 1 ? &tr->pairs[i / 2]->b : &tr->pairs[i / 2]->a;
-        st = bw->adamw(be, par, &tr->grad[i], &tr->mom[2 * i], &tr->mom[2 * i + 1], lmx_tensor_nelem(par), &s);
-    }
+    lmx_tensor **par = !st && tr->n > 0 ? malloc((size_t)2 * tr->n * sizeof *par) : NULL;
+    if (!st && tr->n > 0 && !par) st = lmx_err_set(&be->err, LMX_ERR_NOMEM, "adamw: out of memory");
+    for (int i = 0; par && i < 2 * tr->n; i++) par[i] = i & 1 ? &tr->pairs[i / 2]->b : &tr->pairs[i / 2]->a;
+    if (par && bw->adamw_many) st = bw->adamw_many(be, 2 * tr->n, par, tr->grad, tr->mom, &s);
+    for (int i = 0; par && !bw->adamw_many && i < 2 * tr->n && !st; i++)
+        st = bw->adamw(be, par[i], &tr->grad[i], &tr->mom[2 * i], &tr->mom[2 * i + 1], lmx_tensor_nelem(par[i]), &s);
+    free(par);
     if (st) lmx_err_set(&tr->err, st, "%s", be->err.msg);
     prof_mark(tr, 3, &t0);
     return st;
