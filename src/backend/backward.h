@@ -139,8 +139,8 @@ typedef struct lmx_backward_ops {
      * NULL: y += term), term as glu_keep's: the add op of a projection's output into the residual stream
      * with the projection's LoRA expand in the same pass. */
     lmx_status (*lora_add)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const lmx_lora_term *term);
-    /* Optional (NULL: the adamw op for each): the adamw op over count parameters p[i], gradient g[i] and
-     * moments m[2 i], m[2 i + 1] (each parameter's n its values), in one launch: the same values. */
+    /* Optional (NULL: the adamw op for each): the adamw op over all the values of count parameters p[i], with
+     * gradients g[i] and moments m[2 i], m[2 i + 1], in one launch: the same values as the op on each. */
     lmx_status (*adamw_many)(lmx_backend *be, int count, lmx_tensor *const *p, const lmx_tensor *g, lmx_tensor *m,
                              const lmx_adamw_step *s);
 } lmx_backward_ops;

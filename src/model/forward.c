@@ -207,9 +207,14 @@ static lmx_status norm_matmuls(lmx_model *m, const lmx_batch *bt, const lmx_tens
     if (be->ops->norm_matmuls && bt->T > 1) {
         TRY(lmx_backend_alloc_raw(be, x16));
         st = be->ops->norm_matmuls(be, x16, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
-        if (st == LMX_OK) *xn = x16;
-        else be->ops->release(be, x16), x16->data = NULL;
-        if (st == LMX_ERR_UNSUPPORTED) st = be->ops->norm_matmuls(be, &m->ws.xn, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
+        if (st == LMX_OK) {
+            *xn = x16;
+        } else {
+            be->ops->release(be, x16);
+            x16->data = NULL;
+        }
+        if (st == LMX_ERR_UNSUPPORTED) /* not in bf16: with ws.xn in f32 */
+            st = be->ops->norm_matmuls(be, &m->ws.xn, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
     }
     if (st != LMX_ERR_UNSUPPORTED) return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
     TRY(be->ops->rmsnorm(be, &m->ws.xn, &m->ws.x, norm_w, M, C, eps, one));
@@ -302,7 +307,8 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     if (x16.data) op->release(be, &x16);
     if (!st) st = be_failed(m, op->matmul(be, &ws->proj, h, &L->w_down, bias(&L->b_down), M));
     const int plain = !(L->moe && c->moe_beside_mlp) && !L->post_ffn_norm.data; /* x += down's output */
-    if (!st) st = plain ? lora_then_add(m, ad, l, LMX_PROJ_DOWN, &ws->proj, h, bt, MC) : lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, h, bt);
+    if (!st && plain) st = lora_then_add(m, ad, l, LMX_PROJ_DOWN, &ws->proj, h, bt, MC);
+    else if (!st) st = lora(m, ad, l, LMX_PROJ_DOWN, &ws->proj, h, bt);
     if (h16.data) op->release(be, &h16);
     if (st || plain) return st;
     if (L->moe && c->moe_beside_mlp) { /* gemma4: the experts beside the MLP, each output normed, then summed */

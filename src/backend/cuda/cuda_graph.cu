@@ -653,7 +653,8 @@ lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, co
     lmx_status st = cuda_graph_flush(cb);
     if (!st && (out->dtype != LMX_DTYPE_BF16 || g->dtype != LMX_DTYPE_F32 || u->dtype != LMX_DTYPE_F32))
         st = lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda glu: a bf16 output of f32 gate and up only");
-    return st ? st : cuda_glu_bf16(cb, (__nv_bfloat16 *)out->data, (const float *)g->data, (const float *)u->data, n, (int)act);
+    return st ? st
+              : cuda_glu_bf16(cb, (__nv_bfloat16 *)out->data, (const float *)g->data, (const float *)u->data, n, (int)act);
 }
 lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_in_place(be, G_SOFTCAP, x, n, cap); }
 lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) { return w_in_place(be, G_SCALE, x, n, s); }

@@ -253,8 +253,9 @@ lmx_status cuda_op_norm_matmuls(lmx_backend *be, lmx_tensor *xn, const lmx_tenso
                                 int n, float eps, float add_one, int count, lmx_tensor *const *outs,
                                 const lmx_tensor *const *ws, const lmx_tensor *const *biases) {
     cuda_backend *cb = (cuda_backend *)be;
-    const int only16 = xn->dtype == LMX_DTYPE_BF16;
-    if (n <= 256 || x->dtype != LMX_DTYPE_F32 || (only16 && !cb->act16)) return LMX_ERR_UNSUPPORTED; /* cuda_rmsnorm_o16's rows */
+    const int only16 = xn->dtype == LMX_DTYPE_BF16; /* xn the bf16 copy alone */
+    if (n <= 256 || x->dtype != LMX_DTYPE_F32 || (only16 && !cb->act16)) /* n: cuda_rmsnorm_o16's rows */
+        return LMX_ERR_UNSUPPORTED;
     for (int i = 0; i < count; i++) {
         const int quant = ws[i]->q.bits || ws[i]->q.ggml_type;
         if ((!quant && ws[i]->dtype != LMX_DTYPE_BF16) || rows <= (quant ? QGEMV_MAX_ROWS : cuda_gemv_rows(cb, ws[i])))
