@@ -246,8 +246,9 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     if (st) return st;
     /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
     const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
-    t->lazy[t->n_lazy++] = (tape_lazy){.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
-                                       .keep = tape_lazy_hold(t, xin)};
+    const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
+                         .keep = tape_lazy_hold(t, xin)};
+    if ((st = tape_lazy_push(t, &z))) return st;
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
     if (req) {
@@ -341,9 +342,9 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
         }
     }
     if (st == LMX_ERR_UNSUPPORTED && lazy && r) { /* the lora op after the matmul left unrun: it waits too */
-        t->lazy[t->n_lazy++] = (tape_lazy){.op = T_LORA, .out = *y, .x = *xin, .B = B, .T = T, .pairs = r->pairs,
-                                           .keep = tape_lazy_hold(t, xin)};
-        st = LMX_OK;
+        const tape_lazy z = {.op = T_LORA, .out = *y, .x = *xin, .B = B, .T = T, .pairs = r->pairs,
+                             .keep = tape_lazy_hold(t, xin)};
+        if ((st = tape_lazy_push(t, &z))) return st; /* the tape's own message, not inner's */
     }
     if (st == LMX_ERR_UNSUPPORTED && !(st = tape_lazy_end(t, 1))) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
     if (pass(t, st)) return st;
@@ -369,7 +370,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     tape_term d = {0};
     const lmx_lora_term term = !st && ix >= 0 ? tape_term_take(t, ix, &d) : (lmx_lora_term){0};
     if (!st && lazy)
-        t->lazy[t->n_lazy++] = (tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1};
+        st = tape_lazy_push(t, &(tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1});
     else if (!st && term.pair)
         st = pass(t, t->bwd->lora_add(t->in, y, x, n, &term));
     else if (!st)

@@ -209,5 +209,7 @@ int tape_lazy_only_into(const lmx_tape *t, const void *data);
 /* An op left unrun that reads xin: where xin is the tape's shared keep, a reference held on it (its id;
  * else -1) */
 int tape_lazy_hold(lmx_tape *t, const lmx_tensor *xin);
+/* Op z left unrun after the ops waiting; an error (z's reference given back) where TAPE_LAZY wait already */
+lmx_status tape_lazy_push(lmx_tape *t, const tape_lazy *z);
 
 #endif

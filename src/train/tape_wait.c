@@ -48,6 +48,17 @@ lmx_status tape_lazy_end(lmx_tape *t, int run) {
     return st;
 }
 
+/* The callers keep to TAPE_LAZY (a matmul with nothing waiting, its LoRA and add where tape_lazy_only_into
+ * holds); the check keeps the array whole if one ever did not. */
+lmx_status tape_lazy_push(lmx_tape *t, const tape_lazy *z) {
+    if (t->n_lazy >= TAPE_LAZY) {
+        if (z->keep >= 0) tape_unkeep(t, z->keep);
+        return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: more than %d ops left unrun", TAPE_LAZY);
+    }
+    t->lazy[t->n_lazy++] = *z;
+    return LMX_OK;
+}
+
 /* The ops left unrun are a matmul into buffer data and its LoRA, with room for one more (else 0) */
 int tape_lazy_only_into(const lmx_tape *t, const void *data) {
     for (int i = 0; i < t->n_lazy; i++)
