@@ -195,6 +195,14 @@ lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const
                           const struct lmx_lora_term *tu, int *done);
 lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n,
                              const struct lmx_lora_term *term);
+/* the optimizer and dropout (cuda_optim.cu): backward.h's sumsq, adamw, adamw_many and dropout */
+struct lmx_adamw_step; /* backward.h */
+lmx_status cuda_bwd_sumsq(lmx_backend *be, const lmx_tensor *g, int count, double *out);
+lmx_status cuda_bwd_adamw(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, lmx_tensor *m1, lmx_tensor *m2, int64_t n,
+                          const struct lmx_adamw_step *s);
+lmx_status cuda_bwd_adamw_many(lmx_backend *be, int count, lmx_tensor *const *p, const lmx_tensor *g, lmx_tensor *m,
+                               const struct lmx_adamw_step *s);
+lmx_status cuda_bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
 /* the ops table's entries the lora_glu and lora_add ops fall back on (cuda_graph.cu: decode graphs see them) */
 lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs);
