@@ -28,7 +28,9 @@ def wrapper(name, n, a_in_regs, trans_b):
 
 print("/* cuda_wgmma_ops.h - written by scripts/gen_wgmma.py; do not edit.  d [N/8][4] += A B over k16 (bf16, f32\n"
       " * accumulators; scale_d 0: d = A B): ss, A and B from shared-memory descriptors (K-major); rs, A from\n"
-      " * registers (mma.sync's m16n8k16 A fragment, each warp its 16 rows) and B transposed (MN-major). */")
+      " * registers (mma.sync's m16n8k16 A fragment, each warp its 16 rows) and B K-major, or transposed (MN-major:\n"
+      " * _t). */")
 print(wrapper("wg_ss_n64", 64, False, 0))
+print(wrapper("wg_rs_n64", 64, True, 0))
 print(wrapper("wg_rs_n64_t", 64, True, 1))
 print(wrapper("wg_rs_n128_t", 128, True, 1), end="")

@@ -489,6 +489,7 @@ static void test_attention_wg(void) {
     const attn_case cases[] = {
         {"prefill sliding softcap gqa", 3, 8, 2, 128, 70, 0, 30.0f, 1, 260, 40},
         {"prefill head dim 64, long", 2, 6, 6, 64, 0, 0, 0.0f, 1, 700, 33},
+        {"prefill head dim 128, long, gqa", 2, 8, 2, 128, 0, 0, 0.0f, 1, 700, 33},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }

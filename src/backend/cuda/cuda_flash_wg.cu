@@ -5,25 +5,31 @@
  * row's four threads share it), masked where a key is not visible, soft-capped before the mask.
  *
  * A block is one warpgroup (4 warps, 64 query rows of one head and sequence); key and value tiles of 64 rows
- * stream through shared memory (cp.async, two stages) in the swizzled layout of cuda_wgmma.h.  S is an
- * m64n64 product with both operands in shared memory, O += P V an m64nD product with P from registers and V
- * read transposed: each operand tile is read once for the warpgroup's 64 rows. */
+ * stream through shared memory (cp.async, two stages) in the swizzled layout of cuda_wgmma.h.  For D = 128,
+ * Q stays in registers as the A fragments of its eight k16 steps (each warp its 16 rows), so S is an m64n64
+ * product with only K read from shared memory: one with both operands there reads 4 KB a k16 step, as much
+ * as shared memory delivers while the tensor cores run (the kernel at 243 TFLOP/s; 360 with Q in registers,
+ * three blocks a multiprocessor, H200).  For D = 64, Q is a shared tile too (the register form gave wrong
+ * scores from the second key tile on, on an H200 with CUDA 13; not understood, so not used).  O += P V is an
+ * m64nD product with P from registers and V read transposed. */
 #include <math.h>
 
 #include "cuda_attention.h"
 #include "cuda_wgmma.h"
 
-template <int D> constexpr size_t wf_smem() { return (size_t)2 * (WB_TILE * D + 4 * WB_TILE * D) + 1024; }
+/* Q's registers (D = 128) or tile (D = 64) */
+template <int D> __host__ __device__ constexpr bool wf_qreg() { return D == 128; }
+template <int D> constexpr size_t wf_smem() { return (size_t)2 * ((wf_qreg<D>() ? 0 : 1) + 4) * WB_TILE * D + 1024; }
 
 template <int D, bool CAP>
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, wf_qreg<D>() ? 3 : 2)
     k_wg_flash(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ k16, const __nv_bfloat16 *__restrict__ v16,
                float *__restrict__ out, float *__restrict__ lse, const att_arg a) {
 #ifdef CUDA_WGMMA
     extern __shared__ unsigned char wf_raw[];
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)wb_smem_base(wf_raw); /* [64][D] */
-    __nv_bfloat16 *Ks = Qs + WB_TILE * D;                       /* [2][64][D] */
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)wb_smem_base(wf_raw); /* [2][64][D] */
     __nv_bfloat16 *Vs = Ks + 2 * WB_TILE * D;                   /* [2][64][D] */
+    __nv_bfloat16 *Qs = Vs + 2 * WB_TILE * D;                   /* [64][D] where !wf_qreg */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
     const int t0 = (gridDim.x - 1 - blockIdx.x) * WB_TILE; /* the longest tiles first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / a.G;
@@ -31,14 +37,6 @@ __global__ void __launch_bounds__(128, 2)
     const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
     const int tmax = t0 + WB_TILE - 1 < n - 1 ? t0 + WB_TILE - 1 : n - 1;
     const int64_t kvo = (int64_t)b * a.T * KD + (int64_t)kvh * D;
-
-    for (int i = tid; i < WB_TILE * D / 4; i += 128) { /* Q scaled, as bf16 (rows past T: zeros) */
-        const int r = i / (D / 4), c = (i % (D / 4)) * 4, t = t0 + r;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < a.T) v = __ldg((const float4 *)(q + ((int64_t)b * a.T + t) * HD + (int64_t)h * D + c));
-        const uint2 pk = make_uint2(pack_bf16(v.x * a.scale, v.y * a.scale), pack_bf16(v.z * a.scale, v.w * a.scale));
-        *(uint2 *)(Qs + (c / 64) * WB_TILE * 64 + wg_chunk(r, c % 64 / 8) + c % 8) = pk;
-    }
 
     /* keys [pmin, pmax] are visible to some row of the tile */
     const int pmin = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0, pmax = tmax;
@@ -51,18 +49,45 @@ __global__ void __launch_bounds__(128, 2)
 
     const int wrow = t0 + 16 * warp, pos0 = wrow + g, pos1 = pos0 + 8; /* this thread's rows */
     const bool ok0 = pos0 < n, ok1 = pos1 < n;
-    const uint32_t qs = smem_addr(Qs);
     float o[D / 8][4], m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     acc_zero(o);
 
     if (ntiles > 0) load_tile(pmin, 0);
+    /* Q scaled, as bf16 (rows past T: zeros): the A fragments qf[kk] of columns 16 kk.. of rows pos0, pos1,
+     * or the tile Qs */
+    uint32_t qf[wf_qreg<D>() ? D / 16 : 1][4];
+    if constexpr (wf_qreg<D>()) {
+        const float *q0 = q + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D + 2 * tq, *q1 = q0 + 8 * HD;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float *src = (e & 1 ? q1 : q0) + 16 * kk + 8 * (e / 2);
+                const float2 v = (e & 1 ? pos1 : pos0) < a.T ? __ldg((const float2 *)src) : make_float2(0.f, 0.f);
+                qf[kk][e] = pack_bf16(v.x * a.scale, v.y * a.scale);
+            }
+    } else {
+        for (int i = tid; i < WB_TILE * D / 4; i += 128) {
+            const int r = i / (D / 4), c = (i % (D / 4)) * 4, t = t0 + r;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < a.T) v = __ldg((const float4 *)(q + ((int64_t)b * a.T + t) * HD + (int64_t)h * D + c));
+            const uint2 pk = make_uint2(pack_bf16(v.x * a.scale, v.y * a.scale), pack_bf16(v.z * a.scale, v.w * a.scale));
+            *(uint2 *)(Qs + (c / 64) * WB_TILE * 64 + wg_chunk(r, c % 64 / 8) + c % 8) = pk;
+        }
+    }
     for (int it = 0; it < ntiles; it++) {
         const int p0 = pmin + it * WB_TILE, st = it & 1;
         wb_turn(it + 1 < ntiles, [&] { load_tile(p0 + WB_TILE, st ^ 1); }); /* tile it (and Q) */
         const uint32_t ks = smem_addr(Ks + st * WB_TILE * D), vs = smem_addr(Vs + st * WB_TILE * D);
         float s[8][4];
         wg_fence();
-        wb_abt<D>(s, qs, WB_TILE * 128, ks, WB_TILE * 128);
+        if constexpr (wf_qreg<D>()) { /* S = Qs K^T */
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wg_rs_n64(s, qf[kk], wg_kmajor(ks + (kk / 4) * (WB_TILE * 128) + (kk % 4) * 32), kk > 0);
+        } else {
+            wb_abt<D>(s, smem_addr(Qs), WB_TILE * 128, ks, WB_TILE * 128);
+        }
         wg_commit();
         wg_wait<0>();
         wg_hold(s);
