@@ -203,18 +203,23 @@ __global__ void __launch_bounds__(FB_THREADS)
     }
 }
 
-/* dsum [a.B, H, T] = dO . O of each row and head (0 for padding rows): a warp a row and head; dout [B*T,
- * H*D] f32, O the forward's output (f32, or bf16 as the tape keeps it) */
+/* dsum [a.B, H, T] = dO . O of each row and head (0 for padding rows), and do16 = dO narrowed to bf16 (every
+ * row): a warp a row and head; dout [B*T, H*D] f32, O the forward's output (f32, or bf16 as the tape keeps
+ * it).  One read of dO for both. */
 template <typename O>
-__global__ void k_fa_dsum(float *__restrict__ dsum, const float *__restrict__ dout, const O *__restrict__ o,
-                          const att_arg a) {
+__global__ void k_fa_dsum(float *__restrict__ dsum, __nv_bfloat16 *__restrict__ do16, const float *__restrict__ dout,
+                          const O *__restrict__ o, const att_arg a) {
     const int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; /* (b, h, t) */
     if (w >= (int64_t)a.B * a.H * a.T) return;
     const int t = (int)(w % a.T), h = (int)(w / a.T % a.H), b = (int)(w / a.T / a.H), lane = threadIdx.x % 32;
     const int64_t r = ((int64_t)b * a.T + t) * a.H * a.D + (int64_t)h * a.D;
+    const bool live = t < a.s[b].n_new;
     float d = 0.f;
-    if (t < a.s[b].n_new)
-        for (int i = lane; i < a.D; i += 32) d += dout[r + i] * cuda_ld_f(o + r + i);
+    for (int i = lane; i < a.D; i += 32) {
+        const float x = dout[r + i];
+        do16[r + i] = __float2bfloat16(x);
+        if (live) d += x * cuda_ld_f(o + r + i);
+    }
     d = cuda_warp_sum(d);
     if (lane == 0) dsum[w] = d;
 }
@@ -302,19 +307,20 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         } else {
             st = cuda_narrow_bf16_scaled(cb, q16, (const float *)args->q->data + r0 * HD, mq, a.scale);
         }
-        if (!st) st = cuda_narrow_bf16(cb, do16, o, mq);
+        if (!st && !saved) st = cuda_narrow_bf16(cb, do16, o, mq); /* else with dsum, below */
         if (!st && args->k->dtype == LMX_DTYPE_BF16) kb = (const __nv_bfloat16 *)args->k->data + r0 * KD;
         else if (!st) st = cuda_narrow_bf16(cb, k16, (const float *)args->k->data + r0 * KD, mk);
         if (!st && args->v->dtype == LMX_DTYPE_BF16) vb = (const __nv_bfloat16 *)args->v->data + r0 * KD;
         else if (!st) st = cuda_narrow_bf16(cb, v16, (const float *)args->v->data + r0 * KD, mk);
         const float *ls = lse;
-        if (!st && saved) { /* L as the forward wrote it, D from its output */
+        if (!st && saved) { /* L as the forward wrote it, D from its output (and dO narrowed) */
             ls = (const float *)args->lse->data + r0 * a.H;
             const unsigned blocks = (unsigned)((a.B * (int64_t)a.H * T + 7) / 8);
             if (args->out->dtype == LMX_DTYPE_BF16)
-                k_fa_dsum<<<blocks, 256, 0, cb->stream>>>(dsum, o, (const __nv_bfloat16 *)args->out->data + r0 * HD, a);
+                k_fa_dsum<<<blocks, 256, 0, cb->stream>>>(dsum, do16, o, (const __nv_bfloat16 *)args->out->data + r0 * HD,
+                                                          a);
             else
-                k_fa_dsum<<<blocks, 256, 0, cb->stream>>>(dsum, o, (const float *)args->out->data + r0 * HD, a);
+                k_fa_dsum<<<blocks, 256, 0, cb->stream>>>(dsum, do16, o, (const float *)args->out->data + r0 * HD, a);
             st = cuda_check_launch(cb, "attention backward");
         } else if (!st) {
             st = cuda_flash_stats(cb, a, (const float *)args->q->data + r0 * HD, kb, vb, o, lse, dsum);
