@@ -672,6 +672,8 @@ int main(void) {
     test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 1);
     test_rmsnorm(LMX_DTYPE_BF16, 128, 0.0f, 0); /* a warp a row: per-head q / k norms */
     test_rmsnorm(LMX_DTYPE_F32, 100, 1.0f, 1);
+    test_rmsnorm(LMX_DTYPE_BF16, 2048, 0.0f, 1); /* rows of 1,024 n: a thread's values in registers */
+    test_rmsnorm(LMX_DTYPE_F32, 3072, 1.0f, 0);
     test_matmul("f32", LMX_DTYPE_F32, 0, 0, 37, 65, 9, 1e-5);
     test_matmul("bf16", LMX_DTYPE_BF16, 0, 0, 100, 256, 33, 1e-2);
     test_matmul("f16", LMX_DTYPE_F16, 0, 0, 96, 128, 17, 1e-2);

@@ -69,6 +69,42 @@ __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const X *x, const void
         dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
 }
 
+/* The same for rows of n = 1024 NV: a thread's NV groups of four values of x and dy stay in registers between
+ * the sums and the update (one read of each), loaded as whole groups */
+template <int NV, typename X>
+__global__ void __launch_bounds__(256) k_rmsnorm_bwd_v(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt,
+                                                       float eps, float one) {
+    constexpr int n = 1024 * NV;
+    __shared__ float sh[33];
+    const int64_t off = (int64_t)blockIdx.x * n;
+    float4 xv[NV], dv[NV];
+    float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = 4 * (threadIdx.x + 256 * j);
+        xv[j] = cuda_ld4(x + off + i), dv[j] = cuda_ld4(dy + off + i);
+        const float xs[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, ds[4] = {dv[j].x, dv[j].y, dv[j].z, dv[j].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            ss += xs[e] * xs[e];
+            dot += ds[e] * (cuda_elem(w, wt, i + e) + one) * xs[e];
+        }
+    }
+    ss = block_reduce(ss, sh, 0);
+    dot = block_reduce(dot, sh, 0);
+    const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = 4 * (threadIdx.x + 256 * j);
+        float4 o = cuda_ld4(dx + off + i);
+        o.x += inv * (cuda_elem(w, wt, i) + one) * dv[j].x - xv[j].x * c;
+        o.y += inv * (cuda_elem(w, wt, i + 1) + one) * dv[j].y - xv[j].y * c;
+        o.z += inv * (cuda_elem(w, wt, i + 2) + one) * dv[j].z - xv[j].z * c;
+        o.w += inv * (cuda_elem(w, wt, i + 3) + one) * dv[j].w - xv[j].w * c;
+        cuda_st4(dx + off + i, o);
+    }
+}
+
 /* The same, one warp per row (short rows: the per-head q / k norms, where a block a row idles) */
 template <typename X>
 __global__ void k_rmsnorm_bwd_warp(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt, int rows, int n,
@@ -94,6 +130,12 @@ static void rmsnorm_bwd_launch(cuda_backend *cb, float *dx, const float *dy, con
                                int n, float eps, float one) {
     if (n <= 256)
         k_rmsnorm_bwd_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, rows, n, eps, one);
+    else if (n % 1024 == 0 && n <= 8192 && cuda_vec4_ok(n, dx, dy, x)) /* the rows of a hidden state */
+        switch (n / 1024) {
+#define RMS_BWD_V(k) case k: k_rmsnorm_bwd_v<k><<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, eps, one); break;
+            RMS_BWD_V(1) RMS_BWD_V(2) RMS_BWD_V(3) RMS_BWD_V(4) RMS_BWD_V(5) RMS_BWD_V(6) RMS_BWD_V(7) RMS_BWD_V(8)
+#undef RMS_BWD_V
+        }
     else
         k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, n, eps, one);
 }
