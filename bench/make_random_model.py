@@ -7,7 +7,7 @@ With --bits 4 or 8 every projection, the embedding and the output head are store
 (affine, group 64: packed uint32 codes + bf16 scales and biases, as mlx-lm writes them), with random
 codes and scales chosen so that the weights again spread over about +-0.02.
 
-usage: bench/make_random_model.py {qwen3-0.6b,llama-3.1-8b,qwen3-30b-a3b,gemma-3-1b} OUT_DIR [--bits 4|8] [--layers N]
+usage: bench/make_random_model.py {qwen3-0.6b,llama-3.1-8b,smollm2-135m,qwen3-30b-a3b,gemma-3-1b} OUT_DIR [--bits 4|8] [--layers N]
 
 --layers N keeps the first N layers of the shape (qwen3-30b-a3b in bf16 is 61 GB: more than a 64 GB
 disk holds beside anything else).  qwen3-30b-a3b is Qwen3-30B-A3B's shape: 128 experts of 768 hidden
@@ -28,6 +28,10 @@ ARCHS = {
                          max_position_embeddings=131072, hidden_act="silu",
                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
+                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         max_position_embeddings=8192, hidden_act="silu"),
     "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
                           num_key_value_heads=4, head_dim=128, intermediate_size=6144, vocab_size=151936,
                           tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,

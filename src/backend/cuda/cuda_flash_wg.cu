@@ -9,9 +9,10 @@
  * Q stays in registers as the A fragments of its eight k16 steps (each warp its 16 rows), so S is an m64n64
  * product with only K read from shared memory: one with both operands there reads 4 KB a k16 step, as much
  * as shared memory delivers while the tensor cores run (the kernel at 243 TFLOP/s; 360 with Q in registers,
- * three blocks a multiprocessor, H200).  For D = 64, Q is a shared tile too (the register form gave wrong
- * scores from the second key tile on, on an H200 with CUDA 13; not understood, so not used).  O += P V is an
- * m64nD product with P from registers and V read transposed. */
+ * three blocks a multiprocessor, H200).  For D = 64, Q is a shared tile too: the register form, its
+ * fragments loaded once, gave wrong scores from the second key tile on (CUDA 13, H200; test_cuda_ops' head
+ * dim 64 cases), and loaded again for each tile it was right but slower than the shared tile (193 -> 280 us
+ * a launch).  O += P V is an m64nD product with P from registers and V read transposed. */
 #include <math.h>
 
 #include "cuda_attention.h"
