@@ -130,13 +130,13 @@ static void rmsnorm_bwd_launch(cuda_backend *cb, float *dx, const float *dy, con
                                int n, float eps, float one) {
     if (n <= 256)
         k_rmsnorm_bwd_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, rows, n, eps, one);
-    else if (n % 1024 == 0 && n <= 8192 && cuda_vec4_ok(n, dx, dy, x)) /* the rows of a hidden state */
+    else if (n % 1024 == 0 && n <= 8192 && cuda_vec4_ok(n, dx, dy, x)) { /* the rows of a hidden state */
         switch (n / 1024) {
 #define RMS_BWD_V(k) case k: k_rmsnorm_bwd_v<k><<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, eps, one); break;
             RMS_BWD_V(1) RMS_BWD_V(2) RMS_BWD_V(3) RMS_BWD_V(4) RMS_BWD_V(5) RMS_BWD_V(6) RMS_BWD_V(7) RMS_BWD_V(8)
 #undef RMS_BWD_V
         }
-    else
+    } else
         k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, n, eps, one);
 }
 

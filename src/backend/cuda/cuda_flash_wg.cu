@@ -12,7 +12,7 @@
  * three blocks a multiprocessor, H200).  For D = 64, Q is a shared tile too: the register form, its
  * fragments loaded once, gave wrong scores from the second key tile on (CUDA 13, H200; test_cuda_ops' head
  * dim 64 cases), and loaded again for each tile it was right but slower than the shared tile (193 -> 280 us
- * a launch).  O += P V is an m64nD product with P from registers and V read transposed. */
+ * a launch); its 700-row case at D = 128 guards the form kept.  O += P V is an m64nD product with P from registers and V read transposed. */
 #include <math.h>
 
 #include "cuda_attention.h"
