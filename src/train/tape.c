@@ -96,7 +96,8 @@ void tape_unkeep(lmx_tape *t, int id) {
 /* Record slot *id reads version vx ([rows, cols]) as a redo (tape_keep) where a GLU's or a norm's record
  * made it: the input of the down projection's LoRA (a GLU's output, the layer's widest value), or of the
  * LoRA records over q, k, v and gate, up (a norm's output).  Backward makes it again from the keeps that
- * record reads, which it has to hold anyway, instead of keeping it through the whole forward pass.
+ * record reads, which it has to hold anyway, instead of keeping it through the whole forward pass; but
+ * with keep_glu (lmx_tape_set_keep_glu) a GLU's output whose bf16 copy the op wrote is kept instead.
  * 1: done; 0: not taken (the caller keeps the value). */
 static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) {
     if (vx < 0 || !lmx_backward_redoes(t->bwd)) return 0;
@@ -110,6 +111,11 @@ static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) 
     }
     const int j = maker_of(t, t->n_recs, vx);
     if (j < 0) return 0;
+    if (t->keep_glu && t->recs[j].op == T_GLU) /* the GLU's bf16 copy, where it wrote one, is kept (save shares it) */
+        for (int i = t->n_keeps - 1; i >= 0; i--) {
+            const tape_keep *k = &t->keeps[i];
+            if (k->refs > 0 && !k->redo && k->copy.data && k->var == vx && k->rows == rows && k->cols == cols) return 0;
+        }
     const tape_rec *m = &t->recs[j];
     tape_keep k = {.rows = rows, .cols = cols, .var = vx, .refs = 1, .redo = m->op, .from = {m->keep[0], m->keep[1]},
                    .act = m->act, .w = m->w, .eps = m->eps, .one = m->one};
@@ -783,6 +789,8 @@ void lmx_tape_profile(lmx_tape *t, double *acc, double *acc_fwd) {
     t->prof = acc;
     t->prof_fwd = acc_fwd;
 }
+
+void lmx_tape_set_keep_glu(lmx_tape *t, int on) { t->keep_glu = on; }
 
 void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed) {
     t->drop_p = p;

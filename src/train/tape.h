@@ -61,6 +61,11 @@ lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x);
  * its mask drawn from (seed, the pair's watch) alone, so that a layer run again draws the same one. */
 void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed);
 
+/* Whether a LoRA record whose input a GLU made shares the GLU's bf16 copy of its output where the op wrote
+ * one (glu_keep), rather than computing that value again in backward (a redo, the default): a checkpointed
+ * layer records one layer at a time, so holding it costs no more than the redo's own copy in its backward. */
+void lmx_tape_set_keep_glu(lmx_tape *t, int on);
+
 /* Gradient checkpointing: a leaf is buffer x's current contents ([rows, cols], written outside the tape)
  * as a value whose gradient backward computes (a recomputed layer's input); returns its var id (-1:
  * out of memory).  lmx_tape_take_grad moves var v's gradient out to the caller (who releases it on the

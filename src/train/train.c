@@ -209,6 +209,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
     /* where the GLU writes the keeps of its gate and up (glu_keep), backward reads nothing else of the
      * widest buffers; of the others the tape copies what it reads as they go */
     const int release_ws = inner->ops->backward->glu_keep != NULL;
+    lmx_tape_set_keep_glu(tr->tape, 1); /* one layer on the tape at a time */
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
@@ -225,6 +226,7 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         if (!st) lmx_tape_take_grad(tr->tape, in, &g);
     }
     if (g.data) inner->ops->release(inner, &g);
+    lmx_tape_set_keep_glu(tr->tape, 0);
     lmx_status fs = lmx_model_layer_buffers(m, 0);
     return st ? st : fs;
 }
