@@ -205,13 +205,16 @@ static lmx_status norm_matmuls(lmx_model *m, const lmx_batch *bt, const lmx_tens
     *x16 = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {M, C}};
     *xn = &m->ws.xn;
     if (be->ops->norm_matmuls && bt->T > 1) {
-        TRY(lmx_backend_alloc_raw(be, x16));
-        st = be->ops->norm_matmuls(be, x16, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
-        if (st == LMX_OK) {
-            *xn = x16;
+        if (lmx_backend_alloc_raw(be, x16) == LMX_OK) {
+            st = be->ops->norm_matmuls(be, x16, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
+            if (st == LMX_OK) {
+                *xn = x16;
+            } else {
+                be->ops->release(be, x16);
+                x16->data = NULL;
+            }
         } else {
-            be->ops->release(be, x16);
-            x16->data = NULL;
+            lmx_err_clear(&be->err); /* no room for the bf16 rows: the f32 way */
         }
         if (st == LMX_ERR_UNSUPPORTED) /* not in bf16: with ws.xn in f32 */
             st = be->ops->norm_matmuls(be, &m->ws.xn, &m->ws.x, norm_w, M, C, eps, one, count, outs, ws, bs);
@@ -295,13 +298,13 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     if (st) return st;
     /* the GLU's output h [M, F]: into gate, or where the norm's output was bf16 (backend.h) a bf16 tensor of its own */
     lmx_tensor h16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {M, F}}, *h = &gate;
-    if (x16.data && !(st = lmx_backend_alloc_raw(be, &h16))) h = &h16;
+    if (x16.data && lmx_backend_alloc_raw(be, &h16) == LMX_OK) h = &h16;
+    else if (x16.data) lmx_err_clear(&be->err); /* no room: into gate in f32 */
     /* gate's and up's pairs ([B] each; `|`: both filled), and their expands in the GLU's pass where the backend can */
     const lmx_lora_pair **pg = ws->lora, **pu = ws->lora + bt->B;
     const int paired = ad && op->lora_glu &&
                        (lora_pairs(ad, l, LMX_PROJ_GATE, bt->B, pg) | lora_pairs(ad, l, LMX_PROJ_UP, bt->B, pu));
-    if (st) st = be_failed(m, st);
-    else if (paired) st = be_failed(m, op->lora_glu(be, h, &gate, &up, xn, bt->B, bt->T, pg, pu, (int64_t)M * F, c->act));
+    if (paired) st = be_failed(m, op->lora_glu(be, h, &gate, &up, xn, bt->B, bt->T, pg, pu, (int64_t)M * F, c->act));
     else if (!(st = lora(m, ad, l, LMX_PROJ_GATE, &gate, xn, bt)) && !(st = lora(m, ad, l, LMX_PROJ_UP, &up, xn, bt)))
         st = be_failed(m, op->glu(be, h, &gate, &up, (int64_t)M * F, c->act));
     if (x16.data) op->release(be, &x16);
