@@ -629,7 +629,8 @@ static void test_optimizer(void) {
 }
 
 /* adamw_many over parameters of 4099, 1 and 70000 values (chunks of a launch that end inside a tensor and
- * tensors of one value) against the cpu's adamw op on each; sumsq over the same three gradients */
+ * tensors of one value) against the cpu's adamw op on each; sumsq over the same three gradients, then
+ * zero_many over them */
 static void test_optimizer_many(void) {
     const int64_t ns[3] = {4099, 1, 70000};
     tpair p[3], g[3], m[6];
@@ -652,6 +653,18 @@ static void test_optimizer_many(void) {
         snprintf(what, sizeof what, "adamw_many parameter %d", i), check_both(what, &p[i], 1e-6);
         snprintf(what, sizeof what, "adamw_many m1 %d", i), check_both(what, &m[2 * i], 1e-6);
         snprintf(what, sizeof what, "adamw_many m2 %d", i), check_both(what, &m[2 * i + 1], 1e-6);
+    }
+    /* zero_many over the same three (the gradients are nonzero random values) */
+    CHECK(lmx_cuda_backward.zero_many(gpu, 3, gg) == LMX_OK);
+    CHECK(lmx_cpu_backward.zero_many(cpu, 3, gc) == LMX_OK);
+    for (int i = 0; i < 3; i++) {
+        float *got = malloc((size_t)ns[i] * sizeof *got);
+        CHECK(gpu->ops->read(gpu, &g[i].g, 0, got, (size_t)ns[i] * sizeof *got) == LMX_OK);
+        int64_t nz = 0, cz = 0;
+        for (int64_t k = 0; k < ns[i]; k++) nz += got[k] != 0.0f, cz += ((const float *)g[i].c.data)[k] != 0.0f;
+        CHECK_MSG(nz == 0 && cz == 0, "zero_many tensor %d: %lld values left on cuda, %lld on the cpu", i, (long long)nz,
+                  (long long)cz);
+        free(got);
         drop(&g[i]);
     }
 }

@@ -143,6 +143,9 @@ typedef struct lmx_backward_ops {
      * gradients g[i] and moments m[2 i], m[2 i + 1], in one launch: the same values as the op on each. */
     lmx_status (*adamw_many)(lmx_backend *be, int count, lmx_tensor *const *p, const lmx_tensor *g, lmx_tensor *m,
                              const lmx_adamw_step *s);
+    /* Every value of the count f32 tensors g[] set to 0 (a step's gradients before it adds to them), without
+     * a wait. */
+    lmx_status (*zero_many)(lmx_backend *be, int count, lmx_tensor *g);
 } lmx_backward_ops;
 
 /* Whether the backend computes values again in backward (glu_redo and rmsnorm_redo): the tape keeps redos

@@ -305,13 +305,8 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     lmx_status st = LMX_OK;
     if (!n_past || !n_new || !rows || !ads || !kv || !kvs || (fn && !host)) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
     for (int b = 0; !st && b < B; b++) n_new[b] = T, ads[b] = tr->ad, kvs[b] = kv + (size_t)b * L;
-    for (int i = 0; i < 2 * tr->n && !st && grad_weight != 0 && !accumulate; i++) { /* set, not accumulate */
-        lmx_tensor *g = &tr->grad[i];
-        float *zero = calloc((size_t)lmx_tensor_nelem(g), sizeof(float));
-        st = zero ? inner->ops->write(inner, g, 0, zero, (size_t)lmx_tensor_nelem(g) * sizeof(float)) : LMX_ERR_NOMEM;
-        free(zero);
-        if (st) lmx_err_set(&tr->err, st, "trainer: clearing the gradients");
-    }
+    if (!st && grad_weight != 0 && !accumulate && (st = inner->ops->backward->zero_many(inner, 2 * tr->n, tr->grad)))
+        lmx_err_set(&tr->err, st, "trainer: clearing the gradients: %s", inner->err.msg); /* set, not accumulate */
     lmx_tape_reset(tr->tape);
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     double sum = 0;

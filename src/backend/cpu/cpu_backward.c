@@ -367,6 +367,12 @@ static lmx_status cpu_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor
     return LMX_OK;
 }
 
+static lmx_status cpu_zero_many(lmx_backend *be, int count, lmx_tensor *g) {
+    (void)be;
+    for (int i = 0; i < count; i++) memset(g[i].data, 0, (size_t)lmx_tensor_nelem(&g[i]) * sizeof(float));
+    return LMX_OK;
+}
+
 const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
@@ -385,4 +391,5 @@ const lmx_backward_ops lmx_cpu_backward = {
     .glu_redo = cpu_glu_redo,
     .rmsnorm_redo = cpu_rmsnorm_redo,
     .restore = cpu_restore,
+    .zero_many = cpu_zero_many,
 };

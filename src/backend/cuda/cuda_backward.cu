@@ -859,4 +859,5 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_redo = */ cuda_bwd_rmsnorm_redo,
     /* .lora_add = */ cuda_bwd_lora_add,
     /* .adamw_many = */ cuda_bwd_adamw_many,
+    /* .zero_many = */ cuda_bwd_zero_many,
 };

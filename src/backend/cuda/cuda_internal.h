@@ -202,6 +202,7 @@ lmx_status cuda_bwd_adamw(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, l
                           const struct lmx_adamw_step *s);
 lmx_status cuda_bwd_adamw_many(lmx_backend *be, int count, lmx_tensor *const *p, const lmx_tensor *g, lmx_tensor *m,
                                const struct lmx_adamw_step *s);
+lmx_status cuda_bwd_zero_many(lmx_backend *be, int count, lmx_tensor *g);
 lmx_status cuda_bwd_dropout(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
 /* the ops table's entries the lora_glu and lora_add ops fall back on (cuda_graph.cu: decode graphs see them) */
 lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,

@@ -1,4 +1,4 @@
-/* cuda_optim.cu - the cuda backend's optimizer ops (backward.h: sumsq, adamw, adamw_many) and LoRA dropout,
+/* cuda_optim.cu - the cuda backend's optimizer ops (backward.h: sumsq, adamw, adamw_many, zero_many) and LoRA dropout,
  * for cuda_backward.cu's table.  AdamW runs in double arithmetic as the cpu does, element for element. */
 #include <math.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@ extern "C" {
 
 /* ---- the optimizer -------------------------------------------------------------------------------- */
 
-/* Many tensors in one launch (sumsq, adamw_many): a block takes OPT_CHUNK values of one tensor, part[i]'s
+/* Many tensors in one launch (sumsq, adamw_many, zero_many): a block takes OPT_CHUNK values of one tensor, part[i]'s
  * chunks the blocks from part[i].b0 on. */
 #define OPT_CHUNK 2048
 struct opt_part {
@@ -127,6 +127,23 @@ lmx_status cuda_bwd_adamw_many(lmx_backend *be, int count, lmx_tensor *const *p,
     if (st || count <= 0 || (st = opt_parts(cb, count, p, g, m, 0, &part, &blocks))) return st;
     if (blocks > 0) k_adamw_many<<<(unsigned)blocks, 256, 0, cb->stream>>>(part, count, *s);
     return cuda_check_launch(cb, "AdamW");
+}
+
+__global__ void k_zero_many(const opt_part *part, int count) {
+    int64_t k0, k1;
+    const opt_part &P = opt_block(part, count, blockIdx.x, &k0, &k1);
+    float *g = (float *)P.g; /* the tensors zero_many was given to write */
+    for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) g[k] = 0.0f;
+}
+
+lmx_status cuda_bwd_zero_many(lmx_backend *be, int count, lmx_tensor *g) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    opt_part *part;
+    int64_t blocks;
+    if (st || count <= 0 || (st = opt_parts(cb, count, NULL, g, NULL, 0, &part, &blocks))) return st;
+    if (blocks > 0) k_zero_many<<<(unsigned)blocks, 256, 0, cb->stream>>>(part, count);
+    return cuda_check_launch(cb, "clearing the gradients");
 }
 
 lmx_status cuda_bwd_adamw(lmx_backend *be, lmx_tensor *p, const lmx_tensor *g, lmx_tensor *m1, lmx_tensor *m2, int64_t n,
