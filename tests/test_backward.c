@@ -96,7 +96,7 @@ static void test_rmsnorm(float one) {
     c.w = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {c.n}, .data = wd};
     float *start = rand_f32(n, 0.1f), *dx = dup_f32(start, n);
     lmx_tensor tdx = f32(dx, c.rows, c.n), tdy = f32(c.dy, c.rows, c.n), tx = f32(c.x, c.rows, c.n);
-    CHECK(lmx_cpu_backward.rmsnorm_bwd(be, &tdx, &tdy, &tx, &c.w, c.rows, c.n, c.eps, c.one) == LMX_OK);
+    CHECK(lmx_cpu_backward.rmsnorm_bwd(be, &tdx, &tdy, &tx, &c.w, c.rows, c.n, c.eps, c.one, 0) == LMX_OK);
     const double w = fd_worst(rmsnorm_loss, &c, c.x, n, dx, start);
     CHECK_MSG(w <= 1.0, "rmsnorm (add_one %g): worst err/tol %.3g", one, w);
     free(c.x), free(c.dy), free(wd), free(start), free(dx);
@@ -246,7 +246,7 @@ static void test_rope(int interleaved) {
     for (int64_t i = 2 * 3 * 16 - 16; i < n; i++) c.dy[i] = 0.0f; /* sequence 1's padding row */
     float *start = rand_f32(n, 0.1f), *dx = dup_f32(start, n);
     lmx_tensor tdx = f32(dx, rows, c.nh * c.hd), tdy = f32(c.dy, rows, c.nh * c.hd);
-    CHECK(lmx_cpu_backward.rope_bwd(be, &tdx, &tdy, &c.bt, c.nh, c.hd, &c.rope) == LMX_OK);
+    CHECK(lmx_cpu_backward.rope_bwd(be, &tdx, &tdy, &c.bt, c.nh, c.hd, &c.rope, 0) == LMX_OK);
     const double w = fd_worst(rope_loss, &c, c.x, n, dx, start);
     CHECK_MSG(w <= 1.0, "rope (interleaved %d): worst err/tol %.3g", interleaved, w);
     free(c.x), free(c.dy), free(start), free(dx);
@@ -282,7 +282,7 @@ static void test_attention(int window, float softcap) {
     lmx_attn_args a = {.batch = &c.bt, .q = &q, .k = &k, .v = &v, .H = c.H, .Hk = c.Hk, .D = c.D, .scale = c.scale,
                        .softcap = c.softcap};
     const int windows[2] = {window, window};
-    CHECK(lmx_cpu_backward.attention_bwd(be, &tdq, &tdk, &tdv, &tdo, &a, windows) == LMX_OK);
+    CHECK(lmx_cpu_backward.attention_bwd(be, &tdq, &tdk, &tdv, &tdo, &a, windows, 0) == LMX_OK);
     double w = fd_worst(attention_loss, &c, c.x, nq, dq, s_q);
     CHECK_MSG(w <= 1.0, "attention dq (window %d, softcap %g): worst err/tol %.3g", window, softcap, w);
     w = fd_worst(attention_loss, &c, c.x2, nk, dk, s_k);
@@ -351,7 +351,7 @@ int main(void) {
         lmx_attn_args a = {.batch = &bt, .H = 1, .Hk = 1, .D = 1};
         float z[1] = {0};
         lmx_tensor t = f32(z, 1, 1);
-        CHECK(lmx_cpu_backward.attention_bwd(be, &t, &t, &t, &t, &a, NULL) == LMX_ERR_UNSUPPORTED);
+        CHECK(lmx_cpu_backward.attention_bwd(be, &t, &t, &t, &t, &a, NULL, 0) == LMX_ERR_UNSUPPORTED);
     }
     lmx_backend_free(be);
     return check_summary("test_backward");

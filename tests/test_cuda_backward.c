@@ -48,15 +48,24 @@ static void check_both(const char *what, tpair *t, double tol) {
     free_pair(&t->g, &t->c);
 }
 static void drop(tpair *t) { free_pair(&t->g, &t->c); }
+/* NaN in every value of t's cuda copy: a fresh gradient (backward.h) shows any value left unwritten */
+static void poison(tpair *t) {
+    float *h = malloc((size_t)t->n * sizeof *h);
+    for (int64_t i = 0; i < t->n; i++) h[i] = NAN;
+    CHECK(gpu->ops->write(gpu, &t->g, 0, h, (size_t)t->n * sizeof *h) == LMX_OK);
+    free(h);
+}
 
-static void test_rmsnorm(lmx_dtype dt, int n, float one, int kept) {
+/* fresh: dx written, not added to (its cuda copy NaN before) */
+static void test_rmsnorm(lmx_dtype dt, int n, float one, int kept, unsigned fresh) {
     const int rows = n <= 256 ? 37 : 7; /* short rows: several blocks of 8 warps, the last one partial */
     wpair w = make_weight(dt, 0, 0, 0, 1, n);
     tpair x = rand_in(rows, n, 1.5f, kept), dy = rand_both(rows, n, 1.0f), dx = rand_both(rows, n, 0.1f);
-    CHECK(lmx_cuda_backward.rmsnorm_bwd(gpu, &dx.g, &dy.g, &x.g, &w.g, rows, n, 1e-5f, one) == LMX_OK);
-    CHECK(lmx_cpu_backward.rmsnorm_bwd(cpu, &dx.c, &dy.c, &x.c, &w.c, rows, n, 1e-5f, one) == LMX_OK);
-    char what[64];
-    snprintf(what, sizeof what, "rmsnorm backward (dtype %d, n %d, +%g, kept %d)", (int)dt, n, one, kept);
+    if (fresh) poison(&dx);
+    CHECK(lmx_cuda_backward.rmsnorm_bwd(gpu, &dx.g, &dy.g, &x.g, &w.g, rows, n, 1e-5f, one, fresh) == LMX_OK);
+    CHECK(lmx_cpu_backward.rmsnorm_bwd(cpu, &dx.c, &dy.c, &x.c, &w.c, rows, n, 1e-5f, one, fresh) == LMX_OK);
+    char what[80];
+    snprintf(what, sizeof what, "rmsnorm backward (dtype %d, n %d, +%g, kept %d, fresh %u)", (int)dt, n, one, kept, fresh);
     check_both(what, &dx, 1e-5);
     drop(&x), drop(&dy);
 }
@@ -465,18 +474,20 @@ static void test_glu_bwd16(void) {
     }
 }
 
-/* T = 5: a thread per head; T = 1100: enough (row, dim pair)s that a thread takes every head */
-static void test_rope(int rot_dim, int interleaved, int T) {
+/* T = 5: a thread per head; T = 1100: enough (row, dim pair)s that a thread takes every head; fresh: an f32 dx
+ * written (NaN before; padding rows zeros) */
+static void test_rope(int rot_dim, int interleaved, int T, unsigned fresh) {
     const int B = 2, nh = 3, hd = 64, past[2] = {0, 0}, nnew[2] = {T, T / 2 + 1};
     float inv[32];
     for (int i = 0; i < rot_dim / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot_dim);
     const lmx_rope rope = {.rot_dim = rot_dim, .interleaved = interleaved, .inv_freq = inv, .attn_factor = 1.1f};
     const lmx_batch bt = {.B = B, .T = T, .n_past = past, .n_new = nnew};
     tpair dy = rand_both(B * T, nh * hd, 1.0f), dx = rand_both(B * T, nh * hd, 0.1f);
-    CHECK(lmx_cuda_backward.rope_bwd(gpu, &dx.g, &dy.g, &bt, nh, hd, &rope) == LMX_OK);
-    CHECK(lmx_cpu_backward.rope_bwd(cpu, &dx.c, &dy.c, &bt, nh, hd, &rope) == LMX_OK);
-    char what[64];
-    snprintf(what, sizeof what, "rope backward (rot %d, interleaved %d, T %d)", rot_dim, interleaved, T);
+    if (fresh) poison(&dx);
+    CHECK(lmx_cuda_backward.rope_bwd(gpu, &dx.g, &dy.g, &bt, nh, hd, &rope, fresh) == LMX_OK);
+    CHECK(lmx_cpu_backward.rope_bwd(cpu, &dx.c, &dy.c, &bt, nh, hd, &rope, fresh) == LMX_OK);
+    char what[80];
+    snprintf(what, sizeof what, "rope backward (rot %d, interleaved %d, T %d, fresh %u)", rot_dim, interleaved, T, fresh);
     check_both(what, &dx, 1e-5);
     /* into a bf16 gradient (the tape's): R^T dy rounded, every value written (padding rows zeros) */
     const int64_t n = (int64_t)B * T * nh * hd;
@@ -486,8 +497,8 @@ static void test_rope(int rot_dim, int interleaved, int T) {
     uint16_t *h = malloc((size_t)n * 2);
     for (int64_t i = 0; i < n; i++) h[i] = 0x7fc0; /* NaN: a value left unwritten shows */
     CHECK(gpu->ops->write(gpu, &d16, 0, h, (size_t)n * 2) == LMX_OK);
-    CHECK(lmx_cuda_backward.rope_bwd(gpu, &d16, &dy.g, &bt, nh, hd, &rope) == LMX_OK);
-    CHECK(lmx_cpu_backward.rope_bwd(cpu, &dc, &dy.c, &bt, nh, hd, &rope) == LMX_OK);
+    CHECK(lmx_cuda_backward.rope_bwd(gpu, &d16, &dy.g, &bt, nh, hd, &rope, 1) == LMX_OK);
+    CHECK(lmx_cpu_backward.rope_bwd(cpu, &dc, &dy.c, &bt, nh, hd, &rope, 1) == LMX_OK);
     CHECK(gpu->ops->read(gpu, &d16, 0, h, (size_t)n * 2) == LMX_OK);
     ref = (float *)dc.data;
     int64_t bad = 0;
@@ -503,13 +514,18 @@ static void test_rope(int rot_dim, int interleaved, int T) {
 
 /* attention of 2 sequences (the second padded), H heads over Hk kv heads; tile > 0 forces query tiles
  * of that many rows; with saved, the cuda backward takes the output and log-sum-exp of the cuda forward
- * op (run with lse, as the tape runs it; the output kept as q, k, v are) while the cpu recomputes them */
-static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile, int kept, int saved) {
+ * op (run with lse, as the tape runs it; the output kept as q, k, v are) while the cpu recomputes them;
+ * fresh bits: dq, dk, dv written (NaN before; padding rows zeros) */
+static void test_attention(int T, int H, int Hk, int D, int window, float softcap, int tile, int kept, int saved,
+                           unsigned fresh) {
     const int past[2] = {0, 0}, nnew[2] = {T, T / 2 + 1}, M = 2 * T;
     const lmx_batch bt = {.B = 2, .T = T, .n_past = past, .n_new = nnew};
     tpair q = rand_in(M, H * D, 1.5f, kept), k = rand_in(M, Hk * D, 1.5f, kept), v = rand_in(M, Hk * D, 1.0f, kept);
     tpair dout = rand_both(M, H * D, 1.0f);
     tpair dq = rand_both(M, H * D, 0.1f), dk = rand_both(M, Hk * D, 0.1f), dv = rand_both(M, Hk * D, 0.1f);
+    if (fresh & 1) poison(&dq);
+    if (fresh & 2) poison(&dk);
+    if (fresh & 4) poison(&dv);
     lmx_attn_args ag = {.batch = &bt, .q = &q.g, .k = &k.g, .v = &v.g, .H = H, .Hk = Hk, .D = D,
                         .scale = 1.0f / sqrtf((float)D), .softcap = softcap};
     lmx_attn_args ac = ag;
@@ -540,9 +556,9 @@ static void test_attention(int T, int H, int Hk, int D, int window, float softca
     char n[16];
     snprintf(n, sizeof n, "%d", tile);
     if (tile) setenv("LMX_CUDA_ATTN_BWD_ROWS", n, 1);
-    CHECK(lmx_cuda_backward.attention_bwd(gpu, &dq.g, &dk.g, &dv.g, &dout.g, &ag, windows) == LMX_OK);
+    CHECK(lmx_cuda_backward.attention_bwd(gpu, &dq.g, &dk.g, &dv.g, &dout.g, &ag, windows, fresh) == LMX_OK);
     unsetenv("LMX_CUDA_ATTN_BWD_ROWS");
-    CHECK(lmx_cpu_backward.attention_bwd(cpu, &dq.c, &dk.c, &dv.c, &dout.c, &ac, windows) == LMX_OK);
+    CHECK(lmx_cpu_backward.attention_bwd(cpu, &dq.c, &dk.c, &dv.c, &dout.c, &ac, windows, fresh) == LMX_OK);
     char what[160];
     const char *names[3] = {"dq", "dk", "dv"};
     tpair *gs[3] = {&dq, &dk, &dv};
@@ -551,8 +567,8 @@ static void test_attention(int T, int H, int Hk, int D, int window, float softca
     const double tol = !tile && (D == 32 || D == 64 || D == 128) ? 2e-2 : 5e-3;
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what,
-                 "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d, kept %d, saved %d)", names[i],
-                 T, H, Hk, D, window, softcap, tile, kept, saved);
+                 "attention backward %s (T %d, H %d/%d, D %d, window %d, cap %g, tile %d, kept %d, saved %d, fresh %u)",
+                 names[i], T, H, Hk, D, window, softcap, tile, kept, saved, fresh);
         check_both(what, gs[i], tol);
     }
     drop(&q), drop(&k), drop(&v), drop(&dout);
@@ -680,13 +696,16 @@ static void test_dropout(void) {
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
-    test_rmsnorm(LMX_DTYPE_F32, 300, 0.0f, 0);
-    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 0);
-    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 1);
-    test_rmsnorm(LMX_DTYPE_BF16, 128, 0.0f, 0); /* a warp a row: per-head q / k norms */
-    test_rmsnorm(LMX_DTYPE_F32, 100, 1.0f, 1);
-    test_rmsnorm(LMX_DTYPE_BF16, 2048, 0.0f, 1); /* rows of 1,024 n: a thread's values in registers */
-    test_rmsnorm(LMX_DTYPE_F32, 3072, 1.0f, 0);
+    test_rmsnorm(LMX_DTYPE_F32, 300, 0.0f, 0, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 0, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 1000, 1.0f, 1, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 128, 0.0f, 0, 0); /* a warp a row: per-head q / k norms */
+    test_rmsnorm(LMX_DTYPE_F32, 100, 1.0f, 1, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 2048, 0.0f, 1, 0); /* rows of 1,024 n: a thread's values in registers */
+    test_rmsnorm(LMX_DTYPE_F32, 3072, 1.0f, 0, 0);
+    test_rmsnorm(LMX_DTYPE_BF16, 128, 0.0f, 1, 1); /* fresh dx: each of the three kernels */
+    test_rmsnorm(LMX_DTYPE_BF16, 2048, 0.0f, 1, 1);
+    test_rmsnorm(LMX_DTYPE_F32, 300, 1.0f, 0, 1);
     test_matmul("f32", LMX_DTYPE_F32, 0, 0, 37, 65, 9, 1e-5);
     test_matmul("bf16", LMX_DTYPE_BF16, 0, 0, 100, 256, 33, 1e-2);
     test_matmul("f16", LMX_DTYPE_F16, 0, 0, 96, 128, 17, 1e-2);
@@ -719,35 +738,43 @@ int main(void) {
     test_restore();
     test_offload();
     for (int T = 5; T <= 1100; T += 1095) {
-        test_rope(64, 0, T);
-        test_rope(64, 1, T);
-        test_rope(32, 0, T);
+        test_rope(64, 0, T, 0);
+        test_rope(64, 1, T, 0);
+        test_rope(32, 0, T, 0);
+        test_rope(32, 1, T, 1); /* fresh: the pass-through dims and padding rows written too */
     }
-    test_attention(37, 4, 2, 64, 0, 0.0f, 0, 0, 0);
-    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 0, 0);
-    test_attention(37, 4, 4, 32, 0, 20.0f, 0, 0, 0);
-    test_attention(100, 6, 2, 64, 0, 0.0f, 16, 0, 0);
-    test_attention(100, 6, 3, 64, 24, 30.0f, 5, 0, 0);
-    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0, 0);   /* flash: several key and query tiles, a ragged last one */
-    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 0, 0); /* flash: a window across tiles, soft-capping, 4 heads a kv head */
-    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1, 0); /* the same from bf16 keeps */
-    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 0);   /* the tiled form from bf16 keeps */
-    test_attention(200, 2, 2, 64, 70, 0.0f, 0, 0, 0);
-    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 0, 0);
-    test_attention(150, 8, 2, 128, 0, 0.0f, 48, 0, 0);  /* the tiled form at D 128 */
-    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 0, 0);    /* no flash kernels for D 256: the tiled form */
+    test_attention(37, 4, 2, 64, 0, 0.0f, 0, 0, 0, 0);
+    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 0, 0, 0);
+    test_attention(37, 4, 4, 32, 0, 20.0f, 0, 0, 0, 0);
+    test_attention(100, 6, 2, 64, 0, 0.0f, 16, 0, 0, 0);
+    test_attention(100, 6, 3, 64, 24, 30.0f, 5, 0, 0, 0);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0, 0, 0);   /* flash: several key and query tiles, a ragged last one */
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 0, 0, 0); /* flash: a window across tiles, soft-capping, 4 heads a kv head */
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1, 0, 0); /* the same from bf16 keeps */
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 0, 0);   /* the tiled form from bf16 keeps */
+    test_attention(200, 2, 2, 64, 70, 0.0f, 0, 0, 0, 0);
+    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 0, 0, 0);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 48, 0, 0, 0);  /* the tiled form at D 128 */
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 0, 0, 0);    /* no flash kernels for D 256: the tiled form */
     /* the forward's output and log-sum-exp taken, not recomputed: f32 and bf16 keeps, GQA, windows,
      * soft-capping, ragged tiles; D 256 (the forward writes it, the tiled form recomputes it) */
-    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0, 1);
-    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1, 1);
-    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 1, 1);
-    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 1, 1);
-    test_attention(20, 4, 4, 64, 0, 20.0f, 0, 0, 1);
-    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 1);
+    test_attention(150, 8, 2, 128, 0, 0.0f, 0, 0, 1, 0);
+    test_attention(150, 4, 1, 128, 40, 30.0f, 0, 1, 1, 0);
+    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 1, 1, 0);
+    test_attention(37, 4, 2, 64, 8, 0.0f, 0, 1, 1, 0);
+    test_attention(20, 4, 4, 64, 0, 20.0f, 0, 0, 1, 0);
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 1, 0);
     /* several blocks of 128 keys / query rows (the warpgroup kernels on Hopper): a window across them, GQA */
-    test_attention(300, 4, 2, 128, 130, 0.0f, 0, 1, 1);
-    test_attention(260, 6, 2, 64, 0, 30.0f, 0, 1, 1);
-    test_attention(257, 2, 2, 128, 0, 0.0f, 0, 0, 0);
+    test_attention(300, 4, 2, 128, 130, 0.0f, 0, 1, 1, 0);
+    test_attention(260, 6, 2, 64, 0, 30.0f, 0, 1, 1, 0);
+    test_attention(257, 2, 2, 128, 0, 0.0f, 0, 0, 0, 0);
+    /* fresh gradients: the warpgroup kernels (D 128, 64) with the padding rows set apart, the other flash
+     * kernels (D 32), the tiled form (forced, and D 256), and some of the three alone */
+    test_attention(300, 4, 2, 128, 130, 0.0f, 0, 1, 1, 7);
+    test_attention(260, 6, 2, 64, 0, 30.0f, 0, 1, 1, 5);
+    test_attention(130, 4, 2, 32, 0, 0.0f, 0, 1, 1, 7);
+    test_attention(100, 6, 2, 64, 0, 0.0f, 16, 0, 0, 2);
+    test_attention(70, 2, 1, 256, 0, 0.0f, 0, 1, 1, 7);
     test_gather();
     test_xent(0.37);
     test_xent(0.0);

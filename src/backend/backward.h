@@ -33,9 +33,10 @@ typedef struct lmx_lora_term {
 } lmx_lora_term;
 
 typedef struct lmx_backward_ops {
-    /* y = rmsnorm(x) * (w + add_one)                  dx += dy . dy/dx          x, dy, dx [rows, n] */
+    /* y = rmsnorm(x) * (w + add_one)                  dx += dy . dy/dx          x, dy, dx [rows, n]
+     * fresh bit 0: dx */
     lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
-                              const lmx_tensor *w, int rows, int n, float eps, float add_one);
+                              const lmx_tensor *w, int rows, int n, float eps, float add_one, unsigned fresh);
     /* dy of matmul_bwd and lora_bwd: f32, or in keep_dtype (a copy the tape makes once for both) */
     /* y = x W^T + b                                   dx += dy W                dy [M, N], dx [M, K] */
     lmx_status (*matmul_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M,
@@ -58,15 +59,16 @@ typedef struct lmx_backward_ops {
                               float cap);
     /* y = rope(x)                                     dx += R^T dy              dy, dx [M, nh*hd]
      * dx in keep_dtype where that is bf16: dx = R^T dy rounded to it, every value written (the tape's
-     * bf16 gradient of a projection that RoPE rotates next) */
+     * bf16 gradient of a projection that RoPE rotates next); an f32 dx with fresh bit 0 written too (padding
+     * rows: zeros) */
     lmx_status (*rope_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *batch, int nh,
-                           int hd, const lmx_rope *rope);
+                           int hd, const lmx_rope *rope, unsigned fresh);
     /* out = attention(q, k, v) of lmx_attn_args a with n_past 0 and a->kv ignored (each sequence's
      * window: windows[b], 0 for none): dq, dk, dv += ...; dout [M, H*D].  a->out and a->lse: both NULL,
      * or the forward's output (f32 or keep dtype) and the log-sum-exp it wrote, which the backend may
-     * take instead of recomputing them. */
+     * take instead of recomputing them.  fresh bits 0, 1, 2: dq, dk, dv (padding rows: zeros). */
     lmx_status (*attention_bwd)(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
-                                const lmx_attn_args *a, const int *windows);
+                                const lmx_attn_args *a, const int *windows, unsigned fresh);
     /* out[r] = x[rows[r]]                             dx[rows[r]] += dout[r]    dout [R, n] */
     lmx_status (*gather_rows_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dout, const int *rows, int R,
                                   int64_t n);

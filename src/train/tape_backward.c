@@ -121,9 +121,11 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     if (!dy->data && r->op != T_LORA && r->op != T_MATMUL) /* bf16_grad_ok sends a bf16 gradient to these alone */
         return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: record kind %d reached with a bf16 gradient", r->op);
     switch (r->op) {
-    case T_RMSNORM:
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &saved[0], r->w, r->rows, r->n, r->eps, r->one)) : LMX_OK;
+    case T_RMSNORM: {
+        unsigned fresh = 0;
+        GRAD_FRESH(r->in[0], g0, (int64_t)r->rows * r->n, 1, fresh);
+        return g0 ? pass(t, bw->rmsnorm_bwd(in, g0, dy, &saved[0], r->w, r->rows, r->n, r->eps, r->one, fresh)) : LMX_OK;
+    }
     case T_MATMUL: {
         unsigned fresh = 0;
         GRAD_FRESH(r->in[0], g0, (int64_t)r->M * r->w->shape[1], 1, fresh);
@@ -209,18 +211,20 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         tape_var *xv = &t->vars[r->in[0]];
         if (xv->rows * xv->cols == lmx_tensor_nelem(dy) && bf16_grad_ok(t, (int)(r - t->recs), r->in[0]) &&
             grad16_room(t, r->in[0])) { /* x's gradient in bf16 alone, written whole */
-            const lmx_status st = bw->rope_bwd(in, &xv->grad16, dy, &r->bt, r->nh, r->hd, &r->rope);
+            const lmx_status st = bw->rope_bwd(in, &xv->grad16, dy, &r->bt, r->nh, r->hd, &r->rope, 1);
             if (st != LMX_ERR_UNSUPPORTED) return pass(t, st);
             drop16(t, r->in[0]);
             lmx_err_clear(&in->err);
         }
-        GRAD(r->in[0], g0);
-        return g0 ? pass(t, bw->rope_bwd(in, g0, dy, &r->bt, r->nh, r->hd, &r->rope)) : LMX_OK;
+        unsigned fresh = 0;
+        GRAD_FRESH(r->in[0], g0, lmx_tensor_nelem(dy), 1, fresh);
+        return g0 ? pass(t, bw->rope_bwd(in, g0, dy, &r->bt, r->nh, r->hd, &r->rope, fresh)) : LMX_OK;
     }
     case T_ATTENTION: {
-        GRAD(r->in[0], g0);
-        GRAD(r->in[1], g1);
-        GRAD(r->in[2], g2);
+        unsigned fresh = 0;
+        GRAD_FRESH(r->in[0], g0, lmx_tensor_nelem(&saved[0]), 1, fresh);
+        GRAD_FRESH(r->in[1], g1, lmx_tensor_nelem(&saved[1]), 2, fresh);
+        GRAD_FRESH(r->in[2], g2, lmx_tensor_nelem(&saved[2]), 4, fresh);
         lmx_tensor sink[3] = {{0}};
         lmx_tensor *gs[3] = {g0, g1, g2};
         for (int k = 0; k < 3; k++)
@@ -232,7 +236,7 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         lmx_attn_args a = r->attn;
         a.batch = &r->bt, a.q = &saved[0], a.k = &saved[1], a.v = &saved[2];
         if (r->lse.data) a.out = &saved[3], a.lse = &r->lse; /* the forward's output and log-sum-exp */
-        lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &a, r->ints + 2 * r->bt.B));
+        lmx_status st = pass(t, bw->attention_bwd(in, gs[0], gs[1], gs[2], dy, &a, r->ints + 2 * r->bt.B, fresh));
         for (int k = 0; k < 3; k++)
             if (sink[k].data) in->ops->release(in, &sink[k]);
         return st;

@@ -17,8 +17,14 @@
 
 #define BWD_TILE_BYTES (4u << 20) /* f32 weight rows widened at once in matmul_bwd */
 
+/* A fresh gradient (backward.h): zeros, then added to as any other */
+static void fresh_zero(lmx_tensor *d, unsigned fresh, unsigned bit) {
+    if (d && (fresh & bit)) memset(d->data, 0, (size_t)lmx_tensor_nelem(d) * lmx_dtype_size(d->dtype));
+}
+
 static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
-                                  const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+                                  const lmx_tensor *w, int rows, int n, float eps, float add_one, unsigned fresh) {
+    fresh_zero(dx, fresh, 1);
     float *g = cpu_work(be, (size_t)n, "rmsnorm backward");
     if (!g) return be->err.status;
     cpu_row_to_f32((const cpu_backend *)be, g, w, 0, n);
@@ -151,9 +157,10 @@ static lmx_status cpu_softcap_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_ten
 /* The forward rotation is y_a = x_a c - x_b s, y_b = x_b c + x_a s (c, s with attn_factor, as cpu_rope
  * computes them); its transpose takes dy back. */
 static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *bt, int nh,
-                               int hd, const lmx_rope *rope) {
+                               int hd, const lmx_rope *rope, unsigned fresh) {
     if (dx->dtype != LMX_DTYPE_F32) /* keeps are f32 here: never bf16 gradients */
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu rope backward: an f32 gradient only");
+    fresh_zero(dx, fresh, 1);
     const int half = rope->rot_dim / 2;
     for (int b = 0; b < bt->B; b++)
         for (int t = 0; t < bt->n_new[b]; t++) {
@@ -230,10 +237,11 @@ static void attn_bwd_task(void *arg, int task, int thread) {
 }
 
 static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv,
-                                    const lmx_tensor *dout, const lmx_attn_args *a, const int *windows) {
+                                    const lmx_tensor *dout, const lmx_attn_args *a, const int *windows, unsigned fresh) {
     const cpu_backend *cb = (const cpu_backend *)be;
     lmx_status st = lmx_attention_bwd_check(be, a);
     if (st) return st;
+    fresh_zero(dq, fresh, 1), fresh_zero(dk, fresh, 2), fresh_zero(dv, fresh, 4);
     const int threads = lmx_pool_size(cb->pool), T = a->batch->T;
     const size_t n = (size_t)threads * 3 * (size_t)(T > 0 ? T : 1);
     attn_bwd_job j = {cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,

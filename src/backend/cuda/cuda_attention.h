@@ -17,6 +17,7 @@ typedef struct att_arg {
     float scale, softcap;
     const int *dyn;          /* non-NULL: n_past / n_new from this device array (decode graphs) */
     __nv_bfloat16 *o16;      /* non-NULL (decode): the output also rounded to bf16 here, [rows, H * D] */
+    int fresh;               /* backward (k_wg_dq, k_wg_dkdv): bits 0, 1, 2: dq, dk, dv written, not added to */
     att_seq s[ATT_SEQ_MAX];
 } att_arg;
 
@@ -99,13 +100,13 @@ static __device__ __forceinline__ void att_softmax_end(float (&l)[2], const floa
 }
 
 /* row[8 j + 2 (lane % 4) + {0, 1}] += scale * acc[j][2 r + {0, 1}] for a thread's row r (0: g, 1: g + 8) of
- * accumulators acc [ND][4] (the backward kernels' one += of dq, dk, dv) */
+ * accumulators acc [ND][4] (the backward kernels' one += of dq, dk, dv; add 0: = instead, row not read) */
 template <int ND>
-static __device__ __forceinline__ void att_add_row(float *row, const float (&acc)[ND][4], int r, float scale) {
+static __device__ __forceinline__ void att_add_row(float *row, const float (&acc)[ND][4], int r, float scale, int add = 1) {
     row += 2 * (threadIdx.x % 4);
 #pragma unroll
     for (int j = 0; j < ND; j++) {
-        float2 *p = (float2 *)(row + 8 * j), v = *p;
+        float2 *p = (float2 *)(row + 8 * j), v = add ? *p : make_float2(0.0f, 0.0f);
         *p = make_float2(v.x + scale * acc[j][2 * r], v.y + scale * acc[j][2 * r + 1]);
     }
 }
@@ -124,11 +125,12 @@ lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, 
                             const __nv_bfloat16 *v16, const float *dout, float *lse, float *dsum);
 
 /* Attention backward on the tensor cores for the sequences of args (n_past 0; windows[b] or none):
- * dq, dk, dv += ... (f32, [B*T, H*D] / [B*T, Hk*D]) from dout [B*T, H*D].  q, k, v f32; or, with
- * args->lse and args->out (the forward's, backward.h), f32 or bf16 (keeps read in place).
- * LMX_ERR_UNSUPPORTED (nothing launched) for head dims other than 32, 64 and 128 and other dtypes. */
+ * dq, dk, dv += ... (f32, [B*T, H*D] / [B*T, Hk*D]) from dout [B*T, H*D]; fresh bits 0, 1, 2: dq, dk, dv
+ * written instead (padding rows: zeros).  q, k, v f32; or, with args->lse and args->out (the forward's,
+ * backward.h), f32 or bf16 (keeps read in place).  LMX_ERR_UNSUPPORTED (nothing launched) for head dims
+ * other than 32, 64 and 128 and other dtypes. */
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
-                                    float *dq, float *dk, float *dv);
+                                    float *dq, float *dk, float *dv, unsigned fresh);
 
 /* The flash kernels' dynamic shared memory allowed once, at backend creation (cuda_flash.cu, cuda_flash_bwd.cu),
  * not at every launch: cudaFuncSetAttribute is a host call per layer otherwise.  A kernel the GPU cannot hold

@@ -50,10 +50,11 @@ static __device__ float block_reduce(float v, float *sh, int op) {
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
-/* y_i = x_i inv g_i with inv = (ss/n + eps)^-1/2: dx_i += inv g_i dy_i - x_i inv^3 (sum_j dy_j g_j x_j) / n */
+/* y_i = x_i inv g_i with inv = (ss/n + eps)^-1/2: dx_i += inv g_i dy_i - x_i inv^3 (sum_j dy_j g_j x_j) / n
+ * (add 0: dx_i = ..., a fresh dx not read) */
 template <typename X>
 __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt, int n, float eps,
-                              float one) {
+                              float one, int add) {
     __shared__ float sh[33];
     const int64_t off = (int64_t)blockIdx.x * n;
     float ss = 0.0f, dot = 0.0f;
@@ -66,14 +67,14 @@ __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const X *x, const void
     dot = block_reduce(dot, sh, 0);
     const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-        dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
+        dx[off + i] = (add ? dx[off + i] : 0.0f) + (inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c);
 }
 
 /* The same for rows of n = 1024 NV: a thread's NV groups of four values of x and dy stay in registers between
  * the sums and the update (one read of each), loaded as whole groups */
 template <int NV, typename X>
 __global__ void __launch_bounds__(256) k_rmsnorm_bwd_v(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt,
-                                                       float eps, float one) {
+                                                       float eps, float one, int add) {
     constexpr int n = 1024 * NV;
     __shared__ float sh[33];
     const int64_t off = (int64_t)blockIdx.x * n;
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_bwd_v(float *dx, const float *d
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         const int i = 4 * (threadIdx.x + 256 * j);
-        float4 o = cuda_ld4(dx + off + i);
+        float4 o = add ? cuda_ld4(dx + off + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         o.x += inv * (cuda_elem(w, wt, i) + one) * dv[j].x - xv[j].x * c;
         o.y += inv * (cuda_elem(w, wt, i + 1) + one) * dv[j].y - xv[j].y * c;
         o.z += inv * (cuda_elem(w, wt, i + 2) + one) * dv[j].z - xv[j].z * c;
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_bwd_v(float *dx, const float *d
 /* The same, one warp per row (short rows: the per-head q / k norms, where a block a row idles) */
 template <typename X>
 __global__ void k_rmsnorm_bwd_warp(float *dx, const float *dy, const X *x, const void *w, lmx_dtype wt, int rows, int n,
-                                   float eps, float one) {
+                                   float eps, float one, int add) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const int64_t off = (int64_t)row * n;
@@ -122,26 +123,27 @@ __global__ void k_rmsnorm_bwd_warp(float *dx, const float *dy, const X *x, const
     dot = cuda_warp_sum(dot);
     const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
     for (int i = lane; i < n; i += 32)
-        dx[off + i] += inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
+        dx[off + i] = (add ? dx[off + i] : 0.0f) + (inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c);
 }
 
 template <typename X>
 static void rmsnorm_bwd_launch(cuda_backend *cb, float *dx, const float *dy, const X *x, const lmx_tensor *w, int rows,
-                               int n, float eps, float one) {
+                               int n, float eps, float one, int add) {
     if (n <= 256)
-        k_rmsnorm_bwd_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, rows, n, eps, one);
+        k_rmsnorm_bwd_warp<<<cuda_blocks(rows, 8), 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, rows, n, eps, one,
+                                                                         add);
     else if (n % 1024 == 0 && n <= 8192 && cuda_vec4_ok(n, dx, dy, x)) { /* the rows of a hidden state */
         switch (n / 1024) {
-#define RMS_BWD_V(k) case k: k_rmsnorm_bwd_v<k><<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, eps, one); break;
+#define RMS_BWD_V(k) case k: k_rmsnorm_bwd_v<k><<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, eps, one, add); break;
             RMS_BWD_V(1) RMS_BWD_V(2) RMS_BWD_V(3) RMS_BWD_V(4) RMS_BWD_V(5) RMS_BWD_V(6) RMS_BWD_V(7) RMS_BWD_V(8)
 #undef RMS_BWD_V
         }
     } else
-        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, n, eps, one);
+        k_rmsnorm_bwd<<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, n, eps, one, add);
 }
 
 static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
-                              const lmx_tensor *w, int rows, int n, float eps, float add_one) {
+                              const lmx_tensor *w, int rows, int n, float eps, float add_one, unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || rows <= 0) return st;
@@ -149,10 +151,10 @@ static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm backward with a quantized norm weight");
     if (x->dtype == LMX_DTYPE_BF16)
         rmsnorm_bwd_launch(cb, (float *)dx->data, (const float *)dy->data, (const __nv_bfloat16 *)x->data, w, rows, n,
-                           eps, add_one);
+                           eps, add_one, !(fresh & 1));
     else
         rmsnorm_bwd_launch(cb, (float *)dx->data, (const float *)dy->data, (const float *)x->data, w, rows, n, eps,
-                           add_one);
+                           add_one, !(fresh & 1));
     return cuda_check_launch(cb, "rmsnorm backward");
 }
 
@@ -431,17 +433,19 @@ static lmx_status bwd_softcap(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
 
 typedef struct rope_bwd_arg {
     int B, T, nh, hd, half, rot, interleaved;
+    int add;                 /* f32 dx: added to (1) or written (0, a fresh one) */
     int hpt;                 /* heads per thread (the angle's sin and cos computed once for them) */
     float attn_factor;
     int n_past[CUDA_SEQ_MAX], n_new[CUDA_SEQ_MAX];
     float inv_freq[CUDA_ROPE_MAX];
 } rope_bwd_arg;
 
-/* O f32: dx += R^T dy; O bf16: dx = R^T dy rounded, every value written (padding rows: zeros).  One
- * thread per (row, dim pair, run of hpt heads), and per (row, dim past rot, run) for the pass-through. */
-template <typename O> static __device__ __forceinline__ void rope_put(O *p, float v) {
+/* O f32: dx += R^T dy (a.add; else written); O bf16: dx = R^T dy rounded.  Written: every value (padding rows:
+ * zeros).  One thread per (row, dim pair, run of hpt heads), and per (row, dim past rot, run) for the
+ * pass-through. */
+template <typename O> static __device__ __forceinline__ void rope_put(O *p, float v, int add) {
     if constexpr (sizeof(O) == 2) *p = __float2bfloat16(v);
-    else *p += v;
+    else *p = add ? *p + v : v;
 }
 template <typename O>
 __global__ void k_rope_bwd(O *dx, const float *dy, const rope_bwd_arg a) {
@@ -456,15 +460,16 @@ __global__ void k_rope_bwd(O *dx, const float *dy, const rope_bwd_arg a) {
         const int ia = i >= a.half ? a.rot + i - a.half : a.interleaved ? 2 * i : i; /* past rot: passes through */
         const int ib = a.interleaved ? 2 * i + 1 : i + a.half;
         if (t >= a.n_new[b]) { /* padding: no gradient */
-            if constexpr (sizeof(O) == 2)
+            if (sizeof(O) == 2 || !a.add)
                 for (int h = h0; h < h1; h++) {
-                    dx[off0 + (int64_t)h * a.hd + ia] = __float2bfloat16(0.0f);
-                    if (i < a.half) dx[off0 + (int64_t)h * a.hd + ib] = __float2bfloat16(0.0f);
+                    rope_put(dx + off0 + (int64_t)h * a.hd + ia, 0.0f, 0);
+                    if (i < a.half) rope_put(dx + off0 + (int64_t)h * a.hd + ib, 0.0f, 0);
                 }
             continue;
         }
         if (i >= a.half) {
-            for (int h = h0; h < h1; h++) rope_put(dx + off0 + (int64_t)h * a.hd + ia, dy[off0 + (int64_t)h * a.hd + ia]);
+            for (int h = h0; h < h1; h++)
+                rope_put(dx + off0 + (int64_t)h * a.hd + ia, dy[off0 + (int64_t)h * a.hd + ia], a.add);
             continue;
         }
         double sd, cd;
@@ -473,15 +478,15 @@ __global__ void k_rope_bwd(O *dx, const float *dy, const rope_bwd_arg a) {
         for (int h = h0; h < h1; h++) {
             const int64_t off = off0 + (int64_t)h * a.hd;
             const float ya = dy[off + ia], yb = dy[off + ib];
-            rope_put(dx + off + ia, ya * c + yb * s);
-            rope_put(dx + off + ib, yb * c - ya * s);
+            rope_put(dx + off + ia, ya * c + yb * s, a.add);
+            rope_put(dx + off + ib, yb * c - ya * s, a.add);
         }
     }
 }
 
-/* dx f32 (added to), or bf16 (the tape's bf16 gradient: written whole) */
+/* dx f32 (added to, or written where fresh), or bf16 (the tape's bf16 gradient: written whole) */
 static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_batch *bt, int nh, int hd,
-                           const lmx_rope *rope) {
+                           const lmx_rope *rope, unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
@@ -490,7 +495,7 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope backward over %d dims", rope->rot_dim);
     rope_bwd_arg a;
     a.T = bt->T, a.nh = nh, a.hd = hd, a.half = half, a.rot = 2 * half, a.interleaved = rope->interleaved;
-    a.attn_factor = rope->attn_factor;
+    a.attn_factor = rope->attn_factor, a.add = !(fresh & 1);
     for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
     for (int b0 = 0; b0 < bt->B; b0 += CUDA_SEQ_MAX) {
         a.B = bt->B - b0 < CUDA_SEQ_MAX ? bt->B - b0 : CUDA_SEQ_MAX;
@@ -643,7 +648,7 @@ static lmx_status attn_tile(cuda_backend *cb, const lmx_attn_args *a, const floa
 }
 
 static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv, const lmx_tensor *dout,
-                                const lmx_attn_args *a, const int *windows) {
+                                const lmx_attn_args *a, const int *windows, unsigned fresh) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
@@ -655,12 +660,12 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
         if (!env) {
             if ((st = lmx_attention_bwd_check(be, a))) return st;
             st = cuda_flash_attention_bwd(cb, a, windows, (const float *)dout->data, (float *)dq->data,
-                                          (float *)dk->data, (float *)dv->data);
+                                          (float *)dk->data, (float *)dv->data, fresh);
             if (st != LMX_ERR_UNSUPPORTED) return st;
         }
         lmx_attn_args af = *a; /* the forms below recompute them */
         af.lse = NULL, af.out = NULL;
-        return bwd_attention(be, dq, dk, dv, dout, &af, windows);
+        return bwd_attention(be, dq, dk, dv, dout, &af, windows, fresh);
     }
     if (a->q->dtype != LMX_DTYPE_F32 || a->k->dtype != LMX_DTYPE_F32 || a->v->dtype != LMX_DTYPE_F32) {
         lmx_tensor w[3]; /* bf16 keeps: the kernels read f32 q, k, v */
@@ -670,7 +675,7 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
             if (in[i]->dtype != LMX_DTYPE_F32 && !(st = cuda_widen(cb, &w[i], in[i]))) in[i] = &w[i];
         lmx_attn_args af = *a;
         af.q = in[0], af.k = in[1], af.v = in[2];
-        if (!st) st = bwd_attention(be, dq, dk, dv, dout, &af, windows);
+        if (!st) st = bwd_attention(be, dq, dk, dv, dout, &af, windows, fresh);
         for (int i = 0; i < 3; i++)
             if (w[i].data) be->ops->release(be, &w[i]);
         return st;
@@ -680,9 +685,15 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     if ((st = lmx_attention_bwd_check(be, a))) return st;
     if (!env) {
         st = cuda_flash_attention_bwd(cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
-                                      (float *)dv->data);
+                                      (float *)dv->data, fresh);
         if (st != LMX_ERR_UNSUPPORTED) return st;
         st = LMX_OK;
+    }
+    lmx_tensor *const ds[3] = {dq, dk, dv}; /* the tiled form adds: fresh gradients zeroed first */
+    for (int i = 0; i < 3; i++) {
+        const cudaError_t e = fresh & (1u << i) ? cudaMemsetAsync(ds[i]->data, 0, (size_t)lmx_tensor_nelem(ds[i]) * 4, cb->stream)
+                                                : cudaSuccess;
+        if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
     }
     /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys */
     int tq = env && atoi(env) > 0 ? atoi(env) : (int)(BWD_ATTN_BYTES / (8 * (int64_t)H * (T > 0 ? T : 1)));

@@ -269,8 +269,15 @@ void cuda_flash_bwd_init(void) { /* every instance cuda_flash_attention_bwd laun
     cudaGetLastError();
 }
 
+/* Rows [r0, r1) of a fresh gradient d ([rows, w] f32, bit of fresh) set to zeros */
+static lmx_status fresh_rows(cuda_backend *cb, float *d, int64_t w, int64_t r0, int64_t r1, unsigned fresh, unsigned bit) {
+    if (!(fresh & bit) || r1 <= r0) return LMX_OK;
+    const cudaError_t e = cudaMemsetAsync(d + r0 * w, 0, (size_t)((r1 - r0) * w) * sizeof(float), cb->stream);
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "attention backward");
+}
+
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
-                                    float *dq, float *dk, float *dv) {
+                                    float *dq, float *dk, float *dv, unsigned fresh) {
     const lmx_batch *bt = args->batch;
     const int D = args->D, T = bt->T;
     if (D != 32 && D != 64 && D != 128) return LMX_ERR_UNSUPPORTED;
@@ -327,8 +334,20 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         }
         if (st) break;
         float *gq = dq + r0 * HD, *gk = dk + r0 * KD, *gv = dv + r0 * KD;
-        st = cuda_flash_bwd_wg(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv);
+        for (int b = 0; b < a.B && !st; b++) { /* a fresh gradient's padding rows: no kernel writes them */
+            const int64_t p0 = (int64_t)b * T + a.s[b].n_new, p1 = (int64_t)(b + 1) * T;
+            st = fresh_rows(cb, gq, HD, p0, p1, fresh, 1);
+            if (!st) st = fresh_rows(cb, gk, KD, p0, p1, fresh, 2);
+            if (!st) st = fresh_rows(cb, gv, KD, p0, p1, fresh, 4);
+        }
+        a.fresh = (int)fresh;
+        if (!st) st = cuda_flash_bwd_wg(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv);
         if (st != LMX_ERR_UNSUPPORTED) continue;
+        const int64_t rows = (int64_t)a.B * T; /* the kernels below add: a fresh gradient's rows zeroed first */
+        st = fresh_rows(cb, gq, HD, 0, rows, fresh, 1);
+        if (!st) st = fresh_rows(cb, gk, KD, 0, rows, fresh, 2);
+        if (!st) st = fresh_rows(cb, gv, KD, 0, rows, fresh, 4);
+        if (st) break;
         switch (D) {
         case 32: st = fb_launch<32, FB_KT, fb_qt<32>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
         case 64: st = fb_launch<64, FB_KT, fb_qt<64>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;

@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(128 * W, 2 / W)
         const int key = r ? key1 : key0;
         if (key > kmax) continue;
         const int64_t o = ((int64_t)b * a.T + key) * KD + (int64_t)kvh * D;
-        att_add_row(dk + o, adk, r, 1.0f);
-        att_add_row(dv + o, adv, r, 1.0f);
+        att_add_row(dk + o, adk, r, 1.0f, !(a.fresh & 2));
+        att_add_row(dv + o, adv, r, 1.0f, !(a.fresh & 4));
     }
 #endif
 }
@@ -282,8 +282,8 @@ __global__ void __launch_bounds__(128 * W, 2 / W)
     }
 
     float *o0 = dq + ((int64_t)b * a.T + pos0) * HD + (int64_t)h * D;
-    if (ok0) att_add_row(o0, acc, 0, a.scale);
-    if (ok1) att_add_row(o0 + 8 * HD, acc, 1, a.scale);
+    if (ok0) att_add_row(o0, acc, 0, a.scale, !(a.fresh & 1));
+    if (ok1) att_add_row(o0 + 8 * HD, acc, 1, a.scale, !(a.fresh & 1));
 #endif
 }
 
