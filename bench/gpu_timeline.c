@@ -103,7 +103,8 @@ int InitializeInjection(void) {
         return 0;
     }
     for (size_t i = 0; i < n_kinds; i++)
-        if (cuptiActivityEnable(kinds[i]) != CUPTI_SUCCESS) fprintf(stderr, "gpu_timeline: kind %d not traced\n", kinds[i]);
+        if (cuptiActivityEnable(kinds[i]) != CUPTI_SUCCESS)
+            fprintf(stderr, "gpu_timeline: kind %d not traced\n", (int)kinds[i]);
     atexit(at_exit);
     return 1;
 }

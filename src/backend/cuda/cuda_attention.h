@@ -102,7 +102,8 @@ static __device__ __forceinline__ void att_softmax_end(float (&l)[2], const floa
 /* row[8 j + 2 (lane % 4) + {0, 1}] += scale * acc[j][2 r + {0, 1}] for a thread's row r (0: g, 1: g + 8) of
  * accumulators acc [ND][4] (the backward kernels' one += of dq, dk, dv; add 0: = instead, row not read) */
 template <int ND>
-static __device__ __forceinline__ void att_add_row(float *row, const float (&acc)[ND][4], int r, float scale, int add = 1) {
+static __device__ __forceinline__ void att_add_row(float *row, const float (&acc)[ND][4], int r, float scale,
+                                                   int add = 1) {
     row += 2 * (threadIdx.x % 4);
 #pragma unroll
     for (int j = 0; j < ND; j++) {

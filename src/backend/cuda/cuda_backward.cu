@@ -66,8 +66,10 @@ __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const X *x, const void
     ss = block_reduce(ss, sh, 0);
     dot = block_reduce(dot, sh, 0);
     const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        dx[off + i] = (add ? dx[off + i] : 0.0f) + (inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
+        dx[off + i] = add ? dx[off + i] + v : v;
+    }
 }
 
 /* The same for rows of n = 1024 NV: a thread's NV groups of four values of x and dy stay in registers between
@@ -122,8 +124,10 @@ __global__ void k_rmsnorm_bwd_warp(float *dx, const float *dy, const X *x, const
     ss = cuda_warp_sum(ss);
     dot = cuda_warp_sum(dot);
     const float inv = rsqrtf(ss / n + eps), c = inv * inv * inv * dot / n;
-    for (int i = lane; i < n; i += 32)
-        dx[off + i] = (add ? dx[off + i] : 0.0f) + (inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c);
+    for (int i = lane; i < n; i += 32) {
+        const float v = inv * (cuda_elem(w, wt, i) + one) * dy[off + i] - cuda_ld_f(x + off + i) * c;
+        dx[off + i] = add ? dx[off + i] + v : v;
+    }
 }
 
 template <typename X>
@@ -134,7 +138,8 @@ static void rmsnorm_bwd_launch(cuda_backend *cb, float *dx, const float *dy, con
                                                                          add);
     else if (n % 1024 == 0 && n <= 8192 && cuda_vec4_ok(n, dx, dy, x)) { /* the rows of a hidden state */
         switch (n / 1024) {
-#define RMS_BWD_V(k) case k: k_rmsnorm_bwd_v<k><<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, eps, one, add); break;
+#define RMS_BWD_V(k)                                                                                \
+    case k: k_rmsnorm_bwd_v<k><<<rows, 256, 0, cb->stream>>>(dx, dy, x, w->data, w->dtype, eps, one, add); break;
             RMS_BWD_V(1) RMS_BWD_V(2) RMS_BWD_V(3) RMS_BWD_V(4) RMS_BWD_V(5) RMS_BWD_V(6) RMS_BWD_V(7) RMS_BWD_V(8)
 #undef RMS_BWD_V
         }
@@ -691,8 +696,8 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     }
     lmx_tensor *const ds[3] = {dq, dk, dv}; /* the tiled form adds: fresh gradients zeroed first */
     for (int i = 0; i < 3; i++) {
-        const cudaError_t e = fresh & (1u << i) ? cudaMemsetAsync(ds[i]->data, 0, (size_t)lmx_tensor_nelem(ds[i]) * 4, cb->stream)
-                                                : cudaSuccess;
+        const size_t bytes = (size_t)lmx_tensor_nelem(ds[i]) * sizeof(float);
+        const cudaError_t e = fresh & (1u << i) ? cudaMemsetAsync(ds[i]->data, 0, bytes, cb->stream) : cudaSuccess;
         if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
     }
     /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys */

@@ -270,7 +270,8 @@ void cuda_flash_bwd_init(void) { /* every instance cuda_flash_attention_bwd laun
 }
 
 /* Rows [r0, r1) of a fresh gradient d ([rows, w] f32, bit of fresh) set to zeros */
-static lmx_status fresh_rows(cuda_backend *cb, float *d, int64_t w, int64_t r0, int64_t r1, unsigned fresh, unsigned bit) {
+static lmx_status fresh_rows(cuda_backend *cb, float *d, int64_t w, int64_t r0, int64_t r1, unsigned fresh,
+                             unsigned bit) {
     if (!(fresh & bit) || r1 <= r0) return LMX_OK;
     const cudaError_t e = cudaMemsetAsync(d + r0 * w, 0, (size_t)((r1 - r0) * w) * sizeof(float), cb->stream);
     return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "attention backward");
