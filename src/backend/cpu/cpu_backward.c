@@ -17,9 +17,11 @@
 
 #define BWD_TILE_BYTES (4u << 20) /* f32 weight rows widened at once in matmul_bwd */
 
+static void zero_tensor(lmx_tensor *d) { memset(d->data, 0, (size_t)lmx_tensor_nelem(d) * lmx_dtype_size(d->dtype)); }
+
 /* A fresh gradient (backward.h): zeros, then added to as any other */
 static void fresh_zero(lmx_tensor *d, unsigned fresh, unsigned bit) {
-    if (d && (fresh & bit)) memset(d->data, 0, (size_t)lmx_tensor_nelem(d) * lmx_dtype_size(d->dtype));
+    if (d && (fresh & bit)) zero_tensor(d);
 }
 
 static lmx_status cpu_rmsnorm_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
@@ -377,7 +379,7 @@ static lmx_status cpu_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor
 
 static lmx_status cpu_zero_many(lmx_backend *be, int count, lmx_tensor *g) {
     (void)be;
-    for (int i = 0; i < count; i++) memset(g[i].data, 0, (size_t)lmx_tensor_nelem(&g[i]) * sizeof(float));
+    for (int i = 0; i < count; i++) zero_tensor(&g[i]);
     return LMX_OK;
 }
 

@@ -132,6 +132,10 @@ lmx_status cuda_flash_stats(cuda_backend *cb, const att_arg &a, const float *q, 
  * other than 32, 64 and 128 and other dtypes. */
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
                                     float *dq, float *dk, float *dv, unsigned fresh);
+/* Rows [r0, r1) of each fresh gradient among dq [rows, HD], dk and dv [rows, KD] (fresh bits 0, 1, 2) cleared: what
+ * no kernel writes (padding rows), or all of it before a form that adds */
+lmx_status cuda_attn_fresh_clear(cuda_backend *cb, float *dq, float *dk, float *dv, int64_t HD, int64_t KD, int64_t r0,
+                                 int64_t r1, unsigned fresh);
 
 /* The flash kernels' dynamic shared memory allowed once, at backend creation (cuda_flash.cu, cuda_flash_bwd.cu),
  * not at every launch: cudaFuncSetAttribute is a host call per layer otherwise.  A kernel the GPU cannot hold

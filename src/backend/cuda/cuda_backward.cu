@@ -154,12 +154,13 @@ static lmx_status bwd_rmsnorm(lmx_backend *be, lmx_tensor *dx, const lmx_tensor 
     if (st || rows <= 0) return st;
     if (w->q.bits || w->q.ggml_type)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rmsnorm backward with a quantized norm weight");
+    const int add = !(fresh & 1);
     if (x->dtype == LMX_DTYPE_BF16)
         rmsnorm_bwd_launch(cb, (float *)dx->data, (const float *)dy->data, (const __nv_bfloat16 *)x->data, w, rows, n,
-                           eps, add_one, !(fresh & 1));
+                           eps, add_one, add);
     else
         rmsnorm_bwd_launch(cb, (float *)dx->data, (const float *)dy->data, (const float *)x->data, w, rows, n, eps,
-                           add_one, !(fresh & 1));
+                           add_one, add);
     return cuda_check_launch(cb, "rmsnorm backward");
 }
 
@@ -694,12 +695,10 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
         if (st != LMX_ERR_UNSUPPORTED) return st;
         st = LMX_OK;
     }
-    lmx_tensor *const ds[3] = {dq, dk, dv}; /* the tiled form adds: fresh gradients zeroed first */
-    for (int i = 0; i < 3; i++) {
-        const size_t bytes = (size_t)lmx_tensor_nelem(ds[i]) * sizeof(float);
-        const cudaError_t e = fresh & (1u << i) ? cudaMemsetAsync(ds[i]->data, 0, bytes, cb->stream) : cudaSuccess;
-        if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
-    }
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D;
+    if ((st = cuda_attn_fresh_clear(cb, (float *)dq->data, (float *)dk->data, (float *)dv->data, qs, ks, 0,
+                                    (int64_t)bt->B * T, fresh))) /* the tiled form adds */
+        return st;
     /* query rows per tile: S and dP take 2 x 4 bytes x H x tq x keys */
     int tq = env && atoi(env) > 0 ? atoi(env) : (int)(BWD_ATTN_BYTES / (8 * (int64_t)H * (T > 0 ? T : 1)));
     tq = tq > T ? T : tq < 16 && !env ? 16 : tq > 16 ? tq & ~15 : tq;
@@ -707,7 +706,6 @@ static lmx_status bwd_attention(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk,
     float *S = (float *)cuda_scratch(cb, CUDA_SCRATCH_BWD, (size_t)2 * H * tq * T * sizeof(float));
     if (!S) return cb->base.err.status;
     float *dP = S + (size_t)H * tq * T;
-    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D;
     for (int b = 0; b < bt->B && !st; b++) {
         const int64_t row = (int64_t)b * T;
         const int n = bt->n_new[b], W = windows ? windows[b] : 0;

@@ -269,12 +269,16 @@ void cuda_flash_bwd_init(void) { /* every instance cuda_flash_attention_bwd laun
     cudaGetLastError();
 }
 
-/* Rows [r0, r1) of a fresh gradient d ([rows, w] f32, bit of fresh) set to zeros */
-static lmx_status fresh_rows(cuda_backend *cb, float *d, int64_t w, int64_t r0, int64_t r1, unsigned fresh,
-                             unsigned bit) {
-    if (!(fresh & bit) || r1 <= r0) return LMX_OK;
-    const cudaError_t e = cudaMemsetAsync(d + r0 * w, 0, (size_t)((r1 - r0) * w) * sizeof(float), cb->stream);
-    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "attention backward");
+lmx_status cuda_attn_fresh_clear(cuda_backend *cb, float *dq, float *dk, float *dv, int64_t HD, int64_t KD, int64_t r0,
+                                 int64_t r1, unsigned fresh) {
+    float *const d[3] = {dq, dk, dv};
+    const int64_t w[3] = {HD, KD, KD};
+    for (int i = 0; i < 3 && r1 > r0; i++) {
+        if (!(fresh & (1u << i))) continue;
+        const cudaError_t e = cudaMemsetAsync(d[i] + r0 * w[i], 0, (size_t)((r1 - r0) * w[i]) * sizeof(float), cb->stream);
+        if (e != cudaSuccess) return cuda_fail(cb, e, "attention backward");
+    }
+    return LMX_OK;
 }
 
 lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args, const int *windows, const float *dout,
@@ -299,6 +303,7 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
     att_arg a;
     a.T = T, a.H = args->H, a.Hk = args->Hk, a.D = D, a.G = args->H / args->Hk;
     a.gmax = a.G, a.hchunks = 1, a.splits = 1, a.scale = args->scale, a.softcap = args->softcap, a.dyn = NULL;
+    a.fresh = (int)fresh; /* the warpgroup kernels write what it marks */
     lmx_status st = LMX_OK;
     for (int b0 = 0; b0 < bt->B && !st; b0 += nb) {
         a.B = bt->B - b0 < nb ? bt->B - b0 : nb;
@@ -337,18 +342,12 @@ lmx_status cuda_flash_attention_bwd(cuda_backend *cb, const lmx_attn_args *args,
         float *gq = dq + r0 * HD, *gk = dk + r0 * KD, *gv = dv + r0 * KD;
         for (int b = 0; b < a.B && !st; b++) { /* a fresh gradient's padding rows: no kernel writes them */
             const int64_t p0 = (int64_t)b * T + a.s[b].n_new, p1 = (int64_t)(b + 1) * T;
-            st = fresh_rows(cb, gq, HD, p0, p1, fresh, 1);
-            if (!st) st = fresh_rows(cb, gk, KD, p0, p1, fresh, 2);
-            if (!st) st = fresh_rows(cb, gv, KD, p0, p1, fresh, 4);
+            st = cuda_attn_fresh_clear(cb, gq, gk, gv, HD, KD, p0, p1, fresh);
         }
-        a.fresh = (int)fresh;
         if (!st) st = cuda_flash_bwd_wg(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv);
         if (st != LMX_ERR_UNSUPPORTED) continue;
-        const int64_t rows = (int64_t)a.B * T; /* the kernels below add: a fresh gradient's rows zeroed first */
-        st = fresh_rows(cb, gq, HD, 0, rows, fresh, 1);
-        if (!st) st = fresh_rows(cb, gk, KD, 0, rows, fresh, 2);
-        if (!st) st = fresh_rows(cb, gv, KD, 0, rows, fresh, 4);
-        if (st) break;
+        /* the kernels below add: a fresh gradient's rows cleared first */
+        if ((st = cuda_attn_fresh_clear(cb, gq, gk, gv, HD, KD, 0, (int64_t)a.B * T, fresh))) break;
         switch (D) {
         case 32: st = fb_launch<32, FB_KT, fb_qt<32>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
         case 64: st = fb_launch<64, FB_KT, fb_qt<64>()>(cb, a, q16, kb, vb, do16, ls, dsum, gq, gk, gv); break;
