@@ -472,12 +472,16 @@ static __device__ __forceinline__ float cuda_warp_max(float v) {
 
 /* The routing of row i by one warp (after the wait for the logits): lane l holds logits l, l + 32, ... (NaN
  * as -inf, so that a choice is always an expert; -0 as +0); the k-th choice is the largest not taken, the
- * lower index first among equals: the largest of the 64-bit keys (order-preserving bits of the value, then
- * the complement of the index), one butterfly a choice.  Every lane follows every choice; lane k writes
+ * lower index first among equals: the largest of the order-preserving bits of the values (cuda_moe_key; 0: no
+ * expert, past E or taken), then the least index holding it, each one warp reduction (redux.sync; a choice
+ * took ten shuffles as one butterfly over 64-bit keys).  Every lane follows every choice; lane k writes
  * choice k (no per-choice arrays, so nothing in local memory). */
-static __device__ __forceinline__ unsigned long long cuda_moe_key(float v, int e) {
-    const unsigned r = __float_as_uint(v), u = r == 0x80000000u ? 0u : r, o = u >> 31 ? ~u : u | 0x80000000u;
-    return (unsigned long long)o << 32 | (unsigned)~e;
+static __device__ __forceinline__ unsigned cuda_moe_key(float v) {
+    const unsigned r = __float_as_uint(v), u = r == 0x80000000u ? 0u : r;
+    return u >> 31 ? ~u : u | 0x80000000u; /* above 0 for every value but NaN (taken as -inf) */
+}
+static __device__ __forceinline__ float cuda_moe_key_value(unsigned o) {
+    return __uint_as_float(o >> 31 ? o & 0x7fffffffu : ~o);
 }
 static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router &rt, int i, int lane) {
     constexpr int J = CUDA_MOE_E_MAX / 32;
@@ -485,38 +489,35 @@ static __device__ __forceinline__ void cuda_moe_route_row(const cuda_moe_router 
     const float scale = rt.scale;
     const float *z = rt.logits + (int64_t)i * E;
     float v[J];
-    float mx = -INFINITY;
+    unsigned key[J];
+    unsigned km = 0;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const int e = lane + 32 * j;
         const float t = e < E ? *(volatile const float *)(z + e) : -INFINITY; /* a volatile read: k_moe_gemv1 */
         v[j] = t != t ? -INFINITY : t;
-        mx = fmaxf(mx, v[j]);
+        key[j] = e < E ? cuda_moe_key(v[j]) : 0u;
+        km = key[j] > km ? key[j] : km;
     }
-    mx = cuda_warp_max(mx);
+    const float mx = cuda_moe_key_value(__reduce_max_sync(0xffffffffu, km));
     const float base = mx == -INFINITY ? 0.0f : mx; /* every logit -inf or NaN: equal weights of 0 / 0 */
     float sum = 0.0f;
-    unsigned long long key[J]; /* 0: no expert (past E, or taken) */
 #pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int e = lane + 32 * j;
-        sum += e < E ? expf((v[j] - base) * scale) : 0.0f;
-        key[j] = e < E ? cuda_moe_key(v[j], e) : 0ull;
-    }
+    for (int j = 0; j < J; j++) sum += lane + 32 * j < E ? expf((v[j] - base) * scale) : 0.0f;
     sum = cuda_warp_sum(sum);
     float ksum = 0.0f, mine = 0.0f;
     int mine_e = 0;
     for (int k = 0; k < kused; k++) {
-        unsigned long long b = 0;
+        unsigned b = 0;
 #pragma unroll
         for (int j = 0; j < J; j++) b = key[j] > b ? key[j] : b;
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long ob = __shfl_xor_sync(0xffffffffu, b, o);
-            b = ob > b ? ob : b;
-        }
-        const int be = (int)~(unsigned)b;
-        const unsigned ub = (unsigned)(b >> 32);
-        const float bv = __uint_as_float(ub >> 31 ? ub & 0x7fffffffu : ~ub);
+        b = __reduce_max_sync(0xffffffffu, b);
+        unsigned first = 0xffffffffu; /* this lane's least index holding b (j rising: e rising) */
+#pragma unroll
+        for (int j = J - 1; j >= 0; j--)
+            if (key[j] == b) first = lane + 32 * j;
+        const int be = (int)__reduce_min_sync(0xffffffffu, first);
+        const float bv = cuda_moe_key_value(b);
 #pragma unroll
         for (int j = 0; j < J; j++)
             if (be == lane + 32 * j) key[j] = 0;
