@@ -626,7 +626,11 @@ static void test_moe(void) {
         test_moe_case("mlx q8", LMX_DTYPE_U32, 8, 0, 8, 2, 128, 64, Ms[i], 1, 1, 0);
         test_moe_case("gguf q4_k / q6_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 2, 256, 256, Ms[i], 1, 0, 0);
         test_moe_case("gguf q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 6, 3, 64, 96, Ms[i], 0, 1, 0);
+        test_moe_case("gguf q5_k", LMX_DTYPE_U8, 0, LMX_GGML_Q5_K, 8, 2, 256, 256, Ms[i], 1, 0, 0);
     }
+    /* one row of Q4_K gate / up staged in shared memory (k_moe_gu_staged) over more rows than a block's first group
+     * (8 x 512 rows: about 11 a block on 132 multiprocessors) and rows of 36 units (lanes 0-3 take two) */
+    test_moe_case("gguf q4_k / q6_k, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 16, 8, 2304, 512, 1, 1, 0, 0);
     test_moe_case("bf16 ties", LMX_DTYPE_BF16, 0, 0, 16, 4, 64, 32, 2, 1, 0, 1);
     test_moe_case("f32 ties", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 1, 0, 0, 1);
     test_moe_case("f32 ties, grouped", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 200, 0, 0, 1);

@@ -621,6 +621,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->topk_off = tk && tk[0] == '0';
     const char *mo = getenv("LMX_CUDA_MOE");
     cb->moe_off = mo && mo[0] == '0';
+    const char *ms = getenv("LMX_CUDA_MOE_STAGED");
+    cb->moe_staged = !(ms && ms[0] == '0');
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");

@@ -70,6 +70,8 @@ typedef struct cuda_backend {
     int pdl;                 /* 1 while capturing with programmatic dependent launch (cuda_launch) */
     int topk_off;            /* LMX_CUDA_TOPK=0: the topk op declines (sampling reads whole rows) */
     int moe_off;             /* LMX_CUDA_MOE=0: the moe op declines (the model routes on the host) */
+    int moe_staged;          /* one row's GGUF gate/up experts staged in shared memory (k_moe_gu_staged);
+                                LMX_CUDA_MOE_STAGED=0 turns it off for A/B measurements */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
