@@ -278,10 +278,10 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
  * shape (304 blocks with rows) runs in one wave: H200, its 48 layers in Q4_K_M 534-539 -> 559-560 tok/s, Qwen3-0.6B
  * Q4_K_M (MLX-rewritten q / k beside Q6_K v) 1,442-1,455 -> 1,466-1,479. */
 template <int T, int T2, int MM, int XS>
-__global__ void __launch_bounds__(256, XS ? 3 : 0) k_ggemv_mix(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
-                                                   const int4 *__restrict__ xq2, const float4 *__restrict__ xm2,
-                                                   const gv_segs sg, int alt, int K, int PR, int PR2, int M,
-                                                   const float *__restrict__ xf, const cuda_row_norm nm) {
+__global__ void __launch_bounds__(256, XS ? 3 : 0)
+    k_ggemv_mix(const int4 *__restrict__ xq, const float4 *__restrict__ xm, const int4 *__restrict__ xq2,
+                const float4 *__restrict__ xm2, const gv_segs sg, int alt, int K, int PR, int PR2, int M,
+                const float *__restrict__ xf, const cuda_row_norm nm) {
     cuda_pdl_trigger();
     const gv_seg S = seg_pick(sg, blockIdx.y);
     if constexpr (XS) { /* each block's x in its own type's layout */
