@@ -430,14 +430,7 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
                     const int xi = ((pu >> 5) * UP + k) * 32 + (pu & 31); /* as ggemv_body reads x */
                     const int4 *xv = sxq + (xi - (pu & 31)) * 4 + (pu & 31);
                     const int4 X[4] = {xv[0], xv[32], xv[64], xv[96]};
-                    const float4 xs = sxm[xi];
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        uint32_t q[8];
-                        float sc[2], mn[2];
-                        wu[j].part(k, q, sc, mn);
-                        acc[j] = gq_part_acc(q, sc, mn, X, xs, acc[j]);
-                    }
+                    gq_two_acc(wu, k, X, sxm[xi], acc);
                 }
             }
 #pragma unroll

@@ -43,6 +43,20 @@ static __device__ __forceinline__ float gq_part_acc(const uint32_t (&q)[8], cons
     return fmaf(xs.x, dot, acc - fmaf(mn[0], xs.y, mn[1] * xs.z));
 }
 
+/* acc[r] plus part k of unit u[r] of two rows against one part of x (X, xs): a gate / up pair, or two rows of one
+ * weight (k_gstream6, k_moe_gu_staged) */
+template <class U>
+static __device__ __forceinline__ void gq_two_acc(const U (&u)[2], int k, const int4 (&X)[4], const float4 &xs,
+                                                  float (&acc)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        uint32_t q[8];
+        float sc[2], mn[2];
+        u[r].part(k, q, sc, mn);
+        acc[r] = gq_part_acc(q, sc, mn, X, xs, acc[r]);
+    }
+}
+
 /* A layout of quantized x (gq_xchunk for units of 1 << ul parts): codes xq and {d, s0, s1, 0} xm, each row PR
  * parts' room.  The quantization writes one or two (a launch of weights of unit sizes 2 and 4: Q4_K q and k
  * with a Q6_K v); xq NULL: none.  nib: each chunk's 8 codes in the order of a 4-bit word's nibbles, low ones

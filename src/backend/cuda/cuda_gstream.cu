@@ -241,13 +241,7 @@ __global__ void __launch_bounds__(256, 1) k_gstream6(const int4 *__restrict__ xq
             const int4 *xv = xq + gq_xchunk(pp, gq_ul(UP));
             const int4 X[4] = {__ldg(xv), __ldg(xv + 32), __ldg(xv + 64), __ldg(xv + 96)};
             const float4 xs = __ldg(xm + gq_xpart(pp, gq_ul(UP)));
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                uint32_t q[8];
-                float sc[2], mn[2];
-                u[r].part(k, q, sc, mn);
-                acc[r] = gq_part_acc(q, sc, mn, X, xs, acc[r]);
-            }
+            gq_two_acc(u, k, X, xs, acc);
         }
     };
     auto finish = [&](int g, int, float (&acc)[2]) { /* as k_ggemv stores them */
