@@ -391,8 +391,8 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
                                                        int N, int K, int PR, int R, int act, float *y0, float *y1) {
     extern __shared__ __align__(16) uint8_t mgu_rows[]; /* [R][2][row bytes]: gate, then up; then x's codes, scales */
     __shared__ int e_of[32];
-    cuda_pdl_wait(); /* pick and x come from the launch before */
-    cuda_pdl_trigger();
+    cuda_pdl_wait(); /* pick and x come from the launch before; the trigger after it, as k_moe_ggemv's gate/up: */
+    cuda_pdl_trigger(); /* the down projection reads pick before its own wait */
     constexpr int UP = 2, UPB = gq_traits<T>::PARTS / UP, BYTES = gq_traits<T>::BYTES;
     const int rb = K / gq_traits<T>::ELEMS * BYTES, cpr = rb / 16; /* row bytes, its 16-byte copies */
     const int r0 = blockIdx.x * R, nr = kused * N - r0 < R ? kused * N - r0 : R;
@@ -710,14 +710,13 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
     return 1;
 }
 
-static int64_t gq_row_bytes(int type, int64_t K) { return K / lmx_ggml_block_elems(type) * lmx_ggml_block_bytes(type); }
-
 /* Rows a block of k_moe_gu_staged takes for one row's pairs of gate/up experts of type (N rows of K each), or 0
- * where it does not take them (another type, rows not in 16-byte copies, a row pair beyond MGU_SMEM, or
- * LMX_CUDA_MOE_STAGED=0): about three blocks a multiprocessor. */
+ * where it does not take them (another type, more than 32 pairs (its table of their experts), rows not in 16-byte
+ * copies, a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three blocks a multiprocessor. */
 static int mgu_rows_per_block(const cuda_backend *cb, int type, int N, int K, int pairs, const gv_moe *tab, int E) {
     if (!cb->moe_staged || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K) || pairs > 32) return 0;
-    const int64_t rb = gq_row_bytes(type, K), xb = gq_xs_bytes(1, gq_xq{NULL, NULL, (int)gq_row_parts(K, 2), 0});
+    const int64_t rb = (int64_t)lmx_ggml_row_bytes(type, K);
+    const int64_t xb = gq_xs_bytes(1, gq_xq{NULL, NULL, (int)gq_row_parts(K, 2), 0}); /* x staged beside the rows */
     if (rb % 16 || 2 * rb + xb > MGU_SMEM) return 0;
     for (int e = 0; e < E; e++)
         if ((uintptr_t)tab->w[0][e] % 16 || (uintptr_t)tab->w[1][e] % 16) return 0;
@@ -761,7 +760,7 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     if (R) {
         cuda_launch(cb, type == LMX_GGML_Q4_K ? k_moe_gu_staged<LMX_GGML_Q4_K> : k_moe_gu_staged<LMX_GGML_Q5_K>,
                     dim3((unsigned)cuda_blocks((int64_t)pairs * N, R)), 256,
-                    (size_t)R * 2 * gq_row_bytes(type, K) + gq_xs_bytes(1, xo),
+                    R * 2 * lmx_ggml_row_bytes(type, K) + gq_xs_bytes(1, xo),
                     (const int4 *)xo.xq, (const float4 *)xo.xm, tab, pick, kused, N, K, xo.PR, R, act, y0, y1);
         return cuda_check_launch(cb, "moe gate/up");
     }
