@@ -427,10 +427,10 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
                     wu[j].load_shared(mgu_rows + ((size_t)lr * 2 + j) * rb + (pu / UPB) * BYTES, pu % UPB);
 #pragma unroll
                 for (int k = 0; k < UP; k++) {
-                    const int xi = ((pu >> 5) * UP + k) * 32 + (pu & 31); /* as ggemv_body reads x */
-                    const int4 *xv = sxq + (xi - (pu & 31)) * 4 + (pu & 31);
+                    const int pp = pu * UP + k; /* the part, where gq_quant_x laid it out */
+                    const int4 *xv = sxq + gq_xchunk(pp, gq_ul(UP));
                     const int4 X[4] = {xv[0], xv[32], xv[64], xv[96]};
-                    gq_two_acc(wu, k, X, sxm[xi], acc);
+                    gq_two_acc(wu, k, X, sxm[gq_xpart(pp, gq_ul(UP))], acc);
                 }
             }
 #pragma unroll
@@ -710,16 +710,15 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
     return 1;
 }
 
-/* Rows a block of k_moe_gu_staged takes for one row's pairs of gate/up experts of type (N rows of K each), or 0
- * where it does not take them (another type, more than 32 pairs (its table of their experts), rows not in 16-byte
- * copies, a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three blocks a multiprocessor. */
-static int mgu_rows_per_block(const cuda_backend *cb, int type, int N, int K, int pairs, const gv_moe *tab, int E) {
-    if (!cb->moe_staged || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K) || pairs > 32) return 0;
+/* Rows a block of k_moe_gu_staged takes for one row's pairs of gate/up experts of type (N rows of K each, every
+ * expert 16-byte aligned: al16), or 0 where it does not take them (another type, more than 32 pairs (its table of
+ * their experts), rows not in 16-byte copies, a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three
+ * blocks a multiprocessor. */
+static int mgu_rows_per_block(const cuda_backend *cb, int type, int N, int K, int pairs, int al16) {
+    if (!cb->moe_staged || !al16 || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K) || pairs > 32) return 0;
     const int64_t rb = (int64_t)lmx_ggml_row_bytes(type, K);
     const int64_t xb = gq_xs_bytes(1, gq_xq{NULL, NULL, (int)gq_row_parts(K, 2), 0}); /* x staged beside the rows */
     if (rb % 16 || 2 * rb + xb > MGU_SMEM) return 0;
-    for (int e = 0; e < E; e++)
-        if ((uintptr_t)tab->w[0][e] % 16 || (uintptr_t)tab->w[1][e] % 16) return 0;
     const int64_t rows = (int64_t)pairs * N, fit = (MGU_SMEM - xb) / (2 * rb);
     int64_t R = (rows + 3 * cb->sm_count - 1) / (3 * cb->sm_count);
     return (int)(R < fit ? R : fit);
@@ -732,8 +731,12 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     const int type = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
     gv_moe tab; /* 12 KiB of pointers, passed by value */
     memset(&tab, 0, sizeof tab);
+    int al16 = 1; /* every expert's rows 16-byte aligned (the staged copies) */
     for (int e = 0; e < E; e++)
-        for (int j = 0; j < (down ? 1 : 2); j++) tab.w[j][e] = experts[3 * e + (down ? 2 : j)].data;
+        for (int j = 0; j < (down ? 1 : 2); j++) {
+            tab.w[j][e] = experts[3 * e + (down ? 2 : j)].data;
+            al16 &= (uintptr_t)tab.w[j][e] % 16 == 0;
+        }
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     const int rpb = down ? 16 : 8; /* output rows of a block of 8 warps, unsplit */
@@ -756,7 +759,7 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     const int up = gq_unit_parts(type), xs = down && gq_xs_takes(cb, 1, K, (int64_t)grid.x * grid.y); /* down: XS */
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
     if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
-    const int R = down || rows != 1 ? 0 : mgu_rows_per_block(cb, type, N, K, pairs, &tab, E);
+    const int R = down || rows != 1 ? 0 : mgu_rows_per_block(cb, type, N, K, pairs, al16);
     if (R) {
         cuda_launch(cb, type == LMX_GGML_Q4_K ? k_moe_gu_staged<LMX_GGML_Q4_K> : k_moe_gu_staged<LMX_GGML_Q5_K>,
                     dim3((unsigned)cuda_blocks((int64_t)pairs * N, R)), 256,
