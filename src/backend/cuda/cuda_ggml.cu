@@ -200,7 +200,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                                            gq_ldx<XS>(xv + 96)};
                         const float4 xs = gq_ldx<XS>(xm + (size_t)m * PR + xi);
 #pragma unroll
-                        for (int r = 0; r < R; r++) acc[r][m] = gq_part_acc(q[r], sc[r], mn[r], X, xs, acc[r][m]);
+                        for (int r = 0; r < R; r++) acc[r][m] = gq_part_acc<!XS>(q[r], sc[r], mn[r], X, xs, acc[r][m]);
                     }
                 }
             }

@@ -21,24 +21,31 @@ static __device__ __forceinline__ int gq_xpart(int pp, int ul) {
 static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31) / 32 * 32 * UP; }
 static __host__ __device__ __forceinline__ int gq_ul(int UP) { return UP == 4 ? 2 : UP == 2 ? 1 : 0; } /* log2 UP */
 
-/* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word). */
+/* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word).  SPLIT:
+ * each half as two chains of four dp2a added at the end (integer sums: the same value in any order), half as long
+ * a chain of dependent instructions; the GEMVs of several rows take it (Qwen3-30B-A3B Q4_K_M batch 8 / 32 +2% on
+ * an H200), the one-row ones do not (their registers are held to fit the GPU at once: one row -1.5%). */
+template <int SPLIT = 0>
 static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4 (&X)[4], int &i0, int &i1) {
     const int x[16] = {X[0].x, X[0].y, X[0].z, X[0].w, X[1].x, X[1].y, X[1].z, X[1].w,
                        X[2].x, X[2].y, X[2].z, X[2].w, X[3].x, X[3].y, X[3].z, X[3].w};
-    i0 = 0, i1 = 0;
+    int a[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        i0 = __dp2a_lo(x[2 * k], (int)q[k], i0), i0 = __dp2a_hi(x[2 * k + 1], (int)q[k], i0);
-        i1 = __dp2a_lo(x[8 + 2 * k], (int)q[4 + k], i1), i1 = __dp2a_hi(x[8 + 2 * k + 1], (int)q[4 + k], i1);
+        const int c0 = SPLIT ? k & 1 : 0, c1 = 2 + c0;
+        a[c0] = __dp2a_lo(x[2 * k], (int)q[k], a[c0]), a[c0] = __dp2a_hi(x[2 * k + 1], (int)q[k], a[c0]);
+        a[c1] = __dp2a_lo(x[8 + 2 * k], (int)q[4 + k], a[c1]), a[c1] = __dp2a_hi(x[8 + 2 * k + 1], (int)q[4 + k], a[c1]);
     }
+    i0 = SPLIT ? a[0] + a[1] : a[0], i1 = SPLIT ? a[2] + a[3] : a[2];
 }
 
 /* acc plus one part of a unit against x: its codes q, scales sc and mins mn (gq_unit::part) against x's codes X
  * and {d, s0, s1} xs, as every int16 GGUF row sum takes a part (k_ggemv, k_gstream6) */
+template <int SPLIT = 0>
 static __device__ __forceinline__ float gq_part_acc(const uint32_t (&q)[8], const float (&sc)[2], const float (&mn)[2],
                                                     const int4 (&X)[4], const float4 &xs, float acc) {
     int i0, i1;
-    gq_dot(q, X, i0, i1);
+    gq_dot<SPLIT>(q, X, i0, i1);
     const float dot = fmaf(sc[0], (float)i0, sc[1] * (float)i1);
     return fmaf(xs.x, dot, acc - fmaf(mn[0], xs.y, mn[1] * xs.z));
 }
