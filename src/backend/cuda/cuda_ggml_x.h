@@ -22,9 +22,10 @@ static inline int64_t gq_row_parts(int64_t K, int UP) { return (K / 32 / UP + 31
 static __host__ __device__ __forceinline__ int gq_ul(int UP) { return UP == 4 ? 2 : UP == 2 ? 1 : 0; } /* log2 UP */
 
 /* (q . qx) over each half of a part: 8-bit codes q[8] (four per word) against 16-bit x X[16] (two per word).  SPLIT:
- * each half as two chains of four dp2a added at the end (integer sums: the same value in any order), half as long
- * a chain of dependent instructions; the GEMVs of several rows take it (Qwen3-30B-A3B Q4_K_M batch 8 / 32 +2% on
- * an H200), the one-row ones do not (their registers are held to fit the GPU at once: one row -1.5%). */
+ * each half as two chains of four dp2a added at the end (integer sums, each under 2^31: the same value in any order),
+ * half as long a chain of dependent instructions.  ggemv_body takes it where x was quantized before the launch (the
+ * GEMVs of several rows, mostly: Qwen3-30B-A3B Q4_K_M batch 8 / 32 +2% on an H200), not where each block quantizes
+ * one row itself (XS: those launches' registers are held so that they fit the GPU at once; one row -1.5% with it). */
 template <int SPLIT = 0>
 static __device__ __forceinline__ void gq_dot(const uint32_t (&q)[8], const int4 (&X)[4], int &i0, int &i1) {
     const int x[16] = {X[0].x, X[0].y, X[0].z, X[0].w, X[1].x, X[1].y, X[1].z, X[1].w,
