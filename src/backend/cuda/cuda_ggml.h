@@ -118,12 +118,9 @@ static __device__ __forceinline__ int gq_byte(const uint32_t (&s)[3], int i) {
 /* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 scale bytes. */
 static __device__ __forceinline__ void gq_k4_scale(const uint32_t (&sw)[3], int j, int &s6, int &m6) {
     const int sh = 8 * (j & 3), b0 = (sw[0] >> sh) & 255, b1 = (sw[1] >> sh) & 255, b2 = (sw[2] >> sh) & 255;
-    if (j < 4) {
-        s6 = b0 & 63, m6 = b1 & 63;
-    } else {
-        s6 = (b2 & 15) | ((b0 >> 6) << 4);
-        m6 = (b2 >> 4) | ((b1 >> 6) << 4);
-    }
+    /* both forms, then a select: the lanes of a warp take sub-blocks of both halves, so a branch ran both anyway */
+    const int s_lo = b0 & 63, m_lo = b1 & 63, s_hi = (b2 & 15) | ((b0 >> 6) << 4), m_hi = (b2 >> 4) | ((b1 >> 6) << 4);
+    s6 = j < 4 ? s_lo : s_hi, m6 = j < 4 ? m_lo : m_hi;
 }
 
 /* ... and the part's scale and min: d * scale, dmin * min (dd: d and dmin, f16 each) */
