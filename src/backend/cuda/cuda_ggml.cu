@@ -712,13 +712,13 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
 
 /* Rows a block of k_moe_gu_staged takes for one row's pairs of gate/up experts of type (N rows of K each, every
  * expert 16-byte aligned: al16), or 0 where it does not take them (another type, more than 32 pairs (its table of
- * their experts), rows not in 16-byte copies, a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three
- * blocks a multiprocessor. */
+ * their experts), a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three blocks a multiprocessor.  Its
+ * rows are whole blocks (cuda_moe_ggemv_takes) of 144 (Q4_K) or 176 (Q5_K) bytes, so whole 16-byte copies. */
 static int mgu_rows_per_block(const cuda_backend *cb, int type, int N, int K, int pairs, int al16) {
     if (!cb->moe_staged || !al16 || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K) || pairs > 32) return 0;
     const int64_t rb = (int64_t)lmx_ggml_row_bytes(type, K);
     const int64_t xb = gq_xs_bytes(1, gq_xq{NULL, NULL, (int)gq_row_parts(K, 2), 0}); /* x staged beside the rows */
-    if (rb % 16 || 2 * rb + xb > MGU_SMEM) return 0;
+    if (2 * rb + xb > MGU_SMEM) return 0;
     const int64_t rows = (int64_t)pairs * N, fit = (MGU_SMEM - xb) / (2 * rb);
     int64_t R = (rows + 3 * cb->sm_count - 1) / (3 * cb->sm_count);
     return (int)(R < fit ? R : fit);
