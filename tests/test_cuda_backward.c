@@ -448,6 +448,48 @@ static void test_offload(void) {
     }
 }
 
+/* offload / reload of several kinds of block interleaved, as a checkpointed step with replay has them (a
+ * layer's input, attention output and hidden state; train.c): three blocks a layer, the middle one wider and
+ * reloaded into a bf16 tensor (copied as it is), reloaded from the last layer down, kind by kind, each
+ * fetching its kind's block of the layer below ahead; two steps, the second offloading new values over the
+ * stages the first left: each the values rounded to bf16, bit for bit. */
+static void test_offload_kinds(void) {
+    const int L = 4, K = 3;
+    const int64_t rows = 9, cols[3] = {301, 517, 301};
+    int64_t off[4] = {0};
+    for (int k = 0; k < K; k++) off[k + 1] = off[k] + rows * cols[k];
+    const int64_t per = off[K]; /* values a layer */
+    char *host = gpu->ops->host_alloc(gpu, (size_t)per * L * 2);
+    CHECK(host != NULL);
+    for (int step = 0; step < 2 && host; step++) {
+        float *v = rand_vec(per * L, 20.0f);
+        for (int l = 0; l < L; l++)
+            for (int k = 0; k < K; k++) {
+                lmx_tensor x = act(gpu, rows, cols[k], v + l * per + off[k]);
+                CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)(l * per + off[k]) * 2, &x) == LMX_OK);
+                gpu->ops->release(gpu, &x);
+            }
+        for (int l = L - 1; l >= 0; l--)
+            for (int k = 0; k < K; k++) {
+                const int64_t n = rows * cols[k];
+                lmx_tensor back = k == 1 ? (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, cols[k]}}
+                                         : act(gpu, rows, cols[k], NULL);
+                if (k == 1) CHECK(gpu->ops->alloc(gpu, &back) == LMX_OK);
+                const char *next = l > 0 ? host + (size_t)((l - 1) * per + off[k]) * 2 : NULL;
+                CHECK(lmx_cuda_backward.reload(gpu, &back, host + (size_t)(l * per + off[k]) * 2, n, next) == LMX_OK);
+                float *got = k == 1 ? fetch16(&back, n) : fetch(gpu, &back, n);
+                int64_t bad = 0;
+                for (int64_t j = 0; j < n; j++) bad += got[j] != lmx_bf16_to_f32(lmx_f32_to_bf16(v[l * per + off[k] + j]));
+                CHECK_MSG(bad == 0, "step %d, reload of layer %d's block %d: %lld values not the offloaded ones rounded",
+                          step, l, k, (long long)bad);
+                free(got);
+                gpu->ops->release(gpu, &back);
+            }
+        free(v);
+    }
+    if (host) gpu->ops->host_free(gpu, host);
+}
+
 /* glu backward into bf16 gradients (the tape's for a GLU's gate and up): the f32 ones rounded to bf16,
  * bit for bit; and the bf16 form refuses to add (fresh must be 3) */
 static void test_glu_bwd16(void) {
@@ -737,6 +779,7 @@ int main(void) {
     test_redo();
     test_restore();
     test_offload();
+    test_offload_kinds();
     for (int T = 5; T <= 1100; T += 1095) {
         test_rope(64, 0, T, 0);
         test_rope(64, 1, T, 0);

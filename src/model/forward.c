@@ -266,12 +266,24 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
     lmx_attn_args a = {.batch = bt, .out = &att, .q = &q, .k = &k, .v = &v,
                        .kv = kv, .H = H, .Hk = Hk, .D = D, .scale = m->attn_scale,
                        .softcap = (float)c->attn_softcap};
-    TRY(op->attention(be, &a));
+    const lmx_layer_save *sv = m->layer_save; /* a checkpointed training step's first run (model.h) */
+    if (sv && sv->lse && sv->lse[l].data) a.lse = &sv->lse[l];
+    st = op->attention(be, &a);
+    if (st == LMX_ERR_UNSUPPORTED && a.lse) { /* no log-sum-exp from this backend: the output is not saved */
+        lmx_err_clear(&be->err);
+        a.lse = NULL;
+        st = op->attention(be, &a);
+    }
+    TRY(st);
+    if (a.lse && (st = sv->save(sv->user, l, LMX_SAVE_ATT, &att))) return st;
     if (!bt->no_cache && m->layers[L->kv_src].kv_last == l) /* the last layer to attend over kv_src's cache without these rows */
         TRY(op->kv_append(be, kv, bt, &k, &v));
 
     TRY(op->matmul(be, &ws->proj, &att, &L->wo, bias(&L->bo), M));
-    if (!L->post_attn_norm.data) return lora_then_add(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt, (int64_t)M * c->hidden);
+    if (!L->post_attn_norm.data) {
+        if ((st = lora_then_add(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt, (int64_t)M * c->hidden)) || !sv) return st;
+        return sv->save(sv->user, l, LMX_SAVE_RESID, &ws->x);
+    }
     if ((st = lora(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt))) return st;
     TRY(op->rmsnorm(be, &ws->proj, &ws->proj, &L->post_attn_norm, M, c->hidden, eps, one));
     TRY(op->add(be, &ws->x, &ws->proj, (int64_t)M * c->hidden));

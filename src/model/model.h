@@ -87,6 +87,18 @@ typedef struct lmx_workspace {
     const lmx_lora_pair **lora;  /* host [2 max_batch]: one projection's LoRA pair of each sequence (two: gate, up) */
 } lmx_workspace;
 
+/* Gradient checkpointing's replay (train.c, tape.h lmx_tape_replay): a checkpointed step's first run of
+ * layer l hands save its attention's output (what LMX_SAVE_ATT) and, where the block ends in the plain
+ * residual add, the hidden state after it (LMX_SAVE_RESID), and has the attention write its log-sum-exp
+ * into lse[l] where that tensor is given (data non-NULL); the layer's run again for backward takes them
+ * back instead of computing them. */
+enum { LMX_SAVE_ATT, LMX_SAVE_RESID };
+typedef struct lmx_layer_save {
+    lmx_status (*save)(void *user, int l, int what, const lmx_tensor *x); /* x f32 [M, H*D] or [M, C] */
+    lmx_tensor *lse;             /* [n_layers] tensors [B*H*T] f32 (data NULL: none asked) */
+    void *user;
+} lmx_layer_save;
+
 struct lmx_model {
     lmx_err err;
     lmx_config cfg;
@@ -123,6 +135,8 @@ struct lmx_model {
     float **inspect_q;           /* NULL, or [n_layers] while an inspection runs (runtime/inspect.c): host buffers
                                   * [T, H*D] (NULL entries: layers not asked for) into which each pass of one
                                   * sequence copies the layer's post-RoPE queries of its rows, from row n_past */
+    struct lmx_layer_save *layer_save; /* NULL, or while a checkpointed training step first runs its layers
+                                  * (train.c): what a layer run again for backward takes back (below) */
     lmx_progress_fn progress;    /* loading progress, while lmx_model_load runs */
     void *progress_user;
     int embed_on_host;           /* lmx_load_params.embed_on_host: an untied embed in host memory where the backend can */

@@ -176,17 +176,24 @@ static lmx_tensor keep_room(lmx_tape *t, int64_t rows, int64_t cols) {
     return k;
 }
 
+/* copy (from keep_room, holding version var of buffer data) becomes that version's keep, with one
+ * reference; its id (-1: out of memory, copy released) */
+static int keep_made(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy) {
+    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) {
+        t->in->ops->release(t->in, copy);
+        return -1;
+    }
+    t->keeps[t->n_keeps] = (tape_keep){.src = data, .rows = rows, .cols = cols, .var = var, .refs = 1, .copy = *copy};
+    memset(copy, 0, sizeof *copy);
+    return t->n_keeps++;
+}
+
 /* copy (from keep_room), written by the op that made version var of buffer data, becomes that version's
  * keep and the tape's shared input: the matmuls and LoRA records that read it next find it there
  * (shared_input) instead of narrowing it.  Out of memory: it is dropped. */
 static void hold_shared(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy) {
-    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) {
-        t->in->ops->release(t->in, copy);
-        return;
-    }
-    t->keeps[t->n_keeps] = (tape_keep){.src = data, .rows = rows, .cols = cols, .var = var, .refs = 1, .copy = *copy};
-    memset(copy, 0, sizeof *copy);
-    set_shared(t, t->n_keeps++);
+    const int id = keep_made(t, data, rows, cols, var, copy);
+    if (id >= 0) set_shared(t, id);
 }
 
 static tape_rec *new_rec(lmx_tape *t, int op) {
@@ -375,7 +382,12 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     if (!st) st = guard(t, y->data);
     tape_term d = {0};
     const lmx_lora_term term = !st && ix >= 0 ? tape_term_take(t, ix, &d) : (lmx_lora_term){0};
-    if (!st && lazy)
+    /* replay (lmx_tape_replay): the matmul and LoRA left unrun feed this add alone, whose result is given */
+    if (!st && lazy && t->rp.resid && y->data == t->rp.resid_buf && tape_unkept(t, x->data)) {
+        lmx_status (*fill)(void *, lmx_tensor *) = t->rp.resid;
+        t->rp.resid = NULL;
+        if (!(st = tape_lazy_end(t, 0))) st = pass(t, fill(t->rp.user, y));
+    } else if (!st && lazy)
         st = tape_lazy_push(t, &(tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1});
     else if (!st && term.pair)
         st = pass(t, t->bwd->lora_add(t->in, y, x, n, &term));
@@ -503,6 +515,26 @@ static lmx_status rec_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, 
     return LMX_OK;
 }
 
+/* Record r (attention over M rows, its inputs kept) takes the output and log-sum-exp the layer's first run
+ * saved (lmx_tape_replay) instead of running the op. */
+static lmx_status replay_attention(lmx_tape *t, tape_rec *r, const lmx_attn_args *a, int64_t M) {
+    const int64_t cols = (int64_t)a->H * a->D;
+    lmx_status (*fill)(void *, lmx_tensor *) = t->rp.att;
+    r->lse = t->rp.lse; /* the record's from now on */
+    t->rp.att = NULL, t->rp.lse = (lmx_tensor){0};
+    lmx_tensor copy = keep_room(t, M, cols); /* bf16 keeps: the output's, written by fill; else none */
+    lmx_status st = pass(t, fill(t->rp.user, copy.data ? &copy : a->out));
+    const int v = st ? -1 : new_var(t, a->out->data, M, cols, 1);
+    if (!st && v < 0) st = nomem(t);
+    if (st) {
+        if (copy.data) t->in->ops->release(t->in, &copy);
+        return st;
+    }
+    r->out = v;
+    if (!copy.data) return save(t, &r->keep[3], a->out, M, cols);
+    return (r->keep[3] = keep_made(t, a->out->data, M, cols, v, &copy)) < 0 ? nomem(t) : LMX_OK;
+}
+
 static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
     lmx_tape *t = TAPE(be);
     const int vq = var_of(t, a->q->data), vk = var_of(t, a->k->data), vv = var_of(t, a->v->data);
@@ -524,6 +556,7 @@ static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
     }
     lmx_status st = guard(t, a->out->data);
     if (st) return st;
+    if (r && t->rp.att && t->rp.lse.data) return replay_attention(t, r, a, M);
     /* the backend may also write each row's log-sum-exp, which backward then takes with the output
      * instead of running the forward again (cuda: the flash kernels) */
     lmx_tensor lse = {.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)a->batch->B * a->H * a->batch->T}};
@@ -748,7 +781,13 @@ lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, l
 
 void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
+void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r) {
+    if (t->rp.lse.data) t->in->ops->release(t->in, &t->rp.lse);
+    t->rp = r ? *r : (lmx_tape_replay){0};
+}
+
 void lmx_tape_reset(lmx_tape *t) {
+    lmx_tape_set_replay(t, NULL);
     tape_lazy_end(t, 0);
     t->n_terms = 0; /* their records' xa go with the records */
     if (t->shared) tape_unkeep(t, t->shared - 1);

@@ -66,6 +66,24 @@ void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed);
  * layer records one layer at a time, so holding it costs no more than the redo's own copy in its backward. */
 void lmx_tape_set_keep_glu(lmx_tape *t, int on);
 
+/* Gradient checkpointing's replay: the layer about to run again for backward takes back what its first run
+ * saved (model.h lmx_layer_save) instead of computing it.  With att non-NULL (and lse given), its attention
+ * op is recorded but not run: att writes the op's output, into the output's keep (allocated by the tape in
+ * the backend's keep dtype) where that is bf16, else into the op's output buffer, and the record takes lse
+ * over (its log-sum-exp [B*H*T] f32, released by the tape).  With resid non-NULL, the residual add into
+ * buffer resid_buf that follows a frozen matmul left unrun (the attention block's last projection) is
+ * recorded, but neither it nor that matmul and its LoRA run: resid writes the buffer's value after the add
+ * (f32 [M, C]).  Each is taken once; one not taken (the layer's ops are not these) is dropped, with its lse,
+ * by lmx_tape_reset or the next lmx_tape_set_replay.  NULL: none. */
+typedef struct lmx_tape_replay {
+    lmx_status (*att)(void *user, lmx_tensor *dst);
+    lmx_tensor lse;
+    lmx_status (*resid)(void *user, lmx_tensor *x);
+    const void *resid_buf;
+    void *user;
+} lmx_tape_replay;
+void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r);
+
 /* Gradient checkpointing: a leaf is buffer x's current contents ([rows, cols], written outside the tape)
  * as a value whose gradient backward computes (a recomputed layer's input); returns its var id (-1:
  * out of memory).  lmx_tape_take_grad moves var v's gradient out to the caller (who releases it on the

@@ -113,6 +113,7 @@ struct lmx_tape {
     tape_lazy lazy[TAPE_LAZY];   /* ops not run yet, oldest first */
     int n_lazy;
     double lazy_s;               /* with prof_fwd: seconds of ops left unrun that ran since the op began */
+    lmx_tape_replay rp;          /* lmx_tape_set_replay (att, resid NULL: taken, or none) */
     int keep_glu;                /* lmx_tape_set_keep_glu */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;

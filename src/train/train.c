@@ -41,6 +41,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     tr->ad = ad;
     tr->checkpoint = -1;
     tr->offload = 1;
+    tr->replay = 1;
     tr->dropout = ad->spec.dropout;
     tr->seed = ad->spec.seed;
     lmx_backend *be = m->be;
@@ -145,13 +146,20 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
     free(kv);
 }
 
-/* Where a checkpointed step holds its layers' inputs [M, C]: page-locked host memory, a block of stride
- * bytes a layer (host non-NULL: the backend's offload / reload ops), or the backward ops' keeps in saved[l]
- * (bf16 on cuda, as every other value backward reads there). */
+/* Where a checkpointed step holds its layers' inputs [M, C] (and with replay, each layer's attention output
+ * [M, H*D] and hidden state after the attention block [M, C]): page-locked host memory, a block of stride
+ * bytes a layer (host non-NULL: the backend's offload / reload ops; the three at byte offsets 0, at, resid),
+ * or the backward ops' keeps in saved[3 l + k] (bf16 on cuda, as every other value backward reads there). */
+enum { CK_INPUT, CK_ATT, CK_RESID };
 typedef struct ckpt_store {
-    lmx_tensor *saved;
+    lmx_trainer *tr;
+    lmx_backend *be;             /* the inner backend (the model's is the tape's while a layer runs again) */
+    lmx_tensor *saved;           /* [3 L] */
     char *host;
-    size_t stride;
+    size_t stride, at, resid;
+    int M, l;                    /* rows; the layer a replay serves */
+    lmx_tensor *lse;             /* [L] each layer's attention log-sum-exp, for replay (data NULL: none) */
+    unsigned char *has;          /* [L] bit k: kind k of layer l saved and not taken back yet */
 } ckpt_store;
 
 /* tr->park of at least bytes (grown) */
@@ -166,40 +174,107 @@ static lmx_status park_reserve(lmx_trainer *tr, size_t bytes) {
     return LMX_OK;
 }
 
-/* Layer l's input: ws.x's first M rows, saved. */
-static lmx_status save_input(lmx_trainer *tr, const ckpt_store *cs, int l, int M) {
-    lmx_model *m = tr->m;
-    lmx_backend *be = m->be;
-    const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, m->cfg.hidden}, .data = m->ws.x.data};
-    lmx_status st = cs->host ? be->ops->backward->offload(be, cs->host + (size_t)l * cs->stride, &x)
-                             : be->ops->backward->keep(be, &cs->saved[l], &x);
+static char *ck_host(const ckpt_store *cs, int l, int k) {
+    return cs->host + (size_t)l * cs->stride + (k == CK_ATT ? cs->at : k == CK_RESID ? cs->resid : 0);
+}
+
+/* Kind k of layer l (x [M, cols] f32), saved */
+static lmx_status ck_save(ckpt_store *cs, int l, int k, const lmx_tensor *x) {
+    lmx_model *m = cs->tr->m;
+    lmx_backend *be = cs->be;
+    lmx_status st = cs->host ? be->ops->backward->offload(be, ck_host(cs, l, k), x)
+                             : be->ops->backward->keep(be, &cs->saved[3 * l + k], x);
+    if (!st) cs->has[l] |= 1u << k;
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 
-/* Layer l's input (n values) back into ws.x, and its copy released; from host memory, layer l - 1's
- * fetched ahead when it is to run again too (l > lowest). */
-static lmx_status load_input(lmx_trainer *tr, const ckpt_store *cs, int l, int64_t n) {
-    lmx_model *m = tr->m;
-    lmx_backend *be = m->be;
+/* Kind k of layer l (n values) back into dst (f32, or the keep dtype: then the keep itself in dst's place
+ * where it is on the device), its copy released; from host memory, layer l - 1's fetched ahead where it
+ * was saved too. */
+static lmx_status ck_load(ckpt_store *cs, int l, int k, lmx_tensor *dst, int64_t n) {
+    lmx_model *m = cs->tr->m;
+    lmx_backend *be = cs->be;
     const lmx_backward_ops *bw = be->ops->backward;
+    lmx_tensor *sv = &cs->saved[3 * l + k];
     lmx_status st;
+    if (!(cs->has[l] >> k & 1)) return lmx_err_set(&m->err, LMX_ERR_BACKEND, "trainer: layer %d's checkpoint is missing", l);
+    cs->has[l] &= ~(1u << k);
     if (cs->host) {
-        const char *next = l > tr->lowest ? cs->host + (size_t)(l - 1) * cs->stride : NULL;
-        st = bw->reload(be, &m->ws.x, cs->host + (size_t)l * cs->stride, n, next);
+        const int next = l > cs->tr->lowest && (cs->has[l - 1] >> k & 1);
+        st = bw->reload(be, dst, ck_host(cs, l, k), n, next ? ck_host(cs, l - 1, k) : NULL);
+    } else if (dst->dtype == sv->dtype && dst->dtype != LMX_DTYPE_F32) {
+        be->ops->release(be, dst);
+        *dst = *sv, *sv = (lmx_tensor){0};
+        return LMX_OK;
     } else {
-        st = bw->restore(be, &m->ws.x, &cs->saved[l]);
-        be->ops->release(be, &cs->saved[l]);
+        st = bw->restore(be, dst, sv);
+        be->ops->release(be, sv);
     }
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
+}
+
+/* Layer l's input: ws.x's first M rows, saved. */
+static lmx_status save_input(ckpt_store *cs, int l) {
+    const lmx_model *m = cs->tr->m;
+    const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {cs->M, m->cfg.hidden}, .data = m->ws.x.data};
+    return ck_save(cs, l, CK_INPUT, &x);
+}
+
+/* lmx_layer_save's: a layer's attention output (its log-sum-exp written) or its hidden state after the
+ * attention block, saved for its run again (layers from the lowest trained one up) */
+static lmx_status layer_saved(void *user, int l, int what, const lmx_tensor *x) {
+    ckpt_store *cs = user;
+    if (l < cs->tr->lowest) return LMX_OK;
+    lmx_tensor v = *x;
+    v.ndim = 2, v.shape[0] = cs->M, v.shape[1] = what == LMX_SAVE_ATT ? x->shape[x->ndim - 1] : cs->tr->m->cfg.hidden;
+    return ck_save(cs, l, what == LMX_SAVE_ATT ? CK_ATT : CK_RESID, &v);
+}
+
+/* lmx_tape_replay's: layer cs->l's attention output, or its hidden state after the block, into dst (the
+ * tape reports the error as the backend's) */
+static lmx_status replay_load(ckpt_store *cs, int k, lmx_tensor *dst, int64_t n) {
+    lmx_status st = ck_load(cs, cs->l, k, dst, n);
+    if (!st) cs->tr->replayed[k == CK_RESID]++;
+    return st ? lmx_err_set(&cs->be->err, st, "%s", cs->tr->m->err.msg) : LMX_OK;
+}
+static lmx_status replay_att(void *user, lmx_tensor *dst) {
+    ckpt_store *cs = user;
+    const lmx_model *m = cs->tr->m;
+    return replay_load(cs, CK_ATT, dst, (int64_t)cs->M * m->cfg.n_heads * m->layers[cs->l].head_dim);
+}
+static lmx_status replay_resid(void *user, lmx_tensor *dst) {
+    ckpt_store *cs = user;
+    return replay_load(cs, CK_RESID, dst, (int64_t)cs->M * cs->tr->m->cfg.hidden);
+}
+
+/* What layer l's run again takes back instead of computing: what its first run saved */
+static void replay_set(ckpt_store *cs, int l) {
+    lmx_tape_replay rp = {.user = cs};
+    cs->l = l;
+    if ((cs->has[l] >> CK_ATT & 1) && cs->lse && cs->lse[l].data) {
+        rp.att = replay_att, rp.lse = cs->lse[l];
+        cs->lse[l] = (lmx_tensor){0}; /* the tape's now */
+    }
+    if (cs->has[l] >> CK_RESID & 1) rp.resid = replay_resid, rp.resid_buf = cs->tr->m->ws.x.data;
+    lmx_tape_set_replay(cs->tr->tape, &rp);
+}
+
+/* What layer l's run again left untaken (the tape found other ops than it replays), dropped */
+static void replay_drop(ckpt_store *cs, int l) {
+    lmx_backend *be = cs->be;
+    for (int k = CK_ATT; k <= CK_RESID; k++)
+        if (cs->saved[3 * l + k].data) be->ops->release(be, &cs->saved[3 * l + k]);
+    cs->has[l] &= 1u << CK_INPUT;
 }
 
 /* Gradient checkpointing's backward: from the gradient of the last layer's output (var leaf's), each
  * layer from the last down to the lowest adapted one runs again from its saved input (back in ws.x),
  * recorded, and its output's gradient goes back through it to the pairs and to its input (a leaf; the
  * lowest layer's input needs none).  The output's value is not needed: the run leaves the last
- * projection and its residual add out where the tape can (lmx_tape_end_forward). */
+ * projection and its residual add out where the tape can (lmx_tape_end_forward); and it takes back its
+ * attention's output and the hidden state after that block where the first run saved them (replay). */
 static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer **kvs, const lmx_adapter **ads,
-                              const lmx_batch *bt, const ckpt_store *cs, int leaf) {
+                              const lmx_batch *bt, ckpt_store *cs, int leaf) {
     lmx_model *m = tr->m;
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     const int64_t n = (int64_t)bt->B * bt->T * m->cfg.hidden;
@@ -213,12 +288,14 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
-        if ((st = load_input(tr, cs, l, n)) || (st = lmx_model_layer_buffers(m, 0))) break; /* the layer runs on its input */
+        if ((st = ck_load(cs, l, CK_INPUT, &m->ws.x, n)) || (st = lmx_model_layer_buffers(m, 0))) break; /* the layer runs on its input */
         const int in = l > tr->lowest ? lmx_tape_leaf(tr->tape, &m->ws.x, n / m->cfg.hidden, m->cfg.hidden) : -1;
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
+        replay_set(cs, l);
         m->be = tb;
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
         if (!st && (st = lmx_tape_end_forward(tr->tape, &m->ws.x))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
+        replay_drop(cs, l);
         if (!st && release_ws) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
         m->be = inner;
         if (!st && (st = lmx_tape_backward_take(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
@@ -316,7 +393,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     } else {
         lmx_tape_set_dropout(tr->tape, 0, 0);
     }
-    ckpt_store cs = {0}; /* checkpointing: each layer's input */
+    ckpt_store cs = {0}; /* checkpointing: each layer's input (and what replay takes back) */
     if (!st) { /* the layers (recorded, or run and checkpointed); then the head a chunk of rows at a time, each
                 * taken back at once; then the layers backward (or each again, recorded, and backward) */
         const lmx_batch bt = {.B = B, .T = T, .n_past = n_past, .n_new = n_new, .no_cache = 1};
@@ -327,19 +404,39 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         if (!ckpt) {
             m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
             st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
-        } else if (!(cs.saved = calloc((size_t)L, sizeof *cs.saved))) {
+        } else if (!(cs.saved = calloc((size_t)3 * L, sizeof *cs.saved)) || !(cs.has = calloc((size_t)L, 1)) ||
+                   !(cs.lse = calloc((size_t)L, sizeof *cs.lse))) {
             st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         } else {
             const lmx_backward_ops *bw = inner->ops->backward;
+            const int replay = tr->replay && tr->dropout <= 0; /* with dropout the first run goes through the tape */
+            const size_t es = lmx_dtype_size(bw->keep_dtype(inner)), C = (size_t)m->cfg.hidden;
+            size_t att = 0; /* the widest attention output's values a row */
+            for (int l = 0; l < L; l++)
+                if ((size_t)m->cfg.n_heads * m->layers[l].head_dim > att) att = (size_t)m->cfg.n_heads * m->layers[l].head_dim;
+            cs.tr = tr, cs.be = inner, cs.M = M;
             if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
-                cs.stride = (size_t)M * m->cfg.hidden * lmx_dtype_size(bw->keep_dtype(inner));
+                cs.at = (size_t)M * C * es;
+                cs.resid = cs.at + (replay ? (size_t)M * att * es : 0);
+                cs.stride = cs.resid + (replay ? (size_t)M * C * es : 0);
                 if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park;
             }
+            for (int l = tr->lowest; replay && l < L; l++) { /* where there is no room: those layers compute it again */
+                cs.lse[l] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)B * m->cfg.n_heads * T}};
+                if (lmx_backend_alloc_raw(inner, &cs.lse[l])) {
+                    lmx_err_clear(&inner->err);
+                    cs.lse[l].data = NULL;
+                    break;
+                }
+            }
+            lmx_layer_save sv = {.save = layer_saved, .lse = cs.lse, .user = &cs};
             if (!st) st = lmx_model_embed(m, kvs, &bt, inputs);
             for (int l = 0; l < L && !st; l++) { /* with dropout through the tape (its masks), forgotten a layer on */
-                if (l >= tr->lowest && (st = save_input(tr, &cs, l, M))) break;
+                if (l >= tr->lowest && (st = save_input(&cs, l))) break;
                 m->be = tr->dropout > 0 ? tb : inner;
+                m->layer_save = replay ? &sv : NULL;
                 st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
+                m->layer_save = NULL;
                 if (!st && m->be == tb && (st = lmx_tape_end_forward(tr->tape, NULL)))
                     lmx_err_set(&m->err, st, "%s", tb->err.msg);
                 m->be = inner;
@@ -383,9 +480,13 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
     lmx_tape_reset(tr->tape);
-    for (int l = 0; cs.saved && l < L; l++)
-        if (cs.saved[l].data) inner->ops->release(inner, &cs.saved[l]);
+    for (int i = 0; cs.saved && i < 3 * L; i++)
+        if (cs.saved[i].data) inner->ops->release(inner, &cs.saved[i]);
+    for (int l = 0; cs.lse && l < L; l++)
+        if (cs.lse[l].data) inner->ops->release(inner, &cs.lse[l]);
     free(cs.saved);
+    free(cs.has);
+    free(cs.lse);
     if (!st) *loss = sum / wsum;
     kv_free(inner, kv, B * L);
     free(kvs);

@@ -40,6 +40,11 @@ typedef struct lmx_trainer {
                                     * memory held between steps must not flip it */
     int offload;                 /* 1 (default): a checkpointed step holds its layers' inputs in host memory where
                                   * the backend can (backward ops offload / reload); 0: in the backend's */
+    int replay;                  /* 1 (default): a checkpointed layer run again takes its attention's output and the
+                                  * hidden state after its attention block from its first run (lmx_tape_replay)
+                                  * where it can, held as its input is; 0: computes them again */
+    int64_t replayed[2];         /* values taken back by replay since the trainer was made: attention outputs,
+                                  * hidden states (layers of them; what tests and benchmarks report) */
     void *park;                  /* those inputs: page-locked host memory (the backend's host_alloc), park_bytes */
     size_t park_bytes;
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */

@@ -193,21 +193,24 @@ lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *
 /* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */
 
 /* Device stages of keep dtype.  offload narrows x into a stage on the main stream and the copy stream
- * moves it to the host, two stages taking turns so that a copy overlaps the next layer.  reload has the
- * copy stream bring a block into stage 0 (at once, or ahead as the previous reload's next) and widens it
- * into dst on the main stream; one stage is enough, the fetch ahead waiting only for the widening, so
- * reload frees the second (the backward it serves holds the most memory).  Before either stream
- * touches a stage it waits for the other's last use of it: ev_copy[s] marks the copy stream's,
- * ev_main[s] the main stream's (an event never recorded is no wait). */
+ * moves it to the host, stages 0 and 1 taking turns so that a copy overlaps what follows.  reload has the
+ * copy stream bring a block into a stage (at once, or ahead as an earlier reload's next) and widens (or
+ * copies) it into dst on the main stream; the stage then fetches next.  Each stage remembers the block it
+ * holds or is fetching (ahead), so reloads of several kinds of block that interleave (a layer's input, its
+ * attention output, its hidden state: train.c's replay) each find theirs fetched a layer ahead, a stage
+ * each; a stage that holds nothing ahead when reload runs is freed (the backward it serves holds the most
+ * memory).  Before either stream touches a stage it waits for the other's last use of it: ev_copy[s] marks
+ * the copy stream's, ev_main[s] the main stream's (an event never recorded is no wait). */
+#define PARK_STAGES 3
 struct cuda_park {
     cudaStream_t copy;
-    cudaEvent_t ev_copy[2], ev_main[2];
-    void *stage[2];
-    size_t bytes[2];           /* each stage's size (0: none) */
-    const void *ahead;         /* the host block (ahead_n values) stage 0 holds or is fetching for the next
-                                  reload (NULL: none) */
-    int64_t ahead_n;
-    int turn;                  /* offload's next stage */
+    cudaEvent_t ev_copy[PARK_STAGES], ev_main[PARK_STAGES];
+    void *stage[PARK_STAGES];
+    size_t bytes[PARK_STAGES]; /* each stage's size (0: none) */
+    const void *ahead[PARK_STAGES]; /* the host block (ahead_n values) stage s holds or is fetching for a
+                                       reload to come (NULL: none) */
+    int64_t ahead_n[PARK_STAGES];
+    int turn;                  /* offload's next stage (0 or 1) */
 };
 
 void cuda_park_wait(cuda_backend *cb) {
@@ -221,14 +224,13 @@ static void stage_free(cuda_backend *cb, int s) {
     cudaStreamSynchronize(P->copy);
     cudaFreeAsync(P->stage[s], cb->stream);
     lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
-    P->stage[s] = NULL, P->bytes[s] = 0;
-    if (s == 0) P->ahead = NULL;
+    P->stage[s] = NULL, P->bytes[s] = 0, P->ahead[s] = NULL;
 }
 
 void cuda_park_free(cuda_backend *cb) {
     cuda_park *P = cb->park;
     if (!P) return;
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < PARK_STAGES; s++) {
         stage_free(cb, s);
         if (P->ev_copy[s]) cudaEventDestroy(P->ev_copy[s]);
         if (P->ev_main[s]) cudaEventDestroy(P->ev_main[s]);
@@ -239,39 +241,39 @@ void cuda_park_free(cuda_backend *cb) {
     cb->park = NULL;
 }
 
-/* cb->park with stages [0, n) of at least bytes each (made, or grown from the stream-ordered pool) */
-static lmx_status park_ready(cuda_backend *cb, size_t bytes, int n) {
+/* cb->park made, with stage s of at least bytes (made, or grown from the stream-ordered pool) */
+static lmx_status park_ready(cuda_backend *cb, int s, size_t bytes) {
     if (!cb->park) {
         cuda_park *P = (cuda_park *)calloc(1, sizeof *P);
         if (!P) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of memory");
         cb->park = P;
         CUDA_TRY(cb, cudaStreamCreateWithFlags(&P->copy, cudaStreamNonBlocking), "offload");
-        for (int s = 0; s < 2; s++) {
-            CUDA_TRY(cb, cudaEventCreateWithFlags(&P->ev_copy[s], cudaEventDisableTiming), "offload");
-            CUDA_TRY(cb, cudaEventCreateWithFlags(&P->ev_main[s], cudaEventDisableTiming), "offload");
+        for (int i = 0; i < PARK_STAGES; i++) {
+            CUDA_TRY(cb, cudaEventCreateWithFlags(&P->ev_copy[i], cudaEventDisableTiming), "offload");
+            CUDA_TRY(cb, cudaEventCreateWithFlags(&P->ev_main[i], cudaEventDisableTiming), "offload");
         }
     }
     cuda_park *P = cb->park;
-    for (int s = 0; s < n; s++) {
-        if (bytes <= P->bytes[s]) continue;
-        stage_free(cb, s);
-        lmx_status st = lmx_backend_mem_check(&cb->base, (int64_t)bytes);
-        if (st) return lmx_err_prefix(&cb->base.err, "offload stages");
-        CUDA_TRY(cb, cudaMallocFromPoolAsync(&P->stage[s], bytes, cb->pool, cb->stream), "offload stages");
-        lmx_backend_mem(&cb->base, (int64_t)bytes);
-        P->bytes[s] = bytes;
-        CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload stages"); /* the copy stream waits for it */
-    }
+    if (bytes <= P->bytes[s]) return LMX_OK;
+    stage_free(cb, s);
+    lmx_status st = lmx_backend_mem_check(&cb->base, (int64_t)bytes);
+    if (st) return lmx_err_prefix(&cb->base.err, "offload stages");
+    CUDA_TRY(cb, cudaMallocFromPoolAsync(&P->stage[s], bytes, cb->pool, cb->stream), "offload stages");
+    lmx_backend_mem(&cb->base, (int64_t)bytes);
+    P->bytes[s] = bytes;
+    CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload stages"); /* the copy stream waits for it */
     return LMX_OK;
 }
 
-/* The copy stream brings host block (n values) into stage 0, after the main stream's last use of it. */
-static lmx_status park_fetch(cuda_backend *cb, const void *host, int64_t n, size_t es) {
+/* The copy stream brings host block (n values) into stage s, after the main stream's last use of it. */
+static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t n, size_t es) {
     cuda_park *P = cb->park;
-    CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[0], 0), "reload");
-    CUDA_TRY(cb, cudaMemcpyAsync(P->stage[0], host, (size_t)n * es, cudaMemcpyHostToDevice, P->copy), "reload");
-    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[0], P->copy), "reload");
-    P->ahead = host, P->ahead_n = n;
+    lmx_status st = park_ready(cb, s, (size_t)n * es);
+    if (st) return st;
+    CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "reload");
+    CUDA_TRY(cb, cudaMemcpyAsync(P->stage[s], host, (size_t)n * es, cudaMemcpyHostToDevice, P->copy), "reload");
+    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "reload");
+    P->ahead[s] = host, P->ahead_n[s] = n;
     return LMX_OK;
 }
 
@@ -281,11 +283,15 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     const int64_t n = lmx_tensor_nelem(x);
     const lmx_dtype dt = cuda_bwd_keep_dtype(be);
     const size_t es = lmx_dtype_size(dt);
-    if (st || n <= 0 || (st = park_ready(cb, (size_t)n * es, 2))) return st;
+    if (st || n <= 0) return st;
+    const int s = cb->park ? cb->park->turn : 0;
+    if ((st = park_ready(cb, s, (size_t)n * es))) return st;
     cuda_park *P = cb->park;
-    const int s = P->turn;
     P->turn ^= 1;
-    if (s == 0 || P->ahead == host) P->ahead = NULL; /* overwritten, or its contents change */
+    for (int i = 0; i < PARK_STAGES; i++) /* overwritten, or its contents change */
+        if (i == s || P->ahead[i] == host) P->ahead[i] = NULL;
+    for (int i = 2; i < PARK_STAGES; i++) /* reload's others, holding nothing to come */
+        if (!P->ahead[i]) stage_free(cb, i);
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "offload");
     if ((st = keep_into(cb, P->stage[s], dt, (const float *)x->data, n))) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload");
@@ -303,13 +309,31 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
     if (st || n <= 0) return st;
     if (lmx_tensor_nelem(dst) < n) return lmx_err_set(&be->err, LMX_ERR_SHAPE, "reload: %lld values into a tensor of %lld",
                                                       (long long)n, (long long)lmx_tensor_nelem(dst));
-    if ((st = park_ready(cb, (size_t)n * es, 1))) return st;
+    if (dst->dtype != LMX_DTYPE_F32 && dst->dtype != dt)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "reload: into a tensor of dtype %d", (int)dst->dtype);
+    if ((st = park_ready(cb, 0, 0))) return st; /* the park itself */
     cuda_park *P = cb->park;
-    stage_free(cb, 1); /* offload's second */
-    if ((P->ahead != host || P->ahead_n != n) && (st = park_fetch(cb, host, n, es))) return st;
-    P->ahead = NULL;
-    CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[0], 0), "reload");
-    if ((st = restore_into(cb, (float *)dst->data, P->stage[0], dt, n))) return st;
-    CUDA_TRY(cb, cudaEventRecord(P->ev_main[0], cb->stream), "reload");
-    return next ? park_fetch(cb, next, n, es) : LMX_OK;
+    int s = -1;
+    for (int i = 0; i < PARK_STAGES && s < 0; i++)
+        if (P->ahead[i] == host && P->ahead_n[i] == n) s = i;
+    for (int i = 0; i < PARK_STAGES && s < 0; i++) /* not fetched ahead: a stage that holds nothing to come */
+        if (!P->ahead[i]) s = i;
+    if (s < 0) s = 0; /* every stage holds a block ahead that nobody took: stage 0's is dropped */
+    for (int i = 0; i < PARK_STAGES; i++) /* the stages left from offload, and any other holding nothing to come */
+        if (i != s && !P->ahead[i]) stage_free(cb, i);
+    if (P->ahead[s] != host || P->ahead_n[s] != n) {
+        P->ahead[s] = NULL;
+        if ((st = park_fetch(cb, s, host, n, es))) return st;
+    }
+    P->ahead[s] = NULL;
+    CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "reload");
+    if (dst->dtype == LMX_DTYPE_F32) {
+        st = restore_into(cb, (float *)dst->data, P->stage[s], dt, n);
+    } else {
+        cudaError_t e = cudaMemcpyAsync(dst->data, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream);
+        st = e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "reload");
+    }
+    if (st) return st;
+    CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "reload");
+    return next ? park_fetch(cb, s, next, n, es) : LMX_OK;
 }
