@@ -104,7 +104,9 @@ int cmd_bench_train(int argc, char **argv) {
         if (!json) fprintf(stderr, "step %d: %.3f s, loss %.4f\n", s, cli_now_s() - t0, loss);
     }
     const double med = cli_median(times, steps);
-    const double tok_s = B * T / med, peak_gib = m->be->mem_peak / 1073741824.0;
+    int64_t peak = m->be->mem_peak; /* with --profile, the phases' peaks too (each starts its own) */
+    for (int k = 0; k < 6; k++) peak = tr->prof_peak[k] > peak ? tr->prof_peak[k] : peak;
+    const double tok_s = B * T / med, peak_gib = peak / 1073741824.0;
     const int ckpt_on = lmx_trainer_checkpoints(tr, B, T);
     const double mfu = peak_tflops > 0 ? tok_s * flops_tok / (peak_tflops * 1e12) : 0;
     if (json)
@@ -119,9 +121,14 @@ int cmd_bench_train(int argc, char **argv) {
                ckpt_on ? (tr->park ? ", checkpointing (layer inputs in host memory)" : ", checkpointing") : "",
                tr->replayed[0] ? ", attention replayed" : tr->replayed[1] ? ", hidden states replayed" : "", med, tok_s,
                peak_gib, 100 * mfu);
-    if (profile)
+    if (profile) {
+        const double G = 1073741824.0;
         fprintf(stderr, "phases a step: forward %.3f s, head + loss %.3f s, backward %.3f s, AdamW %.3f s\n",
                 tr->prof[0] / steps, tr->prof[1] / steps, tr->prof[2] / steps, tr->prof[3] / steps);
+        fprintf(stderr, "peak GiB in: forward %.2f, head + loss %.2f, backward %.2f (checkpointed: layers run again "
+                "%.2f, walked back %.2f), AdamW %.2f\n", tr->prof_peak[0] / G, tr->prof_peak[1] / G,
+                tr->prof_peak[2] / G, tr->prof_peak[4] / G, tr->prof_peak[5] / G, tr->prof_peak[3] / G);
+    }
     for (int k = 1; profile && k < LMX_TAPE_KINDS; k++)
         if (tr->prof_bwd[k] > 0 || tr->prof_fwd[k] > 0)
             fprintf(stderr, "  %-10s backward %.4f s, recorded forward %.4f s a step\n", lmx_tape_kind(k),

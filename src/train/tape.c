@@ -760,6 +760,7 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
 }
 
 lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
+lmx_backend *lmx_tape_inner(lmx_tape *t) { return t->in; }
 
 /* release record r's keeps and arrays */
 void tape_rec_free(lmx_tape *t, tape_rec *r) {

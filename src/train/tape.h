@@ -23,6 +23,8 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
 void lmx_tape_free(lmx_tape *t);
 /* The backend to run the forward pass on (owned by the tape; its memory and errors are inner's). */
 lmx_backend *lmx_tape_backend(lmx_tape *t);
+/* inner, the backend the tape runs on (its memory counts, mem_now / mem_peak, are the ones that move) */
+lmx_backend *lmx_tape_inner(lmx_tape *t);
 /* Pair p (in inner's memory) is trainable: the gradients of its a and b accumulate into da, db
  * (f32, p's shapes, zeroed by the caller).  Watches stay until lmx_tape_clear_watches. */
 lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db);

@@ -78,11 +78,22 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     return LMX_OK;
 }
 
+/* With tr->profile: the backend's peak since the last mark counted as phase k's (prof_peak), and a new
+ * one started (bench-train reports the largest of them as the run's) */
+static void peak_mark(lmx_trainer *tr, int k) {
+    lmx_backend *be = lmx_tape_inner(tr->tape); /* the model's may be the tape's, which holds nothing itself */
+    if (!tr->profile) return;
+    if (be->mem_peak > tr->prof_peak[k]) tr->prof_peak[k] = be->mem_peak;
+    be->mem_peak = be->mem_now;
+}
+
 /* With tr->profile: wait for the backend (a read waits for every op before it), then add the seconds
- * since *t0 to tr->prof[k] and restart *t0. */
+ * since *t0 to tr->prof[k] and restart *t0; the peak since the last mark is phase k's where one ended. */
 static void prof_mark(lmx_trainer *tr, int k, double *t0) {
     if (!tr->profile) return;
-    lmx_backend *be = tr->m->be;
+    lmx_backend *be = tr->m->be, *in = lmx_tape_inner(tr->tape);
+    if (*t0 > 0) peak_mark(tr, k);
+    else in->mem_peak = in->mem_now;
     float x;
     be->ops->read(be, &tr->grad[0], 0, &x, sizeof x);
     struct timespec ts;
@@ -296,9 +307,11 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
         if (!st && (st = lmx_tape_end_forward(tr->tape, &m->ws.x))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
         replay_drop(cs, l);
+        peak_mark(tr, 4);
         if (!st && release_ws) lmx_model_layer_buffers(m, 1); /* through the tape, which copies what it still reads of them */
         m->be = inner;
         if (!st && (st = lmx_tape_backward_take(tr->tape, &m->ws.x, &g, n, 0))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
+        peak_mark(tr, 5);
         inner->ops->release(inner, &g); /* where the tape did not take it */
         if (!st) lmx_tape_take_grad(tr->tape, in, &g);
     }

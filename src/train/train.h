@@ -50,6 +50,8 @@ typedef struct lmx_trainer {
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */
     int profile;                 /* 1: wait for the backend after each phase and time it (prof) */
     double prof[4];              /* seconds in: forward, head + loss (and its backward), backward, AdamW */
+    int64_t prof_peak[6];        /* the most bytes the backend held in each of those phases (since the trainer was
+                                  * made), and in a checkpointed backward's layers run again and walked back */
     double prof_bwd[LMX_TAPE_KINDS]; /* backward's seconds by record kind (lmx_tape_kind) */
     double prof_fwd[LMX_TAPE_KINDS]; /* recorded forward ops' seconds by kind */
     lmx_err err;
