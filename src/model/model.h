@@ -88,10 +88,10 @@ typedef struct lmx_workspace {
 } lmx_workspace;
 
 /* Gradient checkpointing's replay (train.c, tape.h lmx_tape_replay): a checkpointed step's first run of
- * layer l hands save its attention's output (what LMX_SAVE_ATT) and, where the block ends in the plain
- * residual add, the hidden state after it (LMX_SAVE_RESID), and has the attention write its log-sum-exp
- * into lse[l] where that tensor is given (data non-NULL); the layer's run again for backward takes them
- * back instead of computing them. */
+ * layer l has its attention also write the log-sum-exp into lse[l] (where that tensor is given, data
+ * non-NULL) and then hands save the attention's output (what LMX_SAVE_ATT; not where the backend writes no
+ * log-sum-exp), and, where the block ends in the plain residual add, the hidden state after it
+ * (LMX_SAVE_RESID); the layer's run again for backward takes them back instead of computing them. */
 enum { LMX_SAVE_ATT, LMX_SAVE_RESID };
 typedef struct lmx_layer_save {
     lmx_status (*save)(void *user, int l, int what, const lmx_tensor *x); /* x f32 [M, H*D] or [M, C] */
