@@ -275,13 +275,14 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
         st = op->attention(be, &a);
     }
     TRY(st);
-    if (a.lse && (st = sv->save(sv->user, l, LMX_SAVE_ATT, &att))) return st;
+    if (a.lse && sv->save && (st = sv->save(sv->user, l, LMX_SAVE_ATT, &att))) return st;
     if (!bt->no_cache && m->layers[L->kv_src].kv_last == l) /* the last layer to attend over kv_src's cache without these rows */
         TRY(op->kv_append(be, kv, bt, &k, &v));
 
     TRY(op->matmul(be, &ws->proj, &att, &L->wo, bias(&L->bo), M));
     if (!L->post_attn_norm.data) {
-        if ((st = lora_then_add(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt, (int64_t)M * c->hidden)) || !sv) return st;
+        if ((st = lora_then_add(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt, (int64_t)M * c->hidden)) || !sv || !sv->save)
+            return st;
         return sv->save(sv->user, l, LMX_SAVE_RESID, &ws->x);
     }
     if ((st = lora(m, ad, l, LMX_PROJ_O, &ws->proj, &att, bt))) return st;
@@ -516,12 +517,17 @@ lmx_status lmx_model_head(lmx_model *m, const int *rows, int R, float *logits) {
     return st;
 }
 
-lmx_status lmx_model_layer_buffers(lmx_model *m, int release) {
+lmx_status lmx_model_layer_buffers(lmx_model *m, int release) { return lmx_model_layer_buffers_of(m, LMX_WS_ALL, release); }
+
+lmx_status lmx_model_layer_buffers_of(lmx_model *m, unsigned groups, int release) {
+    static const unsigned group[LAYER_BUFS] = {LMX_WS_SHARED, LMX_WS_ATTN, LMX_WS_ATTN, LMX_WS_ATTN,
+                                               LMX_WS_ATTN,   LMX_WS_SHARED, LMX_WS_MLP, LMX_WS_MLP};
     lmx_backend *be = m->be;
     lmx_tensor *t[LAYER_BUFS];
     int64_t w[LAYER_BUFS];
     layer_buffers(m, t, w);
     for (int i = 0; i < LAYER_BUFS; i++) {
+        if (!(group[i] & groups)) continue;
         if (release) {
             if (t[i]->data) be->ops->release(be, t[i]);
             continue;
@@ -589,8 +595,9 @@ static lmx_status layers(lmx_model *m, lmx_kv_layer *const *kv_all, const lmx_ad
     lmx_status st = LMX_OK;
     for (int l = l0; l < l1 && !st; l++) {
         const lmx_layer *L = &m->layers[l];
-        if (!(st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M)))
-            st = lmx_layer_experts_only(m, l) ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
+        st = attention_block(m, l, kv_all, ad, m->ws.kv, bt, M);
+        if (!st && m->layer_save && m->layer_save->mid) st = m->layer_save->mid(m->layer_save->user, l);
+        if (!st) st = lmx_layer_experts_only(m, l) ? moe_block(m, l, bt, M) : mlp_block(m, l, ad, bt, M);
         if (!st && L->ple_gate.data) st = ple_block(m, l, M);
         if (!st && L->layer_scalar != 1.0f) TRY(be->ops->scale(be, &m->ws.x, (int64_t)M * m->cfg.hidden, L->layer_scalar));
     }

@@ -94,7 +94,8 @@ typedef struct lmx_workspace {
  * (LMX_SAVE_RESID); the layer's run again for backward takes them back instead of computing them. */
 enum { LMX_SAVE_ATT, LMX_SAVE_RESID };
 typedef struct lmx_layer_save {
-    lmx_status (*save)(void *user, int l, int what, const lmx_tensor *x); /* x f32 [M, H*D] or [M, C] */
+    lmx_status (*save)(void *user, int l, int what, const lmx_tensor *x); /* x f32 [M, H*D] or [M, C]; NULL: none */
+    lmx_status (*mid)(void *user, int l); /* NULL, or called between layer l's attention block and its MLP */
     lmx_tensor *lse;             /* [n_layers] tensors [B*H*T] f32 (data NULL: none asked) */
     void *user;
 } lmx_layer_save;
@@ -178,6 +179,11 @@ void lmx_model_head_release(lmx_model *m);
  * there): training releases them while it walks back a checkpointed layer, whose backward reads only
  * what the tape kept of them, and makes them again before the next layer runs. */
 lmx_status lmx_model_layer_buffers(lmx_model *m, int release);
+/* The same for some of them: groups LMX_WS_ATTN (q, k, v, the attention output), LMX_WS_MLP (gate, up),
+ * LMX_WS_SHARED (the norm output, the projection): a layer run again for backward holds its attention's
+ * and its MLP's in turn (train.c). */
+enum { LMX_WS_ATTN = 1, LMX_WS_MLP = 2, LMX_WS_SHARED = 4, LMX_WS_ALL = 7 };
+lmx_status lmx_model_layer_buffers_of(lmx_model *m, unsigned groups, int release);
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws);
 

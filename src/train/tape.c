@@ -825,6 +825,12 @@ int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) 
     return v;
 }
 
+int lmx_tape_fresh(lmx_tape *t, const lmx_tensor *x) {
+    if (new_var(t, x->data, 0, 0, 0) >= 0) return 0;
+    nomem(t);
+    return -1;
+}
+
 void lmx_tape_profile(lmx_tape *t, double *acc, double *acc_fwd) {
     t->prof = acc;
     t->prof_fwd = acc_fwd;

@@ -91,6 +91,9 @@ void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r);
  * out of memory).  lmx_tape_take_grad moves var v's gradient out to the caller (who releases it on the
  * inner backend); g is all zero when v got none. */
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols);
+/* Buffer x was made outside the tape (on the inner backend): no version the tape saw is its (0; -1: out of
+ * memory) */
+int lmx_tape_fresh(lmx_tape *t, const lmx_tensor *x);
 void lmx_tape_take_grad(lmx_tape *t, int v, lmx_tensor *g);
 
 /* Profiling: with acc non-NULL ([LMX_TAPE_KINDS]), backward waits for inner after each record and adds

@@ -278,6 +278,23 @@ static void replay_drop(ckpt_store *cs, int l) {
     cs->has[l] &= 1u << CK_INPUT;
 }
 
+/* lmx_layer_save's mid in a layer run again (m's backend the tape): the attention's buffers released through
+ * the tape, which copies what its records still read of them, then the MLP's made (on the inner backend,
+ * unzeroed: the matmuls write them), so that the layer never holds both */
+static lmx_status layer_mid(void *user, int l) {
+    ckpt_store *cs = user;
+    lmx_model *m = cs->tr->m;
+    lmx_backend *tb = m->be;
+    (void)l;
+    lmx_status st = lmx_model_layer_buffers_of(m, LMX_WS_ATTN, 1);
+    m->be = cs->be;
+    if (!st) st = lmx_model_layer_buffers_of(m, LMX_WS_MLP, 0);
+    m->be = tb;
+    if (!st && (lmx_tape_fresh(cs->tr->tape, &m->ws.gate) || lmx_tape_fresh(cs->tr->tape, &m->ws.up)))
+        st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "trainer: out of memory");
+    return st;
+}
+
 /* Gradient checkpointing's backward: from the gradient of the last layer's output (var leaf's), each
  * layer from the last down to the lowest adapted one runs again from its saved input (back in ws.x),
  * recorded, and its output's gradient goes back through it to the pairs and to its input (a leaf; the
@@ -296,15 +313,21 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
      * widest buffers; of the others the tape copies what it reads as they go */
     const int release_ws = inner->ops->backward->glu_keep != NULL;
     lmx_tape_set_keep_glu(tr->tape, 1); /* one layer on the tape at a time */
+    lmx_layer_save mid = {.mid = layer_mid, .user = cs};
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
-        if ((st = ck_load(cs, l, CK_INPUT, &m->ws.x, n)) || (st = lmx_model_layer_buffers(m, 0))) break; /* the layer runs on its input */
+        /* the layer runs on its input; where its buffers go between layers, the MLP's come after attention's go */
+        if ((st = ck_load(cs, l, CK_INPUT, &m->ws.x, n)) ||
+            (st = lmx_model_layer_buffers_of(m, release_ws ? LMX_WS_SHARED | LMX_WS_ATTN : LMX_WS_ALL, 0)))
+            break;
         const int in = l > tr->lowest ? lmx_tape_leaf(tr->tape, &m->ws.x, n / m->cfg.hidden, m->cfg.hidden) : -1;
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         replay_set(cs, l);
         m->be = tb;
+        m->layer_save = release_ws ? &mid : NULL;
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
+        m->layer_save = NULL;
         if (!st && (st = lmx_tape_end_forward(tr->tape, &m->ws.x))) lmx_err_set(&m->err, st, "%s", tb->err.msg);
         replay_drop(cs, l);
         peak_mark(tr, 4);
