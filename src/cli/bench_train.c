@@ -105,7 +105,8 @@ int cmd_bench_train(int argc, char **argv) {
     }
     const double med = cli_median(times, steps);
     int64_t peak = m->be->mem_peak; /* with --profile, the phases' peaks too (each starts its own) */
-    for (int k = 0; k < 6; k++) peak = tr->prof_peak[k] > peak ? tr->prof_peak[k] : peak;
+    for (size_t k = 0; k < sizeof tr->prof_peak / sizeof *tr->prof_peak; k++)
+        peak = tr->prof_peak[k] > peak ? tr->prof_peak[k] : peak;
     const double tok_s = B * T / med, peak_gib = peak / 1073741824.0;
     const int ckpt_on = lmx_trainer_checkpoints(tr, B, T);
     const double mfu = peak_tflops > 0 ? tok_s * flops_tok / (peak_tflops * 1e12) : 0;

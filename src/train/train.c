@@ -81,8 +81,8 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
 /* With tr->profile: the backend's peak since the last mark counted as phase k's (prof_peak), and a new
  * one started (bench-train reports the largest of them as the run's) */
 static void peak_mark(lmx_trainer *tr, int k) {
-    lmx_backend *be = lmx_tape_inner(tr->tape); /* the model's may be the tape's, which holds nothing itself */
     if (!tr->profile) return;
+    lmx_backend *be = lmx_tape_inner(tr->tape); /* the model's may be the tape's, which holds nothing itself */
     if (be->mem_peak > tr->prof_peak[k]) tr->prof_peak[k] = be->mem_peak;
     be->mem_peak = be->mem_now;
 }
@@ -447,13 +447,10 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             const lmx_backward_ops *bw = inner->ops->backward;
             const int replay = tr->replay && tr->dropout <= 0; /* with dropout the first run goes through the tape */
             const size_t es = lmx_dtype_size(bw->keep_dtype(inner)), C = (size_t)m->cfg.hidden;
-            size_t att = 0; /* the widest attention output's values a row */
-            for (int l = 0; l < L; l++)
-                if ((size_t)m->cfg.n_heads * m->layers[l].head_dim > att) att = (size_t)m->cfg.n_heads * m->layers[l].head_dim;
             cs.tr = tr, cs.be = inner, cs.M = M;
             if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
                 cs.at = (size_t)M * C * es;
-                cs.resid = cs.at + (replay ? (size_t)M * att * es : 0);
+                cs.resid = cs.at + (replay ? (size_t)M * m->q_width * es : 0); /* the widest attention output */
                 cs.stride = cs.resid + (replay ? (size_t)M * C * es : 0);
                 if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park;
             }
