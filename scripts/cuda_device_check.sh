@@ -28,12 +28,21 @@ run env LMX_CUDA_GGUF_REPACK=0 "$bin/test_cuda_ops"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)
 # (and checkpointed: the layers' inputs through host memory, offload / reload; each layer run again taking
 # back its first run's hidden state after attention, and on qwen3 (head dim 32, whose flash kernels write the
-# log-sum-exp) its attention output too: --replay on fails where none was taken; and computing them again)
+# log-sum-exp) its attention output too, and on llama (no q / k norms) its attention's q, k and v: --replay on
+# fails where no hidden state was taken; --replay outputs: not q, k, v; and computing them all again)
 for m in llama qwen3; do
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay on
+    run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay outputs
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay off
 done
+# heads of 64 (tests/data/train/README.md): the flash kernels write the log-sum-exp, so replay takes back the
+# attention's output and, on llama, its q, k, v straight into their bf16 keeps
+hd64="$root/tests/data/train"
+for r in on outputs off; do
+    run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda --grad-checkpoint on --replay $r
+done
+run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda
 # lmx train: the same losses and adapter with the layers' inputs and the embeddings in host memory and on the GPU
 run "$root/tests/train_placement_check.sh" "$bin/lmx" "$fix"
 # memory limits, peak and cache on the cuda backend; the device list

@@ -20,13 +20,15 @@
 
 int cmd_bench_train(int argc, char **argv) {
     const char *path = NULL, *backend = "auto";
-    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1, offload = 1, embed_host = 1, replay = 1;
+    int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1, offload = 1, embed_host = 1, replay = 1,
+        replay_qkv = 1;
     double peak_tflops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: lmx bench-train MODEL [--backend NAME] [--rank R] [--batch B] [--seq T] [--steps N]\n"
-                   "                         [--grad-checkpoint on|off|auto] [--offload on|off] [--embed-host on|off] [--replay on|off]\n"
+                   "                         [--grad-checkpoint on|off|auto] [--offload on|off] [--embed-host on|off]\n"
+                   "                         [--replay on|outputs|off]\n"
                    "                         [--peak-tflops F] [--profile] [--json]\n\n"
                    "LoRA training speed on random tokens: tokens/s, peak memory and MFU (F: the device's dense\n"
                    "bf16 peak, 989 for an H100 SXM when the backend is cuda and F is not given).  --profile waits\n"
@@ -39,9 +41,13 @@ int cmd_bench_train(int argc, char **argv) {
             if (cli_parse_checkpoint(argv[++i], &ckpt))
                 return cli_usage_error("bench-train: --grad-checkpoint takes on, off or auto");
         }
-        else if ((!strcmp(a, "--offload") || !strcmp(a, "--embed-host") || !strcmp(a, "--replay")) && i + 1 < argc) {
-            if (cli_parse_onoff(argv[++i], !strcmp(a, "--offload") ? &offload : !strcmp(a, "--replay") ? &replay : &embed_host))
+        else if ((!strcmp(a, "--offload") || !strcmp(a, "--embed-host")) && i + 1 < argc) {
+            if (cli_parse_onoff(argv[++i], !strcmp(a, "--offload") ? &offload : &embed_host))
                 return cli_usage_error("bench-train: %s takes on or off", a);
+        }
+        else if (!strcmp(a, "--replay") && i + 1 < argc) {
+            if (cli_parse_replay(argv[++i], &replay, &replay_qkv))
+                return cli_usage_error("bench-train: --replay takes on, outputs or off");
         }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank) || rank < 1) return cli_usage_error("bench-train: bad --rank"); }
@@ -80,7 +86,7 @@ int cmd_bench_train(int argc, char **argv) {
     tr->profile = profile;
     tr->checkpoint = ckpt;
     tr->offload = offload;
-    tr->replay = replay;
+    tr->replay = replay, tr->replay_qkv = replay_qkv;
     if (profile) lmx_tape_profile(tr->tape, tr->prof_bwd, tr->prof_fwd);
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;
@@ -113,14 +119,15 @@ int cmd_bench_train(int argc, char **argv) {
     if (json)
         printf("{\"backend\": \"%s\", \"rank\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, \"step_s\": %.4f, "
                "\"tokens_per_s\": %.1f, \"peak_gib\": %.2f, \"flops_per_token\": %.4g, \"mfu\": %.4f, \"checkpointing\": %d, "
-               "\"replayed\": [%lld, %lld]}\n",
+               "\"replayed\": [%lld, %lld, %lld]}\n",
                m->be->ops->name, rank, B, T, steps, med, tok_s, peak_gib, flops_tok, mfu, ckpt_on,
-               (long long)tr->replayed[0], (long long)tr->replayed[1]);
+               (long long)tr->replayed[0], (long long)tr->replayed[1], (long long)tr->replayed[2]);
     else
         printf("bench-train %s (%s): rank %d, batch %d x %d%s%s: %.3f s a step, %.1f tokens/s, peak %.2f GiB, MFU %.1f%%\n",
                path, m->be->ops->name, rank, B, T,
                ckpt_on ? (tr->park ? ", checkpointing (layer inputs in host memory)" : ", checkpointing") : "",
-               tr->replayed[0] ? ", attention replayed" : tr->replayed[1] ? ", hidden states replayed" : "", med, tok_s,
+               tr->replayed[2] ? ", attention and q, k, v replayed" : tr->replayed[0] ? ", attention replayed"
+               : tr->replayed[1] ? ", hidden states replayed" : "", med, tok_s,
                peak_gib, 100 * mfu);
     if (profile) {
         const double G = 1073741824.0;

@@ -57,5 +57,8 @@ int cli_parse_ids(const char *s, int32_t **out, int *n);
 int cli_parse_checkpoint(const char *s, int *out);
 /* An on|off option's value: on 1, off 0; returns 0 on success. */
 int cli_parse_onoff(const char *s, int *out);
+/* --replay's value: on (*replay 1, *qkv 1), outputs (1, 0: the attention block's outputs taken back, not its
+ * q, k, v) or off (0, 0); returns 0 on success. */
+int cli_parse_replay(const char *s, int *replay, int *qkv);
 
 #endif

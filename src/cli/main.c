@@ -73,6 +73,13 @@ int cli_parse_onoff(const char *s, int *out) {
     return 0;
 }
 
+int cli_parse_replay(const char *s, int *replay, int *qkv) {
+    if (!strcmp(s, "outputs")) return *replay = 1, *qkv = 0, 0;
+    if (cli_parse_onoff(s, replay)) return -1;
+    *qkv = *replay;
+    return 0;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "lmx %s - run language models on CPUs and GPUs\n\n"

@@ -267,6 +267,8 @@ static lmx_status attention_block(lmx_model *m, int l, lmx_kv_layer *const *kv_a
                        .kv = kv, .H = H, .Hk = Hk, .D = D, .scale = m->attn_scale,
                        .softcap = (float)c->attn_softcap};
     const lmx_layer_save *sv = m->layer_save; /* a checkpointed training step's first run (model.h) */
+    for (int i = 0; sv && sv->save && i < 3; i++) /* the op's inputs, as it reads them */
+        if ((st = sv->save(sv->user, l, LMX_SAVE_Q + i, outs[i]))) return st;
     if (sv && sv->lse && sv->lse[l].data) a.lse = &sv->lse[l];
     st = op->attention(be, &a);
     if (st == LMX_ERR_UNSUPPORTED && a.lse) { /* no log-sum-exp from this backend: the output is not saved */

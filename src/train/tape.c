@@ -206,6 +206,14 @@ static tape_rec *new_rec(lmx_tape *t, int op) {
     return r;
 }
 
+/* Buffer data is one replay fills later (lmx_tape_replay qkv): the ops writing it are recorded, not run */
+static int muted(const lmx_tape *t, const void *data) {
+    return t->rp.qkv && data && (data == t->rp.qkv_buf[0] || data == t->rp.qkv_buf[1] || data == t->rp.qkv_buf[2]);
+}
+static lmx_status muted_read(lmx_tape *t, const char *op) {
+    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: %s reads q, k or v before replay has written them", op);
+}
+
 /* ---- recorded ops ----------------------------------------------------------------------------- */
 
 static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
@@ -222,6 +230,7 @@ static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
                               int n, float eps, float add_one) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
+    if (muted(t, x->data)) return muted_read(t, "rmsnorm");
     tape_rec *r = NULL;
     if (requires(t, vx)) {
         if (!(r = new_rec(t, T_RMSNORM))) return nomem(t);
@@ -257,11 +266,12 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     const int vx = var_of(t, x->data);
     lmx_status st = guard(t, out->data); /* nothing waits: w_matmul settled */
     if (st) return st;
-    /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
-    const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
-    const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
-                         .keep = tape_lazy_hold(t, xin)};
-    if ((st = tape_lazy_push(t, &z))) return st;
+    if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
+        const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
+        const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
+                             .keep = tape_lazy_hold(t, xin)};
+        if ((st = tape_lazy_push(t, &z))) return st;
+    }
     const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
     if (req) {
@@ -293,6 +303,16 @@ static lmx_tensor lora_xa(lmx_tape *t, int watched, int B, int T, const lmx_lora
         return (lmx_tensor){0};
     }
     return xa;
+}
+
+/* y [rows, N] after LoRA record r (NULL: nothing trainable here, y keeps its version) */
+static lmx_status lora_versioned(lmx_tape *t, tape_rec *r, const lmx_tensor *y, int64_t rows, int64_t N, int watched) {
+    if (!r) return LMX_OK;
+    const int v = new_var(t, y->data, rows, N, 1);
+    if (v < 0) return nomem(t);
+    r->out = v;
+    if (!watched) r->op = T_ADD, r->in[1] = -1; /* no pair trained: the gradient passes through */
+    return LMX_OK;
 }
 
 static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
@@ -338,6 +358,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     }
     lmx_status st = guard(t, y->data);
     if (st) return st;
+    if (muted(t, y->data)) return lora_versioned(t, r, y, rows, N, watched); /* replay writes y: nothing runs */
     const lmx_tensor *xin = drop ? &r->own : shared_input(t, x, rows, K);
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;
@@ -361,12 +382,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     }
     if (st == LMX_ERR_UNSUPPORTED && !(st = tape_lazy_end(t, 1))) st = t->in->ops->lora(t->in, y, xin, B, T, pairs);
     if (pass(t, st)) return st;
-    if (!r) return LMX_OK; /* nothing trainable here: y keeps its version */
-    const int v = new_var(t, y->data, rows, N, 1);
-    if (v < 0) return nomem(t);
-    r->out = v;
-    if (!watched) r->op = T_ADD, r->in[1] = -1; /* no pair trained: the gradient passes through */
-    return LMX_OK;
+    return lora_versioned(t, r, y, rows, N, watched);
 }
 
 static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
@@ -500,9 +516,11 @@ static lmx_status keep_batch(lmx_tape *t, tape_rec *r, const lmx_batch *bt) {
 static lmx_status rec_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, int nh, int hd, const lmx_rope *rope) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = guard(t, x->data);
-    if (!st) st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
-    if (st) return st;
+    lmx_status st = LMX_OK;
+    if (!muted(t, x->data)) { /* else replay writes its output */
+        if (!(st = guard(t, x->data))) st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
+        if (st) return st;
+    }
     const int req = requires(t, vx);
     const int v = new_var(t, x->data, (int64_t)bt->B * bt->T, (int64_t)nh * hd, req);
     if (v < 0) return nomem(t);
@@ -535,18 +553,51 @@ static lmx_status replay_attention(lmx_tape *t, tape_rec *r, const lmx_attn_args
     return (r->keep[3] = keep_made(t, a->out->data, M, cols, v, &copy)) < 0 ? nomem(t) : LMX_OK;
 }
 
+/* The attention op's q, k and v written by replay (lmx_tape_replay qkv), which unmutes them: with r (its
+ * record, where the op does not run either: its output is replayed too) into the record's keeps, in the keep
+ * dtype where that is bf16; else into the buffers (kept from there as any input). */
+static lmx_status qkv_fill(lmx_tape *t, const lmx_attn_args *a, tape_rec *r) {
+    const lmx_tensor *in[3] = {a->q, a->k, a->v};
+    const int64_t M = (int64_t)a->batch->B * a->batch->T, cols[3] = {(int64_t)a->H * a->D, (int64_t)a->Hk * a->D,
+                                                                      (int64_t)a->Hk * a->D};
+    for (int i = 0; i < 3; i++)
+        if (in[i]->data != t->rp.qkv_buf[i]) return muted_read(t, "attention (not of the replayed q, k, v)");
+    lmx_status (*fill)(void *, int, lmx_tensor *) = t->rp.qkv;
+    t->rp.qkv = NULL;
+    lmx_status st = LMX_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, cols[i]}, .data = in[i]->data};
+        lmx_tensor copy = r ? keep_room(t, M, cols[i]) : (lmx_tensor){0};
+        if (!copy.data && !(st = guard(t, x.data))) st = pass(t, fill(t->rp.user, i, &x));
+        if (!copy.data && !st && r) st = save(t, &r->keep[i], &x, M, cols[i]);
+        if (!copy.data) continue;
+        if ((st = pass(t, fill(t->rp.user, i, &copy)))) t->in->ops->release(t->in, &copy);
+        else if ((r->keep[i] = keep_made(t, x.data, M, cols[i], var_of(t, x.data), &copy)) < 0) st = nomem(t);
+    }
+    return st;
+}
+
 static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
     lmx_tape *t = TAPE(be);
     const int vq = var_of(t, a->q->data), vk = var_of(t, a->k->data), vv = var_of(t, a->v->data);
     const int req = requires(t, vq) || requires(t, vk) || requires(t, vv);
     const int64_t M = (int64_t)a->batch->B * a->batch->T;
+    const int replayed = req && t->rp.att && t->rp.lse.data; /* the op's output is given: it does not run */
+    if (t->rp.qkv && !replayed) { /* its inputs from replay, into their buffers */
+        const lmx_status st = qkv_fill(t, a, NULL);
+        if (st) return st;
+    }
     tape_rec *r = NULL;
     if (req) {
         if (!(r = new_rec(t, T_ATTENTION))) return nomem(t);
         lmx_status st = keep_batch(t, r, a->batch);
-        if (!st) st = save(t, &r->keep[0], a->q, M, (int64_t)a->H * a->D);
-        if (!st) st = save(t, &r->keep[1], a->k, M, (int64_t)a->Hk * a->D);
-        if (!st) st = save(t, &r->keep[2], a->v, M, (int64_t)a->Hk * a->D);
+        if (!st && t->rp.qkv) {
+            st = qkv_fill(t, a, r);
+        } else if (!st) {
+            st = save(t, &r->keep[0], a->q, M, (int64_t)a->H * a->D);
+            if (!st) st = save(t, &r->keep[1], a->k, M, (int64_t)a->Hk * a->D);
+            if (!st) st = save(t, &r->keep[2], a->v, M, (int64_t)a->Hk * a->D);
+        }
         if (st) return st;
         for (int b = 0; b < a->batch->B; b++) r->ints[2 * a->batch->B + b] = a->kv[b]->window;
         r->attn = *a; /* its pointers are set at backward: records move as the tape grows */
@@ -556,7 +607,7 @@ static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
     }
     lmx_status st = guard(t, a->out->data);
     if (st) return st;
-    if (r && t->rp.att && t->rp.lse.data) return replay_attention(t, r, a, M);
+    if (replayed) return replay_attention(t, r, a, M);
     /* the backend may also write each row's log-sum-exp, which backward then takes with the output
      * instead of running the forward again (cuda: the flash kernels) */
     lmx_tensor lse = {.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)a->batch->B * a->H * a->batch->T}};
@@ -688,6 +739,7 @@ static lmx_status w_read(lmx_backend *be, const lmx_tensor *x, size_t off, void 
 static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *bt, const lmx_tensor *k,
                               const lmx_tensor *v) {
     lmx_status st = tape_settle(TAPE(be), NULL);
+    if (!st && (muted(TAPE(be), k->data) || muted(TAPE(be), v->data))) st = muted_read(TAPE(be), "kv append");
     return st ? st : pass(TAPE(be), TAPE(be)->in->ops->kv_append(TAPE(be)->in, kv, bt, k, v));
 }
 static lmx_status w_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems) {

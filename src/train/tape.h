@@ -76,12 +76,18 @@ void lmx_tape_set_keep_glu(lmx_tape *t, int on);
  * buffer resid_buf that follows a frozen matmul left unrun (the attention block's last projection) is
  * recorded, but neither it nor that matmul and its LoRA run: resid writes the buffer's value after the add
  * (f32 [M, C]).  Each is taken once; one not taken (the layer's ops are not these) is dropped, with its lse,
- * by lmx_tape_reset or the next lmx_tape_set_replay.  NULL: none. */
+ * by lmx_tape_reset or the next lmx_tape_set_replay.  With qkv non-NULL, buffers qkv_buf (the attention's q,
+ * k and v) are muted until the attention op that reads them: the frozen matmuls, LoRA and RoPE that write
+ * them are recorded but not run (LoRA's backward then computes its x A^T itself), and before that attention
+ * op runs (or replays) qkv writes its inputs (which 0, 1, 2: q, k, v, into dst f32 [M, cols]); any other op
+ * reading a muted buffer fails.  NULL: none. */
 typedef struct lmx_tape_replay {
     lmx_status (*att)(void *user, lmx_tensor *dst);
     lmx_tensor lse;
     lmx_status (*resid)(void *user, lmx_tensor *x);
     const void *resid_buf;
+    lmx_status (*qkv)(void *user, int which, lmx_tensor *dst);
+    const void *qkv_buf[3];
     void *user;
 } lmx_tape_replay;
 void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r);

@@ -42,6 +42,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     tr->checkpoint = -1;
     tr->offload = 1;
     tr->replay = 1;
+    tr->replay_qkv = 1;
     tr->dropout = ad->spec.dropout;
     tr->seed = ad->spec.seed;
     lmx_backend *be = m->be;
@@ -158,16 +159,18 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
 }
 
 /* Where a checkpointed step holds its layers' inputs [M, C] (and with replay, each layer's attention output
- * [M, H*D] and hidden state after the attention block [M, C]): page-locked host memory, a block of stride
- * bytes a layer (host non-NULL: the backend's offload / reload ops; the three at byte offsets 0, at, resid),
- * or the backward ops' keeps in saved[3 l + k] (bf16 on cuda, as every other value backward reads there). */
-enum { CK_INPUT, CK_ATT, CK_RESID };
+ * [M, H*D], hidden state after the attention block [M, C], and attention inputs q [M, H*D], k and v
+ * [M, Hk*D]): page-locked host memory, a block of stride bytes a layer (host non-NULL: the backend's
+ * offload / reload ops; kind k at byte offset off[k]), or the backward ops' keeps in saved[CK_KINDS l + k]
+ * (bf16 on cuda, as every other value backward reads there). */
+enum { CK_INPUT, CK_ATT, CK_RESID, CK_Q, CK_K, CK_V, CK_KINDS };
 typedef struct ckpt_store {
     lmx_trainer *tr;
     lmx_backend *be;             /* the inner backend (the model's is the tape's while a layer runs again) */
-    lmx_tensor *saved;           /* [3 L] */
+    lmx_tensor *saved;           /* [CK_KINDS L] */
     char *host;
-    size_t stride, at, resid;
+    size_t stride, off[CK_KINDS];
+    int qkv;                     /* replay takes back q, k and v too (qkv_replayable) */
     int M, l;                    /* rows; the layer a replay serves */
     lmx_tensor *lse;             /* [L] each layer's attention log-sum-exp, for replay (data NULL: none) */
     unsigned char *has;          /* [L] bit k: kind k of layer l saved and not taken back yet */
@@ -185,16 +188,14 @@ static lmx_status park_reserve(lmx_trainer *tr, size_t bytes) {
     return LMX_OK;
 }
 
-static char *ck_host(const ckpt_store *cs, int l, int k) {
-    return cs->host + (size_t)l * cs->stride + (k == CK_ATT ? cs->at : k == CK_RESID ? cs->resid : 0);
-}
+static char *ck_host(const ckpt_store *cs, int l, int k) { return cs->host + (size_t)l * cs->stride + cs->off[k]; }
 
 /* Kind k of layer l (x [M, cols] f32), saved */
 static lmx_status ck_save(ckpt_store *cs, int l, int k, const lmx_tensor *x) {
     lmx_model *m = cs->tr->m;
     lmx_backend *be = cs->be;
     lmx_status st = cs->host ? be->ops->backward->offload(be, ck_host(cs, l, k), x)
-                             : be->ops->backward->keep(be, &cs->saved[3 * l + k], x);
+                             : be->ops->backward->keep(be, &cs->saved[CK_KINDS * l + k], x);
     if (!st) cs->has[l] |= 1u << k;
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
@@ -206,7 +207,7 @@ static lmx_status ck_load(ckpt_store *cs, int l, int k, lmx_tensor *dst, int64_t
     lmx_model *m = cs->tr->m;
     lmx_backend *be = cs->be;
     const lmx_backward_ops *bw = be->ops->backward;
-    lmx_tensor *sv = &cs->saved[3 * l + k];
+    lmx_tensor *sv = &cs->saved[CK_KINDS * l + k];
     lmx_status st;
     if (!(cs->has[l] >> k & 1)) return lmx_err_set(&m->err, LMX_ERR_BACKEND, "trainer: layer %d's checkpoint is missing", l);
     cs->has[l] &= ~(1u << k);
@@ -231,21 +232,30 @@ static lmx_status save_input(ckpt_store *cs, int l) {
     return ck_save(cs, l, CK_INPUT, &x);
 }
 
-/* lmx_layer_save's: a layer's attention output (its log-sum-exp written) or its hidden state after the
- * attention block, saved for its run again (layers from the lowest trained one up) */
+/* Whether layer l's q, k and v can be taken back in place of the ops that make them: a frozen matmul, its LoRA
+ * and RoPE each, which the tape leaves unrun (lmx_tape_replay qkv); not after q / k norms or value norms
+ * (their backward reads their inputs), nor of a layer that shares another's keys */
+static int qkv_replayable(const lmx_model *m, int l) {
+    const lmx_layer *L = &m->layers[l];
+    return !m->traits.qk_norm && !m->traits.gemma4 && L->kv_src == l && L->kv_slot < 0 && L->wv.data;
+}
+
+/* lmx_layer_save's: a layer's attention output (its log-sum-exp written), its hidden state after the
+ * attention block, or its attention's q, k, v, saved for its run again (layers from the lowest trained one up) */
 static lmx_status layer_saved(void *user, int l, int what, const lmx_tensor *x) {
     ckpt_store *cs = user;
-    if (l < cs->tr->lowest) return LMX_OK;
+    const int k = what == LMX_SAVE_ATT ? CK_ATT : what == LMX_SAVE_RESID ? CK_RESID : CK_Q + (what - LMX_SAVE_Q);
+    if (l < cs->tr->lowest || (k >= CK_Q && !(cs->qkv && qkv_replayable(cs->tr->m, l)))) return LMX_OK;
     lmx_tensor v = *x;
-    v.ndim = 2, v.shape[0] = cs->M, v.shape[1] = what == LMX_SAVE_ATT ? x->shape[x->ndim - 1] : cs->tr->m->cfg.hidden;
-    return ck_save(cs, l, what == LMX_SAVE_ATT ? CK_ATT : CK_RESID, &v);
+    v.ndim = 2, v.shape[0] = cs->M, v.shape[1] = k == CK_RESID ? cs->tr->m->cfg.hidden : x->shape[x->ndim - 1];
+    return ck_save(cs, l, k, &v);
 }
 
 /* lmx_tape_replay's: layer cs->l's attention output, or its hidden state after the block, into dst (the
  * tape reports the error as the backend's) */
 static lmx_status replay_load(ckpt_store *cs, int k, lmx_tensor *dst, int64_t n) {
     lmx_status st = ck_load(cs, cs->l, k, dst, n);
-    if (!st) cs->tr->replayed[k == CK_RESID]++;
+    if (!st) cs->tr->replayed[k == CK_ATT ? 0 : k == CK_RESID ? 1 : 2] += k != CK_K && k != CK_V;
     return st ? lmx_err_set(&cs->be->err, st, "%s", cs->tr->m->err.msg) : LMX_OK;
 }
 static lmx_status replay_att(void *user, lmx_tensor *dst) {
@@ -257,6 +267,10 @@ static lmx_status replay_resid(void *user, lmx_tensor *dst) {
     ckpt_store *cs = user;
     return replay_load(cs, CK_RESID, dst, (int64_t)cs->M * cs->tr->m->cfg.hidden);
 }
+static lmx_status replay_qkv(void *user, int which, lmx_tensor *dst) {
+    ckpt_store *cs = user;
+    return replay_load(cs, CK_Q + which, dst, lmx_tensor_nelem(dst));
+}
 
 /* What layer l's run again takes back instead of computing: what its first run saved */
 static void replay_set(ckpt_store *cs, int l) {
@@ -267,14 +281,17 @@ static void replay_set(ckpt_store *cs, int l) {
         cs->lse[l] = (lmx_tensor){0}; /* the tape's now */
     }
     if (cs->has[l] >> CK_RESID & 1) rp.resid = replay_resid, rp.resid_buf = cs->tr->m->ws.x.data;
+    const lmx_workspace *ws = &cs->tr->m->ws;
+    if ((cs->has[l] >> CK_Q & 7) == 7)
+        rp.qkv = replay_qkv, rp.qkv_buf[0] = ws->q.data, rp.qkv_buf[1] = ws->k.data, rp.qkv_buf[2] = ws->v.data;
     lmx_tape_set_replay(cs->tr->tape, &rp);
 }
 
 /* What layer l's run again left untaken (the tape found other ops than it replays), dropped */
 static void replay_drop(ckpt_store *cs, int l) {
     lmx_backend *be = cs->be;
-    for (int k = CK_ATT; k <= CK_RESID; k++)
-        if (cs->saved[3 * l + k].data) be->ops->release(be, &cs->saved[3 * l + k]);
+    for (int k = CK_ATT; k < CK_KINDS; k++)
+        if (cs->saved[CK_KINDS * l + k].data) be->ops->release(be, &cs->saved[CK_KINDS * l + k]);
     cs->has[l] &= 1u << CK_INPUT;
 }
 
@@ -440,18 +457,19 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         if (!ckpt) {
             m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
             st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
-        } else if (!(cs.saved = calloc((size_t)3 * L, sizeof *cs.saved)) || !(cs.has = calloc((size_t)L, 1)) ||
+        } else if (!(cs.saved = calloc((size_t)CK_KINDS * L, sizeof *cs.saved)) || !(cs.has = calloc((size_t)L, 1)) ||
                    !(cs.lse = calloc((size_t)L, sizeof *cs.lse))) {
             st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         } else {
             const lmx_backward_ops *bw = inner->ops->backward;
             const int replay = tr->replay && tr->dropout <= 0; /* with dropout the first run goes through the tape */
-            const size_t es = lmx_dtype_size(bw->keep_dtype(inner)), C = (size_t)m->cfg.hidden;
-            cs.tr = tr, cs.be = inner, cs.M = M;
+            const size_t es = lmx_dtype_size(bw->keep_dtype(inner));
+            cs.tr = tr, cs.be = inner, cs.M = M, cs.qkv = replay && tr->replay_qkv;
             if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
-                cs.at = (size_t)M * C * es;
-                cs.resid = cs.at + (replay ? (size_t)M * m->q_width * es : 0); /* the widest attention output */
-                cs.stride = cs.resid + (replay ? (size_t)M * C * es : 0);
+                /* kind k's room a layer: C, or the widest H*D or Hk*D (where replay takes it back) */
+                const int64_t cols[CK_KINDS] = {m->cfg.hidden, replay ? m->q_width : 0, replay ? m->cfg.hidden : 0,
+                                                cs.qkv ? m->q_width : 0, cs.qkv ? m->kv_width : 0, cs.qkv ? m->kv_width : 0};
+                for (int k = 0; k < CK_KINDS; k++) cs.off[k] = cs.stride, cs.stride += (size_t)M * cols[k] * es;
                 if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park;
             }
             for (int l = tr->lowest; replay && l < L; l++) { /* where there is no room: those layers compute it again */
@@ -513,7 +531,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         if (st) lmx_err_set(&tr->err, st, "%s", m->err.msg);
     }
     lmx_tape_reset(tr->tape);
-    for (int i = 0; cs.saved && i < 3 * L; i++)
+    for (int i = 0; cs.saved && i < CK_KINDS * L; i++)
         if (cs.saved[i].data) inner->ops->release(inner, &cs.saved[i]);
     for (int l = 0; cs.lse && l < L; l++)
         if (cs.lse[l].data) inner->ops->release(inner, &cs.lse[l]);

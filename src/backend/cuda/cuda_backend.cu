@@ -151,13 +151,14 @@ static int64_t cuda_free_bytes(const lmx_backend *be) {
     return (int64_t)free_b + (int64_t)(reserved > used ? reserved - used : 0);
 }
 
-/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them); trim also gives the
- * pool's idle blocks back to the device. */
+/* Free the scratch buffers (cuda_scratch allocates them again when an op needs them) and the offload stages
+ * that hold nothing to come; trim also gives the pool's idle blocks back to the device. */
 static void cuda_trim_scratch(lmx_backend *be) {
     cuda_backend *cb = (cuda_backend *)be;
     cuda_graph_flush(cb); /* a failure stays in be->err */
     cuda_graph_drop(cb);  /* a captured graph may use the buffers */
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
+    cuda_park_trim(cb);
 }
 
 static void cuda_trim(lmx_backend *be) {

@@ -183,9 +183,11 @@ lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x);
 lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
-/* offload's stages, stream and events (cuda_keep.cu), freed with the backend; wait for its copies */
+/* offload's stages, stream and events (cuda_keep.cu), freed with the backend; wait for its copies; the
+ * stages that hold no block fetched ahead freed (trim_scratch: after a forward pass's offloads) */
 void cuda_park_free(cuda_backend *cb);
 void cuda_park_wait(cuda_backend *cb);
+void cuda_park_trim(cuda_backend *cb);
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                              lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok,
                              const struct lmx_lora_term *tg, const struct lmx_lora_term *tu);

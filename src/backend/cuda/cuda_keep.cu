@@ -193,15 +193,15 @@ lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *
 /* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */
 
 /* Device stages of keep dtype.  offload narrows x into a stage on the main stream and the copy stream
- * moves it to the host, stages 0 and 1 taking turns so that a copy overlaps what follows.  reload has the
+ * moves it to the host, the stages taking turns (offload_stage) so that a copy overlaps what follows.  reload has the
  * copy stream bring a block into a stage (at once, or ahead as an earlier reload's next) and widens (or
  * copies) it into dst on the main stream; the stage then fetches next.  Each stage remembers the block it
  * holds or is fetching (ahead), so reloads of several kinds of block that interleave (a layer's input, its
- * attention output, its hidden state: train.c's replay) each find theirs fetched a layer ahead, a stage
- * each; a stage that holds nothing ahead when reload runs is freed (the backward it serves holds the most
- * memory).  Before either stream touches a stage it waits for the other's last use of it: ev_copy[s] marks
- * the copy stream's, ev_main[s] the main stream's (an event never recorded is no wait). */
-#define PARK_STAGES 3
+ * attention output, its hidden state, its attention's q, k and v: train.c's replay) each find theirs fetched
+ * a layer ahead, a stage each; a stage that holds nothing ahead when reload runs is freed (the backward it
+ * serves holds the most memory).  Before either stream touches a stage it waits for the other's last use of
+ * it: ev_copy[s] marks the copy stream's, ev_main[s] the main stream's (an event never recorded is no wait). */
+#define PARK_STAGES 6
 struct cuda_park {
     cudaStream_t copy;
     cudaEvent_t ev_copy[PARK_STAGES], ev_main[PARK_STAGES];
@@ -210,7 +210,7 @@ struct cuda_park {
     const void *ahead[PARK_STAGES]; /* the host block (ahead_n values) stage s holds or is fetching for a
                                        reload to come (NULL: none) */
     int64_t ahead_n[PARK_STAGES];
-    int turn;                  /* offload's next stage (0 or 1) */
+    int turn;                  /* the stage offload used last */
 };
 
 void cuda_park_wait(cuda_backend *cb) {
@@ -225,6 +225,22 @@ static void stage_free(cuda_backend *cb, int s) {
     cudaFreeAsync(P->stage[s], cb->stream);
     lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
     P->stage[s] = NULL, P->bytes[s] = 0, P->ahead[s] = NULL;
+}
+
+void cuda_park_trim(cuda_backend *cb) {
+    cuda_park *P = cb->park;
+    for (int s = 0; P && s < PARK_STAGES; s++) {
+        if (!P->stage[s] || P->ahead[s]) continue;
+        /* after both streams' last use, in the copy stream's order: nobody waits */
+        cudaError_t e = cudaStreamWaitEvent(P->copy, P->ev_main[s], 0);
+        if (e == cudaSuccess) e = cudaFreeAsync(P->stage[s], P->copy);
+        if (e != cudaSuccess) {
+            cuda_fail(cb, e, "offload stages");
+            return;
+        }
+        lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
+        P->stage[s] = NULL, P->bytes[s] = 0;
+    }
 }
 
 void cuda_park_free(cuda_backend *cb) {
@@ -277,21 +293,34 @@ static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t 
     return LMX_OK;
 }
 
+/* The stage offload narrows a block of bytes into: after the last one it used, the first whose copy to the
+ * host is done and that is large enough (no wait), else one not made yet, else one large enough (its copy
+ * waited for): a burst of blocks (a layer's q, k, v and attention output) takes as many stages as the copies
+ * lag behind, up to PARK_STAGES, and a steady stream two. */
+static int offload_stage(cuda_park *P, size_t bytes) {
+    for (int pass = 0; pass < 3; pass++)
+        for (int k = 1; k <= PARK_STAGES; k++) {
+            const int s = (P->turn + k) % PARK_STAGES;
+            if (pass == 0 ? P->bytes[s] >= bytes && cudaEventQuery(P->ev_copy[s]) == cudaSuccess
+                          : pass == 1 ? !P->stage[s] : P->bytes[s] >= bytes)
+                return s;
+        }
+    return (P->turn + 1) % PARK_STAGES;
+}
+
 lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     const int64_t n = lmx_tensor_nelem(x);
     const lmx_dtype dt = cuda_bwd_keep_dtype(be);
     const size_t es = lmx_dtype_size(dt);
-    if (st || n <= 0) return st;
-    const int s = cb->park ? cb->park->turn : 0;
-    if ((st = park_ready(cb, s, (size_t)n * es))) return st;
+    if (st || n <= 0 || (st = park_ready(cb, 0, 0))) return st; /* the park itself */
     cuda_park *P = cb->park;
-    P->turn ^= 1;
+    const int s = offload_stage(P, (size_t)n * es);
+    if ((st = park_ready(cb, s, (size_t)n * es))) return st;
+    P->turn = s;
     for (int i = 0; i < PARK_STAGES; i++) /* overwritten, or its contents change */
         if (i == s || P->ahead[i] == host) P->ahead[i] = NULL;
-    for (int i = 2; i < PARK_STAGES; i++) /* reload's others, holding nothing to come */
-        if (!P->ahead[i]) stage_free(cb, i);
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "offload");
     if ((st = keep_into(cb, P->stage[s], dt, (const float *)x->data, n))) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload");
