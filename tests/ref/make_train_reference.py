@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+EMBED, GAIN = 0.3, 0.5  # embedding std; projections std GAIN / sqrt(in): bf16 training on cuda within its tolerance
 OPT = {"name": "AdamW", "lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -39,7 +40,7 @@ def main():
             if "norm" in n:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
-                p.copy_(torch.randn_like(p) * (0.5 if "embed" in n else 1.0 / p.shape[-1] ** 0.5))
+                p.copy_(torch.randn_like(p) * (EMBED if "embed" in n else GAIN / p.shape[-1] ** 0.5))
     model = model.to(torch.bfloat16)
     model.save_pretrained(base_dir, safe_serialization=True)
     # the reference: the bf16 weights exactly, in float64, read back as any user would (the RoPE frequencies
