@@ -11,6 +11,7 @@
 
 #include "../src/backend/backward.h"
 #include "../src/base/half.h"
+#include "../src/train/tape.h"
 #include "check.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -323,6 +324,43 @@ static void test_dropout(void) {
     free(x), free(y), free(y2);
 }
 
+/* ---- the tape's muted q, k, v (tape.h lmx_tape_replay qkv) ------------------------------------------ */
+static lmx_status no_fill(void *user, int which, lmx_tensor *dst) {
+    (void)user, (void)which, (void)dst;
+    return LMX_OK;
+}
+/* a matmul into a muted buffer is recorded but never runs (the buffer keeps what it held), an op that reads
+ * one fails with a message, and once replay is set to none the same matmul runs */
+static void test_tape_mute(void) {
+    lmx_err err = {0};
+    lmx_tape *t = NULL;
+    CHECK(lmx_tape_create(be, &lmx_cpu_backward, &t, &err) == LMX_OK);
+    if (!t) return;
+    lmx_backend *tb = lmx_tape_backend(t);
+    enum { M = 3, K = 5, N = 4 };
+    float *x = rand_f32(M * K, 1), *w = rand_f32(N * K, 1), q[M * N], k[M * N], v[M * N], y[M * N];
+    for (int i = 0; i < M * N; i++) q[i] = 7.0f;
+    lmx_tensor xt = f32(x, M, K), wt = f32(w, N, K), qt = f32(q, M, N), yt = f32(y, M, N);
+    lmx_tensor nw = {.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {N}, .data = w};
+    const lmx_tape_replay rp = {.qkv = no_fill, .qkv_buf = {q, k, v}};
+    lmx_tape_set_replay(t, &rp);
+    CHECK(tb->ops->matmul(tb, &qt, &xt, &wt, NULL, M) == LMX_OK);
+    CHECK(lmx_tape_end_forward(t, NULL) == LMX_OK);
+    int kept = 1;
+    for (int i = 0; i < M * N; i++) kept &= q[i] == 7.0f;
+    CHECK(kept);
+    CHECK(tb->ops->rmsnorm(tb, &yt, &qt, &nw, M, N, 1e-6f, 0.0f) == LMX_ERR_BACKEND);
+    CHECK(strstr(tb->err.msg, "before replay") != NULL);
+    lmx_tape_set_replay(t, NULL);
+    CHECK(tb->ops->matmul(tb, &qt, &xt, &wt, NULL, M) == LMX_OK);
+    CHECK(lmx_tape_end_forward(t, NULL) == LMX_OK);
+    double want = 0;
+    for (int j = 0; j < K; j++) want += (double)x[j] * w[j]; /* q[0][0] = x[0] . w[0] */
+    CHECK(fabs(q[0] - want) < 1e-4);
+    lmx_tape_free(t);
+    free(x), free(w);
+}
+
 int main(void) {
     lmx_err err = {0};
     if (lmx_cpu_backend_create(1, &be, &err) != LMX_OK) {
@@ -344,6 +382,7 @@ int main(void) {
     test_attention(3, 3.0f);
     test_gather_rows();
     test_dropout();
+    test_tape_mute();
     /* attention from a cached position is not a training shape */
     {
         const int past[1] = {2}, nn[1] = {1};

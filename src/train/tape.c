@@ -388,6 +388,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
 static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
+    if (muted(t, y->data) || muted(t, x->data)) return muted_read(t, "add");
     /* x's waiting LoRA expand in the add's pass (the projection's buffer is not read again) */
     lmx_status st = tape_settle_others(t, x->data != y->data ? x->data : NULL, NULL);
     int ix = st ? -1 : tape_term_index(t, x->data);
@@ -425,6 +426,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
 static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                           lmx_act act) {
     lmx_tape *t = TAPE(be);
+    if (muted(t, gate->data) || muted(t, up->data)) return muted_read(t, "glu");
     lmx_status st0 = tape_lazy_end(t, 1);
     if (!st0) st0 = tape_settle_others(t, gate->data, up->data);
     if (st0) return st0;
@@ -486,6 +488,7 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
 static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
+    if (muted(t, x->data)) return muted_read(t, "softcap");
     lmx_status st = tape_settle(t, NULL);
     if (!st) st = guard(t, x->data);
     if (!st) st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
@@ -733,6 +736,7 @@ static lmx_status w_write(lmx_backend *be, lmx_tensor *x, size_t off, const void
     return st;
 }
 static lmx_status w_read(lmx_backend *be, const lmx_tensor *x, size_t off, void *dst, size_t n) {
+    if (muted(TAPE(be), x->data)) return muted_read(TAPE(be), "read");
     lmx_status st = tape_settle(TAPE(be), x->data);
     return st ? st : pass(TAPE(be), TAPE(be)->in->ops->read(TAPE(be)->in, x, off, dst, n));
 }
