@@ -28,7 +28,8 @@ typedef struct train_opts {
     int rank, num_layers, iters, batch, accum, max_len, mask_prompt, save_every, eval_every, warmup, skip_bad, threads;
     int ckpt;                    /* gradient checkpointing: 1 on, 0 off, -1 by memory (cuda) or length (cpu) */
     int offload;                 /* checkpoints in host memory where the backend can (1, default) or not (0) */
-    int replay;                  /* a checkpointed layer run again takes back its first run's attention (1, default) */
+    int replay, replay_qkv;      /* a checkpointed layer run again takes back its first run's attention (1, default),
+                                  * and its q, k, v (1, default) */
     int embed_host;              /* the token embeddings in host memory where the backend can (1, default) or not (0) */
     unsigned targets;
     double alpha, lr, wd, clip, dropout;
@@ -218,9 +219,14 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                 return 2;
             }
         }
-        else if (OPT("--offload") || OPT("--embed-host") || OPT("--replay")) {
-            if (cli_parse_onoff(v, !strcmp(a, "--offload") ? &o->offload : !strcmp(a, "--replay") ? &o->replay : &o->embed_host)) {
+        else if (OPT("--offload") || OPT("--embed-host")) {
+            if (cli_parse_onoff(v, !strcmp(a, "--offload") ? &o->offload : &o->embed_host)) {
                 fprintf(stderr, "train: %s takes on or off\n", a);
+                return 2;
+            }
+        } else if (OPT("--replay")) {
+            if (cli_parse_replay(v, &o->replay, &o->replay_qkv)) {
+                fprintf(stderr, "train: --replay takes on, outputs or off\n");
                 return 2;
             }
         } else if (OPT("--rank")) o->rank = atoi(v);
@@ -256,9 +262,10 @@ static int parse_args(train_opts *o, int argc, char **argv, int first) {
                    "         [--grad-checkpoint on|off|auto]   (auto: when a step would not fit the GPU without it; on the cpu,\n"
                    "         from 1024-token sequences) [--offload on|off]   (on: a checkpointed step holds the layers'\n"
                    "         inputs in host memory, on a GPU) [--embed-host on|off]   (on: an untied token embedding table\n"
-                   "         stays in host memory, on a GPU) [--replay on|off]   (on: a checkpointed layer run again for\n"
-                   "         backward takes its attention output and the hidden state after it from its first run, held\n"
-                   "         beside its input, instead of computing them) [--lora-dropout P]\n"
+                   "         stays in host memory, on a GPU) [--replay on|outputs|off]   (on: a checkpointed layer run again\n"
+                   "         for backward takes its attention output, the hidden state after it and, without q / k norms,\n"
+                   "         the attention's q, k, v from its first run, held beside its input, instead of computing them;\n"
+                   "         outputs: not q, k, v) [--lora-dropout P]\n"
                    "         [--resume OUT/stepN]   (a checkpoint of --save-every or Ctrl-C: goes on exactly where it stopped)\n"
                    "         [--config FILE.json|FILE.yaml]   (the same settings as keys: {\"lr\": 1e-4, \"mask_prompt\": true, ...}\n"
                    "                                 or YAML lines such as lr: 1e-4; options on the command line win)\n"
@@ -336,7 +343,7 @@ static int config_args(const char *path, char ***args, int *n) {
 }
 
 int cmd_train(int argc, char **argv) {
-    train_opts o = {.out = "adapters", .backend = "cpu", .ckpt = -1, .offload = 1, .replay = 1, .embed_host = 1, .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
+    train_opts o = {.out = "adapters", .backend = "cpu", .ckpt = -1, .offload = 1, .replay = 1, .replay_qkv = 1, .embed_host = 1, .schedule = "constant", .rank = 8, .iters = 100, .batch = 4,
                     .accum = 1, .max_len = 2048, .alpha = 16, .lr = 1e-4, .dropout = -1, .targets = (1u << LMX_PROJ_N) - 1};
     char **cfg = NULL;
     int ncfg = 0, rc = 2;
@@ -397,7 +404,7 @@ static int train_run(const train_opts *op) {
     }
     tr->checkpoint = o.ckpt;
     tr->offload = o.offload;
-    tr->replay = o.replay;
+    tr->replay = o.replay, tr->replay_qkv = o.replay_qkv;
     if (o.dropout >= 0) tr->dropout = (float)o.dropout; /* else the new or resumed adapter's own */
     tr->seed = o.seed;
     mkdir(o.out, 0777);
