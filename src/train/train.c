@@ -251,25 +251,26 @@ static lmx_status layer_saved(void *user, int l, int what, const lmx_tensor *x) 
     return ck_save(cs, l, k, &v);
 }
 
-/* lmx_tape_replay's: layer cs->l's attention output, or its hidden state after the block, into dst (the
- * tape reports the error as the backend's) */
-static lmx_status replay_load(ckpt_store *cs, int k, lmx_tensor *dst, int64_t n) {
+/* lmx_tape_replay's: kind k of layer cs->l (its attention output, its hidden state after the block, or its
+ * attention's q, k or v) into dst, counted in replayed[count] (-1: not counted; the tape reports the error as
+ * the backend's) */
+static lmx_status replay_load(ckpt_store *cs, int k, lmx_tensor *dst, int64_t n, int count) {
     lmx_status st = ck_load(cs, cs->l, k, dst, n);
-    if (!st) cs->tr->replayed[k == CK_ATT ? 0 : k == CK_RESID ? 1 : 2] += k != CK_K && k != CK_V;
+    if (!st && count >= 0) cs->tr->replayed[count]++;
     return st ? lmx_err_set(&cs->be->err, st, "%s", cs->tr->m->err.msg) : LMX_OK;
 }
 static lmx_status replay_att(void *user, lmx_tensor *dst) {
     ckpt_store *cs = user;
     const lmx_model *m = cs->tr->m;
-    return replay_load(cs, CK_ATT, dst, (int64_t)cs->M * m->cfg.n_heads * m->layers[cs->l].head_dim);
+    return replay_load(cs, CK_ATT, dst, (int64_t)cs->M * m->cfg.n_heads * m->layers[cs->l].head_dim, 0);
 }
 static lmx_status replay_resid(void *user, lmx_tensor *dst) {
     ckpt_store *cs = user;
-    return replay_load(cs, CK_RESID, dst, (int64_t)cs->M * cs->tr->m->cfg.hidden);
+    return replay_load(cs, CK_RESID, dst, (int64_t)cs->M * cs->tr->m->cfg.hidden, 1);
 }
-static lmx_status replay_qkv(void *user, int which, lmx_tensor *dst) {
+static lmx_status replay_qkv(void *user, int which, lmx_tensor *dst) { /* a layer's three counted once */
     ckpt_store *cs = user;
-    return replay_load(cs, CK_Q + which, dst, lmx_tensor_nelem(dst));
+    return replay_load(cs, CK_Q + which, dst, lmx_tensor_nelem(dst), which == 0 ? 2 : -1);
 }
 
 /* What layer l's run again takes back instead of computing: what its first run saved */
