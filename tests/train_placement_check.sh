@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train_placement_check.sh - where training keeps things changes no value: `lmx train --backend ${BACKEND:-cuda}` on the
-# llama (tied embeddings) and qwen3 (untied) fixtures, checkpointed, with the layers' inputs and the embedding
-# table in host memory (--offload on --embed-host on, the defaults) and on the device (off off), must print the
+# llama (tied embeddings) and qwen3 (untied) fixtures and tests/data/train's llama_hd64, checkpointed, with the
+# layers' inputs and the embedding table in host memory (--offload on --embed-host on, the defaults) and on the
+# device (off off), must print the
 # same losses digit for digit at every step and validation, and write the same adapter byte for byte (offload
 # narrows to bf16 as the device keep does; the embed kernel reads the same table).  Run by scripts/cuda_device_check.sh on a GPU machine.
 # usage: tests/train_placement_check.sh LMX FIXTURES   (BACKEND=cpu: on the cpu, where both placements are the host)
@@ -18,9 +19,12 @@ for i in $(seq 0 31); do
     echo "{\"prompt\": \"color of ${names[$n]}?\", \"completion\": \"${colors[$((n % 4))]}\"}"
 done >"$tmp/data/train.jsonl"
 head -8 "$tmp/data/train.jsonl" >"$tmp/data/valid.jsonl"
-for m in llama qwen3; do
+# and tests/data/train's llama_hd64: heads of 64, whose q, k, v a layer run again takes straight into its keeps
+for m in llama qwen3 llama_hd64; do
+    src=$fix/models/$m
+    [ $m = llama_hd64 ] && src=$root/tests/data/train/$m
     mkdir -p "$tmp/$m"
-    for f in "$fix"/models/$m/*; do ln -s "$f" "$tmp/$m/"; done
+    for f in "$src"/*; do ln -s "$f" "$tmp/$m/"; done
     cp "$root"/tests/data/bridge/tokenizer.json "$root"/tests/data/bridge/tokenizer_config.json "$tmp/$m/"
     for place in on off; do
         "$lmx" train "$tmp/$m" --data "$tmp/data" --adapter-out "$tmp/out-$m-$place" --iters 6 --batch-size 4 --lr 1e-2 \
