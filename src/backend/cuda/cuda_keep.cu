@@ -296,7 +296,7 @@ static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t 
 /* The stage offload narrows a block of bytes into: after the last one it used, the first whose copy to the
  * host is done and that is large enough (no wait), else one not made yet, else one large enough (its copy
  * waited for): a burst of blocks (a layer's q, k, v and attention output) takes as many stages as the copies
- * lag behind, up to PARK_STAGES, and a steady stream two. */
+ * lag behind, up to PARK_STAGES, and blocks whose copies keep up one. */
 static int offload_stage(cuda_park *P, size_t bytes) {
     for (int pass = 0; pass < 3; pass++)
         for (int k = 1; k <= PARK_STAGES; k++) {
