@@ -7,21 +7,11 @@
  * just before an op writes it, or it is released; records that read one version share one keep.  So a
  * value that survives until backward (a checkpointed layer's last activations) is never copied, and
  * q, k and v's LoRA records keep their one input once.  A LoRA record whose input a norm or a GLU made
- * keeps a redo instead (redo_input): backward computes the value again from that op's own keeps.
+ * keeps a redo instead (tape_redo_input): backward computes the value again from that op's own keeps.
+ * Their bookkeeping lives in tape_keep.c.
  * Two kinds of work wait for the op that reads their buffer next, a projection's LoRA expand and a frozen
  * matmul with its LoRA op and residual add: tape_wait.c. */
 #include "tape_internal.h"
-
-static lmx_status grow(void **p, int *cap, int need, size_t size) {
-    if (need <= *cap) return LMX_OK;
-    int c = *cap ? *cap * 2 : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * size);
-    if (!q) return LMX_ERR_NOMEM;
-    *p = q;
-    *cap = c;
-    return LMX_OK;
-}
 
 /* With t->prof_fwd: a forward op's seconds (x: a tensor it writes; its start waited for at *t0), less
  * those of the ops left unrun before that it ran (t->lazy_s: lazy_end counts them as their own) */
@@ -32,179 +22,6 @@ static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0
 #define FWD_START(x)                                    \
     double fwd_t0 = 0;                                  \
     if (t->prof_fwd) t->lazy_s = 0, prof_lap(t, (x), &fwd_t0)
-
-/* ---- vars and buffers ---------------------------------------------------------------------------- */
-
-/* A new version of buffer data ([rows, cols]); its var id, or -1 when out of memory. */
-static int new_var(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int req) {
-    if (grow((void **)&t->vars, &t->cap_vars, t->n_vars + 1, sizeof *t->vars)) return -1;
-    tape_var *v = &t->vars[t->n_vars];
-    memset(v, 0, sizeof *v);
-    v->rows = rows, v->cols = cols, v->requires = req;
-    for (int i = 0; i < t->n_bufs; i++)
-        if (t->bufs[i].data == data) {
-            t->bufs[i].var = t->n_vars;
-            return t->n_vars++;
-        }
-    if (grow((void **)&t->bufs, &t->cap_bufs, t->n_bufs + 1, sizeof *t->bufs)) return -1;
-    t->bufs[t->n_bufs++] = (tape_buf){data, t->n_vars};
-    return t->n_vars++;
-}
-
-/* Record slot *id reads x's first rows * cols floats as they are now: a keep, shared with the records
- * that read the same version (copied already or not: a buffer written gets a new version). */
-static lmx_status save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, int64_t cols) {
-    const int v = var_of(t, x->data);
-    for (int i = t->n_keeps - 1; i >= 0; i--) {
-        tape_keep *k = &t->keeps[i];
-        if (k->refs > 0 && (!k->copy.data || v >= 0) && k->src == x->data && k->var == v && k->rows == rows &&
-            k->cols == cols) {
-            k->refs++;
-            *id = i;
-            return LMX_OK;
-        }
-    }
-    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) return nomem(t);
-    t->keeps[t->n_keeps] = (tape_keep){.src = x->data, .rows = rows, .cols = cols, .var = v, .refs = 1};
-    *id = t->n_keeps++;
-    return LMX_OK;
-}
-
-/* Buffer data is about to be written or released: the keeps that still read it get their copies. */
-static lmx_status guard(lmx_tape *t, const void *data) {
-    for (int i = 0; i < t->n_keeps; i++) {
-        tape_keep *k = &t->keeps[i];
-        if (k->refs <= 0 || k->copy.data || k->src != data) continue;
-        const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)data};
-        lmx_status st = pass(t, t->bwd->keep(t->in, &k->copy, &x));
-        if (st) {
-            k->src = NULL; /* lost: backward fails where it reads it */
-            return st;
-        }
-    }
-    return LMX_OK;
-}
-
-void tape_unkeep(lmx_tape *t, int id) {
-    tape_keep *k = &t->keeps[id];
-    if (--k->refs > 0) return;
-    if (k->copy.data) t->in->ops->release(t->in, &k->copy);
-    for (int i = 0; k->redo && i < 2; i++)
-        if (k->from[i] >= 0) tape_unkeep(t, k->from[i]);
-}
-
-/* Record slot *id reads version vx ([rows, cols]) as a redo (tape_keep) where a GLU's or a norm's record
- * made it: the input of the down projection's LoRA (a GLU's output, the layer's widest value), or of the
- * LoRA records over q, k, v and gate, up (a norm's output).  Backward makes it again from the keeps that
- * record reads, which it has to hold anyway, instead of keeping it through the whole forward pass; but
- * with keep_glu (lmx_tape_set_keep_glu) a GLU's output whose bf16 copy the op wrote is kept instead.
- * 1: done; 0: not taken (the caller keeps the value). */
-static int redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols) {
-    if (vx < 0 || !lmx_backward_redoes(t->bwd)) return 0;
-    for (int i = t->n_keeps - 1; i >= 0; i--) { /* q, k and v share one */
-        tape_keep *k = &t->keeps[i];
-        if (k->refs > 0 && k->redo && k->var == vx && k->rows == rows && k->cols == cols) {
-            k->refs++;
-            *id = i;
-            return 1;
-        }
-    }
-    const int j = maker_of(t, t->n_recs, vx);
-    if (j < 0) return 0;
-    if (t->keep_glu && t->recs[j].op == T_GLU) /* the GLU's bf16 copy, where it wrote one, is kept (save shares it) */
-        for (int i = t->n_keeps - 1; i >= 0; i--) {
-            const tape_keep *k = &t->keeps[i];
-            if (k->refs > 0 && !k->redo && k->copy.data && k->var == vx && k->rows == rows && k->cols == cols) return 0;
-        }
-    const tape_rec *m = &t->recs[j];
-    tape_keep k = {.rows = rows, .cols = cols, .var = vx, .refs = 1, .redo = m->op, .from = {m->keep[0], m->keep[1]},
-                   .act = m->act, .w = m->w, .eps = m->eps, .one = m->one};
-    if (m->op == T_GLU) {
-        if (m->keep[0] < 0 || m->keep[1] < 0 || m->count != rows * cols) return 0;
-    } else if (m->op == T_RMSNORM) {
-        if (m->keep[0] < 0 || m->rows != rows || m->n != cols) return 0;
-        k.from[1] = -1;
-    } else {
-        return 0;
-    }
-    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) return 0;
-    for (int i = 0; i < 2; i++)
-        if (k.from[i] >= 0) t->keeps[k.from[i]].refs++;
-    t->keeps[t->n_keeps] = k;
-    *id = t->n_keeps++;
-    return 1;
-}
-
-/* Keep id becomes the tape's shared input, in place of the last one. */
-static void set_shared(lmx_tape *t, int id) {
-    if (t->shared) tape_unkeep(t, t->shared - 1);
-    t->shared = id + 1;
-}
-
-/* What matmul and lora read of input x [rows, cols]: where the backend keeps activations in bf16, the
- * keep of x's version, copied now (the op reads it instead of narrowing x itself, and the records that
- * keep x share it: q, k and v, or gate and up, narrow their input once); else x.  The tape holds the
- * last such copy (t->shared) until the next. */
-static const lmx_tensor *shared_input(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
-    if (x->dtype != LMX_DTYPE_F32 || t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || var_of(t, x->data) < 0) return x;
-    int id;
-    if (save(t, &id, x, rows, cols)) {
-        lmx_err_clear(&t->base.err);
-        return x;
-    }
-    tape_keep *k = &t->keeps[id];
-    if (!k->copy.data) {
-        const lmx_tensor xv = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, cols}, .data = x->data};
-        if (t->bwd->keep(t->in, &k->copy, &xv) != LMX_OK) { /* the op narrows x itself */
-            k->copy.data = NULL;
-            tape_unkeep(t, id);
-            return x;
-        }
-    }
-    set_shared(t, id);
-    return &k->copy;
-}
-
-/* A bf16 tensor [rows, cols] for an op to write its output's keep into (data NULL: none: the backend keeps
- * f32, or out of memory). */
-static lmx_tensor keep_room(lmx_tape *t, int64_t rows, int64_t cols) {
-    lmx_tensor k = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, cols}};
-    if (t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || tape_alloc(t, &k)) {
-        lmx_err_clear(&t->in->err);
-        k.data = NULL;
-    }
-    return k;
-}
-
-/* copy (from keep_room, holding version var of buffer data) becomes that version's keep, with one
- * reference; its id (-1: out of memory, copy released) */
-static int keep_made(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy) {
-    if (grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) {
-        t->in->ops->release(t->in, copy);
-        return -1;
-    }
-    t->keeps[t->n_keeps] = (tape_keep){.src = data, .rows = rows, .cols = cols, .var = var, .refs = 1, .copy = *copy};
-    memset(copy, 0, sizeof *copy);
-    return t->n_keeps++;
-}
-
-/* copy (from keep_room), written by the op that made version var of buffer data, becomes that version's
- * keep and the tape's shared input: the matmuls and LoRA records that read it next find it there
- * (shared_input) instead of narrowing it.  Out of memory: it is dropped. */
-static void hold_shared(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy) {
-    const int id = keep_made(t, data, rows, cols, var, copy);
-    if (id >= 0) set_shared(t, id);
-}
-
-static tape_rec *new_rec(lmx_tape *t, int op) {
-    if (grow((void **)&t->recs, &t->cap_recs, t->n_recs + 1, sizeof *t->recs)) return NULL;
-    tape_rec *r = &t->recs[t->n_recs++];
-    memset(r, 0, sizeof *r);
-    r->op = op;
-    r->out = r->in[0] = r->in[1] = r->in[2] = -1;
-    r->keep[0] = r->keep[1] = r->keep[2] = r->keep[3] = -1;
-    return r;
-}
 
 /* Buffer data is one replay fills later (lmx_tape_replay qkv): the ops writing it are recorded, not run */
 static int muted(const lmx_tape *t, const void *data) {
@@ -220,9 +37,9 @@ static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ta
                           float scale) {
     lmx_tape *t = TAPE(be);
     lmx_status st = tape_settle(t, NULL);
-    if (!st) st = guard(t, out->data);
+    if (!st) st = tape_guard(t, out->data);
     if (!st) st = pass(t, t->in->ops->embed(t->in, out, table, ids, M, scale));
-    if (!st && new_var(t, out->data, M, table->shape[1], 0) < 0) st = nomem(t);
+    if (!st && tape_var_new(t, out->data, M, table->shape[1], 0) < 0) st = nomem(t);
     return st;
 }
 
@@ -233,15 +50,15 @@ static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
     if (muted(t, x->data)) return muted_read(t, "rmsnorm");
     tape_rec *r = NULL;
     if (requires(t, vx)) {
-        if (!(r = new_rec(t, T_RMSNORM))) return nomem(t);
-        lmx_status st = save(t, &r->keep[0], x, rows, n);
+        if (!(r = tape_rec_new(t, T_RMSNORM))) return nomem(t);
+        lmx_status st = tape_save(t, &r->keep[0], x, rows, n);
         if (st) return st;
         r->in[0] = vx, r->w = w, r->rows = rows, r->n = n, r->eps = eps, r->one = add_one;
     }
     /* a hidden state's norm (not a per-head one, whose output RoPE rewrites) writes the keep of the
      * matmuls' input that follows in its pass, where the backend can */
-    lmx_tensor ok = n > 256 && t->bwd->rmsnorm_keep ? keep_room(t, rows, n) : (lmx_tensor){0};
-    lmx_status st = guard(t, out->data);
+    lmx_tensor ok = n > 256 && t->bwd->rmsnorm_keep ? tape_keep_room(t, rows, n) : (lmx_tensor){0};
+    lmx_status st = tape_guard(t, out->data);
     if (st) {
         if (ok.data) t->in->ops->release(t->in, &ok);
         return st;
@@ -250,12 +67,12 @@ static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
     if (ok.data && (st = t->bwd->rmsnorm_keep(t->in, out, x, w, rows, n, eps, add_one, &ok))) t->in->ops->release(t->in, &ok);
     if (st == LMX_ERR_UNSUPPORTED) st = t->in->ops->rmsnorm(t->in, out, x, w, rows, n, eps, add_one);
     if (pass(t, st)) return st;
-    const int v = new_var(t, out->data, rows, n, r != NULL);
+    const int v = tape_var_new(t, out->data, rows, n, r != NULL);
     if (v < 0) {
         if (ok.data) t->in->ops->release(t->in, &ok);
         return nomem(t);
     }
-    if (ok.data) hold_shared(t, out->data, rows, n, v, &ok);
+    if (ok.data) tape_hold_shared(t, out->data, rows, n, v, &ok);
     if (r) r->out = v;
     return LMX_OK;
 }
@@ -264,18 +81,18 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
                              const lmx_tensor *bias, int M) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    lmx_status st = guard(t, out->data); /* nothing waits: w_matmul settled */
+    lmx_status st = tape_guard(t, out->data); /* nothing waits: w_matmul settled */
     if (st) return st;
     if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
-        const lmx_tensor *xin = shared_input(t, x, M, w->shape[1]);
+        const lmx_tensor *xin = tape_shared_input(t, x, M, w->shape[1]);
         const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
                              .keep = tape_lazy_hold(t, xin)};
         if ((st = tape_lazy_push(t, &z))) return st;
     }
-    const int req = requires(t, vx), v = new_var(t, out->data, M, w->shape[0], req);
+    const int req = requires(t, vx), v = tape_var_new(t, out->data, M, w->shape[0], req);
     if (v < 0) return nomem(t);
     if (req) {
-        tape_rec *r = new_rec(t, T_MATMUL);
+        tape_rec *r = tape_rec_new(t, T_MATMUL);
         if (!r) return nomem(t);
         r->in[0] = vx, r->out = v, r->w = w, r->M = M;
     }
@@ -308,7 +125,7 @@ static lmx_tensor lora_xa(lmx_tape *t, int watched, int B, int T, const lmx_lora
 /* y [rows, N] after LoRA record r (NULL: nothing trainable here, y keeps its version) */
 static lmx_status lora_versioned(lmx_tape *t, tape_rec *r, const lmx_tensor *y, int64_t rows, int64_t N, int watched) {
     if (!r) return LMX_OK;
-    const int v = new_var(t, y->data, rows, N, 1);
+    const int v = tape_var_new(t, y->data, rows, N, 1);
     if (v < 0) return nomem(t);
     r->out = v;
     if (!watched) r->op = T_ADD, r->in[1] = -1; /* no pair trained: the gradient passes through */
@@ -340,7 +157,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     const uint64_t seed = t->drop_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(first + 1)); /* one mask per pair */
     tape_rec *r = NULL;
     if (watched || requires(t, vy)) {
-        if (!(r = new_rec(t, T_LORA))) return nomem(t);
+        if (!(r = tape_rec_new(t, T_LORA))) return nomem(t);
         r->pairs = malloc((size_t)B * sizeof *r->pairs);
         if (!r->pairs) return nomem(t);
         for (int b = 0; b < B; b++) r->pairs[b] = pairs[b];
@@ -350,16 +167,16 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             st = pass(t, t->in->ops->alloc(t->in, &r->own));
             if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
-        } else if (watched && !redo_input(t, &r->keep[0], vx, rows, K)) {
-            st = save(t, &r->keep[0], x, rows, K);
+        } else if (watched && !tape_redo_input(t, &r->keep[0], vx, rows, K)) {
+            st = tape_save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
     }
-    lmx_status st = guard(t, y->data);
+    lmx_status st = tape_guard(t, y->data);
     if (st) return st;
     if (muted(t, y->data)) return lora_versioned(t, r, y, rows, N, watched); /* replay writes y: nothing runs */
-    const lmx_tensor *xin = drop ? &r->own : shared_input(t, x, rows, K);
+    const lmx_tensor *xin = drop ? &r->own : tape_shared_input(t, x, rows, K);
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;
     if (xa.data) { /* the op keeps its shrink for backward, where the backend can */
@@ -396,7 +213,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     /* after a matmul into x left unrun, the add is left unrun too; else both run now */
     const int lazy = x->data != y->data && tape_lazy_only_into(t, x->data);
     if (!st && !lazy) st = tape_lazy_end(t, 1);
-    if (!st) st = guard(t, y->data);
+    if (!st) st = tape_guard(t, y->data);
     tape_term d = {0};
     const lmx_lora_term term = !st && ix >= 0 ? tape_term_take(t, ix, &d) : (lmx_lora_term){0};
     /* replay (lmx_tape_replay): the matmul and LoRA left unrun feed this add alone, whose result is given */
@@ -413,10 +230,10 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     if (st) return st;
     const int req = requires(t, vy) || requires(t, vx);
     const int64_t cols = vy >= 0 && t->vars[vy].cols ? t->vars[vy].cols : vx >= 0 ? t->vars[vx].cols : n;
-    const int v = new_var(t, y->data, cols ? n / cols : 1, cols ? cols : n, req);
+    const int v = tape_var_new(t, y->data, cols ? n / cols : 1, cols ? cols : n, req);
     if (v < 0) return nomem(t);
     if (req) {
-        tape_rec *r = new_rec(t, T_ADD);
+        tape_rec *r = tape_rec_new(t, T_ADD);
         if (!r) return nomem(t);
         r->in[0] = vy, r->in[1] = vx, r->out = v, r->count = n;
     }
@@ -435,9 +252,9 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
     const int64_t cols = vg >= 0 && t->vars[vg].cols ? t->vars[vg].cols : n;
     tape_rec *r = NULL;
     if (req) {
-        if (!(r = new_rec(t, T_GLU))) return nomem(t);
-        lmx_status st = save(t, &r->keep[0], gate, n / cols, cols);
-        if (!st) st = save(t, &r->keep[1], up, n / cols, cols);
+        if (!(r = tape_rec_new(t, T_GLU))) return nomem(t);
+        lmx_status st = tape_save(t, &r->keep[0], gate, n / cols, cols);
+        if (!st) st = tape_save(t, &r->keep[1], up, n / cols, cols);
         if (st) return st;
         r->in[0] = vg, r->in[1] = vu, r->count = n, r->act = act;
     }
@@ -447,8 +264,8 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
     if (r && t->bwd->glu_keep && r->keep[0] != r->keep[1] && !t->keeps[r->keep[0]].copy.data &&
         !t->keeps[r->keep[1]].copy.data) {
         kg = &t->keeps[r->keep[0]], ku = &t->keeps[r->keep[1]];
-        kg->copy = keep_room(t, kg->rows, kg->cols);
-        ku->copy = kg->copy.data ? keep_room(t, ku->rows, ku->cols) : (lmx_tensor){0};
+        kg->copy = tape_keep_room(t, kg->rows, kg->cols);
+        ku->copy = kg->copy.data ? tape_keep_room(t, ku->rows, ku->cols) : (lmx_tensor){0};
         if (!ku->copy.data) { /* the plain op, keeps copied later */
             if (kg->copy.data) t->in->ops->release(t->in, &kg->copy);
             kg->copy.data = NULL;
@@ -467,20 +284,20 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
         st = tape_settle(t, gate->data);
         if (!st) st = tape_settle(t, up->data);
     }
-    /* and the output's, which the down projection's matmul and LoRA read (shared_input) */
-    lmx_tensor ok = kg && !st ? keep_room(t, n / cols, cols) : (lmx_tensor){0};
-    if (!st) st = guard(t, out->data);
+    /* and the output's, which the down projection's matmul and LoRA read (tape_shared_input) */
+    lmx_tensor ok = kg && !st ? tape_keep_room(t, n / cols, cols) : (lmx_tensor){0};
+    if (!st) st = tape_guard(t, out->data);
     if (!st && kg)
         st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy, ok.data ? &ok : NULL,
                                       tg.xa ? &tg : NULL, tu.xa ? &tu : NULL));
     else if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
-    const int v = st ? -1 : new_var(t, out->data, n / cols, cols, req);
+    const int v = st ? -1 : tape_var_new(t, out->data, n / cols, cols, req);
     if (!st && v < 0) st = nomem(t);
     if (st) {
         if (ok.data) t->in->ops->release(t->in, &ok);
         return st;
     }
-    if (ok.data) hold_shared(t, out->data, n / cols, cols, v, &ok);
+    if (ok.data) tape_hold_shared(t, out->data, n / cols, cols, v, &ok);
     if (r) r->out = v;
     return LMX_OK;
 }
@@ -490,17 +307,17 @@ static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap
     const int vx = var_of(t, x->data);
     if (muted(t, x->data)) return muted_read(t, "softcap");
     lmx_status st = tape_settle(t, NULL);
-    if (!st) st = guard(t, x->data);
+    if (!st) st = tape_guard(t, x->data);
     if (!st) st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
     if (st) return st;
     const int req = requires(t, vx);
     const int64_t cols = vx >= 0 && t->vars[vx].cols ? t->vars[vx].cols : n;
-    const int v = new_var(t, x->data, n / cols, cols, req);
+    const int v = tape_var_new(t, x->data, n / cols, cols, req);
     if (v < 0) return nomem(t);
     if (req) {
-        tape_rec *r = new_rec(t, T_SOFTCAP);
+        tape_rec *r = tape_rec_new(t, T_SOFTCAP);
         if (!r) return nomem(t);
-        if ((st = save(t, &r->keep[0], x, n / cols, cols))) return st; /* the output */
+        if ((st = tape_save(t, &r->keep[0], x, n / cols, cols))) return st; /* the output */
         r->in[0] = vx, r->out = v, r->count = n, r->cap = cap;
     }
     return LMX_OK;
@@ -521,14 +338,14 @@ static lmx_status rec_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *bt, 
     const int vx = var_of(t, x->data);
     lmx_status st = LMX_OK;
     if (!muted(t, x->data)) { /* else replay writes its output */
-        if (!(st = guard(t, x->data))) st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
+        if (!(st = tape_guard(t, x->data))) st = pass(t, t->in->ops->rope(t->in, x, bt, nh, hd, rope));
         if (st) return st;
     }
     const int req = requires(t, vx);
-    const int v = new_var(t, x->data, (int64_t)bt->B * bt->T, (int64_t)nh * hd, req);
+    const int v = tape_var_new(t, x->data, (int64_t)bt->B * bt->T, (int64_t)nh * hd, req);
     if (v < 0) return nomem(t);
     if (req) {
-        tape_rec *r = new_rec(t, T_ROPE);
+        tape_rec *r = tape_rec_new(t, T_ROPE);
         if (!r) return nomem(t);
         if ((st = keep_batch(t, r, bt))) return st;
         r->in[0] = vx, r->out = v, r->nh = nh, r->hd = hd, r->rope = *rope;
@@ -543,17 +360,17 @@ static lmx_status replay_attention(lmx_tape *t, tape_rec *r, const lmx_attn_args
     lmx_status (*fill)(void *, lmx_tensor *) = t->rp.att;
     r->lse = t->rp.lse; /* the record's from now on */
     t->rp.att = NULL, t->rp.lse = (lmx_tensor){0};
-    lmx_tensor copy = keep_room(t, M, cols); /* bf16 keeps: the output's, written by fill; else none */
+    lmx_tensor copy = tape_keep_room(t, M, cols); /* bf16 keeps: the output's, written by fill; else none */
     lmx_status st = pass(t, fill(t->rp.user, copy.data ? &copy : a->out));
-    const int v = st ? -1 : new_var(t, a->out->data, M, cols, 1);
+    const int v = st ? -1 : tape_var_new(t, a->out->data, M, cols, 1);
     if (!st && v < 0) st = nomem(t);
     if (st) {
         if (copy.data) t->in->ops->release(t->in, &copy);
         return st;
     }
     r->out = v;
-    if (!copy.data) return save(t, &r->keep[3], a->out, M, cols);
-    return (r->keep[3] = keep_made(t, a->out->data, M, cols, v, &copy)) < 0 ? nomem(t) : LMX_OK;
+    if (!copy.data) return tape_save(t, &r->keep[3], a->out, M, cols);
+    return (r->keep[3] = tape_keep_made(t, a->out->data, M, cols, v, &copy)) < 0 ? nomem(t) : LMX_OK;
 }
 
 /* The attention op's q, k and v written by replay (lmx_tape_replay qkv), which unmutes them: with r (its
@@ -570,12 +387,12 @@ static lmx_status qkv_fill(lmx_tape *t, const lmx_attn_args *a, tape_rec *r) {
     lmx_status st = LMX_OK;
     for (int i = 0; i < 3 && !st; i++) {
         lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, cols[i]}, .data = in[i]->data};
-        lmx_tensor copy = r ? keep_room(t, M, cols[i]) : (lmx_tensor){0};
-        if (!copy.data && !(st = guard(t, x.data))) st = pass(t, fill(t->rp.user, i, &x));
-        if (!copy.data && !st && r) st = save(t, &r->keep[i], &x, M, cols[i]);
+        lmx_tensor copy = r ? tape_keep_room(t, M, cols[i]) : (lmx_tensor){0};
+        if (!copy.data && !(st = tape_guard(t, x.data))) st = pass(t, fill(t->rp.user, i, &x));
+        if (!copy.data && !st && r) st = tape_save(t, &r->keep[i], &x, M, cols[i]);
         if (!copy.data) continue;
         if ((st = pass(t, fill(t->rp.user, i, &copy)))) t->in->ops->release(t->in, &copy);
-        else if ((r->keep[i] = keep_made(t, x.data, M, cols[i], var_of(t, x.data), &copy)) < 0) st = nomem(t);
+        else if ((r->keep[i] = tape_keep_made(t, x.data, M, cols[i], var_of(t, x.data), &copy)) < 0) st = nomem(t);
     }
     return st;
 }
@@ -592,14 +409,14 @@ static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
     }
     tape_rec *r = NULL;
     if (req) {
-        if (!(r = new_rec(t, T_ATTENTION))) return nomem(t);
+        if (!(r = tape_rec_new(t, T_ATTENTION))) return nomem(t);
         lmx_status st = keep_batch(t, r, a->batch);
         if (!st && t->rp.qkv) {
             st = qkv_fill(t, a, r);
         } else if (!st) {
-            st = save(t, &r->keep[0], a->q, M, (int64_t)a->H * a->D);
-            if (!st) st = save(t, &r->keep[1], a->k, M, (int64_t)a->Hk * a->D);
-            if (!st) st = save(t, &r->keep[2], a->v, M, (int64_t)a->Hk * a->D);
+            st = tape_save(t, &r->keep[0], a->q, M, (int64_t)a->H * a->D);
+            if (!st) st = tape_save(t, &r->keep[1], a->k, M, (int64_t)a->Hk * a->D);
+            if (!st) st = tape_save(t, &r->keep[2], a->v, M, (int64_t)a->Hk * a->D);
         }
         if (st) return st;
         for (int b = 0; b < a->batch->B; b++) r->ints[2 * a->batch->B + b] = a->kv[b]->window;
@@ -608,7 +425,7 @@ static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
         r->attn.lse = NULL;
         r->in[0] = vq, r->in[1] = vk, r->in[2] = vv;
     }
-    lmx_status st = guard(t, a->out->data);
+    lmx_status st = tape_guard(t, a->out->data);
     if (st) return st;
     if (replayed) return replay_attention(t, r, a, M);
     /* the backend may also write each row's log-sum-exp, which backward then takes with the output
@@ -624,11 +441,11 @@ static lmx_status rec_attention(lmx_backend *be, const lmx_attn_args *a) {
         st = t->in->ops->attention(t->in, a);
     }
     if (pass(t, st)) return st;
-    const int v = new_var(t, a->out->data, M, (int64_t)a->H * a->D, req);
+    const int v = tape_var_new(t, a->out->data, M, (int64_t)a->H * a->D, req);
     if (v < 0) return nomem(t);
     if (!r) return LMX_OK;
     r->out = v;
-    if (lse.data && (st = save(t, &r->keep[3], a->out, M, (int64_t)a->H * a->D))) t->in->ops->release(t->in, &lse);
+    if (lse.data && (st = tape_save(t, &r->keep[3], a->out, M, (int64_t)a->H * a->D))) t->in->ops->release(t->in, &lse);
     else r->lse = lse;
     return st;
 }
@@ -638,13 +455,13 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
     lmx_status st = tape_settle(t, NULL);
-    if (!st) st = guard(t, out->data);
+    if (!st) st = tape_guard(t, out->data);
     if (!st) st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
     if (st) return st;
-    const int req = requires(t, vx), v = new_var(t, out->data, R, n, req);
+    const int req = requires(t, vx), v = tape_var_new(t, out->data, R, n, req);
     if (v < 0) return nomem(t);
     if (req) {
-        tape_rec *r = new_rec(t, T_GATHER);
+        tape_rec *r = tape_rec_new(t, T_GATHER);
         if (!r || !(r->ints = malloc((size_t)(R ? R : 1) * sizeof *r->ints))) return nomem(t);
         memcpy(r->ints, rows, (size_t)R * sizeof *rows);
         r->in[0] = vx, r->out = v, r->R = R, r->count = n;
@@ -719,20 +536,21 @@ static lmx_status w_upload(lmx_backend *be, lmx_tensor *w) { return pass(TAPE(be
 static lmx_status w_alloc(lmx_backend *be, lmx_tensor *x) {
     lmx_tape *t = TAPE(be);
     lmx_status st = pass(t, t->in->ops->alloc(t->in, x));
-    if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t); /* a fresh buffer: no stale version */
+    if (!st && tape_var_new(t, x->data, 0, 0, 0) < 0) st = nomem(t); /* a fresh buffer: no stale version */
     return st;
 }
 static void w_release(lmx_backend *be, lmx_tensor *x) {
     lmx_tape *t = TAPE(be);
-    if (x->data) tape_settle(t, x->data), guard(t, x->data); /* a failure leaves its keep lost: backward fails there */
+    /* a failure leaves its keep lost: backward fails there */
+    if (x->data) tape_settle(t, x->data), tape_guard(t, x->data);
     t->in->ops->release(t->in, x);
 }
 static lmx_status w_write(lmx_backend *be, lmx_tensor *x, size_t off, const void *src, size_t n) {
     lmx_tape *t = TAPE(be);
     lmx_status st = tape_settle(t, x->data);
-    if (!st) st = guard(t, x->data);
+    if (!st) st = tape_guard(t, x->data);
     if (!st) st = pass(t, t->in->ops->write(t->in, x, off, src, n));
-    if (!st && new_var(t, x->data, 0, 0, 0) < 0) st = nomem(t);
+    if (!st && tape_var_new(t, x->data, 0, 0, 0) < 0) st = nomem(t);
     return st;
 }
 static lmx_status w_read(lmx_backend *be, const lmx_tensor *x, size_t off, void *dst, size_t n) {
@@ -818,20 +636,8 @@ lmx_status lmx_tape_create(lmx_backend *inner, const lmx_backward_ops *bwd, lmx_
 lmx_backend *lmx_tape_backend(lmx_tape *t) { return &t->base; }
 lmx_backend *lmx_tape_inner(lmx_tape *t) { return t->in; }
 
-/* release record r's keeps and arrays */
-void tape_rec_free(lmx_tape *t, tape_rec *r) {
-    for (int k = 0; k < 4; k++)
-        if (r->keep[k] >= 0) tape_unkeep(t, r->keep[k]), r->keep[k] = -1;
-    if (r->own.data) t->in->ops->release(t->in, &r->own);
-    if (r->lse.data) t->in->ops->release(t->in, &r->lse);
-    if (r->xa.data) t->in->ops->release(t->in, &r->xa);
-    free(r->ints);
-    free(r->pairs);
-    r->ints = NULL, r->pairs = NULL; /* freed twice is freed once (a walked record, at the walk's end) */
-}
-
 lmx_status lmx_tape_watch(lmx_tape *t, const lmx_lora_pair *p, lmx_tensor *da, lmx_tensor *db) {
-    if (grow((void **)&t->watches, &t->cap_watches, t->n_watches + 1, sizeof *t->watches)) return nomem(t);
+    if (tape_grow((void **)&t->watches, &t->cap_watches, t->n_watches + 1, sizeof *t->watches)) return nomem(t);
     t->watches[t->n_watches++] = (tape_watch){p->a.data, da, db};
     return LMX_OK;
 }
@@ -872,17 +678,17 @@ int lmx_tape_mark(const lmx_tape *t) { return t->n_recs; }
 
 lmx_status lmx_tape_guard(lmx_tape *t, const lmx_tensor *x) {
     lmx_status st = x->data ? tape_settle(t, x->data) : LMX_OK;
-    return st || !x->data ? st : guard(t, x->data);
+    return st || !x->data ? st : tape_guard(t, x->data);
 }
 
 int lmx_tape_leaf(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
-    const int v = new_var(t, x->data, rows, cols, 1);
+    const int v = tape_var_new(t, x->data, rows, cols, 1);
     if (v < 0) nomem(t);
     return v;
 }
 
 int lmx_tape_fresh(lmx_tape *t, const lmx_tensor *x) {
-    if (new_var(t, x->data, 0, 0, 0) >= 0) return 0;
+    if (tape_var_new(t, x->data, 0, 0, 0) >= 0) return 0;
     nomem(t);
     return -1;
 }

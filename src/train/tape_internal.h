@@ -1,4 +1,4 @@
-/* tape_internal.h - what the tape's two halves share: the recording (tape.c) and the walk back
+/* tape_internal.h - what the tape's parts share: the recording (tape.c, tape_keep.c) and the walk back
  * (tape_backward.c).  Vars, records, keeps and watches as tape.c's opening comment describes them. */
 #ifndef LMX_TRAIN_TAPE_INTERNAL_H
 #define LMX_TRAIN_TAPE_INTERNAL_H
@@ -182,10 +182,22 @@ static inline void drop16(lmx_tape *t, int v) {
     if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
 }
 
-/* release record r's keeps and arrays (tape.c) */
-void tape_rec_free(lmx_tape *t, tape_rec *r);
-/* drop a reference to keep id: its copy (and a redo's inputs) released with the last (tape.c) */
+/* ---- vars, keeps, records (tape_keep.c; each function's comment there) -------------------------- */
+lmx_status tape_grow(void **p, int *cap, int need, size_t size);
+int tape_var_new(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int req);
+lmx_status tape_save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, int64_t cols);
+lmx_status tape_guard(lmx_tape *t, const void *data);
+/* drop a reference to keep id: its copy (and a redo's inputs) released with the last */
 void tape_unkeep(lmx_tape *t, int id);
+int tape_redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols);
+void tape_set_shared(lmx_tape *t, int id);
+const lmx_tensor *tape_shared_input(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols);
+lmx_tensor tape_keep_room(lmx_tape *t, int64_t rows, int64_t cols);
+int tape_keep_made(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy);
+void tape_hold_shared(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int var, lmx_tensor *copy);
+tape_rec *tape_rec_new(lmx_tape *t, int op);
+/* release record r's keeps and arrays */
+void tape_rec_free(lmx_tape *t, tape_rec *r);
 
 /* ---- work left for later (tape_wait.c) ---------------------------------------------------------- */
 
