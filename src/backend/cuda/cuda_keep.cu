@@ -217,30 +217,21 @@ void cuda_park_wait(cuda_backend *cb) {
     if (cb->park) cudaStreamSynchronize(cb->park->copy);
 }
 
-/* stage s freed, the copy stream done with it (the main stream's uses come before any later op's) */
+/* stage s freed after both streams' last use of it, in the copy stream's order: nobody waits (the pool hands
+ * the memory on once the free has run) */
 static void stage_free(cuda_backend *cb, int s) {
     cuda_park *P = cb->park;
     if (!P->stage[s]) return;
-    cudaStreamSynchronize(P->copy);
-    cudaFreeAsync(P->stage[s], cb->stream);
+    cudaError_t e = cudaStreamWaitEvent(P->copy, P->ev_main[s], 0);
+    if (e == cudaSuccess) e = cudaFreeAsync(P->stage[s], P->copy);
+    if (e != cudaSuccess) cuda_fail(cb, e, "offload stages"); /* kept in be->err; the stage is dropped */
     lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
     P->stage[s] = NULL, P->bytes[s] = 0, P->ahead[s] = NULL;
 }
 
 void cuda_park_trim(cuda_backend *cb) {
-    cuda_park *P = cb->park;
-    for (int s = 0; P && s < PARK_STAGES; s++) {
-        if (!P->stage[s] || P->ahead[s]) continue;
-        /* after both streams' last use, in the copy stream's order: nobody waits */
-        cudaError_t e = cudaStreamWaitEvent(P->copy, P->ev_main[s], 0);
-        if (e == cudaSuccess) e = cudaFreeAsync(P->stage[s], P->copy);
-        if (e != cudaSuccess) {
-            cuda_fail(cb, e, "offload stages");
-            return;
-        }
-        lmx_backend_mem(&cb->base, -(int64_t)P->bytes[s]);
-        P->stage[s] = NULL, P->bytes[s] = 0;
-    }
+    for (int s = 0; cb->park && s < PARK_STAGES; s++)
+        if (!cb->park->ahead[s]) stage_free(cb, s);
 }
 
 void cuda_park_free(cuda_backend *cb) {
@@ -252,7 +243,7 @@ void cuda_park_free(cuda_backend *cb) {
         if (P->ev_main[s]) cudaEventDestroy(P->ev_main[s]);
     }
     cudaStreamSynchronize(cb->stream);
-    if (P->copy) cudaStreamDestroy(P->copy);
+    if (P->copy) cudaStreamSynchronize(P->copy), cudaStreamDestroy(P->copy);
     free(P);
     cb->park = NULL;
 }
