@@ -122,13 +122,17 @@ int cmd_bench_train(int argc, char **argv) {
                "\"replayed\": [%lld, %lld, %lld]}\n",
                m->be->ops->name, rank, B, T, steps, med, tok_s, peak_gib, flops_tok, mfu, ckpt_on,
                (long long)tr->replayed[0], (long long)tr->replayed[1], (long long)tr->replayed[2]);
-    else
-        printf("bench-train %s (%s): rank %d, batch %d x %d%s%s%s%s%s: %.3f s a step, %.1f tokens/s, peak %.2f GiB, "
-               "MFU %.1f%%\n", path, m->be->ops->name, rank, B, T,
-               ckpt_on ? (tr->park ? ", checkpointing (layer inputs in host memory)" : ", checkpointing") : "",
-               tr->replayed[0] || tr->replayed[1] || tr->replayed[2] ? ", replayed:" : "",
-               tr->replayed[0] ? " attention outputs" : "", tr->replayed[1] ? " hidden states" : "",
-               tr->replayed[2] ? " q, k, v" : "", med, tok_s, peak_gib, 100 * mfu);
+    else {
+        char rp[80] = ""; /* what a layer run again took back */
+        const char *kinds[3] = {"attention outputs", "hidden states", "q, k, v"};
+        for (int k = 0; k < 3; k++)
+            if (tr->replayed[k])
+                snprintf(rp + strlen(rp), sizeof rp - strlen(rp), "%s%s", rp[0] ? ", " : ", replayed: ", kinds[k]);
+        printf("bench-train %s (%s): rank %d, batch %d x %d%s%s: %.3f s a step, %.1f tokens/s, peak %.2f GiB, MFU %.1f%%\n",
+               path, m->be->ops->name, rank, B, T,
+               ckpt_on ? (tr->park ? ", checkpointing (layer inputs in host memory)" : ", checkpointing") : "", rp, med,
+               tok_s, peak_gib, 100 * mfu);
+    }
     if (profile) {
         const double G = 1073741824.0;
         fprintf(stderr, "phases a step: forward %.3f s, head + loss %.3f s, backward %.3f s, AdamW %.3f s\n",
