@@ -174,7 +174,7 @@ static void test_lora(int shared) {
     float *dx = dup_f32(s_x, M * LK), *da = dup_f32(s_a, LR * LK), *db = dup_f32(s_b, LN * LR);
     lmx_tensor tdx = f32(dx, M, LK), tda = f32(da, LR, LK), tdb = f32(db, LN, LR), tdy = f32(c.dy, M, LN), tx = f32(c.x, M, LK);
     lmx_tensor *das[2] = {&tda, shared ? &tda : NULL}, *dbs[2] = {&tdb, shared ? &tdb : NULL};
-    CHECK(lmx_cpu_backward.lora_bwd(be, &tdx, das, dbs, &tdy, &tx, c.B, c.T, c.pairs, 0, NULL) == LMX_OK);
+    CHECK(lmx_cpu_backward.lora_bwd(be, &tdx, das, dbs, &tdy, &tx, c.B, c.T, c.pairs, 0, NULL, NULL) == LMX_OK);
     double w = fd_worst(lora_loss, &c, c.x, M * LK, dx, s_x);
     CHECK_MSG(w <= 1.0, "lora dx (shared %d): worst err/tol %.3g", shared, w);
     w = fd_worst(lora_loss, &c, A, LR * LK, da, s_a);

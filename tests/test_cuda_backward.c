@@ -113,9 +113,9 @@ static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_
         gpu->ops->release(gpu, &y1), gpu->ops->release(gpu, &y2);
     }
     CHECK(lmx_cuda_backward.lora_bwd(gpu, with_dx ? &dx.g : NULL, dag, dbg, &dy.g, &x.g, B, T, pairs_g, fresh,
-                                     with_xa ? &xa.g : NULL) == LMX_OK);
+                                     with_xa ? &xa.g : NULL, NULL) == LMX_OK);
     CHECK(lmx_cpu_backward.lora_bwd(cpu, with_dx ? &dx.c : NULL, dac, dbc, &dy.c, &x.c, B, T, pairs_c, fresh,
-                                    with_xa ? &xa.c : NULL) == LMX_OK);
+                                    with_xa ? &xa.c : NULL, NULL) == LMX_OK);
     if (with_xa) drop(&xa);
     const double tol = kept || dy16 ? 1e-2 : 2e-3; /* TF32 products, as the forward; bf16 ones with a kept x or dy */
     check_both("lora backward dx", &dx, tol);
@@ -125,6 +125,44 @@ static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_
         drop(&a[i]), drop(&b[i]);
     }
     drop(&x), drop(&dy);
+}
+
+/* The input gradient of count pairs that read one x (q, k, v) as the tape takes it: lora_bwd writing u = s dy B
+ * alone, then lora_dx adding every u A in one product (fresh: written), against the cpu's lora_bwd adding
+ * each pair's dx; ranks 8, 16, 8 (the products side by side), x bf16 as the tape keeps it */
+static void test_lora_dx(int count, unsigned fresh) {
+    const int B = 2, T = 37, K = 96, rows = B * T, ranks[3] = {8, 16, 8}, Ns[3] = {96, 40, 40};
+    tpair x = rand_in(rows, K, 1.0f, 1), dx = rand_both(rows, K, 0.1f);
+    if (fresh) poison(&dx);
+    tpair a[3], b[3], da[3], db[3], dy[3];
+    lmx_lora_pair pg[3], pc[3];
+    lmx_tensor u[3];
+    const lmx_lora_pair *pgs[3];
+    for (int i = 0; i < count; i++) {
+        a[i] = rand_both(ranks[i], K, 0.3f), b[i] = rand_both(Ns[i], ranks[i], 0.3f);
+        da[i] = rand_both(ranks[i], K, 0.1f), db[i] = rand_both(Ns[i], ranks[i], 0.1f);
+        dy[i] = rand_in(rows, Ns[i], 1.0f, 1);
+        pg[i] = (lmx_lora_pair){a[i].g, b[i].g, 0.5f + i}, pc[i] = (lmx_lora_pair){a[i].c, b[i].c, 0.5f + i};
+        const lmx_lora_pair *gp[2] = {&pg[i], &pg[i]}, *cp[2] = {&pc[i], &pc[i]};
+        lmx_tensor *dag[2] = {&da[i].g, &da[i].g}, *dbg[2] = {&db[i].g, &db[i].g};
+        lmx_tensor *dac[2] = {&da[i].c, &da[i].c}, *dbc[2] = {&db[i].c, &db[i].c};
+        u[i] = act(gpu, rows, ranks[i], NULL);
+        pgs[i] = &pg[i];
+        CHECK(lmx_cuda_backward.lora_bwd(gpu, NULL, dag, dbg, &dy[i].g, &x.g, B, T, gp, 0, NULL, &u[i]) == LMX_OK);
+        CHECK(lmx_cpu_backward.lora_bwd(cpu, &dx.c, dac, dbc, &dy[i].c, &x.c, B, T, cp, i == 0 ? fresh : 0, NULL,
+                                        NULL) == LMX_OK);
+    }
+    CHECK(lmx_cuda_backward.lora_dx(gpu, &dx.g, count, u, pgs, fresh) == LMX_OK);
+    char what[64];
+    snprintf(what, sizeof what, "lora_dx (%d terms, fresh %u)", count, fresh);
+    check_both(what, &dx, 1e-2); /* bf16 x and dy, as test_lora's */
+    for (int i = 0; i < count; i++) {
+        snprintf(what, sizeof what, "lora backward with u: dA of pair %d", i), check_both(what, &da[i], 1e-2);
+        snprintf(what, sizeof what, "lora backward with u: dB of pair %d", i), check_both(what, &db[i], 1e-2);
+        drop(&a[i]), drop(&b[i]), drop(&dy[i]);
+        gpu->ops->release(gpu, &u[i]);
+    }
+    drop(&x);
 }
 
 /* kept: gate from a bf16 keep, and up too for GELU (a layer's kept gate beside its up still in f32) */
@@ -194,9 +232,10 @@ static void compare_keep(const char *what, const lmx_tensor *k, const lmx_tensor
 /* LoRA expands taken by the op that reads the projection (lmx_lora_term): the shrink alone (lora_keep with
  * y NULL), then glu_keep with gate's and / or up's term, and lora_add with and without x, against the cpu's
  * lora op (the expand) followed by its glu / add.  rows and columns (N) not multiples of the kernels' tiles;
- * rank 12 takes the GEMM before the plain pass. */
-static void test_lora_terms(int r, int which, int N) {
-    const int rows = 67, K = 40;
+ * rank 12 takes the GEMM before the plain pass; columns a multiple of 32 take the GLU's tensor-core kernel at
+ * ranks 8 and 16. */
+static void test_lora_terms(int r, int which, int N, int rows) {
+    const int K = 40;
     const int64_t n = (int64_t)rows * N;
     tpair x = rand_both(rows, K, 1.0f), a[2], b[2];
     lmx_lora_pair pg[2], pc[2];
@@ -764,16 +803,22 @@ int main(void) {
     test_lora(1, 0, 0, 1, 0); /* an f32 x (dropout's copy) beside it */
     test_lora(1, 1, 1, 1, 1); /* x A^T from the forward (lora_keep), as the tape runs it */
     test_lora(0, 0, 0, 0, 1);
+    test_lora_dx(1, 0);
+    test_lora_dx(3, 1);
+    test_lora_dx(2, 0);
     test_elementwise(0, 1001);
     test_elementwise(1, 1001);
     test_elementwise(0, 1024); /* four values a thread */
     test_elementwise(1, 1024);
     test_glu_keep();
-    test_lora_terms(16, 3, 300);
-    test_lora_terms(16, 3, 301); /* odd columns: the GLU's kernel a value at a time */
-    test_lora_terms(8, 1, 300);
-    test_lora_terms(32, 2, 300);
-    test_lora_terms(12, 3, 300); /* not a kernel's rank: the GEMMs first */
+    test_lora_terms(16, 3, 300, 67);
+    test_lora_terms(16, 3, 301, 67); /* odd columns: the GLU's kernel a value at a time */
+    test_lora_terms(8, 1, 300, 67);
+    test_lora_terms(32, 2, 300, 67);
+    test_lora_terms(12, 3, 300, 67); /* not a kernel's rank: the GEMMs first */
+    test_lora_terms(16, 3, 320, 67); /* the GLU's tensor-core kernel: a block's columns in part, rows in part */
+    test_lora_terms(8, 1, 64, 300);  /* three blocks of rows */
+    test_lora_terms(16, 2, 512, 261);
     test_glu_bwd16();
     test_rmsnorm_keep();
     test_redo();

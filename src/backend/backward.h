@@ -45,10 +45,11 @@ typedef struct lmx_backward_ops {
      * with da[b] / db[b] the gradients of pairs[b]'s a / b ([r, K] / [N, r]; pairs of one adapter share
      * them), NULL where pairs[b] is NULL.  dx may be NULL (the input needs no gradient); fresh bit 0: dx
      * (rows of sequences without a pair get zeros).  xa: x A^T [B*T, r] as lora_keep wrote it (every
-     * pair of rank r), or NULL: computed here. */
+     * pair of rank r), or NULL: computed here.  u non-NULL (dx NULL; one pair of rank r for every row,
+     * with lora_dx): s dy B [B*T, r] f32 written into u, which lora_dx turns into dx's terms later. */
     lmx_status (*lora_bwd)(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                            const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                           unsigned fresh, const lmx_tensor *xa);
+                           unsigned fresh, const lmx_tensor *xa, lmx_tensor *u);
     /* y = act(gate) * up                              dgate, dup += ...         n elements each
      * dgate and dup both in keep_dtype where that is bf16 (fresh 3): written rounded to it (the tape's
      * bf16 gradients of a GLU's gate and up, which matmul_bwd and lora_bwd read as their dy) */
@@ -146,6 +147,12 @@ typedef struct lmx_backward_ops {
      * gradients g[i] and moments m[2 i], m[2 i + 1], in one launch: the same values as the op on each. */
     lmx_status (*adamw_many)(lmx_backend *be, int count, lmx_tensor *const *p, const lmx_tensor *g, lmx_tensor *m,
                              const lmx_adamw_step *s);
+    /* Optional (NULL: none, and lora_bwd is never given u): dx [rows, K] += sum_i u[i] pairs[i]->a over
+     * count terms (u[i] [rows, r_i] f32 as lora_bwd wrote it, pairs[i] of rank r_i); fresh bit 0: dx
+     * written.  The input gradients of the LoRA pairs that read one input (q, k, v; gate, up) in one
+     * product where the backend can: one pass over dx where each pair's took one. */
+    lmx_status (*lora_dx)(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
+                          const lmx_lora_pair *const *pairs, unsigned fresh);
     /* Every value of the count f32 tensors g[] set to 0 (a step's gradients before it adds to them), without
      * a wait. */
     lmx_status (*zero_many)(lmx_backend *be, int count, lmx_tensor *g);

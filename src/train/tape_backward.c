@@ -5,9 +5,12 @@
  * keeps bf16 and every reader of the gradient takes it so (bf16_grad_ok). */
 #include "tape_internal.h"
 
+static lmx_status du_settle(lmx_tape *t, int v);
+
 /* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
 static lmx_tensor *grad_of(lmx_tape *t, int v) {
     tape_var *x = &t->vars[v];
+    if (x->n_du && du_settle(t, v)) return NULL;
     if (only16(x)) {
         lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: a bf16 gradient gains a second term");
         return NULL;
@@ -30,6 +33,7 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
  * all of it, the buffer is not zeroed first and fresh gains bit (backward.h). */
 static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsigned *fresh) {
     tape_var *x = &t->vars[v];
+    if (x->n_du && du_settle(t, v)) return NULL;
     if (only16(x)) return grad_of(t, v);
     drop16(t, v);
     if (x->grad.data || !t->in->ops->alloc_raw || x->rows * x->cols != n) return grad_of(t, v);
@@ -43,6 +47,39 @@ static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsig
         dst = NULL;                                                                             \
         if (requires(t, (v)) && !(dst = grad_fresh(t, (v), (n), (bit), &(fresh)))) return t->base.err.status; \
     } while (0)
+
+/* Var v's waiting LoRA input-gradient terms (tape_var du) added to its gradient now, in one lora_dx, which
+ * writes the gradient where v has none yet: the first of the q, k, v (or gate, up) projections' input
+ * gradients to reach it, before their frozen matmuls add theirs. */
+static lmx_status du_settle(lmx_tape *t, int v) {
+    tape_var *x = &t->vars[v];
+    const int n = x->n_du;
+    if (!n) return LMX_OK;
+    x->n_du = 0; /* before grad_fresh, which settles */
+    unsigned fresh = 0;
+    const lmx_tensor *g = grad_fresh(t, v, x->rows * x->cols, 1, &fresh);
+    lmx_status st = g ? pass(t, t->bwd->lora_dx(t->in, &x->grad, n, x->du, x->du_pair, fresh)) : t->base.err.status;
+    for (int i = 0; i < n; i++) t->in->ops->release(t->in, &x->du[i]);
+    return st;
+}
+
+/* LoRA record r's input gradient as a term of its input var (tape_var du), where the backend has lora_dx, the
+ * input takes no dropout and one pair adapts every row: room for u = s dy B [B*T, r], or data NULL (the input
+ * gradient is added at once). */
+static lmx_tensor du_room(lmx_tape *t, const tape_rec *r) {
+    const tape_var *x = r->in[1] >= 0 ? &t->vars[r->in[1]] : NULL;
+    if (!x || !x->requires || !t->bwd->lora_dx || r->drop > 0 || x->n_du >= TAPE_DU || only16(x) || x->grad16.data ||
+        !r->pairs[0])
+        return (lmx_tensor){0};
+    for (int b = 1; b < r->bt.B; b++)
+        if (r->pairs[b] != r->pairs[0]) return (lmx_tensor){0};
+    lmx_tensor u = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {(int64_t)r->bt.B * r->bt.T, r->pairs[0]->a.shape[0]}};
+    if (tape_alloc(t, &u)) {
+        lmx_err_clear(&t->in->err);
+        u.data = NULL;
+    }
+    return u;
+}
 
 /* Var v's gradient gains the gradient dy of var from (the output of an op that passes it through): v
  * takes dy's buffer over when it has none yet and dy owns it (dy is used up then), else dy is added. */
@@ -75,7 +112,8 @@ static int read_before(const lmx_tape *t, int i, int v, int skip) {
  * input version is read by it alone and was made by a matmul.  (The gate and up of a GLU; the output
  * projection of a residual branch.) */
 static int bf16_grad_ok(lmx_tape *t, int i, int v) {
-    if (v < 0 || t->vars[v].grad.data || t->vars[v].grad16.data || t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 ||
+    if (v < 0 || t->vars[v].grad.data || t->vars[v].grad16.data || t->vars[v].n_du ||
+        t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 ||
         read_before(t, i, v, -1))
         return 0;
     const int j = maker_of(t, i, v);
@@ -136,12 +174,17 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         tape_var *yv = &t->vars[r->out];
         const int dy_only16 = only16(yv); /* then y's bf16 gradient is read here and moves on whole */
         unsigned fresh = 0;
-        if (r->drop > 0) GRAD(r->in[1], g1); /* then x's gradient is added from tmp, below */
+        lmx_tensor u = du_room(t, r); /* x's gradient left as a term (then g1 stays NULL) */
+        if (u.data) g1 = NULL;
+        else if (r->drop > 0) GRAD(r->in[1], g1); /* then x's gradient is added from tmp, below */
         else GRAD_FRESH(r->in[1], g1, lmx_tensor_nelem(&saved[0]), 1, fresh);
         lmx_status st = LMX_OK;
         const lmx_tensor *x = r->own.data ? &r->own : &saved[0];
         lmx_tensor **da = malloc((size_t)r->bt.B * 2 * sizeof *da);
-        if (!da) return nomem(t);
+        if (!da) {
+            if (u.data) in->ops->release(in, &u);
+            return nomem(t);
+        }
         lmx_tensor **db = da + r->bt.B;
         for (int b = 0; b < r->bt.B; b++) {
             const tape_watch *w = watch_of(t, r->pairs[b]);
@@ -160,7 +203,13 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         else if (!st && t->bwd->keep_dtype(in) == LMX_DTYPE_BF16 && t->bwd->keep(in, &dy16, dy) != LMX_OK) dy16.data = NULL;
         if (!st)
             st = pass(t, bw->lora_bwd(in, tmp.data ? &tmp : g1, da, db, dy16.data ? &dy16 : dy, x, r->bt.B, r->bt.T,
-                                      r->pairs, fresh, r->xa.data ? &r->xa : NULL));
+                                      r->pairs, fresh, r->xa.data ? &r->xa : NULL, u.data ? &u : NULL));
+        if (u.data && !st) { /* x's term, added with the other pairs' that read x (du_settle) */
+            tape_var *xv = &t->vars[r->in[1]];
+            xv->du[xv->n_du] = u, xv->du_pair[xv->n_du++] = r->pairs[0];
+        } else if (u.data) {
+            in->ops->release(in, &u);
+        }
         if (!st && tmp.data) st = pass(t, bw->dropout(in, &tmp, &tmp, nx, r->drop, r->seed));
         if (!st && tmp.data) st = pass(t, in->ops->add(in, g1, &tmp, nx));
         if (tmp.data) in->ops->release(in, &tmp);
@@ -310,6 +359,7 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
+        if (r->out >= 0 && (st = du_settle(t, r->out))) break;
         if (r->out < 0 || (!t->vars[r->out].grad.data && !t->vars[r->out].grad16.data)) continue; /* nothing flows back */
         /* the gradient (f32, or bf16 alone), for the profile's waits: backward may hand its buffer over, still live */
         const lmx_tensor dy = t->vars[r->out].grad.data ? t->vars[r->out].grad : t->vars[r->out].grad16;
@@ -322,6 +372,7 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     }
     for (int i = mark; i < t->n_recs; i++) tape_rec_free(t, &t->recs[i]); /* walked: forgotten */
     t->n_recs = mark;
+    for (int v = 0; v < t->n_vars && !st; v++) st = du_settle(t, v); /* the gradients the caller takes, whole */
     return st;
 }
 

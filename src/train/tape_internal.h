@@ -11,6 +11,7 @@
 
 enum { T_RMSNORM = 1, T_MATMUL, T_LORA, T_ADD, T_GLU, T_SOFTCAP, T_ROPE, T_ATTENTION, T_GATHER };
 
+#define TAPE_DU 4                /* LoRA pairs reading one input whose input gradients wait together */
 typedef struct tape_var {
     int64_t rows, cols;
     int requires;                /* depends on a watched pair */
@@ -18,6 +19,10 @@ typedef struct tape_var {
     lmx_tensor grad16;           /* grad in the backend's bf16 keep dtype, while grad is unchanged: made for a
                                   * LoRA record, read by the matmul record that produced y; or the gradient
                                   * alone, grad none (only16: where bf16_grad_ok, tape_backward.c, says) */
+    int n_du;                    /* LoRA input-gradient terms not added yet: u[i] pair[i]->a (backward.h
+                                  * lora_dx), added in one product before anything else writes or reads grad */
+    lmx_tensor du[TAPE_DU];
+    const lmx_lora_pair *du_pair[TAPE_DU];
 } tape_var;
 
 typedef struct tape_rec {

@@ -67,9 +67,12 @@ static lmx_status cpu_matmul_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tens
 
 static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                                const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                               unsigned fresh, const lmx_tensor *xa) {
+                               unsigned fresh, const lmx_tensor *xa, lmx_tensor *uo) {
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
     if (dx && (fresh & 1)) memset(dx->data, 0, (size_t)B * T * K * sizeof(float));
+    for (int b = 0; uo && b < B; b++)
+        if (pairs[b] != pairs[0] || !pairs[0] || uo->shape[uo->ndim - 1] != pairs[0]->a.shape[0])
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: u for rows of more than one pair or rank");
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];
         if (!p) continue;
@@ -94,7 +97,7 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
         const float *dys = (const float *)dy->data + r0 * N;
         float *t = cpu_work(be, (size_t)2 * rows * r, "lora backward");
         if (!t) return be->err.status;
-        float *u = t + (size_t)rows * r;
+        float *u = uo ? (float *)uo->data + r0 * r : t + (size_t)rows * r;
         /* t = x A^T [rows, r] (xa's rows, where given), u = s dy B [rows, r] */
         if (xa) memcpy(t, (const float *)xa->data + r0 * r, (size_t)rows * r * sizeof(float));
         else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r, (int)K, 1.0f, xs, (int)K, A, (int)K, 0.0f, t, r);
@@ -109,6 +112,21 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
                         (float *)dx->data + r0 * K, (int)K);
         cpu_work_free(be, t, (size_t)2 * rows * r);
     }
+    return LMX_OK;
+}
+
+static lmx_status cpu_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
+                              const lmx_lora_pair *const *pairs, unsigned fresh) {
+    const int64_t K = dx->shape[dx->ndim - 1], rows = lmx_tensor_nelem(dx) / K;
+    for (int i = 0; i < count; i++) {
+        const int r = (int)pairs[i]->a.shape[0];
+        if (pairs[i]->a.shape[1] != K || lmx_tensor_nelem(&u[i]) != rows * r)
+            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora dx: term %d does not fit [%lld, %lld]", i, (long long)rows,
+                               (long long)K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)K, r, 1.0f, (const float *)u[i].data, r,
+                    (const float *)pairs[i]->a.data, (int)K, i == 0 && (fresh & 1) ? 0.0f : 1.0f, (float *)dx->data, (int)K);
+    }
+    if (!count && (fresh & 1)) memset(dx->data, 0, (size_t)rows * K * sizeof(float));
     return LMX_OK;
 }
 
@@ -387,6 +405,7 @@ const lmx_backward_ops lmx_cpu_backward = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .matmul_bwd = cpu_matmul_bwd,
     .lora_bwd = cpu_lora_bwd,
+    .lora_dx = cpu_lora_dx,
     .glu_bwd = cpu_glu_bwd,
     .softcap_bwd = cpu_softcap_bwd,
     .rope_bwd = cpu_rope_bwd,

@@ -231,10 +231,10 @@ static lmx_status hgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_
 static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy,
                                    const __nv_bfloat16 *dy16, const float *x, const __nv_bfloat16 *x16, int rows, int K,
                                    int N, const lmx_lora_pair *p, float *t, __nv_bfloat16 *h16, float dx_beta,
-                                   const float *xa) {
+                                   const float *xa, float *uo) {
     const int r = (int)p->a.shape[0];
     const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
-    float *u = t + (size_t)rows * r;
+    float *u = uo ? uo : t + (size_t)rows * r;
     __nv_bfloat16 *A16 = h16, *u16 = h16 ? A16 + (size_t)r * K : NULL, *t16 = h16 ? u16 + (size_t)rows * r : NULL;
     __nv_bfloat16 *B16 = h16 ? t16 + (size_t)rows * r : NULL;
     lmx_status st = LMX_OK;
@@ -285,10 +285,14 @@ static lmx_status bwd_lora_keep(lmx_backend *be, lmx_tensor *y, const lmx_tensor
 
 static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
                            const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                           unsigned fresh, const lmx_tensor *xa) {
+                           unsigned fresh, const lmx_tensor *xa, lmx_tensor *uo) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (!st && xa) st = lora_xa_check(be, xa, B, T, pairs);
+    if (!st && uo) st = lora_xa_check(be, uo, B, T, pairs); /* u has xa's shape */
+    for (int b = 0; !st && uo && b < B; b++)
+        if (pairs[b] != pairs[0])
+            st = lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: u for rows of more than one pair");
     if (st) return st;
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
     int64_t need = 0, rmax = 0;
@@ -320,7 +324,8 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
                                   half ? NULL : (const float *)x->data + r0 * K,
                                   half ? (const __nv_bfloat16 *)x->data + r0 * K : NULL, (b1 - b0) * T, (int)K, (int)N,
                                   pairs[b0], t, h16, fresh & 1 ? 0.0f : 1.0f,
-                                  xa ? (const float *)xa->data + r0 * pairs[b0]->a.shape[0] : NULL);
+                                  xa ? (const float *)xa->data + r0 * pairs[b0]->a.shape[0] : NULL,
+                                  uo ? (float *)uo->data + r0 * pairs[b0]->a.shape[0] : NULL);
         } else if (dx && (fresh & 1)) { /* no pair: a fresh dx's rows are zeros */
             const cudaError_t e = cudaMemsetAsync((float *)dx->data + r0 * K, 0, (size_t)(b1 - b0) * T * K * sizeof(float),
                                                   cb->stream);
@@ -329,6 +334,44 @@ static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *d
         b0 = b1;
     }
     return st;
+}
+
+/* dx [rows, K] (+)= sum_i u[i] A_i (backward.h lora_dx): one TF32 product over the terms side by side (u's
+ * columns and A's rows gathered in scratch: K = the ranks' sum), so that dx is read and written once */
+static lmx_status bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
+                              const lmx_lora_pair *const *pairs, unsigned fresh) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    const int64_t K = dx->shape[dx->ndim - 1], rows = lmx_tensor_nelem(dx) / K;
+    int64_t rt = 0;
+    for (int i = 0; i < count && !st; i++) {
+        if (pairs[i]->a.shape[1] != K || lmx_tensor_nelem(&u[i]) != rows * pairs[i]->a.shape[0])
+            st = lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora dx: term %d does not fit [%lld, %lld]", i, (long long)rows,
+                             (long long)K);
+        rt += pairs[i]->a.shape[0];
+    }
+    if (st || rows <= 0) return st;
+    const float beta = fresh & 1 ? 0.0f : 1.0f;
+    if (count == 1)
+        return sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)rt, 1.0f, (const float *)pairs[0]->a.data,
+                     (int)K, (const float *)u[0].data, (int)rt, beta, (float *)dx->data, (int)K);
+    if (!count) {
+        const cudaError_t e = fresh & 1 ? cudaMemsetAsync(dx->data, 0, (size_t)rows * K * 4, cb->stream) : cudaSuccess;
+        return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "lora dx");
+    }
+    float *a = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)rt * (K + rows) * sizeof(float));
+    if (!a) return cb->base.err.status;
+    float *ut = a + rt * K; /* [rows, rt] */
+    cudaError_t e = cudaSuccess;
+    for (int i = 0, j = 0; i < count && e == cudaSuccess; j += (int)pairs[i]->a.shape[0], i++) {
+        const size_t r = (size_t)pairs[i]->a.shape[0];
+        e = cudaMemcpyAsync(a + j * K, pairs[i]->a.data, r * K * 4, cudaMemcpyDeviceToDevice, cb->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync(ut + j, rt * 4, u[i].data, r * 4, r * 4, rows, cudaMemcpyDeviceToDevice, cb->stream);
+    }
+    if (e != cudaSuccess) return cuda_fail(cb, e, "lora dx");
+    return sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)rt, 1.0f, a, (int)K, ut, (int)rt, beta,
+                 (float *)dx->data, (int)K);
 }
 
 /* ---- elementwise -------------------------------------------------------------------------------- */
@@ -873,5 +916,6 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_redo = */ cuda_bwd_rmsnorm_redo,
     /* .lora_add = */ cuda_bwd_lora_add,
     /* .adamw_many = */ cuda_bwd_adamw_many,
+    /* .lora_dx = */ bwd_lora_dx,
     /* .zero_many = */ cuda_bwd_zero_many,
 };

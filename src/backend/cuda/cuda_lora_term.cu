@@ -10,8 +10,9 @@
  * loads that the op makes anyway.  A block takes 256 columns (one a thread, its row of s B in
  * registers) and TERM_ROWS rows (their xa in shared memory, read by every thread at once); up to rank 16
  * in 64 registers, four blocks a multiprocessor (at three, 80 registers, the 8B's training step was 0.9%
- * slower).  Ranks other than 8, 16 and 32 take the expand as a GEMM first (cuBLAS, TF32 as the lora op),
- * then the op. */
+ * slower).  The GLU's terms of ranks 8 and 16 over columns in multiples of 32 run on tensor cores instead
+ * (k_glu_terms_tc, below).  Ranks other than 8, 16 and 32 take the expand as a GEMM first (cuBLAS, TF32 as
+ * the lora op), then the op. */
 #include "cuda_internal.h"
 
 extern "C" {
@@ -92,6 +93,131 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 2) k_glu_terms(float 
     }
 }
 
+/* ---- the GLU's terms on tensor cores ------------------------------------------------------------------
+ * k_glu_terms above spends ~2 R multiply-adds and R / 2 shared loads on each value for its two terms: the
+ * 8B's training step ran it at 2.2-3.0 TB/s, held by instructions rather than bytes.  Here the terms are
+ * mma.sync m16n8k8 in TF32 (the precision of the lora op's expand, cuBLAS TF32), with the accumulators
+ * starting from gate and up themselves, so that each value's own work is the GLU and its stores.
+ *
+ * A warp takes 32 columns and walks the block's rows 16 at a time; lane (g = lane / 4, t = lane % 4)
+ * holds rows g and g + 8 of columns 4 t .. 4 t + 3 and 16 + 4 t .. 16 + 4 t + 3: the mma's columns are
+ * permuted (its column n of tile j is the warp's column 16 (j / 2) + 4 (n / 2) + 2 (j % 2) + n % 2), so
+ * that a lane loads and stores four neighbours at once and the four lanes of a row whole sectors.  B's fragments (s B, tf32) stay in registers; xa's rows are staged in shared memory
+ * (rows R + 4 apart: the fragments' loads without bank conflicts). */
+#define TC_ROWS 128
+
+static __device__ __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+/* c += a b (m16n8k8, tf32 in, f32 accumulate) */
+static __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* One term's pieces for a warp: B's fragments for its 32 columns (from col0), and the block's xa rows in
+ * shared memory */
+template <int R> struct tc_term {
+    uint32_t b[4][R / 8][2];
+    __device__ __forceinline__ void load_b(const term_arg &t, int64_t col0, int lane) {
+        const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float *row = t.b + (col0 + (j >> 1) * 16 + (g >> 1) * 4 + (j & 1) * 2 + (g & 1)) * R;
+#pragma unroll
+            for (int k = 0; k < R / 8; k++)
+                b[j][k][0] = tf32_of(t.s * __ldg(row + 8 * k + q)), b[j][k][1] = tf32_of(t.s * __ldg(row + 8 * k + q + 4));
+        }
+    }
+    /* c[j] += the term's rows i0 .. i0 + 15 (staged in sx, rows R + 4 apart) */
+    __device__ __forceinline__ void add(float (&c)[4][4], const uint32_t *sx, int i0, int lane) const {
+        const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+        for (int k = 0; k < R / 8; k++) {
+            const uint32_t *p = sx + (i0 + g) * (R + 4) + 8 * k + q;
+            const uint32_t a[4] = {p[0], p[8 * (R + 4)], p[4], p[8 * (R + 4) + 4]};
+#pragma unroll
+            for (int j = 0; j < 4; j++) mma_tf32(c[j], a, b[j][k][0], b[j][k][1]);
+        }
+    }
+};
+
+/* a row's 8 values (4 from column c, 4 from c + 16; 16-byte aligned) into the accumulators' half h (0: row g,
+ * 1: row g + 8) */
+static __device__ __forceinline__ void tc_load8(float (&c)[4][4], const float *p, int h) {
+    const float4 v0 = cuda_ld4(p), v1 = cuda_ld4(p + 16);
+    c[0][2 * h] = v0.x, c[0][2 * h + 1] = v0.y, c[1][2 * h] = v0.z, c[1][2 * h + 1] = v0.w;
+    c[2][2 * h] = v1.x, c[2][2 * h + 1] = v1.y, c[3][2 * h] = v1.z, c[3][2 * h + 1] = v1.w;
+}
+static __device__ __forceinline__ void tc_zero(float (&c)[4][4], int h) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) c[j][2 * h] = c[j][2 * h + 1] = 0.0f;
+}
+static __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(const uint32_t *)&v;
+}
+/* half h of the accumulators as tc_load8 reads them, as bf16 at p (8-byte aligned) */
+static __device__ __forceinline__ void tc_store8_bf16(__nv_bfloat16 *p, const float (&c)[4][4], int h) {
+    *(uint2 *)p = make_uint2(bf16x2(c[0][2 * h], c[0][2 * h + 1]), bf16x2(c[1][2 * h], c[1][2 * h + 1]));
+    *(uint2 *)(p + 16) = make_uint2(bf16x2(c[2][2 * h], c[2][2 * h + 1]), bf16x2(c[3][2 * h], c[3][2 * h + 1]));
+}
+static __device__ __forceinline__ void tc_store8(float *p, const float (&c)[4][4], int h) {
+    cuda_st4(p, make_float4(c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]));
+    cuda_st4(p + 16, make_float4(c[2][2 * h], c[2][2 * h + 1], c[3][2 * h], c[3][2 * h + 1]));
+}
+
+/* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned */
+template <int R>
+__global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
+                                                               __nv_bfloat16 *ok, const float *g, const float *u,
+                                                               int64_t rows, int64_t N, int act, term_arg tg, term_arg tu) {
+    __shared__ __align__(16) uint32_t sx[2][TC_ROWS * (R + 4)];
+    const int64_t r0 = (int64_t)blockIdx.y * TC_ROWS;
+    const int nr = (int)(rows - r0 < TC_ROWS ? rows - r0 : TC_ROWS), lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < nr * R; i += blockDim.x) {
+        if (tg.xa) sx[0][(i / R) * (R + 4) + i % R] = tf32_of(tg.xa[r0 * R + i]);
+        if (tu.xa) sx[1][(i / R) * (R + 4) + i % R] = tf32_of(tu.xa[r0 * R + i]);
+    }
+    for (int i = nr * R + threadIdx.x; i < ((nr + 15) & ~15) * R; i += blockDim.x) /* the last step's rows past nr */
+        sx[0][(i / R) * (R + 4) + i % R] = sx[1][(i / R) * (R + 4) + i % R] = 0;
+    const int64_t col0 = (int64_t)blockIdx.x * TERM_COLS + (threadIdx.x & ~31);
+    tc_term<R> ag, au;
+    if (col0 < N && tg.xa) ag.load_b(tg, col0, lane);
+    if (col0 < N && tu.xa) au.load_b(tu, col0, lane);
+    __syncthreads();
+    if (col0 >= N) return;
+    const int64_t c = col0 + 4 * (lane & 3);
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8; /* the lane's rows */
+        float cg[4][4], cu[4][4];
+        if (ra < rows) tc_load8(cg, g + ra * N + c, 0), tc_load8(cu, u + ra * N + c, 0);
+        else tc_zero(cg, 0), tc_zero(cu, 0);
+        if (rb < rows) tc_load8(cg, g + rb * N + c, 1), tc_load8(cu, u + rb * N + c, 1);
+        else tc_zero(cg, 1), tc_zero(cu, 1);
+        if (tg.xa) ag.add(cg, sx[0], i0, lane);
+        if (tu.xa) au.add(cu, sx[1], i0, lane);
+        float co[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) co[j][e] = glu_act(cg[j][e], act) * cu[j][e];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t e = (h ? rb : ra) * N + c;
+            if ((h ? rb : ra) >= rows) break;
+            if (gk) tc_store8_bf16(gk + e, cg, h), tc_store8_bf16(uk + e, cu, h);
+            if (o) tc_store8(o + e, co, h);
+            if (ok) tc_store8_bf16(ok + e, co, h);
+        }
+    }
+}
+
 /* y += x + term (x NULL: y += term) */
 template <int R>
 __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 3)
@@ -164,14 +290,21 @@ lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const
     }
     if (!tg) N = Nu;
     const int64_t rows = n / N;
-    const dim3 grid = term_grid(rows, N);
     const term_arg ag = term_of(tg), au = term_of(tu);
+    *done = 1;
+    if (R <= 16 && N % 32 == 0 && rows <= 65535LL * TC_ROWS && !(((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up |
+                                                                   (uintptr_t)gk | (uintptr_t)uk | (uintptr_t)ok) & 15)) {
+        const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
+        if (R == 8) k_glu_terms_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
+        else k_glu_terms_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
+        return cuda_check_launch(cb, "glu with lora terms");
+    }
+    const dim3 grid = term_grid(rows, N);
     switch (R) {
     case 8: k_glu_terms<8><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
     case 16: k_glu_terms<16><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
     default: k_glu_terms<32><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
     }
-    *done = 1;
     return cuda_check_launch(cb, "glu with lora terms");
 }
 
