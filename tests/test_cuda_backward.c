@@ -315,6 +315,34 @@ static void test_lora_terms(int r, int which, int N, int rows) {
     drop(&x);
 }
 
+/* glu_bwd_dx: the GLU's bf16 gradients from dy plus the down projection's LoRA input gradient u A, against the
+ * cpu's lora_dx into dy, then its glu_bwd; columns not a multiple of 32 are declined (LMX_ERR_UNSUPPORTED) */
+static void test_glu_bwd_dx(int r, int N, int rows, int act_i) {
+    const int64_t n = (int64_t)rows * N;
+    const lmx_act ac = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
+    tpair g = rand_in(rows, N, 3.0f, 1), u = rand_in(rows, N, 2.0f, 1), dy = rand_both(rows, N, 1.0f);
+    tpair ut = rand_both(rows, r, 1.0f), a = rand_both(r, N, 0.3f), b = rand_both(N, r, 0.3f);
+    tpair dg = rand_both(rows, N, 0.1f), du = rand_both(rows, N, 0.1f);
+    const lmx_lora_pair pg = {a.g, b.g, 1.0f}, pc = {a.c, b.c, 1.0f}, *pgs = &pg, *pcs = &pc;
+    lmx_tensor dg16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}}, du16 = dg16;
+    CHECK(gpu->ops->alloc(gpu, &dg16) == LMX_OK && gpu->ops->alloc(gpu, &du16) == LMX_OK);
+    const lmx_status st = lmx_cuda_backward.glu_bwd_dx(gpu, &dg16, &du16, &dy.g, &g.g, &u.g, n, ac, 1, &ut.g, &pgs);
+    char what[96];
+    if (N % 32) {
+        CHECK_MSG(st == LMX_ERR_UNSUPPORTED, "glu_bwd_dx with %d columns: status %d, not declined", N, (int)st);
+    } else {
+        CHECK(st == LMX_OK);
+        CHECK(lmx_cpu_backward.lora_dx(cpu, &dy.c, 1, &ut.c, &pcs, 0) == LMX_OK);
+        CHECK(lmx_cpu_backward.glu_bwd(cpu, &dg.c, &du.c, &dy.c, &g.c, &u.c, n, ac, 3) == LMX_OK);
+        snprintf(what, sizeof what, "glu_bwd_dx (rank %d, %d x %d, act %d): dgate", r, rows, N, act_i);
+        compare_keep(what, &dg16, &dg.c, n);
+        snprintf(what, sizeof what, "glu_bwd_dx (rank %d, %d x %d, act %d): dup", r, rows, N, act_i);
+        compare_keep(what, &du16, &du.c, n);
+    }
+    gpu->ops->release(gpu, &dg16), gpu->ops->release(gpu, &du16);
+    drop(&g), drop(&u), drop(&dy), drop(&ut), drop(&a), drop(&b), drop(&dg), drop(&du);
+}
+
 /* rmsnorm_keep: the rmsnorm op's output bit for bit and its keep the output rounded to bf16, bit for
  * bit (rows of 257 and 5000 values: the two block kernels); a per-head row of 128 is refused */
 static void test_rmsnorm_keep(void) {
@@ -806,6 +834,9 @@ int main(void) {
     test_lora_dx(1, 0);
     test_lora_dx(3, 1);
     test_lora_dx(2, 0);
+    test_glu_bwd_dx(16, 320, 67, 0);
+    test_glu_bwd_dx(8, 64, 300, 1);
+    test_glu_bwd_dx(16, 300, 20, 0);
     test_elementwise(0, 1001);
     test_elementwise(1, 1001);
     test_elementwise(0, 1024); /* four values a thread */

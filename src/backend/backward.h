@@ -153,6 +153,14 @@ typedef struct lmx_backward_ops {
      * product where the backend can: one pass over dx where each pair's took one. */
     lmx_status (*lora_dx)(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
                           const lmx_lora_pair *const *pairs, unsigned fresh);
+    /* Optional (NULL: none): glu_bwd with both gradients bf16 and written whole (fresh 3), from dy plus the
+     * LoRA input-gradient terms of the projection that read the GLU's output (u[i] pairs[i]->a as lora_dx
+     * adds them, count of them): the down projection's, in the pass that reads dy anyway.
+     * LMX_ERR_UNSUPPORTED, with no message, where the backend does not take these shapes or dtypes (the
+     * caller adds the terms with lora_dx, then runs glu_bwd). */
+    lmx_status (*glu_bwd_dx)(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
+                             const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, int count,
+                             const lmx_tensor *u, const lmx_lora_pair *const *pairs);
     /* Every value of the count f32 tensors g[] set to 0 (a step's gradients before it adds to them), without
      * a wait. */
     lmx_status (*zero_many)(lmx_backend *be, int count, lmx_tensor *g);

@@ -7,10 +7,19 @@
 
 static lmx_status du_settle(lmx_tape *t, int v);
 
+/* Var v's LoRA input-gradient terms wait for the record that made v, a GLU whose backward takes them in its
+ * own pass (glu_bwd_dx: the down projection's input), rather than going into v's gradient before the frozen
+ * matmul's product does: that writes the gradient then instead of adding to it. */
+static int du_to_maker(const lmx_tape *t, int v) {
+    if (!t->vars[v].n_du || !t->bwd->glu_bwd_dx) return 0;
+    const int j = maker_of(t, t->n_recs, v);
+    return j >= 0 && t->recs[j].op == T_GLU;
+}
+
 /* The gradient of var v, allocated (zeroed) on first use; NULL with t's error set on failure. */
 static lmx_tensor *grad_of(lmx_tape *t, int v) {
     tape_var *x = &t->vars[v];
-    if (x->n_du && du_settle(t, v)) return NULL;
+    if (x->n_du && !du_to_maker(t, v) && du_settle(t, v)) return NULL;
     if (only16(x)) {
         lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: a bf16 gradient gains a second term");
         return NULL;
@@ -33,7 +42,7 @@ static lmx_tensor *grad_of(lmx_tape *t, int v) {
  * all of it, the buffer is not zeroed first and fresh gains bit (backward.h). */
 static lmx_tensor *grad_fresh(lmx_tape *t, int v, int64_t n, unsigned bit, unsigned *fresh) {
     tape_var *x = &t->vars[v];
-    if (x->n_du && du_settle(t, v)) return NULL;
+    if (x->n_du && !du_to_maker(t, v) && du_settle(t, v)) return NULL;
     if (only16(x)) return grad_of(t, v);
     drop16(t, v);
     if (x->grad.data || !t->in->ops->alloc_raw || x->rows * x->cols != n) return grad_of(t, v);
@@ -146,7 +155,21 @@ static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor 
         drop16(t, r->in[0]);
         return 0;
     }
-    if (pass(t, t->bwd->glu_bwd(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1], r->count, r->act, 3)))
+    tape_var *y = &t->vars[r->out];
+    lmx_status st = LMX_ERR_UNSUPPORTED;
+    if (y->n_du) { /* the down projection's LoRA input gradients in the same pass (du_to_maker) */
+        st = t->bwd->glu_bwd_dx(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1], r->count, r->act, y->n_du,
+                                y->du, y->du_pair);
+        if (st == LMX_OK) {
+            for (int k = 0; k < y->n_du; k++) t->in->ops->release(t->in, &y->du[k]);
+            y->n_du = 0;
+        } else if (st != LMX_ERR_UNSUPPORTED) {
+            return pass(t, st), -1;
+        }
+    }
+    if (st == LMX_ERR_UNSUPPORTED && (du_settle(t, r->out) ||
+                                      pass(t, t->bwd->glu_bwd(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1],
+                                                              r->count, r->act, 3))))
         return -1;
     return 1;
 }
@@ -240,6 +263,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     case T_GLU: {
         const int done = glu_bwd16(t, (int)(r - t->recs), dy, saved);
         if (done) return done > 0 ? LMX_OK : t->base.err.status;
+        lmx_status st0 = du_settle(t, r->out); /* terms left for glu_bwd_dx, which the f32 way does not take */
+        if (st0) return st0;
         unsigned fresh = 0;
         GRAD_FRESH(r->in[0], g0, r->count, 1, fresh);
         GRAD_FRESH(r->in[1], g1, r->count, 2, fresh);
@@ -359,7 +384,9 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
-        if (r->out >= 0 && (st = du_settle(t, r->out))) break;
+        /* a GLU's output keeps its terms for glu_bwd_dx (du_to_maker) where its gradient is there to take them */
+        const int to_glu = r->op == T_GLU && r->out >= 0 && t->vars[r->out].grad.data;
+        if (r->out >= 0 && !to_glu && (st = du_settle(t, r->out))) break;
         if (r->out < 0 || (!t->vars[r->out].grad.data && !t->vars[r->out].grad16.data)) continue; /* nothing flows back */
         /* the gradient (f32, or bf16 alone), for the profile's waits: backward may hand its buffer over, still live */
         const lmx_tensor dy = t->vars[r->out].grad.data ? t->vars[r->out].grad : t->vars[r->out].grad16;

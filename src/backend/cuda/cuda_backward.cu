@@ -917,5 +917,6 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .lora_add = */ cuda_bwd_lora_add,
     /* .adamw_many = */ cuda_bwd_adamw_many,
     /* .lora_dx = */ bwd_lora_dx,
+    /* .glu_bwd_dx = */ cuda_glu_bwd_dx,
     /* .zero_many = */ cuda_bwd_zero_many,
 };

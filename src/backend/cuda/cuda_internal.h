@@ -197,6 +197,10 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
 lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
                           __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const struct lmx_lora_term *tg,
                           const struct lmx_lora_term *tu, int *done);
+/* the glu_bwd_dx backward op (backward.h) */
+lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
+                           const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, int count,
+                           const lmx_tensor *ut, const lmx_lora_pair *const *pairs);
 lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n,
                              const struct lmx_lora_term *term);
 /* the optimizer and dropout (cuda_optim.cu): backward.h's sumsq, adamw, adamw_many and dropout */

@@ -16,6 +16,7 @@
 #include "cuda_internal.h"
 
 extern "C" {
+#include "../act_grad.h"
 #include "../backward.h"
 }
 
@@ -120,18 +121,21 @@ static __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* One term's pieces for a warp: B's fragments for its 32 columns (from col0), and the block's xa rows in
- * shared memory */
+/* One term's pieces for a warp: the fragments of s M for its 32 columns (from col0), M [N, R] with its value
+ * (n, k) at m[n * R + k] (a pair's B) or [R, N] at m[k * N + n] (kn: a pair's A); the block's rows of the
+ * R-wide factor are staged in shared memory */
 template <int R> struct tc_term {
     uint32_t b[4][R / 8][2];
-    __device__ __forceinline__ void load_b(const term_arg &t, int64_t col0, int lane) {
+    __device__ __forceinline__ void load_b(const float *m, float s, int64_t col0, int lane, int64_t kn = 0) {
         const int g = lane >> 2, q = lane & 3;
+        const int64_t sn = kn ? 1 : R, sk = kn ? kn : 1;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const float *row = t.b + (col0 + (j >> 1) * 16 + (g >> 1) * 4 + (j & 1) * 2 + (g & 1)) * R;
+            const float *col = m + (col0 + (j >> 1) * 16 + (g >> 1) * 4 + (j & 1) * 2 + (g & 1)) * sn;
 #pragma unroll
             for (int k = 0; k < R / 8; k++)
-                b[j][k][0] = tf32_of(t.s * __ldg(row + 8 * k + q)), b[j][k][1] = tf32_of(t.s * __ldg(row + 8 * k + q + 4));
+                b[j][k][0] = tf32_of(s * __ldg(col + (8 * k + q) * sk)),
+                b[j][k][1] = tf32_of(s * __ldg(col + (8 * k + q + 4) * sk));
         }
     }
     /* c[j] += the term's rows i0 .. i0 + 15 (staged in sx, rows R + 4 apart) */
@@ -172,6 +176,12 @@ static __device__ __forceinline__ void tc_store8(float *p, const float (&c)[4][4
     cuda_st4(p + 16, make_float4(c[2][2 * h], c[2][2 * h + 1], c[3][2 * h], c[3][2 * h + 1]));
 }
 
+/* the rows [r0, r0 + nr) of x [rows, R] as tf32 into sx (rows R + 4 apart), zeros to the next multiple of 16 */
+template <int R> static __device__ __forceinline__ void tc_stage(uint32_t *sx, const float *x, int64_t r0, int nr) {
+    for (int i = threadIdx.x; i < ((nr + 15) & ~15) * R; i += blockDim.x)
+        sx[(i / R) * (R + 4) + i % R] = i < nr * R ? tf32_of(x[r0 * R + i]) : 0u;
+}
+
 /* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned */
 template <int R>
 __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
@@ -180,16 +190,12 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
     __shared__ __align__(16) uint32_t sx[2][TC_ROWS * (R + 4)];
     const int64_t r0 = (int64_t)blockIdx.y * TC_ROWS;
     const int nr = (int)(rows - r0 < TC_ROWS ? rows - r0 : TC_ROWS), lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < nr * R; i += blockDim.x) {
-        if (tg.xa) sx[0][(i / R) * (R + 4) + i % R] = tf32_of(tg.xa[r0 * R + i]);
-        if (tu.xa) sx[1][(i / R) * (R + 4) + i % R] = tf32_of(tu.xa[r0 * R + i]);
-    }
-    for (int i = nr * R + threadIdx.x; i < ((nr + 15) & ~15) * R; i += blockDim.x) /* the last step's rows past nr */
-        sx[0][(i / R) * (R + 4) + i % R] = sx[1][(i / R) * (R + 4) + i % R] = 0;
+    if (tg.xa) tc_stage<R>(sx[0], tg.xa, r0, nr);
+    if (tu.xa) tc_stage<R>(sx[1], tu.xa, r0, nr);
     const int64_t col0 = (int64_t)blockIdx.x * TERM_COLS + (threadIdx.x & ~31);
     tc_term<R> ag, au;
-    if (col0 < N && tg.xa) ag.load_b(tg, col0, lane);
-    if (col0 < N && tu.xa) au.load_b(tu, col0, lane);
+    if (col0 < N && tg.xa) ag.load_b(tg.b, tg.s, col0, lane);
+    if (col0 < N && tu.xa) au.load_b(tu.b, tu.s, col0, lane);
     __syncthreads();
     if (col0 >= N) return;
     const int64_t c = col0 + 4 * (lane & 3);
@@ -216,6 +222,85 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
             if (ok) tc_store8_bf16(ok + e, co, h);
         }
     }
+}
+
+/* a row's 8 bf16 values as tc_load8 reads f32 ones (8-byte aligned), widened */
+static __device__ __forceinline__ void tc_load8(float (&c)[4][4], const __nv_bfloat16 *p, int h) {
+    const uint2 v0 = *(const uint2 *)p, v1 = *(const uint2 *)(p + 16);
+    const uint32_t w[4] = {v0.x, v0.y, v1.x, v1.y};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
+        c[j][2 * h] = f.x, c[j][2 * h + 1] = f.y;
+    }
+}
+
+/* The GLU's backward into bf16 gradients (glu_bwd's fresh 3) with the down projection's LoRA input gradient
+ * added to dy first: dy' = dy + u A (u [rows, R] f32 from lora_bwd, A [R, N] the pair's), as k_glu_terms_tc
+ * adds the forward's terms: the accumulators start from dy, A's fragments stay in registers. */
+template <int R>
+__global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, __nv_bfloat16 *du, const float *dy,
+                                                             const __nv_bfloat16 *g, const __nv_bfloat16 *u,
+                                                             const float *ut, const float *a, int64_t rows, int64_t N,
+                                                             int silu) {
+    __shared__ __align__(16) uint32_t sx[TC_ROWS * (R + 4)];
+    const int64_t r0 = (int64_t)blockIdx.y * TC_ROWS;
+    const int nr = (int)(rows - r0 < TC_ROWS ? rows - r0 : TC_ROWS), lane = threadIdx.x & 31;
+    tc_stage<R>(sx, ut, r0, nr);
+    const int64_t col0 = (int64_t)blockIdx.x * TERM_COLS + (threadIdx.x & ~31);
+    tc_term<R> at;
+    if (col0 < N) at.load_b(a, 1.0f, col0, lane, N);
+    __syncthreads();
+    if (col0 >= N) return;
+    const int64_t c = col0 + 4 * (lane & 3);
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8;
+        float cd[4][4], cg[4][4], cu[4][4];
+        if (ra < rows) tc_load8(cd, dy + ra * N + c, 0), tc_load8(cg, g + ra * N + c, 0), tc_load8(cu, u + ra * N + c, 0);
+        else tc_zero(cd, 0), tc_zero(cg, 0), tc_zero(cu, 0);
+        if (rb < rows) tc_load8(cd, dy + rb * N + c, 1), tc_load8(cg, g + rb * N + c, 1), tc_load8(cu, u + rb * N + c, 1);
+        else tc_zero(cd, 1), tc_zero(cg, 1), tc_zero(cu, 1);
+        at.add(cd, sx, i0, lane);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* cg, cu become the gradients */
+                float av, dav;
+                lmx_act_grad(cg[j][e], silu, &av, &dav);
+                cg[j][e] = cd[j][e] * cu[j][e] * dav, cu[j][e] = cd[j][e] * av;
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t e = (h ? rb : ra) * N + c;
+            if ((h ? rb : ra) >= rows) break;
+            tc_store8_bf16(dg + e, cg, h), tc_store8_bf16(du + e, cu, h);
+        }
+    }
+}
+
+lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
+                           const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, int count,
+                           const lmx_tensor *ut, const lmx_lora_pair *const *pairs) {
+    cuda_backend *cb = (cuda_backend *)be;
+    lmx_status st = cuda_graph_flush(cb);
+    if (st || n <= 0) return st;
+    const int64_t R = count == 1 ? pairs[0]->a.shape[0] : 0, N = count == 1 ? pairs[0]->a.shape[1] : 0;
+    const int takes = count == 1 && (R == 8 || R == 16) && N % 32 == 0 && n % N == 0 &&
+                      lmx_tensor_nelem(&ut[0]) == n / N * R && n / N <= 65535LL * TC_ROWS &&
+                      dgate->dtype == LMX_DTYPE_BF16 && dup->dtype == LMX_DTYPE_BF16 && dy->dtype == LMX_DTYPE_F32 &&
+                      gate->dtype == LMX_DTYPE_BF16 && up->dtype == LMX_DTYPE_BF16 &&
+                      !(((uintptr_t)dgate->data | (uintptr_t)dup->data | (uintptr_t)dy->data | (uintptr_t)gate->data |
+                         (uintptr_t)up->data) & 15);
+    if (!takes) return LMX_ERR_UNSUPPORTED; /* no message: the caller adds the terms first */
+    const int64_t rows = n / N;
+    const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
+    __nv_bfloat16 *g16 = (__nv_bfloat16 *)dgate->data, *u16 = (__nv_bfloat16 *)dup->data;
+    const float *d = (const float *)dy->data, *t = (const float *)ut[0].data, *a = (const float *)pairs[0]->a.data;
+    const __nv_bfloat16 *g = (const __nv_bfloat16 *)gate->data, *u = (const __nv_bfloat16 *)up->data;
+    const int silu = act == LMX_ACT_SILU;
+    if (R == 8) k_glu_bwd_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
+    else k_glu_bwd_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
+    return cuda_check_launch(cb, "glu backward with a lora term");
 }
 
 /* y += x + term (x NULL: y += term) */
