@@ -27,10 +27,6 @@ extern "C" {
 
 #define BWD_ATTN_BYTES (256u << 20)   /* S and dP of one query tile, all heads (attention_bwd) */
 
-static lmx_status blas(cuda_backend *cb, cublasStatus_t s, const char *what) {
-    return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, what);
-}
-
 /* The sum (max: op 1) of v over a block of blockDim.x (a multiple of 32, <= 1024) threads; sh holds 33
  * floats.  Every thread gets the result. */
 static __device__ float block_reduce(float v, float *sh, int op) {
@@ -178,7 +174,7 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
     if (!quant && w->dtype == LMX_DTYPE_F32) {
         if (dy->dtype == LMX_DTYPE_BF16) /* the tape's bf16 copy: this product reads f32 */
             return cuda_on_widened(cb, dy, [&](const lmx_tensor *d) { return bwd_matmul(be, dx, d, w, M, fresh); });
-        return blas(cb, cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, (const float *)w->data, K,
+        return cuda_blas(cb, cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, (const float *)w->data, K,
                                     (const float *)dy->data, N, beta, (float *)dx->data, K), "matmul backward");
     }
     __nv_bfloat16 *dy16 = (__nv_bfloat16 *)dy->data; /* dy as bf16: the tape's copy, or narrowed here */
@@ -187,7 +183,7 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
         if (!dy16 || (st = cuda_narrow_bf16(cb, dy16, (const float *)dy->data, (int64_t)M * N))) return cb->base.err.status;
     }
     if (!quant && w->dtype == LMX_DTYPE_BF16)
-        return blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
+        return cuda_blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
                                      CUDA_R_16BF, N, beta, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT), "matmul backward");
     int64_t block = CUDA_DEQUANT_BYTES / ((int64_t)K * 2);
@@ -197,181 +193,12 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
     for (int64_t n0 = 0; n0 < N; n0 += block) { /* dx += dy[:, n0:n0+nb] W[n0:n0+nb, :] */
         const int nb = (int)(N - n0 < block ? N - n0 : block);
         if ((st = cuda_dequant_rows_bf16(cb, w, n0, nb, wb))) return st;
-        if ((st = blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, nb, &one, wb, CUDA_R_16BF, K,
+        if ((st = cuda_blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, nb, &one, wb, CUDA_R_16BF, K,
                                         dy16 + n0, CUDA_R_16BF, N, n0 ? &one : beta, dx->data, CUDA_R_32F, K,
                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "matmul backward")))
             return st;
     }
     return LMX_OK;
-}
-
-/* ---- LoRA: dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy^T (x A^T) ------------------------------- */
-
-/* f32 data on the TF32 tensor cores, as the forward lora op */
-static lmx_status sgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                        const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    return blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, c,
-                                 CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
-                "lora backward");
-}
-
-/* bf16 operands (a bf16 keep of x), f32 output */
-static lmx_status hgemm(cuda_backend *cb, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                        const __nv_bfloat16 *a, int lda, const __nv_bfloat16 *b, int ldb, float beta, float *c, int ldc) {
-    return blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c,
-                                 CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "lora backward");
-}
-
-/* rows of one segment (consecutive sequences sharing pair p): t = x A^T (or xa, the forward's), u = s dy B
- * ([rows, r] each, column-major r x rows), then the three gradients.  x is f32 (TF32 products) or bf16
- * (x16: a bf16 keep; then A and u are narrowed into h16 for the two products that read x); dy is f32 or
- * bf16 (dy16: the tape's copy, which matmul backward reads too; then B and t are narrowed for the two
- * that read dy).  h16: bf16 room for A [r, K], u and t [rows, r] and B [N, r]. */
-static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float *db, const float *dy,
-                                   const __nv_bfloat16 *dy16, const float *x, const __nv_bfloat16 *x16, int rows, int K,
-                                   int N, const lmx_lora_pair *p, float *t, __nv_bfloat16 *h16, float dx_beta,
-                                   const float *xa, float *uo) {
-    const int r = (int)p->a.shape[0];
-    const float *A = (const float *)p->a.data, *B = (const float *)p->b.data, s = p->scale;
-    float *u = uo ? uo : t + (size_t)rows * r;
-    __nv_bfloat16 *A16 = h16, *u16 = h16 ? A16 + (size_t)r * K : NULL, *t16 = h16 ? u16 + (size_t)rows * r : NULL;
-    __nv_bfloat16 *B16 = h16 ? t16 + (size_t)rows * r : NULL;
-    lmx_status st = LMX_OK;
-    if (xa) {
-        t = (float *)xa;
-    } else if (x16) {
-        st = cuda_narrow_bf16(cb, A16, A, (int64_t)r * K);
-        if (!st) st = hgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A16, K, x16, K, 0.0f, t, r);
-    } else {
-        st = sgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A, K, x, K, 0.0f, t, r);
-    }
-    if (dy16) { /* u = s dy B, dB [N, r] += s dy^T t */
-        if (!st) st = cuda_narrow_bf16(cb, B16, B, (int64_t)N * r);
-        if (!st) st = cuda_narrow_bf16(cb, t16, t, (int64_t)rows * r);
-        if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B16, r, dy16, N, 0.0f, u, r);
-        if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t16, r, dy16, N, 1.0f, db, r);
-    } else {
-        if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B, r, dy, N, 0.0f, u, r);
-        if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t, r, dy, N, 1.0f, db, r);
-    }
-    if (!st && x16) { /* dA [r, K] */
-        st = cuda_narrow_bf16(cb, u16, u, (int64_t)rows * r);
-        if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x16, K, u16, r, 1.0f, da, K);
-    } else if (!st) {
-        st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, K, r, rows, 1.0f, x, K, u, r, 1.0f, da, K);
-    }
-    if (!st && dx) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, K, rows, r, 1.0f, A, K, u, r, dx_beta, dx, K);
-    return st;
-}
-
-/* xa [B*T, r] of pairs of rank r (lora_keep, lora_bwd): its shape, checked */
-static lmx_status lora_xa_check(lmx_backend *be, const lmx_tensor *xa, int B, int T, const lmx_lora_pair *const *pairs) {
-    const int64_t r = xa->shape[xa->ndim - 1];
-    if (xa->dtype != LMX_DTYPE_F32 || lmx_tensor_nelem(xa) != (int64_t)B * T * r)
-        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora: x A^T is not [%d, %lld] f32", B * T, (long long)r);
-    for (int b = 0; b < B; b++)
-        if (pairs[b] && pairs[b]->a.shape[0] != r)
-            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora: x A^T of rank %lld for a pair of rank %lld", (long long)r,
-                               (long long)pairs[b]->a.shape[0]);
-    return LMX_OK;
-}
-
-static lmx_status bwd_lora_keep(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
-                                const lmx_lora_pair *const *pairs, lmx_tensor *xa) {
-    lmx_status st = lora_xa_check(be, xa, B, T, pairs);
-    return st ? st : cuda_lora_xa(be, y, x, B, T, pairs, (float *)xa->data);
-}
-
-static lmx_status bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
-                           const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
-                           unsigned fresh, const lmx_tensor *xa, lmx_tensor *uo) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    if (!st && xa) st = lora_xa_check(be, xa, B, T, pairs);
-    if (!st && uo) st = lora_xa_check(be, uo, B, T, pairs); /* u has xa's shape */
-    for (int b = 0; !st && uo && b < B; b++)
-        if (pairs[b] != pairs[0])
-            st = lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: u for rows of more than one pair");
-    if (st) return st;
-    const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
-    int64_t need = 0, rmax = 0;
-    for (int b0 = 0; b0 < B;) { /* segments: consecutive sequences with one pair and one gradient */
-        int b1 = b0 + 1;
-        while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
-        const lmx_lora_pair *p = pairs[b0];
-        if (p && !lmx_lora_pair_fits(p, K, N))
-            return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: pair of sequence %d does not fit [%lld -> %lld]",
-                               b0, (long long)K, (long long)N);
-        if (p && 2 * (int64_t)(b1 - b0) * T * p->a.shape[0] > need) need = 2 * (int64_t)(b1 - b0) * T * p->a.shape[0];
-        if (p && p->a.shape[0] > rmax) rmax = p->a.shape[0];
-        b0 = b1;
-    }
-    /* t and u [rows, r] f32, then with a bf16 x or dy the room lora_segment_bwd narrows into */
-    const int half = x->dtype == LMX_DTYPE_BF16, dyb = dy->dtype == LMX_DTYPE_BF16;
-    const size_t h16n = half || dyb ? (size_t)(rmax * K + need + rmax * N) : 0;
-    float *t = need ? (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)need * sizeof(float) + h16n * 2) : NULL;
-    if (need && !t) return cb->base.err.status;
-    __nv_bfloat16 *h16 = h16n && need ? (__nv_bfloat16 *)(t + need) : NULL;
-    for (int b0 = 0; b0 < B && !st;) {
-        int b1 = b0 + 1;
-        while (b1 < B && pairs[b1] == pairs[b0] && da[b1] == da[b0] && db[b1] == db[b0]) b1++;
-        const int64_t r0 = (int64_t)b0 * T;
-        if (pairs[b0]) {
-            st = lora_segment_bwd(cb, dx ? (float *)dx->data + r0 * K : NULL, (float *)da[b0]->data,
-                                  (float *)db[b0]->data, dyb ? NULL : (const float *)dy->data + r0 * N,
-                                  dyb ? (const __nv_bfloat16 *)dy->data + r0 * N : NULL,
-                                  half ? NULL : (const float *)x->data + r0 * K,
-                                  half ? (const __nv_bfloat16 *)x->data + r0 * K : NULL, (b1 - b0) * T, (int)K, (int)N,
-                                  pairs[b0], t, h16, fresh & 1 ? 0.0f : 1.0f,
-                                  xa ? (const float *)xa->data + r0 * pairs[b0]->a.shape[0] : NULL,
-                                  uo ? (float *)uo->data + r0 * pairs[b0]->a.shape[0] : NULL);
-        } else if (dx && (fresh & 1)) { /* no pair: a fresh dx's rows are zeros */
-            const cudaError_t e = cudaMemsetAsync((float *)dx->data + r0 * K, 0, (size_t)(b1 - b0) * T * K * sizeof(float),
-                                                  cb->stream);
-            if (e != cudaSuccess) st = cuda_fail(cb, e, "lora backward");
-        }
-        b0 = b1;
-    }
-    return st;
-}
-
-/* dx [rows, K] (+)= sum_i u[i] A_i (backward.h lora_dx): one TF32 product over the terms side by side (u's
- * columns and A's rows gathered in scratch: K = the ranks' sum), so that dx is read and written once */
-static lmx_status bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
-                              const lmx_lora_pair *const *pairs, unsigned fresh) {
-    cuda_backend *cb = (cuda_backend *)be;
-    lmx_status st = cuda_graph_flush(cb);
-    const int64_t K = dx->shape[dx->ndim - 1], rows = lmx_tensor_nelem(dx) / K;
-    int64_t rt = 0;
-    for (int i = 0; i < count && !st; i++) {
-        if (pairs[i]->a.shape[1] != K || lmx_tensor_nelem(&u[i]) != rows * pairs[i]->a.shape[0])
-            st = lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora dx: term %d does not fit [%lld, %lld]", i, (long long)rows,
-                             (long long)K);
-        rt += pairs[i]->a.shape[0];
-    }
-    if (st || rows <= 0) return st;
-    const float beta = fresh & 1 ? 0.0f : 1.0f;
-    if (count == 1)
-        return sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)rt, 1.0f, (const float *)pairs[0]->a.data,
-                     (int)K, (const float *)u[0].data, (int)rt, beta, (float *)dx->data, (int)K);
-    if (!count) {
-        const cudaError_t e = fresh & 1 ? cudaMemsetAsync(dx->data, 0, (size_t)rows * K * 4, cb->stream) : cudaSuccess;
-        return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "lora dx");
-    }
-    float *a = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)rt * (K + rows) * sizeof(float));
-    if (!a) return cb->base.err.status;
-    float *ut = a + rt * K; /* [rows, rt] */
-    cudaError_t e = cudaSuccess;
-    for (int i = 0, j = 0; i < count && e == cudaSuccess; j += (int)pairs[i]->a.shape[0], i++) {
-        const size_t r = (size_t)pairs[i]->a.shape[0];
-        e = cudaMemcpyAsync(a + j * K, pairs[i]->a.data, r * K * 4, cudaMemcpyDeviceToDevice, cb->stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync(ut + j, rt * 4, u[i].data, r * 4, r * 4, rows, cudaMemcpyDeviceToDevice, cb->stream);
-    }
-    if (e != cudaSuccess) return cuda_fail(cb, e, "lora dx");
-    return sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)rt, 1.0f, a, (int)K, ut, (int)rt, beta,
-                 (float *)dx->data, (int)K);
 }
 
 /* ---- elementwise -------------------------------------------------------------------------------- */
@@ -649,7 +476,7 @@ static lmx_status gemm_batched(cuda_backend *cb, cublasOperation_t ta, cublasOpe
                                const float *a, int lda, long long sa, const float *b, int ldb, long long sb, float beta,
                                float *c, int ldc, long long sc, int count) {
     const float one = 1.0f;
-    return blas(cb, cublasGemmStridedBatchedEx(cb->blas, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, sa, b, CUDA_R_32F,
+    return cuda_blas(cb, cublasGemmStridedBatchedEx(cb->blas, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, sa, b, CUDA_R_32F,
                                                ldb, sb, &beta, c, CUDA_R_32F, ldc, sc, count,
                                                CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
                 "attention backward");
@@ -894,7 +721,7 @@ static lmx_status bwd_xent(lmx_backend *be, lmx_tensor *z, const int32_t *target
 extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .rmsnorm_bwd = */ bwd_rmsnorm,
     /* .matmul_bwd = */ bwd_matmul,
-    /* .lora_bwd = */ bwd_lora,
+    /* .lora_bwd = */ cuda_bwd_lora,
     /* .glu_bwd = */ bwd_glu,
     /* .softcap_bwd = */ bwd_softcap,
     /* .rope_bwd = */ bwd_rope,
@@ -910,13 +737,13 @@ extern "C" const lmx_backward_ops lmx_cuda_backward = {
     /* .offload = */ cuda_bwd_offload,
     /* .reload = */ cuda_bwd_reload,
     /* .glu_keep = */ cuda_bwd_glu_keep,
-    /* .lora_keep = */ bwd_lora_keep,
+    /* .lora_keep = */ cuda_bwd_lora_keep,
     /* .rmsnorm_keep = */ cuda_bwd_rmsnorm_keep,
     /* .glu_redo = */ cuda_bwd_glu_redo,
     /* .rmsnorm_redo = */ cuda_bwd_rmsnorm_redo,
     /* .lora_add = */ cuda_bwd_lora_add,
     /* .adamw_many = */ cuda_bwd_adamw_many,
-    /* .lora_dx = */ bwd_lora_dx,
+    /* .lora_dx = */ cuda_bwd_lora_dx,
     /* .glu_bwd_dx = */ cuda_glu_bwd_dx,
     /* .zero_many = */ cuda_bwd_zero_many,
 };

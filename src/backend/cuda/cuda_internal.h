@@ -116,6 +116,10 @@ typedef struct cuda_backend {
 /* Turn a CUDA error into an lmx status with "cuda: <message> in <what>" (NOMEM for allocations). */
 lmx_status cuda_fail(cuda_backend *cb, cudaError_t e, const char *what);
 lmx_status cuda_blas_fail(cuda_backend *cb, cublasStatus_t s, const char *what);
+/* LMX_OK for a successful cuBLAS call, else cuda_blas_fail's status */
+static inline lmx_status cuda_blas(cuda_backend *cb, cublasStatus_t s, const char *what) {
+    return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, what);
+}
 /* The launch error of the last kernel, if any. */
 lmx_status cuda_check_launch(cuda_backend *cb, const char *what);
 /* A tensor from the activation pool as the alloc op makes one, but left uninitialised (its writer
@@ -197,6 +201,14 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
 lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
                           __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const struct lmx_lora_term *tg,
                           const struct lmx_lora_term *tu, int *done);
+/* the LoRA backward ops (cuda_lora_bwd.cu; backward.h) */
+lmx_status cuda_bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da, lmx_tensor *const *db,
+                         const lmx_tensor *dy, const lmx_tensor *x, int B, int T, const lmx_lora_pair *const *pairs,
+                         unsigned fresh, const lmx_tensor *xa, lmx_tensor *u);
+lmx_status cuda_bwd_lora_keep(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
+                              const lmx_lora_pair *const *pairs, lmx_tensor *xa);
+lmx_status cuda_bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
+                            const lmx_lora_pair *const *pairs, unsigned fresh);
 /* the glu_bwd_dx backward op (backward.h) */
 lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                            const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, int count,
