@@ -25,6 +25,7 @@ run env LMX_CUDA_ATT_FOLD=0 LMX_CUDA_STREAM_MIN=0 LMX_CUDA_MOE_STAGED=0 "$bin/te
 # the upload's rewrite as MLX groups (cuda_repack.cu) otherwise leaves to Q5 / Q6 / Q2 / Q3 types and experts
 run env LMX_CUDA_GGUF_REPACK=0 "$bin/test_cuda_ops"
 [ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
+[ -x "$bin/test_cuda_keep" ] && run "$bin/test_cuda_keep"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)
 # (and checkpointed: the layers' inputs through host memory, offload / reload; each layer run again taking
 # back its first run's hidden state after attention, and on qwen3 (head dim 32, whose flash kernels write the

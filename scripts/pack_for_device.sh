@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/fixtures/models" "$root/.devbuild"
-for b in ${PACK_BINS:-lmx test_cuda_ops test_cuda_backward test_runtime test_adapter test_memory test_inspect}; do if [ -x "$build/$b" ]; then strip -o "$stage/bin/$b" "$build/$b"; fi; done
+for b in ${PACK_BINS:-lmx test_cuda_ops test_cuda_backward test_cuda_keep test_runtime test_adapter test_memory test_inspect}; do if [ -x "$build/$b" ]; then strip -o "$stage/bin/$b" "$build/$b"; fi; done
 ldd "$build/lmx" | awk '/=> \// {print $3}' | grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc|libgcc_s|libcublas' |
     while read -r so; do cp -L "$so" "$stage/lib/"; done
 for m in llama qwen2 qwen3 gemma2 gemma3 gemma3_scaled qwen3_moe llama_q4 llama_q8 qwen3_q4 qwen3_q8 gemma3_q4 gemma3_q8 \
