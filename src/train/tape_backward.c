@@ -157,7 +157,7 @@ static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor 
     }
     tape_var *y = &t->vars[r->out];
     lmx_status st = LMX_ERR_UNSUPPORTED;
-    if (y->n_du) { /* the down projection's LoRA input gradients in the same pass (du_to_maker) */
+    if (y->n_du && t->bwd->glu_bwd_dx) { /* the down projection's LoRA input gradients in the same pass (du_to_maker) */
         st = t->bwd->glu_bwd_dx(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1], r->count, r->act, y->n_du,
                                 y->du, y->du_pair);
         if (st == LMX_OK) {
@@ -385,7 +385,7 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
         /* a GLU's output keeps its terms for glu_bwd_dx (du_to_maker) where its gradient is there to take them */
-        const int to_glu = r->op == T_GLU && r->out >= 0 && t->vars[r->out].grad.data;
+        const int to_glu = r->op == T_GLU && r->out >= 0 && t->vars[r->out].grad.data && t->bwd->glu_bwd_dx;
         if (r->out >= 0 && !to_glu && (st = du_settle(t, r->out))) break;
         if (r->out < 0 || (!t->vars[r->out].grad.data && !t->vars[r->out].grad16.data)) continue; /* nothing flows back */
         /* the gradient (f32, or bf16 alone), for the profile's waits: backward may hand its buffer over, still live */

@@ -20,7 +20,8 @@ typedef struct tape_var {
                                   * LoRA record, read by the matmul record that produced y; or the gradient
                                   * alone, grad none (only16: where bf16_grad_ok, tape_backward.c, says) */
     int n_du;                    /* LoRA input-gradient terms not added yet: u[i] pair[i]->a (backward.h
-                                  * lora_dx), added in one product before anything else writes or reads grad */
+                                  * lora_dx), added in one product before anything else writes or reads grad;
+                                  * a GLU's output's, by its record's glu_bwd_dx (tape_backward.c du_to_maker) */
     lmx_tensor du[TAPE_DU];
     const lmx_lora_pair *du_pair[TAPE_DU];
 } tape_var;

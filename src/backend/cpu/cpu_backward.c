@@ -71,7 +71,8 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
     const int64_t K = x->shape[x->ndim - 1], N = dy->shape[dy->ndim - 1];
     if (dx && (fresh & 1)) memset(dx->data, 0, (size_t)B * T * K * sizeof(float));
     for (int b = 0; uo && b < B; b++)
-        if (pairs[b] != pairs[0] || !pairs[0] || uo->shape[uo->ndim - 1] != pairs[0]->a.shape[0])
+        if (pairs[b] != pairs[0] || !pairs[0] || uo->shape[uo->ndim - 1] != pairs[0]->a.shape[0] ||
+            lmx_tensor_nelem(uo) != (int64_t)B * T * pairs[0]->a.shape[0])
             return lmx_err_set(&be->err, LMX_ERR_SHAPE, "lora backward: u for rows of more than one pair or rank");
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];

@@ -103,8 +103,11 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 2) k_glu_terms(float 
  * A warp takes 32 columns and walks the block's rows 16 at a time; lane (g = lane / 4, t = lane % 4)
  * holds rows g and g + 8 of columns 4 t .. 4 t + 3 and 16 + 4 t .. 16 + 4 t + 3: the mma's columns are
  * permuted (its column n of tile j is the warp's column 16 (j / 2) + 4 (n / 2) + 2 (j % 2) + n % 2), so
- * that a lane loads and stores four neighbours at once and the four lanes of a row whole sectors.  B's fragments (s B, tf32) stay in registers; xa's rows are staged in shared memory
- * (rows R + 4 apart: the fragments' loads without bank conflicts). */
+ * that a lane loads and stores four neighbours at once and the four lanes of a row whole sectors (the
+ * mma's own layout, two neighbours a lane, lost 1% of the 8B's step: bench/tried/glu_terms_tc.patch).
+ * B's fragments (s B, tf32) stay in registers; xa's rows are staged in shared memory (rows R + 4 apart:
+ * the fragments' loads without bank conflicts).  Two blocks a multiprocessor: sixteen columns a warp at
+ * four (64 registers) was 2% slower (bench/tried/glu_tc_sixteen_columns.patch). */
 #define TC_ROWS 128
 
 static __device__ __forceinline__ uint32_t tf32_of(float x) {
