@@ -148,7 +148,7 @@ typedef struct lmx_backward_ops {
     lmx_status (*adamw_many)(lmx_backend *be, int count, lmx_tensor *const *p, const lmx_tensor *g, lmx_tensor *m,
                              const lmx_adamw_step *s);
     /* Optional (NULL: none, and lora_bwd is never given u): dx [rows, K] += sum_i u[i] pairs[i]->a over
-     * count terms (u[i] [rows, r_i] f32 as lora_bwd wrote it, pairs[i] of rank r_i); fresh bit 0: dx
+     * count >= 1 terms (u[i] [rows, r_i] f32 as lora_bwd wrote it, pairs[i] of rank r_i); fresh bit 0: dx
      * written.  The input gradients of the LoRA pairs that read one input (q, k, v; gate, up) in one
      * product where the backend can: one pass over dx where each pair's took one. */
     lmx_status (*lora_dx)(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,

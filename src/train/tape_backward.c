@@ -384,9 +384,9 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     if (mark < 0 || mark > t->n_recs) mark = t->n_recs;
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
-        /* a GLU's output keeps its terms for glu_bwd_dx (du_to_maker) where its gradient is there to take them */
-        const int to_glu = r->op == T_GLU && r->out >= 0 && t->vars[r->out].grad.data && t->bwd->glu_bwd_dx;
-        if (r->out >= 0 && !to_glu && (st = du_settle(t, r->out))) break;
+        /* terms waiting for this record's own op (du_to_maker) stay where it has a gradient to take them with */
+        const int to_op = r->out >= 0 && t->vars[r->out].grad.data && du_to_maker(t, r->out);
+        if (r->out >= 0 && !to_op && (st = du_settle(t, r->out))) break;
         if (r->out < 0 || (!t->vars[r->out].grad.data && !t->vars[r->out].grad16.data)) continue; /* nothing flows back */
         /* the gradient (f32, or bf16 alone), for the profile's waits: backward may hand its buffer over, still live */
         const lmx_tensor dy = t->vars[r->out].grad.data ? t->vars[r->out].grad : t->vars[r->out].grad16;

@@ -119,6 +119,7 @@ static lmx_status cpu_lora_bwd(lmx_backend *be, lmx_tensor *dx, lmx_tensor *cons
 static lmx_status cpu_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
                               const lmx_lora_pair *const *pairs, unsigned fresh) {
     const int64_t K = dx->shape[dx->ndim - 1], rows = lmx_tensor_nelem(dx) / K;
+    if (count < 1) return lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "lora dx: no terms");
     for (int i = 0; i < count; i++) {
         const int r = (int)pairs[i]->a.shape[0];
         if (pairs[i]->a.shape[1] != K || lmx_tensor_nelem(&u[i]) != rows * r)
@@ -127,7 +128,6 @@ static lmx_status cpu_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)K, r, 1.0f, (const float *)u[i].data, r,
                     (const float *)pairs[i]->a.data, (int)K, i == 0 && (fresh & 1) ? 0.0f : 1.0f, (float *)dx->data, (int)K);
     }
-    if (!count && (fresh & 1)) memset(dx->data, 0, (size_t)rows * K * sizeof(float));
     return LMX_OK;
 }
 

@@ -351,7 +351,7 @@ static lmx_status lora_segment(cuda_backend *cb, float *y, const float *x, const
     }
     if (st == CUBLAS_STATUS_SUCCESS && y) /* y NULL: the shrink alone (lora_keep's deferred expand) */
         st = cuda_lora_expand(cb, y + r0 * N, t, rows, N, p);
-    return st == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, st, "lora gemm");
+    return cuda_blas(cb, st, "lora gemm");
 }
 
 lmx_status cuda_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,

@@ -152,15 +152,12 @@ lmx_status cuda_bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lm
                              (long long)K);
         rt += pairs[i]->a.shape[0];
     }
+    if (!st && count < 1) st = lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "lora dx: no terms");
     if (st || rows <= 0) return st;
     const float beta = fresh & 1 ? 0.0f : 1.0f;
     if (count == 1)
         return sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)rt, 1.0f, (const float *)pairs[0]->a.data,
                      (int)K, (const float *)u[0].data, (int)rt, beta, (float *)dx->data, (int)K);
-    if (!count) {
-        const cudaError_t e = fresh & 1 ? cudaMemsetAsync(dx->data, 0, (size_t)rows * K * 4, cb->stream) : cudaSuccess;
-        return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "lora dx");
-    }
     float *a = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)rt * (K + rows) * sizeof(float));
     if (!a) return cb->base.err.status;
     float *ut = a + rt * K; /* [rows, rt] */

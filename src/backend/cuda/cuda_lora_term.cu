@@ -281,6 +281,12 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, 
     }
 }
 
+/* Whether the tensor-core kernels take a term of rank R over rows x N values: ranks 8 and 16, whole warps of
+ * columns, the grid's rows of blocks, every pointer (or-ed into ptrs) 16-byte aligned */
+static int tc_fits(int64_t R, int64_t N, int64_t rows, uintptr_t ptrs) {
+    return (R == 8 || R == 16) && N % 32 == 0 && rows <= 65535LL * TC_ROWS && !(ptrs & 15);
+}
+
 lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                            const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, int count,
                            const lmx_tensor *ut, const lmx_lora_pair *const *pairs) {
@@ -288,12 +294,11 @@ lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, 
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
     const int64_t R = count == 1 ? pairs[0]->a.shape[0] : 0, N = count == 1 ? pairs[0]->a.shape[1] : 0;
-    const int takes = count == 1 && (R == 8 || R == 16) && N % 32 == 0 && n % N == 0 &&
-                      lmx_tensor_nelem(&ut[0]) == n / N * R && n / N <= 65535LL * TC_ROWS &&
+    const int takes = count == 1 && N && n % N == 0 && lmx_tensor_nelem(&ut[0]) == n / N * R &&
+                      tc_fits(R, N, n / N, (uintptr_t)dgate->data | (uintptr_t)dup->data | (uintptr_t)dy->data |
+                                               (uintptr_t)gate->data | (uintptr_t)up->data) &&
                       dgate->dtype == LMX_DTYPE_BF16 && dup->dtype == LMX_DTYPE_BF16 && dy->dtype == LMX_DTYPE_F32 &&
-                      gate->dtype == LMX_DTYPE_BF16 && up->dtype == LMX_DTYPE_BF16 &&
-                      !(((uintptr_t)dgate->data | (uintptr_t)dup->data | (uintptr_t)dy->data | (uintptr_t)gate->data |
-                         (uintptr_t)up->data) & 15);
+                      gate->dtype == LMX_DTYPE_BF16 && up->dtype == LMX_DTYPE_BF16;
     if (!takes) return LMX_ERR_UNSUPPORTED; /* no message: the caller adds the terms first */
     const int64_t rows = n / N;
     const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
@@ -349,7 +354,7 @@ static lmx_status term_rank(cuda_backend *cb, const lmx_lora_term *t, int64_t n,
 static lmx_status term_gemm(cuda_backend *cb, float *y, const lmx_lora_term *t) {
     const cublasStatus_t st =
         cuda_lora_expand(cb, y, (const float *)t->xa->data, t->xa->shape[0], t->pair->b.shape[0], t->pair);
-    return st == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, st, "lora term");
+    return cuda_blas(cb, st, "lora term");
 }
 
 static term_arg term_of(const lmx_lora_term *t) {
@@ -380,8 +385,8 @@ lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const
     const int64_t rows = n / N;
     const term_arg ag = term_of(tg), au = term_of(tu);
     *done = 1;
-    if (R <= 16 && N % 32 == 0 && rows <= 65535LL * TC_ROWS && !(((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up |
-                                                                   (uintptr_t)gk | (uintptr_t)uk | (uintptr_t)ok) & 15)) {
+    if (tc_fits(R, N, rows, (uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)gk | (uintptr_t)uk |
+                                (uintptr_t)ok)) {
         const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
         if (R == 8) k_glu_terms_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
         else k_glu_terms_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);

@@ -143,7 +143,7 @@ static lmx_status gemm16(cuda_backend *cb, const void *x16, const void *w16, cud
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, nb, M, K, &one, w16, t, K, x16, t, K, &zero,
                                     y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul");
+    return cuda_blas(cb, s, "matmul");
 }
 
 /* y_i = x_i @ w_i^T for i < count (bf16 x [M, K], bf16 weights of one shape [N, K], f32 outputs [M, N]) as one
@@ -153,7 +153,7 @@ lmx_status cuda_gemm_bf16_batch(cuda_backend *cb, const void *const *ptr, int co
     cublasStatus_t s = cublasGemmBatchedEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, ptr + count, CUDA_R_16BF, K,
                                            ptr, CUDA_R_16BF, K, &zero, (void *const *)(ptr + 2 * count), CUDA_R_32F, N,
                                            count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul batch");
+    return cuda_blas(cb, s, "matmul batch");
 }
 
 /* x f32, or xb non-NULL: x already bf16 (a training keep) for a bf16 or quantized w */
@@ -164,7 +164,7 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloa
         const float one = 1.0f, zero = 0.0f;
         cublasStatus_t s = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, (const float *)w->data, K,
                                        x, K, &zero, y, N);
-        return s == CUBLAS_STATUS_SUCCESS ? LMX_OK : cuda_blas_fail(cb, s, "matmul");
+        return cuda_blas(cb, s, "matmul");
     }
     int f16 = !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_F16;
     void *x16 = xb ? (void *)xb : cuda_scratch(cb, CUDA_SCRATCH_X, (size_t)M * K * 2);
