@@ -329,9 +329,11 @@ static void test_offload(void) {
 
 /* offload / reload of several kinds of block interleaved, as a checkpointed step with replay has them (a
  * layer's input, attention output and hidden state; train.c): three blocks a layer, the middle one wider and
- * reloaded into a bf16 tensor (copied as it is), reloaded from the last layer down, kind by kind, each
+ * reloaded into a bf16 tensor (copied as it is into one a row longer in the first step; in the second, of the
+ * block's size, it takes the stage's memory), reloaded from the last layer down, kind by kind, each
  * fetching its kind's block of the layer below ahead; two steps, the second offloading new values over the
- * stages the first left: each the values rounded to bf16, bit for bit. */
+ * stages the first left, and its last layer's blocks never offloaded (train.c keeps them on the device):
+ * only their fetches of the layer below (reload of no dst).  Each the values rounded to bf16, bit for bit. */
 static void test_offload_kinds(void) {
     const int L = 4, K = 3;
     const int64_t rows = 9, cols[3] = {301, 517, 301};
@@ -342,7 +344,8 @@ static void test_offload_kinds(void) {
     CHECK(host != NULL);
     for (int step = 0; step < 2 && host; step++) {
         float *v = rand_vec(per * L, 20.0f);
-        for (int l = 0; l < L; l++)
+        const int top = step ? L - 1 : L; /* the layers below it offloaded */
+        for (int l = 0; l < top; l++)
             for (int k = 0; k < K; k++) {
                 lmx_tensor x = act(gpu, rows, cols[k], v + l * per + off[k]);
                 CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)(l * per + off[k]) * 2, &x) == LMX_OK);
@@ -351,10 +354,14 @@ static void test_offload_kinds(void) {
         for (int l = L - 1; l >= 0; l--)
             for (int k = 0; k < K; k++) {
                 const int64_t n = rows * cols[k];
-                lmx_tensor back = k == 1 ? (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, cols[k]}}
-                                         : act(gpu, rows, cols[k], NULL);
-                if (k == 1) CHECK(gpu->ops->alloc(gpu, &back) == LMX_OK);
                 const char *next = l > 0 ? host + (size_t)((l - 1) * per + off[k]) * 2 : NULL;
+                if (l == top) {
+                    CHECK(lmx_cuda_backward.reload(gpu, NULL, NULL, n, next) == LMX_OK);
+                    continue;
+                }
+                lmx_tensor back = k == 1 ? (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows + !step, cols[k]}}
+                                         : act(gpu, rows, cols[k], NULL); /* bf16 of the block's size: the stage's memory taken */
+                if (k == 1) CHECK(gpu->ops->alloc(gpu, &back) == LMX_OK);
                 CHECK(lmx_cuda_backward.reload(gpu, &back, host + (size_t)(l * per + off[k]) * 2, n, next) == LMX_OK);
                 float *got = k == 1 ? fetch16(&back, n) : fetch(gpu, &back, n);
                 int64_t bad = 0;

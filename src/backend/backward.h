@@ -105,10 +105,12 @@ typedef struct lmx_backward_ops {
      * host memory, for the inputs a checkpointed step holds through its forward pass.  offload copies x
      * (f32) into host (page-locked, from host_alloc; room for x's values in keep_dtype) without waiting
      * for the copy; reload writes such a block of n values back into dst (f32, or keep_dtype: copied as it
-     * is), and with next non-NULL (a block of n values offloaded before) starts fetching it for a reload to
-     * come (several kinds of block may interleave, each fetching its next: train.c's replay).  The backend orders
-     * the copies after the ops before them and before the ops after, so the caller never waits; host
-     * blocks are freed with host_free, which waits for their copies. */
+     * is, or where dst is the backend's allocation of n values, its memory exchanged for the block's),
+     * and with next non-NULL (a block of n values offloaded before) starts fetching it for a reload to come
+     * (several kinds of block may interleave, each fetching its next: train.c's replay); with dst and host
+     * NULL it only starts fetching next.  The backend orders the copies after the ops before them and
+     * before the ops after, so the caller never waits; host blocks are freed with host_free, which waits
+     * for their copies. */
     lmx_status (*offload)(lmx_backend *be, void *host, const lmx_tensor *x);
     lmx_status (*reload)(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
     /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's

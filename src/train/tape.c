@@ -23,12 +23,15 @@ static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0
     double fwd_t0 = 0;                                  \
     if (t->prof_fwd) t->lazy_s = 0, prof_lap(t, (x), &fwd_t0)
 
-/* Buffer data is one replay fills later (lmx_tape_replay qkv): the ops writing it are recorded, not run */
+/* Buffer data is one replay fills later (lmx_tape_replay qkv: the ops writing it are recorded, not run), or
+ * one whose value replay left out (input: the layer's input and its norm's output, t->absent) */
 static int muted(const lmx_tape *t, const void *data) {
-    return t->rp.qkv && data && (data == t->rp.qkv_buf[0] || data == t->rp.qkv_buf[1] || data == t->rp.qkv_buf[2]);
+    return data && ((t->rp.qkv && (data == t->rp.qkv_buf[0] || data == t->rp.qkv_buf[1] || data == t->rp.qkv_buf[2])) ||
+                    data == t->absent[0] || data == t->absent[1]);
 }
 static lmx_status muted_read(lmx_tape *t, const char *op) {
-    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: %s reads q, k or v before replay has written them", op);
+    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: %s reads a value replay has not written (q, k, v, or the "
+                       "layer's input or its norm)", op);
 }
 
 /* ---- recorded ops ----------------------------------------------------------------------------- */
@@ -43,17 +46,32 @@ static lmx_status w_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ta
     return st;
 }
 
+/* Record r's input x [rows, n] is the layer's input that replay gives as a keep (lmx_tape_replay input): its
+ * keep; the norm does not run, and its output stays muted until written again. */
+static lmx_status rmsnorm_given(lmx_tape *t, tape_rec *r, lmx_tensor *out, const lmx_tensor *x, int rows, int n) {
+    if (lmx_tensor_nelem(&t->rp.input) != (int64_t)rows * n)
+        return lmx_err_set(&t->base.err, LMX_ERR_SHAPE, "tape: the replayed input is not the norm's [%d, %d]", rows, n);
+    if ((r->keep[0] = tape_keep_made(t, x->data, rows, n, r->in[0], &t->rp.input)) < 0) return nomem(t);
+    lmx_status st = tape_guard(t, out->data);
+    if (st) return st;
+    if ((r->out = tape_var_new(t, out->data, rows, n, 1)) < 0) return nomem(t);
+    t->absent[1] = out->data;
+    return LMX_OK;
+}
+
 static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                               int n, float eps, float add_one) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    if (muted(t, x->data)) return muted_read(t, "rmsnorm");
+    const int given = t->rp.input.data && x->data == t->rp.input_buf && requires(t, vx);
+    if (muted(t, x->data) && !given) return muted_read(t, "rmsnorm");
     tape_rec *r = NULL;
     if (requires(t, vx)) {
         if (!(r = tape_rec_new(t, T_RMSNORM))) return nomem(t);
+        r->in[0] = vx, r->w = w, r->rows = rows, r->n = n, r->eps = eps, r->one = add_one;
+        if (given) return rmsnorm_given(t, r, out, x, rows, n);
         lmx_status st = tape_save(t, &r->keep[0], x, rows, n);
         if (st) return st;
-        r->in[0] = vx, r->w = w, r->rows = rows, r->n = n, r->eps = eps, r->one = add_one;
     }
     /* a hidden state's norm (not a per-head one, whose output RoPE rewrites) writes the keep of the
      * matmuls' input that follows in its pass, where the backend can */
@@ -84,6 +102,7 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     lmx_status st = tape_guard(t, out->data); /* nothing waits: w_matmul settled */
     if (st) return st;
     if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
+        if (muted(t, x->data)) return muted_read(t, "matmul");
         const lmx_tensor *xin = tape_shared_input(t, x, M, w->shape[1]);
         const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
                              .keep = tape_lazy_hold(t, xin)};
@@ -168,7 +187,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
         } else if (watched && !tape_redo_input(t, &r->keep[0], vx, rows, K)) {
-            st = tape_save(t, &r->keep[0], x, rows, K);
+            st = muted(t, x->data) ? muted_read(t, "lora") : tape_save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
@@ -176,6 +195,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     lmx_status st = tape_guard(t, y->data);
     if (st) return st;
     if (muted(t, y->data)) return lora_versioned(t, r, y, rows, N, watched); /* replay writes y: nothing runs */
+    if (muted(t, x->data)) return muted_read(t, "lora");
     const lmx_tensor *xin = drop ? &r->own : tape_shared_input(t, x, rows, K);
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;
@@ -205,7 +225,8 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
 static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
-    if (muted(t, y->data) || muted(t, x->data)) return muted_read(t, "add");
+    const int given = t->rp.resid && y->data == t->rp.resid_buf; /* y's value may be replay's (below) */
+    if ((muted(t, y->data) && !given) || muted(t, x->data)) return muted_read(t, "add");
     /* x's waiting LoRA expand in the add's pass (the projection's buffer is not read again) */
     lmx_status st = tape_settle_others(t, x->data != y->data ? x->data : NULL, NULL);
     int ix = st ? -1 : tape_term_index(t, x->data);
@@ -217,11 +238,13 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     tape_term d = {0};
     const lmx_lora_term term = !st && ix >= 0 ? tape_term_take(t, ix, &d) : (lmx_lora_term){0};
     /* replay (lmx_tape_replay): the matmul and LoRA left unrun feed this add alone, whose result is given */
-    if (!st && lazy && t->rp.resid && y->data == t->rp.resid_buf && tape_unkept(t, x->data)) {
+    if (!st && lazy && given && tape_unkept(t, x->data)) {
         lmx_status (*fill)(void *, lmx_tensor *) = t->rp.resid;
         t->rp.resid = NULL;
         if (!(st = tape_lazy_end(t, 0))) st = pass(t, fill(t->rp.user, y));
-    } else if (!st && lazy)
+    } else if (!st && muted(t, y->data))
+        st = muted_read(t, "add");
+    else if (!st && lazy)
         st = tape_lazy_push(t, &(tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1});
     else if (!st && term.pair)
         st = pass(t, t->bwd->lora_add(t->in, y, x, n, &term));
@@ -646,7 +669,9 @@ void lmx_tape_clear_watches(lmx_tape *t) { t->n_watches = 0; }
 
 void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r) {
     if (t->rp.lse.data) t->in->ops->release(t->in, &t->rp.lse);
+    if (t->rp.input.data) t->in->ops->release(t->in, &t->rp.input);
     t->rp = r ? *r : (lmx_tape_replay){0};
+    t->absent[0] = t->rp.input.data ? t->rp.input_buf : NULL, t->absent[1] = NULL;
 }
 
 void lmx_tape_reset(lmx_tape *t) {

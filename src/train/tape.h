@@ -80,7 +80,11 @@ void lmx_tape_set_keep_glu(lmx_tape *t, int on);
  * k and v) are muted until the attention op that reads them: the frozen matmuls, LoRA and RoPE that write
  * them are recorded but not run (LoRA's backward then computes its x A^T itself), and before that attention
  * op runs (or replays) qkv writes its inputs (which 0, 1, 2: q, k, v, into dst f32 [M, cols]); any other op
- * reading a muted buffer fails.  NULL: none. */
+ * reading a muted buffer fails.  With input.data set (the tape's from the call; released where not taken),
+ * buffer input_buf (a leaf: the layer's input) does not hold its value, which input holds in the backend's
+ * keep dtype: the first rmsnorm of input_buf is recorded with input as its keep but not run, and input_buf
+ * and that norm's output are muted until an op writes them (for a layer whose only readers of them are left
+ * unrun or replayed: with qkv and resid).  NULL: none. */
 typedef struct lmx_tape_replay {
     lmx_status (*att)(void *user, lmx_tensor *dst);
     lmx_tensor lse;
@@ -88,6 +92,8 @@ typedef struct lmx_tape_replay {
     const void *resid_buf;
     lmx_status (*qkv)(void *user, int which, lmx_tensor *dst);
     const void *qkv_buf[3];
+    lmx_tensor input;
+    const void *input_buf;
     void *user;
 } lmx_tape_replay;
 void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r);

@@ -120,6 +120,8 @@ struct lmx_tape {
     int n_lazy;
     double lazy_s;               /* with prof_fwd: seconds of ops left unrun that ran since the op began */
     lmx_tape_replay rp;          /* lmx_tape_set_replay (att, resid NULL: taken, or none) */
+    const void *absent[2];       /* buffers whose value replay left out (its input's, the norm's output): muted
+                                  * until an op writes them (tape_var_new) */
     int keep_glu;                /* lmx_tape_set_keep_glu */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;

@@ -22,6 +22,8 @@ int tape_var_new(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int 
     tape_var *v = &t->vars[t->n_vars];
     memset(v, 0, sizeof *v);
     v->rows = rows, v->cols = cols, v->requires = req;
+    for (int i = 0; i < 2; i++) /* written: its value is there now */
+        if (t->absent[i] == data) t->absent[i] = NULL;
     for (int i = 0; i < t->n_bufs; i++)
         if (t->bufs[i].data == data) {
             t->bufs[i].var = t->n_vars;

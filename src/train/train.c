@@ -162,7 +162,9 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
  * [M, H*D], hidden state after the attention block [M, C], and attention inputs q [M, H*D], k and v
  * [M, Hk*D]): page-locked host memory, a block of stride bytes a layer (host non-NULL: the backend's
  * offload / reload ops; kind k at byte offset off[k]), or the backward ops' keeps in saved[CK_KINDS l + k]
- * (bf16 on cuda, as every other value backward reads there). */
+ * (bf16 on cuda, as every other value backward reads there).  The last layer keeps its own on the device
+ * even where the others go to the host: backward starts with it, so its copies would come straight back
+ * while it waited; it fetches the layer below's instead. */
 enum { CK_INPUT, CK_ATT, CK_RESID, CK_Q, CK_K, CK_V, CK_KINDS };
 typedef struct ckpt_store {
     lmx_trainer *tr;
@@ -170,6 +172,7 @@ typedef struct ckpt_store {
     lmx_tensor *saved;           /* [CK_KINDS L] */
     char *host;
     size_t stride, off[CK_KINDS];
+    int on_host;                 /* layers below this one are in host (where host is not NULL) */
     int qkv;                     /* replay takes back q, k and v too (qkv_replayable) */
     int M, l;                    /* rows; the layer a replay serves */
     lmx_tensor *lse;             /* [L] each layer's attention log-sum-exp, for replay (data NULL: none) */
@@ -194,15 +197,14 @@ static char *ck_host(const ckpt_store *cs, int l, int k) { return cs->host + (si
 static lmx_status ck_save(ckpt_store *cs, int l, int k, const lmx_tensor *x) {
     lmx_model *m = cs->tr->m;
     lmx_backend *be = cs->be;
-    lmx_status st = cs->host ? be->ops->backward->offload(be, ck_host(cs, l, k), x)
-                             : be->ops->backward->keep(be, &cs->saved[CK_KINDS * l + k], x);
+    lmx_status st = cs->host && l < cs->on_host ? be->ops->backward->offload(be, ck_host(cs, l, k), x)
+                                                : be->ops->backward->keep(be, &cs->saved[CK_KINDS * l + k], x);
     if (!st) cs->has[l] |= 1u << k;
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
 
 /* Kind k of layer l (n values) back into dst (f32, or the keep dtype: then the keep itself in dst's place
- * where it is on the device), its copy released; from host memory, layer l - 1's fetched ahead where it
- * was saved too. */
+ * where it is on the device), its copy released; layer l - 1's fetched ahead where it was saved to the host. */
 static lmx_status ck_load(ckpt_store *cs, int l, int k, lmx_tensor *dst, int64_t n) {
     lmx_model *m = cs->tr->m;
     lmx_backend *be = cs->be;
@@ -211,14 +213,16 @@ static lmx_status ck_load(ckpt_store *cs, int l, int k, lmx_tensor *dst, int64_t
     lmx_status st;
     if (!(cs->has[l] >> k & 1)) return lmx_err_set(&m->err, LMX_ERR_BACKEND, "trainer: layer %d's checkpoint is missing", l);
     cs->has[l] &= ~(1u << k);
-    if (cs->host) {
-        const int next = l > cs->tr->lowest && (cs->has[l - 1] >> k & 1);
-        st = bw->reload(be, dst, ck_host(cs, l, k), n, next ? ck_host(cs, l - 1, k) : NULL);
-    } else if (dst->dtype == sv->dtype && dst->dtype != LMX_DTYPE_F32) {
-        be->ops->release(be, dst);
-        *dst = *sv, *sv = (lmx_tensor){0};
-        return LMX_OK;
-    } else {
+    const char *next = cs->host && l > cs->tr->lowest && (cs->has[l - 1] >> k & 1) && l - 1 < cs->on_host
+                           ? ck_host(cs, l - 1, k) : NULL;
+    if (cs->host && l < cs->on_host) {
+        st = bw->reload(be, dst, ck_host(cs, l, k), n, next);
+    } else if (!(st = next ? bw->reload(be, NULL, NULL, n, next) : LMX_OK)) { /* a keep on the device */
+        if (dst->dtype == sv->dtype && dst->dtype != LMX_DTYPE_F32) {
+            be->ops->release(be, dst);
+            *dst = *sv, *sv = (lmx_tensor){0};
+            return LMX_OK;
+        }
         st = bw->restore(be, dst, sv);
         be->ops->release(be, sv);
     }
@@ -273,9 +277,20 @@ static lmx_status replay_qkv(void *user, int which, lmx_tensor *dst) { /* a laye
     return replay_load(cs, CK_Q + which, dst, lmx_tensor_nelem(dst), which == 0 ? 2 : -1);
 }
 
-/* What layer l's run again takes back instead of computing: what its first run saved */
-static void replay_set(ckpt_store *cs, int l) {
-    lmx_tape_replay rp = {.user = cs};
+/* Whether layer l's run again needs its input only as its attention norm's keep: its q, k, v (every reader
+ * of that norm's output) and the hidden state after its attention block (written over the input by the
+ * residual add) are taken back; not the lowest trained layer (its input needs no gradient: its norm is not
+ * recorded, so it runs) */
+static int input_given(const ckpt_store *cs, int l) {
+    const unsigned want = 1u << CK_INPUT | 1u << CK_RESID | 7u << CK_Q;
+    return l > cs->tr->lowest && (cs->has[l] & want) == want;
+}
+
+/* What layer l's run again takes back instead of computing: what its first run saved, and with input->data
+ * its input as its norm's keep (the tape's now) */
+static void replay_set(ckpt_store *cs, int l, lmx_tensor *input) {
+    lmx_tape_replay rp = {.user = cs, .input = *input, .input_buf = cs->tr->m->ws.x.data};
+    *input = (lmx_tensor){0};
     cs->l = l;
     if ((cs->has[l] >> CK_ATT & 1) && cs->lse && cs->lse[l].data) {
         rp.att = replay_att, rp.lse = cs->lse[l];
@@ -335,13 +350,21 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
     m->be = inner;
     for (int l = m->cfg.n_layers - 1; l >= tr->lowest && g.data && !st; l--) {
         lmx_tape_reset(tr->tape);
-        /* the layer runs on its input; where its buffers go between layers, the MLP's come after attention's go */
-        if ((st = ck_load(cs, l, CK_INPUT, &m->ws.x, n)) ||
-            (st = lmx_model_layer_buffers_of(m, release_ws ? LMX_WS_SHARED | LMX_WS_ATTN : LMX_WS_ALL, 0)))
+        /* the layer runs on its input (or takes it as its norm's keep: input_given); where its buffers go
+         * between layers, the MLP's come after attention's go */
+        lmx_tensor x16 = {.dtype = inner->ops->backward->keep_dtype(inner), .ndim = 2, .shape = {n / m->cfg.hidden, m->cfg.hidden}};
+        if (input_given(cs, l) && (st = lmx_backend_alloc_raw(inner, &x16))) {
+            lmx_err_set(&m->err, st, "%s", inner->err.msg);
             break;
+        }
+        if ((st = ck_load(cs, l, CK_INPUT, x16.data ? &x16 : &m->ws.x, n)) ||
+            (st = lmx_model_layer_buffers_of(m, release_ws ? LMX_WS_SHARED | LMX_WS_ATTN : LMX_WS_ALL, 0))) {
+            if (x16.data) inner->ops->release(inner, &x16);
+            break;
+        }
         const int in = l > tr->lowest ? lmx_tape_leaf(tr->tape, &m->ws.x, n / m->cfg.hidden, m->cfg.hidden) : -1;
         if (l > tr->lowest && in < 0) st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
-        replay_set(cs, l);
+        replay_set(cs, l, &x16);
         m->be = tb;
         m->layer_save = release_ws ? &mid : NULL;
         if (!st) st = lmx_model_layers(m, kvs, ads, bt, l, l + 1);
@@ -471,7 +494,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
                 const int64_t cols[CK_KINDS] = {m->cfg.hidden, replay ? m->q_width : 0, replay ? m->cfg.hidden : 0,
                                                 cs.qkv ? m->q_width : 0, cs.qkv ? m->kv_width : 0, cs.qkv ? m->kv_width : 0};
                 for (int k = 0; k < CK_KINDS; k++) cs.off[k] = cs.stride, cs.stride += (size_t)M * cols[k] * es;
-                if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park;
+                if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park, cs.on_host = L - 1;
             }
             for (int l = tr->lowest; replay && l < L; l++) { /* where there is no room: those layers compute it again */
                 cs.lse[l] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)B * m->cfg.n_heads * T}};

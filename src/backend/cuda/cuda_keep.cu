@@ -248,8 +248,9 @@ void cuda_park_free(cuda_backend *cb) {
     cb->park = NULL;
 }
 
-/* cb->park made, with stage s of at least bytes (made, or grown from the stream-ordered pool) */
-static lmx_status park_ready(cuda_backend *cb, int s, size_t bytes) {
+/* cb->park made, with stage s of at least bytes (made, or grown from the stream-ordered pool; with exact, of
+ * bytes exactly) */
+static lmx_status park_ready(cuda_backend *cb, int s, size_t bytes, int exact) {
     if (!cb->park) {
         cuda_park *P = (cuda_park *)calloc(1, sizeof *P);
         if (!P) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "cuda: out of memory");
@@ -261,7 +262,7 @@ static lmx_status park_ready(cuda_backend *cb, int s, size_t bytes) {
         }
     }
     cuda_park *P = cb->park;
-    if (bytes <= P->bytes[s]) return LMX_OK;
+    if (exact ? bytes == P->bytes[s] : bytes <= P->bytes[s]) return LMX_OK;
     stage_free(cb, s);
     lmx_status st = lmx_backend_mem_check(&cb->base, (int64_t)bytes);
     if (st) return lmx_err_prefix(&cb->base.err, "offload stages");
@@ -272,10 +273,11 @@ static lmx_status park_ready(cuda_backend *cb, int s, size_t bytes) {
     return LMX_OK;
 }
 
-/* The copy stream brings host block (n values) into stage s, after the main stream's last use of it. */
+/* The copy stream brings host block (n values) into stage s, after the main stream's last use of it; the
+ * stage of the block's size exactly, so that a reload into a tensor of that size can hand it over. */
 static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t n, size_t es) {
     cuda_park *P = cb->park;
-    lmx_status st = park_ready(cb, s, (size_t)n * es);
+    lmx_status st = park_ready(cb, s, (size_t)n * es, 1);
     if (st) return st;
     CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "reload");
     CUDA_TRY(cb, cudaMemcpyAsync(P->stage[s], host, (size_t)n * es, cudaMemcpyHostToDevice, P->copy), "reload");
@@ -305,10 +307,10 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     const int64_t n = lmx_tensor_nelem(x);
     const lmx_dtype dt = cuda_bwd_keep_dtype(be);
     const size_t es = lmx_dtype_size(dt);
-    if (st || n <= 0 || (st = park_ready(cb, 0, 0))) return st; /* the park itself */
+    if (st || n <= 0 || (st = park_ready(cb, 0, 0, 0))) return st; /* the park itself */
     cuda_park *P = cb->park;
     const int s = offload_stage(P, (size_t)n * es);
-    if ((st = park_ready(cb, s, (size_t)n * es))) return st;
+    if ((st = park_ready(cb, s, (size_t)n * es, 0))) return st;
     P->turn = s;
     for (int i = 0; i < PARK_STAGES; i++) /* overwritten, or its contents change */
         if (i == s || P->ahead[i] == host) P->ahead[i] = NULL;
@@ -321,17 +323,34 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     return LMX_OK;
 }
 
+/* Only next fetched ahead (n values), into a stage that holds nothing to come; the stages left from offload go */
+static lmx_status park_ahead(cuda_backend *cb, const void *next, int64_t n, size_t es) {
+    lmx_status st = park_ready(cb, 0, 0, 0); /* the park itself */
+    if (st) return st;
+    cuda_park *P = cb->park;
+    int s = -1;
+    for (int i = 0; i < PARK_STAGES && s < 0; i++)
+        if (P->ahead[i] == next && P->ahead_n[i] == n) return LMX_OK; /* on its way already */
+    for (int i = 0; i < PARK_STAGES; i++)
+        if (!P->ahead[i] && (s < 0 || (P->bytes[s] < (size_t)n * es && P->bytes[i] > P->bytes[s]))) s = i;
+    if (s < 0) return LMX_OK; /* every stage holds a block to come: next is reloaded when asked */
+    for (int i = 0; i < PARK_STAGES; i++)
+        if (i != s && !P->ahead[i]) stage_free(cb, i);
+    return park_fetch(cb, s, next, n, es);
+}
+
 lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     const lmx_dtype dt = cuda_bwd_keep_dtype(be);
     const size_t es = lmx_dtype_size(dt);
     if (st || n <= 0) return st;
+    if (!dst) return next ? park_ahead(cb, next, n, es) : LMX_OK;
     if (lmx_tensor_nelem(dst) < n) return lmx_err_set(&be->err, LMX_ERR_SHAPE, "reload: %lld values into a tensor of %lld",
                                                       (long long)n, (long long)lmx_tensor_nelem(dst));
     if (dst->dtype != LMX_DTYPE_F32 && dst->dtype != dt)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "reload: into a tensor of dtype %d", (int)dst->dtype);
-    if ((st = park_ready(cb, 0, 0))) return st; /* the park itself */
+    if ((st = park_ready(cb, 0, 0, 0))) return st; /* the park itself */
     cuda_park *P = cb->park;
     int s = -1;
     for (int i = 0; i < PARK_STAGES && s < 0; i++)
@@ -349,6 +368,9 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "reload");
     if (dst->dtype == LMX_DTYPE_F32) {
         st = restore_into(cb, (float *)dst->data, P->stage[s], dt, n);
+    } else if (dst->owned && (size_t)lmx_tensor_nelem(dst) * es == P->bytes[s]) { /* the memories exchanged */
+        void *d = dst->data;
+        dst->data = P->stage[s], P->stage[s] = d;
     } else {
         cudaError_t e = cudaMemcpyAsync(dst->data, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream);
         st = e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "reload");
