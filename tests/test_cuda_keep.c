@@ -46,6 +46,19 @@ static void test_glu_keep(void) {
             bad += hg[i] != lmx_f32_to_bf16(gv[i]) || hu[i] != lmx_f32_to_bf16(uv[i]) ||
                    (act_i && ho[i] != lmx_f32_to_bf16(o2[i]));
         CHECK_MSG(bad == 0, "glu_keep (act %d): %lld keeps differ from the values rounded to bf16", act_i, (long long)bad);
+        if (act_i) { /* no output but its keep: the same keep, gate left as it was */
+            lmx_tensor g2 = act(gpu, 1, n, gv);
+            CHECK(gpu->ops->write(gpu, &ok, 0, hg, (size_t)n * 2) == LMX_OK); /* other bits first */
+            CHECK(lmx_cuda_backward.glu_keep(gpu, NULL, &g2, &u.g, n, a, &gk, &uk, &ok, NULL, NULL) == LMX_OK);
+            uint16_t *h2 = malloc((size_t)n * 2);
+            float *g2v = fetch(gpu, &g2, n);
+            CHECK(gpu->ops->read(gpu, &ok, 0, h2, (size_t)n * 2) == LMX_OK);
+            CHECK_MSG(!memcmp(h2, ho, (size_t)n * 2) && !memcmp(g2v, gv, (size_t)n * 4),
+                      "glu_keep without output: its keep differs, or gate was written");
+            CHECK(lmx_cuda_backward.glu_keep(gpu, NULL, &g2, &u.g, n, a, &gk, &uk, NULL, NULL, NULL) == LMX_ERR_INVALID_ARG);
+            free(h2), free(g2v);
+            gpu->ops->release(gpu, &g2);
+        }
         check_both(act_i ? "glu_keep output (gelu)" : "glu_keep output (silu)", &g, act_i ? 1e-4 : 1e-5);
         drop(&u);
         gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk), gpu->ops->release(gpu, &ok);
@@ -84,22 +97,25 @@ static void test_lora_terms(int r, int which, int N, int rows) {
     const lmx_lora_term tg = {&xa[0], &pg[0]}, tu = {&xa[1], &pg[1]};
     const lmx_lora_pair *pc0 = &pc[0], *pc1 = &pc[1];
     char what[96];
-    for (int act_i = 0; act_i < 2; act_i++) { /* glu_keep: which 1 gate's term, 2 up's, 3 both */
+    for (int v = 0; v < 4; v++) { /* glu_keep: which 1 gate's term, 2 up's, 3 both; with v >> 1 no output but ok */
+        const int act_i = v & 1, no_out = v >> 1;
         const lmx_act ac = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
         tpair g = rand_both(rows, N, 3.0f), u = rand_both(rows, N, 2.0f);
         lmx_tensor gk = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}}, uk = gk, ok = gk;
         CHECK(gpu->ops->alloc(gpu, &gk) == LMX_OK && gpu->ops->alloc(gpu, &uk) == LMX_OK && gpu->ops->alloc(gpu, &ok) == LMX_OK);
-        CHECK(lmx_cuda_backward.glu_keep(gpu, &g.g, &g.g, &u.g, n, ac, &gk, &uk, &ok, which & 1 ? &tg : NULL,
+        CHECK(lmx_cuda_backward.glu_keep(gpu, no_out ? NULL : &g.g, &g.g, &u.g, n, ac, &gk, &uk, &ok, which & 1 ? &tg : NULL,
                                          which & 2 ? &tu : NULL) == LMX_OK);
         if (which & 1) CHECK(cpu->ops->lora(cpu, &g.c, &x.c, 1, rows, &pc0) == LMX_OK);
         if (which & 2) CHECK(cpu->ops->lora(cpu, &u.c, &x.c, 1, rows, &pc1) == LMX_OK);
-        snprintf(what, sizeof what, "glu_keep with terms (rank %d, terms %d, act %d): ", r, which, act_i);
+        snprintf(what, sizeof what, "glu_keep with terms (rank %d, terms %d, act %d%s): ", r, which, act_i,
+                 no_out ? ", no output" : "");
         char w2[128];
         snprintf(w2, sizeof w2, "%sgate's keep", what), compare_keep(w2, &gk, &g.c, n);
         snprintf(w2, sizeof w2, "%sup's keep", what), compare_keep(w2, &uk, &u.c, n);
         CHECK(cpu->ops->glu(cpu, &g.c, &g.c, &u.c, n, ac) == LMX_OK);
         snprintf(w2, sizeof w2, "%sout's keep", what), compare_keep(w2, &ok, &g.c, n);
-        snprintf(w2, sizeof w2, "%soutput", what), check_both(w2, &g, 2e-3);
+        if (no_out) drop(&g);
+        else snprintf(w2, sizeof w2, "%soutput", what), check_both(w2, &g, 2e-3);
         drop(&u);
         gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk), gpu->ops->release(gpu, &ok);
     }

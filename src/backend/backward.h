@@ -115,7 +115,8 @@ typedef struct lmx_backward_ops {
     lmx_status (*reload)(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
     /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's
      * values into gk and uk, and with ok non-NULL out's into ok, which the caller allocated in keep_dtype
-     * and gate's shape: one pass over gate and up where the op and their keeps take three or four.
+     * and gate's shape: one pass over gate and up where the op and their keeps take three or four.  out
+     * NULL (with ok): the output in ok alone.
      * tg / tu (NULL: none): terms added to gate / up first ([n / cols, cols] each), in the same pass where
      * the backend can; the keeps hold the values with them. */
     lmx_status (*glu_keep)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,

@@ -102,7 +102,7 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     lmx_status st = tape_guard(t, out->data); /* nothing waits: w_matmul settled */
     if (st) return st;
     if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
-        if (muted(t, x->data)) return muted_read(t, "matmul");
+        if (muted(t, x->data) && !tape_copied(t, x->data, M, w->shape[1])) return muted_read(t, "matmul");
         const lmx_tensor *xin = tape_shared_input(t, x, M, w->shape[1]);
         const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
                              .keep = tape_lazy_hold(t, xin)};
@@ -187,7 +187,8 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
         } else if (watched && !tape_redo_input(t, &r->keep[0], vx, rows, K)) {
-            st = muted(t, x->data) ? muted_read(t, "lora") : tape_save(t, &r->keep[0], x, rows, K);
+            st = muted(t, x->data) && !tape_copied(t, x->data, rows, K) ? muted_read(t, "lora")
+                                                                          : tape_save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
@@ -195,7 +196,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     lmx_status st = tape_guard(t, y->data);
     if (st) return st;
     if (muted(t, y->data)) return lora_versioned(t, r, y, rows, N, watched); /* replay writes y: nothing runs */
-    if (muted(t, x->data)) return muted_read(t, "lora");
+    if (muted(t, x->data) && (drop || !tape_copied(t, x->data, rows, K))) return muted_read(t, "lora");
     const lmx_tensor *xin = drop ? &r->own : tape_shared_input(t, x, rows, K);
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;
@@ -307,12 +308,14 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
         st = tape_settle(t, gate->data);
         if (!st) st = tape_settle(t, up->data);
     }
-    /* and the output's, which the down projection's matmul and LoRA read (tape_shared_input) */
+    /* and the output's, which the down projection's matmul and LoRA read (tape_shared_input); then the output
+     * itself is not written (its buffer muted) but where LoRA dropout reads it in f32 */
     lmx_tensor ok = kg && !st ? tape_keep_room(t, n / cols, cols) : (lmx_tensor){0};
+    const int bf16_only = ok.data && t->drop_p <= 0;
     if (!st) st = tape_guard(t, out->data);
     if (!st && kg)
-        st = pass(t, t->bwd->glu_keep(t->in, out, gate, up, n, act, &kg->copy, &ku->copy, ok.data ? &ok : NULL,
-                                      tg.xa ? &tg : NULL, tu.xa ? &tu : NULL));
+        st = pass(t, t->bwd->glu_keep(t->in, bf16_only ? NULL : out, gate, up, n, act, &kg->copy, &ku->copy,
+                                      ok.data ? &ok : NULL, tg.xa ? &tg : NULL, tu.xa ? &tu : NULL));
     else if (!st) st = pass(t, t->in->ops->glu(t->in, out, gate, up, n, act));
     const int v = st ? -1 : tape_var_new(t, out->data, n / cols, cols, req);
     if (!st && v < 0) st = nomem(t);
@@ -321,6 +324,7 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
         return st;
     }
     if (ok.data) tape_hold_shared(t, out->data, n / cols, cols, v, &ok);
+    if (bf16_only) t->absent[2] = out->data;
     if (r) r->out = v;
     return LMX_OK;
 }
@@ -477,6 +481,7 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
                                 int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
+    if (muted(t, x->data)) return muted_read(t, "gather rows");
     lmx_status st = tape_settle(t, NULL);
     if (!st) st = tape_guard(t, out->data);
     if (!st) st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
@@ -671,7 +676,7 @@ void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r) {
     if (t->rp.lse.data) t->in->ops->release(t->in, &t->rp.lse);
     if (t->rp.input.data) t->in->ops->release(t->in, &t->rp.input);
     t->rp = r ? *r : (lmx_tape_replay){0};
-    t->absent[0] = t->rp.input.data ? t->rp.input_buf : NULL, t->absent[1] = NULL;
+    t->absent[0] = t->rp.input.data ? t->rp.input_buf : NULL, t->absent[1] = t->absent[2] = NULL;
 }
 
 void lmx_tape_reset(lmx_tape *t) {

@@ -120,8 +120,9 @@ struct lmx_tape {
     int n_lazy;
     double lazy_s;               /* with prof_fwd: seconds of ops left unrun that ran since the op began */
     lmx_tape_replay rp;          /* lmx_tape_set_replay (att, resid NULL: taken, or none) */
-    const void *absent[2];       /* buffers whose value replay left out (its input's, the norm's output): muted
-                                  * until an op writes them (tape_var_new) */
+    const void *absent[3];       /* buffers whose f32 value is not there: replay's input and its norm's output,
+                                  * a GLU's output written as its bf16 keep alone; muted until an op writes them
+                                  * (tape_var_new) */
     int keep_glu;                /* lmx_tape_set_keep_glu */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
@@ -195,6 +196,7 @@ lmx_status tape_grow(void **p, int *cap, int need, size_t size);
 int tape_var_new(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int req);
 lmx_status tape_save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, int64_t cols);
 lmx_status tape_guard(lmx_tape *t, const void *data);
+int tape_copied(const lmx_tape *t, const void *data, int64_t rows, int64_t cols);
 /* drop a reference to keep id: its copy (and a redo's inputs) released with the last */
 void tape_unkeep(lmx_tape *t, int id);
 int tape_redo_input(lmx_tape *t, int *id, int vx, int64_t rows, int64_t cols);

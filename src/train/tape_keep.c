@@ -22,7 +22,7 @@ int tape_var_new(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int 
     tape_var *v = &t->vars[t->n_vars];
     memset(v, 0, sizeof *v);
     v->rows = rows, v->cols = cols, v->requires = req;
-    for (int i = 0; i < 2; i++) /* written: its value is there now */
+    for (int i = 0; i < 3; i++) /* written: its value is there now */
         if (t->absent[i] == data) t->absent[i] = NULL;
     for (int i = 0; i < t->n_bufs; i++)
         if (t->bufs[i].data == data) {
@@ -51,6 +51,17 @@ lmx_status tape_save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, in
     t->keeps[t->n_keeps] = (tape_keep){.src = x->data, .rows = rows, .cols = cols, .var = v, .refs = 1};
     *id = t->n_keeps++;
     return LMX_OK;
+}
+
+/* Whether the keep of buffer data's current version [rows, cols] holds a copy (what a muted buffer's readers
+ * that take tape_shared_input read: a GLU's output written as its bf16 keep alone) */
+int tape_copied(const lmx_tape *t, const void *data, int64_t rows, int64_t cols) {
+    const int v = var_of(t, data);
+    for (int i = t->n_keeps - 1; v >= 0 && i >= 0; i--) {
+        const tape_keep *k = &t->keeps[i];
+        if (k->refs > 0 && k->copy.data && k->src == data && k->var == v && k->rows == rows && k->cols == cols) return 1;
+    }
+    return 0;
 }
 
 /* Buffer data is about to be written or released: the keeps that still read it get their copies. */

@@ -8,8 +8,8 @@ extern "C" {
 #include "../backward.h"
 }
 
-/* out = act(g) u as the glu op computes it (out may be g), and bf16 copies of g and u (and of out: ok
- * non-NULL) */
+/* out = act(g) u as the glu op computes it (out may be g; NULL: not written), and bf16 copies of g and u
+ * (and of out: ok non-NULL) */
 template <int V>
 __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const float *g,
                            const float *u, int64_t n, int act) {
@@ -21,13 +21,13 @@ __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_
                                          glu_act(a.w, act) * b.w);
             cuda_st4(gk + i, a);
             cuda_st4(uk + i, b);
-            cuda_st4(o + i, y);
+            if (o) cuda_st4(o + i, y);
             if (ok) cuda_st4(ok + i, y);
         } else {
             const float gi = g[i], ui = u[i], oi = glu_act(gi, act) * ui;
             gk[i] = __float2bfloat16(gi);
             uk[i] = __float2bfloat16(ui);
-            o[i] = oi;
+            if (o) o[i] = oi;
             if (ok) ok[i] = __float2bfloat16(oi);
         }
 }
@@ -40,14 +40,15 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     if (st || n <= 0) return st;
     if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16 || (ok && ok->dtype != LMX_DTYPE_BF16))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: bf16 keeps only");
+    if (!out && !ok) return lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "glu with keeps: no output");
+    float *o = out ? (float *)out->data : NULL;
     if (tg || tu) { /* the terms in the same pass (cuda_lora_term.cu), or added to gate and up first */
         int done = 0;
-        st = cuda_glu_terms(cb, (float *)out->data, (const float *)gate->data, (const float *)up->data, n, (int)act,
+        st = cuda_glu_terms(cb, o, (const float *)gate->data, (const float *)up->data, n, (int)act,
                             (__nv_bfloat16 *)gk->data, (__nv_bfloat16 *)uk->data,
                             ok ? (__nv_bfloat16 *)ok->data : NULL, tg, tu, &done);
         if (st || done) return st;
     }
-    float *o = (float *)out->data;
     const float *g = (const float *)gate->data, *u = (const float *)up->data;
     __nv_bfloat16 *g16 = (__nv_bfloat16 *)gk->data, *u16 = (__nv_bfloat16 *)uk->data,
                   *o16 = ok ? (__nv_bfloat16 *)ok->data : NULL;
