@@ -51,11 +51,12 @@ static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int
     }
 }
 
-/* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair), with and without dx; x kept in bf16
- * (then the products that read it take bf16 operands); with xa, both backends read x A^T as the cuda
- * lora_keep op wrote it, whose output is the lora op's bit for bit */
-static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_xa) {
-    const int B = 4, T = 5, K = 48, N = 40, r = 8;
+/* B = 4 sequences of T rows: pairs p, p, none, q (dA / dB per pair) of rank r, with and without dx; x kept in
+ * bf16 (then the products that read it take bf16 operands); with xa, both backends read x A^T as the cuda
+ * lora_keep op wrote it, whose output is the lora op's bit for bit.  N a multiple of 512 with a bf16 dy takes
+ * cuda_lora_udb's one pass for u and dB. */
+static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_xa, int T, int N, int r) {
+    const int B = 4, K = 48;
     tpair a[2], b[2], da[2], db[2];
     lmx_lora_pair pg[2], pc[2];
     for (int i = 0; i < 2; i++) {
@@ -418,15 +419,18 @@ int main(void) {
     test_matmul("mlx8", LMX_DTYPE_U32, 8, 0, 64, 192, 3, 1e-2);
     test_matmul("q4_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 64, 512, 21, 1e-2);
     test_matmul("q8_0", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 50, 96, 12, 1e-2);
-    test_lora(1, 0, 0, 0, 0);
-    test_lora(0, 0, 0, 0, 0);
-    test_lora(1, 1, 0, 0, 0);
-    test_lora(1, 0, 1, 0, 0); /* dx written: its rows of the sequence without a pair are zeros */
-    test_lora(1, 1, 1, 0, 0);
-    test_lora(1, 1, 1, 1, 0); /* dy as the tape's bf16 copy too */
-    test_lora(1, 0, 0, 1, 0); /* an f32 x (dropout's copy) beside it */
-    test_lora(1, 1, 1, 1, 1); /* x A^T from the forward (lora_keep), as the tape runs it */
-    test_lora(0, 0, 0, 0, 1);
+    test_lora(1, 0, 0, 0, 0, 5, 40, 8);
+    test_lora(0, 0, 0, 0, 0, 5, 40, 8);
+    test_lora(1, 1, 1, 1, 1, 77, 1024, 16); /* u and dB in one pass: segments of 154 and 77 rows */
+    test_lora(1, 0, 0, 1, 0, 40, 512, 8);
+    test_lora(0, 1, 0, 1, 1, 300, 2048, 16); /* several chunks of rows */
+    test_lora(1, 1, 0, 0, 0, 5, 40, 8);
+    test_lora(1, 0, 1, 0, 0, 5, 40, 8); /* dx written: its rows of the sequence without a pair are zeros */
+    test_lora(1, 1, 1, 0, 0, 5, 40, 8);
+    test_lora(1, 1, 1, 1, 0, 5, 40, 8); /* dy as the tape's bf16 copy too */
+    test_lora(1, 0, 0, 1, 0, 5, 40, 8); /* an f32 x (dropout's copy) beside it */
+    test_lora(1, 1, 1, 1, 1, 5, 40, 8); /* x A^T from the forward (lora_keep), as the tape runs it */
+    test_lora(0, 0, 0, 0, 1, 5, 40, 8);
     test_lora_dx(1, 0);
     test_lora_dx(3, 1);
     test_lora_dx(2, 0);

@@ -187,6 +187,9 @@ lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x);
 lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
+/* u [rows, r] = s dy B, db [N, r] += s dy^T t in one read of dy (cuda_lora_udb.cu); *done 0: not these shapes */
+lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloat16 *dy, const float *B, const float *t,
+                         int64_t rows, int64_t N, int r, float s, int *done);
 /* offload's stages, stream and events (cuda_keep.cu), freed with the backend; wait for its copies; the
  * stages that hold no block fetched ahead freed (trim_scratch: after a forward pass's offloads) */
 void cuda_park_free(cuda_backend *cb);

@@ -48,12 +48,14 @@ static lmx_status lora_segment_bwd(cuda_backend *cb, float *dx, float *da, float
     } else {
         st = sgemm(cb, CUBLAS_OP_T, CUBLAS_OP_N, r, rows, K, 1.0f, A, K, x, K, 0.0f, t, r);
     }
-    if (dy16) { /* u = s dy B, dB [N, r] += s dy^T t */
+    int fused = 0; /* u and dB in one read of dy (cuda_lora_udb.cu), where it takes the shapes */
+    if (dy16 && !st) st = cuda_lora_udb(cb, u, db, dy16, B, t, rows, N, r, s, &fused);
+    if (dy16 && !fused) { /* u = s dy B, dB [N, r] += s dy^T t */
         if (!st) st = cuda_narrow_bf16(cb, B16, B, (int64_t)N * r);
         if (!st) st = cuda_narrow_bf16(cb, t16, t, (int64_t)rows * r);
         if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B16, r, dy16, N, 0.0f, u, r);
         if (!st) st = hgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t16, r, dy16, N, 1.0f, db, r);
-    } else {
+    } else if (!dy16) {
         if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, N, s, B, r, dy, N, 0.0f, u, r);
         if (!st) st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, r, N, rows, s, t, r, dy, N, 1.0f, db, r);
     }
