@@ -172,7 +172,7 @@ typedef struct ckpt_store {
     lmx_tensor *saved;           /* [CK_KINDS L] */
     char *host;
     size_t stride, off[CK_KINDS];
-    int on_host;                 /* layers below this one are in host (where host is not NULL) */
+    int on_host;                 /* where host is not NULL: the layers below this one are saved there */
     int qkv;                     /* replay takes back q, k and v too (qkv_replayable) */
     int M, l;                    /* rows; the layer a replay serves */
     lmx_tensor *lse;             /* [L] each layer's attention log-sum-exp, for replay (data NULL: none) */
@@ -352,7 +352,8 @@ static lmx_status layers_back(lmx_trainer *tr, lmx_backend *inner, lmx_kv_layer 
         lmx_tape_reset(tr->tape);
         /* the layer runs on its input (or takes it as its norm's keep: input_given); where its buffers go
          * between layers, the MLP's come after attention's go */
-        lmx_tensor x16 = {.dtype = inner->ops->backward->keep_dtype(inner), .ndim = 2, .shape = {n / m->cfg.hidden, m->cfg.hidden}};
+        lmx_tensor x16 = {.dtype = inner->ops->backward->keep_dtype(inner), .ndim = 2,
+                          .shape = {n / m->cfg.hidden, m->cfg.hidden}};
         if (input_given(cs, l) && (st = lmx_backend_alloc_raw(inner, &x16))) {
             lmx_err_set(&m->err, st, "%s", inner->err.msg);
             break;

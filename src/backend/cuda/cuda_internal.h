@@ -40,6 +40,7 @@ enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS   
        CUDA_SCRATCH_MOE_ROWS,  /* a mixture of experts over many rows: places, rows grouped by expert
                                   see cuda_moe_grouped.cu */
        CUDA_SCRATCH_TERM,      /* lora_glu / lora_add: the shrinks x A^T            [2, M, r] */
+       CUDA_SCRATCH_UDB,       /* LoRA backward's u and dB partial sums             see cuda_lora_udb.cu */
        CUDA_SCRATCH_SLOTS };
 
 /* Decode-step CUDA graphs (cuda_graph.cu): steps of at most CUDA_G_MAX rows (one token per

@@ -329,9 +329,9 @@ static lmx_status park_ahead(cuda_backend *cb, const void *next, int64_t n, size
     lmx_status st = park_ready(cb, 0, 0, 0); /* the park itself */
     if (st) return st;
     cuda_park *P = cb->park;
-    int s = -1;
-    for (int i = 0; i < PARK_STAGES && s < 0; i++)
+    for (int i = 0; i < PARK_STAGES; i++)
         if (P->ahead[i] == next && P->ahead_n[i] == n) return LMX_OK; /* on its way already */
+    int s = -1;
     for (int i = 0; i < PARK_STAGES; i++)
         if (!P->ahead[i] && (s < 0 || (P->bytes[s] < (size_t)n * es && P->bytes[i] > P->bytes[s]))) s = i;
     if (s < 0) return LMX_OK; /* every stage holds a block to come: next is reloaded when asked */

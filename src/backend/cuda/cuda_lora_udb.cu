@@ -158,9 +158,9 @@ lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloa
     if (chunks < 1) chunks = 1;
     const int chunk = (int)(((rows + chunks - 1) / chunks + UDB_ROWS - 1) / UDB_ROWS * UDB_ROWS);
     chunks = (int)((rows + chunk - 1) / chunk);
-    float *part = NULL;
     const size_t nu = (size_t)strips * rows * r, nd = (size_t)chunks * N * r;
-    CUDA_TRY(cb, cudaMallocFromPoolAsync((void **)&part, (nu + nd) * sizeof(float), cb->pool, cb->stream), "lora backward");
+    float *part = (float *)cuda_scratch(cb, CUDA_SCRATCH_UDB, (nu + nd) * sizeof(float));
+    if (!part) return cb->base.err.status;
     const dim3 grid((unsigned)strips, (unsigned)chunks);
     if (r == 8) k_lora_udb<8><<<grid, UDB_WARPS * 32, 0, cb->stream>>>(part, part + nu, dy, B, t, rows, N, chunk);
     else k_lora_udb<16><<<grid, UDB_WARPS * 32, 0, cb->stream>>>(part, part + nu, dy, B, t, rows, N, chunk);
@@ -172,7 +172,6 @@ lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloa
         else k_udb_sum<16><<<blocks, 256, 0, cb->stream>>>(u, db, part, part + nu, rows, N, strips, chunks, s);
         st = cuda_check_launch(cb, "lora backward (u, dB sums)");
     }
-    cudaFreeAsync(part, cb->stream);
     if (!st) *done = 1;
     return st;
 }
