@@ -350,7 +350,7 @@ static void test_tape_mute(void) {
     for (int i = 0; i < M * N; i++) kept &= q[i] == 7.0f;
     CHECK(kept);
     CHECK(tb->ops->rmsnorm(tb, &yt, &qt, &nw, M, N, 1e-6f, 0.0f) == LMX_ERR_BACKEND);
-    CHECK(strstr(tb->err.msg, "replay has not written") != NULL);
+    CHECK(strstr(tb->err.msg, "is not there") != NULL);
     lmx_tape_set_replay(t, NULL);
     CHECK(tb->ops->matmul(tb, &qt, &xt, &wt, NULL, M) == LMX_OK);
     CHECK(lmx_tape_end_forward(t, NULL) == LMX_OK);
@@ -392,7 +392,7 @@ static void test_tape_input(void) {
         CHECK(kept == given);
         if (given) {
             CHECK(tb->ops->matmul(tb, &ot, &yt, &wm, NULL, M) == LMX_ERR_BACKEND);
-            CHECK(strstr(tb->err.msg, "replay has not written") != NULL);
+            CHECK(strstr(tb->err.msg, "is not there") != NULL);
             CHECK(tb->ops->add(tb, &ot, &xt, M * N) == LMX_ERR_BACKEND);
         }
         CHECK(lmx_tape_end_forward(t, NULL) == LMX_OK);

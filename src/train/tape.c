@@ -23,15 +23,18 @@ static lmx_status fwd_lap(lmx_tape *t, int kind, const lmx_tensor *x, double *t0
     double fwd_t0 = 0;                                  \
     if (t->prof_fwd) t->lazy_s = 0, prof_lap(t, (x), &fwd_t0)
 
-/* Buffer data is one replay fills later (lmx_tape_replay qkv: the ops writing it are recorded, not run), or
- * one whose value replay left out (input: the layer's input and its norm's output, t->absent) */
+/* Buffer data is one replay fills later (lmx_tape_replay qkv): the ops writing it are recorded, not run */
 static int muted(const lmx_tape *t, const void *data) {
-    return data && ((t->rp.qkv && (data == t->rp.qkv_buf[0] || data == t->rp.qkv_buf[1] || data == t->rp.qkv_buf[2])) ||
-                    data == t->absent[0] || data == t->absent[1]);
+    return t->rp.qkv && data && (data == t->rp.qkv_buf[0] || data == t->rp.qkv_buf[1] || data == t->rp.qkv_buf[2]);
+}
+/* Buffer data's value is not there to read: muted, or left out (t->absent: replay's input and its norm's output,
+ * a GLU's output written as its bf16 keep alone; the ops writing those run) */
+static int unreadable(const lmx_tape *t, const void *data) {
+    return muted(t, data) || (data && (data == t->absent[0] || data == t->absent[1] || data == t->absent[2]));
 }
 static lmx_status muted_read(lmx_tape *t, const char *op) {
-    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: %s reads a value replay has not written (q, k, v, or the "
-                       "layer's input or its norm)", op);
+    return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: %s reads a value that is not there (q, k or v before "
+                       "replay writes them, a replayed layer's input or its norm, a GLU's f32 output)", op);
 }
 
 /* ---- recorded ops ----------------------------------------------------------------------------- */
@@ -64,7 +67,7 @@ static lmx_status rec_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
     const int given = t->rp.input.data && x->data == t->rp.input_buf && requires(t, vx);
-    if (muted(t, x->data) && !given) return muted_read(t, "rmsnorm");
+    if (unreadable(t, x->data) && !given) return muted_read(t, "rmsnorm");
     tape_rec *r = NULL;
     if (requires(t, vx)) {
         if (!(r = tape_rec_new(t, T_RMSNORM))) return nomem(t);
@@ -102,7 +105,7 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     lmx_status st = tape_guard(t, out->data); /* nothing waits: w_matmul settled */
     if (st) return st;
     if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
-        if (muted(t, x->data) && !tape_copied(t, x->data, M, w->shape[1])) return muted_read(t, "matmul");
+        if (unreadable(t, x->data) && !tape_copied(t, x->data, M, w->shape[1])) return muted_read(t, "matmul");
         const lmx_tensor *xin = tape_shared_input(t, x, M, w->shape[1]);
         const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
                              .keep = tape_lazy_hold(t, xin)};
@@ -187,7 +190,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
         } else if (watched && !tape_redo_input(t, &r->keep[0], vx, rows, K)) {
-            st = muted(t, x->data) && !tape_copied(t, x->data, rows, K) ? muted_read(t, "lora")
+            st = unreadable(t, x->data) && !tape_copied(t, x->data, rows, K) ? muted_read(t, "lora")
                                                                           : tape_save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
@@ -196,7 +199,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     lmx_status st = tape_guard(t, y->data);
     if (st) return st;
     if (muted(t, y->data)) return lora_versioned(t, r, y, rows, N, watched); /* replay writes y: nothing runs */
-    if (muted(t, x->data) && (drop || !tape_copied(t, x->data, rows, K))) return muted_read(t, "lora");
+    if (unreadable(t, x->data) && (drop || !tape_copied(t, x->data, rows, K))) return muted_read(t, "lora");
     const lmx_tensor *xin = drop ? &r->own : tape_shared_input(t, x, rows, K);
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;
@@ -227,7 +230,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
     lmx_tape *t = TAPE(be);
     const int vy = var_of(t, y->data), vx = var_of(t, x->data);
     const int given = t->rp.resid && y->data == t->rp.resid_buf; /* y's value may be replay's (below) */
-    if ((muted(t, y->data) && !given) || muted(t, x->data)) return muted_read(t, "add");
+    if ((unreadable(t, y->data) && !given) || unreadable(t, x->data)) return muted_read(t, "add");
     /* x's waiting LoRA expand in the add's pass (the projection's buffer is not read again) */
     lmx_status st = tape_settle_others(t, x->data != y->data ? x->data : NULL, NULL);
     int ix = st ? -1 : tape_term_index(t, x->data);
@@ -243,7 +246,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
         lmx_status (*fill)(void *, lmx_tensor *) = t->rp.resid;
         t->rp.resid = NULL;
         if (!(st = tape_lazy_end(t, 0))) st = pass(t, fill(t->rp.user, y));
-    } else if (!st && muted(t, y->data))
+    } else if (!st && unreadable(t, y->data))
         st = muted_read(t, "add");
     else if (!st && lazy)
         st = tape_lazy_push(t, &(tape_lazy){.op = T_ADD, .out = *y, .x = *x, .n = n, .term = d, .keep = -1});
@@ -267,7 +270,7 @@ static lmx_status rec_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, i
 static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                           lmx_act act) {
     lmx_tape *t = TAPE(be);
-    if (muted(t, gate->data) || muted(t, up->data)) return muted_read(t, "glu");
+    if (unreadable(t, gate->data) || unreadable(t, up->data)) return muted_read(t, "glu");
     lmx_status st0 = tape_lazy_end(t, 1);
     if (!st0) st0 = tape_settle_others(t, gate->data, up->data);
     if (st0) return st0;
@@ -332,7 +335,7 @@ static lmx_status rec_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *ga
 static lmx_status w_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    if (muted(t, x->data)) return muted_read(t, "softcap");
+    if (unreadable(t, x->data)) return muted_read(t, "softcap");
     lmx_status st = tape_settle(t, NULL);
     if (!st) st = tape_guard(t, x->data);
     if (!st) st = pass(t, t->in->ops->softcap(t->in, x, n, cap));
@@ -481,7 +484,7 @@ static lmx_status w_gather_rows(lmx_backend *be, lmx_tensor *out, const lmx_tens
                                 int64_t n) {
     lmx_tape *t = TAPE(be);
     const int vx = var_of(t, x->data);
-    if (muted(t, x->data)) return muted_read(t, "gather rows");
+    if (unreadable(t, x->data)) return muted_read(t, "gather rows");
     lmx_status st = tape_settle(t, NULL);
     if (!st) st = tape_guard(t, out->data);
     if (!st) st = pass(t, t->in->ops->gather_rows(t->in, out, x, rows, R, n));
@@ -582,14 +585,15 @@ static lmx_status w_write(lmx_backend *be, lmx_tensor *x, size_t off, const void
     return st;
 }
 static lmx_status w_read(lmx_backend *be, const lmx_tensor *x, size_t off, void *dst, size_t n) {
-    if (muted(TAPE(be), x->data)) return muted_read(TAPE(be), "read");
+    if (unreadable(TAPE(be), x->data)) return muted_read(TAPE(be), "read");
     lmx_status st = tape_settle(TAPE(be), x->data);
     return st ? st : pass(TAPE(be), TAPE(be)->in->ops->read(TAPE(be)->in, x, off, dst, n));
 }
 static lmx_status w_kv_append(lmx_backend *be, lmx_kv_layer *const *kv, const lmx_batch *bt, const lmx_tensor *k,
                               const lmx_tensor *v) {
     lmx_status st = tape_settle(TAPE(be), NULL);
-    if (!st && (muted(TAPE(be), k->data) || muted(TAPE(be), v->data))) st = muted_read(TAPE(be), "kv append");
+    if (!st && (unreadable(TAPE(be), k->data) || unreadable(TAPE(be), v->data)))
+        st = muted_read(TAPE(be), "kv append");
     return st ? st : pass(TAPE(be), TAPE(be)->in->ops->kv_append(TAPE(be)->in, kv, bt, k, v));
 }
 static lmx_status w_kv_reserve(lmx_backend *be, lmx_kv_layer *kv, int need, int64_t row_elems) {

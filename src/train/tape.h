@@ -82,9 +82,9 @@ void lmx_tape_set_keep_glu(lmx_tape *t, int on);
  * op runs (or replays) qkv writes its inputs (which 0, 1, 2: q, k, v, into dst f32 [M, cols]); any other op
  * reading a muted buffer fails.  With input.data set (the tape's from the call; released where not taken),
  * buffer input_buf (a leaf: the layer's input) does not hold its value, which input holds in the backend's
- * keep dtype: the first rmsnorm of input_buf is recorded with input as its keep but not run, and input_buf
- * and that norm's output are muted until an op writes them (for a layer whose only readers of them are left
- * unrun or replayed: with qkv and resid).  NULL: none. */
+ * keep dtype: the first rmsnorm of input_buf is recorded with input as its keep but not run, and an op that
+ * reads input_buf or that norm's output fails until an op writes them (for a layer whose only readers of them
+ * are left unrun or replayed: with qkv and resid).  NULL: none. */
 typedef struct lmx_tape_replay {
     lmx_status (*att)(void *user, lmx_tensor *dst);
     lmx_tensor lse;

@@ -121,8 +121,8 @@ struct lmx_tape {
     double lazy_s;               /* with prof_fwd: seconds of ops left unrun that ran since the op began */
     lmx_tape_replay rp;          /* lmx_tape_set_replay (att, resid NULL: taken, or none) */
     const void *absent[3];       /* buffers whose f32 value is not there: replay's input and its norm's output,
-                                  * a GLU's output written as its bf16 keep alone; muted until an op writes them
-                                  * (tape_var_new) */
+                                  * a GLU's output written as its bf16 keep alone; ops that read them fail
+                                  * (tape.c unreadable) until an op writes them (tape_var_new) */
     int keep_glu;                /* lmx_tape_set_keep_glu */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
