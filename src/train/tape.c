@@ -693,8 +693,7 @@ void lmx_tape_reset(lmx_tape *t) {
     for (int i = 0; i < t->n_vars; i++) {
         if (t->vars[i].grad.data) t->in->ops->release(t->in, &t->vars[i].grad);
         drop16(t, i);
-        for (int k = 0; k < t->vars[i].n_du; k++) t->in->ops->release(t->in, &t->vars[i].du[k]);
-        t->vars[i].n_du = 0;
+        drop_du(t, i);
     }
     t->n_recs = t->n_vars = t->n_bufs = t->n_keeps = 0;
 }

@@ -161,8 +161,7 @@ static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor 
         st = t->bwd->glu_bwd_dx(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1], r->count, r->act, y->n_du,
                                 y->du, y->du_pair);
         if (st == LMX_OK) {
-            for (int k = 0; k < y->n_du; k++) t->in->ops->release(t->in, &y->du[k]);
-            y->n_du = 0;
+            drop_du(t, r->out);
         } else if (st != LMX_ERR_UNSUPPORTED) {
             return pass(t, st), -1;
         }

@@ -191,6 +191,13 @@ static inline void drop16(lmx_tape *t, int v) {
     if (t->vars[v].grad16.data) t->in->ops->release(t->in, &t->vars[v].grad16);
 }
 
+/* var v's waiting LoRA input-gradient terms released (added elsewhere, or not wanted) */
+static inline void drop_du(lmx_tape *t, int v) {
+    tape_var *x = &t->vars[v];
+    for (int k = 0; k < x->n_du; k++) t->in->ops->release(t->in, &x->du[k]);
+    x->n_du = 0;
+}
+
 /* ---- vars, keeps, records (tape_keep.c; each function's comment there) -------------------------- */
 lmx_status tape_grow(void **p, int *cap, int need, size_t size);
 int tape_var_new(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int req);

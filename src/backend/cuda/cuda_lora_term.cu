@@ -13,7 +13,7 @@
  * slower).  The GLU's terms of ranks 8 and 16 over columns in multiples of 32 run on tensor cores instead
  * (k_glu_terms_tc, below).  Ranks other than 8, 16 and 32 take the expand as a GEMM first (cuBLAS, TF32 as
  * the lora op), then the op. */
-#include "cuda_internal.h"
+#include "cuda_mma.h"
 
 extern "C" {
 #include "../act_grad.h"
@@ -161,18 +161,32 @@ static __device__ __forceinline__ void tc_load8(float (&c)[4][4], const float *p
     c[0][2 * h] = v0.x, c[0][2 * h + 1] = v0.y, c[1][2 * h] = v0.z, c[1][2 * h + 1] = v0.w;
     c[2][2 * h] = v1.x, c[2][2 * h + 1] = v1.y, c[3][2 * h] = v1.z, c[3][2 * h + 1] = v1.w;
 }
+/* a row's 8 bf16 values as tc_load8 reads f32 ones (8-byte aligned), widened */
+static __device__ __forceinline__ void tc_load8(float (&c)[4][4], const __nv_bfloat16 *p, int h) {
+    const uint2 v0 = *(const uint2 *)p, v1 = *(const uint2 *)(p + 16);
+    const uint32_t w[4] = {v0.x, v0.y, v1.x, v1.y};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
+        c[j][2 * h] = f.x, c[j][2 * h + 1] = f.y;
+    }
+}
+
 static __device__ __forceinline__ void tc_zero(float (&c)[4][4], int h) {
 #pragma unroll
     for (int j = 0; j < 4; j++) c[j][2 * h] = c[j][2 * h + 1] = 0.0f;
 }
-static __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *(const uint32_t *)&v;
+/* half h of the accumulators from row `row` of m [rows, N] at column col (tc_load8), or zeros past the last row */
+template <class T>
+static __device__ __forceinline__ void tc_row(float (&c)[4][4], const T *m, int64_t row, int64_t rows, int64_t N,
+                                              int64_t col, int h) {
+    if (row < rows) tc_load8(c, m + row * N + col, h);
+    else tc_zero(c, h);
 }
 /* half h of the accumulators as tc_load8 reads them, as bf16 at p (8-byte aligned) */
 static __device__ __forceinline__ void tc_store8_bf16(__nv_bfloat16 *p, const float (&c)[4][4], int h) {
-    *(uint2 *)p = make_uint2(bf16x2(c[0][2 * h], c[0][2 * h + 1]), bf16x2(c[1][2 * h], c[1][2 * h + 1]));
-    *(uint2 *)(p + 16) = make_uint2(bf16x2(c[2][2 * h], c[2][2 * h + 1]), bf16x2(c[3][2 * h], c[3][2 * h + 1]));
+    *(uint2 *)p = make_uint2(pack_bf16(c[0][2 * h], c[0][2 * h + 1]), pack_bf16(c[1][2 * h], c[1][2 * h + 1]));
+    *(uint2 *)(p + 16) = make_uint2(pack_bf16(c[2][2 * h], c[2][2 * h + 1]), pack_bf16(c[3][2 * h], c[3][2 * h + 1]));
 }
 static __device__ __forceinline__ void tc_store8(float *p, const float (&c)[4][4], int h) {
     cuda_st4(p, make_float4(c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]));
@@ -205,10 +219,8 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
     for (int i0 = 0; i0 < nr; i0 += 16) {
         const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8; /* the lane's rows */
         float cg[4][4], cu[4][4];
-        if (ra < rows) tc_load8(cg, g + ra * N + c, 0), tc_load8(cu, u + ra * N + c, 0);
-        else tc_zero(cg, 0), tc_zero(cu, 0);
-        if (rb < rows) tc_load8(cg, g + rb * N + c, 1), tc_load8(cu, u + rb * N + c, 1);
-        else tc_zero(cg, 1), tc_zero(cu, 1);
+        tc_row(cg, g, ra, rows, N, c, 0), tc_row(cu, u, ra, rows, N, c, 0);
+        tc_row(cg, g, rb, rows, N, c, 1), tc_row(cu, u, rb, rows, N, c, 1);
         if (tg.xa) ag.add(cg, sx[0], i0, lane);
         if (tu.xa) au.add(cu, sx[1], i0, lane);
         float co[4][4];
@@ -224,17 +236,6 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
             if (o) tc_store8(o + e, co, h);
             if (ok) tc_store8_bf16(ok + e, co, h);
         }
-    }
-}
-
-/* a row's 8 bf16 values as tc_load8 reads f32 ones (8-byte aligned), widened */
-static __device__ __forceinline__ void tc_load8(float (&c)[4][4], const __nv_bfloat16 *p, int h) {
-    const uint2 v0 = *(const uint2 *)p, v1 = *(const uint2 *)(p + 16);
-    const uint32_t w[4] = {v0.x, v0.y, v1.x, v1.y};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
-        c[j][2 * h] = f.x, c[j][2 * h + 1] = f.y;
     }
 }
 
@@ -259,10 +260,11 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, 
     for (int i0 = 0; i0 < nr; i0 += 16) {
         const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8;
         float cd[4][4], cg[4][4], cu[4][4];
-        if (ra < rows) tc_load8(cd, dy + ra * N + c, 0), tc_load8(cg, g + ra * N + c, 0), tc_load8(cu, u + ra * N + c, 0);
-        else tc_zero(cd, 0), tc_zero(cg, 0), tc_zero(cu, 0);
-        if (rb < rows) tc_load8(cd, dy + rb * N + c, 1), tc_load8(cg, g + rb * N + c, 1), tc_load8(cu, u + rb * N + c, 1);
-        else tc_zero(cd, 1), tc_zero(cg, 1), tc_zero(cu, 1);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = h ? rb : ra;
+            tc_row(cd, dy, row, rows, N, c, h), tc_row(cg, g, row, rows, N, c, h), tc_row(cu, u, row, rows, N, c, h);
+        }
         at.add(cd, sx, i0, lane);
 #pragma unroll
         for (int j = 0; j < 4; j++)
