@@ -68,13 +68,10 @@ static void test_glu_keep(void) {
 
 /* a bf16 keep [n] against the cpu's f32 values (relative L2) */
 static void compare_keep(const char *what, const lmx_tensor *k, const lmx_tensor *ref, int64_t n) {
-    uint16_t *h = malloc((size_t)n * 2);
-    float *w = malloc((size_t)n * 4), *c = fetch(cpu, ref, n);
-    CHECK(gpu->ops->read(gpu, k, 0, h, (size_t)n * 2) == LMX_OK);
-    for (int64_t i = 0; i < n; i++) w[i] = lmx_bf16_to_f32(h[i]);
+    float *w = fetch16(k, n), *c = fetch(cpu, ref, n);
     const double e = rel_err(w, c, n);
     CHECK_MSG(e < 5e-3, "%s: relative error %.3g", what, e);
-    free(h), free(w), free(c);
+    free(w), free(c);
 }
 
 /* LoRA expands taken by the op that reads the projection (lmx_lora_term): the shrink alone (lora_keep with
