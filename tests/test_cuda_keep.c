@@ -389,6 +389,85 @@ static void test_offload_kinds(void) {
     if (host) gpu->ops->host_free(gpu, host);
 }
 
+/* Training's bf16 gate and up (model.h mlp16): glu_keep (with no term, gate's, both), the glu op (into f32 and
+ * bf16) and the lora_glu op over bf16 gate and up write what they write over the same values in f32, bit for
+ * bit (terms of a rank the kernels do not take: added to f32 copies by GEMMs, as the f32 path adds them in
+ * place); the matmul op's bf16 output is its f32 output rounded, give or take one bf16 step. */
+static void test_mlp16(int r, int N, int rows) {
+    const int K = 40;
+    const int64_t n = (int64_t)rows * N;
+    const lmx_act ac = LMX_ACT_SILU;
+    tpair g16 = rand_in(rows, N, 3.0f, 1), u16 = rand_in(rows, N, 2.0f, 1); /* the gpu's bf16, the cpu's f32 */
+    float *gv = fetch(cpu, &g16.c, n), *uv = fetch(cpu, &u16.c, n);
+    lmx_tensor gf = act(gpu, rows, N, gv), uf = act(gpu, rows, N, uv);
+    tpair x = rand_both(rows, K, 1.0f), a[2], b[2];
+    lmx_lora_pair pg[2];
+    lmx_tensor xa[2] = {act(gpu, rows, r, NULL), act(gpu, rows, r, NULL)};
+    for (int i = 0; i < 2; i++) {
+        a[i] = rand_both(r, K, 0.3f), b[i] = rand_both(N, r, 0.3f);
+        pg[i] = (lmx_lora_pair){a[i].g, b[i].g, 0.5f + i};
+        const lmx_lora_pair *one = &pg[i];
+        CHECK(lmx_cuda_backward.lora_keep(gpu, NULL, &x.g, 1, rows, &one, &xa[i]) == LMX_OK);
+    }
+    const lmx_lora_term tg = {&xa[0], &pg[0]}, tu = {&xa[1], &pg[1]};
+    char what[96];
+    for (int v = 0; v < 3; v++) { /* glu_keep: 0 no term, 1 gate's, 2 both */
+        lmx_tensor k[2][3];
+        for (int j = 0; j < 6; j++) {
+            k[j / 3][j % 3] = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}};
+            CHECK(gpu->ops->alloc(gpu, &k[j / 3][j % 3]) == LMX_OK);
+        }
+        const lmx_lora_term *t0 = v ? &tg : NULL, *t1 = v == 2 ? &tu : NULL;
+        CHECK(lmx_cuda_backward.glu_keep(gpu, NULL, &g16.g, &u16.g, n, ac, &k[1][0], &k[1][1], &k[1][2], t0, t1) == LMX_OK);
+        CHECK(gpu->ops->write(gpu, &gf, 0, gv, (size_t)n * 4) == LMX_OK && gpu->ops->write(gpu, &uf, 0, uv, (size_t)n * 4) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_keep(gpu, NULL, &gf, &uf, n, ac, &k[0][0], &k[0][1], &k[0][2], t0, t1) == LMX_OK);
+        for (int j = 0; j < 3; j++) {
+            float *k0 = fetch16(&k[0][j], n), *k1 = fetch16(&k[1][j], n);
+            snprintf(what, sizeof what, "glu_keep of bf16 gate and up (rank %d, N %d, terms %d): keep %d", r, N, v, j);
+            CHECK_MSG(!memcmp(k0, k1, (size_t)n * 4), "%s differs from the f32 inputs'", what);
+            free(k0), free(k1);
+        }
+        for (int j = 0; j < 6; j++) gpu->ops->release(gpu, &k[j / 3][j % 3]);
+    }
+    { /* the glu op into f32 and into bf16, and the lora_glu op (a prompt's: one pair a projection) */
+        lmx_tensor o[2] = {act(gpu, rows, N, NULL), act(gpu, rows, N, NULL)}, h[2];
+        for (int i = 0; i < 2; i++) {
+            h[i] = (lmx_tensor){.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}};
+            CHECK(gpu->ops->alloc(gpu, &h[i]) == LMX_OK);
+        }
+        for (int op = 0; op < 3; op++) {
+            CHECK(gpu->ops->write(gpu, &gf, 0, gv, (size_t)n * 4) == LMX_OK && gpu->ops->write(gpu, &uf, 0, uv, (size_t)n * 4) == LMX_OK);
+            for (int i = 0; i < 2; i++) {
+                lmx_tensor *gi = i ? &g16.g : &gf, *ui = i ? &u16.g : &uf;
+                const lmx_lora_pair *p0 = &pg[0], *p1 = &pg[1];
+                CHECK((op < 2 ? gpu->ops->glu(gpu, op ? &h[i] : &o[i], gi, ui, n, ac)
+                              : gpu->ops->lora_glu(gpu, &h[i], gi, ui, &x.g, 1, rows, &p0, &p1, n, ac)) == LMX_OK);
+            }
+            float *w0 = op ? fetch16(&h[0], n) : fetch(gpu, &o[0], n), *w1 = op ? fetch16(&h[1], n) : fetch(gpu, &o[1], n);
+            CHECK_MSG(!memcmp(w0, w1, (size_t)n * 4), "the %s op over bf16 gate and up (rank %d, N %d) differs from "
+                      "over f32", op == 0 ? "glu (f32 out)" : op == 1 ? "glu (bf16 out)" : "lora_glu", r, N);
+            free(w0), free(w1);
+        }
+        for (int i = 0; i < 2; i++) gpu->ops->release(gpu, &o[i]), gpu->ops->release(gpu, &h[i]);
+        wpair w = make_weight(LMX_DTYPE_BF16, 0, 0, 0, N, K);
+        tpair xk = rand_in(rows, K, 1.0f, 1);
+        lmx_tensor y = act(gpu, rows, N, NULL), y16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}};
+        CHECK(gpu->ops->alloc(gpu, &y16) == LMX_OK);
+        CHECK(gpu->ops->matmul(gpu, &y, &xk.g, &w.g, NULL, rows) == LMX_OK);
+        CHECK(gpu->ops->matmul(gpu, &y16, &xk.g, &w.g, NULL, rows) == LMX_OK);
+        float *yf = fetch(gpu, &y, n), *yh = fetch16(&y16, n);
+        const int64_t off = off_bf16(yh, yf, n);
+        CHECK_MSG(off == 0, "matmul into bf16 (N %d, %d rows): %lld values not the f32 output rounded", N, rows, (long long)off);
+        free(yf), free(yh);
+        gpu->ops->release(gpu, &y), gpu->ops->release(gpu, &y16);
+        drop(&xk);
+    }
+    for (int i = 0; i < 2; i++) drop(&a[i]), drop(&b[i]), gpu->ops->release(gpu, &xa[i]);
+    drop(&x), drop(&g16), drop(&u16);
+    gpu->ops->release(gpu, &gf), gpu->ops->release(gpu, &uf);
+    free(gv), free(uv);
+}
+
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
@@ -404,6 +483,10 @@ int main(void) {
     test_lora_terms(16, 3, 320, 67); /* the GLU's tensor-core kernel: a block's columns in part, rows in part */
     test_lora_terms(8, 1, 64, 300);  /* three blocks of rows */
     test_lora_terms(16, 2, 512, 261);
+    test_mlp16(16, 320, 67);  /* the tensor-core kernel */
+    test_mlp16(8, 300, 67);   /* the kernel a value at a time */
+    test_mlp16(32, 256, 100);
+    test_mlp16(12, 256, 67);  /* not a kernel's rank: the GEMMs into f32 copies */
     test_rmsnorm_keep();
     test_redo();
     test_restore();

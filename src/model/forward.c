@@ -47,14 +47,13 @@ static lmx_tensor as_rows(const lmx_tensor *t, int64_t rows, int64_t cols) {
     return v;
 }
 
-static lmx_status ws_tensor(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_t cols) {
+static lmx_status ws_tensor_of(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_t cols, lmx_dtype dt) {
     be->ops->release(be, t);
-    memset(t, 0, sizeof *t);
-    t->dtype = LMX_DTYPE_F32;
-    t->ndim = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
+    *t = (lmx_tensor){.dtype = dt, .ndim = 2, .shape = {rows, cols}};
     return be->ops->alloc(be, t);
+}
+static lmx_status ws_tensor(lmx_backend *be, lmx_tensor *t, int64_t rows, int64_t cols) {
+    return ws_tensor_of(be, t, rows, cols, LMX_DTYPE_F32);
 }
 
 void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
@@ -87,15 +86,18 @@ static lmx_status route_reserve(lmx_moe_route *r, const lmx_config *c, int rows)
 }
 
 /* The buffers a layer's pass writes before it reads them, [max_rows, width] each: all but x, the hidden
- * state that goes from layer to layer (and the MoE's and per-layer inputs'). */
+ * state that goes from layer to layer (and the MoE's and per-layer inputs'); gate and up in bf16 where
+ * m->mlp16 asks (not for MoE layers, whose experts share them in f32). */
 enum { LAYER_BUFS = 8 };
-static void layer_buffers(lmx_model *m, lmx_tensor **t, int64_t *width) {
+static void layer_buffers(lmx_model *m, lmx_tensor **t, int64_t *width, lmx_dtype *dt) {
     lmx_workspace *ws = &m->ws;
     const int64_t C = m->cfg.hidden, HD = m->q_width, KD = m->kv_width, F = m->max_ffn;
     lmx_tensor *all[LAYER_BUFS] = {&ws->xn, &ws->q, &ws->k, &ws->v, &ws->att, &ws->proj, &ws->gate, &ws->up};
     const int64_t w[LAYER_BUFS] = {C, HD, KD, KD, HD, C, F, F};
     memcpy(t, all, sizeof all);
     memcpy(width, w, sizeof w);
+    for (int i = 0; i < LAYER_BUFS; i++)
+        dt[i] = i >= 6 && m->mlp16 && !m->cfg.layer_moe ? LMX_DTYPE_BF16 : LMX_DTYPE_F32;
 }
 
 /* Grow the buffers to B sequences, M rows and R logit rows; a no-op once large enough, so decode
@@ -124,8 +126,9 @@ static lmx_status ws_reserve(lmx_model *m, int B, int M, int R) {
         TRY(ws_tensor(be, &ws->x, rows, C));
         lmx_tensor *lb[LAYER_BUFS];
         int64_t lw[LAYER_BUFS];
-        layer_buffers(m, lb, lw);
-        for (int i = 0; i < LAYER_BUFS; i++) TRY(ws_tensor(be, lb[i], rows, lw[i]));
+        lmx_dtype ld[LAYER_BUFS];
+        layer_buffers(m, lb, lw, ld);
+        for (int i = 0; i < LAYER_BUFS; i++) TRY(ws_tensor_of(be, lb[i], rows, lw[i], ld[i]));
         if (c->layer_moe) {
             TRY(ws_tensor(be, &ws->router, rows, c->n_experts));
             TRY(ws_tensor(be, &ws->mx, rows, C));
@@ -527,7 +530,8 @@ lmx_status lmx_model_layer_buffers_of(lmx_model *m, unsigned groups, int release
     lmx_backend *be = m->be;
     lmx_tensor *t[LAYER_BUFS];
     int64_t w[LAYER_BUFS];
-    layer_buffers(m, t, w);
+    lmx_dtype dt[LAYER_BUFS];
+    layer_buffers(m, t, w, dt);
     for (int i = 0; i < LAYER_BUFS; i++) {
         if (!(group[i] & groups)) continue;
         if (release) {
@@ -535,7 +539,7 @@ lmx_status lmx_model_layer_buffers_of(lmx_model *m, unsigned groups, int release
             continue;
         }
         if (t[i]->data || m->ws.max_rows <= 0) continue;
-        *t[i] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {m->ws.max_rows, w[i]}};
+        *t[i] = (lmx_tensor){.dtype = dt[i], .ndim = 2, .shape = {m->ws.max_rows, w[i]}};
         lmx_status st = lmx_backend_alloc_raw(be, t[i]);
         if (st) {
             m->ws.max_rows = 0; /* the next pass makes every buffer again */
@@ -559,6 +563,12 @@ static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
     int M = bt->B * bt->T;
     if (m->traits.gemma4 && !op->scale)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend cannot run gemma4 models (no scale op)", op->name);
+    lmx_tensor *lb[LAYER_BUFS];
+    int64_t lw[LAYER_BUFS];
+    lmx_dtype ld[LAYER_BUFS];
+    layer_buffers(m, lb, lw, ld);
+    for (int i = 0; i < LAYER_BUFS; i++) /* m->mlp16 changed since they were made: all made again */
+        if (lb[i]->data && lb[i]->dtype != ld[i]) m->ws.max_rows = 0;
     lmx_status st = ws_reserve(m, bt->B, M, R);
     if (st) return st;
     int32_t *ids = m->ws.ids;

@@ -143,6 +143,9 @@ struct lmx_model {
     lmx_progress_fn progress;    /* loading progress, while lmx_model_load runs */
     void *progress_user;
     int embed_on_host;           /* lmx_load_params.embed_on_host: an untied embed in host memory where the backend can */
+    int mlp16;                   /* 1 while training asks it (train.c, on a backend whose keeps are bf16): the MLP's
+                                  * gate and up buffers in bf16, which the GEMMs write rounded (as HF's bf16
+                                  * Linear does) and the GLU reads at half the bytes; 0: f32 */
 };
 
 /* Bind every weight the architecture needs from m->weights (model/weights.c). */

@@ -213,7 +213,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             t->in->ops->release(t->in, &xa);
         } else {
             r->xa = xa;
-            if (later) t->terms[t->n_terms++] = (tape_term){y->data, xa, pairs[0]};
+            if (later) t->terms[t->n_terms++] = (tape_term){y->data, y->dtype, xa, pairs[0]};
         }
     }
     if (st == LMX_ERR_UNSUPPORTED && lazy && r) { /* the lora op after the matmul left unrun: it waits too */

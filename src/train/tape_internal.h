@@ -49,7 +49,8 @@ typedef struct tape_rec {
 
 typedef struct tape_keep {
     const void *src;             /* the buffer that held the value when it was kept (NULL: a redo) */
-    int64_t rows, cols;          /* its first rows * cols floats */
+    lmx_dtype dtype;             /* src's values: f32, or bf16 (lmx_model.mlp16's gate and up) */
+    int64_t rows, cols;          /* its first rows * cols values */
     int var;                     /* the version kept (-1: a buffer the tape never saw written) */
     int refs;                    /* records reading it; 0: dropped */
     lmx_tensor copy;             /* data NULL while src still holds the value, or a redo not made yet */
@@ -69,7 +70,8 @@ typedef struct tape_watch {
 /* A LoRA expand not added yet (lmx_lora_term): it waits for the op that reads y next (a GLU, the residual
  * add), which adds it in its own pass; any other op adds it first (tape_settle). */
 typedef struct tape_term {
-    void *y;                     /* the projection's output [rows, N] f32 (N: pair's b [N, r]) */
+    void *y;                     /* the projection's output [rows, N] (N: pair's b [N, r]) */
+    lmx_dtype dtype;             /* y's: f32, or bf16 (lmx_model.mlp16: only a GLU takes its term) */
     lmx_tensor xa;               /* the shrink x A^T [rows, r] (its record owns it) */
     const lmx_lora_pair *pair;   /* one pair for every row */
 } tape_term;
@@ -167,7 +169,7 @@ static inline int requires(const lmx_tape *t, int v) { return v >= 0 && t->vars[
 static inline lmx_tensor kept(const lmx_tape *t, int id) {
     const tape_keep *k = &t->keeps[id];
     if (k->copy.data) return k->copy;
-    return (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)k->src};
+    return (lmx_tensor){.dtype = k->dtype, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)k->src};
 }
 
 static inline const tape_watch *watch_of(const lmx_tape *t, const lmx_lora_pair *p) {

@@ -34,7 +34,7 @@ int tape_var_new(lmx_tape *t, const void *data, int64_t rows, int64_t cols, int 
     return t->n_vars++;
 }
 
-/* Record slot *id reads x's first rows * cols floats as they are now: a keep, shared with the records
+/* Record slot *id reads x's first rows * cols values as they are now: a keep, shared with the records
  * that read the same version (copied already or not: a buffer written gets a new version). */
 lmx_status tape_save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, int64_t cols) {
     const int v = var_of(t, x->data);
@@ -48,7 +48,7 @@ lmx_status tape_save(lmx_tape *t, int *id, const lmx_tensor *x, int64_t rows, in
         }
     }
     if (tape_grow((void **)&t->keeps, &t->cap_keeps, t->n_keeps + 1, sizeof *t->keeps)) return nomem(t);
-    t->keeps[t->n_keeps] = (tape_keep){.src = x->data, .rows = rows, .cols = cols, .var = v, .refs = 1};
+    t->keeps[t->n_keeps] = (tape_keep){.src = x->data, .dtype = x->dtype, .rows = rows, .cols = cols, .var = v, .refs = 1};
     *id = t->n_keeps++;
     return LMX_OK;
 }
@@ -69,7 +69,7 @@ lmx_status tape_guard(lmx_tape *t, const void *data) {
     for (int i = 0; i < t->n_keeps; i++) {
         tape_keep *k = &t->keeps[i];
         if (k->refs <= 0 || k->copy.data || k->src != data) continue;
-        const lmx_tensor x = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)data};
+        const lmx_tensor x = {.dtype = k->dtype, .ndim = 2, .shape = {k->rows, k->cols}, .data = (void *)data};
         lmx_status st = pass(t, t->bwd->keep(t->in, &k->copy, &x));
         if (st) {
             k->src = NULL; /* lost: backward fails where it reads it */
@@ -140,7 +140,8 @@ void tape_set_shared(lmx_tape *t, int id) {
  * keep x share it: q, k and v, or gate and up, narrow their input once); else x.  The tape holds the
  * last such copy (t->shared) until the next. */
 const lmx_tensor *tape_shared_input(lmx_tape *t, const lmx_tensor *x, int64_t rows, int64_t cols) {
-    if (x->dtype != LMX_DTYPE_F32 || t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || var_of(t, x->data) < 0) return x;
+    if (t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || var_of(t, x->data) < 0) return x;
+    if (x->dtype != LMX_DTYPE_F32 && !tape_copied(t, x->data, rows, cols)) return x; /* bf16: read as it is */
     int id;
     if (tape_save(t, &id, x, rows, cols)) {
         lmx_err_clear(&t->base.err);

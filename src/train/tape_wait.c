@@ -81,7 +81,7 @@ lmx_status tape_settle_at(lmx_tape *t, int i) {
     tape_term d;
     const lmx_lora_term term = tape_term_take(t, i, &d);
     const int64_t rows = d.xa.shape[0], N = d.pair->b.shape[0];
-    lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {rows, N}, .data = d.y};
+    lmx_tensor y = {.dtype = d.dtype, .ndim = 2, .shape = {rows, N}, .data = d.y};
     return pass(t, t->bwd->lora_add(t->in, &y, NULL, rows * N, &term));
 }
 

@@ -430,6 +430,18 @@ static lmx_status chunk_loss(lmx_trainer *tr, lmx_backend *inner, const int32_t 
     return LMX_OK;
 }
 
+/* Whether a step's MLP buffers may be bf16 (lmx_model.mlp16): the backend keeps bf16 and writes the GLU's keeps
+ * in its pass (whose f32 output LoRA dropout would read), and no layer adds a gate or up bias */
+static int mlp16_fits(const lmx_trainer *tr) {
+    const lmx_model *m = tr->m;
+    const lmx_backward_ops *bw = m->be->ops->backward;
+    if (!bw || !bw->glu_keep || bw->keep_dtype(m->be) != LMX_DTYPE_BF16 || tr->dropout > 0 || m->cfg.layer_moe) return 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (m->layers[l].b_gate.data || m->layers[l].b_up.data) return 0;
+    const char *ab = getenv("LMX_AB_MLP16");
+    return !ab || strcmp(ab, "0");
+}
+
 lmx_status lmx_trainer_loss(lmx_trainer *tr, const int32_t *inputs, const int32_t *targets, const float *mask, int B,
                             int T, double grad_weight, int accumulate, double *loss) {
     return lmx_trainer_loss_fn(tr, inputs, targets, mask, NULL, NULL, B, T, grad_weight, accumulate, loss);
@@ -465,6 +477,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     lmx_tape_reset(tr->tape);
     lmx_backend *tb = lmx_tape_backend(tr->tape);
     double sum = 0;
+    m->mlp16 = mlp16_fits(tr); /* for this step's passes; inference's stay f32 */
     if (grad_weight != 0 && tr->dropout > 0) { /* masks of (seed, step, micro-batch): a resumed run draws the same */
         tr->micro = accumulate ? tr->micro + 1 : 0;
         lmx_tape_set_dropout(tr->tape, tr->dropout, tr->seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)tr->step << 20 ^ (uint64_t)tr->micro);
@@ -564,6 +577,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     free(cs.has);
     free(cs.lse);
     if (!st) *loss = sum / wsum;
+    m->mlp16 = 0;
     kv_free(inner, kv, B * L);
     free(kvs);
     free(ads);

@@ -628,7 +628,7 @@ static lmx_status w_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, in
 /* The table entries (cuda_backend.cu). */
 lmx_status cuda_op_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                         const lmx_lora_pair *const *pairs) {
-    if (x->dtype == LMX_DTYPE_F32) return w_lora(be, y, x, B, T, pairs);
+    if (x->dtype == LMX_DTYPE_F32 && y->dtype == LMX_DTYPE_F32) return w_lora(be, y, x, B, T, pairs);
     lmx_status st = cuda_graph_flush((cuda_backend *)be); /* training's bf16 keep: never in a decode graph */
     return st ? st : cuda_lora(be, y, x, B, T, pairs);
 }
@@ -641,20 +641,24 @@ lmx_status cuda_op_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x
 }
 lmx_status cuda_op_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                           const lmx_tensor *bias, int M) {
-    if (x->dtype == LMX_DTYPE_F32) return w_matmul(be, out, x, w, bias, M);
-    lmx_status st = cuda_graph_flush((cuda_backend *)be); /* training's bf16 keep: never in a decode graph */
+    if (x->dtype == LMX_DTYPE_F32 && out->dtype == LMX_DTYPE_F32) return w_matmul(be, out, x, w, bias, M);
+    lmx_status st = cuda_graph_flush((cuda_backend *)be); /* training's bf16 keep or output: never in a decode graph */
     return st ? st : cuda_matmul(be, out, x, w, bias, M);
 }
 lmx_status cuda_op_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n) { return w_add(be, y, x, n); }
 lmx_status cuda_op_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *g, const lmx_tensor *u, int64_t n,
                        lmx_act act) {
-    if (out->dtype == LMX_DTYPE_F32) return w_glu(be, out, g, u, n, act);
-    cuda_backend *cb = (cuda_backend *)be; /* a prompt's bf16 activations (backend.h): never in a decode graph */
+    const int f32 = g->dtype == LMX_DTYPE_F32 && u->dtype == LMX_DTYPE_F32;
+    if (out->dtype == LMX_DTYPE_F32 && f32) return w_glu(be, out, g, u, n, act);
+    cuda_backend *cb = (cuda_backend *)be; /* bf16 activations (backend.h, model.h mlp16): never in a decode graph */
     lmx_status st = cuda_graph_flush(cb);
-    if (!st && (out->dtype != LMX_DTYPE_BF16 || g->dtype != LMX_DTYPE_F32 || u->dtype != LMX_DTYPE_F32))
-        st = lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda glu: a bf16 output of f32 gate and up only");
-    return st ? st
-              : cuda_glu_bf16(cb, (__nv_bfloat16 *)out->data, (const float *)g->data, (const float *)u->data, n, (int)act);
+    const int o16 = out->dtype == LMX_DTYPE_BF16, in16 = g->dtype == LMX_DTYPE_BF16 && u->dtype == LMX_DTYPE_BF16;
+    if (!st && ((!o16 && out->dtype != LMX_DTYPE_F32) || (!f32 && !in16)))
+        st = lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda glu: gate and up of one dtype, f32 or bf16, into f32 or bf16");
+    if (st) return st;
+    if (in16)
+        return cuda_glu_of16(cb, out->data, o16, (const __nv_bfloat16 *)g->data, (const __nv_bfloat16 *)u->data, n, (int)act);
+    return cuda_glu_bf16(cb, (__nv_bfloat16 *)out->data, (const float *)g->data, (const float *)u->data, n, (int)act);
 }
 lmx_status cuda_op_softcap(lmx_backend *be, lmx_tensor *x, int64_t n, float cap) { return w_in_place(be, G_SOFTCAP, x, n, cap); }
 lmx_status cuda_op_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) { return w_in_place(be, G_SCALE, x, n, s); }

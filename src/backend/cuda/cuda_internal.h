@@ -200,9 +200,9 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
                              lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok,
                              const struct lmx_lora_term *tg, const struct lmx_lora_term *tu);
 /* LoRA terms left to the op that reads the projection (cuda_lora_term.cu): glu_keep's pass over gate and up
- * with tg / tu added (*done 1; else, a rank the kernel does not take, the terms were added to gate and up
- * in place by GEMMs and the caller runs its plain pass), and the lora_add backward op */
-lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
+ * (f32, or bf16: in16) with tg / tu added (*done 1; else, a rank the kernel does not take, the terms were
+ * added to f32 gate and up in place by GEMMs and the caller runs its plain pass), and the lora_add backward op */
+lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const void *gate, const void *up, int in16, int64_t n, int act,
                           __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const struct lmx_lora_term *tg,
                           const struct lmx_lora_term *tu, int *done);
 /* the LoRA backward ops (cuda_lora_bwd.cu; backward.h) */
@@ -341,6 +341,9 @@ lmx_status cuda_moe(lmx_backend *be, const lmx_moe_args *a);
 lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm);
 /* h = bf16(act(g) u), n elements: the glu op's arithmetic rounded once (cuda_ops.cu) */
 lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act);
+/* out (f32, or bf16: o16) = act(g) u of bf16 g and u (training's bf16 gate and up: model.h mlp16) */
+lmx_status cuda_glu_of16(cuda_backend *cb, void *out, int o16, const __nv_bfloat16 *g, const __nv_bfloat16 *u, int64_t n,
+                         int act);
 /* 1 when the GPU routes a's rows (both paths): on, 1..CUDA_MOE_E_MAX experts, 1..32 choices, f32 router
  * logits, a SiLU or GELU-tanh GLU */
 int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);

@@ -9,10 +9,10 @@ extern "C" {
 }
 
 /* out = act(g) u as the glu op computes it (out may be g; NULL: not written), and bf16 copies of g and u
- * (and of out: ok non-NULL) */
-template <int V>
-__global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const float *g,
-                           const float *u, int64_t n, int act) {
+ * (and of out: ok non-NULL); g and u f32, or bf16 (G: model.h mlp16) */
+template <int V, typename G>
+__global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const G *g,
+                           const G *u, int64_t n, int act) {
     const int64_t step = V * (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += step)
         if constexpr (V == 4) {
@@ -24,7 +24,7 @@ __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_
             if (o) cuda_st4(o + i, y);
             if (ok) cuda_st4(ok + i, y);
         } else {
-            const float gi = g[i], ui = u[i], oi = glu_act(gi, act) * ui;
+            const float gi = (float)g[i], ui = (float)u[i], oi = glu_act(gi, act) * ui;
             gk[i] = __float2bfloat16(gi);
             uk[i] = __float2bfloat16(ui);
             if (o) o[i] = oi;
@@ -41,21 +41,32 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     if (gk->dtype != LMX_DTYPE_BF16 || uk->dtype != LMX_DTYPE_BF16 || (ok && ok->dtype != LMX_DTYPE_BF16))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: bf16 keeps only");
     if (!out && !ok) return lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "glu with keeps: no output");
+    const int in16 = gate->dtype == LMX_DTYPE_BF16; /* training's bf16 gate and up (model.h mlp16) */
+    if (in16 != (up->dtype == LMX_DTYPE_BF16) || (!in16 && gate->dtype != LMX_DTYPE_F32) ||
+        (out && out->dtype != LMX_DTYPE_F32))
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu with keeps: gate and up both f32 or both bf16, out f32");
     float *o = out ? (float *)out->data : NULL;
     if (tg || tu) { /* the terms in the same pass (cuda_lora_term.cu), or added to gate and up first */
         int done = 0;
-        st = cuda_glu_terms(cb, o, (const float *)gate->data, (const float *)up->data, n, (int)act,
-                            (__nv_bfloat16 *)gk->data, (__nv_bfloat16 *)uk->data,
-                            ok ? (__nv_bfloat16 *)ok->data : NULL, tg, tu, &done);
+        st = cuda_glu_terms(cb, o, gate->data, up->data, in16, n, (int)act, (__nv_bfloat16 *)gk->data,
+                            (__nv_bfloat16 *)uk->data, ok ? (__nv_bfloat16 *)ok->data : NULL, tg, tu, &done);
         if (st || done) return st;
     }
-    const float *g = (const float *)gate->data, *u = (const float *)up->data;
     __nv_bfloat16 *g16 = (__nv_bfloat16 *)gk->data, *u16 = (__nv_bfloat16 *)uk->data,
                   *o16 = ok ? (__nv_bfloat16 *)ok->data : NULL;
+    if (in16) {
+        const __nv_bfloat16 *g = (const __nv_bfloat16 *)gate->data, *u = (const __nv_bfloat16 *)up->data;
+        if (cuda_vec4_ok(n, o, g, u, g16, u16, o16))
+            k_glu_keep<4, __nv_bfloat16><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
+        else
+            k_glu_keep<1, __nv_bfloat16><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
+        return cuda_check_launch(cb, "glu");
+    }
+    const float *g = (const float *)gate->data, *u = (const float *)up->data;
     if (cuda_vec4_ok(n, o, g, u, g16, u16, o16))
-        k_glu_keep<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
+        k_glu_keep<4, float><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
     else
-        k_glu_keep<1><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
+        k_glu_keep<1, float><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
     return cuda_check_launch(cb, "glu");
 }
 
@@ -180,8 +191,18 @@ lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) 
     lmx_status st = cuda_graph_flush(cb);
     if (st) return st;
     *dst = (lmx_tensor){.dtype = cuda_bwd_keep_dtype(be), .ndim = 2, .shape = {x->shape[0], x->shape[1]}};
+    if (x->dtype != LMX_DTYPE_F32 && x->dtype != dst->dtype) /* a bf16 buffer (model.h mlp16) into a bf16 keep */
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "keep: a value of dtype %d", (int)x->dtype);
     if ((st = cuda_alloc_raw(cb, dst))) return st;
-    if ((st = keep_into(cb, dst->data, dst->dtype, (const float *)x->data, lmx_tensor_nelem(dst)))) be->ops->release(be, dst);
+    const int64_t n = lmx_tensor_nelem(dst);
+    if (x->dtype == LMX_DTYPE_F32) {
+        st = keep_into(cb, dst->data, dst->dtype, (const float *)x->data, n);
+    } else {
+        const cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * lmx_dtype_size(dst->dtype),
+                                              cudaMemcpyDeviceToDevice, cb->stream);
+        st = e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "keep");
+    }
+    if (st) be->ops->release(be, dst);
     return st;
 }
 

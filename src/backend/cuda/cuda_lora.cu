@@ -365,6 +365,8 @@ lmx_status cuda_lora_xa(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int
     const lmx_lora_pair *p0 = NULL;
     for (int b = 0; b < B && !p0; b++) p0 = pairs[b];
     if (!y && (!xa || T == 1)) return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda lora: a shrink alone of one row");
+    if (y && y->dtype != LMX_DTYPE_F32) /* training's bf16 gate and up (model.h mlp16) take their expand in the GLU */
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda lora: an expand into a projection of dtype %d", (int)y->dtype);
     int64_t K = x->shape[x->ndim - 1], N = y ? y->shape[y->ndim - 1] : p0 ? p0->b.shape[0] : 0;
     for (int b = 0; b < B; b++) {
         const lmx_lora_pair *p = pairs[b];

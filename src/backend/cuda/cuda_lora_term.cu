@@ -60,10 +60,10 @@ struct term_arg {
 };
 
 /* g' = g + term_g, u' = u + term_u; o = act(g') u' (o may be g; NULL: none); keeps of g', u' (gk non-NULL;
- * and of o: ok, or o's bf16 values alone where o is NULL) */
-template <int R>
+ * and of o: ok, or o's bf16 values alone where o is NULL); g and u f32, or bf16 (G: model.h mlp16) */
+template <int R, typename G>
 __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 2) k_glu_terms(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
-                                                         __nv_bfloat16 *ok, const float *g, const float *u,
+                                                         __nv_bfloat16 *ok, const G *g, const G *u,
                                                          int64_t rows, int64_t N, int act, term_arg tg, term_arg tu) {
     __shared__ __align__(16) float sx[2][TERM_ROWS * R];
     const int64_t r0 = (int64_t)blockIdx.y * TERM_ROWS, c = (int64_t)blockIdx.x * TERM_COLS + threadIdx.x;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(TERM_COLS, R <= 16 ? 4 : 2) k_glu_terms(float 
         float gv[TERM_BATCH], uv[TERM_BATCH];
 #pragma unroll
         for (int k = 0; k < TERM_BATCH; k++)
-            if (i0 + k < nr) gv[k] = g[(r0 + i0 + k) * N + c], uv[k] = u[(r0 + i0 + k) * N + c];
+            if (i0 + k < nr) gv[k] = (float)g[(r0 + i0 + k) * N + c], uv[k] = (float)u[(r0 + i0 + k) * N + c];
 #pragma unroll
         for (int k = 0; k < TERM_BATCH; k++) {
             if (i0 + k >= nr) break;
@@ -200,9 +200,9 @@ template <int R> static __device__ __forceinline__ void tc_stage(uint32_t *sx, c
 }
 
 /* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned */
-template <int R>
+template <int R, typename G>
 __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
-                                                               __nv_bfloat16 *ok, const float *g, const float *u,
+                                                               __nv_bfloat16 *ok, const G *g, const G *u,
                                                                int64_t rows, int64_t N, int act, term_arg tg, term_arg tu) {
     __shared__ __align__(16) uint32_t sx[2][TC_ROWS * (R + 4)];
     const int64_t r0 = (int64_t)blockIdx.y * TC_ROWS;
@@ -368,7 +368,47 @@ static dim3 term_grid(int64_t rows, int64_t N) {
     return dim3((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TERM_ROWS - 1) / TERM_ROWS));
 }
 
-lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const float *up, int64_t n, int act,
+/* the kernels over gate and up of type G (f32, or bf16: model.h mlp16) */
+template <typename G>
+static lmx_status glu_terms_of(cuda_backend *cb, float *out, const G *gate, const G *up, int64_t rows, int64_t N, int R,
+                               int act, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, term_arg ag, term_arg au) {
+    if (tc_fits(R, N, rows, (uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)gk | (uintptr_t)uk |
+                                (uintptr_t)ok)) {
+        const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
+        if (R == 8) k_glu_terms_tc<8, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
+        else k_glu_terms_tc<16, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
+        return cuda_check_launch(cb, "glu with lora terms");
+    }
+    const dim3 grid = term_grid(rows, N);
+    switch (R) {
+    case 8: k_glu_terms<8, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
+    case 16: k_glu_terms<16, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
+    default: k_glu_terms<32, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
+    }
+    return cuda_check_launch(cb, "glu with lora terms");
+}
+
+/* bf16 gate and up [rows, N] with terms the kernels do not take: f32 copies of both, the terms added to them by
+ * GEMMs, then the plain pass over the copies */
+static lmx_status glu_terms_widened(cuda_backend *cb, float *out, const void *gate, const void *up, int64_t rows,
+                                    int64_t N, int act, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok,
+                                    const lmx_lora_term *tg, const lmx_lora_term *tu) {
+    const lmx_tensor g16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}, .data = (void *)gate};
+    const lmx_tensor u16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {rows, N}, .data = (void *)up};
+    lmx_tensor gw = {}, uw = {};
+    lmx_status st = cuda_widen(cb, &gw, &g16);
+    if (!st) st = cuda_widen(cb, &uw, &u16);
+    if (!st && tg) st = term_gemm(cb, (float *)gw.data, tg);
+    if (!st && tu) st = term_gemm(cb, (float *)uw.data, tu);
+    if (!st) /* rank 8 with no terms: the plain pass */
+        st = glu_terms_of(cb, out, (const float *)gw.data, (const float *)uw.data, rows, N, 8, act, gk, uk, ok,
+                          term_of(NULL), term_of(NULL));
+    if (gw.data) cb->base.ops->release(&cb->base, &gw);
+    if (uw.data) cb->base.ops->release(&cb->base, &uw);
+    return st;
+}
+
+lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const void *gate, const void *up, int in16, int64_t n, int act,
                           __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_bfloat16 *ok, const lmx_lora_term *tg,
                           const lmx_lora_term *tu, int *done) {
     int rg = 0, ru = 0;
@@ -379,34 +419,30 @@ lmx_status cuda_glu_terms(cuda_backend *cb, float *out, const float *gate, const
     const int R = tg ? rg : ru;
     *done = 0;
     if (!R || (tg && tu && (rg != ru || N != Nu))) { /* the GEMMs into gate and up, then the plain kernel */
+        if (in16) { /* into f32 copies of them */
+            *done = 1;
+            return glu_terms_widened(cb, out, gate, up, n / (tg ? N : Nu), tg ? N : Nu, act, gk, uk, ok, tg, tu);
+        }
         if (tg && (st = term_gemm(cb, (float *)gate, tg))) return st;
         if (tu) st = term_gemm(cb, (float *)up, tu);
         return st;
     }
     if (!tg) N = Nu;
     const int64_t rows = n / N;
-    const term_arg ag = term_of(tg), au = term_of(tu);
     *done = 1;
-    if (tc_fits(R, N, rows, (uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)gk | (uintptr_t)uk |
-                                (uintptr_t)ok)) {
-        const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
-        if (R == 8) k_glu_terms_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
-        else k_glu_terms_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
-        return cuda_check_launch(cb, "glu with lora terms");
-    }
-    const dim3 grid = term_grid(rows, N);
-    switch (R) {
-    case 8: k_glu_terms<8><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
-    case 16: k_glu_terms<16><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
-    default: k_glu_terms<32><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au); break;
-    }
-    return cuda_check_launch(cb, "glu with lora terms");
+    if (in16)
+        return glu_terms_of(cb, out, (const __nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, rows, N, R, act, gk, uk, ok,
+                            term_of(tg), term_of(tu));
+    return glu_terms_of(cb, out, (const float *)gate, (const float *)up, rows, N, R, act, gk, uk, ok, term_of(tg),
+                        term_of(tu));
 }
 
 lmx_status cuda_bwd_lora_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, const lmx_lora_term *term) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     if (st || n <= 0) return st;
+    if (y->dtype != LMX_DTYPE_F32 || (x && x->dtype != LMX_DTYPE_F32))
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "add with a lora term: f32 only");
     int R = 0;
     int64_t N = 0;
     if ((st = term_rank(cb, term, n, &R, &N))) return st;
@@ -469,10 +505,12 @@ lmx_status cuda_op_lora_glu(lmx_backend *be, lmx_tensor *out, lmx_tensor *gate, 
         if (!st && p1) st = term_shrink(cb, x, B, T, pu, room + ((rows * rg + 3) & ~(int64_t)3), &xu, &tu);
         int done = 0;
         const int o16 = out->dtype == LMX_DTYPE_BF16; /* a prompt's bf16 activations (backend.h) */
+        const int in16 = gate->dtype == LMX_DTYPE_BF16; /* training's (model.h mlp16) */
+        if (!st && in16 != (up->dtype == LMX_DTYPE_BF16))
+            st = lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda lora_glu: gate and up of two dtypes");
         if (!st)
-            st = cuda_glu_terms(cb, o16 ? NULL : (float *)out->data, (const float *)gate->data, (const float *)up->data, n,
-                                (int)act, NULL, NULL, o16 ? (__nv_bfloat16 *)out->data : NULL, p0 ? &tg : NULL,
-                                p1 ? &tu : NULL, &done);
+            st = cuda_glu_terms(cb, o16 ? NULL : (float *)out->data, gate->data, up->data, in16, n, (int)act, NULL, NULL,
+                                o16 ? (__nv_bfloat16 *)out->data : NULL, p0 ? &tg : NULL, p1 ? &tu : NULL, &done);
         /* not done: a rank the kernel does not take, whose terms GEMMs added to gate and up */
         return st || done ? st : cuda_op_glu(be, out, gate, up, n, act);
     }

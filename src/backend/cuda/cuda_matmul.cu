@@ -137,12 +137,12 @@ lmx_status cuda_narrow_bf16(cuda_backend *cb, __nv_bfloat16 *dst, const float *s
     return cuda_narrow_bf16_scaled(cb, dst, src, n, 1.0f);
 }
 
-/* y[:, n0:n0+nb] = x16 [M, K] @ w16[nb, K]^T with f32 output (ldc N). */
-static lmx_status gemm16(cuda_backend *cb, const void *x16, const void *w16, cudaDataType t, float *y, int M,
+/* y[:, n0:n0+nb] = x16 [M, K] @ w16[nb, K]^T with f32 output, or bf16 (y16: rounded once), ldc N. */
+static lmx_status gemm16(cuda_backend *cb, const void *x16, const void *w16, cudaDataType t, void *y, int y16, int M,
                          int nb, int K, int N) {
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, nb, M, K, &one, w16, t, K, x16, t, K, &zero,
-                                    y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                    y, y16 ? CUDA_R_16BF : CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return cuda_blas(cb, s, "matmul");
 }
 
@@ -156,14 +156,15 @@ lmx_status cuda_gemm_bf16_batch(cuda_backend *cb, const void *const *ptr, int co
     return cuda_blas(cb, s, "matmul batch");
 }
 
-/* x f32, or xb non-NULL: x already bf16 (a training keep) for a bf16 or quantized w */
-static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloat16 *xb, const lmx_tensor *w, float *y,
-                              int M, int N, int K) {
+/* x f32, or xb non-NULL: x already bf16 (a training keep) for a bf16 or quantized w; y f32, or bf16 (y16: a
+ * bf16 or quantized w) */
+static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloat16 *xb, const lmx_tensor *w, void *y,
+                              int y16, int M, int N, int K) {
     lmx_status st;
     if (!w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_F32) {
         const float one = 1.0f, zero = 0.0f;
         cublasStatus_t s = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, (const float *)w->data, K,
-                                       x, K, &zero, y, N);
+                                       x, K, &zero, (float *)y, N);
         return cuda_blas(cb, s, "matmul");
     }
     int f16 = !w->q.bits && !w->q.ggml_type && w->dtype == LMX_DTYPE_F16;
@@ -179,7 +180,7 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloa
     }
     if (st) return st;
     if (!w->q.bits && !w->q.ggml_type)
-        return gemm16(cb, x16, w->data, f16 ? CUDA_R_16F : CUDA_R_16BF, y, M, N, K, N);
+        return gemm16(cb, x16, w->data, f16 ? CUDA_R_16F : CUDA_R_16BF, y, y16, M, N, K, N);
     int64_t block = CUDA_DEQUANT_BYTES / ((int64_t)K * 2);
     if (block < 64) block = 64;
     if (block > N) block = N;
@@ -188,7 +189,7 @@ static lmx_status matmul_gemm(cuda_backend *cb, const float *x, const __nv_bfloa
     for (int64_t n0 = 0; n0 < N; n0 += block) {
         int nb = (int)(N - n0 < block ? N - n0 : block);
         if ((st = cuda_dequant_rows_bf16(cb, w, n0, nb, wb))) return st;
-        if ((st = gemm16(cb, x16, wb, CUDA_R_16BF, y + n0, M, nb, K, N))) return st;
+        if ((st = gemm16(cb, x16, wb, CUDA_R_16BF, (char *)y + n0 * (y16 ? 2 : 4), y16, M, nb, K, N))) return st;
     }
     return LMX_OK;
 }
@@ -225,6 +226,12 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
     const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows);
     const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h): the GEMM takes it as it is */
+    const int y16 = out->dtype == LMX_DTYPE_BF16; /* training's bf16 gate and up (model.h mlp16) */
+    if (y16 && (gemv || bias || (!quant && w->dtype != LMX_DTYPE_BF16)))
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda matmul: a bf16 output of %d rows%s", M,
+                           bias ? " with a bias" : " of these weights");
+    if (out->dtype != LMX_DTYPE_F32 && !y16)
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda matmul: an output of dtype %d", (int)out->dtype);
     if (xb && (gemv || (!quant && w->dtype != LMX_DTYPE_BF16))) /* elsewhere x in f32 */
         return cuda_on_widened(cb, x, [&](const lmx_tensor *xf) { return cuda_matmul(be, out, xf, w, bias, M); });
     if (gemv) {
@@ -237,7 +244,8 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
         }
         return LMX_OK;
     }
-    if ((st = matmul_gemm(cb, xb ? NULL : xs, xb ? (const __nv_bfloat16 *)x->data : NULL, w, y, M, N, K))) return st;
+    if ((st = matmul_gemm(cb, xb ? NULL : xs, xb ? (const __nv_bfloat16 *)x->data : NULL, w, out->data, y16, M, N, K)))
+        return st;
     if (bias) {
         k_add_bias<<<grid_for((int64_t)M * N), 256, 0, cb->stream>>>(y, bias->data, bias->dtype, M, N);
         return cuda_check_launch(cb, "matmul bias");

@@ -25,12 +25,13 @@ template <int V> __global__ void k_add(float *y, const float *x, int64_t n) {
     }
 }
 
-/* o = act(g) u, stored as O (f32; bf16 for the grouped experts' GEMMs, rounded once) */
-template <typename O> __global__ void k_glu(O *o, const float *g, const float *u, int64_t n, int act) {
+/* o = act(g) u, stored as O (f32; bf16 for the grouped experts' GEMMs, rounded once); g and u f32, or bf16
+ * (training's bf16 gate and up: model.h mlp16) */
+template <typename O, typename G = float> __global__ void k_glu(O *o, const G *g, const G *u, int64_t n, int act) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        o[i] = O(glu_act(g[i], act) * u[i]);
+        o[i] = O(glu_act((float)g[i], act) * (float)u[i]);
 }
 
 __global__ void k_softcap(float *x, int64_t n, float cap) {
@@ -59,6 +60,13 @@ lmx_status cuda_glu(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, co
 
 lmx_status cuda_glu_bf16(cuda_backend *cb, __nv_bfloat16 *h, const float *g, const float *u, int64_t n, int act) {
     cuda_launch(cb, k_glu<__nv_bfloat16>, cuda_ew_grid(n), 256, 0, h, g, u, n, act);
+    return cuda_check_launch(cb, "glu");
+}
+
+lmx_status cuda_glu_of16(cuda_backend *cb, void *out, int o16, const __nv_bfloat16 *g, const __nv_bfloat16 *u, int64_t n,
+                         int act) {
+    if (o16) cuda_launch(cb, k_glu<__nv_bfloat16, __nv_bfloat16>, cuda_ew_grid(n), 256, 0, (__nv_bfloat16 *)out, g, u, n, act);
+    else cuda_launch(cb, k_glu<float, __nv_bfloat16>, cuda_ew_grid(n), 256, 0, (float *)out, g, u, n, act);
     return cuda_check_launch(cb, "glu");
 }
 
