@@ -157,7 +157,8 @@ typedef struct lmx_backend_ops {
                           const lmx_tensor *w, int rows, int n, float eps, float add_one);
     /* out[m, :] = x[m, :] @ w^T + bias                    x [M, K], w [N, K], out [M, N]
      * (x, as lora's x, f32; or, in training, the backend's bf16 keep of it where its keeps are bf16:
-     * backward.h keep, which the tape makes once for the ops that read one input) */
+     * backward.h keep, which the tape makes once for the ops that read one input; out f32, or bf16 where
+     * training asks it of the MLP's gate and up, model.h mlp16: the product rounded once) */
     lmx_status (*matmul)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x,
                          const lmx_tensor *w, const lmx_tensor *bias, int M);
     /* Unmerged LoRA over a batch of B sequences of T rows (M = B*T), each with its own pair or none:
@@ -167,7 +168,7 @@ typedef struct lmx_backend_ops {
                        const lmx_lora_pair *const *pairs);
     /* y += x, n elements */
     lmx_status (*add)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);
-    /* out = act(gate) * up, n elements */
+    /* out = act(gate) * up, n elements (gate and up f32, or both bf16: model.h mlp16) */
     lmx_status (*glu)(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate,
                       const lmx_tensor *up, int64_t n, lmx_act act);
     /* x = cap * tanh(x / cap), n elements */

@@ -92,14 +92,14 @@ typedef struct lmx_backward_ops {
      * the op itself with the same seed. */
     lmx_status (*dropout)(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n, float p, uint64_t seed);
     /* A copy of a forward value that backward reads: *dst becomes a new tensor of x's shape (x is f32
-     * [rows, cols]) holding x's values, released with the backend's release; in f32, or in bf16 where the
-     * backend keeps activations as bf16 training does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps
-     * f32).  The ops above take what they read of the forward pass (rmsnorm's x, lora's x, glu's gate
+     * [rows, cols], or already in keep_dtype: lmx_model.mlp16's gate and up) holding x's values, released
+     * with the backend's release; in f32, or in bf16 where the backend keeps activations as bf16 training
+     * does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps f32).  The ops above take what they read of the forward pass (rmsnorm's x, lora's x, glu's gate
      * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps (keep_dtype). */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     lmx_dtype (*keep_dtype)(const lmx_backend *be);
     /* keep's inverse: the values of x (a keep) into dst, f32 of x's size (the input a checkpointed layer
-     * runs on again) */
+     * runs on again), or a buffer of x's dtype (a bf16 gate or up product taken back: copied as it is) */
     lmx_status (*restore)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     /* Optional, both or neither (NULL on the cpu, whose memory is the host's): keep and restore through
      * host memory, for the inputs a checkpointed step holds through its forward pass.  offload copies x

@@ -119,13 +119,14 @@ int cmd_bench_train(int argc, char **argv) {
     if (json)
         printf("{\"backend\": \"%s\", \"rank\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, \"step_s\": %.4f, "
                "\"tokens_per_s\": %.1f, \"peak_gib\": %.2f, \"flops_per_token\": %.4g, \"mfu\": %.4f, \"checkpointing\": %d, "
-               "\"replayed\": [%lld, %lld, %lld]}\n",
+               "\"replayed\": [%lld, %lld, %lld, %lld]}\n",
                m->be->ops->name, rank, B, T, steps, med, tok_s, peak_gib, flops_tok, mfu, ckpt_on,
-               (long long)tr->replayed[0], (long long)tr->replayed[1], (long long)tr->replayed[2]);
+               (long long)tr->replayed[0], (long long)tr->replayed[1], (long long)tr->replayed[2],
+               (long long)tr->replayed[3]);
     else {
-        char rp[80] = ""; /* what a layer run again took back */
-        const char *kinds[3] = {"attention outputs", "hidden states", "q, k, v"};
-        for (int k = 0; k < 3; k++)
+        char rp[96] = ""; /* what a layer run again took back */
+        const char *kinds[4] = {"attention outputs", "hidden states", "q, k, v", "gate, up"};
+        for (int k = 0; k < 4; k++)
             if (tr->replayed[k])
                 snprintf(rp + strlen(rp), sizeof rp - strlen(rp), "%s%s", rp[0] ? ", " : ", replayed: ", kinds[k]);
         printf("bench-train %s (%s): rank %d, batch %d x %d%s%s: %.3f s a step, %.1f tokens/s, peak %.2f GiB, MFU %.1f%%\n",

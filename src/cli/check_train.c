@@ -219,8 +219,9 @@ int cmd_check_train(int argc, char **argv) {
         }
     }
     if (tr->replayed[0] || tr->replayed[1] || replay > 0)
-        printf("replay: %lld attention outputs, %lld hidden states, %lld q, k, v taken back\n",
-               (long long)tr->replayed[0], (long long)tr->replayed[1], (long long)tr->replayed[2]);
+        printf("replay: %lld attention outputs, %lld hidden states, %lld gate, up, %lld q, k, v taken back\n",
+               (long long)tr->replayed[0], (long long)tr->replayed[1], (long long)tr->replayed[3],
+               (long long)tr->replayed[2]);
     if (replay > 0 && ckpt > 0 && !tr->replayed[1]) {
         fprintf(stderr, "check-train: --replay on, but no checkpointed layer took back its hidden state\n");
         ok = 0;

@@ -313,7 +313,12 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     lmx_tensor x16;
     const lmx_tensor *xn;
     lmx_status st = norm_matmuls(m, bt, &L->ffn_norm, M, 2, outs, wts, bs, &x16, &xn);
-    if (st) return st;
+    const lmx_layer_save *sv = m->layer_save; /* a checkpointed training step's first run (model.h) */
+    for (int i = 0; !st && sv && sv->save && i < 2; i++) st = sv->save(sv->user, l, LMX_SAVE_GATE + i, outs[i]);
+    if (st) {
+        if (x16.data) op->release(be, &x16);
+        return st;
+    }
     /* the GLU's output h [M, F]: into gate, or where the norm's output was bf16 (backend.h) a bf16 tensor of its own */
     lmx_tensor h16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {M, F}}, *h = &gate;
     if (x16.data && lmx_backend_alloc_raw(be, &h16) == LMX_OK) h = &h16;

@@ -93,10 +93,11 @@ typedef struct lmx_workspace {
  * log-sum-exp), and, where the block ends in the plain residual add, the hidden state after it
  * (LMX_SAVE_RESID); the layer's run again for backward takes them back instead of computing them.  Before
  * the attention op it also hands over the op's q, k and v (LMX_SAVE_Q + 0, 1, 2: after their norms and RoPE),
- * which save may ignore. */
-enum { LMX_SAVE_ATT, LMX_SAVE_RESID, LMX_SAVE_Q };
+ * and after the MLP's gate and up projections their frozen products (LMX_SAVE_GATE, LMX_SAVE_UP: without
+ * their LoRA expands, in the buffers' dtype), which save may ignore. */
+enum { LMX_SAVE_ATT, LMX_SAVE_RESID, LMX_SAVE_Q, LMX_SAVE_GATE = LMX_SAVE_Q + 3, LMX_SAVE_UP };
 typedef struct lmx_layer_save {
-    lmx_status (*save)(void *user, int l, int what, const lmx_tensor *x); /* x f32 [M, cols]; NULL: none */
+    lmx_status (*save)(void *user, int l, int what, const lmx_tensor *x); /* x [M, cols]; NULL: none */
     lmx_status (*mid)(void *user, int l); /* NULL, or called between layer l's attention block and its MLP */
     lmx_tensor *lse;             /* [n_layers] tensors [B*H*T] f32 (data NULL: none asked) */
     void *user;

@@ -104,7 +104,11 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     const int vx = var_of(t, x->data);
     lmx_status st = tape_guard(t, out->data); /* nothing waits: w_matmul settled */
     if (st) return st;
-    if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
+    const int gu = t->rp.gu && w ? (w == t->rp.gu_w[0] ? 0 : w == t->rp.gu_w[1] ? 1 : -1) : -1;
+    if (gu >= 0) { /* replay writes the product (lmx_tape_replay gu) */
+        t->rp.gu_w[gu] = NULL;
+        if ((st = pass(t, t->rp.gu(t->rp.user, gu, out)))) return st;
+    } else if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
         if (unreadable(t, x->data) && !tape_copied(t, x->data, M, w->shape[1])) return muted_read(t, "matmul");
         const lmx_tensor *xin = tape_shared_input(t, x, M, w->shape[1]);
         const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,

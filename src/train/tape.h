@@ -84,7 +84,9 @@ void lmx_tape_set_keep_glu(lmx_tape *t, int on);
  * buffer input_buf (a leaf: the layer's input) does not hold its value, which input holds in the backend's
  * keep dtype: the first rmsnorm of input_buf is recorded with input as its keep but not run, and an op that
  * reads input_buf or that norm's output fails until an op writes them (for a layer whose only readers of them
- * are left unrun or replayed: with qkv and resid).  NULL: none. */
+ * are left unrun or replayed: with qkv and resid).  With gu non-NULL, the frozen matmuls by weights gu_w[0] and
+ * gu_w[1] (the MLP's gate and up) are recorded but not run: gu writes their products into their outputs (which
+ * 0, 1), each once.  NULL: none. */
 typedef struct lmx_tape_replay {
     lmx_status (*att)(void *user, lmx_tensor *dst);
     lmx_tensor lse;
@@ -94,6 +96,8 @@ typedef struct lmx_tape_replay {
     const void *qkv_buf[3];
     lmx_tensor input;
     const void *input_buf;
+    lmx_status (*gu)(void *user, int which, lmx_tensor *dst);
+    const lmx_tensor *gu_w[2];
     void *user;
 } lmx_tape_replay;
 void lmx_tape_set_replay(lmx_tape *t, const lmx_tape_replay *r);

@@ -45,9 +45,9 @@ typedef struct lmx_trainer {
                                   * where it can, held as its input is; 0: computes them again */
     int replay_qkv;              /* 1 (default): with replay, also the attention's q, k and v where the layer's
                                   * ops allow (train.c qkv_replayable); 0: they are computed again */
-    int64_t replayed[3];         /* values taken back by replay since the trainer was made: attention outputs,
-                                  * hidden states, attention inputs q, k, v (layers of them; what tests and
-                                  * benchmarks report) */
+    int64_t replayed[4];         /* values taken back by replay since the trainer was made: attention outputs,
+                                  * hidden states, attention inputs q, k, v, the MLP's gate and up products
+                                  * (layers of them; what tests and benchmarks report) */
     void *park;                  /* those inputs: page-locked host memory (the backend's host_alloc), park_bytes */
     size_t park_bytes;
     int lowest;                  /* the lowest layer with a trained pair (checkpointing stops there) */

@@ -209,7 +209,13 @@ lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) 
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
-    return st ? st : restore_into(cb, (float *)dst->data, x->data, x->dtype, lmx_tensor_nelem(x));
+    if (st || dst->dtype == LMX_DTYPE_F32) return st ? st : restore_into(cb, (float *)dst->data, x->data, x->dtype, lmx_tensor_nelem(x));
+    if (dst->dtype != x->dtype) /* a bf16 buffer (model.h mlp16) takes a bf16 keep as it is */
+        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d into dtype %d", (int)x->dtype,
+                           (int)dst->dtype);
+    const cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)lmx_tensor_nelem(x) * lmx_dtype_size(x->dtype),
+                                          cudaMemcpyDeviceToDevice, cb->stream);
+    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
 }
 
 /* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */

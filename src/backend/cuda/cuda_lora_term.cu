@@ -199,7 +199,55 @@ template <int R> static __device__ __forceinline__ void tc_stage(uint32_t *sx, c
         sx[(i / R) * (R + 4) + i % R] = i < nr * R ? tf32_of(x[r0 * R + i]) : 0u;
 }
 
-/* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned */
+/* A lane's 8 bf16 values of a row as tc_load8 reads them, as loaded (zeros past the last row): the next slab's
+ * loads in flight while the lane works on this one */
+struct tc_raw16 {
+    uint2 a, b;
+};
+static __device__ __forceinline__ tc_raw16 tc_fetch16(const __nv_bfloat16 *m, int64_t row, int64_t rows, int64_t N,
+                                                      int64_t col) {
+    if (row >= rows) return {make_uint2(0u, 0u), make_uint2(0u, 0u)};
+    const __nv_bfloat16 *p = m + row * N + col;
+    return {*(const uint2 *)p, *(const uint2 *)(p + 16)};
+}
+/* half h of the accumulators from r (tc_load8's bf16 form) */
+static __device__ __forceinline__ void tc_unpack16(float (&c)[4][4], const tc_raw16 &r, int h) {
+    const uint32_t w[4] = {r.a.x, r.a.y, r.b.x, r.b.y};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
+        c[j][2 * h] = f.x, c[j][2 * h + 1] = f.y;
+    }
+}
+
+/* One 16-row slab of k_glu_terms_tc (rows ra and rb = ra + 8 of the lane, from i0 of the block's): the terms
+ * added to gate's and up's values cg, cu, the GLU, the stores */
+template <int R>
+static __device__ __forceinline__ void tc_glu_slab(float (&cg)[4][4], float (&cu)[4][4], const tc_term<R> &ag,
+                                                   const tc_term<R> &au, const uint32_t *sg, const uint32_t *su,
+                                                   int i0, int lane, int64_t ra, int64_t rows, int64_t N, int64_t c,
+                                                   int act, float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
+                                                   __nv_bfloat16 *ok, int with_g, int with_u) {
+    if (with_g) ag.add(cg, sg, i0, lane);
+    if (with_u) au.add(cu, su, i0, lane);
+    float co[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) co[j][e] = glu_act(cg[j][e], act) * cu[j][e];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t row = ra + 8 * h, e = row * N + c;
+        if (row >= rows) break;
+        if (gk) tc_store8_bf16(gk + e, cg, h), tc_store8_bf16(uk + e, cu, h);
+        if (o) tc_store8(o + e, co, h);
+        if (ok) tc_store8_bf16(ok + e, co, h);
+    }
+}
+
+/* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned.  Over
+ * bf16 gate and up (model.h mlp16) each lane has the next slab's loads in flight while it works on this one:
+ * half the bytes of f32 a load left too few in flight at two blocks a multiprocessor. */
 template <int R, typename G>
 __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
                                                                __nv_bfloat16 *ok, const G *g, const G *u,
@@ -215,26 +263,28 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
     if (col0 < N && tu.xa) au.load_b(tu.b, tu.s, col0, lane);
     __syncthreads();
     if (col0 >= N) return;
-    const int64_t c = col0 + 4 * (lane & 3);
-    for (int i0 = 0; i0 < nr; i0 += 16) {
-        const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8; /* the lane's rows */
-        float cg[4][4], cu[4][4];
-        tc_row(cg, g, ra, rows, N, c, 0), tc_row(cu, u, ra, rows, N, c, 0);
-        tc_row(cg, g, rb, rows, N, c, 1), tc_row(cu, u, rb, rows, N, c, 1);
-        if (tg.xa) ag.add(cg, sx[0], i0, lane);
-        if (tu.xa) au.add(cu, sx[1], i0, lane);
-        float co[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) co[j][e] = glu_act(cg[j][e], act) * cu[j][e];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t e = (h ? rb : ra) * N + c;
-            if ((h ? rb : ra) >= rows) break;
-            if (gk) tc_store8_bf16(gk + e, cg, h), tc_store8_bf16(uk + e, cu, h);
-            if (o) tc_store8(o + e, co, h);
-            if (ok) tc_store8_bf16(ok + e, co, h);
+    const int64_t c = col0 + 4 * (lane & 3), ra0 = r0 + (lane >> 2);
+    if constexpr (sizeof(G) == 2) {
+        tc_raw16 nx[4] = {tc_fetch16(g, ra0, rows, N, c), tc_fetch16(g, ra0 + 8, rows, N, c),
+                          tc_fetch16(u, ra0, rows, N, c), tc_fetch16(u, ra0 + 8, rows, N, c)};
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            const int64_t ra = ra0 + i0;
+            float cg[4][4], cu[4][4];
+            tc_unpack16(cg, nx[0], 0), tc_unpack16(cg, nx[1], 1), tc_unpack16(cu, nx[2], 0), tc_unpack16(cu, nx[3], 1);
+            if (i0 + 16 < nr)
+                nx[0] = tc_fetch16(g, ra + 16, rows, N, c), nx[1] = tc_fetch16(g, ra + 24, rows, N, c),
+                nx[2] = tc_fetch16(u, ra + 16, rows, N, c), nx[3] = tc_fetch16(u, ra + 24, rows, N, c);
+            tc_glu_slab<R>(cg, cu, ag, au, sx[0], sx[1], i0, lane, ra, rows, N, c, act, o, gk, uk, ok, tg.xa != NULL,
+                           tu.xa != NULL);
+        }
+    } else {
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            const int64_t ra = ra0 + i0, rb = ra + 8; /* the lane's rows */
+            float cg[4][4], cu[4][4];
+            tc_row(cg, g, ra, rows, N, c, 0), tc_row(cu, u, ra, rows, N, c, 0);
+            tc_row(cg, g, rb, rows, N, c, 1), tc_row(cu, u, rb, rows, N, c, 1);
+            tc_glu_slab<R>(cg, cu, ag, au, sx[0], sx[1], i0, lane, ra, rows, N, c, act, o, gk, uk, ok, tg.xa != NULL,
+                           tu.xa != NULL);
         }
     }
 }
