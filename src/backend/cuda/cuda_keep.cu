@@ -32,6 +32,18 @@ __global__ void k_glu_keep(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk, __nv_
         }
 }
 
+/* k_glu_keep over gate and up of type G, four values a thread where every pointer allows */
+template <typename G>
+static lmx_status glu_keep_of(cuda_backend *cb, float *o, __nv_bfloat16 *g16, __nv_bfloat16 *u16, __nv_bfloat16 *o16,
+                              const void *gate, const void *up, int64_t n, int act) {
+    const G *g = (const G *)gate, *u = (const G *)up;
+    if (cuda_vec4_ok(n, o, g, u, g16, u16, o16))
+        k_glu_keep<4, G><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, act);
+    else
+        k_glu_keep<1, G><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, act);
+    return cuda_check_launch(cb, "glu");
+}
+
 lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *gate, const lmx_tensor *up, int64_t n,
                                lmx_act act, lmx_tensor *gk, lmx_tensor *uk, lmx_tensor *ok, const lmx_lora_term *tg,
                                const lmx_lora_term *tu) {
@@ -54,20 +66,8 @@ lmx_status cuda_bwd_glu_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
     }
     __nv_bfloat16 *g16 = (__nv_bfloat16 *)gk->data, *u16 = (__nv_bfloat16 *)uk->data,
                   *o16 = ok ? (__nv_bfloat16 *)ok->data : NULL;
-    if (in16) {
-        const __nv_bfloat16 *g = (const __nv_bfloat16 *)gate->data, *u = (const __nv_bfloat16 *)up->data;
-        if (cuda_vec4_ok(n, o, g, u, g16, u16, o16))
-            k_glu_keep<4, __nv_bfloat16><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
-        else
-            k_glu_keep<1, __nv_bfloat16><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
-        return cuda_check_launch(cb, "glu");
-    }
-    const float *g = (const float *)gate->data, *u = (const float *)up->data;
-    if (cuda_vec4_ok(n, o, g, u, g16, u16, o16))
-        k_glu_keep<4, float><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
-    else
-        k_glu_keep<1, float><<<cuda_ew_grid(n), 256, 0, cb->stream>>>(o, g16, u16, o16, g, u, n, (int)act);
-    return cuda_check_launch(cb, "glu");
+    return in16 ? glu_keep_of<__nv_bfloat16>(cb, o, g16, u16, o16, gate->data, up->data, n, (int)act)
+                : glu_keep_of<float>(cb, o, g16, u16, o16, gate->data, up->data, n, (int)act);
 }
 
 lmx_status cuda_bwd_rmsnorm_keep(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
