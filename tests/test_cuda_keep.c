@@ -448,6 +448,9 @@ static void test_mlp16(int r, int N, int rows) {
                       "over f32", op == 0 ? "glu (f32 out)" : op == 1 ? "glu (bf16 out)" : "lora_glu", r, N);
             free(w0), free(w1);
         }
+        const lmx_lora_pair *p0 = &pg[0]; /* its expand goes to the GLU: the lora op into bf16 is refused */
+        CHECK_MSG(gpu->ops->lora(gpu, &h[0], &x.g, 1, rows, &p0) == LMX_ERR_UNSUPPORTED, "the lora op into bf16 ran");
+        lmx_err_clear(&gpu->err);
         for (int i = 0; i < 2; i++) gpu->ops->release(gpu, &o[i]), gpu->ops->release(gpu, &h[i]);
         wpair w = make_weight(LMX_DTYPE_BF16, 0, 0, 0, N, K);
         tpair xk = rand_in(rows, K, 1.0f, 1);

@@ -94,8 +94,9 @@ typedef struct lmx_backward_ops {
     /* A copy of a forward value that backward reads: *dst becomes a new tensor of x's shape (x is f32
      * [rows, cols], or already in keep_dtype: lmx_model.mlp16's gate and up) holding x's values, released
      * with the backend's release; in f32, or in bf16 where the backend keeps activations as bf16 training
-     * does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps f32).  The ops above take what they read of the forward pass (rmsnorm's x, lora's x, glu's gate
-     * and up, softcap's y, attention's q, k, v) in f32 or in the dtype this op keeps (keep_dtype). */
+     * does (cuda: half the bytes; LMX_CUDA_KEEP=f32 keeps f32).  The ops above take what they read of the
+     * forward pass (rmsnorm's x, lora's x, glu's gate and up, softcap's y, attention's q, k, v) in f32 or in
+     * the dtype this op keeps (keep_dtype). */
     lmx_status (*keep)(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
     lmx_dtype (*keep_dtype)(const lmx_backend *be);
     /* keep's inverse: the values of x (a keep) into dst, f32 of x's size (the input a checkpointed layer

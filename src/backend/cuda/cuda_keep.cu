@@ -209,7 +209,8 @@ lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) 
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
-    if (st || dst->dtype == LMX_DTYPE_F32) return st ? st : restore_into(cb, (float *)dst->data, x->data, x->dtype, lmx_tensor_nelem(x));
+    if (st) return st;
+    if (dst->dtype == LMX_DTYPE_F32) return restore_into(cb, (float *)dst->data, x->data, x->dtype, lmx_tensor_nelem(x));
     if (dst->dtype != x->dtype) /* a bf16 buffer (model.h mlp16) takes a bf16 keep as it is */
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d into dtype %d", (int)x->dtype,
                            (int)dst->dtype);

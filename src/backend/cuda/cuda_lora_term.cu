@@ -12,7 +12,8 @@
  * in 64 registers, four blocks a multiprocessor (at three, 80 registers, the 8B's training step was 0.9%
  * slower).  The GLU's terms of ranks 8 and 16 over columns in multiples of 32 run on tensor cores instead
  * (k_glu_terms_tc, below).  Ranks other than 8, 16 and 32 take the expand as a GEMM first (cuBLAS, TF32 as
- * the lora op), then the op. */
+ * the lora op), then the op.  The GLU's gate and up are f32, or bf16 where a checkpointed training step asks
+ * (model.h mlp16: the GEMMs' products rounded as HF's bf16 Linear rounds them); the kernels read either. */
 #include "cuda_mma.h"
 
 extern "C" {
