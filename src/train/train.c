@@ -179,6 +179,7 @@ typedef struct ckpt_store {
     lmx_tensor *lse;             /* [L] each layer's attention log-sum-exp, for replay (data NULL: none) */
     unsigned char *has;          /* [L] bit k: kind k of layer l saved and not taken back yet */
 } ckpt_store;
+_Static_assert(CK_KINDS <= 8, "ckpt_store.has holds a layer's kinds in a byte");
 
 /* tr->park of at least bytes (grown) */
 static lmx_status park_reserve(lmx_trainer *tr, size_t bytes) {
@@ -525,8 +526,10 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             cs.tr = tr, cs.be = inner, cs.M = M, cs.qkv = replay && tr->replay_qkv;
             if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
                 /* kind k's room a layer: C, or the widest H*D or Hk*D (where replay takes it back) */
+                /* (gate and up: none, the last layer's stay on the device) */
                 const int64_t cols[CK_KINDS] = {m->cfg.hidden, replay ? m->q_width : 0, replay ? m->cfg.hidden : 0,
-                                                cs.qkv ? m->q_width : 0, cs.qkv ? m->kv_width : 0, cs.qkv ? m->kv_width : 0};
+                                                cs.qkv ? m->q_width : 0, cs.qkv ? m->kv_width : 0, cs.qkv ? m->kv_width : 0,
+                                                0, 0};
                 for (int k = 0; k < CK_KINDS; k++) cs.off[k] = cs.stride, cs.stride += (size_t)M * cols[k] * es;
                 if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park, cs.on_host = L - 1;
             }
