@@ -94,10 +94,22 @@ static void layer_buffers(lmx_model *m, lmx_tensor **t, int64_t *width, lmx_dtyp
     const int64_t C = m->cfg.hidden, HD = m->q_width, KD = m->kv_width, F = m->max_ffn;
     lmx_tensor *all[LAYER_BUFS] = {&ws->xn, &ws->q, &ws->k, &ws->v, &ws->att, &ws->proj, &ws->gate, &ws->up};
     const int64_t w[LAYER_BUFS] = {C, HD, KD, KD, HD, C, F, F};
+    const lmx_dtype f = LMX_DTYPE_F32, gu = m->mlp16 && !m->cfg.layer_moe ? LMX_DTYPE_BF16 : LMX_DTYPE_F32;
+    const lmx_dtype d[LAYER_BUFS] = {f, f, f, f, f, f, gu, gu};
     memcpy(t, all, sizeof all);
     memcpy(width, w, sizeof w);
+    memcpy(dt, d, sizeof d);
+}
+
+/* Whether a buffer of layer_buffers' was made in another dtype than it would be now (m->mlp16 changed) */
+static int layer_buffers_retyped(lmx_model *m) {
+    lmx_tensor *t[LAYER_BUFS];
+    int64_t w[LAYER_BUFS];
+    lmx_dtype dt[LAYER_BUFS];
+    layer_buffers(m, t, w, dt);
     for (int i = 0; i < LAYER_BUFS; i++)
-        dt[i] = i >= 6 && m->mlp16 && !m->cfg.layer_moe ? LMX_DTYPE_BF16 : LMX_DTYPE_F32;
+        if (t[i]->data && t[i]->dtype != dt[i]) return 1;
+    return 0;
 }
 
 /* Grow the buffers to B sequences, M rows and R logit rows; a no-op once large enough, so decode
@@ -568,12 +580,7 @@ static lmx_status embed_pass(lmx_model *m, lmx_kv_layer *const *kv_all, const lm
     int M = bt->B * bt->T;
     if (m->traits.gemma4 && !op->scale)
         return lmx_err_set(&m->err, LMX_ERR_UNSUPPORTED, "the %s backend cannot run gemma4 models (no scale op)", op->name);
-    lmx_tensor *lb[LAYER_BUFS];
-    int64_t lw[LAYER_BUFS];
-    lmx_dtype ld[LAYER_BUFS];
-    layer_buffers(m, lb, lw, ld);
-    for (int i = 0; i < LAYER_BUFS; i++) /* m->mlp16 changed since they were made: all made again */
-        if (lb[i]->data && lb[i]->dtype != ld[i]) m->ws.max_rows = 0;
+    if (layer_buffers_retyped(m)) m->ws.max_rows = 0; /* every buffer made again */
     lmx_status st = ws_reserve(m, bt->B, M, R);
     if (st) return st;
     int32_t *ids = m->ws.ids;

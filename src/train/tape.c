@@ -32,6 +32,11 @@ static int muted(const lmx_tape *t, const void *data) {
 static int unreadable(const lmx_tape *t, const void *data) {
     return muted(t, data) || (data && (data == t->absent[0] || data == t->absent[1] || data == t->absent[2]));
 }
+/* Input x [rows, cols] of a matmul or LoRA op is not there to read, not even as its keep's copy (which such ops
+ * take: tape_shared_input) */
+static int input_absent(const lmx_tape *t, const void *x, int64_t rows, int64_t cols) {
+    return unreadable(t, x) && !tape_copied(t, x, rows, cols);
+}
 static lmx_status muted_read(lmx_tape *t, const char *op) {
     return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: %s reads a value that is not there (q, k or v before "
                        "replay writes them, a replayed layer's input or its norm, a GLU's f32 output)", op);
@@ -109,7 +114,7 @@ static lmx_status rec_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor 
         t->rp.gu_w[gu] = NULL;
         if ((st = pass(t, t->rp.gu(t->rp.user, gu, out)))) return st;
     } else if (!muted(t, out->data)) { /* left unrun until the tape's next op (tape_lazy), holding the input it reads */
-        if (unreadable(t, x->data) && !tape_copied(t, x->data, M, w->shape[1])) return muted_read(t, "matmul");
+        if (input_absent(t, x->data, M, w->shape[1])) return muted_read(t, "matmul");
         const lmx_tensor *xin = tape_shared_input(t, x, M, w->shape[1]);
         const tape_lazy z = {.op = T_MATMUL, .out = *out, .x = *xin, .w = w, .bias = bias, .M = M,
                              .keep = tape_lazy_hold(t, xin)};
@@ -194,8 +199,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
             if (!st) st = pass(t, t->bwd->dropout(t->in, &r->own, x, rows * K, t->drop_p, seed));
             r->drop = t->drop_p, r->seed = seed;
         } else if (watched && !tape_redo_input(t, &r->keep[0], vx, rows, K)) {
-            st = unreadable(t, x->data) && !tape_copied(t, x->data, rows, K) ? muted_read(t, "lora")
-                                                                          : tape_save(t, &r->keep[0], x, rows, K);
+            st = input_absent(t, x->data, rows, K) ? muted_read(t, "lora") : tape_save(t, &r->keep[0], x, rows, K);
         }
         if (st) return st;
         r->in[0] = vy, r->in[1] = vx, r->bt.B = B, r->bt.T = T;
@@ -203,7 +207,7 @@ static lmx_status rec_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, 
     lmx_status st = tape_guard(t, y->data);
     if (st) return st;
     if (muted(t, y->data)) return lora_versioned(t, r, y, rows, N, watched); /* replay writes y: nothing runs */
-    if (unreadable(t, x->data) && (drop || !tape_copied(t, x->data, rows, K))) return muted_read(t, "lora");
+    if (drop ? unreadable(t, x->data) : input_absent(t, x->data, rows, K)) return muted_read(t, "lora");
     const lmx_tensor *xin = drop ? &r->own : tape_shared_input(t, x, rows, K);
     lmx_tensor xa = lora_xa(t, watched, B, T, pairs);
     st = LMX_ERR_UNSUPPORTED;

@@ -171,19 +171,19 @@ lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be) {
     return ((const cuda_backend *)be)->keep_f32 ? LMX_DTYPE_F32 : LMX_DTYPE_BF16;
 }
 
-/* n values of x into dst of dtype dt (bf16: rounded; f32: copied) */
-static lmx_status keep_into(cuda_backend *cb, void *dst, lmx_dtype dt, const float *x, int64_t n) {
-    if (dt == LMX_DTYPE_BF16) return cuda_narrow_bf16(cb, (__nv_bfloat16 *)dst, x, n);
-    cudaError_t e = cudaMemcpyAsync(dst, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
-    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "keeping an activation");
-}
-
-/* keep_into's inverse: n values of src (dtype dt) into dst as f32 */
-static lmx_status restore_into(cuda_backend *cb, float *dst, const void *src, lmx_dtype dt, int64_t n) {
-    if (dt == LMX_DTYPE_BF16) return cuda_widen_into(cb, dst, (const __nv_bfloat16 *)src, n);
-    if (dt != LMX_DTYPE_F32) return lmx_err_set(&cb->base.err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d", (int)dt);
-    cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cb->stream);
-    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
+/* n values of src (dtype st) into dst (dtype dt): copied where the dtypes agree, rounded from f32 to bf16 (a
+ * keep, an offload's stage) or widened from bf16 to f32 (a restore, a reload); what names the op in errors */
+static lmx_status convert_into(cuda_backend *cb, void *dst, lmx_dtype dt, const void *src, lmx_dtype st, int64_t n,
+                               const char *what) {
+    if (dt == st && (dt == LMX_DTYPE_F32 || dt == LMX_DTYPE_BF16)) {
+        const cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)n * lmx_dtype_size(dt), cudaMemcpyDeviceToDevice, cb->stream);
+        return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, what);
+    }
+    if (dt == LMX_DTYPE_BF16 && st == LMX_DTYPE_F32)
+        return cuda_narrow_bf16(cb, (__nv_bfloat16 *)dst, (const float *)src, n);
+    if (dt == LMX_DTYPE_F32 && st == LMX_DTYPE_BF16)
+        return cuda_widen_into(cb, (float *)dst, (const __nv_bfloat16 *)src, n);
+    return lmx_err_set(&cb->base.err, LMX_ERR_UNSUPPORTED, "%s: dtype %d into dtype %d", what, (int)st, (int)dt);
 }
 
 lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
@@ -194,29 +194,16 @@ lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) 
     if (x->dtype != LMX_DTYPE_F32 && x->dtype != dst->dtype) /* a bf16 buffer (model.h mlp16) into a bf16 keep */
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "keep: a value of dtype %d", (int)x->dtype);
     if ((st = cuda_alloc_raw(cb, dst))) return st;
-    const int64_t n = lmx_tensor_nelem(dst);
-    if (x->dtype == LMX_DTYPE_F32) {
-        st = keep_into(cb, dst->data, dst->dtype, (const float *)x->data, n);
-    } else {
-        const cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)n * lmx_dtype_size(dst->dtype),
-                                              cudaMemcpyDeviceToDevice, cb->stream);
-        st = e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "keep");
-    }
-    if (st) be->ops->release(be, dst);
+    if ((st = convert_into(cb, dst->data, dst->dtype, x->data, x->dtype, lmx_tensor_nelem(dst), "keep")))
+        be->ops->release(be, dst);
     return st;
 }
 
+/* into f32, or into a buffer of the keep's dtype (a bf16 gate or up product taken back: model.h mlp16) */
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
-    if (st) return st;
-    if (dst->dtype == LMX_DTYPE_F32) return restore_into(cb, (float *)dst->data, x->data, x->dtype, lmx_tensor_nelem(x));
-    if (dst->dtype != x->dtype) /* a bf16 buffer (model.h mlp16) takes a bf16 keep as it is */
-        return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "restore: a keep of dtype %d into dtype %d", (int)x->dtype,
-                           (int)dst->dtype);
-    const cudaError_t e = cudaMemcpyAsync(dst->data, x->data, (size_t)lmx_tensor_nelem(x) * lmx_dtype_size(x->dtype),
-                                          cudaMemcpyDeviceToDevice, cb->stream);
-    return e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "restoring a kept activation");
+    return st ? st : convert_into(cb, dst->data, dst->dtype, x->data, x->dtype, lmx_tensor_nelem(x), "restore");
 }
 
 /* ---- checkpoints through host memory (offload / reload) ----------------------------------------- */
@@ -344,7 +331,7 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
     for (int i = 0; i < PARK_STAGES; i++) /* overwritten, or its contents change */
         if (i == s || P->ahead[i] == host) P->ahead[i] = NULL;
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "offload");
-    if ((st = keep_into(cb, P->stage[s], dt, (const float *)x->data, n))) return st;
+    if ((st = convert_into(cb, P->stage[s], dt, x->data, x->dtype, n, "offload"))) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload");
     CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "offload");
     CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToHost, P->copy), "offload");
@@ -395,14 +382,11 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
     }
     P->ahead[s] = NULL;
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "reload");
-    if (dst->dtype == LMX_DTYPE_F32) {
-        st = restore_into(cb, (float *)dst->data, P->stage[s], dt, n);
-    } else if (dst->owned && (size_t)lmx_tensor_nelem(dst) * es == P->bytes[s]) { /* the memories exchanged */
-        void *d = dst->data;
+    if (dst->dtype != LMX_DTYPE_F32 && dst->owned && (size_t)lmx_tensor_nelem(dst) * es == P->bytes[s]) {
+        void *d = dst->data; /* the memories exchanged */
         dst->data = P->stage[s], P->stage[s] = d;
     } else {
-        cudaError_t e = cudaMemcpyAsync(dst->data, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToDevice, cb->stream);
-        st = e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "reload");
+        st = convert_into(cb, dst->data, dst->dtype, P->stage[s], dt, n, "reload");
     }
     if (st) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "reload");
