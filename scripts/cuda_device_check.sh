@@ -34,6 +34,8 @@ run env LMX_CUDA_GGUF_REPACK=0 "$bin/test_cuda_ops"
 for m in llama qwen3; do
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay on
+    # the lower layer's gate / up products through host memory too (train.c gu_host_layers)
+    run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay on --gu-host 1
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay outputs
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay off
 done
@@ -44,6 +46,7 @@ for r in on outputs off; do
     run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda --grad-checkpoint on --replay $r
 done
 run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda
+run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda --grad-checkpoint on --replay on --gu-host 1
 # lmx train: the same losses and adapter with the layers' inputs and the embeddings in host memory and on the GPU
 run "$root/tests/train_placement_check.sh" "$bin/lmx" "$fix"
 # memory limits, peak and cache on the cuda backend; the device list

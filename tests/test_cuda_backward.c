@@ -174,6 +174,21 @@ static void test_glu_bwd16(void) {
         int64_t bad = 0;
         for (int64_t i = 0; i < n; i++) bad += hg[i] != lmx_f32_to_bf16(fg[i]) || hu[i] != lmx_f32_to_bf16(fu[i]);
         CHECK_MSG(bad == 0, "glu backward (act %d): %lld bf16 gradients differ from the f32 ones rounded", act_i, (long long)bad);
+        /* from bf16 keeps of gate and up, and the same written over those keeps (the tape's, where the GLU is their
+         * last reader): the same bits */
+        lmx_tensor gk = {0}, uk = {0};
+        CHECK(lmx_cuda_backward.keep(gpu, &gk, &g.g) == LMX_OK && lmx_cuda_backward.keep(gpu, &uk, &u.g) == LMX_OK);
+        CHECK(gk.dtype == LMX_DTYPE_BF16);
+        CHECK(lmx_cuda_backward.glu_bwd(gpu, &dg16, &du16, &dy.g, &gk, &uk, n, a, 3) == LMX_OK);
+        CHECK(lmx_cuda_backward.glu_bwd(gpu, &gk, &uk, &dy.g, &gk, &uk, n, a, 3) == LMX_OK);
+        uint16_t *ig = malloc((size_t)n * 2), *iu = malloc((size_t)n * 2);
+        CHECK(gpu->ops->read(gpu, &dg16, 0, hg, (size_t)n * 2) == LMX_OK && gpu->ops->read(gpu, &du16, 0, hu, (size_t)n * 2) == LMX_OK);
+        CHECK(gpu->ops->read(gpu, &gk, 0, ig, (size_t)n * 2) == LMX_OK && gpu->ops->read(gpu, &uk, 0, iu, (size_t)n * 2) == LMX_OK);
+        bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += hg[i] != ig[i] || hu[i] != iu[i];
+        CHECK_MSG(bad == 0, "glu backward (act %d) over its own keeps: %lld gradients differ", act_i, (long long)bad);
+        free(ig), free(iu);
+        gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk);
         free(fg), free(fu), free(hg), free(hu);
         gpu->ops->release(gpu, &dg16), gpu->ops->release(gpu, &du16);
         drop(&g), drop(&u), drop(&dy), drop(&dg), drop(&du);

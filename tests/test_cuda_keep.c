@@ -314,7 +314,7 @@ static void test_offload(void) {
         CHECK(host != NULL);
         for (int l = 0; l < L; l++) {
             CHECK(gpu->ops->write(gpu, &x, 0, v + l * n, (size_t)n * 4) == LMX_OK);
-            CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)l * n * 2, &x) == LMX_OK);
+            CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)l * n * 2, &x, 0) == LMX_OK);
         }
         const int order[] = {4, 3, 2, 1, 0, 2, 2, 4, 0, 3, 1};
         const int ahead[] = {3, 2, 1, 0, -1, -1, 4, -1, 3, 1, -1};
@@ -323,7 +323,7 @@ static void test_offload(void) {
             if (i == 9) { /* block 3, fetched ahead by the reload before, gets new values first */
                 for (int64_t j = 0; j < n; j++) v[3 * n + j] = -v[3 * n + j] * 0.5f;
                 CHECK(gpu->ops->write(gpu, &x, 0, v + 3 * n, (size_t)n * 4) == LMX_OK);
-                CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)3 * n * 2, &x) == LMX_OK);
+                CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)3 * n * 2, &x, 0) == LMX_OK);
             }
             const char *next = ahead[i] >= 0 ? host + (size_t)ahead[i] * n * 2 : NULL;
             CHECK(lmx_cuda_backward.reload(gpu, &back, host + (size_t)l * n * 2, n, next) == LMX_OK);
@@ -338,6 +338,44 @@ static void test_offload(void) {
         gpu->ops->host_free(gpu, host);
         free(v);
     }
+}
+
+/* spread offloads (train.c's gate / up products): large blocks whose copies to the host go a share with each
+ * offload after them, between ordinary ones, from one device buffer rewritten between offloads.  A third spread
+ * block while two are still being sent takes the stage of the one with less left (sent whole first); reloads
+ * send whatever is left first.  Reloaded last to first with the next fetched ahead: each the values rounded to
+ * bf16, bit for bit. */
+static void test_offload_spread(void) {
+    const int64_t big = 4096 * 1031, small = 9 * 301; /* 8 MB a large block in bf16: four 2 MiB shares and a rest */
+    const int64_t n[7] = {big, small, big, big, small, small, small};
+    const int spread[7] = {5, 0, 5, 3, 0, 0, 0}; /* the third large block while both others are being sent */
+    int64_t at[8] = {0};
+    for (int i = 0; i < 7; i++) at[i + 1] = at[i] + n[i];
+    float *v = rand_vec(at[7], 25.0f);
+    char *host = gpu->ops->host_alloc(gpu, (size_t)at[7] * 2);
+    lmx_tensor x = act(gpu, 1, big, NULL);
+    CHECK(host != NULL);
+    for (int i = 0; i < 7 && host; i++) {
+        lmx_tensor xi = x;
+        xi.shape[1] = n[i];
+        CHECK(gpu->ops->write(gpu, &xi, 0, v + at[i], (size_t)n[i] * 4) == LMX_OK);
+        CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)at[i] * 2, &xi, spread[i]) == LMX_OK);
+    }
+    for (int i = 6; i >= 0 && host; i--) {
+        lmx_tensor back = act(gpu, 1, n[i], NULL);
+        const char *next = i > 0 && n[i - 1] == n[i] ? host + (size_t)at[i - 1] * 2 : NULL;
+        CHECK(lmx_cuda_backward.reload(gpu, &back, host + (size_t)at[i] * 2, n[i], next) == LMX_OK);
+        float *got = fetch(gpu, &back, n[i]);
+        int64_t bad = 0;
+        for (int64_t j = 0; j < n[i]; j++) bad += got[j] != lmx_bf16_to_f32(lmx_f32_to_bf16(v[at[i] + j]));
+        CHECK_MSG(bad == 0, "spread offload: block %d (%lld values, spread %d): %lld values not the offloaded ones rounded",
+                  i, (long long)n[i], spread[i], (long long)bad);
+        free(got);
+        gpu->ops->release(gpu, &back);
+    }
+    gpu->ops->release(gpu, &x);
+    if (host) gpu->ops->host_free(gpu, host);
+    free(v);
 }
 
 /* offload / reload of several kinds of block interleaved, as a checkpointed step with replay has them (a
@@ -361,7 +399,7 @@ static void test_offload_kinds(void) {
         for (int l = 0; l < top; l++)
             for (int k = 0; k < K; k++) {
                 lmx_tensor x = act(gpu, rows, cols[k], v + l * per + off[k]);
-                CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)(l * per + off[k]) * 2, &x) == LMX_OK);
+                CHECK(lmx_cuda_backward.offload(gpu, host + (size_t)(l * per + off[k]) * 2, &x, 0) == LMX_OK);
                 gpu->ops->release(gpu, &x);
             }
         for (int l = L - 1; l >= 0; l--)
@@ -494,6 +532,7 @@ int main(void) {
     test_redo();
     test_restore();
     test_offload();
+    test_offload_spread();
     test_offload_kinds();
     return pair_close("test_cuda_keep");
 }

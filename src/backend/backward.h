@@ -111,8 +111,10 @@ typedef struct lmx_backward_ops {
      * (several kinds of block may interleave, each fetching its next: train.c's replay); with dst and host
      * NULL it only starts fetching next.  The backend orders the copies after the ops before them and
      * before the ops after, so the caller never waits; host blocks are freed with host_free, which waits
-     * for their copies. */
-    lmx_status (*offload)(lmx_backend *be, void *host, const lmx_tensor *x);
+     * for their copies.  With spread > 0 offload copies x's values aside at once but moves them to the host a
+     * share at a time with each of the next spread offloads (all of what is left before any reload): a
+     * large block whose copy would hold up the smaller ones behind it (train.c's gate / up products). */
+    lmx_status (*offload)(lmx_backend *be, void *host, const lmx_tensor *x, int spread);
     lmx_status (*reload)(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
     /* Optional (NULL: none): the glu op (backend.h; out may be gate) that also writes gate's and up's
      * values into gk and uk, and with ok non-NULL out's into ok, which the caller allocated in keep_dtype

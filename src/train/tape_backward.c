@@ -144,14 +144,33 @@ static int grad16_room(lmx_tape *t, int v) {
     return 0;
 }
 
-/* GLU record i's gradients as bf16 alone (bf16_grad_ok), written by glu_bwd: 1 done, 0 not taken (the
- * f32 way then), -1 failed. */
+/* Keep id is a bf16 copy of n values that no record but the one walked reads (its last reader) */
+static int keep_last16(const lmx_tape *t, int id, int64_t n) {
+    const tape_keep *k = id >= 0 ? &t->keeps[id] : NULL;
+    return k && k->refs == 1 && k->copy.data && k->copy.dtype == LMX_DTYPE_BF16 && lmx_tensor_nelem(&k->copy) == n;
+}
+/* keep id's copy becomes var v's bf16 gradient (the keep is left empty: lost, which no one reads) */
+static void keep_to_grad16(lmx_tape *t, int id, int v) {
+    tape_keep *k = &t->keeps[id];
+    tape_var *x = &t->vars[v];
+    x->grad16 = k->copy;
+    x->grad16.ndim = 2, x->grad16.shape[0] = x->rows, x->grad16.shape[1] = x->cols;
+    memset(&k->copy, 0, sizeof k->copy);
+    k->src = NULL;
+}
+
+/* GLU record i's gradients as bf16 alone (bf16_grad_ok), written by glu_bwd: over its gate and up keeps
+ * where it is their last reader (glu_bwd reads each value before it writes its place), else into new
+ * tensors.  1 done, 0 not taken (the f32 way then), -1 failed. */
 static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor *saved) {
     const tape_rec *r = &t->recs[i];
     if (r->in[0] == r->in[1] || !bf16_grad_ok(t, i, r->in[0]) || !bf16_grad_ok(t, i, r->in[1])) return 0;
     tape_var *g = &t->vars[r->in[0]], *u = &t->vars[r->in[1]];
     if (g->rows * g->cols != r->count || u->rows * u->cols != r->count) return 0;
-    if (!grad16_room(t, r->in[0]) || !grad16_room(t, r->in[1])) {
+    if (r->keep[0] != r->keep[1] && keep_last16(t, r->keep[0], r->count) && keep_last16(t, r->keep[1], r->count)) {
+        keep_to_grad16(t, r->keep[0], r->in[0]);
+        keep_to_grad16(t, r->keep[1], r->in[1]);
+    } else if (!grad16_room(t, r->in[0]) || !grad16_room(t, r->in[1])) {
         drop16(t, r->in[0]);
         return 0;
     }

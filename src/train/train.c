@@ -43,6 +43,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     tr->offload = 1;
     tr->replay = 1;
     tr->replay_qkv = 1;
+    tr->gu_host = -1;
     tr->dropout = ad->spec.dropout;
     tr->seed = ad->spec.seed;
     lmx_backend *be = m->be;
@@ -174,6 +175,10 @@ typedef struct ckpt_store {
     char *host;
     size_t stride, off[CK_KINDS];
     int on_host;                 /* where host is not NULL: the layers below this one are saved there */
+    int *gu_slot;                /* [L] where host is not NULL: layer l's block of gate / up products in host's
+                                  * region for them (gu_host_layers; -1: none) */
+    size_t gu_off, gu_block;     /* that region's byte offset in host; the bytes of one product [M, F] */
+    int spread;                  /* the offloads over which a gate / up product's copy to the host goes (offload's) */
     int qkv;                     /* replay takes back q, k and v too (qkv_replayable) */
     int M, l;                    /* rows; the layer a replay serves */
     lmx_tensor *lse;             /* [L] each layer's attention log-sum-exp, for replay (data NULL: none) */
@@ -193,13 +198,24 @@ static lmx_status park_reserve(lmx_trainer *tr, size_t bytes) {
     return LMX_OK;
 }
 
-static char *ck_host(const ckpt_store *cs, int l, int k) { return cs->host + (size_t)l * cs->stride + cs->off[k]; }
+static char *ck_host(const ckpt_store *cs, int l, int k) {
+    if (k >= CK_GATE) return cs->host + cs->gu_off + ((size_t)cs->gu_slot[l] * 2 + (size_t)(k - CK_GATE)) * cs->gu_block;
+    return cs->host + (size_t)l * cs->stride + cs->off[k];
+}
+
+/* The layer below l whose kind k a load of layer l's kind k fetches ahead from the host: l - 1, or for gate and
+ * up the next layer down that saved them (-1: none) */
+static int ck_below(const ckpt_store *cs, int l, int k) {
+    int j = l - 1;
+    while (k >= CK_GATE && j >= cs->tr->lowest && !(cs->has[j] >> k & 1)) j--;
+    return cs->host && j >= cs->tr->lowest && (cs->has[j] >> k & 1) && j < cs->on_host ? j : -1;
+}
 
 /* Kind k of layer l (x [M, cols] f32), saved */
 static lmx_status ck_save(ckpt_store *cs, int l, int k, const lmx_tensor *x) {
     lmx_model *m = cs->tr->m;
     lmx_backend *be = cs->be;
-    lmx_status st = cs->host && l < cs->on_host ? be->ops->backward->offload(be, ck_host(cs, l, k), x)
+    lmx_status st = cs->host && l < cs->on_host ? be->ops->backward->offload(be, ck_host(cs, l, k), x, k >= CK_GATE ? cs->spread : 0)
                                                 : be->ops->backward->keep(be, &cs->saved[CK_KINDS * l + k], x);
     if (!st) cs->has[l] |= 1u << k;
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
@@ -216,8 +232,8 @@ static lmx_status ck_load(ckpt_store *cs, int l, int k, lmx_tensor *dst, int64_t
     lmx_status st;
     if (!(cs->has[l] >> k & 1)) return lmx_err_set(&m->err, LMX_ERR_BACKEND, "trainer: layer %d's checkpoint is missing", l);
     cs->has[l] &= ~(1u << k);
-    const char *next = cs->host && l > cs->tr->lowest && (cs->has[l - 1] >> k & 1) && l - 1 < cs->on_host
-                           ? ck_host(cs, l - 1, k) : NULL;
+    const int below = ck_below(cs, l, k);
+    const char *next = below >= 0 ? ck_host(cs, below, k) : NULL;
     if (cs->host && l < cs->on_host) {
         st = bw->reload(be, dst, ck_host(cs, l, k), n, next);
     } else if (!(st = next ? bw->reload(be, NULL, NULL, n, next) : LMX_OK)) { /* a keep on the device */
@@ -247,10 +263,27 @@ static int qkv_replayable(const lmx_model *m, int l) {
     return !m->traits.qk_norm && !m->traits.gemma4 && L->kv_src == l && L->kv_slot < 0 && L->wv.data;
 }
 
-/* Whether layer l keeps its MLP's gate and up products for its run again: the last layer (kept on the device),
- * where its hidden state after attention is taken back too */
+/* Whether layer l keeps its MLP's gate and up products for its run again: the last layer (on the device) and
+ * those gu_host_layers picked (through host memory), where its hidden state after attention is taken back too */
 static int gu_kept(const ckpt_store *cs, int l) {
-    return cs->qkv && l == cs->tr->m->cfg.n_layers - 1 && l >= cs->tr->lowest && (cs->has[l] >> CK_RESID & 1);
+    if (!cs->qkv || l < cs->tr->lowest || !(cs->has[l] >> CK_RESID & 1)) return 0;
+    return l == cs->tr->m->cfg.n_layers - 1 || (cs->host && l < cs->on_host && cs->gu_slot[l] >= 0);
+}
+
+/* How many layers below the last send their gate and up products [M, F] through host memory for their runs
+ * again (tr->gu_host, or where it is -1 GU_HOST_DEFAULT), and which (slot[l]: the block of layer l, -1 none):
+ * spread evenly over the trained layers below the last, by default also below the GU_HOST_TAIL under it, so
+ * that the copies to the host keep pace with the forward (each takes some five layers' spare copy time at the
+ * 8B's shape) and are done before backward wants them back. */
+#define GU_HOST_DEFAULT 6
+#define GU_HOST_TAIL 4
+#define GU_SPREAD_LAYERS 4 /* a product's copy to the host goes a share with each offload of the next this many layers */
+static int gu_host_layers(const lmx_trainer *tr, int *slot) {
+    const int L = tr->m->cfg.n_layers, span = L - 1 - (tr->gu_host >= 0 ? 0 : GU_HOST_TAIL) - tr->lowest;
+    int K = tr->gu_host >= 0 ? tr->gu_host : GU_HOST_DEFAULT;
+    if (K > span) K = span > 0 ? span : 0;
+    for (int i = 0; i < K; i++) slot[tr->lowest + (int)((2LL * i + 1) * span / (2LL * K))] = i;
+    return K;
 }
 
 /* lmx_layer_save's: a layer's attention output (its log-sum-exp written), its hidden state after the
@@ -517,21 +550,27 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             m->be = grad_weight != 0 ? tb : inner; /* a loss alone records nothing */
             st = lmx_model_forward(m, kvs, ads, &bt, inputs, NULL, 0, NULL);
         } else if (!(cs.saved = calloc((size_t)CK_KINDS * L, sizeof *cs.saved)) || !(cs.has = calloc((size_t)L, 1)) ||
-                   !(cs.lse = calloc((size_t)L, sizeof *cs.lse))) {
+                   !(cs.lse = calloc((size_t)L, sizeof *cs.lse)) || !(cs.gu_slot = malloc((size_t)L * sizeof *cs.gu_slot))) {
             st = fail(tr, LMX_ERR_NOMEM, "trainer: out of memory");
         } else {
+            for (int l = 0; l < L; l++) cs.gu_slot[l] = -1;
             const lmx_backward_ops *bw = inner->ops->backward;
             const int replay = tr->replay && tr->dropout <= 0; /* with dropout the first run goes through the tape */
             const size_t es = lmx_dtype_size(bw->keep_dtype(inner));
+            int gu_picked = 0; /* layers below the last whose gate / up products go through host memory */
             cs.tr = tr, cs.be = inner, cs.M = M, cs.qkv = replay && tr->replay_qkv;
             if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
                 /* kind k's room a layer: C, or the widest H*D or Hk*D (where replay takes it back) */
-                /* (gate and up: none, the last layer's stay on the device) */
+                /* (gate and up: a region of their own, for the layers gu_host_layers picks) */
                 const int64_t cols[CK_KINDS] = {m->cfg.hidden, replay ? m->q_width : 0, replay ? m->cfg.hidden : 0,
                                                 cs.qkv ? m->q_width : 0, cs.qkv ? m->kv_width : 0, cs.qkv ? m->kv_width : 0,
                                                 0, 0};
                 for (int k = 0; k < CK_KINDS; k++) cs.off[k] = cs.stride, cs.stride += (size_t)M * cols[k] * es;
-                if (!(st = park_reserve(tr, cs.stride * L))) cs.host = tr->park, cs.on_host = L - 1;
+                const int gu = cs.qkv ? gu_host_layers(tr, cs.gu_slot) : 0;
+                cs.gu_off = cs.stride * L, cs.gu_block = (size_t)M * m->max_ffn * es;
+                for (int k = 0; k < CK_GATE; k++) cs.spread += cols[k] > 0 ? GU_SPREAD_LAYERS : 0;
+                if (!(st = park_reserve(tr, cs.gu_off + (size_t)gu * 2 * cs.gu_block))) cs.host = tr->park, cs.on_host = L - 1;
+                gu_picked = gu;
             }
             for (int l = tr->lowest; replay && l < L; l++) { /* where there is no room: those layers compute it again */
                 cs.lse[l] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)B * m->cfg.n_heads * T}};
@@ -545,6 +584,8 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             if (!st) st = lmx_model_embed(m, kvs, &bt, inputs);
             for (int l = 0; l < L && !st; l++) { /* with dropout through the tape (its masks), forgotten a layer on */
                 if (l >= tr->lowest && (st = save_input(&cs, l))) break;
+                /* the copies' stages grown for gate / up go before the last layer keeps its own on the device */
+                if (l == L - 1 && gu_picked && inner->ops->trim_scratch) inner->ops->trim_scratch(inner);
                 m->be = tr->dropout > 0 ? tb : inner;
                 m->layer_save = replay ? &sv : NULL;
                 st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);
@@ -599,6 +640,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
     free(cs.saved);
     free(cs.has);
     free(cs.lse);
+    free(cs.gu_slot);
     if (!st) *loss = sum / wsum;
     m->mlp16 = 0;
     kv_free(inner, kv, B * L);

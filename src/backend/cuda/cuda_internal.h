@@ -186,7 +186,7 @@ struct lmx_lora_term; /* backward.h */
 lmx_status cuda_bwd_keep(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
-lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x);
+lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x, int spread);
 lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
 /* u [rows, r] = s dy B, db [N, r] += s dy^T t in one read of dy (cuda_lora_udb.cu); *done 0: not these shapes */
 lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloat16 *dy, const float *B, const float *t,

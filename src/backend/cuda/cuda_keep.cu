@@ -217,7 +217,9 @@ lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *
  * a layer ahead, a stage each; a stage that holds nothing ahead when reload runs is freed (the backward it
  * serves holds the most memory).  Before either stream touches a stage it waits for the other's last use of
  * it: ev_copy[s] marks the copy stream's, ev_main[s] the main stream's (an event never recorded is no wait). */
-#define PARK_STAGES 6
+#define PARK_STAGES 8   /* a layer's six kinds and gate / up (train.c) fetched ahead, each in a stage */
+#define OFFLOAD_STAGES 6 /* of which offload takes turns over the first this many; the others hold spread
+                            offloads' blocks while their copies to the host go a share at a time */
 struct cuda_park {
     cudaStream_t copy;
     cudaEvent_t ev_copy[PARK_STAGES], ev_main[PARK_STAGES];
@@ -227,10 +229,30 @@ struct cuda_park {
                                        reload to come (NULL: none) */
     int64_t ahead_n[PARK_STAGES];
     int turn;                  /* the stage offload used last */
+    char *to[PARK_STAGES];     /* a spread offload's host block (NULL: none), sent bytes of left, share a turn */
+    size_t sent[PARK_STAGES], left[PARK_STAGES], share[PARK_STAGES];
 };
 
+/* Each spread block's next share (all that is left with all) queued on the copy stream; its stage's ev_copy
+ * recorded after its last */
+static lmx_status spread_send(cuda_backend *cb, int all) {
+    cuda_park *P = cb->park;
+    for (int s = OFFLOAD_STAGES; P && s < PARK_STAGES; s++) {
+        if (!P->to[s]) continue;
+        const size_t b = all || P->share[s] > P->left[s] ? P->left[s] : P->share[s];
+        CUDA_TRY(cb, cudaMemcpyAsync(P->to[s] + P->sent[s], (char *)P->stage[s] + P->sent[s], b, cudaMemcpyDeviceToHost,
+                                     P->copy), "offload");
+        P->sent[s] += b, P->left[s] -= b;
+        if (!P->left[s]) {
+            P->to[s] = NULL;
+            CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "offload");
+        }
+    }
+    return LMX_OK;
+}
+
 void cuda_park_wait(cuda_backend *cb) {
-    if (cb->park) cudaStreamSynchronize(cb->park->copy);
+    if (cb->park) spread_send(cb, 1), cudaStreamSynchronize(cb->park->copy); /* a failure stays in be->err */
 }
 
 /* stage s freed after both streams' last use of it, in the copy stream's order: nobody waits (the pool hands
@@ -238,6 +260,7 @@ void cuda_park_wait(cuda_backend *cb) {
 static void stage_free(cuda_backend *cb, int s) {
     cuda_park *P = cb->park;
     if (!P->stage[s]) return;
+    if (P->to[s]) spread_send(cb, 1); /* a failure stays in be->err */
     cudaError_t e = cudaStreamWaitEvent(P->copy, P->ev_main[s], 0);
     if (e == cudaSuccess) e = cudaFreeAsync(P->stage[s], P->copy);
     if (e != cudaSuccess) cuda_fail(cb, e, "offload stages"); /* kept in be->err; the stage is dropped */
@@ -305,38 +328,54 @@ static lmx_status park_fetch(cuda_backend *cb, int s, const void *host, int64_t 
 /* The stage offload narrows a block of bytes into: after the last one it used, the first whose copy to the
  * host is done and that is large enough (no wait), else one not made yet, else one large enough (its copy
  * waited for): a burst of blocks (a layer's q, k, v and attention output) takes as many stages as the copies
- * lag behind, up to PARK_STAGES, and blocks whose copies keep up one. */
+ * lag behind, up to OFFLOAD_STAGES, and blocks whose copies keep up one. */
 static int offload_stage(cuda_park *P, size_t bytes) {
     for (int pass = 0; pass < 3; pass++)
-        for (int k = 1; k <= PARK_STAGES; k++) {
-            const int s = (P->turn + k) % PARK_STAGES;
+        for (int k = 1; k <= OFFLOAD_STAGES; k++) {
+            const int s = (P->turn + k) % OFFLOAD_STAGES;
             if (pass == 0 ? P->bytes[s] >= bytes && cudaEventQuery(P->ev_copy[s]) == cudaSuccess
                           : pass == 1 ? !P->stage[s] : P->bytes[s] >= bytes)
                 return s;
         }
-    return (P->turn + 1) % PARK_STAGES;
+    return (P->turn + 1) % OFFLOAD_STAGES;
 }
 
-lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x) {
+/* The stage a spread offload takes: one holding no block still being sent, else the one with the least left
+ * (sent whole first) */
+static int spread_stage(cuda_backend *cb) {
+    cuda_park *P = cb->park;
+    int s = OFFLOAD_STAGES;
+    for (int i = OFFLOAD_STAGES; i < PARK_STAGES; i++)
+        if (!P->to[i] || (P->to[s] && P->left[i] < P->left[s])) s = i;
+    return s;
+}
+
+lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x, int spread) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status st = cuda_graph_flush(cb);
     const int64_t n = lmx_tensor_nelem(x);
     const lmx_dtype dt = cuda_bwd_keep_dtype(be);
-    const size_t es = lmx_dtype_size(dt);
+    const size_t es = lmx_dtype_size(dt), bytes = (size_t)n * es;
     if (st || n <= 0 || (st = park_ready(cb, 0, 0, 0))) return st; /* the park itself */
     cuda_park *P = cb->park;
-    const int s = offload_stage(P, (size_t)n * es);
-    if ((st = park_ready(cb, s, (size_t)n * es, 0))) return st;
-    P->turn = s;
+    const int s = spread > 0 ? spread_stage(cb) : offload_stage(P, bytes);
+    if (P->to[s] && (st = spread_send(cb, 1))) return st;
+    if ((st = park_ready(cb, s, bytes, 0))) return st;
+    if (spread <= 0) P->turn = s;
     for (int i = 0; i < PARK_STAGES; i++) /* overwritten, or its contents change */
         if (i == s || P->ahead[i] == host) P->ahead[i] = NULL;
     CUDA_TRY(cb, cudaStreamWaitEvent(cb->stream, P->ev_copy[s], 0), "offload");
     if ((st = convert_into(cb, P->stage[s], dt, x->data, x->dtype, n, "offload"))) return st;
     CUDA_TRY(cb, cudaEventRecord(P->ev_main[s], cb->stream), "offload");
     CUDA_TRY(cb, cudaStreamWaitEvent(P->copy, P->ev_main[s], 0), "offload");
-    CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], (size_t)n * es, cudaMemcpyDeviceToHost, P->copy), "offload");
+    if (spread > 0) { /* its shares go with this offload and the next spread - 1 (2 MiB at least) */
+        const size_t share = (bytes + (size_t)spread - 1) / (size_t)spread;
+        P->to[s] = (char *)host, P->sent[s] = 0, P->left[s] = bytes, P->share[s] = share > (2u << 20) ? share : 2u << 20;
+        return spread_send(cb, 0);
+    }
+    CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], bytes, cudaMemcpyDeviceToHost, P->copy), "offload");
     CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "offload");
-    return LMX_OK;
+    return spread_send(cb, 0);
 }
 
 /* Only next fetched ahead (n values), into a stage that holds nothing to come; the stages left from offload go */
@@ -360,7 +399,7 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
     lmx_status st = cuda_graph_flush(cb);
     const lmx_dtype dt = cuda_bwd_keep_dtype(be);
     const size_t es = lmx_dtype_size(dt);
-    if (st || n <= 0) return st;
+    if (st || n <= 0 || (st = spread_send(cb, 1))) return st; /* every block on its way before any comes back */
     if (!dst) return next ? park_ahead(cb, next, n, es) : LMX_OK;
     if (lmx_tensor_nelem(dst) < n) return lmx_err_set(&be->err, LMX_ERR_SHAPE, "reload: %lld values into a tensor of %lld",
                                                       (long long)n, (long long)lmx_tensor_nelem(dst));
