@@ -46,6 +46,21 @@ static void test_matmul(const char *name, lmx_dtype dt, int bits, int gtype, int
         CHECK(lmx_cpu_backward.matmul_bwd(cpu, &dx.c, &dy.c, &w.c, M, fresh) == LMX_OK);
         char what[112];
         snprintf(what, sizeof what, "matmul backward (%s, %dx%d, M %d, fresh %u, bf16 dy %u)", name, N, K, M, fresh, fresh);
+        /* into a bf16 dx (the tape's GLU output gradient): written whole from bf16 weights alone, the f32 product
+         * rounded give or take one bf16 step; else declined */
+        lmx_tensor dx16 = {.dtype = LMX_DTYPE_BF16, .ndim = 2, .shape = {M, K}};
+        CHECK(gpu->ops->alloc(gpu, &dx16) == LMX_OK);
+        const lmx_status st16 = lmx_cuda_backward.matmul_bwd(gpu, &dx16, &dy.g, &w.g, M, fresh);
+        if (dt == LMX_DTYPE_BF16 && !bits && !gtype && fresh) {
+            CHECK(st16 == LMX_OK);
+            float *f32 = fetch(gpu, &dx.g, (int64_t)M * K), *f16 = fetch16(&dx16, (int64_t)M * K);
+            const int64_t bad = off_bf16(f16, f32, (int64_t)M * K);
+            CHECK_MSG(bad == 0, "%s: %lld bf16 dx values not the f32 ones rounded", what, (long long)bad);
+            free(f32), free(f16);
+        } else {
+            CHECK_MSG(st16 == LMX_ERR_UNSUPPORTED, "%s: a bf16 dx not declined (status %d)", what, (int)st16);
+        }
+        gpu->ops->release(gpu, &dx16);
         check_both(what, &dx, tol);
         drop(&dy);
     }
@@ -189,6 +204,26 @@ static void test_glu_bwd16(void) {
         CHECK_MSG(bad == 0, "glu backward (act %d) over its own keeps: %lld gradients differ", act_i, (long long)bad);
         free(ig), free(iu);
         gpu->ops->release(gpu, &gk), gpu->ops->release(gpu, &uk);
+        /* dy in bf16 (the down projection's input gradient, which the tape may keep so): the same bits as from
+         * its values in f32, into f32 and into bf16 gradients */
+        lmx_tensor dyk = {0};
+        CHECK(lmx_cuda_backward.keep(gpu, &dyk, &dy.g) == LMX_OK);
+        float *dyv = fetch16(&dyk, n);
+        lmx_tensor dyw = act(gpu, 1, n, dyv);
+        for (int o16 = 0; o16 < 2; o16++) {
+            lmx_tensor *pg = o16 ? &dg16 : &dg.g, *pu = o16 ? &du16 : &du.g;
+            const size_t es = o16 ? 2 : 4;
+            char *w1 = malloc((size_t)n * es * 2), *w2 = malloc((size_t)n * es * 2);
+            CHECK(lmx_cuda_backward.glu_bwd(gpu, pg, pu, &dyw, &g.g, &u.g, n, a, 3) == LMX_OK);
+            CHECK(gpu->ops->read(gpu, pg, 0, w1, (size_t)n * es) == LMX_OK && gpu->ops->read(gpu, pu, 0, w1 + n * es, (size_t)n * es) == LMX_OK);
+            CHECK(lmx_cuda_backward.glu_bwd(gpu, pg, pu, &dyk, &g.g, &u.g, n, a, 3) == LMX_OK);
+            CHECK(gpu->ops->read(gpu, pg, 0, w2, (size_t)n * es) == LMX_OK && gpu->ops->read(gpu, pu, 0, w2 + n * es, (size_t)n * es) == LMX_OK);
+            CHECK_MSG(!memcmp(w1, w2, (size_t)n * es * 2), "glu backward (act %d, %s gradients): a bf16 dy not its f32 values'",
+                      act_i, o16 ? "bf16" : "f32");
+            free(w1), free(w2);
+        }
+        gpu->ops->release(gpu, &dyk), gpu->ops->release(gpu, &dyw);
+        free(dyv);
         free(fg), free(fu), free(hg), free(hu);
         gpu->ops->release(gpu, &dg16), gpu->ops->release(gpu, &du16);
         drop(&g), drop(&u), drop(&dy), drop(&dg), drop(&du);

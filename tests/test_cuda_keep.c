@@ -163,12 +163,13 @@ static void test_lora_terms(int r, int which, int N, int rows) {
     drop(&x);
 }
 
-/* glu_bwd_dx: the GLU's bf16 gradients from dy plus the down projection's LoRA input gradient u A, against the
- * cpu's lora_dx into dy, then its glu_bwd; columns not a multiple of 32 are declined (LMX_ERR_UNSUPPORTED) */
-static void test_glu_bwd_dx(int r, int N, int rows, int act_i) {
+/* glu_bwd_dx: the GLU's bf16 gradients from dy (f32, or with dy16 bf16: the tape's GLU output gradient) plus the
+ * down projection's LoRA input gradient u A, against the cpu's lora_dx into dy, then its glu_bwd; columns not a
+ * multiple of 32 are declined (LMX_ERR_UNSUPPORTED) */
+static void test_glu_bwd_dx(int r, int N, int rows, int act_i, int dy16) {
     const int64_t n = (int64_t)rows * N;
     const lmx_act ac = act_i ? LMX_ACT_GELU_TANH : LMX_ACT_SILU;
-    tpair g = rand_in(rows, N, 3.0f, 1), u = rand_in(rows, N, 2.0f, 1), dy = rand_both(rows, N, 1.0f);
+    tpair g = rand_in(rows, N, 3.0f, 1), u = rand_in(rows, N, 2.0f, 1), dy = rand_in(rows, N, 1.0f, dy16);
     tpair ut = rand_both(rows, r, 1.0f), a = rand_both(r, N, 0.3f), b = rand_both(N, r, 0.3f);
     tpair dg = rand_both(rows, N, 0.1f), du = rand_both(rows, N, 0.1f);
     const lmx_lora_pair pg = {a.g, b.g, 1.0f}, pc = {a.c, b.c, 1.0f}, *pgs = &pg, *pcs = &pc;
@@ -182,9 +183,9 @@ static void test_glu_bwd_dx(int r, int N, int rows, int act_i) {
         CHECK(st == LMX_OK);
         CHECK(lmx_cpu_backward.lora_dx(cpu, &dy.c, 1, &ut.c, &pcs, 0) == LMX_OK);
         CHECK(lmx_cpu_backward.glu_bwd(cpu, &dg.c, &du.c, &dy.c, &g.c, &u.c, n, ac, 3) == LMX_OK);
-        snprintf(what, sizeof what, "glu_bwd_dx (rank %d, %d x %d, act %d): dgate", r, rows, N, act_i);
+        snprintf(what, sizeof what, "glu_bwd_dx (rank %d, %d x %d, act %d, bf16 dy %d): dgate", r, rows, N, act_i, dy16);
         compare_keep(what, &dg16, &dg.c, n);
-        snprintf(what, sizeof what, "glu_bwd_dx (rank %d, %d x %d, act %d): dup", r, rows, N, act_i);
+        snprintf(what, sizeof what, "glu_bwd_dx (rank %d, %d x %d, act %d, bf16 dy %d): dup", r, rows, N, act_i, dy16);
         compare_keep(what, &du16, &du.c, n);
     }
     gpu->ops->release(gpu, &dg16), gpu->ops->release(gpu, &du16);
@@ -512,9 +513,11 @@ static void test_mlp16(int r, int N, int rows) {
 int main(void) {
     const int skip = pair_open();
     if (skip) return skip;
-    test_glu_bwd_dx(16, 320, 67, 0);
-    test_glu_bwd_dx(8, 64, 300, 1);
-    test_glu_bwd_dx(16, 300, 20, 0);
+    for (int dy16 = 0; dy16 < 2; dy16++) {
+        test_glu_bwd_dx(16, 320, 67, 0, dy16);
+        test_glu_bwd_dx(8, 64, 300, 1, dy16);
+        test_glu_bwd_dx(16, 300, 20, 0, dy16);
+    }
     test_glu_keep();
     test_lora_terms(16, 3, 300, 67);
     test_lora_terms(16, 3, 301, 67); /* odd columns: the GLU's kernel a value at a time */

@@ -38,7 +38,9 @@ typedef struct lmx_backward_ops {
     lmx_status (*rmsnorm_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *x,
                               const lmx_tensor *w, int rows, int n, float eps, float add_one, unsigned fresh);
     /* dy of matmul_bwd and lora_bwd: f32, or in keep_dtype (a copy the tape makes once for both) */
-    /* y = x W^T + b                                   dx += dy W                dy [M, N], dx [M, K] */
+    /* y = x W^T + b                                   dx += dy W                dy [M, N], dx [M, K]
+     * dx f32, or in keep_dtype where that is bf16, written whole (fresh 1) from bf16 weights: the product rounded
+     * once (the tape's gradient of a GLU's output); LMX_ERR_UNSUPPORTED, with no message, for other weights */
     lmx_status (*matmul_bwd)(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy, const lmx_tensor *w, int M,
                              unsigned fresh);
     /* y += s B (A x) per sequence (lora op): dx += s (dy B) A, dA += s (dy B)^T x, dB += s dy (A x)^T,
@@ -52,7 +54,8 @@ typedef struct lmx_backward_ops {
                            unsigned fresh, const lmx_tensor *xa, lmx_tensor *u);
     /* y = act(gate) * up                              dgate, dup += ...         n elements each
      * dgate and dup both in keep_dtype where that is bf16 (fresh 3): written rounded to it (the tape's
-     * bf16 gradients of a GLU's gate and up, which matmul_bwd and lora_bwd read as their dy) */
+     * bf16 gradients of a GLU's gate and up, which matmul_bwd and lora_bwd read as their dy); dy f32, or
+     * in keep_dtype (as matmul_bwd wrote it) */
     lmx_status (*glu_bwd)(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
                           const lmx_tensor *gate, const lmx_tensor *up, int64_t n, lmx_act act, unsigned fresh);
     /* y = cap tanh(x / cap), given y                  dx += dy (1 - (y/cap)^2)  n elements */

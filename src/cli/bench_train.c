@@ -21,20 +21,20 @@
 int cmd_bench_train(int argc, char **argv) {
     const char *path = NULL, *backend = "auto";
     int rank = 16, B = 1, T = 512, steps = 5, json = 0, profile = 0, ckpt = -1, offload = 1, embed_host = 1, replay = 1,
-        replay_qkv = 1, gu_host = -1;
+        replay_qkv = 1, keep_gu = -1;
     double peak_tflops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: lmx bench-train MODEL [--backend NAME] [--rank R] [--batch B] [--seq T] [--steps N]\n"
                    "                         [--grad-checkpoint on|off|auto] [--offload on|off] [--embed-host on|off]\n"
-                   "                         [--replay on|outputs|off] [--gu-host N]\n"
+                   "                         [--replay on|outputs|off] [--keep-gu N]\n"
                    "                         [--peak-tflops F] [--profile] [--json]\n\n"
                    "LoRA training speed on random tokens: tokens/s, peak memory and MFU (F: the device's dense\n"
                    "bf16 peak, 989 for an H100 SXM when the backend is cuda and F is not given).  --profile waits\n"
                    "for the device after each phase and prints the seconds of each (forward, loss, backward, AdamW).\n"
-                   "--gu-host: how many layers below the last send their MLP's gate and up products through host\n"
-                   "memory for their runs again (checkpointed, with replay; default: the trainer's choice).\n");
+                   "--keep-gu: how many layers below the last keep their MLP's gate and up products for their runs\n"
+                   "again, through host memory with --offload on (checkpointed, with replay; default: the trainer's).\n");
             return 0;
         }
         if (!strcmp(a, "--json")) json = 1;
@@ -52,7 +52,7 @@ int cmd_bench_train(int argc, char **argv) {
                 return cli_usage_error("bench-train: --replay takes on, outputs or off");
         }
         else if (!strcmp(a, "--backend") && i + 1 < argc) backend = argv[++i];
-        else if (!strcmp(a, "--gu-host") && i + 1 < argc) { if (cli_parse_int(argv[++i], &gu_host) || gu_host < 0) return cli_usage_error("bench-train: bad --gu-host"); }
+        else if (!strcmp(a, "--keep-gu") && i + 1 < argc) { if (cli_parse_int(argv[++i], &keep_gu) || keep_gu < 0) return cli_usage_error("bench-train: bad --keep-gu"); }
         else if (!strcmp(a, "--rank") && i + 1 < argc) { if (cli_parse_int(argv[++i], &rank) || rank < 1) return cli_usage_error("bench-train: bad --rank"); }
         else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &B) || B < 1) return cli_usage_error("bench-train: bad --batch"); }
         else if (!strcmp(a, "--seq") && i + 1 < argc) { if (cli_parse_int(argv[++i], &T) || T < 2) return cli_usage_error("bench-train: bad --seq"); }
@@ -90,7 +90,7 @@ int cmd_bench_train(int argc, char **argv) {
     tr->checkpoint = ckpt;
     tr->offload = offload;
     tr->replay = replay, tr->replay_qkv = replay_qkv;
-    if (gu_host >= 0) tr->gu_host = gu_host;
+    if (keep_gu >= 0) tr->keep_gu = keep_gu;
     if (profile) lmx_tape_profile(tr->tape, tr->prof_bwd, tr->prof_fwd);
     const lmx_config *c = &m->cfg;
     const int64_t C = c->hidden, HD = (int64_t)c->n_heads * m->head_dim, KD = (int64_t)c->n_kv_heads * m->head_dim;

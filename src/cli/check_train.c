@@ -94,12 +94,12 @@ static int compare_pairs(lmx_trainer *tr, const lmx_st_file *ref, const char *pr
 
 int cmd_check_train(int argc, char **argv) {
     const char *base = NULL, *dir = NULL, *backend = "cpu";
-    int loss_rows = 0, ckpt = -1, replay = -1, replay_qkv = 1, gu_host = -1;
+    int loss_rows = 0, ckpt = -1, replay = -1, replay_qkv = 1, keep_gu = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
-        else if (!strcmp(argv[i], "--gu-host") && i + 1 < argc) {
-            if (cli_parse_int(argv[++i], &gu_host) || gu_host < 0) {
-                fprintf(stderr, "check-train: --gu-host takes a count of layers\n");
+        else if (!strcmp(argv[i], "--keep-gu") && i + 1 < argc) {
+            if (cli_parse_int(argv[++i], &keep_gu) || keep_gu < 0) {
+                fprintf(stderr, "check-train: --keep-gu takes a count of layers\n");
                 return 2;
             }
         }
@@ -118,15 +118,15 @@ int cmd_check_train(int argc, char **argv) {
         }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: lmx check-train BASE_MODEL LORA_DIR [--backend cpu|cuda] [--loss-rows N] [--grad-checkpoint on|off|auto]\n"
-                   "         [--replay on|outputs|off] [--gu-host N]\n"
+                   "         [--replay on|outputs|off] [--keep-gu N]\n"
                    "  trains LORA_DIR/peft_adapter on the batch of LORA_DIR/train_reference.safetensors and compares\n"
                    "  the loss, the gradients, the parameters after one AdamW step and every step's loss\n"
                    "  (--loss-rows: the loss's logits N rows at a time, as large vocabularies need; --grad-checkpoint:\n"
                    "  each layer run again in backward, as long sequences have it by default; --replay off: such a layer\n"
                    "  computes its attention and the hidden state after it again instead of taking its first run's; on:\n"
                    "  fails unless it took them, and takes the attention's q, k, v too where the layer allows; outputs:\n"
-                   "  not q, k, v; --gu-host: with replay, N layers below the last send their MLP's gate and up\n"
-                   "  products through host memory for their runs again, where the backend can)\n");
+                   "  not q, k, v; --keep-gu: with replay, N layers below the last keep their MLP's gate and up\n"
+                   "  products for their runs again, through host memory where the backend can; default: the trainer's)\n");
             return 0;
         } else if (!base) base = argv[i];
         else if (!dir) dir = argv[i];
@@ -170,7 +170,7 @@ int cmd_check_train(int argc, char **argv) {
     tr->loss_rows = loss_rows;
     tr->checkpoint = ckpt;
     if (replay >= 0) tr->replay = replay, tr->replay_qkv = replay_qkv;
-    if (gu_host >= 0) tr->gu_host = gu_host;
+    if (keep_gu >= 0) tr->keep_gu = keep_gu;
     const lmx_st_tensor *ti = lmx_st_find(ref, "inputs"), *tt = lmx_st_find(ref, "targets");
     int64_t nmask = 0, nloss = 0;
     float *mask = st_f32(ref, "mask", &nmask), *losses = st_f32(ref, "losses", &nloss);

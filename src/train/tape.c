@@ -742,6 +742,7 @@ void lmx_tape_profile(lmx_tape *t, double *acc, double *acc_fwd) {
 }
 
 void lmx_tape_set_keep_glu(lmx_tape *t, int on) { t->keep_glu = on; }
+void lmx_tape_set_glu_out16(lmx_tape *t, int on) { t->glu_out16 = on; }
 
 void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed) {
     t->drop_p = p;

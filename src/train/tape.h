@@ -67,6 +67,9 @@ void lmx_tape_set_dropout(lmx_tape *t, float p, uint64_t seed);
  * one (glu_keep), rather than computing that value again in backward (a redo, the default): a checkpointed
  * layer records one layer at a time, so holding it costs no more than the redo's own copy in its backward. */
 void lmx_tape_set_keep_glu(lmx_tape *t, int on);
+/* With on, a GLU output's gradient may live in bf16 alone, as the frozen down projection's input gradient writes
+ * it (tape_backward.c glu_out16; a checkpointed step's, where gate and up are bf16 too: model.h mlp16). */
+void lmx_tape_set_glu_out16(lmx_tape *t, int on);
 
 /* Gradient checkpointing's replay: the layer about to run again for backward takes back what its first run
  * saved (model.h lmx_layer_save) instead of computing it.  With att non-NULL (and lse given), its attention

@@ -134,6 +134,29 @@ static int bf16_grad_ok(lmx_tape *t, int i, int v) {
            t->recs[m].op == T_MATMUL;
 }
 
+/* Whether var v, a GLU's output, may have its gradient in bf16 alone, written whole by record i (the frozen
+ * matmul that reads it: the down projection): asked for (lmx_tape_set_glu_out16), keeps are bf16, v has no gradient yet and its LoRA terms wait for
+ * the GLU (du_to_maker), no record before i reads v, and the GLU that made v reads that gradient next (in bf16
+ * where glu_bwd16 takes it, else widened: widen16). */
+static int glu_out16(lmx_tape *t, int i, int v) {
+    const tape_var *x = v >= 0 ? &t->vars[v] : NULL;
+    if (!t->glu_out16 || !x || !x->requires || x->grad.data || x->grad16.data || (x->n_du && !du_to_maker(t, v)) ||
+        t->bwd->keep_dtype(t->in) != LMX_DTYPE_BF16 || read_before(t, i, v, -1))
+        return 0;
+    const int j = maker_of(t, i, v);
+    return j >= 0 && t->recs[j].op == T_GLU && t->recs[j].count == x->rows * x->cols;
+}
+
+/* Var v's bf16 gradient (only16) widened into an f32 one, for an op that adds to it or reads f32. */
+static lmx_status widen16(lmx_tape *t, int v) {
+    tape_var *x = &t->vars[v];
+    x->grad = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {x->rows, x->cols}};
+    lmx_status st = pass(t, t->in->ops->alloc(t->in, &x->grad));
+    if (!st) st = pass(t, t->bwd->restore(t->in, &x->grad, &x->grad16));
+    drop16(t, v);
+    return st;
+}
+
 /* Var v's bf16 gradient allocated for an op that writes it whole (bf16_grad_ok): 1, or 0 (out of memory: none). */
 static int grad16_room(lmx_tape *t, int v) {
     tape_var *x = &t->vars[v];
@@ -185,6 +208,10 @@ static int glu_bwd16(lmx_tape *t, int i, const lmx_tensor *dy, const lmx_tensor 
             return pass(t, st), -1;
         }
     }
+    if (st == LMX_ERR_UNSUPPORTED && only16(y)) { /* dy in bf16 (glu_out16): f32 for the terms to join */
+        if (widen16(t, r->out)) return -1;
+        dy = &y->grad;
+    }
     if (st == LMX_ERR_UNSUPPORTED && (du_settle(t, r->out) ||
                                       pass(t, t->bwd->glu_bwd(t->in, &g->grad16, &u->grad16, dy, &saved[0], &saved[1],
                                                               r->count, r->act, 3))))
@@ -197,7 +224,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     lmx_backend *in = t->in;
     const lmx_backward_ops *bw = t->bwd;
     lmx_tensor *g0, *g1, *g2;
-    if (!dy->data && r->op != T_LORA && r->op != T_MATMUL) /* bf16_grad_ok sends a bf16 gradient to these alone */
+    if (!dy->data && r->op != T_LORA && r->op != T_MATMUL && r->op != T_GLU) /* bf16_grad_ok / glu_out16 send a
+                                                                               * bf16 gradient to these alone */
         return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: record kind %d reached with a bf16 gradient", r->op);
     switch (r->op) {
     case T_RMSNORM: {
@@ -207,8 +235,16 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     }
     case T_MATMUL: {
         unsigned fresh = 0;
-        GRAD_FRESH(r->in[0], g0, (int64_t)r->M * r->w->shape[1], 1, fresh);
         const lmx_tensor *d16 = &t->vars[r->out].grad16; /* the LoRA record's copy of dy, or none */
+        tape_var *xv = r->in[0] >= 0 ? &t->vars[r->in[0]] : NULL;
+        if (glu_out16(t, (int)(r - t->recs), r->in[0]) && (int64_t)r->M * r->w->shape[1] == xv->rows * xv->cols &&
+            grad16_room(t, r->in[0])) { /* a GLU output's gradient in bf16 alone, as the backend writes it */
+            const lmx_status st = bw->matmul_bwd(in, &xv->grad16, d16->data ? d16 : dy, r->w, r->M, 1);
+            if (st != LMX_ERR_UNSUPPORTED) return pass(t, st);
+            drop16(t, r->in[0]);
+            lmx_err_clear(&in->err);
+        }
+        GRAD_FRESH(r->in[0], g0, (int64_t)r->M * r->w->shape[1], 1, fresh);
         return g0 ? pass(t, bw->matmul_bwd(in, g0, d16->data ? d16 : dy, r->w, r->M, fresh)) : LMX_OK;
     }
     case T_LORA: { /* y's gradient passes on to y's input version (pass_grad, last: it may take dy over) */
@@ -279,8 +315,10 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
         return pass_grad(t, r->in[0], dy);
     }
     case T_GLU: {
-        const int done = glu_bwd16(t, (int)(r - t->recs), dy, saved);
+        tape_var *yv = &t->vars[r->out];
+        const int done = glu_bwd16(t, (int)(r - t->recs), dy->data ? dy : &yv->grad16, saved);
         if (done) return done > 0 ? LMX_OK : t->base.err.status;
+        if (!dy->data && widen16(t, r->out)) return t->base.err.status; /* dy (y's gradient) f32 now */
         lmx_status st0 = du_settle(t, r->out); /* terms left for glu_bwd_dx, which the f32 way does not take */
         if (st0) return st0;
         unsigned fresh = 0;
@@ -403,7 +441,8 @@ static lmx_status walk_back(lmx_tape *t, int mark) {
     for (int i = t->n_recs - 1; i >= mark && !st; i--) {
         tape_rec *r = &t->recs[i];
         /* terms waiting for this record's own op (du_to_maker) stay where it has a gradient to take them with */
-        const int to_op = r->out >= 0 && t->vars[r->out].grad.data && du_to_maker(t, r->out);
+        const int to_op = r->out >= 0 && (t->vars[r->out].grad.data || t->vars[r->out].grad16.data) &&
+                          du_to_maker(t, r->out);
         if (r->out >= 0 && !to_op && (st = du_settle(t, r->out))) break;
         if (r->out < 0 || (!t->vars[r->out].grad.data && !t->vars[r->out].grad16.data)) continue; /* nothing flows back */
         /* the gradient (f32, or bf16 alone), for the profile's waits: backward may hand its buffer over, still live */

@@ -126,6 +126,7 @@ struct lmx_tape {
                                   * a GLU's output written as its bf16 keep alone; ops that read them fail
                                   * (tape.c unreadable) until an op writes them (tape_var_new) */
     int keep_glu;                /* lmx_tape_set_keep_glu */
+    int glu_out16;               /* lmx_tape_set_glu_out16 */
     float drop_p;                /* LoRA dropout on trained pairs' inputs (0: none) */
     uint64_t drop_seed;
 };

@@ -43,7 +43,7 @@ lmx_status lmx_trainer_create(lmx_model *m, lmx_adapter *ad, lmx_trainer **out, 
     tr->offload = 1;
     tr->replay = 1;
     tr->replay_qkv = 1;
-    tr->gu_host = -1;
+    tr->keep_gu = -1;
     tr->dropout = ad->spec.dropout;
     tr->seed = ad->spec.seed;
     lmx_backend *be = m->be;
@@ -175,8 +175,8 @@ typedef struct ckpt_store {
     char *host;
     size_t stride, off[CK_KINDS];
     int on_host;                 /* where host is not NULL: the layers below this one are saved there */
-    int *gu_slot;                /* [L] where host is not NULL: layer l's block of gate / up products in host's
-                                  * region for them (gu_host_layers; -1: none) */
+    int *gu_slot;                /* [L] layer l keeps its gate / up products (gu_layers_picked; -1: not), in block
+                                  * gu_slot[l] of host's region for them where it goes to the host */
     size_t gu_off, gu_block;     /* that region's byte offset in host; the bytes of one product [M, F] */
     int spread;                  /* the offloads over which a gate / up product's copy to the host goes (offload's) */
     int qkv;                     /* replay takes back q, k and v too (qkv_replayable) */
@@ -263,24 +263,24 @@ static int qkv_replayable(const lmx_model *m, int l) {
     return !m->traits.qk_norm && !m->traits.gemma4 && L->kv_src == l && L->kv_slot < 0 && L->wv.data;
 }
 
-/* Whether layer l keeps its MLP's gate and up products for its run again: the last layer (on the device) and
- * those gu_host_layers picked (through host memory), where its hidden state after attention is taken back too */
+/* Whether layer l keeps its MLP's gate and up products for its run again: the last layer and those
+ * gu_layers_picked, where its hidden state after attention is taken back too (through host memory where its
+ * other kinds go there) */
 static int gu_kept(const ckpt_store *cs, int l) {
     if (!cs->qkv || l < cs->tr->lowest || !(cs->has[l] >> CK_RESID & 1)) return 0;
-    return l == cs->tr->m->cfg.n_layers - 1 || (cs->host && l < cs->on_host && cs->gu_slot[l] >= 0);
+    return l == cs->tr->m->cfg.n_layers - 1 || cs->gu_slot[l] >= 0;
 }
 
-/* How many layers below the last send their gate and up products [M, F] through host memory for their runs
- * again (tr->gu_host, or where it is -1 GU_HOST_DEFAULT), and which (slot[l]: the block of layer l, -1 none):
- * spread evenly over the trained layers below the last, by default also below the GU_HOST_TAIL under it, so
- * that the copies to the host keep pace with the forward (each takes some five layers' spare copy time at the
- * 8B's shape) and are done before backward wants them back. */
-#define GU_HOST_DEFAULT 6
-#define GU_HOST_TAIL 4
+/* How many layers below the last keep their gate and up products [M, F] for their runs again (tr->keep_gu, or
+ * where it is -1 KEEP_GU_DEFAULT), and which (slot[l]: the block of layer l, -1 none): spread evenly over the
+ * trained layers below the last but an eighth of them, so that their copies to the host keep pace with the
+ * forward (at the 8B's shape the copy engine has some 2 ms to spare a layer, a layer's products take 8.5 ms)
+ * and are done before the last layer (whose own stay on the device) and backward. */
+#define KEEP_GU_DEFAULT 6
 #define GU_SPREAD_LAYERS 4 /* a product's copy to the host goes a share with each offload of the next this many layers */
-static int gu_host_layers(const lmx_trainer *tr, int *slot) {
-    const int L = tr->m->cfg.n_layers, span = L - 1 - (tr->gu_host >= 0 ? 0 : GU_HOST_TAIL) - tr->lowest;
-    int K = tr->gu_host >= 0 ? tr->gu_host : GU_HOST_DEFAULT;
+static int gu_layers_picked(const lmx_trainer *tr, int *slot) {
+    const int below = tr->m->cfg.n_layers - 1 - tr->lowest, span = below - below / 8;
+    int K = tr->keep_gu >= 0 ? tr->keep_gu : KEEP_GU_DEFAULT;
     if (K > span) K = span > 0 ? span : 0;
     for (int i = 0; i < K; i++) slot[tr->lowest + (int)((2LL * i + 1) * span / (2LL * K))] = i;
     return K;
@@ -543,6 +543,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
         /* a checkpointed step's gate and up in bf16 (its passes' only; inference's and the other steps' stay f32:
          * the reference with heads of 64 took its loss after two AdamW steps past tolerance with them there) */
         m->mlp16 = ckpt && mlp16_fits(tr);
+        lmx_tape_set_glu_out16(tr->tape, m->mlp16); /* and the GLU output's gradient likewise */
         int leaf = -1;
         double t0 = 0;
         prof_mark(tr, 0, &t0);
@@ -557,20 +558,20 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             const lmx_backward_ops *bw = inner->ops->backward;
             const int replay = tr->replay && tr->dropout <= 0; /* with dropout the first run goes through the tape */
             const size_t es = lmx_dtype_size(bw->keep_dtype(inner));
-            int gu_picked = 0; /* layers below the last whose gate / up products go through host memory */
             cs.tr = tr, cs.be = inner, cs.M = M, cs.qkv = replay && tr->replay_qkv;
+            /* layers below the last that keep their gate / up products */
+            const int gu_picked = cs.qkv ? gu_layers_picked(tr, cs.gu_slot) : 0;
             if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
                 /* kind k's room a layer: C, or the widest H*D or Hk*D (where replay takes it back) */
-                /* (gate and up: a region of their own, for the layers gu_host_layers picks) */
+                /* (gate and up: a region of their own, for the layers gu_layers_picked picks) */
                 const int64_t cols[CK_KINDS] = {m->cfg.hidden, replay ? m->q_width : 0, replay ? m->cfg.hidden : 0,
                                                 cs.qkv ? m->q_width : 0, cs.qkv ? m->kv_width : 0, cs.qkv ? m->kv_width : 0,
                                                 0, 0};
                 for (int k = 0; k < CK_KINDS; k++) cs.off[k] = cs.stride, cs.stride += (size_t)M * cols[k] * es;
-                const int gu = cs.qkv ? gu_host_layers(tr, cs.gu_slot) : 0;
                 cs.gu_off = cs.stride * L, cs.gu_block = (size_t)M * m->max_ffn * es;
                 for (int k = 0; k < CK_GATE; k++) cs.spread += cols[k] > 0 ? GU_SPREAD_LAYERS : 0;
-                if (!(st = park_reserve(tr, cs.gu_off + (size_t)gu * 2 * cs.gu_block))) cs.host = tr->park, cs.on_host = L - 1;
-                gu_picked = gu;
+                if (!(st = park_reserve(tr, cs.gu_off + (size_t)gu_picked * 2 * cs.gu_block)))
+                    cs.host = tr->park, cs.on_host = L - 1;
             }
             for (int l = tr->lowest; replay && l < L; l++) { /* where there is no room: those layers compute it again */
                 cs.lse[l] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)B * m->cfg.n_heads * T}};
@@ -585,7 +586,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             for (int l = 0; l < L && !st; l++) { /* with dropout through the tape (its masks), forgotten a layer on */
                 if (l >= tr->lowest && (st = save_input(&cs, l))) break;
                 /* the copies' stages grown for gate / up go before the last layer keeps its own on the device */
-                if (l == L - 1 && gu_picked && inner->ops->trim_scratch) inner->ops->trim_scratch(inner);
+                if (l == L - 1 && gu_picked && cs.host && inner->ops->trim_scratch) inner->ops->trim_scratch(inner);
                 m->be = tr->dropout > 0 ? tb : inner;
                 m->layer_save = replay ? &sv : NULL;
                 st = lmx_model_layers(m, kvs, ads, &bt, l, l + 1);

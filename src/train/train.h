@@ -45,9 +45,9 @@ typedef struct lmx_trainer {
                                   * where it can, held as its input is; 0: computes them again */
     int replay_qkv;              /* 1 (default): with replay, also the attention's q, k and v where the layer's
                                   * ops allow (train.c qkv_replayable); 0: they are computed again */
-    int gu_host;                 /* with replay of q, k, v and host memory: how many layers below the last send their
-                                  * MLP's gate and up products through host memory for their runs again instead of
-                                  * computing them (train.c gu_host_layers; -1, default: its choice) */
+    int keep_gu;                 /* with replay of q, k, v: how many layers below the last keep their MLP's gate and
+                                  * up products for their runs again instead of computing them (through host memory
+                                  * where the inputs go there; train.c gu_layers_picked; -1, default: its choice) */
     int64_t replayed[4];         /* values taken back by replay since the trainer was made: attention outputs,
                                   * hidden states, attention inputs q, k, v, the MLP's gate and up products
                                   * (layers of them; what tests and benchmarks report) */

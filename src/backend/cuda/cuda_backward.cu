@@ -171,6 +171,8 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     const float one = 1.0f, zero = 0.0f, *beta = fresh & 1 ? &zero : &one; /* dx written, or added to */
     const int quant = w->q.bits || w->q.ggml_type;
+    const int dx16 = dx->dtype == LMX_DTYPE_BF16; /* a bf16 dx: written whole by one product of bf16 weights */
+    if (dx16 && (!(fresh & 1) || quant || w->dtype != LMX_DTYPE_BF16)) return LMX_ERR_UNSUPPORTED;
     if (!quant && w->dtype == LMX_DTYPE_F32) {
         if (dy->dtype == LMX_DTYPE_BF16) /* the tape's bf16 copy: this product reads f32 */
             return cuda_on_widened(cb, dy, [&](const lmx_tensor *d) { return bwd_matmul(be, dx, d, w, M, fresh); });
@@ -184,8 +186,8 @@ static lmx_status bwd_matmul(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *
     }
     if (!quant && w->dtype == LMX_DTYPE_BF16)
         return cuda_blas(cb, cublasGemmEx(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, w->data, CUDA_R_16BF, K, dy16,
-                                     CUDA_R_16BF, N, beta, dx->data, CUDA_R_32F, K, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT), "matmul backward");
+                                     CUDA_R_16BF, N, beta, dx->data, dx16 ? CUDA_R_16BF : CUDA_R_32F, K,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "matmul backward");
     int64_t block = CUDA_DEQUANT_BYTES / ((int64_t)K * 2);
     block = block < 64 ? 64 : block > N ? N : block;
     __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)block * K * 2);
@@ -212,8 +214,8 @@ static __device__ __forceinline__ float2 glu_grad(float d, float g, float u, int
 
 /* fresh (backward.h): bit 0 dg, bit 1 du written, not added to; O bf16: both written (fresh 3).  V values a
  * thread a step: 4 where every pointer is aligned (the same arithmetic), else 1. */
-template <int V, typename O, typename G, typename U>
-__global__ void k_glu_bwd(O *dg, O *du, const float *dy, const G *g, const U *u, int64_t n, int act, unsigned fresh) {
+template <int V, typename O, typename D, typename G, typename U>
+__global__ void k_glu_bwd(O *dg, O *du, const D *dy, const G *g, const U *u, int64_t n, int act, unsigned fresh) {
     const int64_t step = V * (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = V * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < n; i += step) {
         if constexpr (V == 4) {
@@ -234,7 +236,7 @@ __global__ void k_glu_bwd(O *dg, O *du, const float *dy, const G *g, const U *u,
             cuda_st4(dg + i, vg);
             cuda_st4(du + i, vu);
         } else {
-            const float2 r = glu_grad(dy[i], cuda_ld_f(g + i), cuda_ld_f(u + i), act);
+            const float2 r = glu_grad(cuda_ld_f(dy + i), cuda_ld_f(g + i), cuda_ld_f(u + i), act);
             if constexpr (sizeof(O) == 2) {
                 dg[i] = __float2bfloat16(r.x);
                 du[i] = __float2bfloat16(r.y);
@@ -246,8 +248,8 @@ __global__ void k_glu_bwd(O *dg, O *du, const float *dy, const G *g, const U *u,
     }
 }
 
-template <typename O, typename G, typename U>
-static void glu_bwd_go(cuda_backend *cb, O *dg, O *du, const float *dy, const G *g, const U *u, int64_t n, int act,
+template <typename O, typename D, typename G, typename U>
+static void glu_bwd_go(cuda_backend *cb, O *dg, O *du, const D *dy, const G *g, const U *u, int64_t n, int act,
                        unsigned fresh) {
     if (cuda_vec4_ok(n, dg, du, dy, g, u))
         k_glu_bwd<4><<<cuda_ew_grid(n / 4), 256, 0, cb->stream>>>(dg, du, dy, g, u, n, act, fresh);
@@ -256,12 +258,14 @@ static void glu_bwd_go(cuda_backend *cb, O *dg, O *du, const float *dy, const G 
 }
 
 template <typename O, typename G>
-static void glu_bwd_launch(cuda_backend *cb, void *dg, void *du, const float *dy, const G *g, const lmx_tensor *up,
+static void glu_bwd_launch(cuda_backend *cb, void *dg, void *du, const lmx_tensor *dy, const G *g, const lmx_tensor *up,
                            int64_t n, lmx_act act, unsigned fresh) {
-    if (up->dtype == LMX_DTYPE_BF16)
-        glu_bwd_go(cb, (O *)dg, (O *)du, dy, g, (const __nv_bfloat16 *)up->data, n, (int)act, fresh);
-    else
-        glu_bwd_go(cb, (O *)dg, (O *)du, dy, g, (const float *)up->data, n, (int)act, fresh);
+    const __nv_bfloat16 *u16 = (const __nv_bfloat16 *)up->data, *d16 = (const __nv_bfloat16 *)dy->data;
+    const float *uf = (const float *)up->data, *df = (const float *)dy->data;
+    if (dy->dtype == LMX_DTYPE_BF16 && up->dtype == LMX_DTYPE_BF16) glu_bwd_go(cb, (O *)dg, (O *)du, d16, g, u16, n, (int)act, fresh);
+    else if (dy->dtype == LMX_DTYPE_BF16) glu_bwd_go(cb, (O *)dg, (O *)du, d16, g, uf, n, (int)act, fresh);
+    else if (up->dtype == LMX_DTYPE_BF16) glu_bwd_go(cb, (O *)dg, (O *)du, df, g, u16, n, (int)act, fresh);
+    else glu_bwd_go(cb, (O *)dg, (O *)du, df, g, uf, n, (int)act, fresh);
 }
 
 /* dgate and dup f32, or both bf16 and written whole (the tape's bf16 gradients, backward.h) */
@@ -273,14 +277,13 @@ static lmx_status bwd_glu(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, c
     const int o16 = dgate->dtype == LMX_DTYPE_BF16;
     if (o16 != (dup->dtype == LMX_DTYPE_BF16) || (o16 && fresh != 3))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "glu backward: bf16 gradients are written whole, both of them");
-    const float *d = (const float *)dy->data;
     const __nv_bfloat16 *gh = (const __nv_bfloat16 *)gate->data;
     const float *gf = (const float *)gate->data;
     const int g16 = gate->dtype == LMX_DTYPE_BF16; /* keeps, or f32 */
-    if (o16 && g16) glu_bwd_launch<__nv_bfloat16>(cb, dgate->data, dup->data, d, gh, up, n, act, fresh);
-    else if (o16) glu_bwd_launch<__nv_bfloat16>(cb, dgate->data, dup->data, d, gf, up, n, act, fresh);
-    else if (g16) glu_bwd_launch<float>(cb, dgate->data, dup->data, d, gh, up, n, act, fresh);
-    else glu_bwd_launch<float>(cb, dgate->data, dup->data, d, gf, up, n, act, fresh);
+    if (o16 && g16) glu_bwd_launch<__nv_bfloat16>(cb, dgate->data, dup->data, dy, gh, up, n, act, fresh);
+    else if (o16) glu_bwd_launch<__nv_bfloat16>(cb, dgate->data, dup->data, dy, gf, up, n, act, fresh);
+    else if (g16) glu_bwd_launch<float>(cb, dgate->data, dup->data, dy, gh, up, n, act, fresh);
+    else glu_bwd_launch<float>(cb, dgate->data, dup->data, dy, gf, up, n, act, fresh);
     return cuda_check_launch(cb, "glu backward");
 }
 

@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
 /* The GLU's backward into bf16 gradients (glu_bwd's fresh 3) with the down projection's LoRA input gradient
  * added to dy first: dy' = dy + u A (u [rows, R] f32 from lora_bwd, A [R, N] the pair's), as k_glu_terms_tc
  * adds the forward's terms: the accumulators start from dy, A's fragments stay in registers. */
-template <int R>
-__global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, __nv_bfloat16 *du, const float *dy,
+template <int R, typename D>
+__global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, __nv_bfloat16 *du, const D *dy,
                                                              const __nv_bfloat16 *g, const __nv_bfloat16 *u,
                                                              const float *ut, const float *a, int64_t rows, int64_t N,
                                                              int silu) {
@@ -350,16 +350,20 @@ lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, 
     const int takes = count == 1 && N && n % N == 0 && lmx_tensor_nelem(&ut[0]) == n / N * R &&
                       tc_fits(R, N, n / N, (uintptr_t)dgate->data | (uintptr_t)dup->data | (uintptr_t)dy->data |
                                                (uintptr_t)gate->data | (uintptr_t)up->data) &&
-                      dgate->dtype == LMX_DTYPE_BF16 && dup->dtype == LMX_DTYPE_BF16 && dy->dtype == LMX_DTYPE_F32 &&
+                      dgate->dtype == LMX_DTYPE_BF16 && dup->dtype == LMX_DTYPE_BF16 &&
+                      (dy->dtype == LMX_DTYPE_F32 || dy->dtype == LMX_DTYPE_BF16) &&
                       gate->dtype == LMX_DTYPE_BF16 && up->dtype == LMX_DTYPE_BF16;
     if (!takes) return LMX_ERR_UNSUPPORTED; /* no message: the caller adds the terms first */
     const int64_t rows = n / N;
     const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
     __nv_bfloat16 *g16 = (__nv_bfloat16 *)dgate->data, *u16 = (__nv_bfloat16 *)dup->data;
     const float *d = (const float *)dy->data, *t = (const float *)ut[0].data, *a = (const float *)pairs[0]->a.data;
+    const __nv_bfloat16 *d16 = (const __nv_bfloat16 *)dy->data; /* the down projection's bf16 input gradient */
     const __nv_bfloat16 *g = (const __nv_bfloat16 *)gate->data, *u = (const __nv_bfloat16 *)up->data;
-    const int silu = act == LMX_ACT_SILU;
-    if (R == 8) k_glu_bwd_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
+    const int silu = act == LMX_ACT_SILU, dy16 = dy->dtype == LMX_DTYPE_BF16;
+    if (R == 8 && dy16) k_glu_bwd_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d16, g, u, t, a, rows, N, silu);
+    else if (R == 8) k_glu_bwd_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
+    else if (dy16) k_glu_bwd_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d16, g, u, t, a, rows, N, silu);
     else k_glu_bwd_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
     return cuda_check_launch(cb, "glu backward with a lora term");
 }
