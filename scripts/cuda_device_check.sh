@@ -34,9 +34,8 @@ run env LMX_CUDA_GGUF_REPACK=0 "$bin/test_cuda_ops"
 for m in llama qwen3; do
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay on
-    # (the default keeps the lower layer's gate / up products too, through host memory: train.c gu_layers_picked;
-    # --keep-gu 0: the last layer's alone)
-    run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay on --keep-gu 0
+    # the lower layer's gate / up products kept too, through host memory (train.c gu_layers_picked)
+    run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay on --keep-gu 1
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay outputs
     run "$bin/lmx" check-train "$fix/models/$m" "$fix/models/${m}_lora" --backend cuda --grad-checkpoint on --replay off
 done
@@ -47,7 +46,7 @@ for r in on outputs off; do
     run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda --grad-checkpoint on --replay $r
 done
 run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda
-run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda --grad-checkpoint on --replay on --keep-gu 0
+run "$bin/lmx" check-train "$hd64/llama_hd64" "$hd64/llama_hd64_lora" --backend cuda --grad-checkpoint on --replay on --keep-gu 1
 # lmx train: the same losses and adapter with the layers' inputs and the embeddings in host memory and on the GPU
 run "$root/tests/train_placement_check.sh" "$bin/lmx" "$fix"
 # memory limits, peak and cache on the cuda backend; the device list

@@ -272,15 +272,19 @@ static int gu_kept(const ckpt_store *cs, int l) {
 }
 
 /* How many layers below the last keep their gate and up products [M, F] for their runs again (tr->keep_gu, or
- * where it is -1 KEEP_GU_DEFAULT), and which (slot[l]: the block of layer l, -1 none): spread evenly over the
- * trained layers below the last but an eighth of them, so that their copies to the host keep pace with the
- * forward (at the 8B's shape the copy engine has some 2 ms to spare a layer, a layer's products take 8.5 ms)
- * and are done before the last layer (whose own stay on the device) and backward. */
+ * where it is -1 and the inputs go to the host KEEP_GU_DEFAULT from a hidden size of KEEP_GU_HIDDEN, else none),
+ * and which (slot[l]: the block of layer l, -1 none): spread evenly over the trained layers below the last but
+ * an eighth of them, so that their copies to the host keep pace with the forward (at the 8B's shape the copy
+ * engine has some 2 ms to spare a layer, a layer's products take 8.5 ms) and are done before the last layer
+ * (whose own stay on the device) and backward.  A product's GEMM takes 2 C flops a value, its copy 2 bytes:
+ * at the 8B's C of 4,096 the two GEMMs a layer saves (2.8 ms) pay for the copies' share of the forward; at the
+ * Qwen3-0.6B's 1,024 (0.3 ms) they do not (its step 0.238 -> 0.263 s with six: bench/RESULTS.md). */
 #define KEEP_GU_DEFAULT 6
+#define KEEP_GU_HIDDEN 4096
 #define GU_SPREAD_LAYERS 4 /* a product's copy to the host goes a share with each offload of the next this many layers */
-static int gu_layers_picked(const lmx_trainer *tr, int *slot) {
+static int gu_layers_picked(const lmx_trainer *tr, int *slot, int host) {
     const int below = tr->m->cfg.n_layers - 1 - tr->lowest, span = below - below / 8;
-    int K = tr->keep_gu >= 0 ? tr->keep_gu : KEEP_GU_DEFAULT;
+    int K = tr->keep_gu >= 0 ? tr->keep_gu : host && tr->m->cfg.hidden >= KEEP_GU_HIDDEN ? KEEP_GU_DEFAULT : 0;
     if (K > span) K = span > 0 ? span : 0;
     for (int i = 0; i < K; i++) slot[tr->lowest + (int)((2LL * i + 1) * span / (2LL * K))] = i;
     return K;
@@ -559,9 +563,10 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             const int replay = tr->replay && tr->dropout <= 0; /* with dropout the first run goes through the tape */
             const size_t es = lmx_dtype_size(bw->keep_dtype(inner));
             cs.tr = tr, cs.be = inner, cs.M = M, cs.qkv = replay && tr->replay_qkv;
+            const int host = tr->offload && bw->offload && bw->reload && inner->ops->host_alloc;
             /* layers below the last that keep their gate / up products */
-            const int gu_picked = cs.qkv ? gu_layers_picked(tr, cs.gu_slot) : 0;
-            if (tr->offload && bw->offload && bw->reload && inner->ops->host_alloc) {
+            const int gu_picked = cs.qkv ? gu_layers_picked(tr, cs.gu_slot, host) : 0;
+            if (host) {
                 /* kind k's room a layer: C, or the widest H*D or Hk*D (where replay takes it back) */
                 /* (gate and up: a region of their own, for the layers gu_layers_picked picks) */
                 const int64_t cols[CK_KINDS] = {m->cfg.hidden, replay ? m->q_width : 0, replay ? m->cfg.hidden : 0,
