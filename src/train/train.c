@@ -166,7 +166,8 @@ static void kv_free(lmx_backend *be, lmx_kv_layer *kv, int n) {
  * (bf16 on cuda, as every other value backward reads there).  The last layer keeps its own on the device
  * even where the others go to the host: backward starts with it, so its copies would come straight back
  * while it waited; it fetches the layer below's instead.  It also keeps its MLP's gate and up products [M, F],
- * and its run again takes them instead of their two GEMMs. */
+ * and its run again takes them instead of their two GEMMs; so do the layers gu_layers_picked picks, theirs in a
+ * region of host of their own (gu_slot; their copies there spread over the offloads after them). */
 enum { CK_INPUT, CK_ATT, CK_RESID, CK_Q, CK_K, CK_V, CK_GATE, CK_UP, CK_KINDS };
 typedef struct ckpt_store {
     lmx_trainer *tr;
@@ -199,7 +200,8 @@ static lmx_status park_reserve(lmx_trainer *tr, size_t bytes) {
 }
 
 static char *ck_host(const ckpt_store *cs, int l, int k) {
-    if (k >= CK_GATE) return cs->host + cs->gu_off + ((size_t)cs->gu_slot[l] * 2 + (size_t)(k - CK_GATE)) * cs->gu_block;
+    if (k >= CK_GATE) /* gate, up: layer l's pair of blocks in their region */
+        return cs->host + cs->gu_off + ((size_t)cs->gu_slot[l] * 2 + (size_t)(k - CK_GATE)) * cs->gu_block;
     return cs->host + (size_t)l * cs->stride + cs->off[k];
 }
 
@@ -215,8 +217,9 @@ static int ck_below(const ckpt_store *cs, int l, int k) {
 static lmx_status ck_save(ckpt_store *cs, int l, int k, const lmx_tensor *x) {
     lmx_model *m = cs->tr->m;
     lmx_backend *be = cs->be;
-    lmx_status st = cs->host && l < cs->on_host ? be->ops->backward->offload(be, ck_host(cs, l, k), x, k >= CK_GATE ? cs->spread : 0)
-                                                : be->ops->backward->keep(be, &cs->saved[CK_KINDS * l + k], x);
+    const lmx_backward_ops *bw = be->ops->backward;
+    lmx_status st = cs->host && l < cs->on_host ? bw->offload(be, ck_host(cs, l, k), x, k >= CK_GATE ? cs->spread : 0)
+                                                : bw->keep(be, &cs->saved[CK_KINDS * l + k], x);
     if (!st) cs->has[l] |= 1u << k;
     return st ? lmx_err_set(&m->err, st, "%s", be->err.msg) : LMX_OK;
 }
@@ -281,7 +284,7 @@ static int gu_kept(const ckpt_store *cs, int l) {
  * Qwen3-0.6B's 1,024 (0.3 ms) they do not (its step 0.238 -> 0.263 s with six: bench/RESULTS.md). */
 #define KEEP_GU_DEFAULT 6
 #define KEEP_GU_HIDDEN 4096
-#define GU_SPREAD_LAYERS 4 /* a product's copy to the host goes a share with each offload of the next this many layers */
+#define GU_SPREAD_LAYERS 4 /* a product's copy to the host goes a share with each offload of this many layers */
 static int gu_layers_picked(const lmx_trainer *tr, int *slot, int host) {
     const int below = tr->m->cfg.n_layers - 1 - tr->lowest, span = below - below / 8;
     int K = tr->keep_gu >= 0 ? tr->keep_gu : host && tr->m->cfg.hidden >= KEEP_GU_HIDDEN ? KEEP_GU_DEFAULT : 0;
