@@ -135,9 +135,9 @@ static int bf16_grad_ok(lmx_tape *t, int i, int v) {
 }
 
 /* Whether var v, a GLU's output, may have its gradient in bf16 alone, written whole by record i (the frozen
- * matmul that reads it: the down projection): asked for (lmx_tape_set_glu_out16), keeps are bf16, v has no gradient yet and its LoRA terms wait for
- * the GLU (du_to_maker), no record before i reads v, and the GLU that made v reads that gradient next (in bf16
- * where glu_bwd16 takes it, else widened: widen16). */
+ * matmul that reads it: the down projection): asked for (lmx_tape_set_glu_out16), keeps are bf16, v has no
+ * gradient yet and its LoRA terms wait for the GLU (du_to_maker), no record before i reads v, and the GLU that
+ * made v reads that gradient next (in bf16 where glu_bwd16 takes it, else widened: widen16). */
 static int glu_out16(lmx_tape *t, int i, int v) {
     const tape_var *x = v >= 0 ? &t->vars[v] : NULL;
     if (!t->glu_out16 || !x || !x->requires || x->grad.data || x->grad16.data || (x->n_du && !du_to_maker(t, v)) ||
@@ -224,8 +224,8 @@ static lmx_status backward_op(lmx_tape *t, tape_rec *r, lmx_tensor *dy, lmx_tens
     lmx_backend *in = t->in;
     const lmx_backward_ops *bw = t->bwd;
     lmx_tensor *g0, *g1, *g2;
-    if (!dy->data && r->op != T_LORA && r->op != T_MATMUL && r->op != T_GLU) /* bf16_grad_ok / glu_out16 send a
-                                                                               * bf16 gradient to these alone */
+    /* bf16_grad_ok and glu_out16 send a bf16 gradient to these alone */
+    if (!dy->data && r->op != T_LORA && r->op != T_MATMUL && r->op != T_GLU)
         return lmx_err_set(&t->base.err, LMX_ERR_BACKEND, "tape: record kind %d reached with a bf16 gradient", r->op);
     switch (r->op) {
     case T_RMSNORM: {
