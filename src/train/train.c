@@ -568,7 +568,7 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
             cs.tr = tr, cs.be = inner, cs.M = M, cs.qkv = replay && tr->replay_qkv;
             const int host = tr->offload && bw->offload && bw->reload && inner->ops->host_alloc;
             /* layers below the last that keep their gate / up products */
-            const int gu_picked = cs.qkv ? gu_layers_picked(tr, cs.gu_slot, host) : 0;
+            int gu_picked = cs.qkv ? gu_layers_picked(tr, cs.gu_slot, host) : 0;
             if (host) {
                 /* kind k's room a layer: C, or the widest H*D or Hk*D (where replay takes it back) */
                 /* (gate and up: a region of their own, for the layers gu_layers_picked picks) */
@@ -578,8 +578,13 @@ lmx_status lmx_trainer_loss_fn(lmx_trainer *tr, const int32_t *inputs, const int
                 for (int k = 0; k < CK_KINDS; k++) cs.off[k] = cs.stride, cs.stride += (size_t)M * cols[k] * es;
                 cs.gu_off = cs.stride * L, cs.gu_block = (size_t)M * m->max_ffn * es;
                 for (int k = 0; k < CK_GATE; k++) cs.spread += cols[k] > 0 ? GU_SPREAD_LAYERS : 0;
-                if (!(st = park_reserve(tr, cs.gu_off + (size_t)gu_picked * 2 * cs.gu_block)))
-                    cs.host = tr->park, cs.on_host = L - 1;
+                if (gu_picked && park_reserve(tr, cs.gu_off + (size_t)gu_picked * 2 * cs.gu_block)) {
+                    /* no page-locked room for their products: those layers compute them again */
+                    lmx_err_clear(&tr->err), lmx_err_clear(&inner->err);
+                    for (int l = 0; l < L; l++) cs.gu_slot[l] = -1;
+                    gu_picked = 0;
+                }
+                if (!(st = park_reserve(tr, cs.gu_off))) cs.host = tr->park, cs.on_host = L - 1;
             }
             for (int l = tr->lowest; replay && l < L; l++) { /* where there is no room: those layers compute it again */
                 cs.lse[l] = (lmx_tensor){.dtype = LMX_DTYPE_F32, .ndim = 1, .shape = {(int64_t)B * m->cfg.n_heads * T}};
