@@ -371,11 +371,11 @@ lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x, in
     if (spread > 0) { /* its shares go with this offload and the next spread - 1 (2 MiB at least) */
         const size_t share = (bytes + (size_t)spread - 1) / (size_t)spread;
         P->to[s] = (char *)host, P->sent[s] = 0, P->left[s] = bytes, P->share[s] = share > (2u << 20) ? share : 2u << 20;
-        return spread_send(cb, 0);
+    } else {
+        CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], bytes, cudaMemcpyDeviceToHost, P->copy), "offload");
+        CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "offload");
     }
-    CUDA_TRY(cb, cudaMemcpyAsync(host, P->stage[s], bytes, cudaMemcpyDeviceToHost, P->copy), "offload");
-    CUDA_TRY(cb, cudaEventRecord(P->ev_copy[s], P->copy), "offload");
-    return spread_send(cb, 0);
+    return spread_send(cb, 0); /* a share of each spread block, this one's first */
 }
 
 /* Only next fetched ahead (n values), into a stage that holds nothing to come; the stages left from offload go */
