@@ -12,11 +12,23 @@
 #define LMX_HOST_DEVICE
 #endif
 
+/* 1 / (1 + e^-x).  On the gpu the hardware's approximate exp and reciprocal (__expf, __fdividef: a few
+ * ulp, far under the bf16 rounding every training value meets): the IEEE expf and division took half of
+ * the GLU kernels' instructions, which are held by instructions rather than bytes (the 8B's training
+ * step: GLU forward 0.334 -> 0.289 ms a layer, backward 0.364 -> 0.341 ms).  Large |x| give 0 and 1. */
+static inline LMX_HOST_DEVICE float lmx_sigmoid(float x) {
+#ifdef __CUDA_ARCH__
+    return __fdividef(1.0f, 1.0f + __expf(-x));
+#else
+    return 1.0f / (1.0f + expf(-x));
+#endif
+}
+
 /* *a = act(x), *da = act'(x) for SiLU (silu != 0) or GELU with the tanh approximation */
 static inline LMX_HOST_DEVICE void lmx_act_grad(float x, int silu, float *a, float *da) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     if (silu) {
-        const float sg = 1.0f / (1.0f + expf(-x));
+        const float sg = lmx_sigmoid(x);
         *a = x * sg;
         *da = sg * (1.0f + x * (1.0f - sg));
     } else {

@@ -290,9 +290,35 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
     }
 }
 
+/* One 16-row slab of k_glu_bwd_tc (rows ra and ra + 8 of the lane, from i0 of the block's): the term added to
+ * dy's values cd, the GLU's gradients from gate's and up's cg, cu, the stores */
+template <int R>
+static __device__ __forceinline__ void tc_glu_bwd_slab(float (&cd)[4][4], float (&cg)[4][4], float (&cu)[4][4],
+                                                       const tc_term<R> &at, const uint32_t *sx, int i0, int lane,
+                                                       int64_t ra, int64_t rows, int64_t N, int64_t c, int silu,
+                                                       __nv_bfloat16 *dg, __nv_bfloat16 *du) {
+    at.add(cd, sx, i0, lane);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { /* cg, cu become the gradients */
+            float av, dav;
+            lmx_act_grad(cg[j][e], silu, &av, &dav);
+            cg[j][e] = cd[j][e] * cu[j][e] * dav, cu[j][e] = cd[j][e] * av;
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t row = ra + 8 * h, e = row * N + c;
+        if (row >= rows) break;
+        tc_store8_bf16(dg + e, cg, h), tc_store8_bf16(du + e, cu, h);
+    }
+}
+
 /* The GLU's backward into bf16 gradients (glu_bwd's fresh 3) with the down projection's LoRA input gradient
  * added to dy first: dy' = dy + u A (u [rows, R] f32 from lora_bwd, A [R, N] the pair's), as k_glu_terms_tc
- * adds the forward's terms: the accumulators start from dy, A's fragments stay in registers. */
+ * adds the forward's terms: the accumulators start from dy, A's fragments stay in registers.  From a bf16 dy
+ * (the tape's, model.h mlp16) each lane has the next slab's loads in flight while it works on this one, as
+ * k_glu_terms_tc: loaded at use, the 8B's step ran it at 2.5-2.7 TB/s (0.44-0.47 ms a layer; 0.36 so). */
 template <int R, typename D>
 __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, __nv_bfloat16 *du, const D *dy,
                                                              const __nv_bfloat16 *g, const __nv_bfloat16 *u,
@@ -307,29 +333,32 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, 
     if (col0 < N) at.load_b(a, 1.0f, col0, lane, N);
     __syncthreads();
     if (col0 >= N) return;
-    const int64_t c = col0 + 4 * (lane & 3);
-    for (int i0 = 0; i0 < nr; i0 += 16) {
-        const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8;
-        float cd[4][4], cg[4][4], cu[4][4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t row = h ? rb : ra;
-            tc_row(cd, dy, row, rows, N, c, h), tc_row(cg, g, row, rows, N, c, h), tc_row(cu, u, row, rows, N, c, h);
+    const int64_t c = col0 + 4 * (lane & 3), ra0 = r0 + (lane >> 2);
+    if constexpr (sizeof(D) == 2) {
+        tc_raw16 nx[6];
+        const auto fetch = [&](int64_t ra) {
+            nx[0] = tc_fetch16(dy, ra, rows, N, c), nx[1] = tc_fetch16(dy, ra + 8, rows, N, c);
+            nx[2] = tc_fetch16(g, ra, rows, N, c), nx[3] = tc_fetch16(g, ra + 8, rows, N, c);
+            nx[4] = tc_fetch16(u, ra, rows, N, c), nx[5] = tc_fetch16(u, ra + 8, rows, N, c);
+        };
+        fetch(ra0);
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            const int64_t ra = ra0 + i0;
+            float cd[4][4], cg[4][4], cu[4][4];
+            tc_unpack16(cd, nx[0], 0), tc_unpack16(cd, nx[1], 1), tc_unpack16(cg, nx[2], 0), tc_unpack16(cg, nx[3], 1);
+            tc_unpack16(cu, nx[4], 0), tc_unpack16(cu, nx[5], 1);
+            if (i0 + 16 < nr) fetch(ra + 16);
+            tc_glu_bwd_slab<R>(cd, cg, cu, at, sx, i0, lane, ra, rows, N, c, silu, dg, du);
         }
-        at.add(cd, sx, i0, lane);
+    } else {
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            const int64_t ra = ra0 + i0;
+            float cd[4][4], cg[4][4], cu[4][4];
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) { /* cg, cu become the gradients */
-                float av, dav;
-                lmx_act_grad(cg[j][e], silu, &av, &dav);
-                cg[j][e] = cd[j][e] * cu[j][e] * dav, cu[j][e] = cd[j][e] * av;
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t e = (h ? rb : ra) * N + c;
-            if ((h ? rb : ra) >= rows) break;
-            tc_store8_bf16(dg + e, cg, h), tc_store8_bf16(du + e, cu, h);
+            for (int h = 0; h < 2; h++)
+                tc_row(cd, dy, ra + 8 * h, rows, N, c, h), tc_row(cg, g, ra + 8 * h, rows, N, c, h),
+                    tc_row(cu, u, ra + 8 * h, rows, N, c, h);
+            tc_glu_bwd_slab<R>(cd, cg, cu, at, sx, i0, lane, ra, rows, N, c, silu, dg, du);
         }
     }
 }
