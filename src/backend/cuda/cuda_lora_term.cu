@@ -200,25 +200,91 @@ template <int R> static __device__ __forceinline__ void tc_stage(uint32_t *sx, c
         sx[(i / R) * (R + 4) + i % R] = i < nr * R ? tf32_of(x[r0 * R + i]) : 0u;
 }
 
-/* A lane's 8 bf16 values of a row as tc_load8 reads them, as loaded (zeros past the last row): the next slab's
- * loads in flight while the lane works on this one */
-struct tc_raw16 {
-    uint2 a, b;
-};
-static __device__ __forceinline__ tc_raw16 tc_fetch16(const __nv_bfloat16 *m, int64_t row, int64_t rows, int64_t N,
-                                                      int64_t col) {
-    if (row >= rows) return {make_uint2(0u, 0u), make_uint2(0u, 0u)};
-    const __nv_bfloat16 *p = m + row * N + col;
-    return {*(const uint2 *)p, *(const uint2 *)(p + 16)};
+/* ---- a warp's bf16 slabs through shared memory ----------------------------------------------------
+ * Over bf16 gate, up and dy (model.h mlp16) each warp copies its next slabs (16 rows x its 32 columns of each
+ * of M matrices, 1 KB each) into a ring of RING_STAGES in shared memory with cp.async, RING_STAGES - 1 slabs
+ * ahead of the one it works on: no registers hold the loads in flight.  Loads into registers one slab ahead
+ * (the kernels' bf16 form before) ran the 8B's GLU forward at 0.290 ms a layer and its backward at 0.341 ms;
+ * so 0.268 and 0.305 (a read of the layer's products alone, a write of h: 2.6 TB/s; four stages no faster).
+ * A slab's chunk k (16 bytes) of row r lies at r * 4 + (k ^ (r & 2)): the lanes' 8-byte reads of rows g and
+ * g + 2 fall in other banks.  Rows past the block's are zeros. */
+#define RING_STAGES 3
+
+static __device__ __forceinline__ int ring_chunk(int r, int k) { return r * 4 + (k ^ (r & 2)); }
+
+/* cp.async of 16 bytes, zeros where bytes is 0 */
+static __device__ __forceinline__ void ring_cp16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
-/* half h of the accumulators from r (tc_load8's bf16 form) */
-static __device__ __forceinline__ void tc_unpack16(float (&c)[4][4], const tc_raw16 &r, int h) {
-    const uint32_t w[4] = {r.a.x, r.a.y, r.b.x, r.b.y};
+
+template <int M> struct tc_ring {
+    uint4 *st;                /* this warp's RING_STAGES stages of M slabs of 64 chunks */
+    const __nv_bfloat16 *m[M]; /* the matrices [rows, N] */
+    int64_t end, N, col0;     /* the block's end row, the columns, the warp's first */
+    /* slab of rows row0 .. row0 + 15 into stage `stage`, one commit group (empty past the block's rows) */
+    __device__ __forceinline__ void load(int64_t row0, int stage, int lane) const {
+        if (row0 < end)
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
-        c[j][2 * h] = f.x, c[j][2 * h + 1] = f.y;
+            for (int h = 0; h < 2; h++) {
+                const int r = (lane >> 2) + 8 * h, k = lane & 3;
+                const int64_t row = row0 + r;
+                const int in = row < end;
+#pragma unroll
+                for (int i = 0; i < M; i++)
+                    ring_cp16(smem_addr(st + (stage * M + i) * 64 + ring_chunk(r, k)),
+                              m[i] + (in ? row : 0) * N + col0 + 8 * k, in ? 16 : 0);
+            }
+        cp_async_commit();
     }
+    /* matrix i's slab in stage `stage` into c as tc_load8 lays it out (rows g and g + 8 of the lane) */
+    __device__ __forceinline__ void read(float (&c)[4][4], int stage, int i, int lane) const {
+        const uint2 *p = (const uint2 *)(st + (stage * M + i) * 64);
+        const int q = lane & 3;
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* values 4q .. 4q + 3: chunk q / 2, its half q % 2; 16 + 4q ..: chunk 2 + q / 2 */
+            const int r = (lane >> 2) + 8 * h;
+            const uint2 a = p[2 * ring_chunk(r, q >> 1) + (q & 1)], b = p[2 * ring_chunk(r, 2 + (q >> 1)) + (q & 1)];
+            const uint32_t w[4] = {a.x, a.y, b.x, b.y};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
+                c[j][2 * h] = f.x, c[j][2 * h + 1] = f.y;
+            }
+        }
+    }
+};
+
+/* The ring of the warp: the block's shared memory past `before` 16-byte words; the first RING_STAGES - 1 slabs
+ * of the block's rows [r0, end) asked for */
+template <int M>
+static __device__ __forceinline__ tc_ring<M> ring_start(uint4 *smem, int before, const __nv_bfloat16 *const (&m)[M],
+                                                        int64_t r0, int64_t end, int64_t N, int64_t col0, int lane) {
+    tc_ring<M> ring;
+    ring.st = smem + before + (threadIdx.x >> 5) * RING_STAGES * M * 64;
+#pragma unroll
+    for (int i = 0; i < M; i++) ring.m[i] = m[i];
+    ring.end = end, ring.N = N, ring.col0 = col0;
+#pragma unroll
+    for (int s = 0; s < RING_STAGES - 1; s++) ring.load(r0 + 16 * s, s, lane);
+    return ring;
+}
+
+/* Slab j of the block's (rows r0 + 16 j ..) into c[0 .. M-1] once its copies are in, and slab j + RING_STAGES - 1
+ * asked for in the stage slab j - 1 left (every lane of the warp read it before the barrier) */
+template <int M>
+static __device__ __forceinline__ void ring_next(const tc_ring<M> &ring, float (*c)[4][4], int j, int64_t r0, int lane) {
+    cp_async_wait<RING_STAGES - 2>();
+    __syncwarp();
+    const int s = j % RING_STAGES;
+#pragma unroll
+    for (int i = 0; i < M; i++) ring.read(c[i], s, i, lane);
+    ring.load(r0 + 16 * (j + RING_STAGES - 1), (j + RING_STAGES - 1) % RING_STAGES, lane);
+}
+
+/* The bytes of shared memory of the kernels below: the staged rows of `terms` terms of rank R, and the warps'
+ * rings of M matrices where the values are bf16 (M 0: none) */
+static size_t tc_smem(int R, int terms, int M) {
+    return (size_t)terms * TC_ROWS * (R + 4) * 4 + (size_t)(TERM_COLS / 32) * RING_STAGES * M * 64 * 16;
 }
 
 /* One 16-row slab of k_glu_terms_tc (rows ra and rb = ra + 8 of the lane, from i0 of the block's): the terms
@@ -246,47 +312,37 @@ static __device__ __forceinline__ void tc_glu_slab(float (&cg)[4][4], float (&cu
     }
 }
 
-/* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned.  Over
- * bf16 gate and up (model.h mlp16) each lane has the next slab's loads in flight while it works on this one:
- * half the bytes of f32 a load left too few in flight at two blocks a multiprocessor. */
+/* k_glu_terms's work (the same pointers and terms), N a multiple of 32 and every pointer 16-byte aligned; over
+ * bf16 gate and up (model.h mlp16) through the warps' rings.  Shared memory: tc_smem(R, 2, bf16 ? 2 : 0). */
 template <int R, typename G>
 __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bfloat16 *gk, __nv_bfloat16 *uk,
                                                                __nv_bfloat16 *ok, const G *g, const G *u,
                                                                int64_t rows, int64_t N, int act, term_arg tg, term_arg tu) {
-    __shared__ __align__(16) uint32_t sx[2][TC_ROWS * (R + 4)];
+    extern __shared__ __align__(16) uint4 tc_shared[];
+    uint32_t *sg = (uint32_t *)tc_shared, *su = sg + TC_ROWS * (R + 4);
     const int64_t r0 = (int64_t)blockIdx.y * TC_ROWS;
     const int nr = (int)(rows - r0 < TC_ROWS ? rows - r0 : TC_ROWS), lane = threadIdx.x & 31;
-    if (tg.xa) tc_stage<R>(sx[0], tg.xa, r0, nr);
-    if (tu.xa) tc_stage<R>(sx[1], tu.xa, r0, nr);
     const int64_t col0 = (int64_t)blockIdx.x * TERM_COLS + (threadIdx.x & ~31);
+    tc_ring<2> ring;
+    if constexpr (sizeof(G) == 2)
+        if (col0 < N) ring = ring_start<2>(tc_shared, TC_ROWS * (R + 4) / 2, {g, u}, r0, r0 + nr, N, col0, lane);
+    if (tg.xa) tc_stage<R>(sg, tg.xa, r0, nr);
+    if (tu.xa) tc_stage<R>(su, tu.xa, r0, nr);
     tc_term<R> ag, au;
     if (col0 < N && tg.xa) ag.load_b(tg.b, tg.s, col0, lane);
     if (col0 < N && tu.xa) au.load_b(tu.b, tu.s, col0, lane);
     __syncthreads();
     if (col0 >= N) return;
     const int64_t c = col0 + 4 * (lane & 3), ra0 = r0 + (lane >> 2);
-    if constexpr (sizeof(G) == 2) {
-        tc_raw16 nx[4] = {tc_fetch16(g, ra0, rows, N, c), tc_fetch16(g, ra0 + 8, rows, N, c),
-                          tc_fetch16(u, ra0, rows, N, c), tc_fetch16(u, ra0 + 8, rows, N, c)};
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const int64_t ra = ra0 + i0;
-            float cg[4][4], cu[4][4];
-            tc_unpack16(cg, nx[0], 0), tc_unpack16(cg, nx[1], 1), tc_unpack16(cu, nx[2], 0), tc_unpack16(cu, nx[3], 1);
-            if (i0 + 16 < nr)
-                nx[0] = tc_fetch16(g, ra + 16, rows, N, c), nx[1] = tc_fetch16(g, ra + 24, rows, N, c),
-                nx[2] = tc_fetch16(u, ra + 16, rows, N, c), nx[3] = tc_fetch16(u, ra + 24, rows, N, c);
-            tc_glu_slab<R>(cg, cu, ag, au, sx[0], sx[1], i0, lane, ra, rows, N, c, act, o, gk, uk, ok, tg.xa != NULL,
-                           tu.xa != NULL);
-        }
-    } else {
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const int64_t ra = ra0 + i0, rb = ra + 8; /* the lane's rows */
-            float cg[4][4], cu[4][4];
-            tc_row(cg, g, ra, rows, N, c, 0), tc_row(cu, u, ra, rows, N, c, 0);
-            tc_row(cg, g, rb, rows, N, c, 1), tc_row(cu, u, rb, rows, N, c, 1);
-            tc_glu_slab<R>(cg, cu, ag, au, sx[0], sx[1], i0, lane, ra, rows, N, c, act, o, gk, uk, ok, tg.xa != NULL,
-                           tu.xa != NULL);
-        }
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        const int64_t ra = ra0 + i0, rb = ra + 8; /* the lane's rows */
+        float cgu[2][4][4];
+        if constexpr (sizeof(G) == 2) ring_next<2>(ring, cgu, i0 / 16, r0, lane);
+        else
+            tc_row(cgu[0], g, ra, rows, N, c, 0), tc_row(cgu[1], u, ra, rows, N, c, 0),
+                tc_row(cgu[0], g, rb, rows, N, c, 1), tc_row(cgu[1], u, rb, rows, N, c, 1);
+        tc_glu_slab<R>(cgu[0], cgu[1], ag, au, sg, su, i0, lane, ra, rows, N, c, act, o, gk, uk, ok, tg.xa != NULL,
+                       tu.xa != NULL);
     }
 }
 
@@ -317,48 +373,49 @@ static __device__ __forceinline__ void tc_glu_bwd_slab(float (&cd)[4][4], float 
 /* The GLU's backward into bf16 gradients (glu_bwd's fresh 3) with the down projection's LoRA input gradient
  * added to dy first: dy' = dy + u A (u [rows, R] f32 from lora_bwd, A [R, N] the pair's), as k_glu_terms_tc
  * adds the forward's terms: the accumulators start from dy, A's fragments stay in registers.  From a bf16 dy
- * (the tape's, model.h mlp16) each lane has the next slab's loads in flight while it works on this one, as
- * k_glu_terms_tc: loaded at use, the 8B's step ran it at 2.5-2.7 TB/s (0.44-0.47 ms a layer; 0.36 so). */
+ * (the tape's, model.h mlp16) through the warps' rings.  Shared memory: tc_smem(R, 1, D bf16 ? 3 : 0). */
 template <int R, typename D>
 __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, __nv_bfloat16 *du, const D *dy,
                                                              const __nv_bfloat16 *g, const __nv_bfloat16 *u,
                                                              const float *ut, const float *a, int64_t rows, int64_t N,
                                                              int silu) {
-    __shared__ __align__(16) uint32_t sx[TC_ROWS * (R + 4)];
+    extern __shared__ __align__(16) uint4 tc_shared[];
+    uint32_t *sx = (uint32_t *)tc_shared;
     const int64_t r0 = (int64_t)blockIdx.y * TC_ROWS;
     const int nr = (int)(rows - r0 < TC_ROWS ? rows - r0 : TC_ROWS), lane = threadIdx.x & 31;
-    tc_stage<R>(sx, ut, r0, nr);
     const int64_t col0 = (int64_t)blockIdx.x * TERM_COLS + (threadIdx.x & ~31);
+    tc_ring<3> ring;
+    if constexpr (sizeof(D) == 2)
+        if (col0 < N) ring = ring_start<3>(tc_shared, TC_ROWS * (R + 4) / 4, {dy, g, u}, r0, r0 + nr, N, col0, lane);
+    tc_stage<R>(sx, ut, r0, nr);
     tc_term<R> at;
     if (col0 < N) at.load_b(a, 1.0f, col0, lane, N);
     __syncthreads();
     if (col0 >= N) return;
-    const int64_t c = col0 + 4 * (lane & 3), ra0 = r0 + (lane >> 2);
-    if constexpr (sizeof(D) == 2) {
-        tc_raw16 nx[6];
-        const auto fetch = [&](int64_t ra) {
-            nx[0] = tc_fetch16(dy, ra, rows, N, c), nx[1] = tc_fetch16(dy, ra + 8, rows, N, c);
-            nx[2] = tc_fetch16(g, ra, rows, N, c), nx[3] = tc_fetch16(g, ra + 8, rows, N, c);
-            nx[4] = tc_fetch16(u, ra, rows, N, c), nx[5] = tc_fetch16(u, ra + 8, rows, N, c);
-        };
-        fetch(ra0);
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const int64_t ra = ra0 + i0;
-            float cd[4][4], cg[4][4], cu[4][4];
-            tc_unpack16(cd, nx[0], 0), tc_unpack16(cd, nx[1], 1), tc_unpack16(cg, nx[2], 0), tc_unpack16(cg, nx[3], 1);
-            tc_unpack16(cu, nx[4], 0), tc_unpack16(cu, nx[5], 1);
-            if (i0 + 16 < nr) fetch(ra + 16);
-            tc_glu_bwd_slab<R>(cd, cg, cu, at, sx, i0, lane, ra, rows, N, c, silu, dg, du);
-        }
-    } else {
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const int64_t ra = ra0 + i0;
-            float cd[4][4], cg[4][4], cu[4][4];
+    const int64_t c = col0 + 4 * (lane & 3);
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        const int64_t ra = r0 + i0 + (lane >> 2), rb = ra + 8;
+        float cdgu[3][4][4]; /* dy, then gate and up, which become the gradients */
+        if constexpr (sizeof(D) == 2) ring_next<3>(ring, cdgu, i0 / 16, r0, lane);
+        else
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                tc_row(cd, dy, ra + 8 * h, rows, N, c, h), tc_row(cg, g, ra + 8 * h, rows, N, c, h),
-                    tc_row(cu, u, ra + 8 * h, rows, N, c, h);
-            tc_glu_bwd_slab<R>(cd, cg, cu, at, sx, i0, lane, ra, rows, N, c, silu, dg, du);
+                tc_row(cdgu[0], dy, h ? rb : ra, rows, N, c, h), tc_row(cdgu[1], g, h ? rb : ra, rows, N, c, h),
+                    tc_row(cdgu[2], u, h ? rb : ra, rows, N, c, h);
+        at.add(cdgu[0], sx, i0, lane);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float av, dav;
+                lmx_act_grad(cdgu[1][j][e], silu, &av, &dav);
+                cdgu[1][j][e] = cdgu[0][j][e] * cdgu[2][j][e] * dav, cdgu[2][j][e] = cdgu[0][j][e] * av;
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t e = (h ? rb : ra) * N + c;
+            if ((h ? rb : ra) >= rows) break;
+            tc_store8_bf16(dg + e, cdgu[1], h), tc_store8_bf16(du + e, cdgu[2], h);
         }
     }
 }
@@ -367,6 +424,16 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, 
  * columns, the grid's rows of blocks, every pointer (or-ed into ptrs) 16-byte aligned */
 static int tc_fits(int64_t R, int64_t N, int64_t rows, uintptr_t ptrs) {
     return (R == 8 || R == 16) && N % 32 == 0 && rows <= 65535LL * TC_ROWS && !(ptrs & 15);
+}
+
+/* k_glu_bwd_tc of rank R over dy of type D, with the shared memory it asks for */
+template <int R, typename D>
+static void glu_bwd_tc_go(cuda_backend *cb, dim3 grid, __nv_bfloat16 *dg, __nv_bfloat16 *du, const void *dy,
+                          const __nv_bfloat16 *g, const __nv_bfloat16 *u, const float *ut, const float *a, int64_t rows,
+                          int64_t N, int silu) {
+    const size_t sm = tc_smem(R, 1, sizeof(D) == 2 ? 3 : 0);
+    cudaFuncSetAttribute(k_glu_bwd_tc<R, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    k_glu_bwd_tc<R, D><<<grid, TERM_COLS, sm, cb->stream>>>(dg, du, (const D *)dy, g, u, ut, a, rows, N, silu);
 }
 
 lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
@@ -386,14 +453,12 @@ lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, 
     const int64_t rows = n / N;
     const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
     __nv_bfloat16 *g16 = (__nv_bfloat16 *)dgate->data, *u16 = (__nv_bfloat16 *)dup->data;
-    const float *d = (const float *)dy->data, *t = (const float *)ut[0].data, *a = (const float *)pairs[0]->a.data;
-    const __nv_bfloat16 *d16 = (const __nv_bfloat16 *)dy->data; /* the down projection's bf16 input gradient */
+    const float *t = (const float *)ut[0].data, *a = (const float *)pairs[0]->a.data;
     const __nv_bfloat16 *g = (const __nv_bfloat16 *)gate->data, *u = (const __nv_bfloat16 *)up->data;
-    const int silu = act == LMX_ACT_SILU, dy16 = dy->dtype == LMX_DTYPE_BF16;
-    if (R == 8 && dy16) k_glu_bwd_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d16, g, u, t, a, rows, N, silu);
-    else if (R == 8) k_glu_bwd_tc<8><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
-    else if (dy16) k_glu_bwd_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d16, g, u, t, a, rows, N, silu);
-    else k_glu_bwd_tc<16><<<grid, TERM_COLS, 0, cb->stream>>>(g16, u16, d, g, u, t, a, rows, N, silu);
+    const int silu = act == LMX_ACT_SILU, dy16 = dy->dtype == LMX_DTYPE_BF16; /* bf16: the tape's (model.h mlp16) */
+    const auto go = R == 8 ? (dy16 ? glu_bwd_tc_go<8, __nv_bfloat16> : glu_bwd_tc_go<8, float>)
+                           : (dy16 ? glu_bwd_tc_go<16, __nv_bfloat16> : glu_bwd_tc_go<16, float>);
+    go(cb, grid, g16, u16, dy->data, g, u, t, a, rows, N, silu);
     return cuda_check_launch(cb, "glu backward with a lora term");
 }
 
@@ -459,8 +524,10 @@ static lmx_status glu_terms_of(cuda_backend *cb, float *out, const G *gate, cons
     if (tc_fits(R, N, rows, (uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)gk | (uintptr_t)uk |
                                 (uintptr_t)ok)) {
         const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
-        if (R == 8) k_glu_terms_tc<8, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
-        else k_glu_terms_tc<16, G><<<grid, TERM_COLS, 0, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
+        const auto k = R == 8 ? k_glu_terms_tc<8, G> : k_glu_terms_tc<16, G>;
+        const size_t sm = tc_smem(R, 2, sizeof(G) == 2 ? 2 : 0);
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        k<<<grid, TERM_COLS, sm, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
         return cuda_check_launch(cb, "glu with lora terms");
     }
     const dim3 grid = term_grid(rows, N);
