@@ -194,10 +194,23 @@ static __device__ __forceinline__ void tc_store8(float *p, const float (&c)[4][4
     cuda_st4(p + 16, make_float4(c[2][2 * h], c[2][2 * h + 1], c[3][2 * h], c[3][2 * h + 1]));
 }
 
-/* the rows [r0, r0 + nr) of x [rows, R] as tf32 into sx (rows R + 4 apart), zeros to the next multiple of 16 */
+/* the rows [r0, r0 + nr) of x [rows, R] as tf32 into sx (rows R + 4 apart), zeros to TC_ROWS, by a block of
+ * TERM_COLS threads: four values a load (x 16-byte aligned: tc_fits), each thread's loads all out before its
+ * stores (a value a load in a loop left one load in flight a thread, the block waiting on each in turn) */
 template <int R> static __device__ __forceinline__ void tc_stage(uint32_t *sx, const float *x, int64_t r0, int nr) {
-    for (int i = threadIdx.x; i < ((nr + 15) & ~15) * R; i += blockDim.x)
-        sx[(i / R) * (R + 4) + i % R] = i < nr * R ? tf32_of(x[r0 * R + i]) : 0u;
+    constexpr int Q = R / 4, PER = TC_ROWS * Q / TERM_COLS; /* float4s a row, a thread's */
+    float4 v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int i = threadIdx.x + k * TERM_COLS, row = i / Q;
+        v[k] = row < nr ? *(const float4 *)(x + (r0 + row) * R + 4 * (i % Q)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int i = threadIdx.x + k * TERM_COLS;
+        *(uint4 *)(sx + (i / Q) * (R + 4) + 4 * (i % Q)) =
+            make_uint4(tf32_of(v[k].x), tf32_of(v[k].y), tf32_of(v[k].z), tf32_of(v[k].w));
+    }
 }
 
 /* ---- a warp's bf16 slabs through shared memory ----------------------------------------------------
@@ -445,7 +458,7 @@ lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, 
     const int64_t R = count == 1 ? pairs[0]->a.shape[0] : 0, N = count == 1 ? pairs[0]->a.shape[1] : 0;
     const int takes = count == 1 && N && n % N == 0 && lmx_tensor_nelem(&ut[0]) == n / N * R &&
                       tc_fits(R, N, n / N, (uintptr_t)dgate->data | (uintptr_t)dup->data | (uintptr_t)dy->data |
-                                               (uintptr_t)gate->data | (uintptr_t)up->data) &&
+                                               (uintptr_t)gate->data | (uintptr_t)up->data | (uintptr_t)ut[0].data) &&
                       dgate->dtype == LMX_DTYPE_BF16 && dup->dtype == LMX_DTYPE_BF16 &&
                       (dy->dtype == LMX_DTYPE_F32 || dy->dtype == LMX_DTYPE_BF16) &&
                       gate->dtype == LMX_DTYPE_BF16 && up->dtype == LMX_DTYPE_BF16;
