@@ -359,30 +359,6 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_terms_tc(float *o, __nv_bf
     }
 }
 
-/* One 16-row slab of k_glu_bwd_tc (rows ra and ra + 8 of the lane, from i0 of the block's): the term added to
- * dy's values cd, the GLU's gradients from gate's and up's cg, cu, the stores */
-template <int R>
-static __device__ __forceinline__ void tc_glu_bwd_slab(float (&cd)[4][4], float (&cg)[4][4], float (&cu)[4][4],
-                                                       const tc_term<R> &at, const uint32_t *sx, int i0, int lane,
-                                                       int64_t ra, int64_t rows, int64_t N, int64_t c, int silu,
-                                                       __nv_bfloat16 *dg, __nv_bfloat16 *du) {
-    at.add(cd, sx, i0, lane);
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) { /* cg, cu become the gradients */
-            float av, dav;
-            lmx_act_grad(cg[j][e], silu, &av, &dav);
-            cg[j][e] = cd[j][e] * cu[j][e] * dav, cu[j][e] = cd[j][e] * av;
-        }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int64_t row = ra + 8 * h, e = row * N + c;
-        if (row >= rows) break;
-        tc_store8_bf16(dg + e, cg, h), tc_store8_bf16(du + e, cu, h);
-    }
-}
-
 /* The GLU's backward into bf16 gradients (glu_bwd's fresh 3) with the down projection's LoRA input gradient
  * added to dy first: dy' = dy + u A (u [rows, R] f32 from lora_bwd, A [R, N] the pair's), as k_glu_terms_tc
  * adds the forward's terms: the accumulators start from dy, A's fragments stay in registers.  From a bf16 dy
@@ -419,7 +395,7 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, 
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e++) { /* gate's and up's values become their gradients */
                 float av, dav;
                 lmx_act_grad(cdgu[1][j][e], silu, &av, &dav);
                 cdgu[1][j][e] = cdgu[0][j][e] * cdgu[2][j][e] * dav, cdgu[2][j][e] = cdgu[0][j][e] * av;
