@@ -15,21 +15,7 @@
 #include "backend/backend.h"
 #include "base/half.h"
 #include "formats/ggml_types.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint32_t next_u32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
-static float next_f(void) { return (float)(next_u32() >> 8) / 16777216.0f - 0.5f; }
+#include "bench_util.h"
 
 /* The formats: bits 4 or 8 MLX (groups of 64), else gtype > 0 a GGUF block type, else bf16. */
 static const struct fmt { const char *name; int bits, gtype; } fmts[] = {
@@ -41,10 +27,11 @@ static void put_f16(uint8_t *p, float v) {
     memcpy(p, &h, 2);
 }
 
-/* A random [N, K] weight of format f; its bytes in *bytes.  GGUF blocks are random bytes with sane f16
- * scale fields.  The backend owns the uploaded copy until it is freed; the host copy is left to the
- * process's end. */
-static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t K, lmx_tensor *w, double *bytes) {
+/* A random [N, K] weight of format f (values from the xorshift64 state *rng); its bytes in *bytes.  GGUF blocks
+ * are random bytes with sane f16 scale fields.  The backend owns the uploaded copy until it is freed; the host
+ * copy is left to the process's end. */
+static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t K, lmx_tensor *w, double *bytes,
+                       uint64_t *rng) {
     memset(w, 0, sizeof *w);
     w->ndim = 2;
     w->shape[0] = N;
@@ -54,7 +41,7 @@ static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t 
         uint8_t *p = malloc(n);
         if (!p) return -1;
         for (size_t i = 0; i < n; i += 4) {
-            const uint32_t r = next_u32();
+            const uint32_t r = (uint32_t)(bench_xorshift64(rng) >> 32);
             memcpy(p + i, &r, n - i < 4 ? n - i : 4);
         }
         for (size_t b = 0; b < n / bb; b++) { /* d (and dmin) where each layout keeps them */
@@ -75,8 +62,8 @@ static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t 
         uint32_t *p = malloc((size_t)words * 4);
         uint16_t *s = malloc((size_t)groups * 2), *b = malloc((size_t)groups * 2);
         if (!p || !s || !b) return -1;
-        for (int64_t i = 0; i < words; i++) p[i] = next_u32();
-        for (int64_t i = 0; i < groups; i++) s[i] = lmx_f32_to_bf16(0.01f), b[i] = lmx_f32_to_bf16(0.02f * next_f());
+        for (int64_t i = 0; i < words; i++) p[i] = (uint32_t)(bench_xorshift64(rng) >> 32);
+        for (int64_t i = 0; i < groups; i++) s[i] = lmx_f32_to_bf16(0.01f), b[i] = lmx_f32_to_bf16(0.02f * bench_uniform(rng));
         w->dtype = LMX_DTYPE_U32;
         w->data = p;
         w->q = (lmx_quant){.bits = f->bits, .group = 64, .scale_dtype = LMX_DTYPE_BF16, .scales = s, .biases = b};
@@ -84,7 +71,7 @@ static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t 
     } else {
         uint16_t *p = malloc((size_t)(N * K) * 2);
         if (!p) return -1;
-        for (int64_t i = 0; i < N * K; i++) p[i] = lmx_f32_to_bf16(0.05f * next_f());
+        for (int64_t i = 0; i < N * K; i++) p[i] = lmx_f32_to_bf16(0.05f * bench_uniform(rng));
         w->dtype = LMX_DTYPE_BF16;
         w->data = p;
         *bytes = (double)N * K * 2;
@@ -94,13 +81,14 @@ static int make_weight(lmx_backend *be, const struct fmt *f, int64_t N, int64_t 
 
 int main(int argc, char **argv) {
 #ifndef LMX_HAVE_CUDA
-    (void)argc, (void)argv, (void)make_weight, (void)now_s, (void)fmts;
+    (void)argc, (void)argv, (void)make_weight, (void)fmts;
     printf("built without CUDA\n");
     return 0;
 #else
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     const char *only_fmt = argc > 4 ? argv[2] : NULL, *only_shape = argc > 4 ? argv[3] : NULL;
     const int only_m = argc > 4 ? atoi(argv[4]) : 0;
+    uint64_t rng = 88172645463325252ull; /* the random inputs' xorshift64 state */
     lmx_err err = {0};
     lmx_backend *be = NULL;
     if (lmx_cuda_device_count() == 0 || lmx_cuda_backend_create(&be, &err) != LMX_OK) {
@@ -118,7 +106,7 @@ int main(int argc, char **argv) {
                 continue;
             lmx_tensor w;
             double bytes;
-            if (make_weight(be, &fmts[f], shapes[s].N, shapes[s].K, &w, &bytes)) {
+            if (make_weight(be, &fmts[f], shapes[s].N, shapes[s].K, &w, &bytes, &rng)) {
                 printf("weight upload failed: %s\n", be->err.msg);
                 return 1;
             }
@@ -129,18 +117,18 @@ int main(int argc, char **argv) {
                 lmx_tensor y = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, shapes[s].N}};
                 if (be->ops->alloc(be, &x) || be->ops->alloc(be, &y)) return 1;
                 float *h = malloc((size_t)(M * shapes[s].K) * 4), probe;
-                for (int64_t k = 0; k < M * shapes[s].K; k++) h[k] = next_f();
+                for (int64_t k = 0; k < M * shapes[s].K; k++) h[k] = bench_uniform(&rng);
                 be->ops->write(be, &x, 0, h, (size_t)(M * shapes[s].K) * 4);
                 for (int r = 0; r < 3; r++) be->ops->matmul(be, &y, &x, &w, NULL, M);
                 be->ops->read(be, &y, 0, &probe, 4);
-                const double t0 = now_s();
+                const double t0 = bench_now_s();
                 for (int r = 0; r < reps; r++)
                     if (be->ops->matmul(be, &y, &x, &w, NULL, M) != LMX_OK) {
                         printf("matmul failed: %s\n", be->err.msg);
                         return 1;
                     }
                 be->ops->read(be, &y, 0, &probe, 4);
-                const double t = (now_s() - t0) / reps;
+                const double t = (bench_now_s() - t0) / reps;
                 printf("%-6s %-8s %7lld %6lld %3d %10.1f %8.0f\n", fmts[f].name, shapes[s].name,
                        (long long)shapes[s].N, (long long)shapes[s].K, M, t * 1e6, bytes / t * 1e-9);
                 be->ops->release(be, &x);
@@ -155,9 +143,9 @@ int main(int argc, char **argv) {
         const size_t n = (size_t)M * 128256 * 4;
         float *h = malloc(n);
         be->ops->read(be, &y, 0, h, n);
-        const double t0 = now_s();
+        const double t0 = bench_now_s();
         for (int r = 0; r < 10; r++) be->ops->read(be, &y, 0, h, n);
-        const double t = (now_s() - t0) / 10;
+        const double t = (bench_now_s() - t0) / 10;
         printf("read logits of %2d rows (%5.1f MB): %7.1f us, %5.1f GB/s\n", M, n / 1e6, t * 1e6, n / t * 1e-9);
         be->ops->release(be, &y);
         free(h);

@@ -33,6 +33,7 @@
 #include "base/half.h"
 #include "formats/safetensors.h"
 #include "lmx.h"
+#include "bench_util.h"
 
 #define SEED 0x9e3779b97f4a7c15ull
 #define SHARD_BYTES_MAX (512ll << 20) /* layers are grouped into shards of at most this size */
@@ -101,21 +102,6 @@ static int64_t layer_bytes(const arch_spec *a) {
 }
 
 /* ---- small helpers ------------------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t xorshift64(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
 
 static char *path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -271,13 +257,13 @@ static void make_value_table(uint16_t *table) {
 static void fill_random(uint16_t *dst, int64_t n, const uint16_t *table, uint64_t *rng) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        uint64_t r = xorshift64(rng);
+        uint64_t r = bench_xorshift64(rng);
         dst[i] = table[r & 0xffff];
         dst[i + 1] = table[(r >> 16) & 0xffff];
         dst[i + 2] = table[(r >> 32) & 0xffff];
         dst[i + 3] = table[r >> 48];
     }
-    for (; i < n; i++) dst[i] = table[xorshift64(rng) & 0xffff];
+    for (; i < n; i++) dst[i] = table[bench_xorshift64(rng) & 0xffff];
 }
 
 typedef struct pending_tensor {
@@ -405,7 +391,7 @@ static int ensure_model(const char *dir, const arch_spec *a, int *reused, double
     }
     unlink(cfg_path); /* written last: absent until the weights are complete */
 
-    double t0 = now_s();
+    double t0 = bench_now_s();
     uint16_t *table = malloc(65536 * sizeof *table);
     if (!table) {
         fprintf(stderr, "bench_decode: out of memory\n");
@@ -455,7 +441,7 @@ static int ensure_model(const char *dir, const arch_spec *a, int *reused, double
         free(fin.p);
     }
     free(idx.p);
-    *write_s = now_s() - t0;
+    *write_s = bench_now_s() - t0;
     rc = ok ? 0 : -1;
 done:
     free(cfg);
@@ -509,7 +495,7 @@ static double bw_measure(char *dst, const char *src, size_t n, int threads, int 
     double best = 0;
     for (int r = 0; r < BW_REPS; r++) {
         size_t per = n / (size_t)threads / 64 * 64;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         int started = 0;
         for (int t = 0; t < threads; t++) {
             size_t off = per * (size_t)t;
@@ -522,7 +508,7 @@ static double bw_measure(char *dst, const char *src, size_t n, int threads, int 
         bw_worker(&jobs[0]);
         for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
         for (int t = started + 1; t < threads; t++) bw_worker(&jobs[t]); /* threads that failed to start */
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         for (int t = 0; t < threads; t++) sink += jobs[t].sum;
         double gbs = (double)n * (copy ? 2.0 : 1.0) / dt / 1e9;
         if (gbs > best) best = gbs;
@@ -709,12 +695,12 @@ int main(int argc, char **argv) {
     lmx_load_params lp = lmx_load_default_params();
     lp.backend = "cpu";
     lp.n_threads = n_threads;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (lmx_model_load(dir, &lp, &m) != LMX_OK) {
         fprintf(stderr, "bench_decode: load %s: %s\n", dir, lmx_last_error(NULL));
         goto cleanup;
     }
-    double load_s = now_s() - t0;
+    double load_s = bench_now_s() - t0;
     lmx_model_info info;
     if (lmx_model_get_info(m, &info) != LMX_OK) {
         fprintf(stderr, "bench_decode: lmx_model_get_info failed\n");
@@ -733,33 +719,33 @@ int main(int argc, char **argv) {
         goto cleanup;
     }
     uint64_t rng = 0x2545f4914f6cdd1dull;
-    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(xorshift64(&rng) % (uint64_t)V);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(bench_xorshift64(&rng) % (uint64_t)V);
 
     /* prefill: cold (first touch of the mapped weights), then warm after a reset */
-    t0 = now_s();
+    t0 = bench_now_s();
     if (lmx_context_eval(ctx, prompt, n_prompt, logits, 0) != LMX_OK) {
         fprintf(stderr, "bench_decode: prefill: %s\n", lmx_last_error(m));
         goto cleanup;
     }
-    double prefill_cold_s = now_s() - t0;
+    double prefill_cold_s = bench_now_s() - t0;
     lmx_context_reset(ctx);
-    t0 = now_s();
+    t0 = bench_now_s();
     if (lmx_context_eval(ctx, prompt, n_prompt, logits, 0) != LMX_OK) {
         fprintf(stderr, "bench_decode: prefill: %s\n", lmx_last_error(m));
         goto cleanup;
     }
-    double prefill_s = now_s() - t0;
+    double prefill_s = bench_now_s() - t0;
 
     /* decode greedily, one token per call */
     int32_t tok = argmax(logits, V);
     double decode_total = 0;
     for (int i = 0; i < n_tokens; i++) {
-        t0 = now_s();
+        t0 = bench_now_s();
         if (lmx_context_eval(ctx, &tok, 1, logits, 0) != LMX_OK) {
             fprintf(stderr, "bench_decode: decode step %d: %s\n", i, lmx_last_error(m));
             goto cleanup;
         }
-        lat[i] = now_s() - t0;
+        lat[i] = bench_now_s() - t0;
         decode_total += lat[i];
         tok = argmax(logits, V);
     }

@@ -5,12 +5,7 @@
 #include <time.h>
 
 #include "backend/cpu/gemm.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
 #if defined(LMX_HAVE_X86_SIMD)
@@ -24,13 +19,13 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < N * K; i++) w[i] = (float)(i % 7) - 3.0f;
     double best = 1e30, bp = 1e30, bw = 1e30;
     for (int r = 0; r < reps; r++) {
-        double a = now_s();
+        double a = bench_now_s();
         lmx_gemm_pack_x_avx512(x, K, M, K, 0, (M + 15) / 16, xp);
-        double b = now_s();
+        double b = bench_now_s();
         for (int j = 0; j < N; j++) lmx_gemm_pack_w_row_avx512(w + j * K, K, j, N, wp);
-        double c = now_s();
+        double c = bench_now_s();
         lmx_gemm_run_avx512(xp, M, K, wp, N, y, N);
-        double d = now_s();
+        double d = bench_now_s();
         if (d - c < best) best = d - c;
         if (b - a < bp) bp = b - a;
         if (c - b < bw) bw = c - b;

@@ -9,12 +9,7 @@
 #include <time.h>
 
 #include "backend/cpu/ggml_quant.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     int64_t N = argc > 1 ? atoll(argv[1]) : 1536, K = argc > 2 ? atoll(argv[2]) : 576;
@@ -50,11 +45,11 @@ int main(int argc, char **argv) {
                 }
         double best = 1e30, bestd = 1e30;
         for (int r = 0; r < reps; r++) {
-            double a = now_s();
+            double a = bench_now_s();
             lmx_ggml_matvec(type, w, K, 0, N, x, y);
-            double b = now_s();
+            double b = bench_now_s();
             for (int64_t n = 0; n < N; n++) lmx_ggml_dequant_row(type, w + (size_t)n * rb, K, row);
-            double c = now_s();
+            double c = bench_now_s();
             if (b - a < best) best = b - a;
             if (c - b < bestd) bestd = c - b;
         }

@@ -19,24 +19,12 @@
 #include "backend/backend.h"
 #include "backend/backward.h"
 #include "base/half.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static float next_f(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)(rng >> 40) / 16777216.0f - 0.5f;
-}
+#include "bench_util.h"
 
 /* the tensors made on the backend, released at the end */
 typedef struct pool {
     lmx_backend *be;
+    uint64_t rng; /* the random values' xorshift64 state */
     lmx_tensor t[16];
     int n;
 } pool;
@@ -55,7 +43,7 @@ static lmx_tensor *make(pool *p, lmx_dtype dt, int64_t rows, int64_t cols, float
     }
     p->n++;
     for (size_t i = 0; i < n; i++) {
-        const float v = amp * next_f();
+        const float v = amp * bench_uniform(&p->rng);
         if (es == 2) ((uint16_t *)h)[i] = lmx_f32_to_bf16(v);
         else ((float *)h)[i] = v;
     }
@@ -71,11 +59,11 @@ static lmx_tensor *make(pool *p, lmx_dtype dt, int64_t rows, int64_t cols, float
         for (int r_ = 0; r_ < 3; r_++)                                                                                \
             if ((call) != LMX_OK) goto failed;                                                                        \
         be->ops->read(be, probe, 0, &v_, 4);                                                                          \
-        const double t0_ = now_s();                                                                                   \
+        const double t0_ = bench_now_s();                                                                                   \
         for (int r_ = 0; r_ < (reps); r_++)                                                                           \
             if ((call) != LMX_OK) goto failed;                                                                        \
         be->ops->read(be, probe, 0, &v_, 4);                                                                          \
-        secs = (now_s() - t0_) / (reps);                                                                              \
+        secs = (bench_now_s() - t0_) / (reps);                                                                              \
     } while (0)
 
 int main(int argc, char **argv) {
@@ -94,7 +82,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const lmx_backward_ops *bw = &lmx_cuda_backward;
-    pool pl = {.be = be};
+    pool pl = {.be = be, .rng = 88172645463325252ull};
     lmx_tensor *g = make(&pl, LMX_DTYPE_BF16, rows, N, 8.0f), *u = make(&pl, LMX_DTYPE_BF16, rows, N, 8.0f);
     lmx_tensor *gk = make(&pl, LMX_DTYPE_BF16, rows, N, 0), *uk = make(&pl, LMX_DTYPE_BF16, rows, N, 0);
     lmx_tensor *ok = make(&pl, LMX_DTYPE_BF16, rows, N, 0), *dy = make(&pl, LMX_DTYPE_BF16, rows, N, 1.0f);

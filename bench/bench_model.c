@@ -11,12 +11,7 @@
 #include <time.h>
 
 #include "lmx.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 static int32_t argmax(const float *v, int n) {
     int32_t b = 0;
@@ -48,12 +43,12 @@ int main(int argc, char **argv) {
     lmx_load_params lp = lmx_load_default_params();
     lp.n_threads = threads;
     lmx_model *m = NULL;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (lmx_model_load(path, &lp, &m) != LMX_OK) {
         fprintf(stderr, "bench_model: %s\n", lmx_last_error(NULL));
         return 1;
     }
-    double load_s = now_s() - t0;
+    double load_s = bench_now_s() - t0;
     lmx_model_info in;
     lmx_model_get_info(m, &in);
     int32_t *ids = malloc((size_t)prompt * sizeof *ids);
@@ -66,17 +61,17 @@ int main(int argc, char **argv) {
     double best = 1e30;
     for (int r = 0; r <= reps; r++) { /* r == 0 warms up */
         lmx_context_reset(c);
-        double a = now_s();
+        double a = bench_now_s();
         if (lmx_context_eval(c, ids, prompt, logits, 0) != LMX_OK) goto fail;
-        double dt = now_s() - a;
+        double dt = bench_now_s() - a;
         if (r > 0 && dt < best) best = dt;
     }
     double decode_s = 0;
     int32_t next = argmax(logits, in.vocab_size);
     for (int g = 0; g < tokens; g++) {
-        double a = now_s();
+        double a = bench_now_s();
         if (lmx_context_eval(c, &next, 1, logits, 0) != LMX_OK) goto fail;
-        decode_s += now_s() - a;
+        decode_s += bench_now_s() - a;
         next = argmax(logits, in.vocab_size);
     }
     double pp = prompt / best, tg = tokens / decode_s;

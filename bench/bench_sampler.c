@@ -12,12 +12,7 @@
 #include <time.h>
 
 #include "runtime/sampler.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     const int V = argc > 1 ? atoi(argv[1]) : 151936, reps = argc > 2 ? atoi(argv[2]) : 20;
@@ -42,9 +37,9 @@ int main(int argc, char **argv) {
         double t = 0;
         for (int r = 0; r < reps; r++) {
             for (int i = 0; i < V; i++) work[i] = logits[i];
-            const double t0 = now_s();
+            const double t0 = bench_now_s();
             sum += lmx_sampler_sample(&s, &p, &rng, work, NULL, 0);
-            t += now_s() - t0;
+            t += bench_now_s() - t0;
         }
         printf("V %d, temperature %.1f: %.3f ms a sample (ids drawn sum to %ld)\n", V, temps[ti], 1e3 * t / reps, sum);
     }

@@ -16,12 +16,7 @@
 
 #include "base/fileio.h"
 #include "tokenizer/tokenizer.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_util.h"
 
 typedef struct strs {
     char **v;
@@ -147,18 +142,18 @@ int main(int argc, char **argv) {
         double best = 1e9;
         for (int r = 0; r < 3; r++) {
             lmx_tokenizer *t = NULL;
-            double t0 = now_s();
+            double t0 = bench_now_s();
             if (lmx_tok_load(path, &t, &err)) {
                 fprintf(stderr, "bench_tokenizer: %s\n", err.msg);
                 return 1;
             }
-            double dt = now_s() - t0;
+            double dt = bench_now_s() - t0;
             if (dt < best) best = dt;
             if (tok) lmx_tok_free(t);
             else tok = t;
         }
         lmx_tok_ids ids = {0};
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (size_t i = 0; i < docs.n; i++) {
             ids.n = 0;
             if (lmx_tok_encode_into(tok, docs.v[i], docs.len[i], 0, &ids, &err)) {
@@ -166,7 +161,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-        double enc = now_s() - t0;
+        double enc = bench_now_s() - t0;
         /* token count and decode time, in a second pass */
         size_t ntok = 0;
         double dec = 0;
@@ -176,9 +171,9 @@ int main(int argc, char **argv) {
             ntok += ids.n;
             char *out = NULL;
             size_t ol;
-            double d0 = now_s();
+            double d0 = bench_now_s();
             lmx_tok_decode(tok, ids.ids, ids.n, 0, &out, &ol, &err);
-            dec += now_s() - d0;
+            dec += bench_now_s() - d0;
             free(out);
         }
         printf("%-8s %10.3f %12.2f %14.0f %12.2f\n", names[k], best, (double)bytes / 1e6 / enc,
