@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "../act_grad.h"
 #include "../backend.h"
 #include "../../formats/ggml_types.h"
 }
@@ -585,13 +586,11 @@ static __device__ __forceinline__ float cuda_moe_sum(float s, const float *y, co
     return s;
 }
 
-/* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU.  SiLU with
- * the hardware's approximate exp and division (act_grad.h's lmx_sigmoid says why; a / (1 + e^-a) -> 0 as
- * a -> -inf, __fdividef's 0 for denominators past 2^126 included) */
+/* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU; SiLU as
+ * a sigmoid(a) with act_grad.h's lmx_sigmoid, the training ops' */
 static __device__ __forceinline__ float glu_act(float a, int act) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return act == LMX_ACT_SILU ? __fdividef(a, 1.0f + __expf(-a))
-                               : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+    return act == LMX_ACT_SILU ? a * lmx_sigmoid(a) : 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
 }
 
 /* 1 / rms of a row of K values + eps folded in, from each thread's sum of squares, by a block of 256
