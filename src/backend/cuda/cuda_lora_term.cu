@@ -225,11 +225,6 @@ template <int R> static __device__ __forceinline__ void tc_stage(uint32_t *sx, c
 
 static __device__ __forceinline__ int ring_chunk(int r, int k) { return r * 4 + (k ^ (r & 2)); }
 
-/* cp.async of 16 bytes, zeros where bytes is 0 */
-static __device__ __forceinline__ void ring_cp16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
 template <int M> struct tc_ring {
     uint4 *st;                /* this warp's RING_STAGES stages of M slabs of 64 chunks */
     const __nv_bfloat16 *m[M]; /* the matrices [rows, N] */
@@ -244,7 +239,7 @@ template <int M> struct tc_ring {
                 const int in = row < end;
 #pragma unroll
                 for (int i = 0; i < M; i++)
-                    ring_cp16(smem_addr(st + (stage * M + i) * 64 + ring_chunk(r, k)),
+                    cp_async16_or_zeros(smem_addr(st + (stage * M + i) * 64 + ring_chunk(r, k)),
                               m[i] + (in ? row : 0) * N + col0 + 8 * k, in ? 16 : 0);
             }
         cp_async_commit();
