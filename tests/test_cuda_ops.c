@@ -364,7 +364,8 @@ static void test_elementwise(void) {
     }
 }
 
-/* T = 5: a thread per head; T = 1100: enough (row, dim pair)s that a thread takes every head */
+/* T = 5: the angles computed by each thread, a thread per head; T = 1100: enough (row, dim pair)s for the
+ * launches to share a table of the angles (cuda_rope_angles), made again for each rotation */
 static void test_rope(void) {
     for (int T = 5; T <= 1100; T += 1095) {
         int n_past[3] = {0, 7, 3000}, n_new[3] = {T, 2, T - 1};

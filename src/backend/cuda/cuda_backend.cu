@@ -476,6 +476,7 @@ static void cuda_destroy(lmx_backend *be) {
     for (int i = 0; i < cb->n_host_weights; i++) cudaFreeHost(cb->host_weights[i]);
     free(cb->host_weights);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
+    cuda_rope_angles_free(cb);
     if (cb->topk_host) cudaFreeHost(cb->topk_host);
     if (cb->stream) cudaStreamSynchronize(cb->stream); /* the frees before the pool goes */
     if (cb->blas) cublasDestroy(cb->blas);

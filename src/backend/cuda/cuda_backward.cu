@@ -321,13 +321,14 @@ typedef struct rope_bwd_arg {
 
 /* O f32: dx += R^T dy (a.add; else written); O bf16: dx = R^T dy rounded.  Written: every value (padding rows:
  * zeros).  One thread per (row, dim pair, run of hpt heads), and per (row, dim past rot, run) for the
- * pass-through. */
+ * pass-through; the angles from cs [B*T][half] (cuda_rope_angles), or computed (cs NULL). */
 template <typename O> static __device__ __forceinline__ void rope_put(O *p, float v, int add) {
     if constexpr (sizeof(O) == 2) *p = __float2bfloat16(v);
     else *p = add ? *p + v : v;
 }
 template <typename O>
-__global__ void k_rope_bwd(O *dx, const float *dy, const rope_bwd_arg a) {
+__global__ void k_rope_bwd(O *__restrict__ dx, const float *__restrict__ dy, const float2 *__restrict__ cs,
+                           const rope_bwd_arg a) {
     const int rest = a.hd - a.rot, per = a.half + rest, runs = (a.nh + a.hpt - 1) / a.hpt;
     const int64_t total = (int64_t)a.B * a.T * runs * per;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
@@ -351,15 +352,69 @@ __global__ void k_rope_bwd(O *dx, const float *dy, const rope_bwd_arg a) {
                 rope_put(dx + off0 + (int64_t)h * a.hd + ia, dy[off0 + (int64_t)h * a.hd + ia], a.add);
             continue;
         }
-        double sd, cd;
-        sincos((double)(a.n_past[b] + t) * (double)a.inv_freq[i], &sd, &cd);
-        const float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
-        for (int h = h0; h < h1; h++) {
-            const int64_t off = off0 + (int64_t)h * a.hd;
-            const float ya = dy[off + ia], yb = dy[off + ib];
-            rope_put(dx + off + ia, ya * c + yb * s, a.add);
-            rope_put(dx + off + ib, yb * c - ya * s, a.add);
+        float c, s;
+        if (cs) {
+            const float2 v = cs[row * a.half + i];
+            c = v.x, s = v.y;
+        } else {
+            double sd, cd;
+            sincos((double)(a.n_past[b] + t) * (double)a.inv_freq[i], &sd, &cd);
+            c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
         }
+        for (int h = h0; h < h1; h += CUDA_ROPE_BATCH) { /* the batch's loads first, all in flight */
+            float ya[CUDA_ROPE_BATCH], yb[CUDA_ROPE_BATCH];
+#pragma unroll
+            for (int k = 0; k < CUDA_ROPE_BATCH; k++)
+                if (h + k < h1) {
+                    const int64_t off = off0 + (int64_t)(h + k) * a.hd;
+                    ya[k] = dy[off + ia], yb[k] = dy[off + ib];
+                }
+#pragma unroll
+            for (int k = 0; k < CUDA_ROPE_BATCH; k++)
+                if (h + k < h1) {
+                    const int64_t off = off0 + (int64_t)(h + k) * a.hd;
+                    rope_put(dx + off + ia, ya[k] * c + yb[k] * s, a.add);
+                    rope_put(dx + off + ib, yb[k] * c - ya[k] * s, a.add);
+                }
+        }
+    }
+}
+
+/* k_rope_bwd over a table of angles cs [B*T][half] where rot = hd, not interleaved, four-value pieces
+ * (cuda_rope_vec_grid: as k_rope_vec) */
+template <typename O> static __device__ __forceinline__ void rope_put4(O *p, float4 v, int add) {
+    if constexpr (sizeof(O) == 2) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        *(uint2 *)p = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+    } else {
+        if (add) {
+            const float4 o = *(const float4 *)p;
+            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+        }
+        *(float4 *)p = v;
+    }
+}
+template <typename O>
+__global__ void k_rope_bwd_vec(O *__restrict__ dx, const float *__restrict__ dy, const float2 *__restrict__ cs,
+                               const rope_bwd_arg a) {
+    const int q4 = a.half / 4, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.nh * q4) return;
+    const int h = i / q4, j = 4 * (i % q4);
+    for (int64_t row = blockIdx.y; row < (int64_t)a.B * a.T; row += gridDim.y) {
+        const int64_t off = (row * a.nh + h) * a.hd + j;
+        if (row % a.T >= a.n_new[row / a.T]) { /* padding: no gradient */
+            if (sizeof(O) == 2 || !a.add) rope_put4(dx + off, make_float4(0, 0, 0, 0), 0), rope_put4(dx + off + a.half, make_float4(0, 0, 0, 0), 0);
+            continue;
+        }
+        const float4 ya = __ldg((const float4 *)(dy + off)), yb = __ldg((const float4 *)(dy + off + a.half));
+        const float4 c01 = __ldg((const float4 *)(cs + row * a.half + j)), c23 = __ldg((const float4 *)(cs + row * a.half + j + 2));
+        const float c[4] = {c01.x, c01.z, c23.x, c23.z}, s[4] = {c01.y, c01.w, c23.y, c23.w};
+        const float pa[4] = {ya.x, ya.y, ya.z, ya.w}, pb[4] = {yb.x, yb.y, yb.z, yb.w};
+        float oa[4], ob[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) oa[k] = pa[k] * c[k] + pb[k] * s[k], ob[k] = pb[k] * c[k] - pa[k] * s[k];
+        rope_put4(dx + off, make_float4(oa[0], oa[1], oa[2], oa[3]), a.add);
+        rope_put4(dx + off + a.half, make_float4(ob[0], ob[1], ob[2], ob[3]), a.add);
     }
 }
 
@@ -372,6 +427,9 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
     const int half = rope->rot_dim / 2, o16 = dx->dtype == LMX_DTYPE_BF16;
     if (half > CUDA_ROPE_MAX || rope->rot_dim > hd)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope backward over %d dims", rope->rot_dim);
+    const float2 *cs = cuda_rope_angles(cb, bt, rope);
+    const int vec = cs && !rope->interleaved && 2 * half == hd && half % 4 == 0 &&
+                    !((uintptr_t)dx->data & (o16 ? 7 : 15)) && !((uintptr_t)dy->data & 15);
     rope_bwd_arg a;
     a.T = bt->T, a.nh = nh, a.hd = hd, a.half = half, a.rot = 2 * half, a.interleaved = rope->interleaved;
     a.attn_factor = rope->attn_factor, a.add = !(fresh & 1);
@@ -379,11 +437,22 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
     for (int b0 = 0; b0 < bt->B; b0 += CUDA_SEQ_MAX) {
         a.B = bt->B - b0 < CUDA_SEQ_MAX ? bt->B - b0 : CUDA_SEQ_MAX;
         for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b], a.n_new[b] = bt->n_new[b0 + b];
-        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
+        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh, cs != NULL);
         const int64_t off = (int64_t)b0 * bt->T * nh * hd;
+        const float2 *csb = cs ? cs + (int64_t)b0 * bt->T * half : NULL;
+        if (vec) {
+            dim3 block, vg = cuda_rope_vec_grid((int64_t)a.B * a.T, nh, half, &block);
+            if (o16)
+                k_rope_bwd_vec<<<vg, block, 0, cb->stream>>>((__nv_bfloat16 *)dx->data + off, (const float *)dy->data + off,
+                                                             csb, a);
+            else k_rope_bwd_vec<<<vg, block, 0, cb->stream>>>((float *)dx->data + off, (const float *)dy->data + off, csb, a);
+            if ((st = cuda_check_launch(cb, "rope backward"))) return st;
+            continue;
+        }
         const unsigned grid = cuda_ew_grid((int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * (hd - half));
-        if (o16) k_rope_bwd<<<grid, 256, 0, cb->stream>>>((__nv_bfloat16 *)dx->data + off, (const float *)dy->data + off, a);
-        else k_rope_bwd<<<grid, 256, 0, cb->stream>>>((float *)dx->data + off, (const float *)dy->data + off, a);
+        if (o16)
+            k_rope_bwd<<<grid, 256, 0, cb->stream>>>((__nv_bfloat16 *)dx->data + off, (const float *)dy->data + off, csb, a);
+        else k_rope_bwd<<<grid, 256, 0, cb->stream>>>((float *)dx->data + off, (const float *)dy->data + off, csb, a);
         if ((st = cuda_check_launch(cb, "rope backward"))) return st;
     }
     return LMX_OK;

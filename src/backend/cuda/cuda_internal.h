@@ -113,6 +113,14 @@ typedef struct cuda_backend {
     cudaEvent_t fork, join;  /* its fork from and join into cb->stream (cuda_lora_group stages) */
     struct cuda_park *park;  /* training's checkpoints through host memory (offload / reload, cuda_keep.cu):
                                 made at the first offload */
+    struct {                 /* RoPE's angles of the last large launch's rows, which the launches after it with the
+                                same rows and rotation share (cuda_rope_angles) */
+        float2 *cs;          /* device [B * T][half]: attn_factor (cos, sin) of (n_past[b] + t) inv_freq[i] */
+        size_t cap;          /* float2s allocated */
+        int valid, B, T, half, np_cap;
+        float attn_factor, inv_freq[CUDA_ROPE_MAX];
+        int *n_past;         /* host [np_cap]: the rows' positions the table holds */
+    } rope;
 } cuda_backend;
 
 /* Turn a CUDA error into an lmx status with "cuda: <message> in <what>" (NOMEM for allocations). */
@@ -658,9 +666,27 @@ static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const f
 
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
-/* RoPE's heads per thread for rows * half (row, i) pairs over nh heads (k_rope, k_rope_bwd): all of them
- * where the pairs alone fill the GPU, so that each angle's sin and cos is computed once; else one. */
-static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh) { return pairs >= 32768 ? nh : 1; }
+/* RoPE's heads per thread for rows * half (row, i) pairs over nh heads (k_rope, k_rope_bwd).  Computing its
+ * angles (a sin and cos in double precision), a thread takes all heads where the pairs alone fill the GPU (one
+ * angle for them all), else one.  With the angles given (cuda_rope_angles), enough runs of heads for about 2M
+ * threads (a training step's 8,192 rows of 64 pairs: four runs of q's 32 heads).  The kernels load
+ * CUDA_ROPE_BATCH heads' values at once. */
+#define CUDA_ROPE_BATCH 4
+static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh, int angles_given) {
+    if (!angles_given) return pairs >= 32768 ? nh : 1;
+    const int64_t want = (int64_t)1 << 21, p = pairs > 0 ? pairs : 1;
+    int64_t runs = (want + p - 1) / p;
+    if (runs > nh) runs = nh;
+    return (int)((nh + runs - 1) / runs);
+}
+/* Where RoPE over batch bt's rows is large (pairs >= 32768, not while a decode graph captures): the device table
+ * [B * T][half] of attn_factor (cos, sin) of each row's angles, made where the last one was not of these rows and
+ * rotation (cuda_ops.cu); NULL: not taken (the kernels compute the angles themselves). */
+const float2 *cuda_rope_angles(cuda_backend *cb, const lmx_batch *bt, const lmx_rope *rope);
+void cuda_rope_angles_free(cuda_backend *cb);
+/* The grid and block of the RoPE kernels over a table of angles and four-value pieces (cuda_ops.cu
+ * k_rope_vec, cuda_backward.cu k_rope_bwd_vec): a block row a row of x [rows, nh * 2 half] */
+dim3 cuda_rope_vec_grid(int64_t rows, int nh, int half, dim3 *block);
 
 /* Blocks of 256 threads for a grid-stride loop over n elements (at least 1, at most 65535 * 4). */
 static inline unsigned cuda_ew_grid(int64_t n) {

@@ -228,9 +228,76 @@ typedef struct rope_arg {
     const int *dyn;          /* non-NULL: n_past / n_new from this device array */
 } rope_arg;
 
+/* cs [B*T][half] = attn_factor (cos, sin) of each row's angles (rows of this launch's sequences) */
+__global__ void k_rope_angles(float2 *cs, const rope_arg a) {
+    const int64_t total = (int64_t)a.B * a.T * a.half;
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(g % a.half);
+        const int64_t row = g / a.half;
+        double sd, cd;
+        sincos((double)(a.n_past[row / a.T] + row % a.T) * (double)a.inv_freq[i], &sd, &cd);
+        cs[g] = make_float2((float)cd * a.attn_factor, (float)sd * a.attn_factor);
+    }
+}
+
+void cuda_rope_angles_free(cuda_backend *cb) {
+    if (cb->rope.cs) {
+        cudaFreeAsync(cb->rope.cs, cb->stream);
+        lmx_backend_mem(&cb->base, -(int64_t)(cb->rope.cap * sizeof(float2)));
+    }
+    free(cb->rope.n_past);
+    memset(&cb->rope, 0, sizeof cb->rope);
+}
+
+const float2 *cuda_rope_angles(cuda_backend *cb, const lmx_batch *bt, const lmx_rope *rope) {
+    const int half = rope->rot_dim / 2, B = bt->B, T = bt->T;
+    const size_t n = (size_t)B * T * half;
+    if (cb->dyn_on || n < 32768 || half > CUDA_ROPE_MAX) return NULL;
+    if (cb->rope.valid && cb->rope.B == B && cb->rope.T == T && cb->rope.half == half &&
+        cb->rope.attn_factor == rope->attn_factor && !memcmp(cb->rope.inv_freq, rope->inv_freq, half * sizeof(float)) &&
+        !memcmp(cb->rope.n_past, bt->n_past, (size_t)B * sizeof(int)))
+        return cb->rope.cs;
+    cb->rope.valid = 0;
+    if (B > cb->rope.np_cap) {
+        int *np = (int *)realloc(cb->rope.n_past, (size_t)B * sizeof(int));
+        if (!np) return NULL;
+        cb->rope.n_past = np, cb->rope.np_cap = B;
+    }
+    if (n > cb->rope.cap) { /* grown; no room: the kernels compute the angles themselves */
+        int *np = cb->rope.n_past;
+        const int np_cap = cb->rope.np_cap;
+        cb->rope.n_past = NULL;
+        cuda_rope_angles_free(cb);
+        cb->rope.n_past = np, cb->rope.np_cap = np_cap;
+        void *p = NULL;
+        if (!lmx_backend_mem_fits(&cb->base, (int64_t)(n * sizeof(float2))) ||
+            cudaMallocFromPoolAsync(&p, n * sizeof(float2), cb->pool, cb->stream) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        cb->rope.cs = (float2 *)p, cb->rope.cap = n;
+        lmx_backend_mem(&cb->base, (int64_t)(n * sizeof(float2)));
+    }
+    rope_arg a;
+    a.T = T, a.half = half, a.attn_factor = rope->attn_factor;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = rope->inv_freq[i];
+    for (int b0 = 0; b0 < B; b0 += CUDA_SEQ_MAX) {
+        a.B = B - b0 < CUDA_SEQ_MAX ? B - b0 : CUDA_SEQ_MAX;
+        for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b];
+        const int64_t total = (int64_t)a.B * T * half;
+        k_rope_angles<<<cuda_ew_grid(total), 256, 0, cb->stream>>>(cb->rope.cs + (size_t)b0 * T * half, a);
+        if (cudaGetLastError() != cudaSuccess) return NULL;
+    }
+    memcpy(cb->rope.n_past, bt->n_past, (size_t)B * sizeof(int));
+    memcpy(cb->rope.inv_freq, rope->inv_freq, half * sizeof(float));
+    cb->rope.B = B, cb->rope.T = T, cb->rope.half = half, cb->rope.attn_factor = rope->attn_factor;
+    cb->rope.valid = 1;
+    return cb->rope.cs;
+}
+
 /* x [B*T, nh*hd] (x already offset to this launch's first sequence): one thread per (row, i, run of hpt
- * heads). */
-__global__ void k_rope(float *x, const rope_arg a) {
+ * heads); the angles from cs [B*T][half] (cuda_rope_angles), or computed (cs NULL). */
+__global__ void k_rope(float *x, const float2 *cs, const rope_arg a) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
     const int runs = (a.nh + a.hpt - 1) / a.hpt;
@@ -241,17 +308,59 @@ __global__ void k_rope(float *x, const rope_arg a) {
         const int b = (int)(row / a.T), t = (int)(row % a.T);
         const int np = a.dyn ? a.dyn[CUDA_DYN_PAST + b] : a.n_past[b], nn = a.dyn ? a.dyn[CUDA_DYN_NEW + b] : a.n_new[b];
         if (t >= nn) continue;
-        double ang = (double)(np + t) * (double)a.inv_freq[i];
-        double sd, cd;
-        sincos(ang, &sd, &cd);
-        const float c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
+        float c, s;
+        if (cs) {
+            const float2 v = cs[row * a.half + i];
+            c = v.x, s = v.y;
+        } else {
+            double sd, cd;
+            sincos((double)(np + t) * (double)a.inv_freq[i], &sd, &cd);
+            c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
+        }
         const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
         const int h1 = (run + 1) * a.hpt < a.nh ? (run + 1) * a.hpt : a.nh;
-        for (int h = run * a.hpt; h < h1; h++) {
-            float *v = x + row * (int64_t)a.nh * a.hd + (int64_t)h * a.hd;
-            cuda_rope_pair(v[ia], v[ib], c, s, v[ia], v[ib]);
+        float *xr = x + row * (int64_t)a.nh * a.hd;
+        for (int h = run * a.hpt; h < h1; h += CUDA_ROPE_BATCH) { /* the batch's loads first, all in flight */
+            float va[CUDA_ROPE_BATCH], vb[CUDA_ROPE_BATCH];
+#pragma unroll
+            for (int k = 0; k < CUDA_ROPE_BATCH; k++)
+                if (h + k < h1) va[k] = xr[(int64_t)(h + k) * a.hd + ia], vb[k] = xr[(int64_t)(h + k) * a.hd + ib];
+#pragma unroll
+            for (int k = 0; k < CUDA_ROPE_BATCH; k++)
+                if (h + k < h1)
+                    cuda_rope_pair(va[k], vb[k], c, s, xr[(int64_t)(h + k) * a.hd + ia],
+                                   xr[(int64_t)(h + k) * a.hd + ib]);
         }
     }
+}
+
+/* With the angles' table cs [B*T][half] and halves (not interleaved) of four-value pieces: a row of x a block
+ * row (grid-stride over y), a thread per (head, four pairs) along it: x's four values at i and i + half, and
+ * their angles, one load each.  (A thread per (row, pair) over many heads ran a step's q at 2.6-2.9 TB/s, its
+ * (row, pair, run) index costing more than its loads.) */
+__global__ void k_rope_vec(float *__restrict__ x, const float2 *__restrict__ cs, const rope_arg a) {
+    const int q4 = a.half / 4, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.nh * q4) return;
+    const int h = i / q4, j = 4 * (i % q4);
+    for (int64_t row = blockIdx.y; row < (int64_t)a.B * a.T; row += gridDim.y) {
+        if (row % a.T >= a.n_new[row / a.T]) continue;
+        float *p = x + (row * a.nh + h) * a.hd + j;
+        const float4 u = *(const float4 *)p, v = *(const float4 *)(p + a.half);
+        const float4 c01 = __ldg((const float4 *)(cs + row * a.half + j)), c23 = __ldg((const float4 *)(cs + row * a.half + j + 2));
+        float4 ou, ov;
+        cuda_rope_pair(u.x, v.x, c01.x, c01.y, ou.x, ov.x);
+        cuda_rope_pair(u.y, v.y, c01.z, c01.w, ou.y, ov.y);
+        cuda_rope_pair(u.z, v.z, c23.x, c23.y, ou.z, ov.z);
+        cuda_rope_pair(u.w, v.w, c23.z, c23.w, ou.w, ov.w);
+        *(float4 *)p = ou, *(float4 *)(p + a.half) = ov;
+    }
+}
+
+/* rows x nh heads of hd values: the grid of k_rope_vec and k_rope_bwd_vec (a block row a row of x) */
+dim3 cuda_rope_vec_grid(int64_t rows, int nh, int half, dim3 *block) {
+    const int n = nh * (half / 4), t = n < 256 ? (n + 31) / 32 * 32 : 256;
+    *block = dim3((unsigned)t);
+    return dim3((unsigned)((n + t - 1) / t), (unsigned)(rows < 65535 ? rows : 65535));
 }
 
 lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int nh, int hd,
@@ -261,6 +370,8 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
     if (half > CUDA_ROPE_MAX || rope->rot_dim > hd)
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: rope over %d dims", rope->rot_dim);
     if (half == 0) return LMX_OK;
+    const float2 *cs = cuda_rope_angles(cb, batch, rope);
+    const int vec = cs && !rope->interleaved && half % 4 == 0 && hd % 4 == 0 && !((uintptr_t)x->data & 15);
     rope_arg a;
     a.T = batch->T;
     a.nh = nh;
@@ -276,10 +387,18 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
             a.n_past[b] = batch->n_past[b0 + b];
             a.n_new[b] = batch->n_new[b0 + b];
         }
-        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
+        if (vec) {
+            dim3 block, grid = cuda_rope_vec_grid((int64_t)a.B * a.T, nh, half, &block);
+            k_rope_vec<<<grid, block, 0, cb->stream>>>((float *)x->data + (int64_t)b0 * batch->T * nh * hd,
+                                                       cs + (int64_t)b0 * batch->T * half, a);
+            lmx_status st = cuda_check_launch(cb, "rope");
+            if (st) return st;
+            continue;
+        }
+        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh, cs != NULL);
         int64_t total = (int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * half;
         float *base = (float *)x->data + (int64_t)b0 * batch->T * nh * hd;
-        cuda_launch(cb, k_rope, cuda_ew_grid(total), 256, 0, base, a);
+        cuda_launch(cb, k_rope, cuda_ew_grid(total), 256, 0, base, cs ? cs + (int64_t)b0 * batch->T * half : NULL, a);
         lmx_status st = cuda_check_launch(cb, "rope");
         if (st) return st;
     }
