@@ -403,11 +403,13 @@ __global__ void k_rope_bwd_vec(O *__restrict__ dx, const float *__restrict__ dy,
     for (int64_t row = blockIdx.y; row < (int64_t)a.B * a.T; row += gridDim.y) {
         const int64_t off = (row * a.nh + h) * a.hd + j;
         if (row % a.T >= a.n_new[row / a.T]) { /* padding: no gradient */
-            if (sizeof(O) == 2 || !a.add) rope_put4(dx + off, make_float4(0, 0, 0, 0), 0), rope_put4(dx + off + a.half, make_float4(0, 0, 0, 0), 0);
+            if (sizeof(O) == 2 || !a.add)
+                rope_put4(dx + off, make_float4(0, 0, 0, 0), 0), rope_put4(dx + off + a.half, make_float4(0, 0, 0, 0), 0);
             continue;
         }
         const float4 ya = __ldg((const float4 *)(dy + off)), yb = __ldg((const float4 *)(dy + off + a.half));
-        const float4 c01 = __ldg((const float4 *)(cs + row * a.half + j)), c23 = __ldg((const float4 *)(cs + row * a.half + j + 2));
+        const float4 c01 = __ldg((const float4 *)(cs + row * a.half + j));
+        const float4 c23 = __ldg((const float4 *)(cs + row * a.half + j + 2));
         const float c[4] = {c01.x, c01.z, c23.x, c23.z}, s[4] = {c01.y, c01.w, c23.y, c23.w};
         const float pa[4] = {ya.x, ya.y, ya.z, ya.w}, pb[4] = {yb.x, yb.y, yb.z, yb.w};
         float oa[4], ob[4];

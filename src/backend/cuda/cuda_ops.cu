@@ -346,7 +346,8 @@ __global__ void k_rope_vec(float *__restrict__ x, const float2 *__restrict__ cs,
         if (row % a.T >= a.n_new[row / a.T]) continue;
         float *p = x + (row * a.nh + h) * a.hd + j;
         const float4 u = *(const float4 *)p, v = *(const float4 *)(p + a.half);
-        const float4 c01 = __ldg((const float4 *)(cs + row * a.half + j)), c23 = __ldg((const float4 *)(cs + row * a.half + j + 2));
+        const float4 c01 = __ldg((const float4 *)(cs + row * a.half + j));
+        const float4 c23 = __ldg((const float4 *)(cs + row * a.half + j + 2));
         float4 ou, ov;
         cuda_rope_pair(u.x, v.x, c01.x, c01.y, ou.x, ov.x);
         cuda_rope_pair(u.y, v.y, c01.z, c01.w, ou.y, ov.y);
