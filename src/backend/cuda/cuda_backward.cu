@@ -352,15 +352,8 @@ __global__ void k_rope_bwd(O *__restrict__ dx, const float *__restrict__ dy, con
                 rope_put(dx + off0 + (int64_t)h * a.hd + ia, dy[off0 + (int64_t)h * a.hd + ia], a.add);
             continue;
         }
-        float c, s;
-        if (cs) {
-            const float2 v = cs[row * a.half + i];
-            c = v.x, s = v.y;
-        } else {
-            double sd, cd;
-            sincos((double)(a.n_past[b] + t) * (double)a.inv_freq[i], &sd, &cd);
-            c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
-        }
+        const float2 cs_i = cuda_rope_angle(cs, row, a.half, i, a.n_past[b] + t, a.inv_freq[i], a.attn_factor);
+        const float c = cs_i.x, s = cs_i.y;
         for (int h = h0; h < h1; h += CUDA_ROPE_BATCH) { /* the batch's loads first, all in flight */
             float ya[CUDA_ROPE_BATCH], yb[CUDA_ROPE_BATCH];
 #pragma unroll

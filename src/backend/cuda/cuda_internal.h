@@ -679,6 +679,15 @@ static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh, int angles_g
     if (runs > nh) runs = nh;
     return (int)((nh + runs - 1) / runs);
 }
+/* RoPE's rotation of pair i at position pos: attn_factor (cos, sin) of pos inv_freq (double precision), or
+ * row's entry of a table of them (cs [rows][half], cuda_rope_angles; NULL: none) */
+static __device__ __forceinline__ float2 cuda_rope_angle(const float2 *cs, int64_t row, int half, int i, int pos,
+                                                         float inv_freq, float attn_factor) {
+    if (cs) return cs[row * half + i];
+    double sd, cd;
+    sincos((double)pos * (double)inv_freq, &sd, &cd);
+    return make_float2((float)cd * attn_factor, (float)sd * attn_factor);
+}
 /* Where RoPE over batch bt's rows is large (pairs >= 32768, not while a decode graph captures): the device table
  * [B * T][half] of attn_factor (cos, sin) of each row's angles, made where the last one was not of these rows and
  * rotation (cuda_ops.cu); NULL: not taken (the kernels compute the angles themselves). */

@@ -234,9 +234,8 @@ __global__ void k_rope_angles(float2 *cs, const rope_arg a) {
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
         const int i = (int)(g % a.half);
         const int64_t row = g / a.half;
-        double sd, cd;
-        sincos((double)(a.n_past[row / a.T] + row % a.T) * (double)a.inv_freq[i], &sd, &cd);
-        cs[g] = make_float2((float)cd * a.attn_factor, (float)sd * a.attn_factor);
+        const int pos = a.n_past[row / a.T] + (int)(row % a.T);
+        cs[g] = cuda_rope_angle(NULL, row, a.half, i, pos, a.inv_freq[i], a.attn_factor);
     }
 }
 
@@ -308,15 +307,8 @@ __global__ void k_rope(float *x, const float2 *cs, const rope_arg a) {
         const int b = (int)(row / a.T), t = (int)(row % a.T);
         const int np = a.dyn ? a.dyn[CUDA_DYN_PAST + b] : a.n_past[b], nn = a.dyn ? a.dyn[CUDA_DYN_NEW + b] : a.n_new[b];
         if (t >= nn) continue;
-        float c, s;
-        if (cs) {
-            const float2 v = cs[row * a.half + i];
-            c = v.x, s = v.y;
-        } else {
-            double sd, cd;
-            sincos((double)(np + t) * (double)a.inv_freq[i], &sd, &cd);
-            c = (float)cd * a.attn_factor, s = (float)sd * a.attn_factor;
-        }
+        const float2 cs_i = cuda_rope_angle(cs, row, a.half, i, np + t, a.inv_freq[i], a.attn_factor);
+        const float c = cs_i.x, s = cs_i.y;
         const int ia = a.interleaved ? 2 * i : i, ib = a.interleaved ? 2 * i + 1 : i + a.half;
         const int h1 = (run + 1) * a.hpt < a.nh ? (run + 1) * a.hpt : a.nh;
         float *xr = x + row * (int64_t)a.nh * a.hd;
