@@ -7,7 +7,8 @@
  * cp.async into a ring of UDB_STAGES in shared memory, UDB_STAGES - 1 slabs ahead of the one it works on, and
  * the block's first threads copy t's 16 rows of the slab (which all its warps read) in the same commit groups.
  * (Loads into registers one slab ahead, the kernel before, read dy at 57% of DRAM's bandwidth at the 8B's
- * shapes, and every turn waited on its loads of t.)  A slab's chunk c (16 bytes: columns 8c .. 8c + 7) of row r
+ * shapes, and every turn waited on its loads of t: its gate / up 90-100 us, the ring's 80-90; four or five stages
+ * no faster.)  A slab's chunk c (16 bytes: columns 8c .. 8c + 7) of row r
  * lies at r * 8 + (c ^ 4 (r & 1)): a quarter-warp's reads of rows g and g + 1 fall in other banks; t's rows lie
  * R + 4 floats apart (the lanes' reads of rows 2q in other banks).  Rows past the chunk's are zeros.
  * Lane (g = lane / 4, q = lane % 4) reads rows g and g + 8 of the slab, 16 bytes a row a group: columns 8q ..
