@@ -432,7 +432,7 @@ static lmx_status bwd_rope(lmx_backend *be, lmx_tensor *dx, const lmx_tensor *dy
     for (int b0 = 0; b0 < bt->B; b0 += CUDA_SEQ_MAX) {
         a.B = bt->B - b0 < CUDA_SEQ_MAX ? bt->B - b0 : CUDA_SEQ_MAX;
         for (int b = 0; b < a.B; b++) a.n_past[b] = bt->n_past[b0 + b], a.n_new[b] = bt->n_new[b0 + b];
-        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh, cs != NULL);
+        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
         const int64_t off = (int64_t)b0 * bt->T * nh * hd;
         const float2 *csb = cs ? cs + (int64_t)b0 * bt->T * half : NULL;
         if (vec) {

@@ -197,7 +197,9 @@ lmx_dtype cuda_bwd_keep_dtype(const lmx_backend *be);
 lmx_status cuda_bwd_restore(lmx_backend *be, lmx_tensor *dst, const lmx_tensor *x);
 lmx_status cuda_bwd_offload(lmx_backend *be, void *host, const lmx_tensor *x, int spread);
 lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, int64_t n, const void *next);
-/* u [rows, r] = s dy B, db [N, r] += s dy^T t in one read of dy (cuda_lora_udb.cu); *done 0: not these shapes */
+/* u [rows, r] = s dy B, db [N, r] += s dy^T t in one read of dy (cuda_lora_udb.cu); *done 0: not these shapes.
+ * cuda_lora_udb_init: its kernels' shared memory allowed (at the backend's creation). */
+void cuda_lora_udb_init(void);
 lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloat16 *dy, const float *B, const float *t,
                          int64_t rows, int64_t N, int r, float s, int *done);
 /* offload's stages, stream and events (cuda_keep.cu), freed with the backend; wait for its copies; the
@@ -666,19 +668,12 @@ static __device__ __forceinline__ float cuda_lora_dot(const float *brow, const f
 
 static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
-/* RoPE's heads per thread for rows * half (row, i) pairs over nh heads (k_rope, k_rope_bwd).  Computing its
- * angles (a sin and cos in double precision), a thread takes all heads where the pairs alone fill the GPU (one
- * angle for them all), else one.  With the angles given (cuda_rope_angles), enough runs of heads for about 2M
- * threads (a training step's 8,192 rows of 64 pairs: four runs of q's 32 heads).  The kernels load
- * CUDA_ROPE_BATCH heads' values at once. */
+/* RoPE's heads per thread for rows * half (row, i) pairs over nh heads (k_rope, k_rope_bwd): all of them
+ * where the pairs alone fill the GPU, so that each angle (computed, or read from cuda_rope_angles' table) is
+ * had once; else one.  (More threads of fewer heads each ran k's RoPE at 40-55 us a layer against 25.)  The
+ * kernels load CUDA_ROPE_BATCH heads' values at once. */
 #define CUDA_ROPE_BATCH 4
-static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh, int angles_given) {
-    if (!angles_given) return pairs >= 32768 ? nh : 1;
-    const int64_t want = (int64_t)1 << 21, p = pairs > 0 ? pairs : 1;
-    int64_t runs = (want + p - 1) / p;
-    if (runs > nh) runs = nh;
-    return (int)((nh + runs - 1) / runs);
-}
+static inline int cuda_rope_heads_per_thread(int64_t pairs, int nh) { return pairs >= 32768 ? nh : 1; }
 /* RoPE's rotation of pair i at position pos: attn_factor (cos, sin) of pos inv_freq (double precision), or
  * row's entry of a table of them (cs [rows][half], cuda_rope_angles; NULL: none) */
 static __device__ __forceinline__ float2 cuda_rope_angle(const float2 *cs, int64_t row, int half, int i, int pos,

@@ -240,7 +240,7 @@ template <int M> struct tc_ring {
 #pragma unroll
                 for (int i = 0; i < M; i++)
                     cp_async16_or_zeros(smem_addr(st + (stage * M + i) * 64 + ring_chunk(r, k)),
-                              m[i] + (in ? row : 0) * N + col0 + 8 * k, in ? 16 : 0);
+                                        m[i] + (in ? row : 0) * N + col0 + 8 * k, in ? 16 : 0);
             }
         cp_async_commit();
     }

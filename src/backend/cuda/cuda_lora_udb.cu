@@ -210,14 +210,10 @@ lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloa
     float *part = (float *)cuda_scratch(cb, CUDA_SCRATCH_UDB, (nu + nd) * sizeof(float));
     if (!part) return cb->base.err.status;
     const dim3 grid((unsigned)strips, (unsigned)chunks);
-    if (r == 8) {
-        cudaFuncSetAttribute(k_lora_udb<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)udb_smem<8>());
+    if (r == 8)
         k_lora_udb<8><<<grid, UDB_WARPS * 32, udb_smem<8>(), cb->stream>>>(part, part + nu, dy, B, t, rows, N, chunk);
-    } else {
-        cudaFuncSetAttribute(k_lora_udb<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)udb_smem<16>());
-        k_lora_udb<16><<<grid, UDB_WARPS * 32, udb_smem<16>(), cb->stream>>>(part, part + nu, dy, B, t, rows, N,
-                                                                              chunk);
-    }
+    else
+        k_lora_udb<16><<<grid, UDB_WARPS * 32, udb_smem<16>(), cb->stream>>>(part, part + nu, dy, B, t, rows, N, chunk);
     lmx_status st = cuda_check_launch(cb, "lora backward (u, dB)");
     if (!st) {
         const int64_t n = (rows + N) * r;
@@ -228,4 +224,11 @@ lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloa
     }
     if (!st) *done = 1;
     return st;
+}
+
+/* the kernels' dynamic shared memory (past 48 KB) allowed, once (cuda_backend.cu, at creation) */
+void cuda_lora_udb_init(void) {
+    cudaFuncSetAttribute(k_lora_udb<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)udb_smem<8>());
+    cudaFuncSetAttribute(k_lora_udb<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)udb_smem<16>());
+    cudaGetLastError();
 }

@@ -239,11 +239,17 @@ __global__ void k_rope_angles(float2 *cs, const rope_arg a) {
     }
 }
 
-void cuda_rope_angles_free(cuda_backend *cb) {
+/* the table's device memory released (stream-ordered) */
+static void rope_table_release(cuda_backend *cb) {
     if (cb->rope.cs) {
         cudaFreeAsync(cb->rope.cs, cb->stream);
         lmx_backend_mem(&cb->base, -(int64_t)(cb->rope.cap * sizeof(float2)));
     }
+    cb->rope.cs = NULL, cb->rope.cap = 0, cb->rope.valid = 0;
+}
+
+void cuda_rope_angles_free(cuda_backend *cb) {
+    rope_table_release(cb);
     free(cb->rope.n_past);
     memset(&cb->rope, 0, sizeof cb->rope);
 }
@@ -263,11 +269,7 @@ const float2 *cuda_rope_angles(cuda_backend *cb, const lmx_batch *bt, const lmx_
         cb->rope.n_past = np, cb->rope.np_cap = B;
     }
     if (n > cb->rope.cap) { /* grown; no room: the kernels compute the angles themselves */
-        int *np = cb->rope.n_past;
-        const int np_cap = cb->rope.np_cap;
-        cb->rope.n_past = NULL;
-        cuda_rope_angles_free(cb);
-        cb->rope.n_past = np, cb->rope.np_cap = np_cap;
+        rope_table_release(cb);
         void *p = NULL;
         if (!lmx_backend_mem_fits(&cb->base, (int64_t)(n * sizeof(float2))) ||
             cudaMallocFromPoolAsync(&p, n * sizeof(float2), cb->pool, cb->stream) != cudaSuccess) {
@@ -388,7 +390,7 @@ lmx_status cuda_rope(lmx_backend *be, lmx_tensor *x, const lmx_batch *batch, int
             if (st) return st;
             continue;
         }
-        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh, cs != NULL);
+        a.hpt = cuda_rope_heads_per_thread((int64_t)a.B * a.T * half, nh);
         int64_t total = (int64_t)a.B * a.T * ((nh + a.hpt - 1) / a.hpt) * half;
         float *base = (float *)x->data + (int64_t)b0 * batch->T * nh * hd;
         cuda_launch(cb, k_rope, cuda_ew_grid(total), 256, 0, base, cs ? cs + (int64_t)b0 * batch->T * half : NULL, a);
