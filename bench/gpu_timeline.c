@@ -7,7 +7,8 @@
  * $GPU_TIMELINE_OUT (default gpu_timeline.tsv), one a line:
  *     kind  start_ns  end_ns  stream  name
  * (kind K kernel, C copy, S memset, Y synchronization, R runtime API, D driver API; the API lines' stream
- * is the calling thread).  bench/gpu_timeline.py reads it: where the GPU idles, and what the host did then.
+ * is the calling thread; with GPU_TIMELINE_CORR=1 a kernel's and an API call's name end with " #" and the
+ * correlation id CUPTI gives both, so that a kernel's launch call can be found).  bench/gpu_timeline.py reads it: where the GPU idles, and what the host did then.
  *
  * build: CMake builds it where CUDA's CUPTI is found (BUILD/libgpu_timeline.so); by hand,
  *        cc -O2 -shared -fPIC bench/gpu_timeline.c -I$CUDA/include -L$CUDA/lib64 -lcupti -o libgpu_timeline.so
@@ -20,6 +21,7 @@
 #define BUF_BYTES (64u << 20) /* few flushes: a flush's writing stalls the program */
 
 static FILE *out;
+static int corr; /* GPU_TIMELINE_CORR=1: kernels and API calls end their names with " #" and CUPTI's correlation id */
 
 static void CUPTIAPI buffer_requested(uint8_t **buf, size_t *size, size_t *max_records) {
     *buf = aligned_alloc(8, BUF_BYTES);
@@ -38,8 +40,10 @@ static void write_record(const CUpti_Activity *r) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
     case CUPTI_ACTIVITY_KIND_KERNEL: {
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
-        fprintf(out, "K\t%llu\t%llu\t%u\t%s\n", (unsigned long long)k->start, (unsigned long long)k->end, k->streamId,
+        fprintf(out, "K\t%llu\t%llu\t%u\t%s", (unsigned long long)k->start, (unsigned long long)k->end, k->streamId,
                 k->name ? k->name : "?");
+        if (corr) fprintf(out, " #%u", k->correlationId);
+        fputc('\n', out);
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -64,9 +68,11 @@ static void write_record(const CUpti_Activity *r) {
     case CUPTI_ACTIVITY_KIND_DRIVER: {
         const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)r;
         const int rt = r->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
-        fprintf(out, "%c\t%llu\t%llu\t%u\t%s\n", rt ? 'R' : 'D', (unsigned long long)a->start,
+        fprintf(out, "%c\t%llu\t%llu\t%u\t%s", rt ? 'R' : 'D', (unsigned long long)a->start,
                 (unsigned long long)a->end, a->threadId,
                 api_name(rt ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid));
+        if (corr) fprintf(out, " #%u", a->correlationId);
+        fputc('\n', out);
         break;
     }
     default:
@@ -93,7 +99,8 @@ int InitializeInjection(void) {
         perror("gpu_timeline: output");
         return 0;
     }
-    const char *api = getenv("GPU_TIMELINE_API");
+    const char *api = getenv("GPU_TIMELINE_API"), *c = getenv("GPU_TIMELINE_CORR");
+    corr = c && *c == '1';
     const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                         CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
                                         CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};

@@ -140,6 +140,26 @@ lmx_status cuda_bwd_lora(lmx_backend *be, lmx_tensor *dx, lmx_tensor *const *da,
     return st;
 }
 
+/* The terms of lora_dx side by side, in one launch: A_i [r_i, K] one after another into a [rt, K], u_i [rows, r_i]
+ * into the columns [off_i, off_i + r_i) of ut [rows, rt].  (A copy each, of A and of u's strided rows, took 2-7 us
+ * apiece on the copy engine: about 30 us a call on the 8B, whose step makes 64.) */
+#define LORA_DX_TERMS 8
+struct lora_terms {
+    const float *a[LORA_DX_TERMS], *u[LORA_DX_TERMS];
+    int r[LORA_DX_TERMS], off[LORA_DX_TERMS + 1], n; /* off[n] = rt */
+};
+__global__ void k_lora_dx_gather(float *__restrict__ a, float *__restrict__ ut, const lora_terms g, int64_t K, int64_t rows) {
+    const int rt = g.off[g.n];
+    const int64_t na = rt * K, n = na + rows * rt;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t f = e < na ? e / K : (e - na) % rt; /* A's row, or ut's column */
+        int i = 0;
+        while (i + 1 < g.n && f >= g.off[i + 1]) i++;
+        if (e < na) a[e] = g.a[i][e - g.off[i] * K];
+        else ut[e - na] = g.u[i][(e - na) / rt * g.r[i] + (f - g.off[i])];
+    }
+}
+
 /* dx [rows, K] (+)= sum_i u[i] A_i (backward.h lora_dx): one TF32 product over the terms side by side (u's
  * columns and A's rows gathered in scratch: K = the ranks' sum), so that dx is read and written once */
 lmx_status cuda_bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lmx_tensor *u,
@@ -154,7 +174,8 @@ lmx_status cuda_bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lm
                              (long long)K);
         rt += pairs[i]->a.shape[0];
     }
-    if (!st && count < 1) st = lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "lora dx: no terms");
+    if (!st && (count < 1 || count > LORA_DX_TERMS))
+        st = lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "lora dx: %d terms (1 to %d)", count, LORA_DX_TERMS);
     if (st || rows <= 0) return st;
     const float beta = fresh & 1 ? 0.0f : 1.0f;
     if (count == 1)
@@ -163,14 +184,15 @@ lmx_status cuda_bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lm
     float *a = (float *)cuda_scratch(cb, CUDA_SCRATCH_LORA, (size_t)rt * (K + rows) * sizeof(float));
     if (!a) return cb->base.err.status;
     float *ut = a + rt * K; /* [rows, rt] */
-    cudaError_t e = cudaSuccess;
-    for (int i = 0, j = 0; i < count && e == cudaSuccess; j += (int)pairs[i]->a.shape[0], i++) {
-        const size_t r = (size_t)pairs[i]->a.shape[0];
-        e = cudaMemcpyAsync(a + j * K, pairs[i]->a.data, r * K * 4, cudaMemcpyDeviceToDevice, cb->stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync(ut + j, rt * 4, u[i].data, r * 4, r * 4, rows, cudaMemcpyDeviceToDevice, cb->stream);
+    lora_terms g;
+    g.n = count, g.off[0] = 0;
+    for (int i = 0; i < count; i++) {
+        g.a[i] = (const float *)pairs[i]->a.data, g.u[i] = (const float *)u[i].data;
+        g.r[i] = (int)pairs[i]->a.shape[0], g.off[i + 1] = g.off[i] + g.r[i];
     }
-    if (e != cudaSuccess) return cuda_fail(cb, e, "lora dx");
+    const int64_t n = rt * (K + rows);
+    k_lora_dx_gather<<<(unsigned)(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024), 256, 0, cb->stream>>>(a, ut, g, K, rows);
+    if ((st = cuda_check_launch(cb, "lora dx"))) return st;
     return sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)rt, 1.0f, a, (int)K, ut, (int)rt, beta,
                  (float *)dx->data, (int)K);
 }
