@@ -271,8 +271,10 @@ __global__ void __launch_bounds__(256) k_ggemv(const int4 *__restrict__ xq, cons
         ggemv_body<T, MM, PAIR>(xq, xm, sg, seg_pick(sg, blockIdx.y), K, PR, M, act, resid);
 }
 
-/* Weights of two types in one launch (no GLU): segment blockIdx.y is of type T2 where bit blockIdx.y of alt is set,
- * on x in its own layout (x2, PR2: T2's units), else of type T.  Q4_K_M and Q5_K_M files store some layers'
+/* Weights of two types in one launch (no GLU): segment y = gridDim.y - 1 - blockIdx.y (the last first: a
+ * Q4_K_M file's Q6_K v, whose few blocks take twice a q block's parts and a slower decode, then ended the launch,
+ * dispatched after q's and k's) is of type T2 where bit y of alt is set, on x in its own layout (x2, PR2: T2's
+ * units), else of type T.  Q4_K_M and Q5_K_M files store some layers'
  * attn_v as Q6_K beside Q4_K / Q5_K q and k: q/k/v stay one launch after one quantization of x.  One row (XS) is
  * held to three blocks a multiprocessor (80 registers, 104 unbounded: two), so that a q/k/v launch of Qwen3-30B-A3B's
  * shape (304 blocks with rows) runs in one wave: H200, its 48 layers in Q4_K_M 534-539 -> 559-560 tok/s, Qwen3-0.6B
@@ -283,14 +285,15 @@ __global__ void __launch_bounds__(256, XS ? 3 : 0)
                 const float4 *__restrict__ xm2, const gv_segs sg, int alt, int K, int PR, int PR2, int M,
                 const float *__restrict__ xf, const cuda_row_norm nm) {
     cuda_pdl_trigger();
-    const gv_seg S = seg_pick(sg, blockIdx.y);
+    const int y = gridDim.y - 1 - blockIdx.y;
+    const gv_seg S = seg_pick(sg, y);
     if constexpr (XS) { /* each block's x in its own type's layout */
-        if ((alt >> blockIdx.y) & 1)
+        if ((alt >> y) & 1)
             ggemv_body<T2, 1, 0, 1>(gq_xs, (const float4 *)(gq_xs + PR2 * 4), sg, S, K, PR2, 1, 0, 0, xf, &nm);
         else
             ggemv_body<T, 1, 0, 1>(gq_xs, (const float4 *)(gq_xs + PR * 4), sg, S, K, PR, 1, 0, 0, xf, &nm);
     } else {
-        if ((alt >> blockIdx.y) & 1) ggemv_body<T2, MM, 0>(xq2, xm2, sg, S, K, PR2, M, 0, 0);
+        if ((alt >> y) & 1) ggemv_body<T2, MM, 0>(xq2, xm2, sg, S, K, PR2, M, 0, 0);
         else ggemv_body<T, MM, 0>(xq, xm, sg, S, K, PR, M, 0, 0);
     }
 }
