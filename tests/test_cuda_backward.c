@@ -112,25 +112,27 @@ static void test_lora(int with_dx, int kept, unsigned fresh, int dy16, int with_
 }
 
 /* The input gradient of count pairs that read one x (q, k, v) as the tape takes it: lora_bwd writing u = s dy B
- * alone, then lora_dx adding every u A in one product (fresh: written), against the cpu's lora_bwd adding
- * each pair's dx; ranks 8, 16, 8 (the products side by side), x bf16 as the tape keeps it */
+ * alone, then lora_dx adding every u A in one product (fresh: written; past eight terms, several), against the
+ * cpu's lora_bwd adding each pair's dx; ranks 8, 16, 8, ... (the products side by side), x bf16 as the tape keeps it */
+#define DX_TERMS 10
 static void test_lora_dx(int count, unsigned fresh) {
     const int B = 2, T = 37, K = 96, rows = B * T, ranks[3] = {8, 16, 8}, Ns[3] = {96, 40, 40};
     tpair x = rand_in(rows, K, 1.0f, 1), dx = rand_both(rows, K, 0.1f);
     if (fresh) poison(&dx);
-    tpair a[3], b[3], da[3], db[3], dy[3];
-    lmx_lora_pair pg[3], pc[3];
-    lmx_tensor u[3];
-    const lmx_lora_pair *pgs[3];
+    tpair a[DX_TERMS], b[DX_TERMS], da[DX_TERMS], db[DX_TERMS], dy[DX_TERMS];
+    lmx_lora_pair pg[DX_TERMS], pc[DX_TERMS];
+    lmx_tensor u[DX_TERMS];
+    const lmx_lora_pair *pgs[DX_TERMS];
     for (int i = 0; i < count; i++) {
-        a[i] = rand_both(ranks[i], K, 0.3f), b[i] = rand_both(Ns[i], ranks[i], 0.3f);
-        da[i] = rand_both(ranks[i], K, 0.1f), db[i] = rand_both(Ns[i], ranks[i], 0.1f);
-        dy[i] = rand_in(rows, Ns[i], 1.0f, 1);
-        pg[i] = (lmx_lora_pair){a[i].g, b[i].g, 0.5f + i}, pc[i] = (lmx_lora_pair){a[i].c, b[i].c, 0.5f + i};
+        const int r = ranks[i % 3], N = Ns[i % 3];
+        a[i] = rand_both(r, K, 0.3f), b[i] = rand_both(N, r, 0.3f);
+        da[i] = rand_both(r, K, 0.1f), db[i] = rand_both(N, r, 0.1f);
+        dy[i] = rand_in(rows, N, 1.0f, 1);
+        pg[i] = (lmx_lora_pair){a[i].g, b[i].g, 0.5f + i % 3}, pc[i] = (lmx_lora_pair){a[i].c, b[i].c, 0.5f + i % 3};
         const lmx_lora_pair *gp[2] = {&pg[i], &pg[i]}, *cp[2] = {&pc[i], &pc[i]};
         lmx_tensor *dag[2] = {&da[i].g, &da[i].g}, *dbg[2] = {&db[i].g, &db[i].g};
         lmx_tensor *dac[2] = {&da[i].c, &da[i].c}, *dbc[2] = {&db[i].c, &db[i].c};
-        u[i] = act(gpu, rows, ranks[i], NULL);
+        u[i] = act(gpu, rows, r, NULL);
         pgs[i] = &pg[i];
         CHECK(lmx_cuda_backward.lora_bwd(gpu, NULL, dag, dbg, &dy[i].g, &x.g, B, T, gp, 0, NULL, &u[i]) == LMX_OK);
         CHECK(lmx_cpu_backward.lora_bwd(cpu, &dx.c, dac, dbc, &dy[i].c, &x.c, B, T, cp, i == 0 ? fresh : 0, NULL,
@@ -484,6 +486,7 @@ int main(void) {
     test_lora_dx(1, 0);
     test_lora_dx(3, 1);
     test_lora_dx(2, 0);
+    test_lora_dx(DX_TERMS, 1);
     test_elementwise(0, 1001);
     test_elementwise(1, 1001);
     test_elementwise(0, 1024); /* four values a thread */
