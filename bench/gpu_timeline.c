@@ -8,7 +8,8 @@
  *     kind  start_ns  end_ns  stream  name
  * (kind K kernel, C copy, S memset, Y synchronization, R runtime API, D driver API; the API lines' stream
  * is the calling thread; with GPU_TIMELINE_CORR=1 a kernel's and an API call's name end with " #" and the
- * correlation id CUPTI gives both, so that a kernel's launch call can be found).  bench/gpu_timeline.py reads it: where the GPU idles, and what the host did then.
+ * correlation id CUPTI gives both, so that a kernel's launch call can be found).  bench/gpu_timeline.py reads it:
+ * where the GPU idles, and what the host did then.
  *
  * build: CMake builds it where CUDA's CUPTI is found (BUILD/libgpu_timeline.so); by hand,
  *        cc -O2 -shared -fPIC bench/gpu_timeline.c -I$CUDA/include -L$CUDA/lib64 -lcupti -o libgpu_timeline.so

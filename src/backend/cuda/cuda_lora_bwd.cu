@@ -193,8 +193,7 @@ lmx_status cuda_bwd_lora_dx(lmx_backend *be, lmx_tensor *dx, int count, const lm
         const int rc = g.off[g.n];
         float *uc = a + (int64_t)rc * K; /* [rows, rc] */
         const int64_t n = rc * (K + rows);
-        const unsigned blocks = (unsigned)(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024);
-        k_lora_dx_gather<<<blocks, 256, 0, cb->stream>>>(a, uc, g, K, rows);
+        k_lora_dx_gather<<<cuda_ew_grid(n), 256, 0, cb->stream>>>(a, uc, g, K, rows);
         st = cuda_check_launch(cb, "lora dx");
         if (!st)
             st = sgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, rc, 1.0f, a, (int)K, uc, rc, c0 ? 1.0f : beta,
