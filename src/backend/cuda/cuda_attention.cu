@@ -182,9 +182,8 @@ __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ 
         for (int jj = 0; jj < DPL; jj++) { /* the angle of pair i: rotate-half lane + 32 jj, interleaved its half */
             const int i = p.interleaved ? (lane + 32 * jj) / 2 : lane + 32 * jj;
             if (!p.interleaved && jj >= DPL / 2) break;
-            double sd, cd;
-            sincos((double)(S.n_past + t) * (double)p.inv_freq[i], &sd, &cd);
-            pc[jj] = (float)cd * p.attn_factor, ps[jj] = (float)sd * p.attn_factor;
+            const float2 r = cuda_rope_angle(NULL, 0, 0, i, S.n_past + t, p.inv_freq[i], p.attn_factor);
+            pc[jj] = r.x, ps[jj] = r.y;
         }
 #pragma unroll
         for (int jj = 0; jj < DPL; jj++) {

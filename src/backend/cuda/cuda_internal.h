@@ -200,6 +200,8 @@ lmx_status cuda_bwd_reload(lmx_backend *be, lmx_tensor *dst, const void *host, i
 /* u [rows, r] = s dy B, db [N, r] += s dy^T t in one read of dy (cuda_lora_udb.cu); *done 0: not these shapes.
  * cuda_lora_udb_init: its kernels' shared memory allowed (at the backend's creation). */
 void cuda_lora_udb_init(void);
+/* the GLU's tensor-core kernels' shared memory allowed (cuda_lora_term.cu; at the backend's creation) */
+void cuda_lora_term_init(void);
 lmx_status cuda_lora_udb(cuda_backend *cb, float *u, float *db, const __nv_bfloat16 *dy, const float *B, const float *t,
                          int64_t rows, int64_t N, int r, float s, int *done);
 /* offload's stages, stream and events (cuda_keep.cu), freed with the backend; wait for its copies; the

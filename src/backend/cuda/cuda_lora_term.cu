@@ -404,20 +404,38 @@ __global__ void __launch_bounds__(TERM_COLS, 2) k_glu_bwd_tc(__nv_bfloat16 *dg, 
     }
 }
 
+/* The tensor-core kernels' shared memory, fixed by their rank and types: k_glu_terms_tc over gate / up of type G,
+ * k_glu_bwd_tc over dy of type D; allowed once, by cuda_lora_term_init */
+template <int R, typename G> static size_t terms_tc_smem() { return tc_smem(R, 2, sizeof(G) == 2 ? 2 : 0); }
+template <int R, typename D> static size_t bwd_tc_smem() { return tc_smem(R, 1, sizeof(D) == 2 ? 3 : 0); }
+
+template <int R, typename T> static void tc_allow() {
+    cudaFuncSetAttribute(k_glu_terms_tc<R, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)terms_tc_smem<R, T>());
+    cudaFuncSetAttribute(k_glu_bwd_tc<R, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bwd_tc_smem<R, T>());
+}
+
+/* the kernels' dynamic shared memory (past 48 KB) allowed, once (cuda_backend.cu, at creation) */
+void cuda_lora_term_init(void) {
+    tc_allow<8, float>();
+    tc_allow<8, __nv_bfloat16>();
+    tc_allow<16, float>();
+    tc_allow<16, __nv_bfloat16>();
+    cudaGetLastError();
+}
+
 /* Whether the tensor-core kernels take a term of rank R over rows x N values: ranks 8 and 16, whole warps of
  * columns, the grid's rows of blocks, every pointer (or-ed into ptrs) 16-byte aligned */
 static int tc_fits(int64_t R, int64_t N, int64_t rows, uintptr_t ptrs) {
     return (R == 8 || R == 16) && N % 32 == 0 && rows <= 65535LL * TC_ROWS && !(ptrs & 15);
 }
 
-/* k_glu_bwd_tc of rank R over dy of type D, with the shared memory it asks for */
+/* k_glu_bwd_tc of rank R over dy of type D, with the shared memory it asks for (bwd_tc_smem) */
 template <int R, typename D>
 static void glu_bwd_tc_go(cuda_backend *cb, dim3 grid, __nv_bfloat16 *dg, __nv_bfloat16 *du, const void *dy,
                           const __nv_bfloat16 *g, const __nv_bfloat16 *u, const float *ut, const float *a, int64_t rows,
                           int64_t N, int silu) {
-    const size_t sm = tc_smem(R, 1, sizeof(D) == 2 ? 3 : 0);
-    cudaFuncSetAttribute(k_glu_bwd_tc<R, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    k_glu_bwd_tc<R, D><<<grid, TERM_COLS, sm, cb->stream>>>(dg, du, (const D *)dy, g, u, ut, a, rows, N, silu);
+    k_glu_bwd_tc<R, D><<<grid, TERM_COLS, bwd_tc_smem<R, D>(), cb->stream>>>(dg, du, (const D *)dy, g, u, ut, a, rows,
+                                                                             N, silu);
 }
 
 lmx_status cuda_glu_bwd_dx(lmx_backend *be, lmx_tensor *dgate, lmx_tensor *dup, const lmx_tensor *dy,
@@ -509,8 +527,7 @@ static lmx_status glu_terms_of(cuda_backend *cb, float *out, const G *gate, cons
                                 (uintptr_t)ok)) {
         const dim3 grid((unsigned)((N + TERM_COLS - 1) / TERM_COLS), (unsigned)((rows + TC_ROWS - 1) / TC_ROWS));
         const auto k = R == 8 ? k_glu_terms_tc<8, G> : k_glu_terms_tc<16, G>;
-        const size_t sm = tc_smem(R, 2, sizeof(G) == 2 ? 2 : 0);
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        const size_t sm = R == 8 ? terms_tc_smem<8, G>() : terms_tc_smem<16, G>();
         k<<<grid, TERM_COLS, sm, cb->stream>>>(out, gk, uk, ok, gate, up, rows, N, act, ag, au);
         return cuda_check_launch(cb, "glu with lora terms");
     }

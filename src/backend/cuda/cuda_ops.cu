@@ -450,9 +450,8 @@ __global__ void __launch_bounds__(256) k_norm_rope(const nr_arg a) {
     for (int k = 0; k < NR_ROT; k++) {
         const int i = lane + 32 * k;
         if (!rot || i >= a.half) break;
-        double sd, cd;
-        sincos((double)(np + t) * (double)a.inv_freq[i], &sd, &cd);
-        cs[k] = (float)cd * a.attn_factor, sn[k] = (float)sd * a.attn_factor;
+        const float2 r = cuda_rope_angle(NULL, 0, 0, i, np + t, a.inv_freq[i], a.attn_factor);
+        cs[k] = r.x, sn[k] = r.y;
     }
     cuda_pdl_wait();
     float *v = x + (int64_t)row * nh * n + (int64_t)h * n;
