@@ -39,6 +39,7 @@ template <int BITS> struct gq_unit_mlx {
         for (int v = 0; v < V; v++) w[v] = __ldcs((const uint4 *)p + v);
         s = s_raw, b = b_raw, t = dt;
     }
+    template <bool PAIRED = false> /* as gq_unit's */
     __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
 #pragma unroll
         for (int v = 0; v < V; v++) {
@@ -191,7 +192,7 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                     uint32_t q[R][8];
                     float sc[R][2], mn[R][2];
 #pragma unroll
-                    for (int r = 0; r < R; r++) wu[u][r].part(k, q[r], sc[r], mn[r]);
+                    for (int r = 0; r < R; r++) wu[u][r].template part<!XS>(k, q[r], sc[r], mn[r]);
 #pragma unroll
                     for (int m = 0; m < MM; m++) {
                         if (m >= M) break;

@@ -123,6 +123,16 @@ static __device__ __forceinline__ void gq_k4_scale(const uint32_t (&sw)[3], int 
     s6 = j < 4 ? s_lo : s_hi, m6 = j < 4 ? m_lo : m_hi;
 }
 
+/* Q4_K / Q5_K: the 6-bit scales and mins of unit c's two parts (sub-blocks 2c and 2c + 1, of one form, from bytes
+ * 2 (c & 1) and 2 (c & 1) + 1 of the scale words): part k's in byte k of s2 and m2, gq_k4_scale's values for both
+ * parts in one pass of paired bytes, where each part would extract both forms of its own */
+static __device__ __forceinline__ void gq_k4_scale2(const uint32_t (&sw)[3], int c, uint32_t &s2, uint32_t &m2) {
+    const int sh = 16 * (c & 1);
+    const uint32_t a = sw[0] >> sh, b = sw[1] >> sh, h = sw[2] >> sh;
+    s2 = c < 2 ? a & 0x3F3Fu : (h & 0x0F0Fu) | ((a >> 2) & 0x3030u);
+    m2 = c < 2 ? b & 0x3F3Fu : ((h >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
+}
+
 /* ... and the part's scale and min: d * scale, dmin * min (dd: d and dmin, f16 each) */
 static __device__ __forceinline__ void gq_k4_scales(const uint32_t (&sw)[3], uint32_t dd, int j, float (&sc)[2], float (&mn)[2]) {
     int s6, m6;
@@ -307,6 +317,7 @@ template <int T> struct gq_unit {
     uint32_t q_[8];
     float sc_[2], mn_[2];
     __device__ __forceinline__ void load(const uint8_t *b, int u) { gq_part<T>(b, u, q_, sc_, mn_); }
+    template <bool PAIRED = false> /* gq_unit_k4's choice; one part a unit here */
     __device__ __forceinline__ void part(int, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
 #pragma unroll
         for (int i = 0; i < 8; i++) q[i] = q_[i];
@@ -325,9 +336,21 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
         dd = __ldg((const unsigned *)b);
         gq_words<3, 4>(b + 4, sw);
     }
+    /* PAIRED: both parts' scales from one gq_k4_scale2, the same expression for k 0 and 1 (so computed once where
+     * the caller takes both parts: ggemv_body without XS, e.g. the experts of batched decode); else each part's own
+     * (gq_k4_scales: the launches that quantize one row of x themselves, held to few registers, ran slower paired:
+     * H200, Qwen3-30B-A3B Q4_K_M one row -5%) */
+    template <bool PAIRED = false>
     __device__ __forceinline__ void part(int k, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
         gq_k4_codes<T>(v, hb, 2 * c + k, q);
-        gq_k4_scales(sw, dd, 2 * c + k, sc, mn);
+        if constexpr (PAIRED) {
+            uint32_t s2, m2;
+            gq_k4_scale2(sw, c, s2, m2);
+            sc[0] = sc[1] = gq_half(dd, 0) * (float)((s2 >> 8 * k) & 255u);
+            mn[0] = mn[1] = gq_half(dd, 1) * (float)((m2 >> 8 * k) & 255u);
+        } else {
+            gq_k4_scales(sw, dd, 2 * c + k, sc, mn);
+        }
     }
 };
 template <> struct gq_unit<LMX_GGML_Q4_K> : gq_unit_k4<LMX_GGML_Q4_K> {};
@@ -343,6 +366,7 @@ template <> struct gq_unit<LMX_GGML_Q6_K_A16> { /* half a of 128 elements (parts
         gq_words<2, 8>(b + 192 + 8 * a, s2);
         d = gq_f16(b + 208);
     }
+    template <bool PAIRED = false> /* gq_unit_k4's choice; Q6_K's scales are one byte a part */
     __device__ __forceinline__ void part(int i4, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {
         gq_q6_part(lo + 8 * (i4 & 1), hi, i4, s2[i4 >> 1] >> (16 * (i4 & 1)), d, q, sc, mn);
     }
