@@ -133,12 +133,17 @@ static __device__ __forceinline__ void gq_k4_scale2(const uint32_t (&sw)[3], int
     m2 = c < 2 ? b & 0x3F3Fu : ((h >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
 }
 
-/* ... and the part's scale and min: d * scale, dmin * min (dd: d and dmin, f16 each) */
+/* A part's scale and min from its 6-bit s6 and m6: d * s6, dmin * m6 (dd: d and dmin, f16 each) */
+static __device__ __forceinline__ void gq_k4_floats(uint32_t dd, int s6, int m6, float (&sc)[2], float (&mn)[2]) {
+    sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
+    mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+}
+
+/* ... of part j (gq_k4_scale) */
 static __device__ __forceinline__ void gq_k4_scales(const uint32_t (&sw)[3], uint32_t dd, int j, float (&sc)[2], float (&mn)[2]) {
     int s6, m6;
     gq_k4_scale(sw, j, s6, m6);
-    sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;
-    mn[0] = mn[1] = gq_half(dd, 1) * (float)m6;
+    gq_k4_floats(dd, s6, m6, sc, mn);
 }
 
 /* Q4_K / Q5_K codes of part j from its chunk's code words v (nibble j & 1) [and Q5_K's high bits hb]. */
@@ -346,8 +351,7 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
         if constexpr (PAIRED) {
             uint32_t s2, m2;
             gq_k4_scale2(sw, c, s2, m2);
-            sc[0] = sc[1] = gq_half(dd, 0) * (float)((s2 >> 8 * k) & 255u);
-            mn[0] = mn[1] = gq_half(dd, 1) * (float)((m2 >> 8 * k) & 255u);
+            gq_k4_floats(dd, (int)(s2 >> 8 * k) & 255, (int)(m2 >> 8 * k) & 255, sc, mn);
         } else {
             gq_k4_scales(sw, dd, 2 * c + k, sc, mn);
         }
