@@ -454,6 +454,10 @@ static int gv_rows_per_block(int kind, int one_row, int M, int glu) {
 int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w) {
     if (w->q.ggml_type) return cuda_gemv_tc_kind_gguf(cb, w, CUDA_GEMV_TC_ROWS) >= 0 ? CUDA_GEMV_TC_ROWS : CUDA_GEMV_ROWS;
     const int kind = gv_kind(w);
+    /* f32 weights of fewer rows than k_gemv's blocks would fill the GPU with (a mixture of experts' router, 128 x
+     * 2048: 8 blocks, each warp walking all of K; H200, 8 rows: 20 us): one row (k_gemv1 splits K), more through
+     * cuBLAS's GEMM, which splits K (5.5 us) */
+    if (kind == GV_F32 && w->shape[0] < (int64_t)cuda_gemv_rows_block(GV_F32, CUDA_GEMV_ROWS, -1) * cb->sm_count) return 1;
     return kind >= 0 && cuda_gemv_tc_takes(cb, kind, w, 2) ? cuda_gemv_tc_rows(kind) : CUDA_GEMV_ROWS;
 }
 

@@ -302,7 +302,7 @@ typedef struct cuda_gemv_opts {
     const float *lora_b[3], *lora_t[3];
     int lora_r[3];
 } cuda_gemv_opts;
-/* The most rows cuda_gemv takes for weight w. */
+/* The most rows of x cuda_gemv runs well for weight w (cuda_matmul takes a GEMM beyond them). */
 int cuda_gemv_rows(const cuda_backend *cb, const lmx_tensor *w);
 /* 1 when cuda_gemv takes weight w for M rows with its one-row kernel (what opts need). */
 int cuda_gemv_one_row(const cuda_backend *cb, const lmx_tensor *w, int M);

@@ -224,11 +224,7 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     const int quant = w->q.bits || w->q.ggml_type;
     lmx_status st;
     const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
-    /* f32 weights of few rows (a mixture of experts' router, 128 x 2048) for 2-8 rows of x: k_gemv's blocks of 16
-     * rows would be a handful on the whole GPU, each warp walking all of K (H200, 8 rows: 20 us a router); cuBLAS's
-     * GEMM splits K.  One row: k_gemv1, which splits K itself. */
-    const int few = !quant && w->dtype == LMX_DTYPE_F32 && M > 1 && N < 16 * cb->sm_count;
-    const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows) && !few;
+    const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows);
     const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h): the GEMM takes it as it is */
     const int y16 = out->dtype == LMX_DTYPE_BF16; /* training's bf16 gate and up (model.h mlp16) */
     if (y16 && (gemv || bias || (!quant && w->dtype != LMX_DTYPE_BF16)))
