@@ -19,11 +19,13 @@ run "$bin/test_cuda_ops"
 # attention (k_norm_rope), graphs against eager cuda bit for bit
 # ... and one row of MLX 4-bit by the stream (k_gstream1) at every size: by default only launches of 8M weights
 # or more take it, larger than the test's; and one row of GGUF gate / up experts by k_moe_ggemv, not staged in
-# shared memory (k_moe_gu_staged)
-run env LMX_CUDA_ATT_FOLD=0 LMX_CUDA_STREAM_MIN=0 LMX_CUDA_MOE_STAGED=0 "$bin/test_cuda_ops"
+# shared memory (k_moe_gu_staged); and several rows of GGUF experts by the per-pair kernels, not the tensor cores
+# (cuda_moe_mma.cu)
+run env LMX_CUDA_ATT_FOLD=0 LMX_CUDA_STREAM_MIN=0 LMX_CUDA_MOE_STAGED=0 LMX_CUDA_MOE_MMA=0 "$bin/test_cuda_ops"
 # GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights in their own blocks (LMX_CUDA_GGUF_REPACK=0): the GGUF kernels that
-# the upload's rewrite as MLX groups (cuda_repack.cu) otherwise leaves to Q5 / Q6 / Q2 / Q3 types and experts
-run env LMX_CUDA_GGUF_REPACK=0 "$bin/test_cuda_ops"
+# the upload's rewrite as MLX groups (cuda_repack.cu) otherwise leaves to Q5 / Q6 / Q2 / Q3 types and experts;
+# and the experts' gate / up on the tensor cores from two rows (by default from 16)
+run env LMX_CUDA_GGUF_REPACK=0 LMX_CUDA_MOE_MMA=2 "$bin/test_cuda_ops"
 [ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
 [ -x "$bin/test_cuda_keep" ] && run "$bin/test_cuda_keep"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)

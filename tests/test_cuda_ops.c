@@ -548,13 +548,13 @@ static void test_topk(void) {
  * here in double and the experts run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: the
  * grouped GEMMs, which take x and the GLU's output as bf16 (a bf16 tolerance). */
-static void test_moe_case(const char *name, lmx_dtype dt, int bits, int gtype, int E, int K, int C, int F, int M,
-                          int norm_topk, int scaled, int ties) {
+static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
+                               int F, int M, int norm_topk, int scaled, int ties) {
     wpair *w = malloc((size_t)3 * E * sizeof *w);
     lmx_tensor *eg = malloc((size_t)3 * E * sizeof *eg);
     for (int e = 0; e < E; e++)
         for (int j = 0; j < 3; j++) {
-            const int gt = gtype == LMX_GGML_Q4_K && j == 2 ? LMX_GGML_Q6_K : gtype; /* as a Q4_K_M file mixes them */
+            const int gt = j == 2 ? gdown : gtype;
             w[3 * e + j] = make_weight_ex(dt, bits, bits ? 64 : 0, gt, j == 2 ? C : F, j == 2 ? F : C, LMX_DTYPE_BF16, E);
             eg[3 * e + j] = w[3 * e + j].g;
         }
@@ -618,6 +618,13 @@ static void test_moe_case(const char *name, lmx_dtype dt, int bits, int gtype, i
     free(got), free(want), free(x), free(out0), free(z), free(es), free(eg), free(w);
 }
 
+/* down as a Q4_K_M file mixes them: Q6_K beside Q4_K gate / up */
+static void test_moe_case(const char *name, lmx_dtype dt, int bits, int gtype, int E, int K, int C, int F, int M,
+                          int norm_topk, int scaled, int ties) {
+    test_moe_case_down(name, dt, bits, gtype, gtype == LMX_GGML_Q4_K ? LMX_GGML_Q6_K : gtype, E, K, C, F, M, norm_topk,
+                       scaled, ties);
+}
+
 static void test_moe(void) {
     const int Ms[] = {1, 3, 8, 40};
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
@@ -639,6 +646,13 @@ static void test_moe(void) {
     test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 1030, 1, 0, 0);
     test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 1030, 1, 0, 0);
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 200, 1, 0, 0);
+    /* several rows of Q4_K gate / up beside Q4_K or Q6_K down on the integer tensor cores (cuda_moe_mma.cu): rows of
+     * several super-blocks, experts chosen by one pair to twenty (passes of eight) */
+    test_moe_case_down("gguf q4_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 16, 4, 512, 768, 8, 1, 0, 0);
+    test_moe_case_down("gguf q4_k / q6_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 512, 768, 32, 1, 0, 0);
+    test_moe_case_down("gguf q4_k, mma, passes", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 6, 3, 256, 512, 40, 0, 1, 0);
+    /* x staged for 2,304 values: with the kernel's own tables past the 48 KB a launch takes unasked */
+    test_moe_case_down("gguf q4_k / q6_k, mma, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 2304, 512, 4, 1, 0, 0);
 }
 
 /* A second cuda backend created with environment variable var set to val (its switches are read at creation),

@@ -9,6 +9,7 @@
 
 #include "cuda_attention.h"
 #include "cuda_internal.h"
+#include "cuda_moe_mma.h"
 #include "cuda_repack.h"
 
 extern "C" {
@@ -625,6 +626,9 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->moe_off = mo && mo[0] == '0';
     const char *ms = getenv("LMX_CUDA_MOE_STAGED");
     cb->moe_staged = !(ms && ms[0] == '0');
+    const char *mm = getenv("LMX_CUDA_MOE_MMA"); /* "G[,D]": gate / up from G rows, down from D (G alone: both) */
+    cb->moe_mma[0] = mm ? atoi(mm) : CUDA_MOE_MMA_ROWS_GU;
+    cb->moe_mma[1] = mm ? (strchr(mm, ',') ? atoi(strchr(mm, ',') + 1) : cb->moe_mma[0]) : CUDA_MOE_MMA_ROWS_DOWN;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");

@@ -14,10 +14,12 @@
  *
  * Only the chosen experts' weights are read (each pair reads its expert's; rows that chose the same
  * expert read it again).  GGUF experts take k_moe_ggemv (cuda_ggml.cu) the same way, on x quantized
- * first.  More than CUDA_MOE_PAIRS (row, choice) pairs (prefill) or experts neither GEMV takes: the
+ * first; Q4_K / Q6_K experts of several rows take the integer tensor cores instead (cuda_moe_mma.cu: each
+ * chosen expert read once for all its pairs; gate / up from CUDA_MOE_MMA_ROWS_GU rows, down from
+ * CUDA_MOE_MMA_ROWS_DOWN).  More than CUDA_MOE_PAIRS (row, choice) pairs (prefill) or experts neither GEMV takes: the
  * grouped GEMMs of cuda_moe_grouped.cu.  More than 256 experts: LMX_ERR_UNSUPPORTED, and the model
  * routes on the host (per-expert GEMMs on the rows gathered for each). */
-#include "cuda_internal.h"
+#include "cuda_moe_mma.h"
 
 __global__ void __launch_bounds__(32) k_moe_route(const __grid_constant__ cuda_moe_router rt) {
     cuda_pdl_trigger();
@@ -92,15 +94,21 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
     const float *x = (const float *)a->x->data;
     lmx_status st;
     if (gguf) { /* the routing joins x's quantization */
-        cuda_moe_router rt;
-        cuda_moe_router_set(&rt, a, 0, pick, pw);
-        st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, x, a->M, h, u, (int)a->act, &rt, nm);
+        const int mma_gu = !(nm && nm->w) && cuda_moe_mma_takes(cb, a, 0), mma_down = cuda_moe_mma_takes(cb, a, 1);
+        if (mma_gu) {
+            st = cuda_moe_mma_gu(cb, a, pick, pw, h);
+        } else {
+            cuda_moe_router rt;
+            cuda_moe_router_set(&rt, a, 0, pick, pw);
+            st = cuda_moe_ggemv(cb, a->experts, a->E, 0, pick, P, a->K, x, a->M, h, u, (int)a->act, &rt, nm);
+        }
         /* one row: the combine joins the down projection (its blocks fit the GPU at once; with more rows, each
          * of many waves of blocks waits on its ticket: H100, Qwen3-30B-A3B's shape, batch 32 4% slower) */
         const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0};
-        if (!st)
+        if (!st && mma_down) st = cuda_moe_mma_down(cb, a, pick, h, y);
+        else if (!st)
             st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0, NULL, NULL, a->M == 1 ? &sum : NULL);
-        if (st || a->M == 1) return st;
+        if (st || (a->M == 1 && !mma_down)) return st;
     } else {
         st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
         if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);

@@ -1,0 +1,24 @@
+/* cuda_moe_mma.h - a mixture of experts' GGUF experts for several rows on the integer tensor cores
+ * (cuda_moe_mma.cu), for cuda_moe.cu. */
+#ifndef LMX_BACKEND_CUDA_MOE_MMA_H
+#define LMX_BACKEND_CUDA_MOE_MMA_H
+
+#include "cuda_internal.h"
+
+/* The fewest rows that take it by default (cb->moe_mma; fewer: the per-pair kernels, k_moe_ggemv).  H200, Qwen3-30B-A3B
+ * Q4_K_M's 48 layers, tok/s with gate / up on the tensor cores against the per-pair kernel (down on them in both):
+ * batch 8 1,225 / 1,301, 16 1,819 / 1,696, 32 2,645 / 1,635 (both per pair). */
+#define CUDA_MOE_MMA_ROWS_GU 16
+#define CUDA_MOE_MMA_ROWS_DOWN 2
+
+/* 1 when cuda_moe_mma_gu (down 0) or cuda_moe_mma_down (1) takes a's experts: Q4_K gate and up, Q4_K or Q6_K
+ * down, every expert 16-byte aligned, rows that fit its shared memory, enough rows (one row's pairs each read a
+ * different expert: the per-pair kernels, k_moe_gu_staged and k_moe_ggemv, are as fast). */
+int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down);
+/* x's routing (pick, pw [M, K]) in its quantization's launch, then h [M K, F] = act(gate_e x_i) * (up_e x_i) for
+ * each (row i, choice) pair */
+lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, float *pw, float *h);
+/* h quantized, then y [M K, C] = down_e h_p for each pair p (the combine is the caller's) */
+lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
+
+#endif
