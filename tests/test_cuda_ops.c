@@ -651,8 +651,8 @@ static void test_moe(void) {
     test_moe_case_down("gguf q4_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 16, 4, 512, 768, 8, 1, 0, 0);
     test_moe_case_down("gguf q4_k / q6_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 512, 768, 32, 1, 0, 0);
     test_moe_case_down("gguf q4_k, mma, passes", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 6, 3, 256, 512, 40, 0, 1, 0);
-    /* x staged for 2,304 values: with the kernel's own tables past the 48 KB a launch takes unasked */
-    test_moe_case_down("gguf q4_k / q6_k, mma, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 2304, 512, 4, 1, 0, 0);
+    /* gate / up's x staged for 2,304 values: with the kernel's own tables past the 48 KB a launch takes unasked */
+    test_moe_case_down("gguf q4_k / q6_k, mma, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 2304, 512, 16, 1, 0, 0);
 }
 
 /* A second cuda backend created with environment variable var set to val (its switches are read at creation),
