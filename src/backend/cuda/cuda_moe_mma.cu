@@ -91,8 +91,9 @@ static __device__ __forceinline__ void mq_acc(float (&acc)[4], const int (&D)[4]
     acc[3] = fmaf(xc.x * sc[1], (float)D[3], fmaf(-mn[1], xc.y, acc[3]));
 }
 
-/* A warp's 16 rows of Q4_K (wr: rows g and g + 8, K values each) against the staged x: sx codes [K / 32][8][4],
- * sxs scales [K / 32][8] ({d, d sum(qx), d sum of the first 16, of the last 16}) */
+/* A lane's share of its warp's 16 rows of type T (wr: rows g and g + 8): load takes super-block b's bytes, sum adds
+ * them times the staged x to acc: codes sx [K / 32][8 pairs][4 lanes] (mq_xcodes), scales sxs [K / 32][8 pairs] (Q4_K
+ * {d, d sum(qx), 0, 0}; Q6_K {d, 0, -32 d sum(qx) over the first 16, over the last 16}) */
 template <int T> struct mq_rows;
 
 template <> struct mq_rows<LMX_GGML_Q4_K> {
