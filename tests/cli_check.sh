@@ -11,7 +11,7 @@ for cmd in run chat info discover bench check-reference quantize tokenize templa
     "$bin" $cmd --help >/dev/null || fail "$cmd --help"
 done
 for args in "run" "run $llama --temp x" "run $llama --top-k" "run $llama --bogus" "chat" "info" "discover" \
-            "nosuchcommand" "run $llama --prompt-ids 1,x" "bench $llama --batch 5"; do
+            "nosuchcommand" "run $llama --prompt-ids 1,x" "bench $llama --batch 65"; do
     set +e; err=$("$bin" $args 2>&1 >/dev/null </dev/null); rc=$?; set -e
     [ "$rc" = 2 ] || fail "'lmx $args' exited $rc, expected 2"
     [ "$(wc -l <<<"$err")" = 1 ] || fail "'lmx $args' printed more than one line: $err"
@@ -43,6 +43,12 @@ python3 - "$json" <<'PY' || fail "bench --batch: $json"
 import json, sys
 m = json.loads(sys.argv[1])
 assert m["batch8_tok_s"] > 0 and m["batch1_tok_s"] == 0 and m["batch32_tok_s"] == 0 and m["decode_ctx0_tok_s"] == 0, m
+PY
+json=$("$bin" bench "$llama" --backend cpu --batch 5 --steps 8 --json)
+python3 - "$json" <<'PY' || fail "bench --batch 5: $json"
+import json, sys
+m = json.loads(sys.argv[1])
+assert m["batch5_tok_s"] > 0 and "batch8_tok_s" not in m and m["batch32_tok_s"] == 0, m
 PY
 echo "ok: bench --batch"
 
