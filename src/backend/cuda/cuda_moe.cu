@@ -94,7 +94,8 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
     const float *x = (const float *)a->x->data;
     lmx_status st;
     if (gguf) { /* the routing joins x's quantization */
-        const int mma_gu = !(nm && nm->w) && cuda_moe_mma_takes(cb, a, 0), mma_down = cuda_moe_mma_takes(cb, a, 1);
+        /* several rows (never one, so never a folded norm) */
+        const int mma_gu = cuda_moe_mma_takes(cb, a, 0), mma_down = cuda_moe_mma_takes(cb, a, 1);
         if (mma_gu) {
             st = cuda_moe_mma_gu(cb, a, pick, pw, h);
         } else {
@@ -105,10 +106,11 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
         /* one row: the combine joins the down projection (its blocks fit the GPU at once; with more rows, each
          * of many waves of blocks waits on its ticket: H100, Qwen3-30B-A3B's shape, batch 32 4% slower) */
         const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0};
-        if (!st && mma_down) st = cuda_moe_mma_down(cb, a, pick, h, y);
-        else if (!st)
-            st = cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0, NULL, NULL, a->M == 1 ? &sum : NULL);
-        if (st || (a->M == 1 && !mma_down)) return st;
+        if (!st)
+            st = mma_down ? cuda_moe_mma_down(cb, a, pick, h, y)
+                          : cuda_moe_ggemv(cb, a->experts, a->E, 1, pick, P, a->K, h, P, y, NULL, 0, NULL, NULL,
+                                           a->M == 1 ? &sum : NULL);
+        if (st || a->M == 1) return st;
     } else {
         st = cuda_moe_route(cb, a, 0, a->M, pick, pw);
         if (!st) st = cuda_moe_gemv(cb, a->experts, a->E, 0, pick, P, a->K, x, h, u, (int)a->act);

@@ -57,18 +57,13 @@ static __device__ __forceinline__ void mq_lo16(int (&d)[4], uint32_t a0, uint32_
         : "r"(a0), "r"(a1), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 }
 
-/* x's layout (gq_xchunk) for the units of weights of type T */
-template <int T> struct mq_x {
-    static constexpr int UL = T == LMX_GGML_Q4_K ? 1 : 2;
-};
-
 /* Lane t's eight codes of part pp of row m of quantized x, as the mma's B takes them: {hi a, hi b, lo a, lo b}
  * of elements a = 8t .. 8t + 3, b = 8t + 4 .. 8t + 7 (Q4_K: one k32 over the part), or a = 4t .. 4t + 3,
  * b = 16 + 4t .. 16 + 4t + 3 (Q6_K: a k16 over each half).  A chunk of gq_xchunk holds the int16 codes of
  * elements 8c .. 8c + 7, two a word. */
 template <int T>
 static __device__ __forceinline__ uint4 mq_xcodes(const int4 *__restrict__ xq, int PR, int m, int pp, int t) {
-    const int4 *c = xq + (size_t)m * PR * 4 + gq_xchunk(pp, mq_x<T>::UL);
+    const int4 *c = xq + (size_t)m * PR * 4 + gq_xchunk(pp, gq_ul(gq_unit<T>::UP));
     uint32_t w0, w1, w2, w3;
     if constexpr (T == LMX_GGML_Q4_K) {
         const int4 v = __ldg(c + 32 * t);
@@ -148,7 +143,7 @@ template <> struct mq_rows<LMX_GGML_Q4_K> {
 template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
     uint32_t ql[2][2][2][2]; /* [row][hh][is][q & 1]: lane t's bytes 4t .. 4t + 3 */
     uint32_t qh[2][2][2];    /* [row][hh][is] */
-    uint4 sc[2];
+    uint32_t sc[2][4]; /* [row]: the 16 scale bytes */
     uint32_t dw[2];
     __device__ __forceinline__ void load(const uint8_t *const (&wr)[2], int b, int t) {
 #pragma unroll
@@ -162,7 +157,8 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
                     ql[h][hh][is][1] = __ldg((const uint32_t *)(p + 64 * hh + 32 + 16 * is + 4 * t));
                     qh[h][hh][is] = __ldg((const uint32_t *)(p + 128 + 32 * hh + 16 * is + 4 * t));
                 }
-            sc[h] = __ldg((const uint4 *)(p + 192));
+            const uint4 v = __ldg((const uint4 *)(p + 192));
+            sc[h][0] = v.x, sc[h][1] = v.y, sc[h][2] = v.z, sc[h][3] = v.w;
             dw[h] = __ldg((const uint32_t *)(p + 208));
         }
     }
@@ -187,8 +183,7 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
                         a[h] = ((ql[h][hh][is][q & 1] >> 4 * (q >> 1)) & 0x0F0F0F0Fu) |
                                (((qh[h][hh][is] >> 2 * q) & 0x03030303u) << 4);
                         const int k = 8 * hh + 2 * q + is;
-                        const uint32_t w = k < 4 ? sc[h].x : k < 8 ? sc[h].y : k < 12 ? sc[h].z : sc[h].w;
-                        s[h] = d[h] * (float)(int8_t)(w >> 8 * (k & 3));
+                        s[h] = d[h] * (float)(int8_t)(sc[h][k >> 2] >> 8 * (k & 3));
                     }
                     int D[4];
                     mq_hi16(D, a[0], a[1], is ? xb.y : xb.x);
@@ -246,7 +241,7 @@ __global__ void __launch_bounds__(256, 2)
                 const int p = plist[c0 + j], m = PAIR ? p / kused : p;
                 v = mq_xcodes<T>(xq, PR, m, pp, tt);
                 if (tt == 0) {
-                    const float4 q = __ldg(xm + (size_t)m * PR + gq_xpart(pp, mq_x<T>::UL));
+                    const float4 q = __ldg(xm + (size_t)m * PR + gq_xpart(pp, gq_ul(gq_unit<T>::UP)));
                     s = T == LMX_GGML_Q4_K ? make_float4(q.x, q.y + q.z, 0.0f, 0.0f)
                                            : make_float4(q.x, 0.0f, -32.0f * q.y, -32.0f * q.z);
                 }
@@ -283,6 +278,8 @@ static size_t mq_smem(int K) { return (size_t)K / 32 * (MQ_N * 4 * sizeof(uint4)
 
 int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) {
     const int min_rows = cb->moe_mma[down];
+    /* never one row: its pairs each read another expert, and cuda_moe_normed folds its norm into gate / up's x
+     * and its combine into the per-pair down projection */
     if (min_rows <= 0 || a->M < (min_rows > 2 ? min_rows : 2) || a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     if (F % 256 || C % 256 || mq_smem((int)(down ? F : C)) > MQ_SMEM) return 0;
@@ -317,7 +314,7 @@ static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const gq_xq
 lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, float *pw, float *h) {
     cuda_moe_router rt;
     cuda_moe_router_set(&rt, a, 0, pick, pw);
-    const int up = 2; /* x in the layout of Q4_K's units (gq_unit::UP) */
+    const int up = gq_unit<LMX_GGML_Q4_K>::UP; /* x in the layout of Q4_K's units */
     gq_xq xo;
     if (!gq_quant_x(cb, &up, 1, (const float *)a->x->data, a->M, (int)a->experts[0].shape[1], cuda_row_norm{}, &xo, &rt))
         return cb->base.err.status;
@@ -325,7 +322,8 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 }
 
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y) {
-    const int q6 = a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16, up = q6 ? 4 : 2;
+    const int q6 = a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16;
+    const int up = q6 ? gq_unit<LMX_GGML_Q6_K_A16>::UP : gq_unit<LMX_GGML_Q4_K>::UP;
     gq_xq xo;
     if (!gq_quant_x(cb, &up, 1, h, a->M * a->K, (int)a->experts[2].shape[1], cuda_row_norm{}, &xo))
         return cb->base.err.status;
