@@ -6,89 +6,139 @@
  * weight is decoded and multiplied once a pair by the CUDA cores.  Here block (bx, e) takes rows
  * [bx R, (bx + 1) R) of expert e (gate / up: R = 64 of gate, four warps, beside the same 64 of up, four warps;
  * down: R = 128, eight warps) and the pairs that chose e, found by scanning pick (in passes of up to eight, the
- * mma's n: x's rows of the pass staged in shared memory as the mma's B takes them).  A warp takes 16 rows (the
- * mma's m), its lane (g, t) = (lane / 4, lane % 4) rows g and g + 8, their codes loaded straight from the
- * weights as the mma's A, a super-block ahead.  Blocks of an expert no pair chose end at once.
+ * mma's n: x's rows of the pass copied into shared memory, laid out as the mma's B takes them, by cp.async, all
+ * at once and beside the first weights' loads).  A warp takes 16 rows (the mma's m), its lane (g, t) = (lane /
+ * 4, lane % 4) rows g and g + 8, their codes loaded straight from the weights as the mma's A, a super-block
+ * ahead.  Blocks of an expert no pair chose end at once.
  *
- * Arithmetic: x quantized per 32 values to int16 as for the GEMVs (cuda_ggml_x.h; x ~ d qx), each code split
- * into a signed high byte and an unsigned low byte, qx = 256 hi + lo, so that over a sub-block of 32 (Q4_K) or
- * 16 (Q6_K) values the weights' unsigned codes q (Q4_K's 4 bits; Q6_K's 6 bits, the code + 32) give
+ * Arithmetic: x quantized per super-block of 256 values to int16 (k_mq_quant: x ~ d qx, one d a super-block),
+ * each code split into a signed high byte and an unsigned low byte, qx = 256 hi + lo, so that over a sub-block
+ * of 32 (Q4_K) or 16 (Q6_K) values the weights' unsigned codes q (Q4_K's 4 bits; Q6_K's 6 bits, the code + 32)
+ * give
  *
  *     q . qx = 256 (q . hi) + (q . lo)
  *
- * by two int8 mma (m16n8k32, or m16n8k16 for Q6_K's sub-blocks of 16: u8 x s8, then u8 x u8 added to 256
- * times the first), exact in int32: the integer sums of the GEMVs' dp2a.  Then, as the GEMVs do,
+ * by two int8 mma (m16n8k32, or m16n8k16 for Q6_K's sub-blocks of 16: u8 x s8 and u8 x u8).  With x's scale
+ * shared by the super-block's sub-blocks, only the weights' integer sub-block scales sit inside the sum over
+ * sub-blocks: the two products times the sub-block's scale, and its min (or Q6_K's 32) times the sum of x's
+ * codes, summed in int32 (exact: each sum's bound is at its kernel), and x's and the block's float scales
+ * applied once a super-block:
  *
- *     w . x = d_x (sc (q . qx) - mn sum(qx))        Q4_K: sc = d s6, mn = dmin m6;  Q6_K: sc = d s8, mn = 32 sc
+ *     Q4_K: w . x = d_x (d sum_s s6_s (q . qx)_s - dmin sum_s m6_s sum(qx)_s)
+ *     Q6_K: w . x = d_x d sum_s s8_s ((q . qx)_s - 32 sum(qx)_s)
  *
- * summed over the sub-blocks in order.  Gate / up store h = act(g) u for the down projection, which takes h
- * quantized the same way (a launch of gq_quant_x between). */
+ * (the GEMVs' x has a d a part of 32 values, so their sums take every scale a sub-block).  Gate / up store
+ * h = act(g) u for the down projection, which takes h quantized the same way (a k_mq_quant launch between). */
 #include "cuda_moe_mma.h"
 #include "cuda_ggml_x.h"
 
 #define MQ_N 8                /* pairs a pass: the mma's n */
 #define MQ_SMEM (160 << 10)   /* the staged x of a pass at most (K 8,192) */
 
-/* d = a (16 x 32 unsigned codes) . b (32 x 8 signed high bytes) */
-static __device__ __forceinline__ void mq_hi32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
-/* d = 256 d + a . b (32 x 8 unsigned low bytes) */
-static __device__ __forceinline__ void mq_lo32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    int c[4] = {d[0] * 256, d[1] * 256, d[2] * 256, d[3] * 256};
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+/* d = a (16 x 32 unsigned codes) . b (32 x 8 bytes: LO 0, signed high bytes; LO 1, unsigned low bytes) */
+template <int LO>
+static __device__ __forceinline__ void mq_mma32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (LO)
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %10, %10, %10};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+    else
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %10, %10, %10};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 /* the same over 16 values: a (16 x 16), b (16 x 8) */
-static __device__ __forceinline__ void mq_hi16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b), "r"(0));
-}
-static __device__ __forceinline__ void mq_lo16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    int c[4] = {d[0] * 256, d[1] * 256, d[2] * 256, d[3] * 256};
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+template <int LO> static __device__ __forceinline__ void mq_mma16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    if constexpr (LO)
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b), "r"(0));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b), "r"(0));
 }
 
-/* Lane t's eight codes of part pp of row m of quantized x, as the mma's B takes them: {hi a, hi b, lo a, lo b}
- * of elements a = 8t .. 8t + 3, b = 8t + 4 .. 8t + 7 (Q4_K: one k32 over the part), or a = 4t .. 4t + 3,
- * b = 16 + 4t .. 16 + 4t + 3 (Q6_K: a k16 over each half).  A chunk of gq_xchunk holds the int16 codes of
- * elements 8c .. 8c + 7, two a word. */
+/* x [M, K] quantized for type T (k_mq_quant): codes q [M][K / 32 parts][4 lanes] (lane t's eight codes of a part
+ * as the mma's B takes them: {hi a, hi b, lo a, lo b}, Q4_K: a = 8t .. 8t + 3, b = 8t + 4 .. 8t + 7, one k32
+ * over the part; Q6_K: a = 4t .. 4t + 3, b = 16 + 4t .. 16 + 4t + 3, a k16 over each half), the sums of the
+ * codes s [M][K / 32] (Q4_K: a part's; Q6_K: each half's, [M][K / 16]), the scales d [M][K / 256]. */
+struct mq_x {
+    const uint4 *q;
+    const int *s;
+    const float *d;
+};
+template <int T> struct mq_t { static constexpr int SUMS = T == LMX_GGML_Q4_K ? 1 : 2; }; /* sums a part */
+
+/* the row of x that pair p reads: gate / up's x has a row for each row of pairs */
+template <int PAIR> static __device__ __forceinline__ int mq_xrow(int p, int kused) { return PAIR ? p / kused : p; }
+
+/* Super-block bx of row blockIdx.y of x a warp (lane l: values 8 l .. 8 l + 7, part l / 4), into o; blocks of
+ * rows past M route row y - M (rt: gate / up's launch; warp 0 of block 0) */
 template <int T>
-static __device__ __forceinline__ uint4 mq_xcodes(const int4 *__restrict__ xq, int PR, int m, int pp, int t) {
-    const int4 *c = xq + (size_t)m * PR * 4 + gq_xchunk(pp, gq_ul(gq_unit<T>::UP));
-    uint32_t w0, w1, w2, w3;
-    if constexpr (T == LMX_GGML_Q4_K) {
-        const int4 v = __ldg(c + 32 * t);
-        w0 = v.x, w1 = v.y, w2 = v.z, w3 = v.w;
-    } else {
-        const int4 a = __ldg(c + 32 * (t >> 1)), b = __ldg(c + 32 * (2 + (t >> 1)));
-        w0 = t & 1 ? a.z : a.x, w1 = t & 1 ? a.w : a.y, w2 = t & 1 ? b.z : b.x, w3 = t & 1 ? b.w : b.y;
+__global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, int M, int K, uint4 *oq, int *os,
+                                                  float *od, const __grid_constant__ cuda_moe_router rt) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    const int lane = threadIdx.x % 32, sb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, m = blockIdx.y;
+    if (m >= M) {
+        if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, m - M, lane);
+        return;
     }
-    return make_uint4(__byte_perm(w0, w1, 0x7531), __byte_perm(w2, w3, 0x7531), __byte_perm(w0, w1, 0x6420),
-                      __byte_perm(w2, w3, 0x6420));
+    if (sb >= K / 256) return;
+    const float *xv = x + (size_t)m * K + 256 * sb + 8 * lane;
+    const float4 v0 = *(const float4 *)xv, v1 = *(const float4 *)(xv + 4);
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = cuda_warp_max(amax);
+    const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    int c[8], sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) c[i] = __float2int_rn(v[i] * id), sum += c[i];
+    uint32_t w[4]; /* the int16 codes two a word */
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (uint32_t)(c[2 * i] & 0xffff) | ((uint32_t)c[2 * i + 1] << 16);
+    /* hi / lo bytes of values 0..3 and 4..7 */
+    const uint32_t h0 = __byte_perm(w[0], w[1], 0x7531), h1 = __byte_perm(w[2], w[3], 0x7531),
+                   l0 = __byte_perm(w[0], w[1], 0x6420), l1 = __byte_perm(w[2], w[3], 0x6420);
+    const int pp = 8 * sb + lane / 4, t = lane % 4;
+    uint4 *q = oq + ((size_t)m * (K / 32) + pp) * 4 + t;
+    if constexpr (T == LMX_GGML_Q4_K) {
+        *q = make_uint4(h0, h1, l0, l1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1), sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (t == 0) os[(size_t)m * (K / 32) + pp] = sum;
+    } else { /* lane t of the part takes values 4t .. 4t + 3 from lane t / 2's half t % 2, 16 + 4t .. from 2 + t / 2's */
+        const int a = (lane & ~3) + t / 2, b = a + 2, hf = t & 1;
+        const uint32_t ah0 = __shfl_sync(0xffffffffu, h0, a), ah1 = __shfl_sync(0xffffffffu, h1, a),
+                       al0 = __shfl_sync(0xffffffffu, l0, a), al1 = __shfl_sync(0xffffffffu, l1, a),
+                       bh0 = __shfl_sync(0xffffffffu, h0, b), bh1 = __shfl_sync(0xffffffffu, h1, b),
+                       bl0 = __shfl_sync(0xffffffffu, l0, b), bl1 = __shfl_sync(0xffffffffu, l1, b);
+        *q = make_uint4(hf ? ah1 : ah0, hf ? bh1 : bh0, hf ? al1 : al0, hf ? bl1 : bl0);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1); /* lanes 2i, 2i + 1: a half of 16 */
+        if (!(t & 1)) os[((size_t)m * (K / 32) + pp) * 2 + t / 2] = sum;
+    }
+    if (lane == 0) od[(size_t)m * (K / 256) + sb] = amax / 32767.0f;
 }
 
-/* acc (rows g, g + 8 x pairs 2t, 2t + 1, the mma's C order) plus one sub-block: its integer sums D, the rows'
- * scales sc and mins mn, x's scales xa (pair 2t) and xc (2t + 1), each {d, sum of the sub-block's d qx} */
-static __device__ __forceinline__ void mq_acc(float (&acc)[4], const int (&D)[4], const float (&sc)[2],
-                                              const float (&mn)[2], float2 xa, float2 xc) {
-    acc[0] = fmaf(xa.x * sc[0], (float)D[0], fmaf(-mn[0], xa.y, acc[0]));
-    acc[1] = fmaf(xc.x * sc[0], (float)D[1], fmaf(-mn[0], xc.y, acc[1]));
-    acc[2] = fmaf(xa.x * sc[1], (float)D[2], fmaf(-mn[1], xa.y, acc[2]));
-    acc[3] = fmaf(xc.x * sc[1], (float)D[3], fmaf(-mn[1], xc.y, acc[3]));
+/* n (16 or 4) bytes from global src to shared dst by cp.async, or n zeros where !valid */
+template <int n> static __device__ __forceinline__ void mq_copy(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if constexpr (n == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
 }
+
+/* byte k of w (one PRMT) */
+static __device__ __forceinline__ int mq_byte(uint32_t w, int k) { return (int)__byte_perm(w, 0u, 0x4440u | k); }
 
 /* A lane's share of its warp's 16 rows of type T (wr: rows g and g + 8): load takes super-block b's bytes, sum adds
- * them times the staged x to acc: codes sx [K / 32][8 pairs][4 lanes] (mq_xcodes), scales sxs [K / 32][8 pairs] (Q4_K
- * {d, d sum(qx), 0, 0}; Q6_K {d, 0, -32 d sum(qx) over the first 16, over the last 16}) */
+ * them times the staged x to acc (pairs 2t, 2t + 1): x's codes sx [K / 32][8 pairs][4 lanes], sums sxs
+ * [K / 32 * SUMS][8 pairs] and scales sxd [K / 256][8 pairs], as mq_x holds them a row */
 template <int T> struct mq_rows;
 
 template <> struct mq_rows<LMX_GGML_Q4_K> {
@@ -103,36 +153,44 @@ template <> struct mq_rows<LMX_GGML_Q4_K> {
             for (int j = 0; j < 4; j++) qs[h][j] = __ldg((const uint2 *)(p + 16 + 32 * j + 8 * t));
         }
     }
-    __device__ __forceinline__ void sum(int b, const uint4 *sx, const float4 *sxs, int g, int t,
+    __device__ __forceinline__ void sum(int b, const uint4 *sx, const int *sxs, const float *sxd, int g, int t,
                                         float (&acc)[4]) const {
-        float d[2], dm[2];
-        uint32_t sw[2][3];
+        uint32_t sc[2][2], mn[2][2]; /* each row's eight 6-bit scales and mins, a byte each */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            d[h] = gq_half(hd[h].x, 0), dm[h] = gq_half(hd[h].x, 1);
-            sw[h][0] = hd[h].y, sw[h][1] = hd[h].z, sw[h][2] = hd[h].w;
+            const uint32_t w0 = hd[h].y, w1 = hd[h].z, w2 = hd[h].w;
+            sc[h][0] = w0 & 0x3F3F3F3Fu, mn[h][0] = w1 & 0x3F3F3F3Fu;
+            sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+            mn[h][1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
         }
+        /* over the sub-blocks, in int32: s6 (q . hi), s6 (q . lo), m6 sum(qx) (each bounded: 63 x 8 sub-blocks of at
+         * most 15 x 128 x 32, 15 x 255 x 32, 32 x 32,768) */
+        int ih[4] = {0, 0, 0, 0}, il[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int s = 0; s < 2; s++) { /* sub-block 2j + s: the low, then the high nibbles */
-                const int pp = 8 * b + 2 * j + s;
+                const int pp = 8 * b + 2 * j + s, k = 2 * j + s;
                 const uint32_t a[4] = {(qs[0][j].x >> 4 * s) & 0x0F0F0F0Fu, (qs[1][j].x >> 4 * s) & 0x0F0F0F0Fu,
                                        (qs[0][j].y >> 4 * s) & 0x0F0F0F0Fu, (qs[1][j].y >> 4 * s) & 0x0F0F0F0Fu};
                 const uint4 xb = sx[pp * 32 + g * 4 + t];
-                int D[4];
-                mq_hi32(D, a, xb.x, xb.y);
-                mq_lo32(D, a, xb.z, xb.w);
-                float sc[2], mn[2];
+                int Dh[4], Dl[4];
+                mq_mma32<0>(Dh, a, xb.x, xb.y);
+                mq_mma32<1>(Dl, a, xb.z, xb.w);
+                const int2 xs = *(const int2 *)(sxs + pp * 8 + 2 * t); /* pairs 2t, 2t + 1 */
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int s6, m6;
-                    gq_k4_scale(sw[h], 2 * j + s, s6, m6);
-                    sc[h] = d[h] * (float)s6, mn[h] = dm[h] * (float)m6;
+                for (int o = 0; o < 4; o++) {
+                    const int s6 = mq_byte(sc[o / 2][k >> 2], k & 3), m6 = mq_byte(mn[o / 2][k >> 2], k & 3);
+                    ih[o] += s6 * Dh[o], il[o] += s6 * Dl[o], im[o] += m6 * (o % 2 ? xs.y : xs.x);
                 }
-                const float4 xa = sxs[pp * 8 + 2 * t], xc = sxs[pp * 8 + 2 * t + 1];
-                mq_acc(acc, D, sc, mn, make_float2(xa.x, xa.y), make_float2(xc.x, xc.y));
             }
+        const float2 dx = *(const float2 *)(sxd + b * 8 + 2 * t);
+#pragma unroll
+        for (int o = 0; o < 4; o++) {
+            const uint32_t dd = hd[o / 2].x;
+            const float dot = fmaf(256.0f, (float)ih[o], (float)il[o]);
+            acc[o] = fmaf(o % 2 ? dx.y : dx.x, fmaf(gq_half(dd, 0), dot, -gq_half(dd, 1) * (float)im[o]), acc[o]);
+        }
     }
 };
 
@@ -162,50 +220,52 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
             dw[h] = __ldg((const uint32_t *)(p + 208));
         }
     }
-    __device__ __forceinline__ void sum(int b, const uint4 *sx, const float4 *sxs, int g, int t,
+    __device__ __forceinline__ void sum(int b, const uint4 *sx, const int *sxs, const float *sxd, int g, int t,
                                         float (&acc)[4]) const {
-        float d[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) d[h] = gq_half(dw[h], 0);
+        /* over the halves, in int32: s8 (q . hi), s8 (q . lo), s8 sum(qx) (each bounded: 128 x 16 halves of at most
+         * 63 x 128 x 16, 63 x 255 x 16, 16 x 32,768) */
+        int ih[4] = {0, 0, 0, 0}, il[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int pp = 8 * b + 4 * hh + q;
                 const uint4 xb = sx[pp * 32 + g * 4 + t];
-                const float4 xa = sxs[pp * 8 + 2 * t], xc = sxs[pp * 8 + 2 * t + 1];
 #pragma unroll
                 for (int is = 0; is < 2; is++) {
                     uint32_t a[2];
-                    float s[2];
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
+                    for (int h = 0; h < 2; h++)
                         a[h] = ((ql[h][hh][is][q & 1] >> 4 * (q >> 1)) & 0x0F0F0F0Fu) |
                                (((qh[h][hh][is] >> 2 * q) & 0x03030303u) << 4);
-                        const int k = 8 * hh + 2 * q + is;
-                        s[h] = d[h] * (float)(int8_t)(sc[h][k >> 2] >> 8 * (k & 3));
+                    int Dh[4], Dl[4];
+                    mq_mma16<0>(Dh, a[0], a[1], is ? xb.y : xb.x);
+                    mq_mma16<1>(Dl, a[0], a[1], is ? xb.w : xb.z);
+                    const int2 xs = *(const int2 *)(sxs + (2 * pp + is) * 8 + 2 * t);
+                    const int k = 8 * hh + 2 * q + is;
+#pragma unroll
+                    for (int o = 0; o < 4; o++) {
+                        const int s8 = (int8_t)(sc[o / 2][k >> 2] >> 8 * (k & 3));
+                        ih[o] += s8 * Dh[o], il[o] += s8 * Dl[o], im[o] += s8 * (o % 2 ? xs.y : xs.x);
                     }
-                    int D[4];
-                    mq_hi16(D, a[0], a[1], is ? xb.y : xb.x);
-                    mq_lo16(D, a[0], a[1], is ? xb.w : xb.z);
-                    const float an = is ? xa.w : xa.z, cn = is ? xc.w : xc.z; /* -32 sum(d qx) */
-                    acc[0] = fmaf(s[0], fmaf(xa.x, (float)D[0], an), acc[0]);
-                    acc[1] = fmaf(s[0], fmaf(xc.x, (float)D[1], cn), acc[1]);
-                    acc[2] = fmaf(s[1], fmaf(xa.x, (float)D[2], an), acc[2]);
-                    acc[3] = fmaf(s[1], fmaf(xc.x, (float)D[3], cn), acc[3]);
                 }
             }
+        const float2 dx = *(const float2 *)(sxd + b * 8 + 2 * t);
+#pragma unroll
+        for (int o = 0; o < 4; o++) {
+            const float dot = fmaf(256.0f, (float)ih[o], fmaf(-32.0f, (float)im[o], (float)il[o]));
+            acc[o] = fmaf((o % 2 ? dx.y : dx.x) * gq_half(dw[o / 2], 0), dot, acc[o]);
+        }
     }
 };
 
 /* Block (bx, e): expert e's rows (above) for every pair p with pick[p] == e: y[p, n] = act(gate_e x) (up_e x)
- * (PAIR, x's row p / kused) or down_e x (x's row p).  x quantized in the layout of T's units (xq, xm; PR parts'
- * room a row). */
+ * (PAIR, x's row p / kused) or down_e x (x's row p), x quantized by k_mq_quant. */
 template <int T, int PAIR>
 __global__ void __launch_bounds__(256, 2)
-    k_moe_mma(const int4 *__restrict__ xq, const float4 *__restrict__ xm, int PR, const __grid_constant__ gv_moe mo,
-              const int *pick, int P, int kused, int N, int K, int act, float *__restrict__ y) {
-    extern __shared__ uint4 mq_sm[]; /* x's codes [K / 32][8][4], then scales [K / 32][8] (float4) */
+    k_moe_mma(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int P, int kused, int N, int K, int act,
+              float *__restrict__ y) {
+    extern __shared__ uint4 mq_sm[]; /* x's codes [K / 32][8][4], then sums [K / 32 * SUMS][8], scales [K / 256][8] */
     __shared__ int plist[CUDA_MOE_PAIRS], pn;
     __shared__ float up[PAIR ? 4 : 1][16][MQ_N + 1]; /* PAIR: the up warps' sums, for the gate warps' GLU */
     cuda_pdl_trigger();
@@ -227,35 +287,35 @@ __global__ void __launch_bounds__(256, 2)
         const int n = n0 + g + 8 * h;
         wr[h] = (const uint8_t *)mo.w[mat][e] + (n < N ? n : N - 1) * rb;
     }
+    constexpr int S = mq_t<T>::SUMS;
     const int NP = K / 32, SB = K / 256;
+    mq_rows<T> cur, next;
     uint4 *sx = mq_sm;
-    float4 *sxs = (float4 *)(mq_sm + NP * 32);
+    int *sxs = (int *)(mq_sm + NP * 32);
+    float *sxd = (float *)(sxs + NP * S * 8);
     for (int c0 = 0; c0 < np; c0 += MQ_N) {
         const int nc = np - c0 < MQ_N ? np - c0 : MQ_N;
         __syncthreads(); /* the last pass's reads of the staged x are done */
-        for (int i = tid; i < NP * 32; i += blockDim.x) {
-            const int pp = i / 32, j = i / 4 % 8, tt = i % 4;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (j < nc) {
-                const int p = plist[c0 + j], m = PAIR ? p / kused : p;
-                v = mq_xcodes<T>(xq, PR, m, pp, tt);
-                if (tt == 0) {
-                    const float4 q = __ldg(xm + (size_t)m * PR + gq_xpart(pp, gq_ul(gq_unit<T>::UP)));
-                    s = T == LMX_GGML_Q4_K ? make_float4(q.x, q.y + q.z, 0.0f, 0.0f)
-                                           : make_float4(q.x, 0.0f, -32.0f * q.y, -32.0f * q.z);
-                }
-            }
-            sx[i] = v;
-            if (tt == 0) sxs[pp * 8 + j] = s;
+        /* every copy in flight at once, and the first weights with them; empty slots zeros */
+        for (int i = tid; i < NP * 32; i += blockDim.x) { /* codes: entry i is lane i % 4 of pair slot i / 4 % 8 */
+            const int j = i / 4 % 8;
+            mq_copy<16>(sx + i, x.q + (size_t)mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused) * NP * 4 + i / 32 * 4 + i % 4,
+                        j < nc);
         }
+        for (int i = tid; i < (NP * S + SB) * 8; i += blockDim.x) { /* sums, then scales: [index][pair slot] */
+            const int j = i % 8, k = i / 8;
+            const size_t m = mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused);
+            mq_copy<4>(sxs + i, k < NP * S ? (const void *)(x.s + m * NP * S + k) : (const void *)(x.d + m * SB + k - NP * S),
+                       j < nc);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        cur.load(wr, 0, t);
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mq_rows<T> cur, next;
-        cur.load(wr, 0, t);
         for (int b = 0; b < SB; b++) {
             if (b + 1 < SB) next.load(wr, b + 1, t);
-            cur.sum(b, sx, sxs, g, t, acc);
+            cur.sum(b, sx, sxs, sxd, g, t, acc);
             cur = next;
         }
         /* acc[o]: row g + 8 (o / 2), pair slot 2t + o % 2 */
@@ -274,7 +334,9 @@ __global__ void __launch_bounds__(256, 2)
     }
 }
 
-static size_t mq_smem(int K) { return (size_t)K / 32 * (MQ_N * 4 * sizeof(uint4) + MQ_N * sizeof(float4)); }
+template <int T> static size_t mq_smem(int K) {
+    return (size_t)MQ_N * (K / 32 * 4 * sizeof(uint4) + K / 32 * mq_t<T>::SUMS * sizeof(int) + K / 256 * sizeof(float));
+}
 
 int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) {
     const int min_rows = cb->moe_mma[down];
@@ -282,7 +344,7 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
      * and its combine into the per-pair down projection */
     if (min_rows <= 0 || a->M < (min_rows > 2 ? min_rows : 2) || a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (F % 256 || C % 256 || mq_smem((int)(down ? F : C)) > MQ_SMEM) return 0;
+    if (F % 256 || C % 256 || mq_smem<LMX_GGML_Q6_K_A16>((int)(down ? F : C)) > MQ_SMEM) return 0; /* (Q6_K's the larger) */
     for (int e = 0; e < a->E; e++)
         for (int j = down ? 2 : 0; j < (down ? 3 : 2); j++) {
             const lmx_tensor *w = &a->experts[3 * e + j];
@@ -293,9 +355,26 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
     return 1;
 }
 
-/* One projection's launch on x quantized in xo (T's layout): y [pairs, N] */
+/* x [rows, K] quantized for type T into scratch (k_mq_quant; rt: gate / up's launch, which routes the rows too):
+ * its layout in xo; 0 with the error set when the scratch cannot grow */
+template <int T>
+static int mq_quant(cuda_backend *cb, const float *x, int rows, int K, const cuda_moe_router *rt, mq_x *xo) {
+    const size_t nq = (size_t)rows * K / 8, ns = (size_t)rows * K / 32 * mq_t<T>::SUMS, nd = (size_t)rows * K / 256;
+    uint4 *q = (uint4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, nq * sizeof(uint4) + ns * sizeof(int) + nd * sizeof(float));
+    if (!q) return 0;
+    int *s = (int *)(q + nq);
+    float *d = (float *)(s + ns);
+    *xo = mq_x{q, s, d};
+    cuda_moe_router none;
+    if (!rt) memset(&none, 0, sizeof none);
+    cuda_launch(cb, k_mq_quant<T>, dim3((unsigned)cuda_blocks(K / 256, 8), (unsigned)(rt ? 2 * rows : rows)), 256, 0, x,
+                rows, K, q, s, d, rt ? *rt : none);
+    return 1;
+}
+
+/* One projection's launch on x quantized in xo (mq_quant<T>): y [pairs, N] */
 template <int T, int PAIR>
-static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const gq_xq &xo, const int *pick, float *y) {
+static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x &xo, const int *pick, float *y) {
     const int j = PAIR ? 0 : 2, N = (int)a->experts[j].shape[0], K = (int)a->experts[j].shape[1];
     gv_moe tab; /* gate and up, or down */
     memset(&tab, 0, sizeof tab);
@@ -303,29 +382,29 @@ static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const gq_xq
         tab.w[0][e] = a->experts[3 * e + j].data;
         if (PAIR) tab.w[1][e] = a->experts[3 * e + 1].data;
     }
-    const size_t sm = mq_smem(K);
+    const size_t sm = mq_smem<T>(K);
     /* the staged x beside the kernel's own tables may pass the 48 KB a launch takes without asking */
     cudaFuncSetAttribute(k_moe_mma<T, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    cuda_launch(cb, k_moe_mma<T, PAIR>, dim3((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E), 256, sm,
-                (const int4 *)xo.xq, (const float4 *)xo.xm, xo.PR, tab, pick, a->M * a->K, a->K, N, K, (int)a->act, y);
+    cuda_launch(cb, k_moe_mma<T, PAIR>, dim3((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E), 256, sm, xo,
+                tab, pick, a->M * a->K, a->K, N, K, (int)a->act, y);
     return cuda_check_launch(cb, PAIR ? "moe gate/up (mma)" : "moe down (mma)");
 }
 
 lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, float *pw, float *h) {
     cuda_moe_router rt;
     cuda_moe_router_set(&rt, a, 0, pick, pw);
-    const int up = gq_unit<LMX_GGML_Q4_K>::UP; /* x in the layout of Q4_K's units */
-    gq_xq xo;
-    if (!gq_quant_x(cb, &up, 1, (const float *)a->x->data, a->M, (int)a->experts[0].shape[1], cuda_row_norm{}, &xo, &rt))
+    mq_x xo;
+    if (!mq_quant<LMX_GGML_Q4_K>(cb, (const float *)a->x->data, a->M, (int)a->experts[0].shape[1], &rt, &xo))
         return cb->base.err.status;
     return mq_launch<LMX_GGML_Q4_K, 1>(cb, a, xo, pick, h);
 }
 
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y) {
-    const int q6 = a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16;
-    const int up = q6 ? gq_unit<LMX_GGML_Q6_K_A16>::UP : gq_unit<LMX_GGML_Q4_K>::UP;
-    gq_xq xo;
-    if (!gq_quant_x(cb, &up, 1, h, a->M * a->K, (int)a->experts[2].shape[1], cuda_row_norm{}, &xo))
-        return cb->base.err.status;
-    return q6 ? mq_launch<LMX_GGML_Q6_K_A16, 0>(cb, a, xo, pick, y) : mq_launch<LMX_GGML_Q4_K, 0>(cb, a, xo, pick, y);
+    const int rows = a->M * a->K, K = (int)a->experts[2].shape[1];
+    mq_x xo;
+    if (a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16)
+        return mq_quant<LMX_GGML_Q6_K_A16>(cb, h, rows, K, NULL, &xo) ? mq_launch<LMX_GGML_Q6_K_A16, 0>(cb, a, xo, pick, y)
+                                                                      : cb->base.err.status;
+    return mq_quant<LMX_GGML_Q4_K>(cb, h, rows, K, NULL, &xo) ? mq_launch<LMX_GGML_Q4_K, 0>(cb, a, xo, pick, y)
+                                                              : cb->base.err.status;
 }
