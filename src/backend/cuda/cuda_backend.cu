@@ -656,6 +656,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cuda_flash_bwd_wg_init();
     cuda_lora_udb_init();
     cuda_lora_term_init();
+    cuda_moe_mma_init(cb);
     cuda_flash_wg_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {

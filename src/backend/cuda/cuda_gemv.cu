@@ -570,14 +570,7 @@ lmx_status cuda_moe_gemv(cuda_backend *cb, const lmx_tensor *experts, int E, int
     const int kind = gv_kind(w0), N = (int)w0->shape[0], K = (int)w0->shape[1];
     gv_moe tab; /* 12 KiB of pointers, passed by value (no allocation per step) */
     gv_moe *mo = &tab;
-    memset(mo, 0, sizeof *mo);
-    for (int e = 0; e < E; e++)
-        for (int j = 0; j < (down ? 1 : 2); j++) {
-            const lmx_tensor *w = &experts[3 * e + (down ? 2 : j)];
-            mo->w[j][e] = w->data;
-            mo->scales[j][e] = w->q.scales;
-            mo->biases[j][e] = w->q.biases;
-        }
+    gv_moe_fill(mo, experts, E, down);
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     sg.group = w0->q.group;

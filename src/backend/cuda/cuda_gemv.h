@@ -37,6 +37,17 @@ typedef struct gv_moe {
     const void *w[2][GV_MOE_MAX];                          /* expert e's gate (or down) and up weights */
     const void *scales[2][GV_MOE_MAX], *biases[2][GV_MOE_MAX]; /* MLX */
 } gv_moe;
+/* t filled from the E experts (gate, up, down each) of a mixture: their gate and up, or (down) their down */
+static inline void gv_moe_fill(gv_moe *t, const lmx_tensor *experts, int E, int down) {
+    memset(t, 0, sizeof *t);
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < (down ? 1 : 2); j++) {
+            const lmx_tensor *w = &experts[3 * e + (down ? 2 : j)];
+            t->w[j][e] = w->data;
+            t->scales[j][e] = w->q.scales;
+            t->biases[j][e] = w->q.biases;
+        }
+}
 
 /* The kernel families by weight format. */
 enum { GV_BF16, GV_F16, GV_F32, GV_Q4, GV_Q8 };

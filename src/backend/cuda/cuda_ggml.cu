@@ -734,13 +734,10 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     const lmx_tensor *w0 = &experts[down ? 2 : 0];
     const int type = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
     gv_moe tab; /* 12 KiB of pointers, passed by value */
-    memset(&tab, 0, sizeof tab);
+    gv_moe_fill(&tab, experts, E, down);
     int al16 = 1; /* every expert's rows 16-byte aligned (the staged copies) */
     for (int e = 0; e < E; e++)
-        for (int j = 0; j < (down ? 1 : 2); j++) {
-            tab.w[j][e] = experts[3 * e + (down ? 2 : j)].data;
-            al16 &= (uintptr_t)tab.w[j][e] % 16 == 0;
-        }
+        for (int j = 0; j < (down ? 1 : 2); j++) al16 &= (uintptr_t)tab.w[j][e] % 16 == 0;
     gv_segs sg;
     memset(&sg, 0, sizeof sg);
     const int rpb = down ? 16 : 8; /* output rows of a block of 8 warps, unsplit */

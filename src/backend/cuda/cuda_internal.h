@@ -76,6 +76,7 @@ typedef struct cuda_backend {
                                 LMX_CUDA_MOE_STAGED=0 turns it off for A/B measurements */
     int moe_mma[2];          /* the fewest rows whose GGUF gate/up [0] and down [1] experts take the integer tensor
                                 cores (cuda_moe_mma.cu; 0: never); LMX_CUDA_MOE_MMA="G[,D]" sets them */
+    int moe_mma_smem;        /* the shared memory those launches may stage x in (cuda_moe_mma_init) */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0

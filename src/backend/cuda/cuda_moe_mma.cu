@@ -344,7 +344,8 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
      * and its combine into the per-pair down projection */
     if (min_rows <= 0 || a->M < (min_rows > 2 ? min_rows : 2) || a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (F % 256 || C % 256 || mq_smem<LMX_GGML_Q6_K_A16>((int)(down ? F : C)) > MQ_SMEM) return 0; /* (Q6_K's the larger) */
+    if (F % 256 || C % 256 || (int64_t)mq_smem<LMX_GGML_Q6_K_A16>((int)(down ? F : C)) > cb->moe_mma_smem)
+        return 0; /* (Q6_K's the larger) */
     for (int e = 0; e < a->E; e++)
         for (int j = down ? 2 : 0; j < (down ? 3 : 2); j++) {
             const lmx_tensor *w = &a->experts[3 * e + j];
@@ -353,6 +354,26 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
             if ((uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
         }
     return 1;
+}
+
+/* The staged x beside each instance's own tables may pass the 48 KB a launch takes without asking: each is allowed
+ * MQ_SMEM, or what the device lets a block have beside its static tables where that is less; cb->moe_mma_smem, the
+ * least of them, bounds the rows that take it. */
+void cuda_moe_mma_init(cuda_backend *cb) {
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device);
+    const void *fn[3] = {(const void *)k_moe_mma<LMX_GGML_Q4_K, 1>, (const void *)k_moe_mma<LMX_GGML_Q4_K, 0>,
+                         (const void *)k_moe_mma<LMX_GGML_Q6_K_A16, 0>};
+    cb->moe_mma_smem = MQ_SMEM;
+    for (int i = 0; i < 3; i++) {
+        cudaFuncAttributes at;
+        int allow = 0;
+        if (cudaFuncGetAttributes(&at, fn[i]) == cudaSuccess) allow = optin - (int)at.sharedSizeBytes;
+        allow = allow < MQ_SMEM ? allow : MQ_SMEM;
+        if (allow < 0 || cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, allow) != cudaSuccess) allow = 0;
+        cb->moe_mma_smem = allow < cb->moe_mma_smem ? allow : cb->moe_mma_smem;
+    }
+    cudaGetLastError();
 }
 
 /* x [rows, K] quantized for type T into scratch (k_mq_quant; rt: gate / up's launch, which routes the rows too):
@@ -377,15 +398,8 @@ template <int T, int PAIR>
 static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x &xo, const int *pick, float *y) {
     const int j = PAIR ? 0 : 2, N = (int)a->experts[j].shape[0], K = (int)a->experts[j].shape[1];
     gv_moe tab; /* gate and up, or down */
-    memset(&tab, 0, sizeof tab);
-    for (int e = 0; e < a->E; e++) {
-        tab.w[0][e] = a->experts[3 * e + j].data;
-        if (PAIR) tab.w[1][e] = a->experts[3 * e + 1].data;
-    }
-    const size_t sm = mq_smem<T>(K);
-    /* the staged x beside the kernel's own tables may pass the 48 KB a launch takes without asking */
-    cudaFuncSetAttribute(k_moe_mma<T, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    cuda_launch(cb, k_moe_mma<T, PAIR>, dim3((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E), 256, sm, xo,
+    gv_moe_fill(&tab, a->experts, a->E, !PAIR);
+    cuda_launch(cb, k_moe_mma<T, PAIR>, dim3((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E), 256, mq_smem<T>(K), xo,
                 tab, pick, a->M * a->K, a->K, N, K, (int)a->act, y);
     return cuda_check_launch(cb, PAIR ? "moe gate/up (mma)" : "moe down (mma)");
 }

@@ -6,11 +6,14 @@
 #include "cuda_internal.h"
 
 /* The fewest rows that take it by default (cb->moe_mma; fewer: the per-pair kernels, k_moe_ggemv).  H200, Qwen3-30B-A3B
- * Q4_K_M's 48 layers, tok/s with gate / up on the tensor cores against the per-pair kernel (down on them in both):
- * batch 8 1,225 / 1,301, 16 1,819 / 1,696, 32 2,645 / 1,635 (both per pair). */
-#define CUDA_MOE_MMA_ROWS_GU 16
+ * Q4_K_M, tok/s with gate / up on the tensor cores from 8 rows against from 16 (down on them in both): 48 layers
+ * batch 8 1,392-1,393 / 1,284, batch 12 1,734-1,736 / 1,390; 12 layers batch 4 from 4 rows 2,964-2,970 against
+ * 3,172-3,181 from 8 or 16. */
+#define CUDA_MOE_MMA_ROWS_GU 8
 #define CUDA_MOE_MMA_ROWS_DOWN 2
 
+/* At the backend's creation: the kernels' shared memory allowed, cb->moe_mma_smem */
+void cuda_moe_mma_init(cuda_backend *cb);
 /* 1 when cuda_moe_mma_gu (down 0) or cuda_moe_mma_down (1) takes a's experts: Q4_K gate and up, Q4_K or Q6_K
  * down, every expert 16-byte aligned, rows that fit its shared memory, enough rows (one row's pairs each read a
  * different expert: the per-pair kernels, k_moe_gu_staged and k_moe_ggemv, are as fast). */
