@@ -75,8 +75,8 @@ template <int T> struct mq_t { static constexpr int SUMS = T == LMX_GGML_Q4_K ? 
 /* the row of x that pair p reads: gate / up's x has a row for each row of pairs */
 template <int PAIR> static __device__ __forceinline__ int mq_xrow(int p, int kused) { return PAIR ? p / kused : p; }
 
-/* Super-block bx of row blockIdx.y of x a warp (lane l: values 8 l .. 8 l + 7, part l / 4), into o; blocks of
- * rows past M route row y - M (rt: gate / up's launch; warp 0 of block 0) */
+/* x [M, K] into oq, os, od (mq_x's layout): a super-block of row blockIdx.y a warp (lane l: values 8 l .. 8 l + 7,
+ * part l / 4); blocks of rows past M route row y - M (rt: gate / up's launch; warp 0 of block 0) */
 template <int T>
 __global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, int M, int K, uint4 *oq, int *os,
                                                   float *od, const __grid_constant__ cuda_moe_router rt) {
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, i
         *q = make_uint4(h0, h1, l0, l1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 1), sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (t == 0) os[(size_t)m * (K / 32) + pp] = sum;
-    } else { /* lane t of the part takes values 4t .. 4t + 3 from lane t / 2's half t % 2, 16 + 4t .. from 2 + t / 2's */
+    } else { /* lane t of a part: values 4t .. 4t + 3 from lane t / 2's half t % 2, 16 + 4t .. from 2 + t / 2's */
         const int a = (lane & ~3) + t / 2, b = a + 2, hf = t & 1;
         const uint32_t ah0 = __shfl_sync(0xffffffffu, h0, a), ah1 = __shfl_sync(0xffffffffu, h1, a),
                        al0 = __shfl_sync(0xffffffffu, l0, a), al1 = __shfl_sync(0xffffffffu, l1, a),
@@ -139,7 +139,9 @@ template <int n> static __device__ __forceinline__ void mq_copy(void *dst, const
 template <class V> static __device__ __forceinline__ V mq_ld(const uint8_t *p) {
     V v;
     if constexpr (sizeof(V) == 16)
-        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
     else
         asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
@@ -311,14 +313,15 @@ __global__ void __launch_bounds__(256, 2)
         /* every copy in flight at once, and the first weights with them; empty slots zeros */
         for (int i = tid; i < NP * 32; i += blockDim.x) { /* codes: entry i is lane i % 4 of pair slot i / 4 % 8 */
             const int j = i / 4 % 8;
-            mq_copy<16>(sx + i, x.q + (size_t)mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused) * NP * 4 + i / 32 * 4 + i % 4,
-                        j < nc);
+            const size_t m = mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused);
+            mq_copy<16>(sx + i, x.q + m * NP * 4 + i / 32 * 4 + i % 4, j < nc);
         }
         for (int i = tid; i < (NP * S + SB) * 8; i += blockDim.x) { /* sums, then scales: [index][pair slot] */
             const int j = i % 8, k = i / 8;
             const size_t m = mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused);
-            mq_copy<4>(sxs + i, k < NP * S ? (const void *)(x.s + m * NP * S + k) : (const void *)(x.d + m * SB + k - NP * S),
-                       j < nc);
+            const void *src = k < NP * S ? (const void *)(x.s + m * NP * S + k)
+                                         : (const void *)(x.d + m * SB + k - NP * S);
+            mq_copy<4>(sxs + i, src, j < nc);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         cur.load(wr, 0, t);
@@ -382,7 +385,8 @@ void cuda_moe_mma_init(cuda_backend *cb) {
         int allow = 0;
         if (cudaFuncGetAttributes(&at, fn[i]) == cudaSuccess) allow = optin - (int)at.sharedSizeBytes;
         allow = allow < MQ_SMEM ? allow : MQ_SMEM;
-        if (allow < 0 || cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, allow) != cudaSuccess) allow = 0;
+        if (allow < 0 || cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, allow) != cudaSuccess)
+            allow = 0;
         cb->moe_mma_smem = allow < cb->moe_mma_smem ? allow : cb->moe_mma_smem;
     }
     cudaGetLastError();
@@ -411,8 +415,9 @@ static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x 
     const int j = PAIR ? 0 : 2, N = (int)a->experts[j].shape[0], K = (int)a->experts[j].shape[1];
     gv_moe tab; /* gate and up, or down */
     gv_moe_fill(&tab, a->experts, a->E, !PAIR);
-    cuda_launch(cb, k_moe_mma<T, PAIR>, dim3((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E), 256, mq_smem<T>(K), xo,
-                tab, pick, a->M * a->K, a->K, N, K, (int)a->act, y);
+    const dim3 grid((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E);
+    cuda_launch(cb, k_moe_mma<T, PAIR>, grid, 256, mq_smem<T>(K), xo, tab, pick, a->M * a->K, a->K, N, K, (int)a->act,
+                y);
     return cuda_check_launch(cb, PAIR ? "moe gate/up (mma)" : "moe down (mma)");
 }
 
@@ -428,9 +433,10 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y) {
     const int rows = a->M * a->K, K = (int)a->experts[2].shape[1];
     mq_x xo;
-    if (a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16)
-        return mq_quant<LMX_GGML_Q6_K_A16>(cb, h, rows, K, NULL, &xo) ? mq_launch<LMX_GGML_Q6_K_A16, 0>(cb, a, xo, pick, y)
-                                                                      : cb->base.err.status;
-    return mq_quant<LMX_GGML_Q4_K>(cb, h, rows, K, NULL, &xo) ? mq_launch<LMX_GGML_Q4_K, 0>(cb, a, xo, pick, y)
-                                                              : cb->base.err.status;
+    if (a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16) {
+        if (!mq_quant<LMX_GGML_Q6_K_A16>(cb, h, rows, K, NULL, &xo)) return cb->base.err.status;
+        return mq_launch<LMX_GGML_Q6_K_A16, 0>(cb, a, xo, pick, y);
+    }
+    if (!mq_quant<LMX_GGML_Q4_K>(cb, h, rows, K, NULL, &xo)) return cb->base.err.status;
+    return mq_launch<LMX_GGML_Q4_K, 0>(cb, a, xo, pick, y);
 }
