@@ -133,6 +133,13 @@ static __device__ __forceinline__ void gq_k4_scale2(const uint32_t (&sw)[3], int
     m2 = c < 2 ? b & 0x3F3Fu : ((h >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
 }
 
+/* Q4_K / Q5_K: the 6-bit scales and mins of sub-blocks 4 hi .. 4 hi + 3 (one form), sub-block 4 hi + k's in byte k of
+ * s4 and m4: gq_k4_scale2's bytes four at a time */
+static __device__ __forceinline__ void gq_k4_scale4(const uint32_t (&sw)[3], int hi, uint32_t &s4, uint32_t &m4) {
+    s4 = hi ? (sw[2] & 0x0F0F0F0Fu) | ((sw[0] >> 2) & 0x30303030u) : sw[0] & 0x3F3F3F3Fu;
+    m4 = hi ? ((sw[2] >> 4) & 0x0F0F0F0Fu) | ((sw[1] >> 2) & 0x30303030u) : sw[1] & 0x3F3F3F3Fu;
+}
+
 /* A part's scale and min from its 6-bit s6 and m6: d * s6, dmin * m6 (dd: d and dmin, f16 each) */
 static __device__ __forceinline__ void gq_k4_floats(uint32_t dd, int s6, int m6, float (&sc)[2], float (&mn)[2]) {
     sc[0] = sc[1] = gq_half(dd, 0) * (float)s6;

@@ -42,6 +42,10 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
 static __device__ __forceinline__ void cp_async16_or_zeros(uint32_t dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
+/* 4 bytes, or 4 zeros where bytes is 0 (through L1: cp.async takes 4-byte copies only there) */
+static __device__ __forceinline__ void cp_async4_or_zeros(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

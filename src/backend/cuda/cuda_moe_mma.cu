@@ -30,7 +30,8 @@
  * (the GEMVs' x has a d a part of 32 values, so their sums take every scale a sub-block).  Gate / up store
  * h = act(g) u for the down projection, which takes h quantized the same way (a k_mq_quant launch between). */
 #include "cuda_moe_mma.h"
-#include "cuda_ggml_x.h"
+#include "cuda_gemv.h"
+#include "cuda_mma.h"
 
 #define MQ_N 8                /* pairs a pass: the mma's n */
 #define MQ_SMEM (160 << 10)   /* the staged x of a pass at most (K 8,192) */
@@ -124,15 +125,6 @@ __global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, i
     if (lane == 0) od[(size_t)m * (K / 256) + sb] = amax / 32767.0f;
 }
 
-/* n (16 or 4) bytes from global src to shared dst by cp.async, or n zeros where !valid */
-template <int n> static __device__ __forceinline__ void mq_copy(void *dst, const void *src, bool valid) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if constexpr (n == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
-}
-
 /* A Q4_K weight load through the read-only path, each L2 miss fetching 256 bytes (the row's next bytes, which its
  * next super-block reads).  H200, 12-layer Qwen3-30B-A3B Q4_K_M batch 32: gate / up 74.2 -> 70.2 us, 48 layers batch
  * 8 / 32 1,393 / 3,023 -> 1,435 / 3,056 tok/s; Q6_K's down (224-byte blocks) 64.4 -> 66.9 us, so it keeps __ldg. */
@@ -172,10 +164,9 @@ template <> struct mq_rows<LMX_GGML_Q4_K> {
         uint32_t sc[2][2], mn[2][2]; /* each row's eight 6-bit scales and mins, a byte each */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint32_t w0 = hd[h].y, w1 = hd[h].z, w2 = hd[h].w;
-            sc[h][0] = w0 & 0x3F3F3F3Fu, mn[h][0] = w1 & 0x3F3F3F3Fu;
-            sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-            mn[h][1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+            const uint32_t sw[3] = {hd[h].y, hd[h].z, hd[h].w};
+            gq_k4_scale4(sw, 0, sc[h][0], mn[h][0]);
+            gq_k4_scale4(sw, 1, sc[h][1], mn[h][1]);
         }
         /* over the sub-blocks, in int32: s6 (q . hi), s6 (q . lo), m6 sum(qx) (each bounded: 63 x 8 sub-blocks of at
          * most 15 x 128 x 32, 15 x 255 x 32, 32 x 32,768) */
@@ -314,18 +305,18 @@ __global__ void __launch_bounds__(256, 2)
         for (int i = tid; i < NP * 32; i += blockDim.x) { /* codes: entry i is lane i % 4 of pair slot i / 4 % 8 */
             const int j = i / 4 % 8;
             const size_t m = mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused);
-            mq_copy<16>(sx + i, x.q + m * NP * 4 + i / 32 * 4 + i % 4, j < nc);
+            cp_async16_or_zeros(smem_addr(sx + i), x.q + m * NP * 4 + i / 32 * 4 + i % 4, j < nc ? 16 : 0);
         }
         for (int i = tid; i < (NP * S + SB) * 8; i += blockDim.x) { /* sums, then scales: [index][pair slot] */
             const int j = i % 8, k = i / 8;
             const size_t m = mq_xrow<PAIR>(plist[c0 + (j < nc ? j : 0)], kused);
             const void *src = k < NP * S ? (const void *)(x.s + m * NP * S + k)
                                          : (const void *)(x.d + m * SB + k - NP * S);
-            mq_copy<4>(sxs + i, src, j < nc);
+            cp_async4_or_zeros(smem_addr(sxs + i), src, j < nc ? 4 : 0);
         }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        cp_async_commit();
         cur.load(wr, 0, t);
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        cp_async_wait<0>();
         __syncthreads();
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int b = 0; b < SB; b++) {
@@ -402,10 +393,8 @@ static int mq_quant(cuda_backend *cb, const float *x, int rows, int K, const cud
     int *s = (int *)(q + nq);
     float *d = (float *)(s + ns);
     *xo = mq_x{q, s, d};
-    cuda_moe_router none;
-    if (!rt) memset(&none, 0, sizeof none);
     cuda_launch(cb, k_mq_quant<T>, dim3((unsigned)cuda_blocks(K / 256, 8), (unsigned)(rt ? 2 * rows : rows)), 256, 0, x,
-                rows, K, q, s, d, rt ? *rt : none);
+                rows, K, q, s, d, rt ? *rt : cuda_moe_router{});
     return 1;
 }
 
