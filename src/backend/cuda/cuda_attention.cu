@@ -396,7 +396,11 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * two, at most att_gmax) and the splits of each row's keys, so that rows x Hk x hchunks x splits blocks fill
  * the GPU.  Keys are split first, in a power of two of splits down to 128 keys a split (each kv head's keys read
  * once a row); a context too short to fill half the multiprocessors so takes fewer query heads a block instead (a
- * decode step of 32 heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys). */
+ * decode step of 32 heads over 4 kv heads was 4 blocks of 8 heads each: 17 us of latency for a few hundred keys).
+ * Keys that one split holds (at most 128 a row) leave the heads as the only way to more blocks: there the heads a
+ * block halve down to 2 until the blocks fill the GPU twice (cb->att_short; H200, Qwen3-30B-A3B Q4_K_M batch 32
+ * at a context under 128: 8 heads a block, 128 blocks of 4 warps, 22 us a layer; 2 heads, 512 blocks of 8 warps:
+ * 3,101 -> 3,334-3,343 tok/s; 1 head 3,246-3,250). */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
@@ -418,7 +422,9 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
          * allows; so a decode graph, which records the plan, is captured again 6 times in a context of 4096
          * (1, 2, 4 .. 32 splits), not at every 128 keys */
         for (splits = 1; splits < max_splits && 2 * splits <= fill;) splits *= 2;
-        if (gmax == 1 || base * splits >= cb->sm_count / 2) break;
+        const int64_t blocks = base * splits;
+        const int short_fill = cb->att_short && max_splits == 1 && gmax > 2; /* (above) */
+        if (gmax == 1 || (blocks >= cb->sm_count / 2 && (!short_fill || blocks >= 2 * cb->sm_count))) break;
     }
     return splits | gmax << 8;
 }

@@ -629,6 +629,11 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     const char *mm = getenv("LMX_CUDA_MOE_MMA"); /* "G[,D]": gate / up from G rows, down from D (G alone: both) */
     cb->moe_mma[0] = mm ? atoi(mm) : CUDA_MOE_MMA_ROWS_GU;
     cb->moe_mma[1] = mm ? (strchr(mm, ',') ? atoi(strchr(mm, ',') + 1) : cb->moe_mma[0]) : CUDA_MOE_MMA_ROWS_DOWN;
+    const char *as = getenv("LMX_CUDA_ATT_SHORT");
+    cb->att_short = !(as && as[0] == '0');
+    const char *gq = getenv("LMX_CUDA_GEMV_MQ");
+    cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
+    cb->gemv_mq_nt = gq && strchr(gq, ',') ? atoi(strchr(gq, ',') + 1) : CUDA_GEMV_MQ_TILES;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");

@@ -20,6 +20,7 @@
  * whole words); GGUF blocks go to cuda_ggml.cu.  Everything else (2-bit, odd shapes) takes
  * k_gemv_any (cuda_gemv_any.cu), one element at a time. */
 #include "cuda_gemv.h"
+#include "cuda_moe_mma.h"
 
 /* ---- one input row (decode, M = 1) ------------------------------------------------------------- */
 /* One kernel for every format.  The block stages x in shared memory, 4 floats of padding after
@@ -485,6 +486,8 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
             gv_seg_set(&sg.s[i], ws[i], biases[i], ys[i], NULL, i, 0);
         }
         if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
+        if (cuda_gemv_mq_takes(cb, ws, n, M, glu))
+            return cuda_gemv_mq(cb, n, &sg, ws[0]->q.ggml_type, x, M, (int)ws[0]->shape[1]);
         return cuda_gemv_tc(cb, gk, n, &sg, glu, x, M, (int)ws[0]->shape[1]);
     }
     const int kind = gv_kind(ws[0]);

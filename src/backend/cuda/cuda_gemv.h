@@ -204,6 +204,9 @@ int cuda_gemv_tc_rows(int kind);
 int cuda_gemv_tc_kind_gguf(const cuda_backend *cb, const lmx_tensor *w, int M);
 int cuda_gemv_tc_takes(const cuda_backend *cb, int kind, const lmx_tensor *w, int M);
 lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu, const float *x, int M, int K);
+/* The K parts' scratch of cuda_gemv_tc and cuda_gemv_mq: tickets [3, 4 SMs] and sums [3, 4 SMs, 32 * 256]; NULL (no
+ * error kept) when it cannot grow */
+int *cuda_gemv_tc_scratch(cuda_backend *cb, float **part);
 
 /* GGUF blocks (cuda_ggml.cu): cuda_gemv's contract for the block-quantized types, which it hands
  * over; takes: 1 when those kernels compute w for M rows. */

@@ -520,7 +520,7 @@ template <int PAIR> static tc_fn tc_kernel(int kind, int nt) {
 /* The K parts' scratch: tickets [3, 4 SMs] (cuda_scratch zeroes them when new) and sums [3, 4 SMs, 32 * 256] floats, the
  * most a launch of kp > 1 needs (tc_parts keeps gmax * kp within 4 SMs; one size, so a graph capture never
  * grows it).  NULL (no error kept) when it does not fit: the launch then takes no K parts. */
-static int *tc_scratch(cuda_backend *cb, float **part) {
+int *cuda_gemv_tc_scratch(cuda_backend *cb, float **part) {
     const size_t cells = (size_t)3 * 4 * cb->sm_count, bytes = cells * sizeof(int) + cells * 32 * 256 * sizeof(float);
     const lmx_err keep = cb->base.err;
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_GEMV, bytes);
@@ -550,7 +550,7 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
     per_sm = per_sm > 2 ? 2 : per_sm;
     int kp = tc_parts(quant, cb->sm_count * per_sm, groups, gmax, (K + sk - 1) / sk, cb->sm_count);
     float *part = NULL;
-    int *ticket = kp > 1 ? tc_scratch(cb, &part) : NULL;
+    int *ticket = kp > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
     if (!ticket) kp = 1;
     cuda_launch(cb, k, dim3((unsigned)(gmax * kp), glu >= 0 ? 1 : n), 256, 0, x, M, *sg, K, glu < 0 ? 0 : glu, kp, part,
                 ticket);

@@ -362,6 +362,11 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
     return 1;
 }
 
+template <int T> static size_t mq_gemv_smem(int nt, int per);
+template <int T, int NT>
+__global__ void k_gemv_mq(const mq_x x, int M, const gv_segs sg, int K, int kp, float *__restrict__ part, int *__restrict__ ticket);
+#define MQ_GEMV_SB 4    /* super-blocks a K part at most: the staged x of 32 rows, 4 x 18.6 KB (Q6_K) */
+
 /* The staged x beside each instance's own tables may pass the 48 KB a launch takes without asking: each is allowed
  * MQ_SMEM, or what the device lets a block have beside its static tables where that is less; cb->moe_mma_smem, the
  * least of them, bounds the rows that take it. */
@@ -380,6 +385,14 @@ void cuda_moe_mma_init(cuda_backend *cb) {
             allow = 0;
         cb->moe_mma_smem = allow < cb->moe_mma_smem ? allow : cb->moe_mma_smem;
     }
+    const void *gf[8] = {(const void *)k_gemv_mq<LMX_GGML_Q4_K, 1>, (const void *)k_gemv_mq<LMX_GGML_Q4_K, 2>,
+                         (const void *)k_gemv_mq<LMX_GGML_Q4_K, 3>, (const void *)k_gemv_mq<LMX_GGML_Q4_K, 4>,
+                         (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16, 1>, (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16, 2>,
+                         (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16, 3>, (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16, 4>};
+    cb->gemv_mq_smem = (int)mq_gemv_smem<LMX_GGML_Q6_K_A16>(4, MQ_GEMV_SB);
+    for (int i = 0; i < 8; i++)
+        if (cudaFuncSetAttribute(gf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->gemv_mq_smem) != cudaSuccess)
+            cb->gemv_mq_smem = 0;
     cudaGetLastError();
 }
 
@@ -428,4 +441,179 @@ lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int 
     }
     if (!mq_quant<LMX_GGML_Q4_K>(cb, h, rows, K, NULL, &xo)) return cb->base.err.status;
     return mq_launch<LMX_GGML_Q4_K, 0>(cb, a, xo, pick, y);
+}
+
+/* Dense GGUF weights for several rows (cuda_gemv's launches of M = 2..32 rows without a GLU): y_i [M, N_i] = x [M, K]
+ * @ w_i^T (+ b_i) on the same integer tensor cores, x quantized by k_mq_quant<T>.  Block (bx, i) takes rows [grp 128,
+ * grp 128 + 128) of segment i (a warp 16 of them, as down's blocks) over the super-blocks [sb0, sb1) of its K part kq
+ * of kp, for every one of the NT tiles of 8 rows of x at once, so each weight is read once for all M rows.  The parts
+ * meet as k_gemv_tc's do: each leaves its sums in scratch and the last block of a row block adds them in part order,
+ * so a weight gives the same bits in any launch of the same shapes. */
+#define MQ_GEMV_COST 1  /* a part's own cost (its staging, its sums in scratch), in super-blocks of its loop */
+
+template <int T> static size_t mq_gemv_smem(int nt, int per) {
+    return (size_t)nt * per * (256 * sizeof(uint4) + 64 * mq_t<T>::SUMS * sizeof(int) + 8 * sizeof(float));
+}
+
+template <int T, int NT>
+__global__ void __launch_bounds__(256) k_gemv_mq(const mq_x x, int M, const gv_segs sg, int K, int kp,
+                                                 float *__restrict__ part, int *__restrict__ ticket) {
+    extern __shared__ uint4 mq_sm[]; /* per tile j: x's codes [per * 8 parts][8][4], sums [per * 8 S][8], scales [per][8] */
+    constexpr int S = mq_t<T>::SUMS, F = 4 * NT;
+    cuda_pdl_trigger();
+    const gv_seg G = seg_pick(sg, blockIdx.y);
+    const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    const int grp = blockIdx.x / kp, kq = blockIdx.x % kp, n0 = grp * 128 + 16 * warp;
+    if (grp * 128 >= G.N) { /* the whole block past this segment's rows */
+        cuda_pdl_wait();
+        return;
+    }
+    const bool live = n0 < G.N; /* a dead warp still meets the block's barriers */
+    const int NP = K / 32, SB = K / 256, per = (SB + kp - 1) / kp, m0 = 8 * NT * blockIdx.z; /* x's rows m0 .. */
+    const int sb0 = kq * per < SB ? kq * per : SB, nsb = (sb0 + per < SB ? sb0 + per : SB) - sb0;
+    const int64_t rb = (int64_t)SB * gq_traits<T>::BYTES;
+    const uint8_t *wr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int n = n0 + g + 8 * h;
+        wr[h] = (const uint8_t *)G.w + (n < G.N ? n : G.N - 1) * rb;
+    }
+    mq_rows<T> cur, next;
+    if (live && nsb > 0) cur.load(wr, sb0, t); /* weights: no kernel writes them */
+    uint4 *sx = mq_sm;
+    int *sxs = (int *)(sx + NT * per * 256);
+    float *sxd = (float *)(sxs + NT * per * 64 * S);
+    cuda_pdl_wait(); /* x comes from the launch before */
+#pragma unroll
+    for (int j = 0; j < NT; j++) { /* tile j's rows m0 + 8 j + slot, as the staging in k_moe_mma lays them */
+        const int mj = m0 + 8 * j;
+        for (int r = tid; r < nsb * 256; r += blockDim.x) { /* codes: entry r is lane r % 4 of pair slot r / 4 % 8 */
+            const int m = mj + r / 4 % 8;
+            cp_async16_or_zeros(smem_addr(sx + j * per * 256 + r),
+                                x.q + ((size_t)(m < M ? m : 0) * NP + sb0 * 8 + r / 32) * 4 + r % 4, m < M ? 16 : 0);
+        }
+        for (int r = tid; r < nsb * 64 * S; r += blockDim.x) { /* sums: [index][pair slot] */
+            const int m = mj + r % 8;
+            cp_async4_or_zeros(smem_addr(sxs + j * per * 64 * S + r),
+                               x.s + (size_t)(m < M ? m : 0) * NP * S + sb0 * 8 * S + r / 8, m < M ? 4 : 0);
+        }
+        for (int r = tid; r < nsb * 8; r += blockDim.x) { /* scales: [super-block][pair slot] */
+            const int m = mj + r % 8;
+            cp_async4_or_zeros(smem_addr(sxd + j * per * 8 + r), x.d + (size_t)(m < M ? m : 0) * SB + sb0 + r / 8,
+                               m < M ? 4 : 0);
+        }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    if (live)
+        for (int b = 0; b < nsb; b++) {
+            if (b + 1 < nsb) next.load(wr, sb0 + b + 1, t);
+#pragma unroll
+            for (int j = 0; j < NT; j++) cur.sum(b, sx + j * per * 256, sxs + j * per * 64 * S, sxd + j * per * 8, g, t, acc[j]);
+            cur = next;
+        }
+    if (kp > 1) {
+        const int64_t cell = (int64_t)blockIdx.z * gridDim.y + blockIdx.y; /* (tile group, segment) */
+        float *mine = part + (cell * gridDim.x + blockIdx.x) * F * 256;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int o = 0; o < 4; o++) __stcg(mine + (j * 4 + o) * 256 + tid, acc[j][o]);
+        if (!cuda_block_last(ticket + cell * (gridDim.x / kp) + grp, kp)) return;
+        const float *all = part + (cell * gridDim.x + (int64_t)grp * kp) * F * 256;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int o = 0; o < 4; o++) { /* every part's load in flight before the sum, added in part order */
+                float v[16], s = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 16; q++) v[q] = q < kp ? __ldcg(all + ((int64_t)q * F + j * 4 + o) * 256 + tid) : 0.0f;
+#pragma unroll
+                for (int q = 0; q < 16; q++)
+                    if (q < kp) s += v[q];
+                acc[j][o] = s;
+            }
+    }
+    /* acc[j][o]: row n0 + g + 8 (o / 2), x's row 8 j + 2 t + o % 2 */
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int o = 0; o < 4; o++) {
+            const int m = m0 + 8 * j + 2 * t + o % 2, n = n0 + g + 8 * (o / 2);
+            if (live && m < M && n < G.N) G.y[(int64_t)m * G.N + n] = acc[j][o] + bias_at(G.bias, G.bt, n);
+        }
+}
+
+typedef void (*mq_gemv_fn)(const mq_x, int, const gv_segs, int, int, float *, int *);
+template <int T> static mq_gemv_fn mq_gemv_kernel(int nt) {
+    return nt == 1 ? k_gemv_mq<T, 1> : nt == 2 ? k_gemv_mq<T, 2> : nt == 3 ? k_gemv_mq<T, 3> : k_gemv_mq<T, 4>;
+}
+
+/* K parts for rows of G row blocks (gmax in the largest segment) and SB super-blocks: at most MQ_GEMV_SB super-blocks a
+ * part, and of the counts that allow (1, 2, 4, .. 16 within the scratch's cells) the one whose waves of blocks take the
+ * least time, a block counted as its super-blocks and MQ_GEMV_COST; 0: none fits */
+static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax, int SB) {
+    int kp = 0;
+    int64_t best = -1;
+    for (int p = 1; p <= 16 && (int64_t)gmax * p <= 4 * cb->sm_count; p *= 2) {
+        if ((SB + p - 1) / p > MQ_GEMV_SB) continue;
+        const int64_t waves = ((int64_t)groups * p + slots - 1) / slots, c = waves * ((SB + p - 1) / p + MQ_GEMV_COST);
+        if (best < 0 || c < best) best = c, kp = p;
+    }
+    return kp;
+}
+
+/* The blocks a row block's tiles of 8 rows of x take (each *nt of them, cb->gemv_mq_nt) */
+static int mq_gemv_z(const cuda_backend *cb, int M, int *nt) {
+    const int tiles = (M + 7) / 8, n = cb->gemv_mq_nt > 0 && cb->gemv_mq_nt < tiles ? cb->gemv_mq_nt : tiles;
+    if (nt) *nt = n;
+    return (tiles + n - 1) / n;
+}
+
+int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu) {
+    const int type = ws[0]->q.ggml_type;
+    if (cb->gemv_mq <= 0 || M < cb->gemv_mq || M > 32 || glu >= 0 || ws[0]->shape[1] % 256 ||
+        (type != LMX_GGML_Q4_K && type != LMX_GGML_Q6_K_A16))
+        return 0;
+    int gmax = 1;
+    for (int i = 0; i < n; i++) {
+        if ((uintptr_t)ws[i]->data % 16) return 0;
+        const int gi = (int)((ws[i]->shape[0] + 127) / 128);
+        gmax = gi > gmax ? gi : gmax;
+    }
+    const int SB = (int)(ws[0]->shape[1] / 256), z = mq_gemv_z(cb, M, NULL);
+    return mq_gemv_parts(cb, 2 * cb->sm_count, gmax * z, gmax * z, SB) > 0 &&
+           mq_gemv_smem<LMX_GGML_Q6_K_A16>(4, MQ_GEMV_SB) <= (size_t)cb->gemv_mq_smem;
+}
+
+template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K) {
+    mq_x xo;
+    if (!mq_quant<T>(cb, x, M, K, NULL, &xo)) return cb->base.err.status;
+    int groups = 0, gmax = 1;
+    for (int i = 0; i < n; i++) {
+        const int gi = (sg->s[i].N + 127) / 128;
+        groups += gi;
+        gmax = gi > gmax ? gi : gmax;
+    }
+    int nt;
+    const int SB = K / 256, z = mq_gemv_z(cb, M, &nt);
+    const mq_gemv_fn k = mq_gemv_kernel<T>(nt);
+    int per_sm = cuda_fit_blocks(cb, (const void *)k);
+    per_sm = per_sm > 2 ? 2 : per_sm < 1 ? 1 : per_sm;
+    int kp = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB);
+    float *part = NULL;
+    int *ticket = kp > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
+    if (kp > 1 && !ticket) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "matmul (integer tensor cores): no scratch");
+    const int per = (SB + kp - 1) / kp;
+    cuda_launch(cb, k, dim3((unsigned)(gmax * kp), (unsigned)n, (unsigned)z), 256, mq_gemv_smem<T>(nt, per), xo, M, *sg, K, kp, part,
+                ticket);
+    return cuda_check_launch(cb, "matmul (integer tensor cores)");
+}
+
+lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K) {
+    return type == LMX_GGML_Q4_K ? mq_gemv<LMX_GGML_Q4_K>(cb, n, sg, x, M, K) : mq_gemv<LMX_GGML_Q6_K_A16>(cb, n, sg, x, M, K);
 }
