@@ -449,6 +449,10 @@ lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int 
  * of kp, for every one of the NT tiles of 8 rows of x at once, so each weight is read once for all M rows.  The parts
  * meet as k_gemv_tc's do: each leaves its sums in scratch and the last block of a row block adds them in part order,
  * so a weight gives the same bits in any launch of the same shapes. */
+/* K up to 16 super-blocks: the 8B's down projection (K 14,336) in parts of at most 4 ran slower than k_gemv_tc (H200,
+ * Llama-3.1-8B Q4_K_M batch 8 2,635-2,670 -> 2,573-2,585 tok/s), and in fewer, longer parts slower at 32 rows (5,503-5,548
+ * -> 5,001-5,036) */
+#define MQ_GEMV_K 4096
 #define MQ_GEMV_COST 1  /* a part's own cost (its staging, its sums in scratch), in super-blocks of its loop */
 
 template <int T> static size_t mq_gemv_smem(int nt, int per) {
@@ -556,7 +560,7 @@ template <int T> static mq_gemv_fn mq_gemv_kernel(int nt) {
 /* K parts for rows of G row blocks (gmax in the largest segment) and SB super-blocks: at most MQ_GEMV_SB super-blocks a
  * part, and of the counts that allow (1, 2, 4, .. 16 within the scratch's cells) the one whose waves of blocks take the
  * least time, a block counted as its super-blocks and MQ_GEMV_COST; 0: none fits */
-static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax, int SB) {
+static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax, int SB, int nt) {
     int kp = 0;
     int64_t best = -1;
     for (int p = 1; p <= 16 && (int64_t)gmax * p <= 4 * cb->sm_count; p *= 2) {
@@ -576,7 +580,7 @@ static int mq_gemv_z(const cuda_backend *cb, int M, int *nt) {
 
 int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu) {
     const int type = ws[0]->q.ggml_type;
-    if (cb->gemv_mq <= 0 || M < cb->gemv_mq || M > 32 || glu >= 0 || ws[0]->shape[1] % 256 ||
+    if (cb->gemv_mq <= 0 || M < cb->gemv_mq || M > 32 || glu >= 0 || ws[0]->shape[1] % 256 || ws[0]->shape[1] > MQ_GEMV_K ||
         (type != LMX_GGML_Q4_K && type != LMX_GGML_Q6_K_A16))
         return 0;
     int gmax = 1;
@@ -585,9 +589,9 @@ int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int 
         const int gi = (int)((ws[i]->shape[0] + 127) / 128);
         gmax = gi > gmax ? gi : gmax;
     }
-    const int SB = (int)(ws[0]->shape[1] / 256), z = mq_gemv_z(cb, M, NULL);
-    return mq_gemv_parts(cb, 2 * cb->sm_count, gmax * z, gmax * z, SB) > 0 &&
-           mq_gemv_smem<LMX_GGML_Q6_K_A16>(4, MQ_GEMV_SB) <= (size_t)cb->gemv_mq_smem;
+    int nt;
+    const int SB = (int)(ws[0]->shape[1] / 256), z = mq_gemv_z(cb, M, &nt);
+    return cb->gemv_mq_smem > 0 && mq_gemv_parts(cb, 2 * cb->sm_count, gmax * z, gmax * z, SB, nt) > 0;
 }
 
 template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K) {
@@ -604,7 +608,7 @@ template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_seg
     const mq_gemv_fn k = mq_gemv_kernel<T>(nt);
     int per_sm = cuda_fit_blocks(cb, (const void *)k);
     per_sm = per_sm > 2 ? 2 : per_sm < 1 ? 1 : per_sm;
-    int kp = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB);
+    int kp = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB, nt);
     float *part = NULL;
     int *ticket = kp > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
     if (kp > 1 && !ticket) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "matmul (integer tensor cores): no scratch");
