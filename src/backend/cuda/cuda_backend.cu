@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda_attention.h"
+#include "cuda_gemv.h"
 #include "cuda_internal.h"
 #include "cuda_moe_mma.h"
 #include "cuda_repack.h"
@@ -633,7 +634,6 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->att_short = !(as && as[0] == '0');
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");
     cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
-    cb->gemv_mq_nt = gq && strchr(gq, ',') ? atoi(strchr(gq, ',') + 1) : CUDA_GEMV_MQ_TILES;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");
@@ -662,6 +662,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cuda_lora_udb_init();
     cuda_lora_term_init();
     cuda_moe_mma_init(cb);
+    cuda_gemv_mq_init(cb);
     cuda_flash_wg_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {

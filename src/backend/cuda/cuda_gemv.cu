@@ -20,7 +20,6 @@
  * whole words); GGUF blocks go to cuda_ggml.cu.  Everything else (2-bit, odd shapes) takes
  * k_gemv_any (cuda_gemv_any.cu), one element at a time. */
 #include "cuda_gemv.h"
-#include "cuda_moe_mma.h"
 
 /* ---- one input row (decode, M = 1) ------------------------------------------------------------- */
 /* One kernel for every format.  The block stages x in shared memory, 4 floats of padding after

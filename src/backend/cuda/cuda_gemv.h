@@ -208,6 +208,15 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
  * error kept) when it cannot grow */
 int *cuda_gemv_tc_scratch(cuda_backend *cb, float **part);
 
+/* Integer tensor cores (cuda_gemv_mq.cu): dense GGUF Q4_K / Q6_K weights (K a multiple of 256 up to 4,096) for
+ * cb->gemv_mq (CUDA_GEMV_MQ_ROWS by default, LMX_CUDA_GEMV_MQ; 0: never) to 32 rows without a GLU, x quantized a
+ * super-block at a time: init at the backend's creation (cb->gemv_mq_smem); takes: 1 when it computes the n weights
+ * ws for M rows; cuda_gemv_mq: sg's n segments of that type, y_i = x @ w_i^T (+ b_i). */
+#define CUDA_GEMV_MQ_ROWS 8
+void cuda_gemv_mq_init(cuda_backend *cb);
+int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
+lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K);
+
 /* GGUF blocks (cuda_ggml.cu): cuda_gemv's contract for the block-quantized types, which it hands
  * over; takes: 1 when those kernels compute w for M rows. */
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,

@@ -78,11 +78,10 @@ typedef struct cuda_backend {
                                 cores (cuda_moe_mma.cu; 0: never); LMX_CUDA_MOE_MMA="G[,D]" sets them */
     int moe_mma_smem;        /* the shared memory those launches may stage x in (cuda_moe_mma_init) */
     int gemv_mq;             /* the fewest rows whose dense GGUF Q4_K / Q6_K GEMVs take the integer tensor cores
-                                (cuda_gemv_mq; 0: never); LMX_CUDA_GEMV_MQ="R[,T]" sets it */
+                                (cuda_gemv_mq; 0: never); LMX_CUDA_GEMV_MQ sets it */
+    int gemv_mq_smem;        /* the shared memory those launches may stage x in (cuda_gemv_mq_init; 0: none) */
     int att_short;           /* decode attention over short contexts fills the GPU with fewer heads a block
                                 (cuda_attention_plan); LMX_CUDA_ATT_SHORT=0: the rule before it (A/B) */
-    int gemv_mq_nt;          /* the tiles of 8 rows a block of those launches takes (0: all) */
-    int gemv_mq_smem;        /* the shared memory those launches may stage x in (cuda_moe_mma_init; 0: none) */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0

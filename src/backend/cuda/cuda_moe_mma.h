@@ -3,7 +3,6 @@
 #ifndef LMX_BACKEND_CUDA_MOE_MMA_H
 #define LMX_BACKEND_CUDA_MOE_MMA_H
 
-#include "cuda_gemv.h"
 #include "cuda_internal.h"
 
 /* The fewest rows that take it by default (cb->moe_mma; fewer: the per-pair kernels, k_moe_ggemv).  H200, Qwen3-30B-A3B
@@ -24,14 +23,5 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down);
 lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, float *pw, float *h);
 /* h quantized, then y [M K, C] = down_e h_p for each pair p (the combine is the caller's) */
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
-
-/* Dense GGUF weights for several rows on the same tensor cores (cuda_gemv's launches without a GLU).  The fewest rows
- * that take it by default (cb->gemv_mq): */
-#define CUDA_GEMV_MQ_ROWS 8
-#define CUDA_GEMV_MQ_TILES 1 /* tiles of 8 rows a block */
-/* 1 when cuda_gemv_mq takes the n weights ws (Q4_K or Q6_K, K a multiple of 256, 16-byte aligned) for M rows */
-int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
-/* sg's n segments (weights of GGUF type) for M rows of x [M, K]: x quantized, then y_i = x @ w_i^T (+ b_i) */
-lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K);
 
 #endif

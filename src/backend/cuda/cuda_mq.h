@@ -1,0 +1,207 @@
+/* cuda_mq.h - GGUF Q4_K / Q6_K weights against x quantized a super-block at a time, on the integer tensor cores: the
+ * pieces the experts' kernel (cuda_moe_mma.cu) and the dense GEMV of several rows (cuda_gemv_mq.cu) share.
+ *
+ * Arithmetic: x quantized per super-block of 256 values to int16 (k_mq_quant: x ~ d qx, one d a super-block),
+ * each code split into a signed high byte and an unsigned low byte, qx = 256 hi + lo, so that over a sub-block
+ * of 32 (Q4_K) or 16 (Q6_K) values the weights' unsigned codes q (Q4_K's 4 bits; Q6_K's 6 bits, the code + 32)
+ * give
+ *
+ *     q . qx = 256 (q . hi) + (q . lo)
+ *
+ * by two int8 mma (m16n8k32, or m16n8k16 for Q6_K's sub-blocks of 16: u8 x s8 and u8 x u8).  With x's scale
+ * shared by the super-block's sub-blocks, only the weights' integer sub-block scales sit inside the sum over
+ * sub-blocks: the two products times the sub-block's scale, and its min (or Q6_K's 32) times the sum of x's
+ * codes, summed in int32 (exact: each sum's bound is at its kernel), and x's and the block's float scales
+ * applied once a super-block:
+ *
+ *     Q4_K: w . x = d_x (d sum_s s6_s (q . qx)_s - dmin sum_s m6_s sum(qx)_s)
+ *     Q6_K: w . x = d_x d sum_s s8_s ((q . qx)_s - 32 sum(qx)_s)
+ *
+ * (the GEMVs' x has a d a part of 32 values, so their sums take every scale a sub-block). */
+#ifndef LMX_BACKEND_CUDA_MQ_H
+#define LMX_BACKEND_CUDA_MQ_H
+
+#include "cuda_gemv.h"
+#include "cuda_mma.h"
+
+/* d = a (16 x 32 unsigned codes) . b (32 x 8 bytes: LO 0, signed high bytes; LO 1, unsigned low bytes) */
+template <int LO>
+static __device__ __forceinline__ void mq_mma32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (LO)
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %10, %10, %10};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+    else
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %10, %10, %10};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+/* the same over 16 values: a (16 x 16), b (16 x 8) */
+template <int LO> static __device__ __forceinline__ void mq_mma16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    if constexpr (LO)
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b), "r"(0));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+/* x [M, K] quantized for type T (k_mq_quant): codes q [M][K / 32 parts][4 lanes] (lane t's eight codes of a part
+ * as the mma's B takes them: {hi a, hi b, lo a, lo b}, Q4_K: a = 8t .. 8t + 3, b = 8t + 4 .. 8t + 7, one k32
+ * over the part; Q6_K: a = 4t .. 4t + 3, b = 16 + 4t .. 16 + 4t + 3, a k16 over each half), the sums of the
+ * codes s [M][K / 32] (Q4_K: a part's; Q6_K: each half's, [M][K / 16]), the scales d [M][K / 256]. */
+struct mq_x {
+    const uint4 *q;
+    const int *s;
+    const float *d;
+};
+template <int T> struct mq_t { static constexpr int SUMS = T == LMX_GGML_Q4_K ? 1 : 2; }; /* sums a part */
+
+/* A Q4_K weight load through the read-only path, each L2 miss fetching 256 bytes (the row's next bytes, which its
+ * next super-block reads).  H200, 12-layer Qwen3-30B-A3B Q4_K_M batch 32: gate / up 74.2 -> 70.2 us, 48 layers batch
+ * 8 / 32 1,393 / 3,023 -> 1,435 / 3,056 tok/s; Q6_K's down (224-byte blocks) 64.4 -> 66.9 us, so it keeps __ldg. */
+template <class V> static __device__ __forceinline__ V mq_ld(const uint8_t *p) {
+    V v;
+    if constexpr (sizeof(V) == 16)
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    else
+        asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+/* byte k of w (one PRMT) */
+static __device__ __forceinline__ int mq_byte(uint32_t w, int k) { return (int)__byte_perm(w, 0u, 0x4440u | k); }
+
+/* A lane's share of its warp's 16 rows of type T (wr: rows g and g + 8): load takes super-block b's bytes, sum adds
+ * them times the staged x to acc (pairs 2t, 2t + 1): x's codes sx [K / 32][8 pairs][4 lanes], sums sxs
+ * [K / 32 * SUMS][8 pairs] and scales sxd [K / 256][8 pairs], as mq_x holds them a row */
+template <int T> struct mq_rows;
+
+template <> struct mq_rows<LMX_GGML_Q4_K> {
+    uint4 hd[2];    /* d, dmin, the 12 scale bytes */
+    uint2 qs[2][4]; /* lane t's bytes 8t .. 8t + 7 of each 32 of the codes */
+    __device__ __forceinline__ void load(const uint8_t *const (&wr)[2], int b, int t) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *p = wr[h] + (size_t)b * 144;
+            hd[h] = mq_ld<uint4>(p);
+#pragma unroll
+            for (int j = 0; j < 4; j++) qs[h][j] = mq_ld<uint2>(p + 16 + 32 * j + 8 * t);
+        }
+    }
+    __device__ __forceinline__ void sum(int b, const uint4 *sx, const int *sxs, const float *sxd, int g, int t,
+                                        float (&acc)[4]) const {
+        uint32_t sc[2][2], mn[2][2]; /* each row's eight 6-bit scales and mins, a byte each */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t sw[3] = {hd[h].y, hd[h].z, hd[h].w};
+            gq_k4_scale4(sw, 0, sc[h][0], mn[h][0]);
+            gq_k4_scale4(sw, 1, sc[h][1], mn[h][1]);
+        }
+        /* over the sub-blocks, in int32: s6 (q . hi), s6 (q . lo), m6 sum(qx) (each bounded: 63 x 8 sub-blocks of at
+         * most 15 x 128 x 32, 15 x 255 x 32, 32 x 32,768) */
+        int ih[4] = {0, 0, 0, 0}, il[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int s = 0; s < 2; s++) { /* sub-block 2j + s: the low, then the high nibbles */
+                const int pp = 8 * b + 2 * j + s, k = 2 * j + s;
+                const uint32_t a[4] = {(qs[0][j].x >> 4 * s) & 0x0F0F0F0Fu, (qs[1][j].x >> 4 * s) & 0x0F0F0F0Fu,
+                                       (qs[0][j].y >> 4 * s) & 0x0F0F0F0Fu, (qs[1][j].y >> 4 * s) & 0x0F0F0F0Fu};
+                const uint4 xb = sx[pp * 32 + g * 4 + t];
+                int Dh[4], Dl[4];
+                mq_mma32<0>(Dh, a, xb.x, xb.y);
+                mq_mma32<1>(Dl, a, xb.z, xb.w);
+                const int2 xs = *(const int2 *)(sxs + pp * 8 + 2 * t); /* pairs 2t, 2t + 1 */
+#pragma unroll
+                for (int o = 0; o < 4; o++) {
+                    const int s6 = mq_byte(sc[o / 2][k >> 2], k & 3), m6 = mq_byte(mn[o / 2][k >> 2], k & 3);
+                    ih[o] += s6 * Dh[o], il[o] += s6 * Dl[o], im[o] += m6 * (o % 2 ? xs.y : xs.x);
+                }
+            }
+        const float2 dx = *(const float2 *)(sxd + b * 8 + 2 * t);
+#pragma unroll
+        for (int o = 0; o < 4; o++) {
+            const uint32_t dd = hd[o / 2].x;
+            const float dot = fmaf(256.0f, (float)ih[o], (float)il[o]);
+            acc[o] = fmaf(o % 2 ? dx.y : dx.x, fmaf(gq_half(dd, 0), dot, -gq_half(dd, 1) * (float)im[o]), acc[o]);
+        }
+    }
+};
+
+/* Q6_K in its GPU layout (LMX_GGML_Q6_K_A16: codes' low nibbles ql [128], high bits qh [64], 16 signed scales,
+ * d; 224 bytes): half hh of 128 values, quarter q of 32, half is of 16 is element 128 hh + 32 q + 16 is + l,
+ * its low nibble in ql[64 hh + 32 (q & 1) + 16 is + l] >> 4 (q >> 1), its high bits qh[32 hh + 16 is + l] >> 2q,
+ * its scale byte 8 hh + 2 q + is. */
+template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
+    uint32_t ql[2][2][2][2]; /* [row][hh][is][q & 1]: lane t's bytes 4t .. 4t + 3 */
+    uint32_t qh[2][2][2];    /* [row][hh][is] */
+    uint32_t sc[2][4]; /* [row]: the 16 scale bytes */
+    uint32_t dw[2];
+    __device__ __forceinline__ void load(const uint8_t *const (&wr)[2], int b, int t) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *p = wr[h] + (size_t)b * 224;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int is = 0; is < 2; is++) {
+                    ql[h][hh][is][0] = __ldg((const uint32_t *)(p + 64 * hh + 16 * is + 4 * t));
+                    ql[h][hh][is][1] = __ldg((const uint32_t *)(p + 64 * hh + 32 + 16 * is + 4 * t));
+                    qh[h][hh][is] = __ldg((const uint32_t *)(p + 128 + 32 * hh + 16 * is + 4 * t));
+                }
+            const uint4 v = __ldg((const uint4 *)(p + 192));
+            sc[h][0] = v.x, sc[h][1] = v.y, sc[h][2] = v.z, sc[h][3] = v.w;
+            dw[h] = __ldg((const uint32_t *)(p + 208));
+        }
+    }
+    __device__ __forceinline__ void sum(int b, const uint4 *sx, const int *sxs, const float *sxd, int g, int t,
+                                        float (&acc)[4]) const {
+        /* over the halves, in int32: s8 (q . hi), s8 (q . lo), s8 sum(qx) (each bounded: 128 x 16 halves of at most
+         * 63 x 128 x 16, 63 x 255 x 16, 16 x 32,768) */
+        int ih[4] = {0, 0, 0, 0}, il[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int pp = 8 * b + 4 * hh + q;
+                const uint4 xb = sx[pp * 32 + g * 4 + t];
+#pragma unroll
+                for (int is = 0; is < 2; is++) {
+                    uint32_t a[2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        a[h] = ((ql[h][hh][is][q & 1] >> 4 * (q >> 1)) & 0x0F0F0F0Fu) |
+                               (((qh[h][hh][is] >> 2 * q) & 0x03030303u) << 4);
+                    int Dh[4], Dl[4];
+                    mq_mma16<0>(Dh, a[0], a[1], is ? xb.y : xb.x);
+                    mq_mma16<1>(Dl, a[0], a[1], is ? xb.w : xb.z);
+                    const int2 xs = *(const int2 *)(sxs + (2 * pp + is) * 8 + 2 * t);
+                    const int k = 8 * hh + 2 * q + is;
+#pragma unroll
+                    for (int o = 0; o < 4; o++) {
+                        const int s8 = (int8_t)(sc[o / 2][k >> 2] >> 8 * (k & 3));
+                        ih[o] += s8 * Dh[o], il[o] += s8 * Dl[o], im[o] += s8 * (o % 2 ? xs.y : xs.x);
+                    }
+                }
+            }
+        const float2 dx = *(const float2 *)(sxd + b * 8 + 2 * t);
+#pragma unroll
+        for (int o = 0; o < 4; o++) {
+            const float dot = fmaf(256.0f, (float)ih[o], fmaf(-32.0f, (float)im[o], (float)il[o]));
+            acc[o] = fmaf((o % 2 ? dx.y : dx.x) * gq_half(dw[o / 2], 0), dot, acc[o]);
+        }
+    }
+};
+
+/* x [rows, K] quantized for type (Q4_K or Q6_K_A16) into scratch (k_mq_quant, cuda_moe_mma.cu; rt: the experts' gate /
+ * up launch, which routes the rows too, else NULL): its layout in xo; 0 with the error set when the scratch cannot grow */
+int cuda_mq_quant(cuda_backend *cb, int type, const float *x, int rows, int K, const cuda_moe_router *rt, mq_x *xo);
+
+#endif
