@@ -16,7 +16,7 @@
  * 7,080 / 15,978; Llama-3.1-8B Q4_K_M (its Q4_K rewritten as MLX groups, cuda_repack.cu; Q6_K v here) unchanged. */
 #include "cuda_mq.h"
 
-#define MQ_GEMV_SB 4    /* super-blocks a K part at most: x's slice 4 x 4.6 KB (Q6_K) */
+#define MQ_GEMV_SB 4    /* super-blocks a K part at most: x's slice 4 x 4.6 KB (Q6_K), or all K (16) without parts */
 /* K up to 16 super-blocks: the 8B's down projection (K 14,336) in parts of at most 4 ran slower than k_gemv_tc (H200,
  * Llama-3.1-8B Q4_K_M batch 8: 2,635-2,670 -> 2,573-2,585 tok/s), and in fewer, longer parts slower at 32 rows
  * (5,503-5,548 -> 5,001-5,036) */
@@ -123,7 +123,8 @@ static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax
 
 void cuda_gemv_mq_init(cuda_backend *cb) {
     const void *fn[2] = {(const void *)k_gemv_mq<LMX_GGML_Q4_K>, (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16>};
-    cb->gemv_mq_smem = (int)mq_gemv_smem<LMX_GGML_Q6_K_A16>(MQ_GEMV_SB); /* (Q6_K's the larger) */
+    /* K parts of MQ_GEMV_SB super-blocks, or one of all K where the parts' scratch cannot grow (Q6_K's the larger) */
+    cb->gemv_mq_smem = (int)mq_gemv_smem<LMX_GGML_Q6_K_A16>(MQ_GEMV_K / 256);
     for (int i = 0; i < 2; i++)
         if (cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->gemv_mq_smem) != cudaSuccess)
             cb->gemv_mq_smem = 0;
@@ -158,10 +159,10 @@ template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_seg
     const int SB = K / 256, z = (M + 7) / 8;
     int per_sm = cuda_fit_blocks(cb, (const void *)k_gemv_mq<T>);
     per_sm = per_sm > 2 ? 2 : per_sm;
-    const int kp = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB), per = (SB + kp - 1) / kp;
+    const int want = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB);
     float *part = NULL;
-    int *ticket = kp > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
-    if (kp > 1 && !ticket) return lmx_err_set(&cb->base.err, LMX_ERR_NOMEM, "matmul (integer tensor cores): no scratch");
+    int *ticket = want > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
+    const int kp = ticket ? want : 1, per = (SB + kp - 1) / kp; /* no scratch (a graph capturing): one part */
     cuda_launch(cb, k_gemv_mq<T>, dim3((unsigned)(gmax * kp), (unsigned)n, (unsigned)z), 256, mq_gemv_smem<T>(per), xo, M,
                 *sg, K, kp, part, ticket);
     return cuda_check_launch(cb, "matmul (integer tensor cores)");
