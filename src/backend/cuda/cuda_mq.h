@@ -79,8 +79,9 @@ template <class V> static __device__ __forceinline__ V mq_ld(const uint8_t *p) {
 static __device__ __forceinline__ int mq_byte(uint32_t w, int k) { return (int)__byte_perm(w, 0u, 0x4440u | k); }
 
 /* A lane's share of its warp's 16 rows of type T (wr: rows g and g + 8): load takes super-block b's bytes, sum adds
- * them times the staged x to acc (pairs 2t, 2t + 1): x's codes sx [K / 32][8 pairs][4 lanes], sums sxs
- * [K / 32 * SUMS][8 pairs] and scales sxd [K / 256][8 pairs], as mq_x holds them a row */
+ * them times the staged x's super-block b (its index in the staging: the dense GEMV stages its K part alone) to acc
+ * (pairs 2t, 2t + 1): x's codes sx [K / 32][8 pairs][4 lanes], sums sxs [K / 32 * SUMS][8 pairs] and scales sxd
+ * [K / 256][8 pairs], as mq_x holds them a row */
 template <int T> struct mq_rows;
 
 template <> struct mq_rows<LMX_GGML_Q4_K> {
