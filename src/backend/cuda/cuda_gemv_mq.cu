@@ -23,10 +23,6 @@
 #define MQ_GEMV_K 4096
 #define MQ_GEMV_COST 1  /* a part's own cost (its staging, its sums in scratch), in super-blocks of its loop */
 
-template <int T> static size_t mq_gemv_smem(int per) {
-    return (size_t)per * (256 * sizeof(uint4) + 64 * mq_t<T>::SUMS * sizeof(int) + 8 * sizeof(float));
-}
-
 template <int T>
 __global__ void __launch_bounds__(256) k_gemv_mq(const mq_x x, int M, const gv_segs sg, int K, int kp,
                                                  float *__restrict__ part, int *__restrict__ ticket) {
@@ -64,7 +60,8 @@ __global__ void __launch_bounds__(256) k_gemv_mq(const mq_x x, int M, const gv_s
     }
     for (int r = tid; r < nsb * 64 * S; r += blockDim.x) { /* sums: [index][pair slot] */
         const int m = m0 + r % 8;
-        cp_async4_or_zeros(smem_addr(sxs + r), x.s + (size_t)(m < M ? m : 0) * NP * S + sb0 * 8 * S + r / 8, m < M ? 4 : 0);
+        cp_async4_or_zeros(smem_addr(sxs + r), x.s + (size_t)(m < M ? m : 0) * NP * S + sb0 * 8 * S + r / 8,
+                           m < M ? 4 : 0);
     }
     for (int r = tid; r < nsb * 8; r += blockDim.x) { /* scales: [super-block][pair slot] */
         const int m = m0 + r % 8;
@@ -124,7 +121,7 @@ static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax
 void cuda_gemv_mq_init(cuda_backend *cb) {
     const void *fn[2] = {(const void *)k_gemv_mq<LMX_GGML_Q4_K>, (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16>};
     /* K parts of MQ_GEMV_SB super-blocks, or one of all K where the parts' scratch cannot grow (Q6_K's the larger) */
-    cb->gemv_mq_smem = (int)mq_gemv_smem<LMX_GGML_Q6_K_A16>(MQ_GEMV_K / 256);
+    cb->gemv_mq_smem = (int)mq_stage_bytes<LMX_GGML_Q6_K_A16>(MQ_GEMV_K / 256);
     for (int i = 0; i < 2; i++)
         if (cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->gemv_mq_smem) != cudaSuccess)
             cb->gemv_mq_smem = 0;
@@ -134,8 +131,8 @@ void cuda_gemv_mq_init(cuda_backend *cb) {
 int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu) {
     const int type = ws[0]->q.ggml_type;
     const int64_t K = ws[0]->shape[1];
-    if (cb->gemv_mq <= 0 || cb->gemv_mq_smem <= 0 || M < cb->gemv_mq || M > 32 || glu >= 0 || K % 256 || K > MQ_GEMV_K ||
-        (type != LMX_GGML_Q4_K && type != LMX_GGML_Q6_K_A16))
+    if (cb->gemv_mq <= 0 || cb->gemv_mq_smem <= 0 || M < cb->gemv_mq || M > 32 || glu >= 0 || K % 256 ||
+        K > MQ_GEMV_K || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q6_K_A16))
         return 0;
     int gmax = 1;
     for (int i = 0; i < n; i++) {
@@ -163,11 +160,12 @@ template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_seg
     float *part = NULL;
     int *ticket = want > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
     const int kp = ticket ? want : 1, per = (SB + kp - 1) / kp; /* no scratch (a graph capturing): one part */
-    cuda_launch(cb, k_gemv_mq<T>, dim3((unsigned)(gmax * kp), (unsigned)n, (unsigned)z), 256, mq_gemv_smem<T>(per), xo, M,
-                *sg, K, kp, part, ticket);
+    const dim3 grid((unsigned)(gmax * kp), (unsigned)n, (unsigned)z);
+    cuda_launch(cb, k_gemv_mq<T>, grid, 256, mq_stage_bytes<T>(per), xo, M, *sg, K, kp, part, ticket);
     return cuda_check_launch(cb, "matmul (integer tensor cores)");
 }
 
 lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K) {
-    return type == LMX_GGML_Q4_K ? mq_gemv<LMX_GGML_Q4_K>(cb, n, sg, x, M, K) : mq_gemv<LMX_GGML_Q6_K_A16>(cb, n, sg, x, M, K);
+    return type == LMX_GGML_Q4_K ? mq_gemv<LMX_GGML_Q4_K>(cb, n, sg, x, M, K)
+                                 : mq_gemv<LMX_GGML_Q6_K_A16>(cb, n, sg, x, M, K);
 }

@@ -147,17 +147,13 @@ __global__ void __launch_bounds__(256, 2)
     }
 }
 
-template <int T> static size_t mq_smem(int K) {
-    return (size_t)MQ_N * (K / 32 * 4 * sizeof(uint4) + K / 32 * mq_t<T>::SUMS * sizeof(int) + K / 256 * sizeof(float));
-}
-
 int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) {
     const int min_rows = cb->moe_mma[down];
     /* never one row: its pairs each read another expert, and cuda_moe_normed folds its norm into gate / up's x
      * and its combine into the per-pair down projection */
     if (min_rows <= 0 || a->M < (min_rows > 2 ? min_rows : 2) || a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (F % 256 || C % 256 || (int64_t)mq_smem<LMX_GGML_Q6_K_A16>((int)(down ? F : C)) > cb->moe_mma_smem)
+    if (F % 256 || C % 256 || (int64_t)mq_stage_bytes<LMX_GGML_Q6_K_A16>((int)(down ? F : C) / 256) > cb->moe_mma_smem)
         return 0; /* (Q6_K's the larger) */
     for (int e = 0; e < a->E; e++)
         for (int j = down ? 2 : 0; j < (down ? 3 : 2); j++) {
@@ -216,7 +212,7 @@ static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x 
     gv_moe tab; /* gate and up, or down */
     gv_moe_fill(&tab, a->experts, a->E, !PAIR);
     const dim3 grid((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E);
-    cuda_launch(cb, k_moe_mma<T, PAIR>, grid, 256, mq_smem<T>(K), xo, tab, pick, a->M * a->K, a->K, N, K, (int)a->act,
+    cuda_launch(cb, k_moe_mma<T, PAIR>, grid, 256, mq_stage_bytes<T>(K / 256), xo, tab, pick, a->M * a->K, a->K, N, K, (int)a->act,
                 y);
     return cuda_check_launch(cb, PAIR ? "moe gate/up (mma)" : "moe down (mma)");
 }

@@ -61,6 +61,12 @@ struct mq_x {
 };
 template <int T> struct mq_t { static constexpr int SUMS = T == LMX_GGML_Q4_K ? 1 : 2; }; /* sums a part */
 
+/* The shared memory that sbs super-blocks of x staged for 8 rows (pair slots) take, as mq_rows::sum reads them: codes
+ * [sbs * 8 parts][8][4], sums [sbs * 8 SUMS][8], scales [sbs][8] */
+template <int T> static inline size_t mq_stage_bytes(int sbs) {
+    return (size_t)sbs * (256 * sizeof(uint4) + 64 * mq_t<T>::SUMS * sizeof(int) + 8 * sizeof(float));
+}
+
 /* A Q4_K weight load through the read-only path, each L2 miss fetching 256 bytes (the row's next bytes, which its
  * next super-block reads).  H200, 12-layer Qwen3-30B-A3B Q4_K_M batch 32: gate / up 74.2 -> 70.2 us, 48 layers batch
  * 8 / 32 1,393 / 3,023 -> 1,435 / 3,056 tok/s; Q6_K's down (224-byte blocks) 64.4 -> 66.9 us, so it keeps __ldg. */
@@ -201,8 +207,9 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
     }
 };
 
-/* x [rows, K] quantized for type (Q4_K or Q6_K_A16) into scratch (k_mq_quant, cuda_moe_mma.cu; rt: the experts' gate /
- * up launch, which routes the rows too, else NULL): its layout in xo; 0 with the error set when the scratch cannot grow */
+/* x [rows, K] quantized for type (Q4_K or Q6_K_A16) into scratch (k_mq_quant, cuda_moe_mma.cu; rt: the experts' gate
+ * / up launch, which routes the rows too, else NULL): its layout in xo; 0 with the error set when the scratch cannot
+ * grow */
 int cuda_mq_quant(cuda_backend *cb, int type, const float *x, int rows, int K, const cuda_moe_router *rt, mq_x *xo);
 
 #endif
