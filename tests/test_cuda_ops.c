@@ -204,6 +204,9 @@ static void test_matmul(void) {
         test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 33, 264, M, 1, M > 1 ? 5e-3 : 1e-4);
         test_matmul_case("f32", LMX_DTYPE_F32, 0, 0, 0, 21, 100, M, 1, 1e-4);
         test_matmul_case("f32 odd K", LMX_DTYPE_F32, 0, 0, 0, 9, 77, M, 0, 1e-4);
+        /* a mixture of experts' router (K in 16 parts) and a wider f32 weight with a bias (parts of 1000 / 2) */
+        test_matmul_case("f32 router", LMX_DTYPE_F32, 0, 0, 0, 128, 2048, M, 0, 1e-4);
+        test_matmul_case("f32 parts", LMX_DTYPE_F32, 0, 0, 0, 301, 1000, M, 1, 1e-4);
     }
     const int Mw[] = {1, 2, 8, 13, 32}; /* K split among 16, 4, 8 blocks; none for wide N (one row of MLX 4-bit: x in int16) */
     for (size_t i = 0; i < sizeof Mw / sizeof Mw[0]; i++) {

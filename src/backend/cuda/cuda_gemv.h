@@ -217,6 +217,11 @@ void cuda_gemv_mq_init(cuda_backend *cb);
 int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
 lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K);
 
+/* f32 weights of at most 16 rows a multiprocessor (a mixture of experts' router) for 2..32 rows of x (cuda_gemv_f32.cu,
+ * LMX_CUDA_GEMV=7: cuBLAS instead): takes: 1 when it computes w for x's M rows; cuda_gemv_f32: y [M, N] = x @ w^T. */
+int cuda_gemv_f32_takes(const cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *x, int M);
+lmx_status cuda_gemv_f32(cuda_backend *cb, const lmx_tensor *w, const float *x, float *y, int M);
+
 /* GGUF blocks (cuda_ggml.cu): cuda_gemv's contract for the block-quantized types, which it hands
  * over; takes: 1 when those kernels compute w for M rows. */
 lmx_status cuda_gemv_ggml(cuda_backend *cb, int n, const lmx_tensor *const *ws, const lmx_tensor *const *biases,

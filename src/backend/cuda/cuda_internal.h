@@ -95,7 +95,8 @@ typedef struct cuda_backend {
                                 tensor-core GEMV; 3 MLX 4/8-bit by k_gemv1 / k_qgemv / the tensor cores, not
                                 cuda_ggml.cu's int16 kernel; 4 that kernel's one row with x quantized
                                 in a launch before it, not by each block; 5 MLX one row by that kernel,
-                                not k_gstream1; 6 no k_gemv1_wide */
+                                not k_gstream1; 6 no k_gemv1_wide; 7 f32 weights of few rows through
+                                cuBLAS for 2..32 rows of x, not k_gemv_f32_rows */
     void *topk_host;         /* page-locked staging of the top-k results (one copy, not two pageable ones) */
     size_t topk_host_bytes;
     int64_t stream_min;      /* the fewest weights of a one-row MLX 4-bit launch that k_gstream1 takes (smaller ones: the

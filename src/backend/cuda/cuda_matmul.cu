@@ -7,7 +7,7 @@
  * of rows first. */
 #include <string.h>
 
-#include "cuda_weights.h"
+#include "cuda_gemv.h"
 
 #define QGEMV_MAX_ROWS 32         /* quantized: above this, dequantize + cuBLAS (dense: CUDA_GEMV_ROWS) */
 
@@ -244,7 +244,10 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
         }
         return LMX_OK;
     }
-    if ((st = matmul_gemm(cb, xb ? NULL : xs, xb ? (const __nv_bfloat16 *)x->data : NULL, w, out->data, y16, M, N, K)))
+    if (!y16 && cuda_gemv_f32_takes(cb, w, x, M)) { /* f32 weights of few rows (a router), 2..32 rows */
+        if ((st = cuda_gemv_f32(cb, w, xs, y, M))) return st;
+    } else if ((st = matmul_gemm(cb, xb ? NULL : xs, xb ? (const __nv_bfloat16 *)x->data : NULL, w, out->data, y16, M,
+                                 N, K)))
         return st;
     if (bias) {
         k_add_bias<<<grid_for((int64_t)M * N), 256, 0, cb->stream>>>(y, bias->data, bias->dtype, M, N);
