@@ -204,7 +204,7 @@ static void test_matmul(void) {
         test_matmul_case("f16", LMX_DTYPE_F16, 0, 0, 0, 33, 264, M, 1, M > 1 ? 5e-3 : 1e-4);
         test_matmul_case("f32", LMX_DTYPE_F32, 0, 0, 0, 21, 100, M, 1, 1e-4);
         test_matmul_case("f32 odd K", LMX_DTYPE_F32, 0, 0, 0, 9, 77, M, 0, 1e-4);
-        /* a mixture of experts' router (K in 16 parts) and a wider f32 weight with a bias (parts of 1000 / 2) */
+        /* a mixture of experts' router (K in parts of 128) and a wider f32 weight with a bias (K's last part short) */
         test_matmul_case("f32 router", LMX_DTYPE_F32, 0, 0, 0, 128, 2048, M, 0, 1e-4);
         test_matmul_case("f32 parts", LMX_DTYPE_F32, 0, 0, 0, 301, 1000, M, 1, 1e-4);
     }

@@ -2,10 +2,10 @@
  * 128 x 2048) and 2..32 rows of x (batched decode), on the CUDA cores in f32.
  *
  * cuBLAS's SIMT GEMM took these in two launches, the product and its split-K reduction (H200, Qwen3-30B-A3B batch
- * 32: 5.7 + 2.4 us a layer).  Here block (bx, kq) takes weight rows [8 bx, 8 bx + 8) (a warp each; lane m: row m of
- * x) over K part kq of kp, parts chosen so that the blocks fill the GPU about twice.  The parts meet as k_gemv_tc's
- * do: each leaves its 256 sums in the K parts' scratch (cuda_gemv_tc_scratch) and the last block of a row block
- * adds them in part order, so a weight gives the same bits in any launch of the same shapes. */
+ * 32: 5.7 + 2.4 us a layer; here 5.5 us).  Block (bx, kq) takes weight rows [8 bx, 8 bx + 8) (a warp each, its
+ * lanes along K) over K part kq of kp, parts chosen so that the blocks fill the GPU about twice.  The parts meet as
+ * k_gemv_tc's do: each leaves its 256 sums in the K parts' scratch (cuda_gemv_tc_scratch) and the last block of a
+ * row block adds them in part order, so a weight gives the same bits in any launch of the same shapes. */
 #include "cuda_gemv.h"
 
 #define F32R_PARTS_MAX 16 /* K parts at most */
@@ -31,9 +31,9 @@ template <int S, int MM> static __device__ __forceinline__ void f32r_warp_sums(f
 }
 
 /* Block (bx, kq): warp w takes weight row n = 8 bx + w against the MM (8, 16, 32) rows of x over K part kq, its
- * lanes along K, in steps of 128 values: the step's rows of x staged in shared memory by the block (its warps
- * reading them from L2 each, as they missed L1 together, took 11.7 us a launch at 32 rows), then a float4 of w and
- * of each row a lane. */
+ * lanes along K, in steps of 128 values: the step's rows of x staged in shared memory by the block, then a float4 of
+ * w and of each row a lane.  (Lanes across the rows of x took 32 L1 wavefronts a load: 13.2 us a launch at 32 rows;
+ * every warp reading x itself, from L2 as the warps missed L1 together: 11.8 us.) */
 template <int MM>
 __global__ void __launch_bounds__(256) k_gemv_f32_rows(const float *__restrict__ x, const float *__restrict__ w,
                                                        float *__restrict__ y, int M, int N, int K, int per,
@@ -97,7 +97,8 @@ lmx_status cuda_gemv_f32(cuda_backend *cb, const lmx_tensor *w, const float *x, 
     if (!ticket) kp = 1; /* groups <= 2 SMs (takes): within the scratch's tickets and cells */
     const int per = ((K + kp - 1) / kp + F32R_PART_MIN - 1) / F32R_PART_MIN * F32R_PART_MIN; /* whole steps */
     kp = (K + per - 1) / per;
-    cuda_launch(cb, M <= 8 ? k_gemv_f32_rows<8> : M <= 16 ? k_gemv_f32_rows<16> : k_gemv_f32_rows<32>, dim3((unsigned)groups, (unsigned)kp), 256, 0, x, (const float *)w->data, y, M, N,
-                K, per, part, ticket);
+    const auto k = M <= 8 ? k_gemv_f32_rows<8> : M <= 16 ? k_gemv_f32_rows<16> : k_gemv_f32_rows<32>;
+    cuda_launch(cb, k, dim3((unsigned)groups, (unsigned)kp), 256, 0, x, (const float *)w->data, y, M, N, K, per, part,
+                ticket);
     return cuda_check_launch(cb, "matmul (f32, few rows)");
 }
