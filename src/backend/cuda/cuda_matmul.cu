@@ -2,9 +2,10 @@
  * dequantization.
  *
  * Few rows (decode: dense M <= 8, or 32 for bf16 / f16; quantized M <= 32): the GEMV kernels of
- * cuda_gemv.cu and cuda_gemv_tc.cu, which stream each weight byte once per launch.  Many rows (prefill): cuBLAS tensor-core GEMM with bf16 (f16)
- * operands and f32 output; x is narrowed once, quantized weights are dequantized to bf16 in blocks
- * of rows first. */
+ * cuda_gemv.cu and cuda_gemv_tc.cu, which stream each weight byte once per launch; f32 weights of few rows
+ * (a mixture of experts' router) for 2..32 rows: cuda_gemv_f32.cu.  Many rows (prefill): cuBLAS tensor-core
+ * GEMM with bf16 (f16) operands and f32 output; x is narrowed once, quantized weights are dequantized to bf16
+ * in blocks of rows first. */
 #include <string.h>
 
 #include "cuda_gemv.h"
