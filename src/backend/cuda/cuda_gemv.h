@@ -208,6 +208,31 @@ lmx_status cuda_gemv_tc(cuda_backend *cb, int kind, int n, gv_segs *sg, int glu,
  * error kept) when it cannot grow */
 int *cuda_gemv_tc_scratch(cuda_backend *cb, float **part);
 
+/* The K parts of a row block meeting in that scratch (k_gemv_tc, k_gemv_mq, k_gemv_f32_rows; blocks of 256 threads):
+ * each block leaves its F sums a thread in its cell of F * 256 floats (sum f of thread t at f * 256 + t), and the last
+ * of the row block's kp blocks to arrive (its ticket) adds the kp cells from cell first on, every part's load in
+ * flight, in part order, into v: true for that block alone, so a weight gives the same bits in every launch. */
+template <int F, int PMAX>
+static __device__ __forceinline__ bool gv_parts_meet(float (&v)[F], float *part, int64_t cell, int64_t first,
+                                                     int *ticket, int kp) {
+    float *mine = part + cell * F * 256 + threadIdx.x;
+#pragma unroll
+    for (int f = 0; f < F; f++) __stcg(mine + f * 256, v[f]);
+    if (!cuda_block_last(ticket, kp)) return false;
+    const float *all = part + first * F * 256 + threadIdx.x;
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        float p[PMAX], s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < PMAX; q++) p[q] = q < kp ? __ldcg(all + ((int64_t)q * F + f) * 256) : 0.0f;
+#pragma unroll
+        for (int q = 0; q < PMAX; q++)
+            if (q < kp) s += p[q];
+        v[f] = s;
+    }
+    return true;
+}
+
 /* Integer tensor cores (cuda_gemv_mq.cu): dense GGUF Q4_K / Q6_K weights (K a multiple of 256 up to 4,096) for
  * cb->gemv_mq (CUDA_GEMV_MQ_ROWS by default, LMX_CUDA_GEMV_MQ; 0: never) to 32 rows without a GLU, x quantized a
  * super-block at a time: init at the backend's creation (cb->gemv_mq_smem); takes: 1 when it computes the n weights

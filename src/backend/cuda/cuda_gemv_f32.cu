@@ -4,8 +4,8 @@
  * cuBLAS's SIMT GEMM took these in two launches, the product and its split-K reduction (H200, Qwen3-30B-A3B batch
  * 32: 5.7 + 2.4 us a layer; here 5.5 us).  Block (bx, kq) takes weight rows [8 bx, 8 bx + 8) (a warp each, its
  * lanes along K) over K part kq of kp, parts chosen so that the blocks fill the GPU about twice.  The parts meet as
- * k_gemv_tc's do: each leaves its 256 sums in the K parts' scratch (cuda_gemv_tc_scratch) and the last block of a
- * row block adds them in part order, so a weight gives the same bits in any launch of the same shapes. */
+ * k_gemv_tc's do (gv_parts_meet): each leaves its 256 sums in the K parts' scratch and the last block of a row block
+ * adds them in part order, so a weight gives the same bits in any launch of the same shapes. */
 #include "cuda_gemv.h"
 
 #define F32R_PARTS_MAX 16 /* K parts at most */
@@ -63,20 +63,11 @@ __global__ void __launch_bounds__(256) k_gemv_f32_rows(const float *__restrict__
         __syncthreads();
     }
     f32r_warp_sums<16, MM>(a, lane);
-    float s = a[0]; /* row lane % MM of x */
-    if (kp > 1) {
-        __stcg(part + ((int64_t)blockIdx.x * kp + blockIdx.y) * 256 + threadIdx.x, s);
-        if (!cuda_block_last(ticket + blockIdx.x, kp)) return;
-        const float *all = part + (int64_t)blockIdx.x * kp * 256 + threadIdx.x;
-        float p[F32R_PARTS_MAX];
-#pragma unroll
-        for (int q = 0; q < F32R_PARTS_MAX; q++) p[q] = q < kp ? __ldcg(all + q * 256) : 0.0f; /* all in flight */
-        s = 0.0f;
-#pragma unroll
-        for (int q = 0; q < F32R_PARTS_MAX; q++)
-            if (q < kp) s += p[q];
-    }
-    if (lane < M && n < N) y[(int64_t)lane * N + n] = s;
+    float s[1] = {a[0]}; /* row lane % MM of x */
+    const int64_t first = (int64_t)blockIdx.x * kp; /* the row block's first cell */
+    if (kp > 1 && !gv_parts_meet<1, F32R_PARTS_MAX>(s, part, first + blockIdx.y, first, ticket + blockIdx.x, kp))
+        return;
+    if (lane < M && n < N) y[(int64_t)lane * N + n] = s[0];
 }
 
 int cuda_gemv_f32_takes(const cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *x, int M) {

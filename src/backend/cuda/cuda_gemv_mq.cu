@@ -8,8 +8,8 @@
  * slower, its chain of instructions four times as long (H200, Qwen3-30B-A3B Q4_K_M batch 32: the q / k / v launch
  * 15.2 us with four tiles a block, 18.7 with one, but the layer's launches together 3,220-3,240 against 3,244-3,250
  * tok/s).  x's slice of the part is staged in shared memory by cp.async, all at once, after the first super-block's
- * weights are in flight.  The parts meet as k_gemv_tc's do: each leaves its sums in scratch and the last block of
- * a row block adds them in part order, so a weight gives the same bits in any launch of the same shapes.
+ * weights are in flight.  The parts meet as k_gemv_tc's do (gv_parts_meet): each leaves its sums in scratch and
+ * the last block of a row block adds them in part order, so a weight gives the same bits in any launch of the same shapes.
  *
  * Measured (H200, tok/s, against k_gemv_tc with x in bf16): Qwen3-30B-A3B Q4_K_M batch 8 / 32 1,435 / 3,059 ->
  * 1,504 / 3,343 (with the attention's short-context rule, cuda_attention.cu); Qwen3-0.6B Q4_K_M 6,823 / 15,654 ->
@@ -78,22 +78,10 @@ __global__ void __launch_bounds__(256) k_gemv_mq(const mq_x x, int M, const gv_s
             cur = next;
         }
     if (kp > 1) { /* scratch cell (tile, segment) of gmax row blocks, kp parts each */
-        const int64_t cell = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;
-        float *mine = part + (cell * gridDim.x + blockIdx.x) * 4 * 256;
-#pragma unroll
-        for (int o = 0; o < 4; o++) __stcg(mine + o * 256 + tid, acc[o]);
-        if (!cuda_block_last(ticket + cell * (gridDim.x / kp) + grp, kp)) return;
-        const float *all = part + (cell * gridDim.x + (int64_t)grp * kp) * 4 * 256;
-#pragma unroll
-        for (int o = 0; o < 4; o++) { /* every part's load in flight before the sum, added in part order */
-            float v[16], s = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 16; q++) v[q] = q < kp ? __ldcg(all + ((int64_t)q * 4 + o) * 256 + tid) : 0.0f;
-#pragma unroll
-            for (int q = 0; q < 16; q++)
-                if (q < kp) s += v[q];
-            acc[o] = s;
-        }
+        const int64_t cell = (int64_t)blockIdx.z * gridDim.y + blockIdx.y, row0 = cell * gridDim.x;
+        if (!gv_parts_meet<4, 16>(acc, part, row0 + blockIdx.x, row0 + (int64_t)grp * kp,
+                                  ticket + cell * (gridDim.x / kp) + grp, kp))
+            return;
     }
     /* acc[o]: row n0 + g + 8 (o / 2), x's row m0 + 2 t + o % 2 */
 #pragma unroll

@@ -396,30 +396,23 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
 
     /* the K parts of a row block meet in scratch; the last block to arrive adds them in part order */
     if (kp > 1) {
-        float *mine = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * F * 256;
+        float v[F]; /* d flat: (t NT + j) 4 + i */
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) __stcg(mine + ((t * NT + j) * 4 + i) * 256 + threadIdx.x, d[t][j][i]);
-        if (!cuda_block_last(ticket + blockIdx.y * (gridDim.x / kp) + grp, kp)) return;
-        const float *all = part + ((int64_t)blockIdx.y * gridDim.x + (int64_t)grp * kp) * F * 256;
+                for (int i = 0; i < 4; i++) v[(t * NT + j) * 4 + i] = d[t][j][i];
+        const int64_t row0 = (int64_t)blockIdx.y * gridDim.x;
+        if (!gv_parts_meet<F, TC_PARTS_MAX>(v, part, row0 + blockIdx.x, row0 + (int64_t)grp * kp,
+                                            ticket + blockIdx.y * (gridDim.x / kp) + grp, kp))
+            return;
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) { /* every part's load in flight before the sum, added in part order */
-                    float v[TC_PARTS_MAX], sum = 0.0f;
-#pragma unroll
-                    for (int q = 0; q < TC_PARTS_MAX; q++)
-                        v[q] = q < kp ? __ldcg(all + ((int64_t)q * F + (t * NT + j) * 4 + i) * 256 + threadIdx.x) : 0.0f;
-#pragma unroll
-                    for (int q = 0; q < TC_PARTS_MAX; q++)
-                        if (q < kp) sum += v[q];
-                    d[t][j][i] = sum;
-                }
+                for (int i = 0; i < 4; i++) d[t][j][i] = v[(t * NT + j) * 4 + i];
     }
     /* d[t][j][i]: row n0 + g + 8 (i / 2), column (x row) 8 j + 2 c + i % 2 */
 #pragma unroll
