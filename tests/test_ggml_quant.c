@@ -199,10 +199,12 @@ static void test_random(int i) {
 /* ---- 5. the SIMD kernels against the portable ones on random blocks ---------------------------
  * lmx_ggml_dequant_row (AVX-512 where present) equals lmx_ggml_dequant_row_portable bit for bit;
  * lmx_ggml_matvec over a range of rows [n0, n1) of a small matrix equals the portable dot of each
- * row within 1e-5 * sum|x * w|, and writes nothing outside y[0 .. n1 - n0). */
+ * row within 1e-5 * sum|x * w| (Q4_K / Q6_K with VNNI: x in int16 per 256 values), and writes nothing
+ * outside y[0 .. n1 - n0).  x has one value 50 times the others' scale, so a super-block's int16
+ * codes of the rest are coarse. */
 static void test_simd_vs_portable(int i) {
     int t = TYPES[i].type, E = TYPES[i].elems;
-    int nblocks[] = {1, 2, 5, 17, 33};
+    int nblocks[] = {1, 2, 5, 17, 33, 65}; /* Q4_K / Q6_K: 65 super-blocks (K 16,640) past the VNNI path's 16,384 */
     for (size_t bn = 0; bn < sizeof nblocks / sizeof nblocks[0]; bn++) {
         int64_t K = (int64_t)nblocks[bn] * (E == 1 ? 37 : E); /* float rows: odd K */
         int N = 7;
@@ -231,6 +233,7 @@ static void test_simd_vs_portable(int i) {
                 memcpy(mat + b * TYPES[i].bytes + off, &h, 2);
             }
         for (int64_t k = 0; k < K; k++) x[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 500.0f;
+        x[K / 3] *= 50.0f;
         int n0 = 1, n1 = N - 1;
         for (int j = 0; j < 11; j++) y[j] = -12345.0f;
         lmx_ggml_matvec(t, mat, K, n0, n1, x, y);

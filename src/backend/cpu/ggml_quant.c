@@ -304,6 +304,7 @@ static int have_avx512(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("fma");
 }
+static int have_vnni(void) { return __builtin_cpu_supports("avx512vnni"); }
 #endif
 
 void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst) {
@@ -328,7 +329,10 @@ float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K) {
 void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
     size_t rb = lmx_ggml_row_bytes(type, K);
 #if defined(LMX_HAVE_X86_SIMD)
-    if (K > 0 && rb && have_avx512() && lmx_ggml_matvec_avx512(type, w, K, n0, n1, x, y)) return;
+    if (K > 0 && rb && have_avx512()) {
+        if (have_vnni() && lmx_ggml_matvec_vnni(type, w, K, n0, n1, x, y)) return;
+        if (lmx_ggml_matvec_avx512(type, w, K, n0, n1, x, y)) return;
+    }
 #endif
     for (int64_t n = n0; n < n1; n++)
         y[n - n0] = lmx_ggml_dot_row_portable(type, (const char *)w + (size_t)n * rb, x, K);
