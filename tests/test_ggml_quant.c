@@ -199,12 +199,12 @@ static void test_random(int i) {
 /* ---- 5. the SIMD kernels against the portable ones on random blocks ---------------------------
  * lmx_ggml_dequant_row (AVX-512 where present) equals lmx_ggml_dequant_row_portable bit for bit;
  * lmx_ggml_matvec over a range of rows [n0, n1) of a small matrix equals the portable dot of each
- * row within 1e-5 * sum|x * w| (Q4_K / Q6_K with VNNI: x in int16 per 256 values), and writes nothing
- * outside y[0 .. n1 - n0).  x has one value 50 times the others' scale, so a super-block's int16
- * codes of the rest are coarse. */
+ * row within 1e-5 * sum|x * w| (Q4_K / Q5_K / Q6_K with VNNI: x in 30-bit integers per 256 values),
+ * and writes nothing outside y[0 .. n1 - n0).  x has one value 50 times the others' scale, which sets
+ * its super-block's integer scale. */
 static void test_simd_vs_portable(int i) {
     int t = TYPES[i].type, E = TYPES[i].elems;
-    int nblocks[] = {1, 2, 5, 17, 33, 65}; /* Q4_K / Q6_K: 65 super-blocks (K 16,640) past the VNNI path's 16,384 */
+    int nblocks[] = {1, 2, 5, 17, 33, 65}; /* Q4_K / Q5_K / Q6_K: 65 super-blocks (K 16,640) past the VNNI path's 16,384 */
     for (size_t bn = 0; bn < sizeof nblocks / sizeof nblocks[0]; bn++) {
         int64_t K = (int64_t)nblocks[bn] * (E == 1 ? 37 : E); /* float rows: odd K */
         int N = 7;

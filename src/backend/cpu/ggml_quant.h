@@ -22,8 +22,8 @@ float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K);
 
 /* y[n - n0] = dot(row n, x) for the rows n in [n0, n1) of a matrix of K-element rows at w (the
  * decode matvec: CPU dispatch and per-call preparation of x happen once for all the rows).  With
- * AVX-512 VNNI, Q4_K and Q6_K rows (K up to 16,384) take x quantized to int16 per 256 values
- * (lmx_ggml_matvec_vnni); the rest, float32 x. */
+ * AVX-512 VNNI, Q4_K, Q5_K and Q6_K rows (K up to 16,384) take integer dot products against x
+ * held in 30 bits per 256 values (lmx_ggml_matvec_vnni, float32's precision); the rest, float32 x. */
 void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
 
 /* The portable dot (the reference the SIMD path is tested against), and the AVX-512 one
@@ -31,8 +31,8 @@ void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1,
 float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64_t K);
 int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out);
 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
-/* Q4_K / Q6_K rows (K a multiple of 256, at most 16,384) with AVX-512 VNNI, x quantized to int16 a super-block at a
- * time: 1 when it computed them, 0 for any other type or K */
+/* Q4_K / Q5_K / Q6_K rows (K a multiple of 256, at most 16,384) with AVX-512 VNNI, x in 30-bit integers a
+ * super-block at a time: 1 when it computed them, 0 for any other type or K */
 int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
 /* AVX-512 dequantization of the block types (bit-identical to the portable one): 1 if handled. */
 int lmx_ggml_dequant_row_avx512(int type, const void *row, int64_t K, float *dst);

@@ -465,16 +465,16 @@ LMX_AVX512 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_
     }
 }
 
-/* ---- integer dot products (decode, AVX-512 VNNI): Q4_K and Q6_K rows against x in 30-bit integers a super-block
+/* ---- integer dot products (decode, AVX-512 VNNI): Q4_K, Q5_K and Q6_K rows against x in 30-bit integers a super-block
  * at a time (x ~ dx (32768 hi + lo), hi and lo int16, |hi| < 32767, 0 <= lo < 32768, one dx per 256 values: x
  * rounded from its float product with 2^30 / max|x|, so each value keeps float32's own precision down to
  * 2^-30 of the block's largest).  Each weight code times its (sub-)block's integer scale is an int16 (Q4_K: at
- * most 15 x 63; Q6_K: 32 x 128), and vpdpwssd adds its products with hi and with lo in pairs into int32 lanes: a
+ * most 15 x 63; Q5_K: 31 x 63; Q6_K: 32 x 128), and vpdpwssd adds its products with hi and with lo in pairs into int32 lanes: a
  * lane takes 16 products a super-block, at most 16 x 4,096 x 32,767 < 2^31, so both sums are exact and meet the
  * float scales once a super-block.  Q4_K's offsets (dmin m) take the float sums of x, as the float path does.  One
  * core of the 2-core EPYC (Zen 4) development machine, 32,768 rows of 2,048 from DRAM, against the float path:
- * Q4_K 25.5 -> 39.5-42 Gweights/s (22-24 GB/s), Q6_K 18.5 -> 30.4-32.4 (25-26.6 GB/s), where a plain read of the
- * same bytes runs at 29 GB/s.  (x in int16 alone, one product a pair, ran faster, 47 and 35, but lost 1e-3 of
+ * Q4_K 25.5-26 -> 39.5-42 Gweights/s (22-24 GB/s), Q5_K 21.2 -> 31.5-32 (22 GB/s), Q6_K 18.5-19.2 -> 30.4-32.4
+ * (25-26.6 GB/s), where a plain read of the same bytes runs at 29 GB/s.  (x in int16 alone, one product a pair, ran faster, 47 and 35, but lost 1e-3 of
  * Gemma 3's logits where its activations' outliers took the scale of their block.) */
 #define LMX_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #define XQ_MAX 16384          /* x's codes on the stack: K up to 16,384 */
@@ -504,13 +504,16 @@ LMX_VNNI AI __m512 hilo_acc(__m512i sh, __m512i sl, float scale, __m512 acc) {
                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), _mm512_mul_ps(s, _mm512_set1_ps(32768.0f)), acc));
 }
 
-LMX_VNNI static float dot_q4k_vnni(const uint8_t *b, int64_t nb, const int16_t *xh, const int16_t *xl, const float *xd,
-                                   const float *xs) {
+/* Q4_K / Q5_K (see dot_q45k) */
+LMX_VNNI AI float dot_q45k_vnni(int q5, const uint8_t *b, int64_t nb, const int16_t *xh, const int16_t *xl,
+                                const float *xd, const float *xs) {
+    const int bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m512i k16 = _mm512_set1_epi16(16);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, b += 144, xh += 256, xl += 256, xs += 8) {
-        prefetch_ahead(b, 144);
+    for (int64_t i = 0; i < nb; i++, b += bytes, xh += 256, xl += 256, xs += 8) {
+        prefetch_ahead(b, bytes);
         const float d = h2f(b), dmin = h2f(b + 2);
         uint32_t u[3]; /* the 12 scale bytes: s6 of sub-blocks 0-3 and m6 in bytes 0-3 of u[0] and u[1], the rest */
         memcpy(u, b + 4, 12);
@@ -521,14 +524,19 @@ LMX_VNNI static float dot_q4k_vnni(const uint8_t *b, int64_t nb, const int16_t *
         accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_loadu_ps(xs), accm);
         /* s6 as int16, lane j of sv; sub-block j's spread over all lanes by one permute */
         const __m512i sv = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)sc0 | (long long)sc1 << 32)));
+        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         __m512i sh = _mm512_setzero_si512(), sl = sh;
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-            const __m512i w0 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(v, m4)),
-                                                  _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * c)), sv));
-            const __m512i w1 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
-                                                  _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * c + 1)), sv));
+        for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high); Q5_K: bit j of qh[l] adds 16 */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * c));
+            __m512i q0 = _mm512_cvtepu8_epi16(_mm256_and_si256(v, m4)),
+                    q1 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            if (q5) {
+                q0 = _mm512_mask_add_epi16(q0, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), q0, k16);
+                q1 = _mm512_mask_add_epi16(q1, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), q1, k16);
+            }
+            const __m512i w0 = _mm512_mullo_epi16(q0, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * c)), sv));
+            const __m512i w1 = _mm512_mullo_epi16(q1, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * c + 1)), sv));
             sh = _mm512_dpwssd_epi32(sh, w0, _mm512_loadu_si512(xh + 64 * c));
             sl = _mm512_dpwssd_epi32(sl, w0, _mm512_loadu_si512(xl + 64 * c));
             sh = _mm512_dpwssd_epi32(sh, w1, _mm512_loadu_si512(xh + 64 * c + 32));
@@ -578,14 +586,17 @@ LMX_VNNI static float dot_q6k_vnni(const uint8_t *b, int64_t nb, const int16_t *
 }
 
 LMX_VNNI int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
-    if ((type != LMX_GGML_Q4_K && type != LMX_GGML_Q6_K) || K % 256 || K > XQ_MAX) return 0;
+    if ((type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K && type != LMX_GGML_Q6_K) || K % 256 || K > XQ_MAX) return 0;
     const size_t rb = lmx_ggml_row_bytes(type, K);
     int16_t xh[XQ_MAX], xl[XQ_MAX];
     float xd[XQ_MAX / 256], xs[XQ_MAX / 32];
     x_quant30(x, K / 256, xh, xl, xd);
     if (type == LMX_GGML_Q4_K) {
         x_sums(x, K / 32, 32, xs);
-        ROWS(dot_q4k_vnni(b, K / 256, xh, xl, xd, xs))
+        ROWS(dot_q45k_vnni(0, b, K / 256, xh, xl, xd, xs))
+    } else if (type == LMX_GGML_Q5_K) {
+        x_sums(x, K / 32, 32, xs);
+        ROWS(dot_q45k_vnni(1, b, K / 256, xh, xl, xd, xs))
     } else {
         ROWS(dot_q6k_vnni(b, K / 256, xh, xl, xd))
     }
