@@ -252,6 +252,9 @@ static void test_simd_vs_portable(int i) {
                       TYPES[i].name, (long long)K, n, y[n - n0], ref, rel);
         }
         for (int j = n1 - n0; j < 11; j++) CHECK_MSG(y[j] == -12345.0f, "%s: matvec wrote y[%d]", TYPES[i].name, j);
+        x[K / 2] = NAN; /* a NaN in x reaches every row's dot, as in float arithmetic */
+        lmx_ggml_matvec(t, mat, K, n0, n1, x, y);
+        for (int n = n0; n < n1; n++) CHECK_MSG(isnan(y[n - n0]), "%s K=%lld: a NaN in x gave %g", TYPES[i].name, (long long)K, y[n - n0]);
         free(buf), free(x), free(w), free(w2);
     }
 }

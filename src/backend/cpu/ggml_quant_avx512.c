@@ -336,25 +336,32 @@ LMX_AVX512 AI void q32_acc(__m256i q, const float *x, const float *sc, __m512 *a
     *acc1 = _mm512_fmadd_ps(c, _mm512_set1_ps(sc[1]), *acc1);
 }
 
-LMX_AVX512 static float dot_q6k(const uint8_t *b, int64_t nb, const float *x) {
+/* Half a (128 elements) of a Q6_K block: the codes (low nibbles ql, high bits qh) less 32, as four quarters of 32
+ * signed bytes, q[c] elements 128a + 32c .. + 31 */
+LMX_AVX512 AI void q6k_half(const uint8_t *b, int a, __m256i q[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * a));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * a + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * a));
+    const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                           _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+    for (int c = 0; c < 4; c++) {
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2 * c), m3);
+        q[c] = _mm256_sub_epi8(_mm256_or_si256(lo[c], _mm256_slli_epi16(hb, 4)), k32);
+    }
+}
+
+LMX_AVX512 static float dot_q6k(const uint8_t *b, int64_t nb, const float *x) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     for (int64_t i = 0; i < nb; i++, b += 210, x += 256) {
         prefetch_ahead(b, 210);
         float d = h2f(b + 208), sc[16];
         for (int j = 0; j < 16; j++) sc[j] = d * (float)(int8_t)b[192 + j];
         for (int a = 0; a < 2; a++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * a));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * a + 32));
-            __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * a));
-            __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
-                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
-            for (int c = 0; c < 4; c++) {
-                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2 * c), m3);
-                __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[c], _mm256_slli_epi16(hb, 4)), k32);
-                q32_acc(q, x + 128 * a + 32 * c, sc + 8 * a + 2 * c, &acc0, &acc1);
-            }
+            __m256i q[4];
+            q6k_half(b, a, q);
+            for (int c = 0; c < 4; c++) q32_acc(q[c], x + 128 * a + 32 * c, sc + 8 * a + 2 * c, &acc0, &acc1);
         }
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
@@ -465,17 +472,18 @@ LMX_AVX512 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_
     }
 }
 
-/* ---- integer dot products (decode, AVX-512 VNNI): Q4_K, Q5_K and Q6_K rows against x in 30-bit integers a super-block
- * at a time (x ~ dx (32768 hi + lo), hi and lo int16, |hi| < 32767, 0 <= lo < 32768, one dx per 256 values: x
- * rounded from its float product with 2^30 / max|x|, so each value keeps float32's own precision down to
- * 2^-30 of the block's largest).  Each weight code times its (sub-)block's integer scale is an int16 (Q4_K: at
- * most 15 x 63; Q5_K: 31 x 63; Q6_K: 32 x 128), and vpdpwssd adds its products with hi and with lo in pairs into int32 lanes: a
- * lane takes 16 products a super-block, at most 16 x 4,096 x 32,767 < 2^31, so both sums are exact and meet the
- * float scales once a super-block.  Q4_K's offsets (dmin m) take the float sums of x, as the float path does.  One
- * core of the 2-core EPYC (Zen 4) development machine, 32,768 rows of 2,048 from DRAM, against the float path:
- * Q4_K 25.5-26 -> 39.5-42 Gweights/s (22-24 GB/s), Q5_K 21.2 -> 31.5-32 (22 GB/s), Q6_K 18.5-19.2 -> 30.4-32.4
- * (25-26.6 GB/s), where a plain read of the same bytes runs at 29 GB/s.  (x in int16 alone, one product a pair, ran faster, 47 and 35, but lost 1e-3 of
- * Gemma 3's logits where its activations' outliers took the scale of their block.) */
+/* ---- integer dot products (decode, AVX-512 VNNI): Q4_K, Q5_K and Q6_K rows against x in 30-bit integers a
+ * super-block at a time: x ~ dx (32768 hi + lo), hi and lo int16 (|hi| <= 32,766, 0 <= lo < 32,768), one dx per 256
+ * values, x rounded from its float product with 2^30 / max|x|, so each value keeps float32's own precision down to
+ * 2^-30 of its block's largest.  Each weight code times its (sub-)block's integer scale is an int16 (Q4_K: at most
+ * 15 x 63; Q5_K: 31 x 63; Q6_K: 32 x 128), and vpdpwssd adds its products with hi and with lo, two a lane an
+ * instruction, into int32 lanes: a lane takes 16 products a super-block, at most 16 x 4,096 x 32,766 < 2^31, so
+ * both sums are exact and meet the float scales once a super-block.  Q4_K / Q5_K's offsets (dmin m) take the float
+ * sums of x, as the float path does.  One core of the 2-core EPYC (Zen 4) development machine, 32,768 rows of 2,048
+ * from DRAM, against the float path: Q4_K 25.5-26 -> 39.5-42 Gweights/s (22-24 GB/s), Q5_K 21.2 -> 31.5-32 (22
+ * GB/s), Q6_K 18.5-19.2 -> 30.4-32.4 (25-26.6 GB/s), where a plain read of the same bytes runs at 29 GB/s.  (x in
+ * int16 alone, one product a pair, ran at 47 and 35, but moved Gemma 3's logits by 1e-3 where its activations'
+ * outliers set their block's scale.) */
 #define LMX_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #define XQ_MAX 16384          /* x's codes on the stack: K up to 16,384 */
 #define XQ_RANGE 1073676288.0f /* 2^30 - 2^16: |hi| <= 32,766 */
@@ -484,11 +492,14 @@ LMX_AVX512 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_
 LMX_VNNI static void x_quant30(const float *x, int64_t nsb, int16_t *hi, int16_t *lo, float *d) {
     const __m512i m15 = _mm512_set1_epi32(0x7fff);
     for (int64_t i = 0; i < nsb; i++, x += 256, hi += 256, lo += 256) {
-        __m512 m = _mm512_setzero_ps();
-        for (int k = 0; k < 256; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+        __m512 m = _mm512_setzero_ps(), nf = m; /* nf: NaN where x is not finite (x 0) */
+        for (int k = 0; k < 256; k += 16) {
+            const __m512 v = _mm512_loadu_ps(x + k);
+            m = _mm512_max_ps(m, _mm512_abs_ps(v)), nf = _mm512_add_ps(nf, _mm512_mul_ps(v, _mm512_setzero_ps()));
+        }
         const float amax = _mm512_reduce_max_ps(m);
         const __m512 id = _mm512_set1_ps(amax > 0.0f ? XQ_RANGE / amax : 0.0f);
-        d[i] = amax / XQ_RANGE;
+        d[i] = amax / XQ_RANGE + _mm512_reduce_add_ps(nf); /* a NaN or infinity in x gives NaN, as the float path */
         for (int k = 0; k < 256; k += 16) {
             const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), id)); /* nearest */
             _mm256_storeu_si256((__m256i *)(hi + k), _mm512_cvtepi32_epi16(_mm512_srai_epi32(q, 15)));
@@ -552,7 +563,6 @@ LMX_VNNI AI float dot_q45k_vnni(int q5, const uint8_t *b, int64_t nb, const int1
 
 /* Q6_K (see dot_q6k): a quarter c of half a holds 32 codes, two scales of 16 */
 LMX_VNNI static float dot_q6k_vnni(const uint8_t *b, int64_t nb, const int16_t *xh, const int16_t *xl, const float *xd) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += 210, xh += 256, xl += 256) {
         prefetch_ahead(b, 210);
@@ -561,21 +571,15 @@ LMX_VNNI static float dot_q6k_vnni(const uint8_t *b, int64_t nb, const int16_t *
         __m512i sh = _mm512_setzero_si512(), sl = sh;
 #pragma GCC unroll 2
         for (int a = 0; a < 2; a++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * a));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * a + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * a));
-            const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            __m256i q[4];
+            q6k_half(b, a, q);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2 * c), m3);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[c], _mm256_slli_epi16(hb, 4)), k32);
                 const int j = 8 * a + 2 * c;
                 const __m512i sc = _mm512_permutexvar_epi16(
                     _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16((short)j), _mm512_set1_epi16((short)(j + 1))),
                     s16);
-                const __m512i w = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q), sc);
+                const __m512i w = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q[c]), sc);
                 sh = _mm512_dpwssd_epi32(sh, w, _mm512_loadu_si512(xh + 128 * a + 32 * c));
                 sl = _mm512_dpwssd_epi32(sl, w, _mm512_loadu_si512(xl + 128 * a + 32 * c));
             }
