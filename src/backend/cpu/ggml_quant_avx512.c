@@ -98,27 +98,43 @@ LMX_AVX512 static void dequant_q23_k(const uint8_t *b, int64_t nb, float *dst, i
     }
 }
 
+/* The 12-byte scales field of a Q4_K / Q5_K block at s, unpacked: sub-block j's 6-bit scale in byte j of *sc, its
+ * min in byte j of *mn (ggml_quant.c's scale_min_k4 for all eight at once) */
+LMX_AVX512 static inline void q45k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t u[3]; /* scales 0-3 and mins 0-3 in the low 6 bits of u[0] and u[1]'s bytes; 4-7 in u[2] and their top bits */
+    memcpy(u, s, 12);
+    *sc = (u[0] & 0x3f3f3f3fu) | (uint64_t)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
+    *mn = (u[1] & 0x3f3f3f3fu) | (uint64_t)(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
+}
+
+/* Eight bytes as floats */
+LMX_AVX512 static inline __m256 bytes8_ps(uint64_t v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
+}
+
+/* The sum of v's eight floats */
+LMX_AVX512 static inline float hsum256(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+
 LMX_AVX512 static void dequant_q45_k(const uint8_t *b, int64_t nb, float *dst, int64_t cs, int q5) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), k16 = _mm256_set1_epi8(16);
     const int bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16;
     for (int64_t i = 0; i < nb; i++, b += bytes, dst += 16 * cs) {
         float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *s = b + 4;
+        uint64_t scs, mns;
+        q45k_scales(b + 4, &scs, &mns);
         __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * c));
             __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
             for (int h = 0; h < 2; h++) {
-                int j = 2 * c + h, sc, m;
+                const int j = 2 * c + h, sc = (int)(scs >> 8 * j & 0xff), m = (int)(mns >> 8 * j & 0xff);
                 if (q5) {
                     __mmask32 hb = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << j)));
                     nib[h] = _mm256_mask_add_epi8(nib[h], hb, nib[h], k16);
-                }
-                if (j < 4) {
-                    sc = s[j] & 63, m = s[j + 4] & 63;
-                } else {
-                    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-                    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
                 }
                 float scale[2] = {d * (float)sc, d * (float)sc}, off[2] = {dmin * (float)m, dmin * (float)m};
                 emit32(dst + 2 * j * cs, cs, nib[h], scale, off);
@@ -289,14 +305,11 @@ LMX_AVX512 AI float dot_q45k(int q5, const uint8_t *b, int64_t nb, const float *
     for (int64_t i = 0; i < nb; i++, b += bytes, x += 256, xs += 8) {
         prefetch_ahead(b, bytes);
         const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *s = b + 4;
-        float sc[8], mn[8];
-        for (int j = 0; j < 4; j++) {
-            sc[j] = d * (float)(s[j] & 63), mn[j] = (float)(s[j + 4] & 63);
-            sc[j + 4] = d * (float)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
-            mn[j + 4] = (float)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-        }
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(mn)), _mm256_loadu_ps(xs), accm);
+        uint64_t scs, mns;
+        q45k_scales(b + 4, &scs, &mns);
+        float sc[8]; /* d s6 */
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(d), bytes8_ps(scs)));
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), bytes8_ps(mns)), _mm256_loadu_ps(xs), accm);
         __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * c));
@@ -322,10 +335,7 @@ LMX_AVX512 AI float dot_q45k(int q5, const uint8_t *b, int64_t nb, const float *
             }
         }
     }
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm_cvtss_f32(r);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hsum256(accm);
 }
 
 /* 32 int8 codes times x[0..31] with one scale per 16: acc += sc[0] * (q[0..15] . x[0..15]) + ... */
@@ -526,15 +536,11 @@ LMX_VNNI AI float dot_q45k_vnni(int q5, const uint8_t *b, int64_t nb, const int1
     for (int64_t i = 0; i < nb; i++, b += bytes, xh += 256, xl += 256, xs += 8) {
         prefetch_ahead(b, bytes);
         const float d = h2f(b), dmin = h2f(b + 2);
-        uint32_t u[3]; /* the 12 scale bytes: s6 of sub-blocks 0-3 and m6 in bytes 0-3 of u[0] and u[1], the rest */
-        memcpy(u, b + 4, 12);
-        const uint32_t sc0 = u[0] & 0x3f3f3f3fu, mn0 = u[1] & 0x3f3f3f3fu,
-                       sc1 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u),
-                       mn1 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn0 | (long long)mn1 << 32)));
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_loadu_ps(xs), accm);
+        uint64_t scs, mns;
+        q45k_scales(b + 4, &scs, &mns);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), bytes8_ps(mns)), _mm256_loadu_ps(xs), accm);
         /* s6 as int16, lane j of sv; sub-block j's spread over all lanes by one permute */
-        const __m512i sv = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)sc0 | (long long)sc1 << 32)));
+        const __m512i sv = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)scs)));
         const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         __m512i sh = _mm512_setzero_si512(), sl = sh;
 #pragma GCC unroll 4
@@ -555,10 +561,7 @@ LMX_VNNI AI float dot_q45k_vnni(int q5, const uint8_t *b, int64_t nb, const int1
         }
         acc = hilo_acc(sh, sl, d * xd[i], acc);
     }
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(r);
+    return _mm512_reduce_add_ps(acc) - hsum256(accm);
 }
 
 /* Q6_K (see dot_q6k): a quarter c of half a holds 32 codes, two scales of 16 */
@@ -595,16 +598,12 @@ LMX_VNNI int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0
     int16_t xh[XQ_MAX], xl[XQ_MAX];
     float xd[XQ_MAX / 256], xs[XQ_MAX / 32];
     x_quant30(x, K / 256, xh, xl, xd);
-    if (type == LMX_GGML_Q4_K) {
-        x_sums(x, K / 32, 32, xs);
-        ROWS(dot_q45k_vnni(0, b, K / 256, xh, xl, xd, xs))
-    } else if (type == LMX_GGML_Q5_K) {
-        x_sums(x, K / 32, 32, xs);
-        ROWS(dot_q45k_vnni(1, b, K / 256, xh, xl, xd, xs))
-    } else {
-        ROWS(dot_q6k_vnni(b, K / 256, xh, xl, xd))
+    if (type != LMX_GGML_Q6_K) x_sums(x, K / 32, 32, xs); /* the offsets' sums of x per 32 */
+    switch (type) {
+    case LMX_GGML_Q4_K: ROWS(dot_q45k_vnni(0, b, K / 256, xh, xl, xd, xs)) return 1;
+    case LMX_GGML_Q5_K: ROWS(dot_q45k_vnni(1, b, K / 256, xh, xl, xd, xs)) return 1;
+    default: ROWS(dot_q6k_vnni(b, K / 256, xh, xl, xd)) return 1;
     }
-    return 1;
 }
 
 LMX_AVX512 int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out) {
