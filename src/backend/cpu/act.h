@@ -15,5 +15,7 @@ void lmx_glu_silu_avx512(float *out, const float *gate, const float *up, int64_t
 void lmx_glu_gelu_avx512(float *out, const float *gate, const float *up, int64_t n);
 /* dst[i] = exp(src[i]) (exposed for tests). */
 void lmx_exp_avx512(float *dst, const float *src, int64_t n);
+/* The kernel table's attn_exp (kernels.h). */
+double lmx_attn_exp_avx512(float *x, float *e, int n, float scale, float cap);
 
 #endif

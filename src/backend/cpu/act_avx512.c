@@ -1,5 +1,7 @@
-/* act_avx512.c - AVX-512 SiLU / GELU-tanh gated activations (act.h). */
+/* act_avx512.c - AVX-512 SiLU / GELU-tanh gated activations, and attention's softmax numerators (act.h). */
 #include "act.h"
+
+#include <math.h>
 
 #if defined(LMX_HAVE_X86_SIMD)
 #include <immintrin.h>
@@ -35,6 +37,46 @@ LMX_AVX512 void lmx_exp_avx512(float *dst, const float *src, int64_t n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
         _mm512_mask_storeu_ps(dst + i, m, exp16(_mm512_maskz_loadu_ps(m, src + i)));
     }
+}
+
+/* attn_exp (kernels.h): the scores and their maximum sixteen at a time (tanh, for a soft cap, one at a
+ * time), exp16 of each less the maximum, the sum in two double accumulators.  A NaN score is passed
+ * over by the maximum, as the scalar loop does, and gives a NaN numerator. */
+LMX_AVX512 double lmx_attn_exp_avx512(float *x, float *e, int n, float scale, float cap) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    if (cap > 0) {
+        float mx = -INFINITY;
+        for (; i < n; i++) {
+            const float s = cap * tanhf(x[i] * scale / cap);
+            x[i] = s;
+            if (s > mx) mx = s;
+        }
+        vm = _mm512_set1_ps(mx);
+    } else {
+        const __m512 vs = _mm512_set1_ps(scale);
+        for (; i + 16 <= n; i += 16) {
+            const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(x + i), vs);
+            _mm512_storeu_ps(x + i, s);
+            vm = _mm512_max_ps(s, vm); /* a NaN s gives vm */
+        }
+        if (i < n) {
+            const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+            const __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+            _mm512_mask_storeu_ps(x + i, m, s);
+            vm = _mm512_mask_max_ps(vm, m, s, vm);
+        }
+        vm = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    }
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (i = 0; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
+        const __m512 p = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm)));
+        _mm512_mask_storeu_ps(e + i, m, p);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
 }
 
 /* g / (1 + exp(-s * t)) * u, with t = g (SiLU) or t = g + 0.044715 g^3 (GELU), s the factor. */

@@ -1,101 +1,131 @@
 /* cpu_attention.c - causal attention of new query rows over cached and new keys.
  *
- * Keys and values are read as runs of consecutive rows (dot_rows_f32 / axpy_rows_f32 kernels:
- * 16 scores per reduction, the output row kept in registers over all values).
- * Work is split over (sequence, query head, block of query rows).  Each query row i = n_past+t
- * sees positions j with j <= i (and i - j < window for sliding layers): first the cached ones
- * still held by the layer's cache (slot j % cap), then the new rows of this call.  Scores are
- * kept in a per-thread buffer and normalised with a max-subtracted softmax in float32. */
+ * A task takes the query vectors that read one kv head's keys: up to LANES of them (a few positions
+ * of one sequence x the query heads of that kv head), so that each key and value row is fetched from
+ * memory once for all of them.  The keys are walked in chunks of about 16 KB, which stay in L1 while
+ * every query vector of the task takes its scores over the chunk (dot_rows_f32: 16 scores a
+ * reduction); then each vector's softmax (the kernel table's attn_exp, float32 with the sum in
+ * double); then the values in the same chunks (axpy_rows_f32, the output row in registers).
+ *
+ * Query row i = n_past + t sees positions j <= i (and i - j < window for sliding layers) that the
+ * layer still holds: the cached ones at slot j % cap, then the new rows of this call.  So a task's
+ * keys are up to three runs of consecutive rows (cached up to the ring's end, cached from its start,
+ * new), and each vector takes the positions [its first, i] of them. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_backend.h"
 
-#define ROWS_PER_TASK 16
+#define LANES 16         /* query vectors a task, at least (a kv head's query heads, when more) */
+#define CHUNK_BYTES 16384 /* keys a chunk: this many bytes of rows of D floats */
 
 typedef struct attn_job {
     cpu_backend *cb;
     const lmx_attn_args *a;
-    int row_blocks;          /* ceil(T / ROWS_PER_TASK) */
+    int heads;      /* query heads a task (of the G = H / Hk that read one kv head) */
+    int rows;       /* positions a task */
+    int row_blocks; /* ceil(T / rows) */
+    int chunk;      /* keys a chunk */
 } attn_job;
 
-double cpu_attn_exp(float *x, float *e, int n, float scale, float cap) {
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        float s = x[j] * scale;
-        if (cap > 0) s = cap * tanhf(s / cap);
-        x[j] = s;
-        if (s > mx) mx = s;
-    }
-    double sum = 0;
-    for (int j = 0; j < n; j++) {
-        e[j] = expf(x[j] - mx);
-        sum += e[j];
-    }
-    return sum;
-}
+typedef struct key_run {
+    int p0, n;            /* positions p0 .. p0 + n - 1 */
+    const float *k, *v;   /* position p0's row; the next at + Hk * D */
+} key_run;
 
-static void attend_row(const cpu_backend *cb, const lmx_attn_args *a, int b, int h, int t,
-                       float *scores) {
-    const lmx_batch *bt = a->batch;
+/* The runs of positions [p0, p1] of sequence b's kv head kvh: cached slots to the ring's end, cached
+ * from its start, then this call's new rows (position n_past + u at row u). */
+static int key_runs(const lmx_attn_args *a, int b, int kvh, int p0, int p1, key_run *run) {
     const lmx_kv_layer *kv = a->kv[b];
-    int D = a->D, kvh = h / (a->H / a->Hk);
-    int64_t qrow = (int64_t)b * bt->T + t;
-    int64_t kstride = (int64_t)a->Hk * D;
-    const float *q = (const float *)a->q->data + qrow * a->H * D + (int64_t)h * D;
-    float *out = (float *)a->out->data + qrow * a->H * D + (int64_t)h * D;
-
-    int n_past = bt->n_past[b];
-    int i = n_past + t;
-    int lo = kv->window > 0 ? i - kv->window + 1 : 0;
-    if (lo < 0) lo = 0;
-    int held = kv->rotating ? (n_past < kv->cap ? n_past : kv->cap) : n_past;
-    int c0 = n_past - held > lo ? n_past - held : lo; /* first cached position used */
-    int u0 = lo > n_past ? lo - n_past : 0;           /* first new row used */
-    int n_cached = n_past - c0 > 0 ? n_past - c0 : 0;
-    int n = n_cached + (t - u0 + 1);
-
-    /* the keys as up to three runs of consecutive rows: cached slots [slot0, cap), then [0, ..)
-     * after the ring wraps, then the new rows of this call */
-    const float *kc = kv->k.data, *vc = kv->v.data;
-    int slot0 = n_cached ? c0 % kv->cap : 0;
-    const float *kn = (const float *)a->k->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
-    const float *vn = (const float *)a->v->data + (int64_t)b * bt->T * kstride + (int64_t)kvh * D;
-    int64_t first = n_cached < kv->cap - slot0 ? n_cached : kv->cap - slot0, off[3] = {0, 0, 0};
-    const float *ks[3], *vs[3];
-    int len[3], ns = 0;
-    if (first > 0) ks[ns] = kc, vs[ns] = vc, off[ns] = (int64_t)slot0 * kstride + (int64_t)kvh * D, len[ns++] = (int)first;
-    if (n_cached - first > 0) ks[ns] = kc, vs[ns] = vc, off[ns] = (int64_t)kvh * D, len[ns++] = (int)(n_cached - first);
-    ks[ns] = kn, vs[ns] = vn, off[ns] = (int64_t)u0 * kstride, len[ns++] = t - u0 + 1;
-
-    for (int r = 0, j = 0; r < ns; j += len[r], r++)
-        cb->k.dot_rows_f32(q, ks[r] + off[r], kstride, len[r], D, scores + j);
-    double sum = cpu_attn_exp(scores, scores, n, a->scale, a->softcap);
-    float inv = (float)(1.0 / sum);
-    for (int j = 0; j < n; j++) scores[j] *= inv;
-    memset(out, 0, (size_t)D * sizeof(float));
-    for (int r = 0, j = 0; r < ns; j += len[r], r++)
-        cb->k.axpy_rows_f32(out, scores + j, vs[r] + off[r], kstride, len[r], D);
+    const int n_past = a->batch->n_past[b];
+    const int64_t ks = (int64_t)a->Hk * a->D, col = (int64_t)kvh * a->D;
+    int nr = 0;
+    for (int p = p0; p < n_past && p <= p1;) {
+        const int slot = p % kv->cap, end = n_past - 1 < p1 ? n_past - 1 : p1;
+        const int n = end - p + 1 < kv->cap - slot ? end - p + 1 : kv->cap - slot;
+        run[nr++] = (key_run){p, n, (const float *)kv->k.data + slot * ks + col, (const float *)kv->v.data + slot * ks + col};
+        p += n;
+    }
+    if (p1 >= n_past) {
+        const int u0 = p0 > n_past ? p0 - n_past : 0;
+        const int64_t row = ((int64_t)b * a->batch->T + u0) * ks + col;
+        run[nr++] = (key_run){n_past + u0, p1 - n_past - u0 + 1, (const float *)a->k->data + row,
+                              (const float *)a->v->data + row};
+    }
+    return nr;
 }
 
 static void attn_task(void *arg, int task, int thread) {
-    attn_job *j = arg;
+    const attn_job *j = arg;
     const lmx_attn_args *a = j->a;
-    int blk = task % j->row_blocks;
-    int bh = task / j->row_blocks;
-    int h = bh % a->H, b = bh / a->H;
-    int t0 = blk * ROWS_PER_TASK, t1 = t0 + ROWS_PER_TASK;
-    if (t1 > a->batch->T) t1 = a->batch->T;
-    int n_new = a->batch->n_new[b];
-    for (int t = t0; t < t1; t++) {
-        if (t >= n_new) { /* padding row: defined output, never read */
-            int64_t row = (int64_t)b * a->batch->T + t;
-            memset((float *)a->out->data + row * a->H * a->D + (int64_t)h * a->D, 0,
-                   (size_t)a->D * sizeof(float));
-            continue;
-        }
-        attend_row(j->cb, a, b, h, t, j->cb->attn_scratch[thread]);
+    const lmx_cpu_kernels *kn = &j->cb->k;
+    const lmx_batch *bt = a->batch;
+    const int D = a->D, G = a->H / a->Hk, groups = G / j->heads;
+    const int blk = task % j->row_blocks, hg = task / j->row_blocks % groups;
+    const int kvh = task / j->row_blocks / groups % a->Hk, b = task / j->row_blocks / groups / a->Hk;
+    const int h0 = kvh * G + hg * j->heads, t0 = blk * j->rows;
+    const int t1 = t0 + j->rows < bt->T ? t0 + j->rows : bt->T, n_new = bt->n_new[b];
+    const int64_t qs = (int64_t)a->H * D, ks = (int64_t)a->Hk * D;
+    for (int t = t0 > n_new ? t0 : n_new; t < t1; t++) /* padding rows: a defined output, never read */
+        memset((float *)a->out->data + ((int64_t)b * bt->T + t) * qs + (int64_t)h0 * D, 0,
+               (size_t)j->heads * D * sizeof(float));
+    const int tn = t1 < n_new ? t1 : n_new;
+    if (t0 >= tn) return;
+
+    /* the vectors: position i = n_past + t sees [first, i]; scores of position p at p - p0 of its row */
+    const lmx_kv_layer *kv = a->kv[b];
+    const int n_past = bt->n_past[b], held = kv->rotating && n_past > kv->cap ? kv->cap : n_past;
+    const int nv = (tn - t0) * j->heads;
+    int first[LANES * 8], last[LANES * 8];
+    const float *q[LANES * 8];
+    float *out[LANES * 8];
+    int p0 = n_past + tn, p1 = 0;
+    for (int v = 0; v < nv; v++) {
+        const int t = t0 + v / j->heads, h = h0 + v % j->heads, i = n_past + t;
+        int lo = kv->window > 0 ? i - kv->window + 1 : 0;
+        if (lo < n_past - held) lo = n_past - held;
+        first[v] = lo > 0 ? lo : 0, last[v] = i;
+        q[v] = (const float *)a->q->data + ((int64_t)b * bt->T + t) * qs + (int64_t)h * D;
+        out[v] = (float *)a->out->data + ((int64_t)b * bt->T + t) * qs + (int64_t)h * D;
+        if (first[v] < p0) p0 = first[v];
+        if (i > p1) p1 = i;
+    }
+    const int64_t span = p1 - p0 + 1;
+    float *cbuf = j->cb->attn_scratch[thread], *sc = cbuf + (int64_t)j->chunk * D;
+    key_run run[3];
+    const int nr = key_runs(a, b, kvh, p0, p1, run);
+
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            for (int v = 0; v < nv; v++) memset(out[v], 0, (size_t)D * sizeof(float));
+        for (int r = 0; r < nr; r++)
+            for (int c0 = run[r].p0; c0 < run[r].p0 + run[r].n; c0 += j->chunk) {
+                const int c1 = c0 + j->chunk < run[r].p0 + run[r].n ? c0 + j->chunk : run[r].p0 + run[r].n;
+                /* the chunk's rows, Hk D floats apart in the cache (so many of them in one L1 set), copied
+                 * side by side where several vectors read them */
+                const float *rows = (pass ? run[r].v : run[r].k) + (int64_t)(c0 - run[r].p0) * ks;
+                int64_t stride = ks;
+                if (nv > 1) {
+                    for (int k = 0; k < c1 - c0; k++) memcpy(cbuf + (int64_t)k * D, rows + k * ks, (size_t)D * sizeof(float));
+                    rows = cbuf, stride = D;
+                }
+                for (int v = 0; v < nv; v++) {
+                    const int lo = c0 > first[v] ? c0 : first[v], hi = c1 - 1 < last[v] ? c1 - 1 : last[v];
+                    if (lo > hi) continue;
+                    const float *at = rows + (int64_t)(lo - c0) * stride;
+                    float *s = sc + v * span + (lo - p0);
+                    if (pass == 0) kn->dot_rows_f32(q[v], at, stride, hi - lo + 1, D, s);
+                    else kn->axpy_rows_f32(out[v], s, at, stride, hi - lo + 1, D);
+                }
+            }
+        if (pass == 0)
+            for (int v = 0; v < nv; v++) {
+                float *s = sc + v * span + (first[v] - p0);
+                const double sum = kn->attn_exp(s, s, last[v] - first[v] + 1, a->scale, a->softcap);
+                const float inv = (float)(1.0 / sum);
+                for (int k = 0; k < last[v] - first[v] + 1; k++) s[k] *= inv;
+            }
     }
 }
 
@@ -106,12 +136,28 @@ lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
     if (a->H % a->Hk != 0)
         return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d heads not a multiple of %d kv heads",
                            a->H, a->Hk);
+    const int threads = lmx_pool_size(cb->pool), G = a->H / a->Hk;
+    /* a kv head's G query heads in one task, or in fewer where that leaves under two tasks a thread
+     * (one row of a model with one or two kv heads); then positions up to LANES vectors */
+    attn_job j = {.cb = cb, .a = a, .heads = G, .chunk = CHUNK_BYTES / 4 / (a->D > 0 ? a->D : 1)};
+    if (j.chunk < 16) j.chunk = 16;
+    for (;;) {
+        j.rows = j.heads >= LANES ? 1 : LANES / j.heads;
+        if (j.rows > bt->T) j.rows = bt->T > 0 ? bt->T : 1;
+        j.row_blocks = (bt->T + j.rows - 1) / j.rows;
+        if (j.heads == 1 || (int64_t)bt->B * a->H / j.heads * j.row_blocks >= 2 * threads) break;
+        int h = j.heads - 1;
+        while (G % h) h--;
+        j.heads = h;
+    }
+    if (j.heads > LANES * 8) /* past the task's arrays: a kv head read by more than 128 query heads */
+        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d query heads a kv head (at most %d)", G, LANES * 8);
     size_t need = 1;
     for (int b = 0; b < bt->B; b++) {
         size_t n = (size_t)bt->n_past[b] + (size_t)bt->T;
         if (n > need) need = n;
     }
-    int threads = lmx_pool_size(cb->pool);
+    need = need * (size_t)j.rows * (size_t)j.heads + (size_t)j.chunk * (size_t)a->D; /* each vector's scores, a chunk */
     for (int t = 0; t < threads && t < CPU_MAX_THREADS; t++) {
         if (cb->attn_scratch_n[t] >= need) continue;
         size_t grow = (need + 1023) / 1024 * 1024; /* in steps, not once per decoded token */
@@ -124,7 +170,6 @@ lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
         cb->attn_scratch[t] = p;
         cb->attn_scratch_n[t] = grow;
     }
-    attn_job j = {.cb = cb, .a = a, .row_blocks = (bt->T + ROWS_PER_TASK - 1) / ROWS_PER_TASK};
-    lmx_pool_run(cb->pool, bt->B * a->H * j.row_blocks, attn_task, &j);
+    lmx_pool_run(cb->pool, bt->B * a->Hk * (G / j.heads) * j.row_blocks, attn_task, &j);
     return LMX_OK;
 }

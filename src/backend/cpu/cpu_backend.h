@@ -54,10 +54,6 @@ void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int6
 lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                       const lmx_tensor *bias, int M);
 lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a);
-/* One query row's softmax numerators over n keys, shared by attention and its backward: x [n] holds the
- * dot products q . k and becomes the scaled, soft-capped scores (cap 0: none); e [n] (may be x) gets
- * exp(score - max); returns their sum (in double). */
-double cpu_attn_exp(float *x, float *e, int n, float scale, float cap);
 lmx_status cpu_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                     const lmx_lora_pair *const *pairs);
 

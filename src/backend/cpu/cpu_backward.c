@@ -237,7 +237,7 @@ static void attn_bwd_task(void *arg, int task, int thread) {
             /* the forward's scores (soft-capped) and softmax, and dP = dO . v */
             kn->dot_rows_f32(q, K + (int64_t)lo * ks, ks, n, D, x);
             kn->dot_rows_f32(go, V + (int64_t)lo * ks, ks, n, D, dp);
-            const double sum = cpu_attn_exp(x, p, n, a->scale, cap);
+            const double sum = kn->attn_exp(x, p, n, a->scale, cap);
             double dsum = 0; /* sum_i p_i dp_i */
             for (int i = 0; i < n; i++) {
                 p[i] = (float)(p[i] / sum);

@@ -10,6 +10,7 @@
  * LMX_HAVE_X86_SIMD, upgrades it to the AVX-512 or AVX2 table after checking the CPU. */
 #include "kernels.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "../../base/half.h"
@@ -113,6 +114,22 @@ static void axpy_rows_f32_scalar(float *y, const float *w, const float *rows, in
     for (int j = 0; j < m; j++) axpy_f32_scalar(y, w[j], rows + (int64_t)j * stride, n);
 }
 
+static double attn_exp_scalar(float *x, float *e, int n, float scale, float cap) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        float s = x[j] * scale;
+        if (cap > 0) s = cap * tanhf(s / cap);
+        x[j] = s;
+        if (s > mx) mx = s;
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        e[j] = expf(x[j] - mx);
+        sum += e[j];
+    }
+    return sum;
+}
+
 static double sumsq_f32_scalar(const float *x, int64_t n) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -131,6 +148,7 @@ void lmx_cpu_kernels_init_scalar(lmx_cpu_kernels *k) {
     k->dot_rows_f32 = dot_rows_f32_scalar;
     k->axpy_rows_f32 = axpy_rows_f32_scalar;
     k->sumsq_f32 = sumsq_f32_scalar;
+    k->attn_exp = attn_exp_scalar;
 }
 
 #if defined(LMX_HAVE_X86_SIMD)

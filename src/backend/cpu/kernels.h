@@ -35,6 +35,10 @@ typedef struct lmx_cpu_kernels {
     double (*sumsq_f32)(const float *x, int64_t n);
     /* y[i] += sum_j w[j] * rows[j * stride + i] for i < n, j < m  (attention-weighted values) */
     void (*axpy_rows_f32)(float *y, const float *w, const float *rows, int64_t stride, int m, int64_t n);
+    /* One query row's softmax numerators (attention and its backward): x [n] holds the dot products
+     * q . k and becomes the scores s = x * scale, soft-capped where cap > 0 (cap * tanh(s / cap));
+     * e [n] (may be x) gets exp(s - max s); returns the sum of e, added in double. */
+    double (*attn_exp)(float *x, float *e, int n, float scale, float cap);
 } lmx_cpu_kernels;
 
 /* Fill k with the best kernels this CPU supports.  force_isa: NULL/"" for auto, or "scalar",

@@ -11,6 +11,7 @@
  * runs over a group, the next group of rows is prefetched into L2 at the same offsets (each row
  * is its own short stream, which the hardware prefetchers pick up late). */
 #include "kernels.h"
+#include "act.h"
 
 #if defined(LMX_HAVE_X86_SIMD)
 
@@ -317,6 +318,7 @@ int lmx_cpu_kernels_init_avx512(lmx_cpu_kernels *k) {
     k->dot_rows_f32 = dot_rows_f32_avx512;
     k->axpy_rows_f32 = axpy_rows_f32_avx512;
     k->sumsq_f32 = sumsq_f32_avx512;
+    k->attn_exp = lmx_attn_exp_avx512;
     return 1;
 }
 
