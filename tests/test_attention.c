@@ -1,7 +1,7 @@
 /* test_attention.c - the cpu backend's attention op against a plain reference in double: each query
  * row's scores over the keys it may see, their softmax and the weighted values, computed here from
  * the definition (lmx_attn_args in backend.h).  Shapes cover one-row decode and prefill, grouped
- * query heads (1 to 20 a kv head), head sizes 64 / 72 / 128 / 256, cached keys before new ones,
+ * query heads (1 to 150 a kv head), head sizes 64 / 72 / 128 / 256, cached keys before new ones,
  * sliding windows over a ring that has wrapped and one that has not, a soft cap, two sequences of
  * different lengths with padding rows (whose output must be written: zeros), and every kernel table
  * (LMX_CPU_ISA scalar, avx2, avx512, where the CPU has them), at 1 and 3 threads. */
@@ -111,6 +111,7 @@ static const acase cases[] = {
     {"decode, 2 heads a kv head", 1, 1, 16, 8, 128, 512, 0, 0, 0, {300}, {1}},
     {"decode, one kv head of 4 (split)", 1, 1, 4, 1, 64, 1024, 0, 0, 0, {1000}, {1}},
     {"decode, 20 heads a kv head", 1, 1, 20, 1, 64, 256, 0, 0, 0, {200}, {1}},
+    {"decode, 150 heads a kv head (split in tasks)", 1, 1, 150, 1, 64, 64, 0, 0, 0, {40}, {1}},
     {"decode, two sequences", 2, 1, 8, 2, 128, 256, 0, 0, 0, {90, 7}, {1, 1}},
     {"prefill", 1, 100, 8, 2, 128, 128, 0, 0, 0, {0}, {100}},
     {"prefill after cached keys, padding, D 72", 2, 37, 6, 3, 72, 128, 0, 0, 0, {50, 0}, {37, 20}},

@@ -17,7 +17,8 @@
 
 #include "cpu_backend.h"
 
-#define LANES 16         /* query vectors a task, at least (a kv head's query heads, when more) */
+#define LANES 16          /* query vectors a task, at least (a kv head's query heads, when more) */
+#define LANES_MAX 128     /* query vectors a task, at most */
 #define CHUNK_BYTES 16384 /* keys a chunk: this many bytes of rows of D floats */
 
 typedef struct attn_job {
@@ -77,9 +78,9 @@ static void attn_task(void *arg, int task, int thread) {
     const lmx_kv_layer *kv = a->kv[b];
     const int n_past = bt->n_past[b], held = kv->rotating && n_past > kv->cap ? kv->cap : n_past;
     const int nv = (tn - t0) * j->heads;
-    int first[LANES * 8], last[LANES * 8];
-    const float *q[LANES * 8];
-    float *out[LANES * 8];
+    int first[LANES_MAX], last[LANES_MAX];
+    const float *q[LANES_MAX];
+    float *out[LANES_MAX];
     int p0 = n_past + tn, p1 = 0;
     for (int v = 0; v < nv; v++) {
         const int t = t0 + v / j->heads, h = h0 + v % j->heads, i = n_past + t;
@@ -137,21 +138,20 @@ lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
         return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d heads not a multiple of %d kv heads",
                            a->H, a->Hk);
     const int threads = lmx_pool_size(cb->pool), G = a->H / a->Hk;
-    /* a kv head's G query heads in one task, or in fewer where that leaves under two tasks a thread
-     * (one row of a model with one or two kv heads); then positions up to LANES vectors */
+    /* a kv head's G query heads in one task (at most LANES_MAX), or in fewer where that leaves under two
+     * tasks a thread (one row of a model with one or two kv heads); then positions up to LANES vectors */
     attn_job j = {.cb = cb, .a = a, .heads = G, .chunk = CHUNK_BYTES / 4 / (a->D > 0 ? a->D : 1)};
     if (j.chunk < 16) j.chunk = 16;
     for (;;) {
         j.rows = j.heads >= LANES ? 1 : LANES / j.heads;
         if (j.rows > bt->T) j.rows = bt->T > 0 ? bt->T : 1;
         j.row_blocks = (bt->T + j.rows - 1) / j.rows;
-        if (j.heads == 1 || (int64_t)bt->B * a->H / j.heads * j.row_blocks >= 2 * threads) break;
+        if (j.heads == 1 || (j.heads <= LANES_MAX && (int64_t)bt->B * a->H / j.heads * j.row_blocks >= 2 * threads))
+            break;
         int h = j.heads - 1;
         while (G % h) h--;
         j.heads = h;
     }
-    if (j.heads > LANES * 8) /* past the task's arrays: a kv head read by more than 128 query heads */
-        return lmx_err_set(&be->err, LMX_ERR_SHAPE, "attention: %d query heads a kv head (at most %d)", G, LANES * 8);
     size_t need = 1;
     for (int b = 0; b < bt->B; b++) {
         size_t n = (size_t)bt->n_past[b] + (size_t)bt->T;
