@@ -4,13 +4,15 @@
  * query heads (1 to 150 a kv head), head sizes 64 / 72 / 128 / 256, cached keys before new ones,
  * sliding windows over a ring that has wrapped and one that has not, a soft cap, two sequences of
  * different lengths with padding rows (whose output must be written: zeros), and every kernel table
- * (LMX_CPU_ISA scalar, avx2, avx512, where the CPU has them), at 1 and 3 threads. */
+ * (LMX_CPU_ISA scalar, avx2, avx512, where the CPU has them), at 1 and 3 threads; and the backward (training's)
+ * against the definition's gradients in double. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../src/backend/backend.h"
+#include "../src/backend/backward.h"
 #include "check.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -123,6 +125,97 @@ static const acase cases[] = {
     {"prefill, 3 heads a kv head, soft cap", 1, 33, 9, 3, 64, 64, 0, 0, 30.0f, {0}, {33}},
 };
 
+/* The backward (training: sequences from position 0, no cache) against the same definition's gradients in
+ * double: for each row, p = softmax(s), s the scaled (soft-capped) scores; dS = p (dP - sum p dP) (times the soft
+ * cap's slope) times the scale, dP = dO . v; dq = sum dS k, dk_j += dS_j q, dv_j += p_j dO.  The gradients start
+ * from random values (the op adds). */
+typedef struct bcase {
+    const char *name;
+    int B, T, H, Hk, D, window;
+    float softcap;
+    int n_new[2];
+} bcase;
+
+static void run_bwd(lmx_backend *be, const bcase *c, const char *isa) {
+    const int64_t M = (int64_t)c->B * c->T, qs = (int64_t)c->H * c->D, ks = (int64_t)c->Hk * c->D;
+    float *q = rand_f32(M * qs), *k = rand_f32(M * ks), *v = rand_f32(M * ks), *dout = rand_f32(M * qs);
+    float *dq = rand_f32(M * qs), *dk = rand_f32(M * ks), *dv = rand_f32(M * ks);
+    double *rq = malloc((size_t)(M * qs) * sizeof(double)), *rk = malloc((size_t)(M * ks) * sizeof(double));
+    double *rv = malloc((size_t)(M * ks) * sizeof(double));
+    for (int64_t i = 0; i < M * qs; i++) rq[i] = dq[i];
+    for (int64_t i = 0; i < M * ks; i++) rk[i] = dk[i], rv[i] = dv[i];
+    for (int b = 0; b < c->B; b++) /* padding rows' dO: what the loss gives them */
+        for (int64_t i = ((int64_t)b * c->T + c->n_new[b]) * qs; i < (int64_t)(b + 1) * c->T * qs; i++) dout[i] = 0.0f;
+    const int n_past[2] = {0, 0}, windows[2] = {c->window, c->window};
+    lmx_batch bt = {.B = c->B, .T = c->T, .n_past = n_past, .n_new = c->n_new, .no_cache = 1};
+    lmx_tensor tq = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, qs}, .data = q};
+    lmx_tensor tk = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, ks}, .data = k}, tv = tk;
+    tv.data = v;
+    lmx_tensor tdq = tq, tdk = tk, tdv = tk, tdo = tq;
+    tdq.data = dq, tdk.data = dk, tdv.data = dv, tdo.data = dout;
+    const float scale = 2.0f / sqrtf((float)c->D);
+    lmx_attn_args a = {.batch = &bt, .q = &tq, .k = &tk, .v = &tv, .H = c->H, .Hk = c->Hk, .D = c->D, .scale = scale,
+                       .softcap = c->softcap};
+    CHECK(lmx_cpu_backward.attention_bwd(be, &tdq, &tdk, &tdv, &tdo, &a, windows, 0) == LMX_OK);
+    double *p = malloc((size_t)c->T * sizeof(double)), *s = malloc((size_t)c->T * sizeof(double));
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int t = 0; t < c->n_new[b]; t++) {
+                const int g = h / (c->H / c->Hk), lo = c->window > 0 && t - c->window + 1 > 0 ? t - c->window + 1 : 0;
+                const float *qv = q + ((int64_t)b * c->T + t) * qs + (int64_t)h * c->D;
+                const float *go = dout + ((int64_t)b * c->T + t) * qs + (int64_t)h * c->D;
+                double mx = -INFINITY, sum = 0, dsum = 0;
+                for (int j = lo; j <= t; j++) {
+                    const float *kr = k + ((int64_t)b * c->T + j) * ks + (int64_t)g * c->D;
+                    double d = 0;
+                    for (int e = 0; e < c->D; e++) d += (double)qv[e] * kr[e];
+                    d *= scale;
+                    if (c->softcap > 0) d = c->softcap * tanh(d / c->softcap);
+                    s[j] = d, mx = d > mx ? d : mx;
+                }
+                for (int j = lo; j <= t; j++) p[j] = exp(s[j] - mx), sum += p[j];
+                for (int j = lo; j <= t; j++) {
+                    const float *vr = v + ((int64_t)b * c->T + j) * ks + (int64_t)g * c->D;
+                    double dpj = 0;
+                    for (int e = 0; e < c->D; e++) dpj += (double)go[e] * vr[e];
+                    p[j] /= sum, dsum += p[j] * dpj, s[j] = dpj; /* s: dP from here */
+                }
+                for (int j = lo; j <= t; j++) {
+                    const int64_t kr = ((int64_t)b * c->T + j) * ks + (int64_t)g * c->D;
+                    double ds = p[j] * (s[j] - dsum) * scale;
+                    if (c->softcap > 0) { /* the slope at the capped score, recomputed */
+                        double d = 0;
+                        for (int e = 0; e < c->D; e++) d += (double)qv[e] * k[kr + e];
+                        const double th = tanh(d * scale / c->softcap);
+                        ds *= 1.0 - th * th;
+                    }
+                    for (int e = 0; e < c->D; e++) {
+                        rq[((int64_t)b * c->T + t) * qs + (int64_t)h * c->D + e] += ds * k[kr + e];
+                        rk[kr + e] += ds * qv[e];
+                        rv[kr + e] += p[j] * go[e];
+                    }
+                }
+            }
+    double worst = 0;
+    const double *ref[3] = {rq, rk, rv};
+    const float *got[3] = {dq, dk, dv};
+    const int64_t n[3] = {M * qs, M * ks, M * ks};
+    for (int w = 0; w < 3; w++)
+        for (int64_t i = 0; i < n[w]; i++) {
+            const double e = fabs(got[w][i] - ref[w][i]) / (1e-5 + 2e-5 * fabs(ref[w][i]));
+            if (!(e <= worst)) worst = e;
+        }
+    CHECK_MSG(worst <= 1.0, "backward: %s (%s): worst err/tol %.3g", c->name, isa, worst);
+    free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv), free(rq), free(rk), free(rv), free(p), free(s);
+}
+
+static const bcase bcases[] = {
+    {"4 heads a kv head, keys over several chunks and tiles", 1, 300, 8, 2, 64, 0, 0, {300}},
+    {"two sequences with padding, a window, head dim 72", 2, 90, 6, 3, 72, 20, 0, {90, 41}},
+    {"20 heads a kv head (tiles of 16 heads and 4), soft cap", 1, 40, 20, 1, 32, 0, 30.0f, {40}},
+    {"one head a kv head, head dim 256, window past the tile", 1, 70, 3, 3, 256, 5, 0, {70}},
+};
+
 int main(void) {
     static const char *isas[] = {"scalar", "avx2", "avx512"};
     for (int i = 0; i < 3; i++)
@@ -133,6 +226,7 @@ int main(void) {
             CHECK(lmx_cpu_backend_create(threads, &be, &err) == LMX_OK);
             if (!be) continue;
             for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_case(be, &cases[c], isas[i], threads);
+            for (size_t c = 0; threads == 3 && c < sizeof bcases / sizeof bcases[0]; c++) run_bwd(be, &bcases[c], isas[i]);
             lmx_backend_free(be);
         }
     return check_summary("test_attention");

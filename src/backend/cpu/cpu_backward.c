@@ -207,52 +207,103 @@ static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor
 
 /* One attention backward task: sequence b, kv head kvh and the query heads of its group; it alone
  * writes those heads' dq rows and the kv head's dk / dv rows of the sequence, so tasks run in parallel
- * and each sums in a fixed order. */
+ * and each sums in a fixed order.  As the forward (cpu_attention.c), the task takes its query vectors a
+ * tile at a time (up to BWD_LANES: its heads at a few positions) and walks their keys in L1-sized chunks
+ * copied side by side: first each vector's scores and dP = dO . v over the chunks, then its softmax
+ * and dS, then over the chunks again dq += dS K, and each key's dk += sum_v dS_v q_v and dv += sum_v
+ * p_v dO_v over the tile's vectors at once (packed side by side). */
+#define BWD_LANES 16
+#define BWD_CHUNK_BYTES 16384
 typedef struct attn_bwd_job {
     const cpu_backend *cb;
     const lmx_attn_args *a;
     const int *windows;
     const float *dout;
     float *dq, *dk, *dv;
-    float *scratch; /* [threads][3 T]: one query row's capped scores, probabilities and dP */
+    float *scratch; /* [threads][bwd_floats]: a tile's scores, probabilities and dP, K / V chunks, packed q / dO */
+    int chunk;      /* keys a chunk */
 } attn_bwd_job;
+
+static size_t bwd_floats(int T, int D, int chunk) {
+    return (size_t)3 * BWD_LANES * (size_t)T + (size_t)2 * chunk * D + (size_t)2 * BWD_LANES * D;
+}
 
 static void attn_bwd_task(void *arg, int task, int thread) {
     const attn_bwd_job *j = arg;
     const lmx_attn_args *a = j->a;
     const lmx_cpu_kernels *kn = &j->cb->k;
     const int H = a->H, Hk = a->Hk, D = a->D, T = a->batch->T, G = H / Hk;
-    const int b = task / Hk, kvh = task % Hk, W = j->windows ? j->windows[b] : 0;
+    const int b = task / Hk, kvh = task % Hk, W = j->windows ? j->windows[b] : 0, n_new = a->batch->n_new[b];
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D, base = (int64_t)b * T;
     const float cap = a->softcap;
-    float *x = j->scratch + (size_t)thread * 3 * T, *p = x + T, *dp = p + T;
+    float *x = j->scratch + (size_t)thread * bwd_floats(T, D, j->chunk), *p = x + (size_t)BWD_LANES * T;
+    float *dp = p + (size_t)BWD_LANES * T, *kb = dp + (size_t)BWD_LANES * T, *vb = kb + (size_t)j->chunk * D;
+    float *qp = vb + (size_t)j->chunk * D, *gp = qp + (size_t)BWD_LANES * D;
     const float *K = (const float *)a->k->data + base * ks + (int64_t)kvh * D;
     const float *V = (const float *)a->v->data + base * ks + (int64_t)kvh * D;
     float *dK = j->dk + base * ks + (int64_t)kvh * D, *dV = j->dv + base * ks + (int64_t)kvh * D;
-    for (int h = kvh * G; h < (kvh + 1) * G; h++)
-        for (int t = 0; t < a->batch->n_new[b]; t++) {
-            const int64_t qr = (base + t) * qs + (int64_t)h * D;
-            const float *q = (const float *)a->q->data + qr, *go = j->dout + qr;
-            const int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0, n = t - lo + 1;
-            /* the forward's scores (soft-capped) and softmax, and dP = dO . v */
-            kn->dot_rows_f32(q, K + (int64_t)lo * ks, ks, n, D, x);
-            kn->dot_rows_f32(go, V + (int64_t)lo * ks, ks, n, D, dp);
-            const double sum = kn->attn_exp(x, p, n, a->scale, cap);
-            double dsum = 0; /* sum_i p_i dp_i */
-            for (int i = 0; i < n; i++) {
-                p[i] = (float)(p[i] / sum);
-                dsum += (double)p[i] * dp[i];
+    const int hn = G < BWD_LANES ? G : BWD_LANES, rows = BWD_LANES / hn;
+    for (int hs = kvh * G; hs < (kvh + 1) * G; hs += hn)
+        for (int t0 = 0; t0 < n_new; t0 += rows) {
+            /* the tile: positions t0 .. t1 - 1 x heads hs .. he - 1; vector v sees keys [first, last] */
+            const int t1 = t0 + rows < n_new ? t0 + rows : n_new, he = hs + hn < (kvh + 1) * G ? hs + hn : (kvh + 1) * G;
+            const int nh = he - hs, nv = (t1 - t0) * nh, p1 = t1 - 1;
+            const int p0 = W > 0 && t0 - W + 1 > 0 ? t0 - W + 1 : 0, span = p1 - p0 + 1;
+            int first[BWD_LANES];
+            for (int v = 0; v < nv; v++) {
+                const int t = t0 + v / nh, h = hs + v % nh;
+                first[v] = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
+                memcpy(qp + (size_t)v * D, (const float *)a->q->data + (base + t) * qs + (int64_t)h * D, (size_t)D * sizeof(float));
+                memcpy(gp + (size_t)v * D, j->dout + (base + t) * qs + (int64_t)h * D, (size_t)D * sizeof(float));
             }
-            /* dS = p (dP - dsum) (times the soft-cap's slope), scaled; x becomes dS */
-            for (int i = 0; i < n; i++) {
-                float ds = p[i] * (float)(dp[i] - dsum);
-                if (cap > 0) ds *= 1.0f - (x[i] / cap) * (x[i] / cap);
-                x[i] = ds * a->scale;
-            }
-            kn->axpy_rows_f32(j->dq + qr, x, K + (int64_t)lo * ks, ks, n, D); /* dq += dS K */
-            for (int i = 0; i < n; i++) {                                     /* dk += dS q, dv += p dO */
-                kn->axpy_f32(dK + (int64_t)(lo + i) * ks, x[i], q, D);
-                kn->axpy_f32(dV + (int64_t)(lo + i) * ks, p[i], go, D);
+            for (int pass = 0; pass < 2; pass++) {
+                for (int c0 = p0; c0 <= p1; c0 += j->chunk) {
+                    const int c1 = c0 + j->chunk - 1 < p1 ? c0 + j->chunk - 1 : p1, n = c1 - c0 + 1;
+                    for (int k = 0; k < n; k++) { /* the chunk's rows side by side */
+                        memcpy(kb + (size_t)k * D, K + (int64_t)(c0 + k) * ks, (size_t)D * sizeof(float));
+                        if (!pass) memcpy(vb + (size_t)k * D, V + (int64_t)(c0 + k) * ks, (size_t)D * sizeof(float));
+                    }
+                    if (!pass) { /* the forward's scores and dP = dO . v, each vector over its keys */
+                        for (int v = 0; v < nv; v++) {
+                            const int t = t0 + v / nh, lo = c0 > first[v] ? c0 : first[v], hi = c1 < t ? c1 : t;
+                            if (lo > hi) continue;
+                            kn->dot_rows_f32(qp + (size_t)v * D, kb + (size_t)(lo - c0) * D, D, hi - lo + 1, D, x + (size_t)v * span + lo - p0);
+                            kn->dot_rows_f32(gp + (size_t)v * D, vb + (size_t)(lo - c0) * D, D, hi - lo + 1, D, dp + (size_t)v * span + lo - p0);
+                        }
+                        continue;
+                    }
+                    /* dq += dS K; each key's dk += sum_v dS_v q_v, dv += sum_v p_v dO_v (zero past a vector's keys) */
+                    float wd[BWD_LANES], wp[BWD_LANES];
+                    for (int v = 0; v < nv; v++)
+                        kn->axpy_rows_f32(j->dq + (base + t0 + v / nh) * qs + (int64_t)(hs + v % nh) * D, x + (size_t)v * span + c0 - p0, kb,
+                                          D, n, D);
+                    for (int k = 0; k < n; k++) {
+                        for (int v = 0; v < nv; v++) wd[v] = x[(size_t)v * span + c0 - p0 + k], wp[v] = p[(size_t)v * span + c0 - p0 + k];
+                        kn->axpy_rows_f32(dK + (int64_t)(c0 + k) * ks, wd, qp, D, nv, D);
+                        kn->axpy_rows_f32(dV + (int64_t)(c0 + k) * ks, wp, gp, D, nv, D);
+                    }
+                }
+                if (pass) break;
+                for (int v = 0; v < nv; v++) { /* softmax, then dS = p (dP - sum p dP) (times the soft cap's slope), scaled */
+                    const int t = t0 + v / nh, n = t - first[v] + 1;
+                    float *xv = x + (size_t)v * span, *pv = p + (size_t)v * span, *dpv = dp + (size_t)v * span;
+                    const int o = first[v] - p0;
+                    const double sum = kn->attn_exp(xv + o, pv + o, n, a->scale, cap);
+                    double dsum = 0;
+                    for (int i = o; i < o + n; i++) {
+                        pv[i] = (float)(pv[i] / sum);
+                        dsum += (double)pv[i] * dpv[i];
+                    }
+                    for (int i = 0; i < span; i++) {
+                        if (i < o || i >= o + n) { /* keys the vector does not see */
+                            xv[i] = pv[i] = 0.0f;
+                            continue;
+                        }
+                        float ds = pv[i] * (float)(dpv[i] - dsum);
+                        if (cap > 0) ds *= 1.0f - (xv[i] / cap) * (xv[i] / cap);
+                        xv[i] = ds * a->scale;
+                    }
+                }
             }
         }
 }
@@ -263,10 +314,11 @@ static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor 
     lmx_status st = lmx_attention_bwd_check(be, a);
     if (st) return st;
     fresh_zero(dq, fresh, 1), fresh_zero(dk, fresh, 2), fresh_zero(dv, fresh, 4);
-    const int threads = lmx_pool_size(cb->pool), T = a->batch->T;
-    const size_t n = (size_t)threads * 3 * (size_t)(T > 0 ? T : 1);
+    const int threads = lmx_pool_size(cb->pool), T = a->batch->T > 0 ? a->batch->T : 1;
+    const int chunk = BWD_CHUNK_BYTES / 4 / a->D > 16 ? BWD_CHUNK_BYTES / 4 / a->D : 16;
+    const size_t n = (size_t)threads * bwd_floats(T, a->D, chunk);
     attn_bwd_job j = {cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
-                      (float *)dv->data, cpu_work(be, n, "attention backward")};
+                      (float *)dv->data, cpu_work(be, n, "attention backward"), chunk};
     if (!j.scratch) return be->err.status;
     lmx_pool_run(cb->pool, a->batch->B * a->Hk, attn_bwd_task, &j);
     cpu_work_free(be, j.scratch, n);
