@@ -136,7 +136,7 @@ typedef struct bcase {
     int n_new[2];
 } bcase;
 
-static void run_bwd(lmx_backend *be, const bcase *c, const char *isa) {
+static void run_bwd(lmx_backend *be, const bcase *c, const char *isa, int threads) {
     const int64_t M = (int64_t)c->B * c->T, qs = (int64_t)c->H * c->D, ks = (int64_t)c->Hk * c->D;
     float *q = rand_f32(M * qs), *k = rand_f32(M * ks), *v = rand_f32(M * ks), *dout = rand_f32(M * qs);
     float *dq = rand_f32(M * qs), *dk = rand_f32(M * ks), *dv = rand_f32(M * ks);
@@ -205,7 +205,7 @@ static void run_bwd(lmx_backend *be, const bcase *c, const char *isa) {
             const double e = fabs(got[w][i] - ref[w][i]) / (1e-5 + 2e-5 * fabs(ref[w][i]));
             if (!(e <= worst)) worst = e;
         }
-    CHECK_MSG(worst <= 1.0, "backward: %s (%s): worst err/tol %.3g", c->name, isa, worst);
+    CHECK_MSG(worst <= 1.0, "backward: %s (%s, %d threads): worst err/tol %.3g", c->name, isa, threads, worst);
     free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv), free(rq), free(rk), free(rv), free(p), free(s);
 }
 
@@ -226,7 +226,7 @@ int main(void) {
             CHECK(lmx_cpu_backend_create(threads, &be, &err) == LMX_OK);
             if (!be) continue;
             for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_case(be, &cases[c], isas[i], threads);
-            for (size_t c = 0; threads == 3 && c < sizeof bcases / sizeof bcases[0]; c++) run_bwd(be, &bcases[c], isas[i]);
+            for (size_t c = 0; c < sizeof bcases / sizeof bcases[0]; c++) run_bwd(be, &bcases[c], isas[i], threads);
             lmx_backend_free(be);
         }
     return check_summary("test_attention");

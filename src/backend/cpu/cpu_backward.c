@@ -222,6 +222,8 @@ typedef struct attn_bwd_job {
     float *dq, *dk, *dv;
     float *scratch; /* [threads][bwd_floats]: a tile's scores, probabilities and dP, K / V chunks, packed q / dO */
     int chunk;      /* keys a chunk */
+    int parts;      /* tasks a kv head: its query heads split in this many parts, which then sum their dk / dv in */
+    float *part;    /* parts > 1: [B][Hk][parts][2][T][D], each part's dk and dv */
 } attn_bwd_job;
 
 static size_t bwd_floats(int T, int D, int chunk) {
@@ -233,7 +235,8 @@ static void attn_bwd_task(void *arg, int task, int thread) {
     const lmx_attn_args *a = j->a;
     const lmx_cpu_kernels *kn = &j->cb->k;
     const int H = a->H, Hk = a->Hk, D = a->D, T = a->batch->T, G = H / Hk;
-    const int b = task / Hk, kvh = task % Hk, W = j->windows ? j->windows[b] : 0, n_new = a->batch->n_new[b];
+    const int part = task % j->parts, b = task / j->parts / Hk, kvh = task / j->parts % Hk;
+    const int W = j->windows ? j->windows[b] : 0, n_new = a->batch->n_new[b];
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D, base = (int64_t)b * T;
     const float cap = a->softcap;
     float *x = j->scratch + (size_t)thread * bwd_floats(T, D, j->chunk), *p = x + (size_t)BWD_LANES * T;
@@ -242,11 +245,17 @@ static void attn_bwd_task(void *arg, int task, int thread) {
     const float *K = (const float *)a->k->data + base * ks + (int64_t)kvh * D;
     const float *V = (const float *)a->v->data + base * ks + (int64_t)kvh * D;
     float *dK = j->dk + base * ks + (int64_t)kvh * D, *dV = j->dv + base * ks + (int64_t)kvh * D;
-    const int hn = G < BWD_LANES ? G : BWD_LANES, rows = BWD_LANES / hn;
-    for (int hs = kvh * G; hs < (kvh + 1) * G; hs += hn)
+    int64_t kst = ks; /* dK / dV's row stride */
+    if (j->parts > 1) {
+        dK = j->part + (size_t)task * 2 * T * D, dV = dK + (size_t)T * D, kst = D;
+        memset(dK, 0, (size_t)2 * T * D * sizeof(float));
+    }
+    const int Gp = G / j->parts, h_end = kvh * G + (part + 1) * Gp;
+    const int hn = Gp < BWD_LANES ? Gp : BWD_LANES, rows = BWD_LANES / hn;
+    for (int hs = kvh * G + part * Gp; hs < h_end; hs += hn)
         for (int t0 = 0; t0 < n_new; t0 += rows) {
             /* the tile: positions t0 .. t1 - 1 x heads hs .. he - 1; vector v sees keys [first, last] */
-            const int t1 = t0 + rows < n_new ? t0 + rows : n_new, he = hs + hn < (kvh + 1) * G ? hs + hn : (kvh + 1) * G;
+            const int t1 = t0 + rows < n_new ? t0 + rows : n_new, he = hs + hn < h_end ? hs + hn : h_end;
             const int nh = he - hs, nv = (t1 - t0) * nh, p1 = t1 - 1;
             const int p0 = W > 0 && t0 - W + 1 > 0 ? t0 - W + 1 : 0, span = p1 - p0 + 1;
             int first[BWD_LANES];
@@ -279,8 +288,8 @@ static void attn_bwd_task(void *arg, int task, int thread) {
                                           D, n, D);
                     for (int k = 0; k < n; k++) {
                         for (int v = 0; v < nv; v++) wd[v] = x[(size_t)v * span + c0 - p0 + k], wp[v] = p[(size_t)v * span + c0 - p0 + k];
-                        kn->axpy_rows_f32(dK + (int64_t)(c0 + k) * ks, wd, qp, D, nv, D);
-                        kn->axpy_rows_f32(dV + (int64_t)(c0 + k) * ks, wp, gp, D, nv, D);
+                        kn->axpy_rows_f32(dK + (int64_t)(c0 + k) * kst, wd, qp, D, nv, D);
+                        kn->axpy_rows_f32(dV + (int64_t)(c0 + k) * kst, wp, gp, D, nv, D);
                     }
                 }
                 if (pass) break;
@@ -308,6 +317,23 @@ static void attn_bwd_task(void *arg, int task, int thread) {
         }
 }
 
+/* Sequence b's kv head kvh (task b Hk + kvh): dk and dv += its parts' sums, in part order */
+static void attn_bwd_sum_task(void *arg, int task, int thread) {
+    (void)thread;
+    const attn_bwd_job *j = arg;
+    const lmx_attn_args *a = j->a;
+    const int D = a->D, T = a->batch->T, b = task / a->Hk, kvh = task % a->Hk;
+    const int64_t ks = (int64_t)a->Hk * D, at = (int64_t)b * T * ks + (int64_t)kvh * D;
+    for (int p = 0; p < j->parts; p++) {
+        const float *src = j->part + ((size_t)task * j->parts + p) * 2 * T * D;
+        for (int t = 0; t < a->batch->n_new[b]; t++)
+            for (int d = 0; d < D; d++) {
+                j->dk[at + t * ks + d] += src[(size_t)t * D + d];
+                j->dv[at + t * ks + d] += src[((size_t)T + t) * D + d];
+            }
+    }
+}
+
 static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor *dk, lmx_tensor *dv,
                                     const lmx_tensor *dout, const lmx_attn_args *a, const int *windows, unsigned fresh) {
     const cpu_backend *cb = (const cpu_backend *)be;
@@ -318,9 +344,24 @@ static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor 
     const int chunk = BWD_CHUNK_BYTES / 4 / a->D > 16 ? BWD_CHUNK_BYTES / 4 / a->D : 16;
     const size_t n = (size_t)threads * bwd_floats(T, a->D, chunk);
     attn_bwd_job j = {cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
-                      (float *)dv->data, cpu_work(be, n, "attention backward"), chunk};
+                      (float *)dv->data, cpu_work(be, n, "attention backward"), chunk, 1, NULL};
     if (!j.scratch) return be->err.status;
-    lmx_pool_run(cb->pool, a->batch->B * a->Hk, attn_bwd_task, &j);
+    /* a kv head's query heads in parts where B Hk tasks would leave a thread idle (one sequence of a model with
+     * one to three kv heads): each part sums its own dk / dv, added in part order after */
+    const int B = a->batch->B, Hk = a->Hk, G = a->H / Hk;
+    while (j.parts < G && (int64_t)B * Hk * j.parts < 2 * threads) {
+        int p = j.parts + 1;
+        while (G % p) p++;
+        j.parts = p;
+    }
+    const size_t np = j.parts > 1 ? (size_t)B * Hk * j.parts * 2 * T * a->D : 0;
+    if (np && !(j.part = cpu_work(be, np, "attention backward"))) {
+        cpu_work_free(be, j.scratch, n);
+        return be->err.status;
+    }
+    lmx_pool_run(cb->pool, B * Hk * j.parts, attn_bwd_task, &j);
+    if (np) lmx_pool_run(cb->pool, B * Hk, attn_bwd_sum_task, &j);
+    cpu_work_free(be, j.part, np);
     cpu_work_free(be, j.scratch, n);
     return LMX_OK;
 }
