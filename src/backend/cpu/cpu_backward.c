@@ -205,9 +205,10 @@ static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor
     return LMX_OK;
 }
 
-/* One attention backward task: sequence b, kv head kvh and the query heads of its group; it alone
- * writes those heads' dq rows and the kv head's dk / dv rows of the sequence, so tasks run in parallel
- * and each sums in a fixed order.  As the forward (cpu_attention.c), the task takes its query vectors a
+/* One attention backward task: sequence b, kv head kvh and the query heads of its group (or a part of
+ * them, job.parts); it alone writes those heads' dq rows and the kv head's dk / dv rows of the sequence
+ * (a part: its own sums of them, added after), so tasks run in parallel and each sums in a fixed order.
+ * As the forward (cpu_attention.c), the task takes its query vectors a
  * tile at a time (up to BWD_LANES: its heads at a few positions) and walks their keys in L1-sized chunks
  * copied side by side: first each vector's scores and dP = dO . v over the chunks, then its softmax
  * and dS, then over the chunks again dq += dS K, and each key's dk += sum_v dS_v q_v and dv += sum_v
