@@ -1,10 +1,10 @@
 /* cpu_attention.c - causal attention of new query rows over cached and new keys.
  *
- * A task takes the query vectors that read one kv head's keys: up to LANES of them (a few positions
- * of one sequence x the query heads of that kv head), so that each key and value row is fetched from
- * memory once for all of them.  The keys are walked in chunks of about 16 KB, which stay in L1 while
- * every query vector of the task takes its scores over the chunk (dot_rows_f32: 16 scores a
- * reduction); then each vector's softmax (the kernel table's attn_exp, float32 with the sum in
+ * A task takes the query vectors that read one kv head's keys: up to CPU_ATTN_LANES of them (a few
+ * positions of one sequence x the query heads of that kv head), so that each key and value row is
+ * fetched from memory once for all of them.  The keys are walked in chunks (cpu_backend.h), which stay
+ * in L1 while every query vector of the task takes its scores over the chunk (dot_rows_f32: 16 scores
+ * a reduction); then each vector's softmax (the kernel table's attn_exp, float32 with the sum in
  * double); then the values in the same chunks (axpy_rows_f32, the output row in registers).
  *
  * Query row i = n_past + t sees positions j <= i (and i - j < window for sliding layers) that the
@@ -17,9 +17,7 @@
 
 #include "cpu_backend.h"
 
-#define LANES 16          /* query vectors a task, at least (a kv head's query heads, when more) */
-#define LANES_MAX 128     /* query vectors a task, at most */
-#define CHUNK_BYTES 16384 /* keys a chunk: this many bytes of rows of D floats */
+#define LANES_MAX 128 /* query vectors a task, at most */
 
 typedef struct attn_job {
     cpu_backend *cb;
@@ -103,14 +101,10 @@ static void attn_task(void *arg, int task, int thread) {
         for (int r = 0; r < nr; r++)
             for (int c0 = run[r].p0; c0 < run[r].p0 + run[r].n; c0 += j->chunk) {
                 const int c1 = c0 + j->chunk < run[r].p0 + run[r].n ? c0 + j->chunk : run[r].p0 + run[r].n;
-                /* the chunk's rows, Hk D floats apart in the cache (so many of them in one L1 set), copied
-                 * side by side where several vectors read them */
+                /* the chunk's rows, copied side by side where several vectors read them */
                 const float *rows = (pass ? run[r].v : run[r].k) + (int64_t)(c0 - run[r].p0) * ks;
                 int64_t stride = ks;
-                if (nv > 1) {
-                    for (int k = 0; k < c1 - c0; k++) memcpy(cbuf + (int64_t)k * D, rows + k * ks, (size_t)D * sizeof(float));
-                    rows = cbuf, stride = D;
-                }
+                if (nv > 1) cpu_attn_pack(cbuf, rows, ks, c1 - c0, D), rows = cbuf, stride = D;
                 for (int v = 0; v < nv; v++) {
                     const int lo = c0 > first[v] ? c0 : first[v], hi = c1 - 1 < last[v] ? c1 - 1 : last[v];
                     if (lo > hi) continue;
@@ -139,11 +133,10 @@ lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a) {
                            a->H, a->Hk);
     const int threads = lmx_pool_size(cb->pool), G = a->H / a->Hk;
     /* a kv head's G query heads in one task (at most LANES_MAX), or in fewer where that leaves under two
-     * tasks a thread (one row of a model with one or two kv heads); then positions up to LANES vectors */
-    attn_job j = {.cb = cb, .a = a, .heads = G, .chunk = CHUNK_BYTES / 4 / (a->D > 0 ? a->D : 1)};
-    if (j.chunk < 16) j.chunk = 16;
+     * tasks a thread (one row of a model with one or two kv heads); then positions up to CPU_ATTN_LANES vectors */
+    attn_job j = {.cb = cb, .a = a, .heads = G, .chunk = cpu_attn_chunk(a->D)};
     for (;;) {
-        j.rows = j.heads >= LANES ? 1 : LANES / j.heads;
+        j.rows = j.heads >= CPU_ATTN_LANES ? 1 : CPU_ATTN_LANES / j.heads;
         if (j.rows > bt->T) j.rows = bt->T > 0 ? bt->T : 1;
         j.row_blocks = (bt->T + j.rows - 1) / j.rows;
         if (j.heads == 1 || (j.heads <= LANES_MAX && (int64_t)bt->B * a->H / j.heads * j.row_blocks >= 2 * threads))

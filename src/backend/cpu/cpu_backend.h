@@ -3,6 +3,7 @@
 #define LMX_BACKEND_CPU_BACKEND_H
 
 #include <stddef.h>
+#include <string.h>
 #include "../../base/threadpool.h"
 #include "../backend.h"
 #include "kernels.h"
@@ -54,6 +55,18 @@ void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int6
 lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                       const lmx_tensor *bias, int M);
 lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a);
+/* Attention and its backward by tiles (cpu_attention.c, cpu_backward.c): a task takes a kv head's query heads at
+ * a few positions, CPU_ATTN_LANES query vectors (or its heads, where more), and walks their keys in chunks of
+ * cpu_attn_chunk(D) rows, about 16 KB, each copied side by side by cpu_attn_pack (in the cache and the batch a
+ * kv head's rows lie Hk D floats apart, so many of them in one L1 set) and read from L1 by every vector. */
+#define CPU_ATTN_LANES 16
+static inline int cpu_attn_chunk(int D) {
+    const int c = 4096 / (D > 0 ? D : 1);
+    return c > 16 ? c : 16;
+}
+static inline void cpu_attn_pack(float *dst, const float *rows, int64_t stride, int n, int D) {
+    for (int k = 0; k < n; k++) memcpy(dst + (int64_t)k * D, rows + k * stride, (size_t)D * sizeof(float));
+}
 lmx_status cpu_lora(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int B, int T,
                     const lmx_lora_pair *const *pairs);
 

@@ -209,12 +209,10 @@ static lmx_status cpu_rope_bwd(lmx_backend *be, lmx_tensor *dx, const lmx_tensor
  * them, job.parts); it alone writes those heads' dq rows and the kv head's dk / dv rows of the sequence
  * (a part: its own sums of them, added after), so tasks run in parallel and each sums in a fixed order.
  * As the forward (cpu_attention.c), the task takes its query vectors a
- * tile at a time (up to BWD_LANES: its heads at a few positions) and walks their keys in L1-sized chunks
- * copied side by side: first each vector's scores and dP = dO . v over the chunks, then its softmax
+ * tile at a time (up to CPU_ATTN_LANES: its heads at a few positions) and walks their keys in the same
+ * L1-sized chunks (cpu_backend.h): first each vector's scores and dP = dO . v over the chunks, then its softmax
  * and dS, then over the chunks again dq += dS K, and each key's dk += sum_v dS_v q_v and dv += sum_v
  * p_v dO_v over the tile's vectors at once (packed side by side). */
-#define BWD_LANES 16
-#define BWD_CHUNK_BYTES 16384
 typedef struct attn_bwd_job {
     const cpu_backend *cb;
     const lmx_attn_args *a;
@@ -228,7 +226,7 @@ typedef struct attn_bwd_job {
 } attn_bwd_job;
 
 static size_t bwd_floats(int T, int D, int chunk) {
-    return (size_t)3 * BWD_LANES * (size_t)T + (size_t)2 * chunk * D + (size_t)2 * BWD_LANES * D;
+    return (size_t)3 * CPU_ATTN_LANES * (size_t)T + (size_t)2 * chunk * D + (size_t)2 * CPU_ATTN_LANES * D;
 }
 
 static void attn_bwd_task(void *arg, int task, int thread) {
@@ -240,9 +238,9 @@ static void attn_bwd_task(void *arg, int task, int thread) {
     const int W = j->windows ? j->windows[b] : 0, n_new = a->batch->n_new[b];
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hk * D, base = (int64_t)b * T;
     const float cap = a->softcap;
-    float *x = j->scratch + (size_t)thread * bwd_floats(T, D, j->chunk), *p = x + (size_t)BWD_LANES * T;
-    float *dp = p + (size_t)BWD_LANES * T, *kb = dp + (size_t)BWD_LANES * T, *vb = kb + (size_t)j->chunk * D;
-    float *qp = vb + (size_t)j->chunk * D, *gp = qp + (size_t)BWD_LANES * D;
+    float *x = j->scratch + (size_t)thread * bwd_floats(T, D, j->chunk), *p = x + (size_t)CPU_ATTN_LANES * T;
+    float *dp = p + (size_t)CPU_ATTN_LANES * T, *kb = dp + (size_t)CPU_ATTN_LANES * T, *vb = kb + (size_t)j->chunk * D;
+    float *qp = vb + (size_t)j->chunk * D, *gp = qp + (size_t)CPU_ATTN_LANES * D;
     const float *K = (const float *)a->k->data + base * ks + (int64_t)kvh * D;
     const float *V = (const float *)a->v->data + base * ks + (int64_t)kvh * D;
     float *dK = j->dk + base * ks + (int64_t)kvh * D, *dV = j->dv + base * ks + (int64_t)kvh * D;
@@ -252,14 +250,14 @@ static void attn_bwd_task(void *arg, int task, int thread) {
         memset(dK, 0, (size_t)2 * T * D * sizeof(float));
     }
     const int Gp = G / j->parts, h_end = kvh * G + (part + 1) * Gp;
-    const int hn = Gp < BWD_LANES ? Gp : BWD_LANES, rows = BWD_LANES / hn;
+    const int hn = Gp < CPU_ATTN_LANES ? Gp : CPU_ATTN_LANES, rows = CPU_ATTN_LANES / hn;
     for (int hs = kvh * G + part * Gp; hs < h_end; hs += hn)
         for (int t0 = 0; t0 < n_new; t0 += rows) {
             /* the tile: positions t0 .. t1 - 1 x heads hs .. he - 1; vector v sees keys [first, last] */
             const int t1 = t0 + rows < n_new ? t0 + rows : n_new, he = hs + hn < h_end ? hs + hn : h_end;
             const int nh = he - hs, nv = (t1 - t0) * nh, p1 = t1 - 1;
             const int p0 = W > 0 && t0 - W + 1 > 0 ? t0 - W + 1 : 0, span = p1 - p0 + 1;
-            int first[BWD_LANES];
+            int first[CPU_ATTN_LANES];
             for (int v = 0; v < nv; v++) {
                 const int t = t0 + v / nh, h = hs + v % nh;
                 first[v] = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
@@ -269,10 +267,8 @@ static void attn_bwd_task(void *arg, int task, int thread) {
             for (int pass = 0; pass < 2; pass++) {
                 for (int c0 = p0; c0 <= p1; c0 += j->chunk) {
                     const int c1 = c0 + j->chunk - 1 < p1 ? c0 + j->chunk - 1 : p1, n = c1 - c0 + 1;
-                    for (int k = 0; k < n; k++) { /* the chunk's rows side by side */
-                        memcpy(kb + (size_t)k * D, K + (int64_t)(c0 + k) * ks, (size_t)D * sizeof(float));
-                        if (!pass) memcpy(vb + (size_t)k * D, V + (int64_t)(c0 + k) * ks, (size_t)D * sizeof(float));
-                    }
+                    cpu_attn_pack(kb, K + (int64_t)c0 * ks, ks, n, D);
+                    if (!pass) cpu_attn_pack(vb, V + (int64_t)c0 * ks, ks, n, D);
                     if (!pass) { /* the forward's scores and dP = dO . v, each vector over its keys */
                         for (int v = 0; v < nv; v++) {
                             const int t = t0 + v / nh, lo = c0 > first[v] ? c0 : first[v], hi = c1 < t ? c1 : t;
@@ -283,7 +279,7 @@ static void attn_bwd_task(void *arg, int task, int thread) {
                         continue;
                     }
                     /* dq += dS K; each key's dk += sum_v dS_v q_v, dv += sum_v p_v dO_v (zero past a vector's keys) */
-                    float wd[BWD_LANES], wp[BWD_LANES];
+                    float wd[CPU_ATTN_LANES], wp[CPU_ATTN_LANES];
                     for (int v = 0; v < nv; v++)
                         kn->axpy_rows_f32(j->dq + (base + t0 + v / nh) * qs + (int64_t)(hs + v % nh) * D, x + (size_t)v * span + c0 - p0, kb,
                                           D, n, D);
@@ -342,7 +338,7 @@ static lmx_status cpu_attention_bwd(lmx_backend *be, lmx_tensor *dq, lmx_tensor 
     if (st) return st;
     fresh_zero(dq, fresh, 1), fresh_zero(dk, fresh, 2), fresh_zero(dv, fresh, 4);
     const int threads = lmx_pool_size(cb->pool), T = a->batch->T > 0 ? a->batch->T : 1;
-    const int chunk = BWD_CHUNK_BYTES / 4 / a->D > 16 ? BWD_CHUNK_BYTES / 4 / a->D : 16;
+    const int chunk = cpu_attn_chunk(a->D);
     const size_t n = (size_t)threads * bwd_floats(T, a->D, chunk);
     attn_bwd_job j = {cb, a, windows, (const float *)dout->data, (float *)dq->data, (float *)dk->data,
                       (float *)dv->data, cpu_work(be, n, "attention backward"), chunk, 1, NULL};
