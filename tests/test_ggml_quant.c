@@ -200,8 +200,9 @@ static void test_random(int i) {
  * lmx_ggml_dequant_row (AVX-512 where present) equals lmx_ggml_dequant_row_portable bit for bit;
  * lmx_ggml_matvec over a range of rows [n0, n1) of a small matrix equals the portable dot of each
  * row within 1e-5 * sum|x * w| (Q4_K / Q5_K / Q6_K with VNNI: x in 30-bit integers per 256 values),
- * and writes nothing outside y[0 .. n1 - n0).  x has one value 50 times the others' scale, which sets
- * its super-block's integer scale. */
+ * and writes nothing outside y[0 .. n1 - n0); x prepared once (lmx_ggml_xq_*, where the CPU takes it) gives the
+ * same bits, and at any K the portable dot's value.  x has one value 50 times the others' scale, which sets its
+ * super-block's integer scale. */
 static void test_simd_vs_portable(int i) {
     int t = TYPES[i].type, E = TYPES[i].elems;
     int nblocks[] = {1, 2, 5, 17, 33, 65}; /* Q4_K / Q5_K / Q6_K: 65 super-blocks (K 16,640) past the VNNI path's 16,384 */
@@ -252,6 +253,22 @@ static void test_simd_vs_portable(int i) {
                       TYPES[i].name, (long long)K, n, y[n - n0], ref, rel);
         }
         for (int j = n1 - n0; j < 11; j++) CHECK_MSG(y[j] == -12345.0f, "%s: matvec wrote y[%d]", TYPES[i].name, j);
+        if (lmx_ggml_xq_takes(t, K)) { /* x prepared once (the decode matmul's form): lmx_ggml_matvec's bits, any K */
+            void *xq = malloc(lmx_ggml_xq_bytes(K));
+            float yq[7];
+            lmx_ggml_xq_prepare(t, x, K, xq);
+            lmx_ggml_matvec_xq(t, mat, K, n0, n1, xq, yq);
+            for (int n = n0; n < n1; n++) {
+                double rel, ref = lmx_ggml_dot_row_portable(t, mat + (size_t)n * rb, x, K);
+                lmx_ggml_dequant_row_portable(t, mat + (size_t)n * rb, K, w2);
+                if (K <= 16384)
+                    CHECK_MSG(bits(yq[n - n0]) == bits(y[n - n0]), "%s K=%lld row %d: prepared x %.9g, matvec %.9g",
+                              TYPES[i].name, (long long)K, n, yq[n - n0], y[n - n0]);
+                CHECK_MSG(dot_close(yq[n - n0], ref, w2, x, K, &rel), "%s K=%lld row %d: prepared x %.9g, portable %.9g (rel %.3g)",
+                          TYPES[i].name, (long long)K, n, yq[n - n0], ref, rel);
+            }
+            free(xq);
+        }
         x[K / 2] = NAN; /* a NaN in x reaches every row's dot, as in float arithmetic */
         lmx_ggml_matvec(t, mat, K, n0, n1, x, y);
         for (int n = n0; n < n1; n++) CHECK_MSG(isnan(y[n - n0]), "%s K=%lld: a NaN in x gave %g", TYPES[i].name, (long long)K, y[n - n0]);

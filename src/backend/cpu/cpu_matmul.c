@@ -29,6 +29,7 @@ typedef struct matmul_job {
     float *xp;                       /* GEMM path: packed x, then one weight tile per thread */
     size_t tile_floats;              /* GEMM path: floats per thread (packed tile + one row) */
     const float *xsum;               /* quantized: [M, K/group] per-group sums of x */
+    const void *xq;                  /* GGUF, where lmx_ggml_xq_takes: M rows of x prepared (ggml_quant.h) */
 } matmul_job;
 
 static lmx_matmul_rows_fn kernel_for(const cpu_backend *cb, lmx_dtype t) {
@@ -46,6 +47,12 @@ static void matmul_task(void *arg, int task, int thread) {
     int64_t n1 = n0 + j->rows_per_task;
     if (n1 > j->N) n1 = j->N;
     if (n0 >= n1) return;
+    if (j->xq) { /* GGUF Q4_K / Q5_K / Q6_K: x prepared once for every task */
+        const size_t xb = lmx_ggml_xq_bytes(j->K);
+        for (int m = 0; m < j->M; m++)
+            lmx_ggml_matvec_xq(j->w->q.ggml_type, j->w->data, j->K, n0, n1, (const char *)j->xq + m * xb, j->y + m * j->N + n0);
+        return;
+    }
     if (j->w->q.ggml_type) { /* GGUF blocks: fused dots of the task's rows, per x row */
         for (int m = 0; m < j->M; m++)
             lmx_ggml_matvec(j->w->q.ggml_type, j->w->data, j->K, n0, n1, j->x + m * j->K, j->y + m * j->N + n0);
@@ -166,6 +173,13 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
         if (!xs) return lmx_err_prefix(&be->err, "matmul");
         for (int m = 0; m < M; m++) lmx_quant_xsum(j.x + m * K, K, w->q.group, xs + m * G);
         j.xsum = xs;
+    }
+    if (w->q.ggml_type && M < BLAS_MIN_ROWS && lmx_ggml_xq_takes(w->q.ggml_type, K)) { /* x's form once, not a task */
+        const size_t xb = lmx_ggml_xq_bytes(K);
+        char *xq = (char *)cpu_scratch(cb, 2, (M * xb + sizeof(float) - 1) / sizeof(float));
+        if (!xq) return lmx_err_prefix(&be->err, "matmul");
+        for (int m = 0; m < M; m++) lmx_ggml_xq_prepare(w->q.ggml_type, j.x + m * K, K, xq + m * xb);
+        j.xq = xq;
     }
     if (M >= BLAS_MIN_ROWS && !strcmp(cb->k.isa, "avx512")) {
         lmx_status st = matmul_gemm(cb, &j);

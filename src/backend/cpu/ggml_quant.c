@@ -326,6 +326,27 @@ float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K) {
     return lmx_ggml_dot_row_portable(type, row, x, K);
 }
 
+int lmx_ggml_xq_takes(int type, int64_t K) {
+#if defined(LMX_HAVE_X86_SIMD)
+    return lmx_ggml_xq_type(type) && K > 0 && K % 256 == 0 && have_avx512() && have_vnni();
+#else
+    (void)type, (void)K;
+    return 0;
+#endif
+}
+
+#if defined(LMX_HAVE_X86_SIMD)
+void lmx_ggml_xq_prepare(int type, const float *x, int64_t K, void *xq) { lmx_ggml_xq_prepare_vnni(type, x, K, xq); }
+void lmx_ggml_matvec_xq(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const void *xq, float *y) {
+    lmx_ggml_matvec_xq_vnni(type, w, K, n0, n1, xq, y);
+}
+#else /* lmx_ggml_xq_takes is 0: never called */
+void lmx_ggml_xq_prepare(int type, const float *x, int64_t K, void *xq) { (void)type, (void)x, (void)K, (void)xq; }
+void lmx_ggml_matvec_xq(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const void *xq, float *y) {
+    (void)type, (void)w, (void)K, (void)n0, (void)n1, (void)xq, (void)y;
+}
+#endif
+
 void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
     size_t rb = lmx_ggml_row_bytes(type, K);
 #if defined(LMX_HAVE_X86_SIMD)

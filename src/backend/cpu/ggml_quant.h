@@ -26,6 +26,20 @@ float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K);
  * held in 30 bits per 256 values (lmx_ggml_matvec_vnni, float32's precision); the rest, float32 x. */
 void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
 
+/* x prepared once for many matvecs (the decode matmul's tasks): lmx_ggml_xq_takes says whether this CPU, type and K
+ * take the VNNI path (AVX-512 VNNI; Q4_K, Q5_K, Q6_K; K a multiple of 256, any size); then lmx_ggml_xq_prepare
+ * writes x's 30-bit form into lmx_ggml_xq_bytes(K) bytes, and lmx_ggml_matvec_xq computes what lmx_ggml_matvec
+ * would (the same bits) from it. */
+static inline int lmx_ggml_xq_type(int type) {
+    return type == LMX_GGML_Q4_K || type == LMX_GGML_Q5_K || type == LMX_GGML_Q6_K;
+}
+int lmx_ggml_xq_takes(int type, int64_t K);
+static inline size_t lmx_ggml_xq_bytes(int64_t K) { /* hi and lo int16 [K], d [K / 256], sums [K / 32] */
+    return (size_t)K * 4 + (size_t)K / 256 * 4 + (size_t)K / 32 * 4;
+}
+void lmx_ggml_xq_prepare(int type, const float *x, int64_t K, void *xq);
+void lmx_ggml_matvec_xq(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const void *xq, float *y);
+
 /* The portable dot (the reference the SIMD path is tested against), and the AVX-512 one
  * (ggml_quant_avx512.c): returns 1 and sets *out for the types it handles, else 0. */
 float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64_t K);
@@ -34,6 +48,9 @@ int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_t n0, int64
 /* Q4_K / Q5_K / Q6_K rows (K a multiple of 256, at most 16,384) with AVX-512 VNNI, x in 30-bit integers a
  * super-block at a time: 1 when it computed them, 0 for any other type or K */
 int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
+/* lmx_ggml_xq_prepare and lmx_ggml_matvec_xq (AVX-512 VNNI; after lmx_ggml_xq_takes) */
+void lmx_ggml_xq_prepare_vnni(int type, const float *x, int64_t K, void *xq);
+void lmx_ggml_matvec_xq_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const void *xq, float *y);
 /* AVX-512 dequantization of the block types (bit-identical to the portable one): 1 if handled. */
 int lmx_ggml_dequant_row_avx512(int type, const void *row, int64_t K, float *dst);
 /* The same values, written as K / 16 chunks of 16 floats: chunk c at dst + c * cs (cs = 16 is the

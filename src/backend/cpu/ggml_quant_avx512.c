@@ -495,7 +495,7 @@ LMX_AVX512 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_
  * int16 alone, one product a pair, ran at 47 and 35, but moved Gemma 3's logits by 1e-3 where its activations'
  * outliers set their block's scale.) */
 #define LMX_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
-#define XQ_MAX 16384          /* x's codes on the stack: K up to 16,384 */
+#define XQ_MAX 16384          /* lmx_ggml_matvec_vnni's x on the stack: K up to 16,384 */
 #define XQ_RANGE 1073676288.0f /* 2^30 - 2^16: |hi| <= 32,766 */
 
 /* x [nsb 256] -> hi and lo (int16 [nsb][256] each) and d (a scale a super-block) */
@@ -592,18 +592,33 @@ LMX_VNNI static float dot_q6k_vnni(const uint8_t *b, int64_t nb, const int16_t *
     return _mm512_reduce_add_ps(acc);
 }
 
-LMX_VNNI int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
-    if ((type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K && type != LMX_GGML_Q6_K) || K % 256 || K > XQ_MAX) return 0;
+/* x prepared (ggml_quant.h, lmx_ggml_xq_*): hi [K], lo [K] (int16), d [K / 256], then Q4_K / Q5_K's sums of x per
+ * 32 [K / 32] */
+LMX_VNNI void lmx_ggml_xq_prepare_vnni(int type, const float *x, int64_t K, void *xq) {
+    int16_t *hi = xq, *lo = hi + K;
+    float *d = (float *)(lo + K);
+    x_quant30(x, K / 256, hi, lo, d);
+    if (type != LMX_GGML_Q6_K) x_sums(x, K / 32, 32, d + K / 256); /* the offsets' sums of x per 32 */
+}
+
+LMX_VNNI void lmx_ggml_matvec_xq_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const void *xq,
+                                      float *y) {
     const size_t rb = lmx_ggml_row_bytes(type, K);
-    int16_t xh[XQ_MAX], xl[XQ_MAX];
-    float xd[XQ_MAX / 256], xs[XQ_MAX / 32];
-    x_quant30(x, K / 256, xh, xl, xd);
-    if (type != LMX_GGML_Q6_K) x_sums(x, K / 32, 32, xs); /* the offsets' sums of x per 32 */
+    const int16_t *xh = xq, *xl = xh + K;
+    const float *xd = (const float *)(xl + K), *xs = xd + K / 256;
     switch (type) {
-    case LMX_GGML_Q4_K: ROWS(dot_q45k_vnni(0, b, K / 256, xh, xl, xd, xs)) return 1;
-    case LMX_GGML_Q5_K: ROWS(dot_q45k_vnni(1, b, K / 256, xh, xl, xd, xs)) return 1;
-    default: ROWS(dot_q6k_vnni(b, K / 256, xh, xl, xd)) return 1;
+    case LMX_GGML_Q4_K: ROWS(dot_q45k_vnni(0, b, K / 256, xh, xl, xd, xs)) return;
+    case LMX_GGML_Q5_K: ROWS(dot_q45k_vnni(1, b, K / 256, xh, xl, xd, xs)) return;
+    default: ROWS(dot_q6k_vnni(b, K / 256, xh, xl, xd)) return;
     }
+}
+
+LMX_VNNI int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
+    if (!lmx_ggml_xq_type(type) || K % 256 || K > XQ_MAX) return 0;
+    _Alignas(64) int16_t xq[XQ_MAX * 2 + XQ_MAX / 256 * 2 + XQ_MAX / 32 * 2]; /* lmx_ggml_xq_bytes(XQ_MAX) */
+    lmx_ggml_xq_prepare_vnni(type, x, K, xq);
+    lmx_ggml_matvec_xq_vnni(type, w, K, n0, n1, xq, y);
+    return 1;
 }
 
 LMX_AVX512 int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out) {
