@@ -16,11 +16,14 @@
  * 7,080 / 15,978; Llama-3.1-8B Q4_K_M (its Q4_K rewritten as MLX groups, cuda_repack.cu; Q6_K v here) unchanged. */
 #include "cuda_mq.h"
 
-#define MQ_GEMV_SB 4    /* super-blocks a K part at most: x's slice 4 x 4.6 KB (Q6_K), or all K (16) without parts */
 /* K up to 16 super-blocks: the 8B's down projection (K 14,336) in parts of at most 4 ran slower than k_gemv_tc (H200,
  * Llama-3.1-8B Q4_K_M batch 8: 2,635-2,670 -> 2,573-2,585 tok/s), and in fewer, longer parts slower at 32 rows
  * (5,503-5,548 -> 5,001-5,036) */
 #define MQ_GEMV_K 4096
+/* super-blocks a K part at most: all of K (x's slice up to 16 x 4.6 KB, Q6_K).  With at most 4, Qwen3-30B-A3B's q / k
+ * / v (K 2,048) ran in four parts where one part takes the same one wave of blocks, and the parts' meeting cost more:
+ * its 48 layers at batch 32 3,444-3,446 -> 3,485-3,491 tok/s with one (H200) */
+#define MQ_GEMV_SB (MQ_GEMV_K / 256)
 #define MQ_GEMV_COST 1  /* a part's own cost (its staging, its sums in scratch), in super-blocks of its loop */
 
 template <int T>
