@@ -20,10 +20,6 @@
  * Llama-3.1-8B Q4_K_M batch 8: 2,635-2,670 -> 2,573-2,585 tok/s), and in fewer, longer parts slower at 32 rows
  * (5,503-5,548 -> 5,001-5,036) */
 #define MQ_GEMV_K 4096
-/* super-blocks a K part at most: all of K (x's slice up to 16 x 4.6 KB, Q6_K).  With at most 4, Qwen3-30B-A3B's q / k
- * / v (K 2,048) ran in four parts where one part takes the same one wave of blocks, and the parts' meeting cost more:
- * its 48 layers at batch 32 3,444-3,446 -> 3,485-3,491 tok/s with one (H200) */
-#define MQ_GEMV_SB (MQ_GEMV_K / 256)
 #define MQ_GEMV_COST 1  /* a part's own cost (its staging, its sums in scratch), in super-blocks of its loop */
 
 template <int T>
@@ -94,15 +90,16 @@ __global__ void __launch_bounds__(256) k_gemv_mq(const mq_x x, int M, const gv_s
     }
 }
 
-/* K parts for SB super-blocks and row blocks of gmax (the largest segment's) and groups (all of them) a tile: at most
- * MQ_GEMV_SB super-blocks a part, and of the counts that allow (1, 2, 4, .. 16, within the scratch's 4 SMs of
- * cells a segment) the one whose waves of blocks take the least time, a block counted as its super-blocks and
- * MQ_GEMV_COST; 0: none */
+/* K parts for SB super-blocks and row blocks of gmax (the largest segment's) and groups (all of them) a tile: of the
+ * counts 1, 2, 4, .. 16 within the scratch's 4 SMs of cells a segment, the one whose waves of blocks take the least
+ * time, a block counted as its super-blocks and MQ_GEMV_COST, the fewer parts where two cost the same; 0: none.  A part
+ * may hold all of K (MQ_GEMV_K: x's slice up to 16 x 4.6 KB, Q6_K).  With parts of at most 4 super-blocks, Qwen3-30B-
+ * A3B's q / k / v (K 2,048) ran in four parts where one takes the same one wave of blocks, and then met: its 48 layers
+ * at batch 32 3,444-3,446 -> 3,485-3,491 tok/s in one part (H200). */
 static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax, int SB) {
     int kp = 0;
     int64_t best = -1;
     for (int p = 1; p <= 16 && (int64_t)gmax * p <= 4 * cb->sm_count; p *= 2) {
-        if ((SB + p - 1) / p > MQ_GEMV_SB) continue;
         const int64_t waves = ((int64_t)groups * p + slots - 1) / slots, c = waves * ((SB + p - 1) / p + MQ_GEMV_COST);
         if (best < 0 || c < best) best = c, kp = p;
     }
@@ -111,7 +108,7 @@ static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax
 
 void cuda_gemv_mq_init(cuda_backend *cb) {
     const void *fn[2] = {(const void *)k_gemv_mq<LMX_GGML_Q4_K>, (const void *)k_gemv_mq<LMX_GGML_Q6_K_A16>};
-    /* K parts of MQ_GEMV_SB super-blocks, or one of all K where the parts' scratch cannot grow (Q6_K's the larger) */
+    /* x's slice of a K part, up to all of K (Q6_K's the larger) */
     cb->gemv_mq_smem = (int)mq_stage_bytes<LMX_GGML_Q6_K_A16>(MQ_GEMV_K / 256);
     for (int i = 0; i < 2; i++)
         if (cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->gemv_mq_smem) != cudaSuccess)
