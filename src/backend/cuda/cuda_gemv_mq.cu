@@ -91,15 +91,18 @@ __global__ void __launch_bounds__(256) k_gemv_mq(const mq_x x, int M, const gv_s
 }
 
 /* K parts for SB super-blocks and row blocks of gmax (the largest segment's) and groups (all of them) a tile: of the
- * counts 1, 2, 4, .. 16 within the scratch's 4 SMs of cells a segment, the one whose waves of blocks take the least
- * time, a block counted as its super-blocks and MQ_GEMV_COST, the fewer parts where two cost the same; 0: none.  A part
- * may hold all of K (MQ_GEMV_K: x's slice up to 16 x 4.6 KB, Q6_K).  With parts of at most 4 super-blocks, Qwen3-30B-
- * A3B's q / k / v (K 2,048) ran in four parts where one takes the same one wave of blocks, and then met: its 48 layers
- * at batch 32 3,444-3,446 -> 3,485-3,491 tok/s in one part (H200). */
-static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax, int SB) {
+ * counts 1, 2, 4, .. 16 within the scratch's 4 SMs of cells a segment whose parts hold at most cap super-blocks, the
+ * one whose waves of blocks take the least time, a block counted as its super-blocks and MQ_GEMV_COST, the fewer parts
+ * where two cost the same; 0: none.  A launch's parts may hold all of K (MQ_GEMV_K: x's slice up to 16 x 4.6 KB,
+ * Q6_K): with parts of at most 4 super-blocks, Qwen3-30B-A3B's q / k / v (K 2,048) ran in four parts where one takes
+ * the same one wave of blocks, and then met (its 48 layers at batch 32 3,444-3,446 -> 3,485-3,491 tok/s in one part,
+ * H200).  Which matrices take the kernel is still decided with parts of at most MQ_TAKES_SB, the shapes measured. */
+#define MQ_TAKES_SB 4
+static int mq_gemv_parts(const cuda_backend *cb, int slots, int groups, int gmax, int SB, int cap) {
     int kp = 0;
     int64_t best = -1;
     for (int p = 1; p <= 16 && (int64_t)gmax * p <= 4 * cb->sm_count; p *= 2) {
+        if ((SB + p - 1) / p > cap) continue;
         const int64_t waves = ((int64_t)groups * p + slots - 1) / slots, c = waves * ((SB + p - 1) / p + MQ_GEMV_COST);
         if (best < 0 || c < best) best = c, kp = p;
     }
@@ -129,7 +132,7 @@ int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int 
         gmax = gi > gmax ? gi : gmax;
     }
     const int z = (M + 7) / 8;
-    return mq_gemv_parts(cb, 2 * cb->sm_count, gmax * z, gmax * z, (int)(K / 256)) > 0;
+    return mq_gemv_parts(cb, 2 * cb->sm_count, gmax * z, gmax * z, (int)(K / 256), MQ_TAKES_SB) > 0;
 }
 
 template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K) {
@@ -144,7 +147,7 @@ template <int T> static lmx_status mq_gemv(cuda_backend *cb, int n, const gv_seg
     const int SB = K / 256, z = (M + 7) / 8;
     int per_sm = cuda_fit_blocks(cb, (const void *)k_gemv_mq<T>);
     per_sm = per_sm > 2 ? 2 : per_sm;
-    const int want = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB);
+    const int want = mq_gemv_parts(cb, cb->sm_count * per_sm, groups * z, gmax * z, SB, SB);
     float *part = NULL;
     int *ticket = want > 1 ? cuda_gemv_tc_scratch(cb, &part) : NULL;
     const int kp = ticket ? want : 1, per = (SB + kp - 1) / kp; /* no scratch (a graph capturing): one part */
