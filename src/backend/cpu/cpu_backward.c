@@ -225,6 +225,9 @@ typedef struct attn_bwd_job {
     float *part;    /* parts > 1: [B][Hk][parts][2][T][D], each part's dk and dv */
 } attn_bwd_job;
 
+/* the first key that row t sees under a window of W keys (0: none) */
+static int win_first(int t, int W) { return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0; }
+
 static size_t bwd_floats(int T, int D, int chunk) {
     return (size_t)3 * CPU_ATTN_LANES * (size_t)T + (size_t)2 * chunk * D + (size_t)2 * CPU_ATTN_LANES * D;
 }
@@ -256,59 +259,58 @@ static void attn_bwd_task(void *arg, int task, int thread) {
             /* the tile: positions t0 .. t1 - 1 x heads hs .. he - 1; vector v sees keys [first, last] */
             const int t1 = t0 + rows < n_new ? t0 + rows : n_new, he = hs + hn < h_end ? hs + hn : h_end;
             const int nh = he - hs, nv = (t1 - t0) * nh, p1 = t1 - 1;
-            const int p0 = W > 0 && t0 - W + 1 > 0 ? t0 - W + 1 : 0, span = p1 - p0 + 1;
+            const int p0 = win_first(t0, W), span = p1 - p0 + 1;
             int first[CPU_ATTN_LANES];
             for (int v = 0; v < nv; v++) {
                 const int t = t0 + v / nh, h = hs + v % nh;
-                first[v] = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
+                first[v] = win_first(t, W);
                 memcpy(qp + (size_t)v * D, (const float *)a->q->data + (base + t) * qs + (int64_t)h * D, (size_t)D * sizeof(float));
                 memcpy(gp + (size_t)v * D, j->dout + (base + t) * qs + (int64_t)h * D, (size_t)D * sizeof(float));
             }
-            for (int pass = 0; pass < 2; pass++) {
-                for (int c0 = p0; c0 <= p1; c0 += j->chunk) {
-                    const int c1 = c0 + j->chunk - 1 < p1 ? c0 + j->chunk - 1 : p1, n = c1 - c0 + 1;
-                    cpu_attn_pack(kb, K + (int64_t)c0 * ks, ks, n, D);
-                    if (!pass) cpu_attn_pack(vb, V + (int64_t)c0 * ks, ks, n, D);
-                    if (!pass) { /* the forward's scores and dP = dO . v, each vector over its keys */
-                        for (int v = 0; v < nv; v++) {
-                            const int t = t0 + v / nh, lo = c0 > first[v] ? c0 : first[v], hi = c1 < t ? c1 : t;
-                            if (lo > hi) continue;
-                            kn->dot_rows_f32(qp + (size_t)v * D, kb + (size_t)(lo - c0) * D, D, hi - lo + 1, D, x + (size_t)v * span + lo - p0);
-                            kn->dot_rows_f32(gp + (size_t)v * D, vb + (size_t)(lo - c0) * D, D, hi - lo + 1, D, dp + (size_t)v * span + lo - p0);
-                        }
+            /* the forward's scores and dP = dO . v, each vector over its keys */
+            for (int c0 = p0; c0 <= p1; c0 += j->chunk) {
+                const int c1 = c0 + j->chunk - 1 < p1 ? c0 + j->chunk - 1 : p1, n = c1 - c0 + 1;
+                cpu_attn_pack(kb, K + (int64_t)c0 * ks, ks, n, D);
+                cpu_attn_pack(vb, V + (int64_t)c0 * ks, ks, n, D);
+                for (int v = 0; v < nv; v++) {
+                    const int t = t0 + v / nh, lo = c0 > first[v] ? c0 : first[v], hi = c1 < t ? c1 : t;
+                    if (lo > hi) continue;
+                    kn->dot_rows_f32(qp + (size_t)v * D, kb + (size_t)(lo - c0) * D, D, hi - lo + 1, D, x + (size_t)v * span + lo - p0);
+                    kn->dot_rows_f32(gp + (size_t)v * D, vb + (size_t)(lo - c0) * D, D, hi - lo + 1, D, dp + (size_t)v * span + lo - p0);
+                }
+            }
+            for (int v = 0; v < nv; v++) { /* softmax, then dS = p (dP - sum p dP) (times the soft cap's slope), scaled */
+                const int t = t0 + v / nh, n = t - first[v] + 1;
+                float *xv = x + (size_t)v * span, *pv = p + (size_t)v * span, *dpv = dp + (size_t)v * span;
+                const int o = first[v] - p0;
+                const double sum = kn->attn_exp(xv + o, pv + o, n, a->scale, cap);
+                double dsum = 0;
+                for (int i = o; i < o + n; i++) {
+                    pv[i] = (float)(pv[i] / sum);
+                    dsum += (double)pv[i] * dpv[i];
+                }
+                for (int i = 0; i < span; i++) {
+                    if (i < o || i >= o + n) { /* keys the vector does not see */
+                        xv[i] = pv[i] = 0.0f;
                         continue;
                     }
-                    /* dq += dS K; each key's dk += sum_v dS_v q_v, dv += sum_v p_v dO_v (zero past a vector's keys) */
-                    float wd[CPU_ATTN_LANES], wp[CPU_ATTN_LANES];
-                    for (int v = 0; v < nv; v++)
-                        kn->axpy_rows_f32(j->dq + (base + t0 + v / nh) * qs + (int64_t)(hs + v % nh) * D, x + (size_t)v * span + c0 - p0, kb,
-                                          D, n, D);
-                    for (int k = 0; k < n; k++) {
-                        for (int v = 0; v < nv; v++) wd[v] = x[(size_t)v * span + c0 - p0 + k], wp[v] = p[(size_t)v * span + c0 - p0 + k];
-                        kn->axpy_rows_f32(dK + (int64_t)(c0 + k) * kst, wd, qp, D, nv, D);
-                        kn->axpy_rows_f32(dV + (int64_t)(c0 + k) * kst, wp, gp, D, nv, D);
-                    }
+                    float ds = pv[i] * (float)(dpv[i] - dsum);
+                    if (cap > 0) ds *= 1.0f - (xv[i] / cap) * (xv[i] / cap);
+                    xv[i] = ds * a->scale;
                 }
-                if (pass) break;
-                for (int v = 0; v < nv; v++) { /* softmax, then dS = p (dP - sum p dP) (times the soft cap's slope), scaled */
-                    const int t = t0 + v / nh, n = t - first[v] + 1;
-                    float *xv = x + (size_t)v * span, *pv = p + (size_t)v * span, *dpv = dp + (size_t)v * span;
-                    const int o = first[v] - p0;
-                    const double sum = kn->attn_exp(xv + o, pv + o, n, a->scale, cap);
-                    double dsum = 0;
-                    for (int i = o; i < o + n; i++) {
-                        pv[i] = (float)(pv[i] / sum);
-                        dsum += (double)pv[i] * dpv[i];
-                    }
-                    for (int i = 0; i < span; i++) {
-                        if (i < o || i >= o + n) { /* keys the vector does not see */
-                            xv[i] = pv[i] = 0.0f;
-                            continue;
-                        }
-                        float ds = pv[i] * (float)(dpv[i] - dsum);
-                        if (cap > 0) ds *= 1.0f - (xv[i] / cap) * (xv[i] / cap);
-                        xv[i] = ds * a->scale;
-                    }
+            }
+            /* dq += dS K; each key's dk += sum_v dS_v q_v, dv += sum_v p_v dO_v (zero past a vector's keys) */
+            for (int c0 = p0; c0 <= p1; c0 += j->chunk) {
+                const int c1 = c0 + j->chunk - 1 < p1 ? c0 + j->chunk - 1 : p1, n = c1 - c0 + 1;
+                cpu_attn_pack(kb, K + (int64_t)c0 * ks, ks, n, D);
+                float wd[CPU_ATTN_LANES], wp[CPU_ATTN_LANES];
+                for (int v = 0; v < nv; v++)
+                    kn->axpy_rows_f32(j->dq + (base + t0 + v / nh) * qs + (int64_t)(hs + v % nh) * D, x + (size_t)v * span + c0 - p0, kb,
+                                      D, n, D);
+                for (int k = 0; k < n; k++) {
+                    for (int v = 0; v < nv; v++) wd[v] = x[(size_t)v * span + c0 - p0 + k], wp[v] = p[(size_t)v * span + c0 - p0 + k];
+                    kn->axpy_rows_f32(dK + (int64_t)(c0 + k) * kst, wd, qp, D, nv, D);
+                    kn->axpy_rows_f32(dV + (int64_t)(c0 + k) * kst, wp, gp, D, nv, D);
                 }
             }
         }
@@ -323,11 +325,10 @@ static void attn_bwd_sum_task(void *arg, int task, int thread) {
     const int64_t ks = (int64_t)a->Hk * D, at = (int64_t)b * T * ks + (int64_t)kvh * D;
     for (int p = 0; p < j->parts; p++) {
         const float *src = j->part + ((size_t)task * j->parts + p) * 2 * T * D;
-        for (int t = 0; t < a->batch->n_new[b]; t++)
-            for (int d = 0; d < D; d++) {
-                j->dk[at + t * ks + d] += src[(size_t)t * D + d];
-                j->dv[at + t * ks + d] += src[((size_t)T + t) * D + d];
-            }
+        for (int t = 0; t < a->batch->n_new[b]; t++) { /* y += 1 x: the sum itself */
+            j->cb->k.axpy_f32(j->dk + at + t * ks, 1.0f, src + (size_t)t * D, D);
+            j->cb->k.axpy_f32(j->dv + at + t * ks, 1.0f, src + ((size_t)T + t) * D, D);
+        }
     }
 }
 
