@@ -46,9 +46,9 @@ int main(int argc, char **argv) {
         double best = 1e30, bestd = 1e30;
         for (int r = 0; r < reps; r++) {
             double a = bench_now_s();
-            lmx_ggml_matvec(type, w, K, 0, N, x, y);
+            lmx_ggml_matvec(lmx_ggml_simd_best(), type, w, K, 0, N, x, y);
             double b = bench_now_s();
-            for (int64_t n = 0; n < N; n++) lmx_ggml_dequant_row(type, w + (size_t)n * rb, K, row);
+            for (int64_t n = 0; n < N; n++) lmx_ggml_dequant_row(lmx_ggml_simd_best(), type, w + (size_t)n * rb, K, row);
             double c = bench_now_s();
             if (b - a < best) best = b - a;
             if (c - b < bestd) bestd = c - b;

@@ -9,7 +9,11 @@
  *      the SIMD width) at unaligned addresses, both dots agree with a float64 dot of the
  *      dequantized row within the same tolerance;
  *   5. the SIMD dequantization equals the portable one bit for bit, and the row-range matvec agrees
- *      with the portable dot, on random blocks of every type (odd block counts, unaligned rows).
+ *      with the portable dot, on random blocks of every type (odd block counts, unaligned rows), at
+ *      each kernel level up to the CPU's;
+ *   6. the cpu backend's decode matmul on GGUF Q4_K / Q6_K weights under LMX_CPU_ISA=scalar and avx2
+ *      is the portable dot bit for bit (the forced table reaches the GGUF kernels), and by default
+ *      within the dot tolerance of it.
  *
  * The data folder is LMX_TESTS_DATA if set, else tests/data next to this source file.
  * Usage: test_ggml_quant [FIXTURES]   (the fixtures argument is not used). */
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "backend/cpu/ggml_quant.h"
 #include "base/half.h"
 #include "check.h"
@@ -64,6 +69,8 @@ static void *read_all(const char *dir, const char *name, const char *ext, size_t
     return buf;
 }
 
+static int g_best; /* lmx_ggml_simd_best(): the level the dot and dequantization tests run at */
+
 static uint32_t bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -104,8 +111,8 @@ static void test_sizes(void) {
         CHECK(!lmx_ggml_is_supported_quant(t));
         uint8_t row[64] = {1, 2, 3};
         float x[32] = {1}, y[32] = {7};
-        CHECK(lmx_ggml_dot_row(t, row, x, 32) == 0.0f);
-        lmx_ggml_dequant_row(t, row, 32, y);
+        CHECK(lmx_ggml_dot_row(g_best, t, row, x, 32) == 0.0f);
+        lmx_ggml_dequant_row(g_best, t, row, 32, y);
         CHECK(y[0] == 0.0f && y[31] == 0.0f);
     }
 }
@@ -125,14 +132,14 @@ static void test_reference(const char *dir, const float *x, int i) {
     float got[REF_K];
     for (size_t r = 0; r < rows; r++) {
         const float *want = ref + r * REF_K;
-        lmx_ggml_dequant_row(t, bin + r * rb, REF_K, got);
+        lmx_ggml_dequant_row(g_best, t, bin + r * rb, REF_K, got);
         int bad = -1;
         for (int k = 0; k < REF_K && bad < 0; k++)
             if (bits(got[k]) != bits(want[k])) bad = k;
         CHECK_MSG(bad < 0, "%s row %zu: dequant[%d] = %.9g, gguf %.9g", name, r, bad,
                   bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
         double rel;
-        float d = lmx_ggml_dot_row(t, bin + r * rb, x, REF_K);
+        float d = lmx_ggml_dot_row(g_best, t, bin + r * rb, x, REF_K);
         CHECK_MSG(dot_close(d, dot[r], want, x, REF_K, &rel), "%s row %zu: dot %.9g, ref %.9g (rel %.3g)",
                   name, r, d, dot[r], rel);
         d = lmx_ggml_dot_row_portable(t, bin + r * rb, x, REF_K);
@@ -183,10 +190,10 @@ static void test_random(int i) {
                 row[b * TYPES[i].bytes + off + 1] = (uint8_t)(h >> 8);
             }
         for (int64_t k = 0; k < K; k++) x[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 500.0f;
-        lmx_ggml_dequant_row(t, row, K, w);
+        lmx_ggml_dequant_row(g_best, t, row, K, w);
         double ref = 0, rel;
         for (int64_t k = 0; k < K; k++) ref += (double)w[k] * (double)x[k];
-        float d = lmx_ggml_dot_row(t, row, x, K);
+        float d = lmx_ggml_dot_row(g_best, t, row, x, K);
         CHECK_MSG(dot_close(d, ref, w, x, K, &rel), "%s K=%lld: dot %.9g, ref %.9g (rel %.3g)",
                   TYPES[i].name, (long long)K, d, ref, rel);
         d = lmx_ggml_dot_row_portable(t, row, x, K);
@@ -196,14 +203,15 @@ static void test_random(int i) {
     }
 }
 
-/* ---- 5. the SIMD kernels against the portable ones on random blocks ---------------------------
+/* ---- 5. the SIMD kernels against the portable ones on random blocks, at each level simd up to the CPU's ----
  * lmx_ggml_dequant_row (AVX-512 where present) equals lmx_ggml_dequant_row_portable bit for bit;
  * lmx_ggml_matvec over a range of rows [n0, n1) of a small matrix equals the portable dot of each
  * row within 1e-5 * sum|x * w| (Q4_K / Q5_K / Q6_K with VNNI: x in 30-bit integers per 256 values),
  * and writes nothing outside y[0 .. n1 - n0); x prepared once (lmx_ggml_xq_*, where the CPU takes it) gives the
- * same bits, and at any K the portable dot's value.  x has one value 50 times the others' scale, which sets its
+ * same bits, and at any K the portable dot's value.  At LMX_GGML_PORTABLE (what LMX_CPU_ISA=scalar or avx2 gives the
+ * cpu backend) the matvec is the portable dot's bits.  x has one value 50 times the others' scale, which sets its
  * super-block's integer scale. */
-static void test_simd_vs_portable(int i) {
+static void test_simd_vs_portable(int i, int simd) {
     int t = TYPES[i].type, E = TYPES[i].elems;
     int nblocks[] = {1, 2, 5, 17, 33, 65}; /* Q4_K / Q5_K / Q6_K: 65 super-blocks (K 16,640) past the VNNI path's 16,384 */
     for (size_t bn = 0; bn < sizeof nblocks / sizeof nblocks[0]; bn++) {
@@ -237,10 +245,10 @@ static void test_simd_vs_portable(int i) {
         x[K / 3] *= 50.0f;
         int n0 = 1, n1 = N - 1;
         for (int j = 0; j < 11; j++) y[j] = -12345.0f;
-        lmx_ggml_matvec(t, mat, K, n0, n1, x, y);
+        lmx_ggml_matvec(simd, t, mat, K, n0, n1, x, y);
         for (int n = 0; n < N; n++) {
             const uint8_t *row = mat + (size_t)n * rb;
-            lmx_ggml_dequant_row(t, row, K, w);
+            lmx_ggml_dequant_row(simd, t, row, K, w);
             lmx_ggml_dequant_row_portable(t, row, K, w2);
             int bad = -1;
             for (int64_t k = 0; k < K && bad < 0; k++)
@@ -249,11 +257,14 @@ static void test_simd_vs_portable(int i) {
                       bad < 0 ? 0.0 : w[bad], bad < 0 ? 0.0 : w2[bad]);
             if (n < n0 || n >= n1) continue;
             double rel, ref = lmx_ggml_dot_row_portable(t, row, x, K);
-            CHECK_MSG(dot_close(y[n - n0], ref, w2, x, K, &rel), "%s K=%lld row %d: matvec %.9g, portable %.9g (rel %.3g)",
-                      TYPES[i].name, (long long)K, n, y[n - n0], ref, rel);
+            CHECK_MSG(dot_close(y[n - n0], ref, w2, x, K, &rel), "%s K=%lld row %d simd %d: matvec %.9g, portable %.9g (rel %.3g)",
+                      TYPES[i].name, (long long)K, n, simd, y[n - n0], ref, rel);
+            CHECK_MSG(simd != LMX_GGML_PORTABLE || bits(y[n - n0]) == bits((float)ref),
+                      "%s K=%lld row %d: portable-level matvec %.9g, portable dot %.9g", TYPES[i].name, (long long)K, n,
+                      y[n - n0], ref);
         }
         for (int j = n1 - n0; j < 11; j++) CHECK_MSG(y[j] == -12345.0f, "%s: matvec wrote y[%d]", TYPES[i].name, j);
-        if (lmx_ggml_xq_takes(t, K)) { /* x prepared once (the decode matmul's form): lmx_ggml_matvec's bits, any K */
+        if (lmx_ggml_xq_takes(simd, t, K)) { /* x prepared once (the decode matmul's form): lmx_ggml_matvec's bits, any K */
             void *xq = malloc(lmx_ggml_xq_bytes(K));
             float yq[7];
             lmx_ggml_xq_prepare(t, x, K, xq);
@@ -270,14 +281,70 @@ static void test_simd_vs_portable(int i) {
             free(xq);
         }
         x[K / 2] = NAN; /* a NaN in x reaches every row's dot, as in float arithmetic */
-        lmx_ggml_matvec(t, mat, K, n0, n1, x, y);
+        lmx_ggml_matvec(simd, t, mat, K, n0, n1, x, y);
         for (int n = n0; n < n1; n++) CHECK_MSG(isnan(y[n - n0]), "%s K=%lld: a NaN in x gave %g", TYPES[i].name, (long long)K, y[n - n0]);
         free(buf), free(x), free(w), free(w2);
     }
 }
 
+/* ---- 6. LMX_CPU_ISA reaches the GGUF kernels -------------------------------------------------- */
+static void test_backend_isa(void) {
+    static const char *const isas[] = {"scalar", "avx2", ""};
+    static const int types[] = {LMX_GGML_Q4_K, LMX_GGML_Q6_K};
+    enum { N = 9, K = 512, M = 2 };
+    for (size_t ti = 0; ti < 2; ti++) {
+        int t = types[ti];
+        size_t rb = lmx_ggml_row_bytes(t, K);
+        uint8_t *w = malloc(rb * N);
+        float x[M * K], y[M * N], row[K];
+        if (!w) {
+            CHECK(0);
+            return;
+        }
+        for (size_t k = 0; k < rb * N; k++) w[k] = (uint8_t)rnd();
+        for (int64_t b = 0; b < (int64_t)N * K / 256; b++) { /* f16 d / dmin of moderate size */
+            int off = t == LMX_GGML_Q4_K ? 0 : 208;
+            uint16_t h = (uint16_t)((rnd() & 0x83ffu) | ((5u + rnd() % 10u) << 10));
+            memcpy(w + b * lmx_ggml_block_bytes(t) + off, &h, 2);
+            if (t == LMX_GGML_Q4_K) memcpy(w + b * lmx_ggml_block_bytes(t) + 2, &h, 2);
+        }
+        for (int k = 0; k < M * K; k++) x[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 500.0f;
+        lmx_tensor tw = {.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {N, K}, .data = w, .q.ggml_type = t};
+        lmx_tensor tx = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, K}, .data = x};
+        lmx_tensor ty = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, N}, .data = y};
+        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+            setenv("LMX_CPU_ISA", isas[i], 1);
+            lmx_backend *be = NULL;
+            lmx_err err = {0};
+            CHECK(lmx_cpu_backend_create(2, &be, &err) == LMX_OK);
+            if (!be) continue;
+            for (int rows = 1; rows <= M; rows++) {
+                memset(y, 0, sizeof y);
+                CHECK(be->ops->matmul(be, &ty, &tx, &tw, NULL, rows) == LMX_OK);
+                for (int m = 0; m < rows; m++)
+                    for (int n = 0; n < N; n++) {
+                        float ref = lmx_ggml_dot_row_portable(t, w + (size_t)n * rb, x + m * K, K);
+                        double rel;
+                        lmx_ggml_dequant_row_portable(t, w + (size_t)n * rb, K, row);
+                        if (isas[i][0])
+                            CHECK_MSG(bits(y[m * N + n]) == bits(ref), "%s LMX_CPU_ISA=%s, %d rows: y[%d, %d] %.9g, portable %.9g",
+                                      lmx_ggml_type_name(t), isas[i], rows, m, n, y[m * N + n], ref);
+                        else
+                            CHECK_MSG(dot_close(y[m * N + n], ref, row, x + m * K, K, &rel),
+                                      "%s, %d rows: y[%d, %d] %.9g, portable %.9g (rel %.3g)", lmx_ggml_type_name(t), rows, m,
+                                      n, y[m * N + n], ref, rel);
+                    }
+            }
+            lmx_backend_free(be);
+        }
+        unsetenv("LMX_CPU_ISA");
+        free(w);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
+    g_best = lmx_ggml_simd_best();
     char dir[1024];
     test_data_dir(dir, sizeof dir, "ggml_quant");
     test_sizes();
@@ -287,8 +354,9 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < N_TYPES; i++) {
         if (x && nx == REF_K * sizeof(float)) test_reference(dir, x, (int)i);
         test_random((int)i);
-        test_simd_vs_portable((int)i);
+        for (int simd = LMX_GGML_PORTABLE; simd <= g_best; simd++) test_simd_vs_portable((int)i, simd);
     }
     free(x);
+    test_backend_isa();
     return check_summary("test_ggml_quant");
 }

@@ -74,7 +74,7 @@ void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int6
     }
     if (w->q.ggml_type) {
         size_t rb = lmx_ggml_row_bytes(w->q.ggml_type, n);
-        lmx_ggml_dequant_row(w->q.ggml_type, (const char *)w->data + (size_t)row * rb, n, dst);
+        lmx_ggml_dequant_row(cb->k.ggml_simd, w->q.ggml_type, (const char *)w->data + (size_t)row * rb, n, dst);
         return;
     }
     const char *src = w->data; /* at any alignment (kernels.h) */

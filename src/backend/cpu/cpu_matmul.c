@@ -55,7 +55,7 @@ static void matmul_task(void *arg, int task, int thread) {
     }
     if (j->w->q.ggml_type) { /* GGUF blocks: fused dots of the task's rows, per x row */
         for (int m = 0; m < j->M; m++)
-            lmx_ggml_matvec(j->w->q.ggml_type, j->w->data, j->K, n0, n1, j->x + m * j->K, j->y + m * j->N + n0);
+            lmx_ggml_matvec(j->cb->k.ggml_simd, j->w->q.ggml_type, j->w->data, j->K, n0, n1, j->x + m * j->K, j->y + m * j->N + n0);
         return;
     }
     if (j->w->q.bits) {
@@ -174,7 +174,7 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
         for (int m = 0; m < M; m++) lmx_quant_xsum(j.x + m * K, K, w->q.group, xs + m * G);
         j.xsum = xs;
     }
-    if (w->q.ggml_type && M < BLAS_MIN_ROWS && lmx_ggml_xq_takes(w->q.ggml_type, K)) { /* x's form once, not a task */
+    if (w->q.ggml_type && M < BLAS_MIN_ROWS && lmx_ggml_xq_takes(cb->k.ggml_simd, w->q.ggml_type, K)) { /* x's form once, not a task */
         const size_t xb = lmx_ggml_xq_bytes(K);
         char *xq = (char *)cpu_scratch(cb, 2, (M * xb + sizeof(float) - 1) / sizeof(float));
         if (!xq) return lmx_err_prefix(&be->err, "matmul");

@@ -296,41 +296,52 @@ float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------- */
+int lmx_ggml_simd_best(void) {
 #if defined(LMX_HAVE_X86_SIMD)
-/* ggml_quant_avx512.c: returns 1 and sets *out when it has a kernel for `type`. */
-
-static int have_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma");
-}
-static int have_vnni(void) { return __builtin_cpu_supports("avx512vnni"); }
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")))
+        return LMX_GGML_PORTABLE;
+    return __builtin_cpu_supports("avx512vnni") ? LMX_GGML_VNNI : LMX_GGML_AVX512;
+#else
+    return LMX_GGML_PORTABLE;
 #endif
+}
 
-void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst) {
+/* The caller's level, never above this CPU's (a level is a promise about instructions, not a request). */
+static int simd_at(int simd) {
+    int best = lmx_ggml_simd_best();
+    return simd < best ? simd : best;
+}
+
+void lmx_ggml_dequant_row(int simd, int type, const void *row, int64_t K, float *dst) {
 #if defined(LMX_HAVE_X86_SIMD)
-    if (K > 0 && lmx_ggml_is_supported_quant(type) && lmx_ggml_row_bytes(type, K) && have_avx512() &&
+    if (K > 0 && lmx_ggml_is_supported_quant(type) && lmx_ggml_row_bytes(type, K) && simd_at(simd) >= LMX_GGML_AVX512 &&
         lmx_ggml_dequant_row_avx512(type, row, K, dst))
         return;
+#else
+    (void)simd;
 #endif
     lmx_ggml_dequant_row_portable(type, row, K, dst);
 }
 
-float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K) {
+float lmx_ggml_dot_row(int simd, int type, const void *row, const float *x, int64_t K) {
 #if defined(LMX_HAVE_X86_SIMD)
     float r;
-    if (K > 0 && lmx_ggml_row_bytes(type, K) && have_avx512() &&
+    if (K > 0 && lmx_ggml_row_bytes(type, K) && simd_at(simd) >= LMX_GGML_AVX512 &&
         lmx_ggml_dot_row_avx512(type, row, x, K, &r))
         return r;
+#else
+    (void)simd;
 #endif
     return lmx_ggml_dot_row_portable(type, row, x, K);
 }
 
-int lmx_ggml_xq_takes(int type, int64_t K) {
+int lmx_ggml_xq_takes(int simd, int type, int64_t K) {
 #if defined(LMX_HAVE_X86_SIMD)
-    return lmx_ggml_xq_type(type) && K > 0 && K % 256 == 0 && have_avx512() && have_vnni();
+    return lmx_ggml_xq_type(type) && K > 0 && K % 256 == 0 && simd_at(simd) >= LMX_GGML_VNNI;
 #else
-    (void)type, (void)K;
+    (void)simd, (void)type, (void)K;
     return 0;
 #endif
 }
@@ -347,13 +358,16 @@ void lmx_ggml_matvec_xq(int type, const void *w, int64_t K, int64_t n0, int64_t 
 }
 #endif
 
-void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
+void lmx_ggml_matvec(int simd, int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
     size_t rb = lmx_ggml_row_bytes(type, K);
 #if defined(LMX_HAVE_X86_SIMD)
-    if (K > 0 && rb && have_avx512()) {
-        if (have_vnni() && lmx_ggml_matvec_vnni(type, w, K, n0, n1, x, y)) return;
+    simd = simd_at(simd);
+    if (K > 0 && rb && simd >= LMX_GGML_AVX512) {
+        if (simd >= LMX_GGML_VNNI && lmx_ggml_matvec_vnni(type, w, K, n0, n1, x, y)) return;
         if (lmx_ggml_matvec_avx512(type, w, K, n0, n1, x, y)) return;
     }
+#else
+    (void)simd;
 #endif
     for (int64_t n = n0; n < n1; n++)
         y[n - n0] = lmx_ggml_dot_row_portable(type, (const char *)w + (size_t)n * rb, x, K);

@@ -12,28 +12,35 @@
 
 #include "../../formats/ggml_types.h"
 
+/* The kernels' instruction sets, lowest first.  Every entry point below takes one as `simd` and uses
+ * nothing above it (nor above what this CPU has): the cpu backend passes its kernel table's
+ * ggml_simd, which LMX_CPU_ISA lowers like the rest of the table (scalar and avx2: the portable C). */
+enum { LMX_GGML_PORTABLE = 0, LMX_GGML_AVX512 = 1, LMX_GGML_VNNI = 2 };
+/* The highest of them this CPU runs (and this build has). */
+int lmx_ggml_simd_best(void);
+
 /* dst[k] = dequantized element k of one row of K elements starting at `row`. */
-void lmx_ggml_dequant_row(int type, const void *row, int64_t K, float *dst);
+void lmx_ggml_dequant_row(int simd, int type, const void *row, int64_t K, float *dst);
 
 /* Dot product of one quantized row (K elements) with float x[K] (decode path).  Implementations
  * may dispatch to SIMD internally (runtime check); results agree with dequant + float dot to
  * float32 rounding. */
-float lmx_ggml_dot_row(int type, const void *row, const float *x, int64_t K);
+float lmx_ggml_dot_row(int simd, int type, const void *row, const float *x, int64_t K);
 
 /* y[n - n0] = dot(row n, x) for the rows n in [n0, n1) of a matrix of K-element rows at w (the
  * decode matvec: CPU dispatch and per-call preparation of x happen once for all the rows).  With
- * AVX-512 VNNI, Q4_K, Q5_K and Q6_K rows (K up to 16,384) take integer dot products against x
+ * AVX-512 VNNI (simd LMX_GGML_VNNI), Q4_K, Q5_K and Q6_K rows (K up to 16,384) take integer dot products against x
  * held in 30 bits per 256 values (lmx_ggml_matvec_vnni, float32's precision); the rest, float32 x. */
-void lmx_ggml_matvec(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
+void lmx_ggml_matvec(int simd, int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
 
-/* x prepared once for many matvecs (the decode matmul's tasks): lmx_ggml_xq_takes says whether this CPU, type and K
+/* x prepared once for many matvecs (the decode matmul's tasks): lmx_ggml_xq_takes says whether this level, CPU, type and K
  * take the VNNI path (AVX-512 VNNI; Q4_K, Q5_K, Q6_K; K a multiple of 256, any size); then lmx_ggml_xq_prepare
  * writes x's 30-bit form into lmx_ggml_xq_bytes(K) bytes, and lmx_ggml_matvec_xq computes what lmx_ggml_matvec
  * would (the same bits) from it. */
 static inline int lmx_ggml_xq_type(int type) {
     return type == LMX_GGML_Q4_K || type == LMX_GGML_Q5_K || type == LMX_GGML_Q6_K;
 }
-int lmx_ggml_xq_takes(int type, int64_t K);
+int lmx_ggml_xq_takes(int simd, int type, int64_t K);
 static inline size_t lmx_ggml_xq_bytes(int64_t K) { /* hi and lo int16 [K], d [K / 256], sums [K / 32] */
     return (size_t)K * 4 + (size_t)K / 256 * 4 + (size_t)K / 32 * 4;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../../base/half.h"
+#include "ggml_quant.h"
 
 #if defined(LMX_HAVE_X86_SIMD)
 #include <cpuid.h>
@@ -138,6 +139,7 @@ static double sumsq_f32_scalar(const float *x, int64_t n) {
 
 void lmx_cpu_kernels_init_scalar(lmx_cpu_kernels *k) {
     k->isa = "scalar";
+    k->ggml_simd = LMX_GGML_PORTABLE;
     k->matmul_f32 = matmul_f32_scalar;
     k->matmul_bf16 = matmul_bf16_scalar;
     k->matmul_f16 = matmul_f16_scalar;
@@ -174,8 +176,10 @@ void lmx_cpu_kernels_init(lmx_cpu_kernels *k, const char *force_isa) {
     __builtin_cpu_init();
     if (level >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        lmx_cpu_kernels_init_avx512(k))
+        lmx_cpu_kernels_init_avx512(k)) {
+        k->ggml_simd = lmx_ggml_simd_best();
         return;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
         lmx_cpu_kernels_init_avx2(k))
         return;

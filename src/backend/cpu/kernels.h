@@ -20,6 +20,7 @@ typedef void (*lmx_matmul_rows_fn)(const float *x, int64_t ldx, int M, int64_t K
 
 typedef struct lmx_cpu_kernels {
     const char *isa;                  /* "avx512", "avx2" or "scalar" */
+    int ggml_simd;                    /* the GGUF block kernels' level (ggml_quant.h): the portable C but with avx512 */
     lmx_matmul_rows_fn matmul_f32;    /* w is float */
     lmx_matmul_rows_fn matmul_bf16;   /* w is uint16_t bf16 */
     lmx_matmul_rows_fn matmul_f16;    /* w is uint16_t IEEE half */
