@@ -612,6 +612,25 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1), tol = M * K > 512 ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d: relative error %.3g", name, E,
               K, C, F, M, norm_topk, scaled, ties, err);
+    /* experts uploaded with tiles too (LMX_CUDA_MOE_TILES=1): the same bits from their rows alone */
+    int tiled = 0;
+    for (int i = 0; i < 3 * E; i++) tiled |= eg[i].q.tiles != 0;
+    if (tiled) {
+        lmx_tensor *rows = malloc((size_t)3 * E * sizeof *rows);
+        for (int i = 0; i < 3 * E; i++) rows[i] = eg[i], rows[i].q.tiles = 0;
+        lmx_tensor og2 = act(gpu, M, C, out0);
+        lmx_moe_args a2 = a;
+        a2.out = &og2, a2.experts = rows;
+        CHECK(gpu->ops->moe(gpu, &a2) == LMX_OK);
+        float *got2 = fetch(gpu, &og2, (int64_t)M * C);
+        int64_t bad = -1;
+        for (int64_t o = 0; o < (int64_t)M * C && bad < 0; o++)
+            if (memcmp(&got[o], &got2[o], sizeof *got) && !(isnan(got[o]) && isnan(got2[o]))) bad = o;
+        CHECK_MSG(bad < 0, "moe %s M=%d: with tiles y[%lld] %.9g, rows alone %.9g", name, M, (long long)bad,
+                  bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : got2[bad]);
+        gpu->ops->release(gpu, &og2);
+        free(got2), free(rows);
+    }
     /* the op declines what it does not take (nothing written): more experts than it routes */
     lmx_moe_args big = a;
     big.E = 300;

@@ -271,6 +271,18 @@ static lmx_status upload_host(cuda_backend *cb, const void *src, size_t n, void 
     return LMX_OK;
 }
 
+/* A stacked GGUF expert weight's tiles beside its rows, where LMX_CUDA_MOE_TILES asks (cuda_moe_mma.cu) */
+static lmx_status moe_tiles(cuda_backend *cb, lmx_tensor *w) {
+    if (!cuda_moe_tiles_takes(cb, w)) return LMX_OK;
+    void *t = NULL;
+    lmx_status st = weight_block(cb, cuda_weight_bytes(w), &t, "weight upload (expert tiles)");
+    if (st) return st;
+    cuda_moe_tiles_write(cb, w, t);
+    CUDA_TRY(cb, cudaGetLastError(), "weight upload (expert tiles)");
+    w->q.tiles = (intptr_t)t - (intptr_t)w->data;
+    return LMX_OK;
+}
+
 static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status gst = cuda_graph_flush(cb);
@@ -302,7 +314,7 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
         w->data = d;
         w->q.ggml_type = stored;
         w->owned = 0; /* freed with the backend */
-        return LMX_OK;
+        return host ? LMX_OK : moe_tiles(cb, w);
     }
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
     if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
@@ -318,7 +330,7 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "weight upload"); /* host pages may go away */
     w->data = d;
     w->owned = 0; /* freed with the backend */
-    return LMX_OK;
+    return host ? LMX_OK : moe_tiles(cb, w);
 }
 static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) { return weight_upload(be, w, 0); }
 static lmx_status cuda_upload_weight_host(lmx_backend *be, lmx_tensor *w) { return weight_upload(be, w, 1); }
@@ -630,6 +642,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     const char *mm = getenv("LMX_CUDA_MOE_MMA"); /* "G[,D]": gate / up from G rows, down from D (G alone: both) */
     cb->moe_mma[0] = mm ? atoi(mm) : CUDA_MOE_MMA_ROWS_GU;
     cb->moe_mma[1] = mm ? (strchr(mm, ',') ? atoi(strchr(mm, ',') + 1) : cb->moe_mma[0]) : CUDA_MOE_MMA_ROWS_DOWN;
+    const char *mt = getenv("LMX_CUDA_MOE_TILES");
+    cb->moe_tiles = mt && mt[0] == '1';
     const char *as = getenv("LMX_CUDA_ATT_SHORT");
     cb->att_short = !(as && as[0] == '0');
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");

@@ -24,4 +24,10 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 /* h quantized, then y [M K, C] = down_e h_p for each pair p (the combine is the caller's) */
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
 
+/* LMX_CUDA_MOE_TILES=1: whether a stacked GGUF expert weight w (as uploaded: Q4_K, or Q6_K in its 224-byte blocks)
+ * also gets tiles for the tensor-core launches; cuda_moe_tiles_write launches the rewrite of w's rows into dst
+ * (cuda_weight_bytes(w) bytes) on the stream.  The upload keeps dst - w->data in w->q.tiles. */
+int cuda_moe_tiles_takes(const cuda_backend *cb, const lmx_tensor *w);
+void cuda_moe_tiles_write(cuda_backend *cb, const lmx_tensor *w, void *dst);
+
 #endif
