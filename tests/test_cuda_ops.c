@@ -612,24 +612,40 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1), tol = M * K > 512 ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d: relative error %.3g", name, E,
               K, C, F, M, norm_topk, scaled, ties, err);
-    /* experts uploaded with tiles too (LMX_CUDA_MOE_TILES=1): the same bits from their rows alone */
+    /* experts uploaded in tiles (LMX_CUDA_MOE_TILES=1): the same bits as a backend that keeps their rows */
     int tiled = 0;
-    for (int i = 0; i < 3 * E; i++) tiled |= eg[i].q.tiles != 0;
+    for (int i = 0; i < 3 * E; i++)
+        tiled |= eg[i].q.ggml_type == LMX_GGML_Q4_K_T16 || eg[i].q.ggml_type == LMX_GGML_Q6_K_T16;
     if (tiled) {
+        lmx_backend *g2 = NULL;
+        lmx_err err = {0};
+        char was[64];
+        snprintf(was, sizeof was, "%s", getenv("LMX_CUDA_MOE_TILES") ? getenv("LMX_CUDA_MOE_TILES") : "");
+        setenv("LMX_CUDA_MOE_TILES", "0", 1);
+        CHECK(lmx_cuda_backend_create(&g2, &err) == LMX_OK);
+        setenv("LMX_CUDA_MOE_TILES", was, 1);
         lmx_tensor *rows = malloc((size_t)3 * E * sizeof *rows);
-        for (int i = 0; i < 3 * E; i++) rows[i] = eg[i], rows[i].q.tiles = 0;
-        lmx_tensor og2 = act(gpu, M, C, out0);
-        lmx_moe_args a2 = a;
-        a2.out = &og2, a2.experts = rows;
-        CHECK(gpu->ops->moe(gpu, &a2) == LMX_OK);
-        float *got2 = fetch(gpu, &og2, (int64_t)M * C);
-        int64_t bad = -1;
-        for (int64_t o = 0; o < (int64_t)M * C && bad < 0; o++)
-            if (memcmp(&got[o], &got2[o], sizeof *got) && !(isnan(got[o]) && isnan(got2[o]))) bad = o;
-        CHECK_MSG(bad < 0, "moe %s M=%d: with tiles y[%lld] %.9g, rows alone %.9g", name, M, (long long)bad,
-                  bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : got2[bad]);
-        gpu->ops->release(gpu, &og2);
-        free(got2), free(rows);
+        for (int i = 0; i < 3 * E && g2; i++) {
+            rows[i] = w[i].c; /* the host blocks (the cpu backend reads them in place) */
+            CHECK(g2->ops->upload_weight(g2, &rows[i]) == LMX_OK);
+            CHECK(rows[i].q.ggml_type != LMX_GGML_Q4_K_T16 && rows[i].q.ggml_type != LMX_GGML_Q6_K_T16);
+        }
+        if (g2) {
+            lmx_tensor x2 = act(g2, M, C, x), o2 = act(g2, M, C, out0), z2 = act(g2, M, E, z);
+            lmx_moe_args a2 = a;
+            a2.out = &o2, a2.x = &x2, a2.logits = &z2, a2.experts = rows;
+            CHECK(g2->ops->moe(g2, &a2) == LMX_OK);
+            float *got2 = fetch(g2, &o2, (int64_t)M * C);
+            int64_t bad = -1;
+            for (int64_t o = 0; o < (int64_t)M * C && bad < 0; o++)
+                if (memcmp(&got[o], &got2[o], sizeof *got) && !(isnan(got[o]) && isnan(got2[o]))) bad = o;
+            CHECK_MSG(bad < 0, "moe %s M=%d: in tiles y[%lld] %.9g, in rows %.9g", name, M, (long long)bad,
+                      bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : got2[bad]);
+            g2->ops->release(g2, &x2), g2->ops->release(g2, &o2), g2->ops->release(g2, &z2);
+            free(got2);
+            lmx_backend_free(g2);
+        }
+        free(rows);
     }
     /* the op declines what it does not take (nothing written): more experts than it routes */
     lmx_moe_args big = a;

@@ -27,8 +27,6 @@ typedef struct lmx_quant {
     void *scales, *biases;   /* [N, K/group] each, in backend memory */
     int experts;             /* > 0: the rows of that many stacked experts (a mixture's), as bound; < 0: another
                                 weight of a mixture-of-experts model */
-    intptr_t tiles;          /* cuda, LMX_CUDA_MOE_TILES: where a GGUF expert's rows also sit in tiles for the batched
-                                experts' launch, as an offset from data (row views keep it); 0: none */
 } lmx_quant;
 
 /* A tensor in backend memory.  data is a host pointer on the cpu backend, a device pointer on

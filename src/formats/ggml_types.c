@@ -17,6 +17,7 @@ static const type_info TYPES[] = {
     {LMX_GGML_Q3_K, 256, 110, 16, "Q3_K"}, {LMX_GGML_Q4_K, 256, 144, 32, "Q4_K"},
     {LMX_GGML_Q5_K, 256, 176, 32, "Q5_K"}, {LMX_GGML_Q6_K, 256, 210, 16, "Q6_K"},
     {LMX_GGML_Q8_K, 256, 292, 0, "Q8_K"},  {LMX_GGML_Q6_K_A16, 256, 224, 16, "Q6_K (16-byte aligned)"},
+    {LMX_GGML_Q4_K_T16, 256, 144, 32, "Q4_K (tiles of 16 rows)"}, {LMX_GGML_Q6_K_T16, 256, 224, 16, "Q6_K (tiles of 16 rows)"},
     {24, 1, 1, 0, "I8"}, {25, 1, 2, 0, "I16"}, {26, 1, 4, 0, "I32"}, {27, 1, 8, 0, "I64"}, {28, 1, 8, 0, "F64"},
 };
 

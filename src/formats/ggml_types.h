@@ -28,6 +28,10 @@ typedef enum lmx_ggml_type {
     /* Layouts a backend may store a type's blocks in after upload; never in a file (gguf.c refuses them). */
     LMX_GGML_LAYOUTS = 256,
     LMX_GGML_Q6_K_A16 = 256 + 14, /* Q6_K's 210-byte blocks 224 bytes apart: each starts on 16 bytes (cuda) */
+    /* a mixture's experts in tiles of 16 rows (cuda, LMX_CUDA_MOE_TILES): a tile's super-block b holds its rows' blocks
+     * in the order the tensor-core launch's lanes read them, and rows [16 i, 16 i + 16) start where they would in rows */
+    LMX_GGML_Q4_K_T16 = 512 + 12,
+    LMX_GGML_Q6_K_T16 = 512 + 14, /* from Q6_K_A16's blocks */
 } lmx_ggml_type;
 
 /* Elements per block and bytes per block; 0 for types this table does not know. */

@@ -271,18 +271,6 @@ static lmx_status upload_host(cuda_backend *cb, const void *src, size_t n, void 
     return LMX_OK;
 }
 
-/* A stacked GGUF expert weight's tiles beside its rows, where LMX_CUDA_MOE_TILES asks (cuda_moe_mma.cu) */
-static lmx_status moe_tiles(cuda_backend *cb, lmx_tensor *w) {
-    if (!cuda_moe_tiles_takes(cb, w)) return LMX_OK;
-    void *t = NULL;
-    lmx_status st = weight_block(cb, cuda_weight_bytes(w), &t, "weight upload (expert tiles)");
-    if (st) return st;
-    cuda_moe_tiles_write(cb, w, t);
-    CUDA_TRY(cb, cudaGetLastError(), "weight upload (expert tiles)");
-    w->q.tiles = (intptr_t)t - (intptr_t)w->data;
-    return LMX_OK;
-}
-
 static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     cuda_backend *cb = (cuda_backend *)be;
     lmx_status gst = cuda_graph_flush(cb);
@@ -296,6 +284,15 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cuda: %s weights are not supported",
                            lmx_dtype_name(w->dtype));
     lmx_status st;
+    if (!host && cuda_moe_tiles_takes(cb, w)) { /* a mixture's experts in tiles (cuda_moe_mma.cu) */
+        void *d = NULL;
+        if ((st = weight_block(cb, cuda_weight_bytes(w), &d, "weight upload")) || (st = cuda_moe_tiles_upload(cb, w, d)))
+            return st;
+        w->data = d;
+        w->q.ggml_type = cuda_moe_tiled_type(w->q.ggml_type);
+        w->owned = 0; /* freed with the backend */
+        return LMX_OK;
+    }
     const int bits = host ? 0 : cuda_repack_bits(cb, w);
     if (bits) {
         int done = 0;
@@ -314,7 +311,7 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
         w->data = d;
         w->q.ggml_type = stored;
         w->owned = 0; /* freed with the backend */
-        return host ? LMX_OK : moe_tiles(cb, w);
+        return LMX_OK;
     }
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
     if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
@@ -330,7 +327,7 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     CUDA_TRY(cb, cudaStreamSynchronize(cb->stream), "weight upload"); /* host pages may go away */
     w->data = d;
     w->owned = 0; /* freed with the backend */
-    return host ? LMX_OK : moe_tiles(cb, w);
+    return LMX_OK;
 }
 static lmx_status cuda_upload_weight(lmx_backend *be, lmx_tensor *w) { return weight_upload(be, w, 0); }
 static lmx_status cuda_upload_weight_host(lmx_backend *be, lmx_tensor *w) { return weight_upload(be, w, 1); }

@@ -25,6 +25,8 @@
  * launch).  Results are stored, or go through the GLU, or (one row) are added into y, with the
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_ggml_x.h"
+#include "cuda_moe_mma.h"
+#include "cuda_mq.h"
 
 /* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors, the group's scale and bias raw
  * (raw_at, converted when used).  4-bit words hold even elements in the low nibbles and odd ones in the
@@ -106,8 +108,9 @@ static __host__ __device__ __forceinline__ int gq_lanes(int NU, int KS) {
  * k_moe_ggemv around it.  MM: the most input rows (M <= MM); U: units per lane in flight (a unit: UP
  * parts, gq_unit).  resid (one row, one weight): y += W x + b.  XS (one row): the block quantizes x
  * itself (xf [K], nm's norm where nm.w, as k_gquant_x) into shared memory at xq / xm, after its first
- * weight loads are in flight: no launch of its own before the GEMV. */
-template <int T, int MM, int PAIR, int XS = 0>
+ * weight loads are in flight: no launch of its own before the GEMV.  TL: the weights in tiles of 16 rows
+ * (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks: a mixture's experts, cuda_moe_mma.cu). */
+template <int T, int MM, int PAIR, int XS = 0, int TL = 0>
 static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                   const gv_segs &sg, const gv_seg &S, int K, int PR, int M, int act,
                                                   int resid, const float *xf = NULL, const cuda_row_norm *nm = NULL) {
@@ -120,7 +123,8 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     const bool active = n0 < S.N;
     if (blockIdx.x * (8 / KS) * (32 / LG) * RO >= S.N) return; /* a block past this segment's rows (a wider one's grid) */
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES;
-    const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped */
+    const uint8_t *wr[R]; /* row r: weight row n0 + r (the pair: row n0 of gate, then of up), clamped; TL: its tile row */
+    int r16[R];           /* TL: the row's place in its tiles */
     const void *sp[R], *bp[R]; /* MLX: its scales and biases, from group gi[r] */
     int64_t gi[R];
     const int lg = GQ_IS_MLX(T) ? __ffs(sg.group / 32) - 1 : 0; /* units per group: 1 << lg */
@@ -128,7 +132,8 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
     for (int r = 0; r < R; r++) {
         const int n = n0 + (PAIR ? 0 : r), row = n < S.N ? n : S.N - 1;
         const gv_seg &W = PAIR ? (r ? sg.s[1] : sg.s[0]) : S;
-        wr[r] = (const uint8_t *)W.w + row * row_bytes;
+        wr[r] = (const uint8_t *)W.w + (TL ? row / 16 * 16 : row) * row_bytes;
+        r16[r] = row % 16;
         sp[r] = W.scales, bp[r] = W.biases;
         gi[r] = GQ_IS_MLX(T) ? (int64_t)row * (K / sg.group) : 0;
     }
@@ -144,6 +149,8 @@ static __device__ __forceinline__ void ggemv_body(const int4 *__restrict__ xq, c
                 if constexpr (GQ_IS_MLX(T))
                     wu[u][r].load_mlx(wr[r] + boff, raw_at(sp[r], sg.sdt, gi[r] + (pu >> lg)),
                                       raw_at(bp[r], sg.sdt, gi[r] + (pu >> lg)), sg.sdt);
+                else if constexpr (TL)
+                    wu[u][r].load_tiled(wr[r] + 16 * boff, r16[r], pu % UPB);
                 else
                     wu[u][r].load(wr[r] + boff, pu % UPB);
         }
@@ -315,7 +322,7 @@ static __device__ __forceinline__ void moe_sum_tail(const gv_moe_sum &cs, const 
  * quantized x (gate/up) or row p (down), writing row p of the results.  Q4_K's down projection is held to
  * 64 registers, four blocks a multiprocessor (76 unbounded, three: 9.8 -> 8.6 us a layer of Qwen3-30B-A3B's
  * shape; the other types spill so held, or gain nothing). */
-template <int T, int PAIR, int XS>
+template <int T, int PAIR, int XS, int TL = 0>
 __global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
     k_moe_ggemv(const int4 *__restrict__ xq, const float4 *__restrict__ xm, const gv_segs sg,
                 const __grid_constant__ gv_moe mo, const int *pick, int kused, int K, int PR, int act,
@@ -334,10 +341,10 @@ __global__ void __launch_bounds__(256, !PAIR && T == LMX_GGML_Q4_K ? 4 : 0)
     }
     if constexpr (XS) { /* the down projection: h's row p quantized here */
         const cuda_row_norm none = {};
-        ggemv_body<T, 1, PAIR, 1>(gq_xs, (const float4 *)(gq_xs + PR * 4), s, s.s[0], K, PR, 1, act, 0,
-                                  xf + (size_t)row * K, &none);
+        ggemv_body<T, 1, PAIR, 1, TL>(gq_xs, (const float4 *)(gq_xs + PR * 4), s, s.s[0], K, PR, 1, act, 0,
+                                      xf + (size_t)row * K, &none);
     } else {
-        ggemv_body<T, 1, PAIR>(xq + (size_t)row * PR * 4, xm + (size_t)row * PR, s, s.s[0], K, PR, 1, act, 0);
+        ggemv_body<T, 1, PAIR, 0, TL>(xq + (size_t)row * PR * 4, xm + (size_t)row * PR, s, s.s[0], K, PR, 1, act, 0);
     }
     if constexpr (!PAIR)
         if (cs.out) moe_sum_tail(cs, sg.s[0].y, kused, sg.s[0].N);
@@ -386,6 +393,18 @@ template <int T> struct mgu_unit : gq_unit_k4<T> {
         }
         const uint32_t *w = (const uint32_t *)b;
         this->dd = w[0], this->sw[0] = w[1], this->sw[1] = w[2], this->sw[2] = w[3];
+    }
+    /* Q4_K's unit u of row r of a tile in shared memory, as gq_unit_k4::load_tiled loads it from global */
+    __device__ __forceinline__ void load_shared_tiled(const uint8_t *tile, int r, int u) {
+        this->c = u;
+        const uint8_t *q = tile + (32 * (2 * (r / 8) + u / 2) + 4 * (r % 8)) * 16 + 8 * (u % 2);
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const uint2 p = *(const uint2 *)(q + 16 * t);
+            this->v[2 * t] = p.x, this->v[2 * t + 1] = p.y;
+        }
+        const uint4 h = *(const uint4 *)(tile + 2048 + 16 * r);
+        this->dd = h.x, this->sw[0] = h.y, this->sw[1] = h.z, this->sw[2] = h.w;
     }
 };
 
@@ -449,8 +468,72 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
     }
 }
 
-/* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores. */
+/* k_moe_gu_staged for gate / up experts in tiles (LMX_GGML_Q4_K_T16): block b takes the 16 rows [16 b, 16 b + 16) of
+ * the pairs' rows (one tile of one pair's gate and of its up) and copies their super-blocks' tiles into shared memory
+ * in two groups, rows 0-7 (each tile's first 1,024 bytes of codes and 128 of scales) and rows 8-15 (the rest); each
+ * warp takes a row of each group, a lane the units lane, lane + 32, ... as k_moe_gu_staged's (the same sums in the
+ * same order), the second group's copies in flight while the first is summed.  The tiles sit MGU_TILE_PAD bytes
+ * apart in shared memory, so that the lanes' units of different super-blocks take other banks. */
+#define MGU_TILE_PAD 16
 template <int T>
+__global__ void __launch_bounds__(256) k_moe_gu_tiles(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
+                                                      const __grid_constant__ gv_moe mo, const int *pick, int kused,
+                                                      int N, int K, int PR, int act, float *y0, float *y1) {
+    extern __shared__ __align__(16) uint8_t mgu_tiles[]; /* [2][K / 256][tile + pad]: gate, then up; then x */
+    __shared__ int e_of[32];
+    cuda_pdl_wait(); /* as k_moe_gu_staged */
+    cuda_pdl_trigger();
+    constexpr int UP = 2, UPB = gq_traits<T>::PARTS / UP, TB = mq_tile<T>::BYTES, CS = TB + MGU_TILE_PAD;
+    constexpr int HALF = 1024 / 16 + 128 / 16; /* a half's 16-byte copies of a tile: codes, then scales */
+    const int SB = K / 256, NU = K / 64, r0 = blockIdx.x * 16, p = r0 / N, tile = (r0 - p * N) / 16;
+    if (threadIdx.x < (unsigned)kused) e_of[threadIdx.x] = *(volatile const int *)(pick + threadIdx.x);
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int4 *sxq = (int4 *)(mgu_tiles + (size_t)2 * SB * CS); /* x as gq_quant_x laid it out: [PR * 4], then [PR] */
+    float4 *sxm = (float4 *)(sxq + PR * 4);
+    for (int c = threadIdx.x; c < PR * 5; c += blockDim.x) /* with the first group */
+        if (c < PR * 4) mgu_copy16(sxq + c, xq + c);
+        else mgu_copy16(sxm + (c - PR * 4), xm + (c - PR * 4));
+    const uint8_t *src[2] = {(const uint8_t *)mo.w[0][e_of[p]] + (size_t)tile * SB * TB,
+                             (const uint8_t *)mo.w[1][e_of[p]] + (size_t)tile * SB * TB};
+    for (int h = 0; h < 2; h++) { /* rows 8 h .. 8 h + 7 of gate and up, every super-block */
+        for (int c = threadIdx.x; c < 2 * SB * HALF; c += blockDim.x) {
+            const int j = c / (SB * HALF), sb = c / HALF % SB, o = c % HALF;
+            const int off = o < 64 ? 1024 * h + 16 * o : 2048 + 128 * h + 16 * (o - 64);
+            mgu_copy16(mgu_tiles + ((size_t)j * SB + sb) * CS + off, src[j] + (size_t)sb * TB + off);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    for (int h = 0; h < 2; h++) {
+        mgu_wait(1 - h);
+        __syncthreads();
+        const int r = warp + 8 * h;
+        float acc[2] = {0.0f, 0.0f};
+        for (int pu = lane; pu < NU; pu += 32) {
+            mgu_unit<T> wu[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) wu[j].load_shared_tiled(mgu_tiles + ((size_t)j * SB + pu / UPB) * CS, r, pu % UPB);
+#pragma unroll
+            for (int k = 0; k < UP; k++) {
+                const int pp = pu * UP + k; /* the part, where gq_quant_x laid it out */
+                const int4 *xv = sxq + gq_xchunk(pp, gq_ul(UP));
+                const int4 X[4] = {xv[0], xv[32], xv[64], xv[96]};
+                gq_two_acc(wu, k, X, sxm[gq_xpart(pp, gq_ul(UP))], acc);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+        if (lane == 0) { /* r0 + r = p N + n: row n of pair p's results */
+            y0[r0 + r] = glu_act(acc[0], act) * acc[1];
+            y1[r0 + r] = acc[1];
+        }
+    }
+}
+
+/* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores.  TL: w in tiles of
+ * 16 rows (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks), each part decoded from its unit as the GEMVs do. */
+template <int T, int TL = 0>
 __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w, int K, int64_t n0,
                                 int64_t rows) {
     constexpr int BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
@@ -461,7 +544,14 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
         const int p = (int)(i % P);
         uint32_t q[8];
         float sc[2], mn[2];
-        gq_part<T>(w + n * row_bytes + (int64_t)(p / PPB) * BYTES, p % PPB, q, sc, mn);
+        if constexpr (TL) {
+            constexpr int UP = gq_unit<T>::UP;
+            gq_unit<T> u;
+            u.load_tiled(w + (n / 16 * 16) * row_bytes + (int64_t)(p / PPB) * 16 * BYTES, (int)(n % 16), p % PPB / UP);
+            u.part(p % PPB % UP, q, sc, mn);
+        } else {
+            gq_part<T>(w + n * row_bytes + (int64_t)(p / PPB) * BYTES, p % PPB, q, sc, mn);
+        }
         uint32_t out[16];
 #pragma unroll
         for (int e = 0; e < 32; e += 2) {
@@ -699,6 +789,10 @@ static gq_moe_fn gq_moe_pick(int type, int pair, int xs = 0) {
 #define GQ_MOE(t) case t: return pair ? k_moe_ggemv<t, 1, 0> : xs ? k_moe_ggemv<t, 0, 1> : k_moe_ggemv<t, 0, 0>;
         GQ_TYPES(GQ_MOE)
 #undef GQ_MOE
+#define GQ_MOE_T(tt, t) case tt: return pair ? k_moe_ggemv<t, 1, 0, 1> : xs ? k_moe_ggemv<t, 0, 1, 1> : k_moe_ggemv<t, 0, 0, 1>;
+        GQ_MOE_T(LMX_GGML_Q4_K_T16, LMX_GGML_Q4_K)
+        GQ_MOE_T(LMX_GGML_Q6_K_T16, LMX_GGML_Q6_K_A16)
+#undef GQ_MOE_T
     default: return NULL;
     }
 }
@@ -732,7 +826,8 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
                           int kused, const float *x, int rows, float *y0, float *y1, int act,
                           const cuda_moe_router *rt, const cuda_row_norm *nm, const gv_moe_sum *sum) {
     const lmx_tensor *w0 = &experts[down ? 2 : 0];
-    const int type = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
+    const int stored = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
+    const int type = cuda_moe_tile_base(stored) ? cuda_moe_tile_base(stored) : stored; /* the blocks' type */
     gv_moe tab; /* 12 KiB of pointers, passed by value */
     gv_moe_fill(&tab, experts, E, down);
     int al16 = 1; /* every expert's rows 16-byte aligned (the staged copies) */
@@ -760,7 +855,15 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     const int up = gq_unit_parts(type), xs = down && gq_xs_takes(cb, 1, K, (int64_t)grid.x * grid.y); /* down: XS */
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
     if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
-    const int R = down || rows != 1 ? 0 : mgu_rows_per_block(cb, type, N, K, pairs, al16);
+    if (!down && rows == 1 && stored == LMX_GGML_Q4_K_T16 && pairs <= 32 && cb->moe_staged) { /* one row, tiles */
+        const size_t smem = (size_t)2 * (K / 256) * (mq_tile<LMX_GGML_Q4_K>::BYTES + MGU_TILE_PAD) + gq_xs_bytes(1, xo);
+        if (smem <= MGU_SMEM) {
+            cuda_launch(cb, k_moe_gu_tiles<LMX_GGML_Q4_K>, dim3((unsigned)(pairs * N / 16)), 256, smem,
+                        (const int4 *)xo.xq, (const float4 *)xo.xm, tab, pick, kused, N, K, xo.PR, act, y0, y1);
+            return cuda_check_launch(cb, "moe gate/up");
+        }
+    }
+    const int R = down || rows != 1 ? 0 : mgu_rows_per_block(cb, stored, N, K, pairs, al16);
     if (R) {
         cuda_launch(cb, type == LMX_GGML_Q4_K ? k_moe_gu_staged<LMX_GGML_Q4_K> : k_moe_gu_staged<LMX_GGML_Q5_K>,
                     dim3((unsigned)cuda_blocks((int64_t)pairs * N, R)), 256,
@@ -768,15 +871,15 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
                     (const int4 *)xo.xq, (const float4 *)xo.xm, tab, pick, kused, N, K, xo.PR, R, act, y0, y1);
         return cuda_check_launch(cb, "moe gate/up");
     }
-    cuda_launch(cb, gq_moe_pick(type, !down, xs), grid, 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq,
+    cuda_launch(cb, gq_moe_pick(stored, !down, xs), grid, 256, gq_xs_bytes(xs, xo), (const int4 *)xo.xq,
                 (const float4 *)xo.xm, sg, tab, pick, kused, K, xo.PR, act, x, cs);
     return cuda_check_launch(cb, down ? "moe down" : "moe gate/up");
 }
 
-template <int T> static void gq_dequant_launch(cuda_backend *cb, __nv_bfloat16 *dst, const lmx_tensor *w, int64_t n0,
-                                               int64_t rows) {
+template <int T, int TL = 0>
+static void gq_dequant_launch(cuda_backend *cb, __nv_bfloat16 *dst, const lmx_tensor *w, int64_t n0, int64_t rows) {
     const int64_t parts = rows * (w->shape[1] / 32), nb = (parts + 255) / 256;
-    k_gdequant_bf16<T><<<(unsigned)(nb < 16384 ? nb : 16384), 256, 0, cb->stream>>>(
+    k_gdequant_bf16<T, TL><<<(unsigned)(nb < 16384 ? nb : 16384), 256, 0, cb->stream>>>(
         dst, (const uint8_t *)w->data, (int)w->shape[1], n0, rows);
 }
 
@@ -785,6 +888,8 @@ lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t
 #define GQ_DEQUANT(t) case t: gq_dequant_launch<t>(cb, dst, w, n0, rows); break;
         GQ_TYPES(GQ_DEQUANT)
 #undef GQ_DEQUANT
+    case LMX_GGML_Q4_K_T16: gq_dequant_launch<LMX_GGML_Q4_K, 1>(cb, dst, w, n0, rows); break;
+    case LMX_GGML_Q6_K_T16: gq_dequant_launch<LMX_GGML_Q6_K_A16, 1>(cb, dst, w, n0, rows); break;
     default: return LMX_ERR_UNSUPPORTED;
     }
     return cuda_check_launch(cb, "dequantize");

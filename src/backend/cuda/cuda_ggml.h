@@ -348,6 +348,19 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
         dd = __ldg((const unsigned *)b);
         gq_words<3, 4>(b + 4, sw);
     }
+    /* Q4_K's unit u of row r of a tile (LMX_GGML_Q4_K_T16, cuda_mq.h mq_tile: row r's 8 bytes of code group u for lane
+     * 4 (r % 8) + t at (32 (2 (r / 8) + u / 2) + 4 (r % 8) + t) * 16 + 8 (u % 2); its scales at 2,048 + 16 r) */
+    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int r, int u) {
+        c = u;
+        const uint8_t *q = tile + (32 * (2 * (r / 8) + u / 2) + 4 * (r % 8)) * 16 + 8 * (u % 2);
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const uint2 p = __ldg((const uint2 *)(q + 16 * t));
+            v[2 * t] = p.x, v[2 * t + 1] = p.y;
+        }
+        const uint4 h = __ldg((const uint4 *)(tile + 2048 + 16 * r));
+        dd = h.x, sw[0] = h.y, sw[1] = h.z, sw[2] = h.w;
+    }
     /* PAIRED: both parts' scales from one gq_k4_scale2, the same expression for k 0 and 1 (so computed once where
      * the caller takes both parts: ggemv_body without XS, e.g. the experts of batched decode); else each part's own
      * (gq_k4_scales: the launches that quantize one row of x themselves, held to few registers, ran slower paired:
@@ -376,6 +389,22 @@ template <> struct gq_unit<LMX_GGML_Q6_K_A16> { /* half a of 128 elements (parts
         gq_words<8, 16>(b + 128 + 32 * a, hi);
         gq_words<2, 8>(b + 192 + 8 * a, s2);
         d = gq_f16(b + 208);
+    }
+    /* half a of row r of a tile (LMX_GGML_Q6_K_T16, cuda_mq.h mq_tile): lane (r % 8, t)'s uint4 3 (r / 8) + a holds ql
+     * words 8 q1 + 4 is + t of the half as its words 2 is + q1, uint4 3 (r / 8) + 2 its qh words 4 is + t as words
+     * 2 a + is; the row's scales and d at 3,072 + 32 r */
+    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int r, int a) {
+        const int lane0 = 4 * (r % 8), h3 = 3 * (r / 8);
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const uint4 q = __ldg((const uint4 *)(tile + (32 * (h3 + a) + lane0 + t) * 16));
+            lo[t] = q.x, lo[8 + t] = q.y, lo[4 + t] = q.z, lo[12 + t] = q.w;
+            const uint2 e = __ldg((const uint2 *)(tile + (32 * (h3 + 2) + lane0 + t) * 16 + 8 * a));
+            hi[t] = e.x, hi[4 + t] = e.y;
+        }
+        const uint2 sv = __ldg((const uint2 *)(tile + 3072 + 32 * r + 8 * a));
+        s2[0] = sv.x, s2[1] = sv.y;
+        d = gq_f16(tile + 3072 + 32 * r + 16);
     }
     template <bool PAIRED = false> /* gq_unit_k4's choice; Q6_K's scales are one byte a part */
     __device__ __forceinline__ void part(int i4, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {

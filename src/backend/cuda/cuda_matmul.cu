@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cuda_gemv.h"
+#include "cuda_moe_mma.h"
 
 #define QGEMV_MAX_ROWS 32         /* quantized: above this, dequantize + cuBLAS (dense: CUDA_GEMV_ROWS) */
 
@@ -225,7 +226,8 @@ lmx_status cuda_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, co
     const int quant = w->q.bits || w->q.ggml_type;
     lmx_status st;
     const int rows = cuda_gemv_rows(cb, w); /* rows of one GEMV launch */
-    const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows);
+    /* (a mixture's experts in tiles, routed on the host: only the dequantizing GEMM reads them) */
+    const int gemv = M <= (quant ? QGEMV_MAX_ROWS : rows) && !cuda_moe_tile_base(w->q.ggml_type);
     const int xb = x->dtype == LMX_DTYPE_BF16; /* a training keep (backend.h): the GEMM takes it as it is */
     const int y16 = out->dtype == LMX_DTYPE_BF16; /* training's bf16 gate and up (model.h mlp16) */
     if (y16 && (gemv || bias || (!quant && w->dtype != LMX_DTYPE_BF16)))

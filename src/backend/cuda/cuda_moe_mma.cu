@@ -15,6 +15,7 @@
  * act(g) u for the down projection, which takes h quantized the same way (a k_mq_quant launch between). */
 #include "cuda_moe_mma.h"
 #include "cuda_mq.h"
+#include "cuda_repack.h"
 
 #define MQ_N 8                /* pairs a pass: the mma's n */
 #define MQ_SMEM (160 << 10)   /* the staged x of a pass at most (K 8,192) */
@@ -165,7 +166,7 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
     for (int e = 0; e < a->E; e++)
         for (int j = down ? 2 : 0; j < (down ? 3 : 2); j++) {
             const lmx_tensor *w = &a->experts[3 * e + j];
-            const int type = w->q.ggml_type;
+            const int type = cuda_moe_tile_base(w->q.ggml_type) ? cuda_moe_tile_base(w->q.ggml_type) : w->q.ggml_type;
             if (type != LMX_GGML_Q4_K && !(down && type == LMX_GGML_Q6_K_A16)) return 0;
             if ((uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
         }
@@ -213,19 +214,6 @@ int cuda_mq_quant(cuda_backend *cb, int type, const float *x, int rows, int K, c
                                  : mq_quant<LMX_GGML_Q6_K_A16>(cb, x, rows, K, rt, xo);
 }
 
-/* Whether every expert of the projection(s) (gate and up, or down) has its tiles, and then tab's weights those */
-static int mq_tiled(const lmx_moe_args *a, int down, gv_moe *tab) {
-    for (int e = 0; e < a->E; e++)
-        for (int j = down ? 2 : 0; j < (down ? 3 : 2); j++)
-            if (!a->experts[3 * e + j].q.tiles || a->experts[3 * e + j].shape[0] % 16) return 0;
-    for (int e = 0; e < a->E; e++)
-        for (int j = 0; j < (down ? 1 : 2); j++) {
-            const lmx_tensor *w = &a->experts[3 * e + (down ? 2 : j)];
-            tab->w[j][e] = (const void *)((intptr_t)w->data + w->q.tiles);
-        }
-    return 1;
-}
-
 /* One projection's launch on x quantized in xo (mq_quant<T>): y [pairs, N] */
 template <int T, int PAIR>
 static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x &xo, const int *pick, float *y) {
@@ -234,7 +222,7 @@ static lmx_status mq_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x 
     gv_moe_fill(&tab, a->experts, a->E, !PAIR);
     const dim3 grid((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)a->E);
     const size_t smem = mq_stage_bytes<T>(K / 256);
-    if (mq_tiled(a, !PAIR, &tab))
+    if (cuda_moe_tile_base(a->experts[j].q.ggml_type))
         cuda_launch(cb, k_moe_mma<T, PAIR, 1>, grid, 256, smem, xo, tab, pick, a->M * a->K, a->K, N, K, (int)a->act, y);
     else
         cuda_launch(cb, k_moe_mma<T, PAIR, 0>, grid, 256, smem, xo, tab, pick, a->M * a->K, a->K, N, K, (int)a->act, y);
@@ -253,7 +241,7 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y) {
     const int rows = a->M * a->K, K = (int)a->experts[2].shape[1];
     mq_x xo;
-    if (a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16) {
+    if (a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16 || a->experts[2].q.ggml_type == LMX_GGML_Q6_K_T16) {
         if (!mq_quant<LMX_GGML_Q6_K_A16>(cb, h, rows, K, NULL, &xo)) return cb->base.err.status;
         return mq_launch<LMX_GGML_Q6_K_A16, 0>(cb, a, xo, pick, y);
     }
@@ -265,8 +253,8 @@ lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int 
  * A warp of k_moe_mma reads its 16 rows' super-block as ten loads of 8 rows, pieces 1,152 bytes apart (Q4_K, K
  * 2,048); from a tile (mq_tile: the same bytes as one run, the codes in the lanes' order) as four (Q6_K: six) loads
  * of 512 contiguous bytes and two of the scales.  bench/probe_moe_layout.cu, H200: gate / up 70.0 -> 61.4 us, Q4_K /
- * Q6_K down 42.3 / 57.5 -> 35.7 / 48.0 us at batch 32's 112 experts.  The tiles are a second copy of the experts
- * beside the rows the other kernels read. */
+ * Q6_K down 42.3 / 57.5 -> 35.7 / 48.0 us at batch 32's 112 experts.  Uploaded so, the experts are only tiles: every
+ * kernel that reads them takes the tiled types (the per-pair GEMVs and the prefill's dequantization, cuda_ggml.cu). */
 
 /* thread (tile, super-block, lane): lane l's uint4s of the tile, and (l < 16) row l's scales */
 template <int T>
@@ -308,14 +296,33 @@ __global__ void k_moe_tile(const uint8_t *__restrict__ src, int64_t tiles, int S
 }
 
 int cuda_moe_tiles_takes(const cuda_backend *cb, const lmx_tensor *w) {
-    return cb->moe_tiles && w->q.experts > 0 && w->ndim == 2 && w->shape[0] % 16 == 0 && w->shape[1] % 256 == 0 &&
-           (w->q.ggml_type == LMX_GGML_Q4_K || w->q.ggml_type == LMX_GGML_Q6_K_A16) && (uintptr_t)w->data % 16 == 0;
+    return cb->moe_tiles && !cb->moe_off && w->q.experts > 0 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
+           w->shape[1] % 256 == 0 && (w->q.ggml_type == LMX_GGML_Q4_K || w->q.ggml_type == LMX_GGML_Q6_K);
 }
 
-void cuda_moe_tiles_write(cuda_backend *cb, const lmx_tensor *w, void *dst) {
-    const int SB = (int)(w->shape[1] / 256);
+int cuda_moe_tiled_type(int type) { return type == LMX_GGML_Q4_K ? LMX_GGML_Q4_K_T16 : LMX_GGML_Q6_K_T16; }
+
+lmx_status cuda_moe_tiles_upload(cuda_backend *cb, const lmx_tensor *w, void *dst) {
+    const int SB = (int)(w->shape[1] / 256), q4 = w->q.ggml_type == LMX_GGML_Q4_K;
     const int64_t tiles = w->shape[0] / 16, threads = tiles * SB * 32;
-    const dim3 grid((unsigned)((threads + 255) / 256));
-    cuda_launch(cb, w->q.ggml_type == LMX_GGML_Q4_K ? k_moe_tile<LMX_GGML_Q4_K> : k_moe_tile<LMX_GGML_Q6_K_A16>, grid, 256,
-                0, (const uint8_t *)w->data, tiles, SB, (uint8_t *)dst);
+    const size_t bytes = cuda_weight_bytes(w);
+    uint8_t *stage = NULL;
+    cudaError_t e = cudaMallocFromPoolAsync((void **)&stage, bytes, cb->pool, cb->stream);
+    if (e != cudaSuccess) return cuda_fail(cb, e, "weight upload (expert tiles)");
+    lmx_status st = LMX_OK;
+    if (q4) { /* the rows into the stage (Q6_K: as its 16-byte-aligned blocks) */
+        e = cudaMemcpyAsync(stage, w->data, bytes, cudaMemcpyHostToDevice, cb->stream);
+        if (e != cudaSuccess) st = cuda_fail(cb, e, "weight upload (expert tiles)");
+    } else {
+        st = cuda_upload_aligned(cb, w, stage);
+    }
+    if (!st) {
+        const dim3 grid((unsigned)((threads + 255) / 256));
+        cuda_launch(cb, q4 ? k_moe_tile<LMX_GGML_Q4_K> : k_moe_tile<LMX_GGML_Q6_K_A16>, grid, 256, 0, (const uint8_t *)stage,
+                    tiles, SB, (uint8_t *)dst);
+        st = cuda_check_launch(cb, "weight upload (expert tiles)");
+    }
+    cudaFreeAsync(stage, cb->stream);
+    e = cudaStreamSynchronize(cb->stream); /* the host rows may go away */
+    return st ? st : e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "weight upload (expert tiles)");
 }

@@ -24,10 +24,15 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 /* h quantized, then y [M K, C] = down_e h_p for each pair p (the combine is the caller's) */
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
 
-/* LMX_CUDA_MOE_TILES=1: whether a stacked GGUF expert weight w (as uploaded: Q4_K, or Q6_K in its 224-byte blocks)
- * also gets tiles for the tensor-core launches; cuda_moe_tiles_write launches the rewrite of w's rows into dst
- * (cuda_weight_bytes(w) bytes) on the stream.  The upload keeps dst - w->data in w->q.tiles. */
+/* LMX_CUDA_MOE_TILES=1: whether a stacked GGUF expert weight w (on the host: Q4_K or Q6_K) is uploaded in tiles
+ * (LMX_GGML_Q4_K_T16 / Q6_K_T16, cuda_moe_tiled_type); cuda_moe_tiles_upload writes them into dst
+ * (cuda_weight_bytes(w) bytes) through a staging copy of the rows. */
 int cuda_moe_tiles_takes(const cuda_backend *cb, const lmx_tensor *w);
-void cuda_moe_tiles_write(cuda_backend *cb, const lmx_tensor *w, void *dst);
+int cuda_moe_tiled_type(int type);
+lmx_status cuda_moe_tiles_upload(cuda_backend *cb, const lmx_tensor *w, void *dst);
+/* The block type a tiled type's blocks are (Q4_K, Q6_K_A16), else 0 */
+static inline int cuda_moe_tile_base(int type) {
+    return type == LMX_GGML_Q4_K_T16 ? LMX_GGML_Q4_K : type == LMX_GGML_Q6_K_T16 ? LMX_GGML_Q6_K_A16 : 0;
+}
 
 #endif
