@@ -551,6 +551,8 @@ static void test_topk(void) {
  * here in double and the experts run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: the
  * grouped GEMMs, which take x and the GLU's output as bf16 (a bf16 tolerance). */
+static lmx_backend *cuda_with(const char *var, const char *val);
+static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (LMX_CUDA_MOE_TILES=1) */
 static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
                                int F, int M, int norm_topk, int scaled, int ties) {
     wpair *w = malloc((size_t)3 * E * sizeof *w);
@@ -558,7 +560,8 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     for (int e = 0; e < E; e++)
         for (int j = 0; j < 3; j++) {
             const int gt = j == 2 ? gdown : gtype;
-            w[3 * e + j] = make_weight_ex(dt, bits, bits ? 64 : 0, gt, j == 2 ? C : F, j == 2 ? F : C, LMX_DTYPE_BF16, E);
+            /* one expert's weight: experts 1 (its rows are one expert's, as a stacked tensor's views are) */
+            w[3 * e + j] = make_weight_ex(dt, bits, bits ? 64 : 0, gt, j == 2 ? C : F, j == 2 ? F : C, LMX_DTYPE_BF16, 1);
             eg[3 * e + j] = w[3 * e + j].g;
         }
     float *x = rand_vec((int64_t)M * C, 1.0f), *out0 = rand_vec((int64_t)M * C, 1.0f), *z = rand_vec((int64_t)M * E, 3.0f);
@@ -617,13 +620,8 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     for (int i = 0; i < 3 * E; i++)
         tiled |= eg[i].q.ggml_type == LMX_GGML_Q4_K_T16 || eg[i].q.ggml_type == LMX_GGML_Q6_K_T16;
     if (tiled) {
-        lmx_backend *g2 = NULL;
-        lmx_err err = {0};
-        char was[64];
-        snprintf(was, sizeof was, "%s", getenv("LMX_CUDA_MOE_TILES") ? getenv("LMX_CUDA_MOE_TILES") : "");
-        setenv("LMX_CUDA_MOE_TILES", "0", 1);
-        CHECK(lmx_cuda_backend_create(&g2, &err) == LMX_OK);
-        setenv("LMX_CUDA_MOE_TILES", was, 1);
+        g_tiled_cases++;
+        lmx_backend *g2 = cuda_with("LMX_CUDA_MOE_TILES", "0");
         lmx_tensor *rows = malloc((size_t)3 * E * sizeof *rows);
         for (int i = 0; i < 3 * E && g2; i++) {
             rows[i] = w[i].c; /* the host blocks (the cpu backend reads them in place) */
@@ -691,6 +689,8 @@ static void test_moe(void) {
     test_moe_case_down("gguf q4_k, mma, passes", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 6, 3, 256, 512, 40, 0, 1, 0);
     /* gate / up's x staged for 2,304 values: with the kernel's own tables past the 48 KB a launch takes unasked */
     test_moe_case_down("gguf q4_k / q6_k, mma, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 2304, 512, 16, 1, 0, 0);
+    const char *tiles = getenv("LMX_CUDA_MOE_TILES");
+    CHECK_MSG(!(tiles && tiles[0] == '1') || g_tiled_cases > 0, "LMX_CUDA_MOE_TILES=1, but no moe case's experts were in tiles");
 }
 
 /* A second cuda backend created with environment variable var set to val (its switches are read at creation),
@@ -698,9 +698,13 @@ static void test_moe(void) {
 static lmx_backend *cuda_with(const char *var, const char *val) {
     lmx_backend *be = NULL;
     lmx_err err = {0};
+    char was[64];
+    const int had = getenv(var) != NULL; /* restored after: the run's own setting for the tests after */
+    if (had) snprintf(was, sizeof was, "%s", getenv(var));
     setenv(var, val, 1);
     CHECK_MSG(lmx_cuda_backend_create(&be, &err) == LMX_OK, "a second cuda backend (%s=%s): %s", var, val, err.msg);
-    unsetenv(var);
+    if (had) setenv(var, was, 1);
+    else unsetenv(var);
     return be;
 }
 

@@ -295,9 +295,12 @@ __global__ void k_moe_tile(const uint8_t *__restrict__ src, int64_t tiles, int S
     }
 }
 
+/* Each expert's rows a multiple of 32, so that no tile straddles two experts' views, nor (gate_up_proj: gate's rows,
+ * then up's) gate and up. */
 int cuda_moe_tiles_takes(const cuda_backend *cb, const lmx_tensor *w) {
-    return cb->moe_tiles && !cb->moe_off && w->q.experts > 0 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
-           w->shape[1] % 256 == 0 && (w->q.ggml_type == LMX_GGML_Q4_K || w->q.ggml_type == LMX_GGML_Q6_K);
+    return cb->moe_tiles && !cb->moe_off && w->q.experts > 0 && w->ndim == 2 && w->shape[0] % w->q.experts == 0 &&
+           w->shape[0] / w->q.experts % 32 == 0 && w->shape[1] % 256 == 0 &&
+           (w->q.ggml_type == LMX_GGML_Q4_K || w->q.ggml_type == LMX_GGML_Q6_K);
 }
 
 int cuda_moe_tiled_type(int type) { return type == LMX_GGML_Q4_K ? LMX_GGML_Q4_K_T16 : LMX_GGML_Q6_K_T16; }
