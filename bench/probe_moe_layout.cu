@@ -33,8 +33,7 @@
 
 constexpr int T4 = LMX_GGML_Q4_K;
 
-/* lane (g, t)'s bytes of a 16-row tile's super-block in the tiles layout: codes uint4 i at (32 i + lane) * 16,
- * holding qs[i / 2][2 (i % 2)] and qs[i / 2][2 (i % 2) + 1]; the scales of row r at 2,048 + 16 r */
+/* the rows in tiles of TR (load_strided); the lane-ordered tiles are cuda_mq.h's (mq_rows::load_tiled, mq_tile) */
 struct rows_tiled : mq_rows<T4> {
     /* super-blocks sbs bytes apart (the rows' order kept inside a tile of rows) */
     __device__ __forceinline__ void load_strided(const uint8_t *const (&wr)[2], int b, int t, int64_t sbs) {
@@ -46,23 +45,10 @@ struct rows_tiled : mq_rows<T4> {
             for (int j = 0; j < 4; j++) qs[h][j] = mq_ld<uint2>(p + 16 + 32 * j + 8 * t);
         }
     }
-    __device__ __forceinline__ void load_tiled(const uint8_t *chunk, int lane, int g) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint4 v = mq_ld<uint4>(chunk + (32 * i + lane) * 16);
-            qs[i / 2][2 * (i % 2)] = make_uint2(v.x, v.y);
-            qs[i / 2][2 * (i % 2) + 1] = make_uint2(v.z, v.w);
-        }
-        hd[0] = mq_ld<uint4>(chunk + 2048 + 16 * g);
-        hd[1] = mq_ld<uint4>(chunk + 2048 + 16 * (g + 8));
-    }
 };
 
 /* TILED 0: rows; 1: tiles in lane order; TR > 1: tiles of TR rows keeping the rows' order, each tile's super-block
  * b its rows' 144-byte blocks one after another (row n's super-blocks TR x 144 bytes apart) */
-/* Q6_K_A16 (224-byte blocks) in tiles of 16 rows a super-block (3,584 bytes): lane (g, t)'s codes of rows g and
- * g + 8 (ql 32 bytes, qh 16 a row) as six uint4 at (32 i + lane) * 16, then each row's 16 scale bytes and d at
- * 3,072 + 32 r */
 struct rows_tiled6 : mq_rows<LMX_GGML_Q6_K_A16> {
     __device__ __forceinline__ void load_strided(const uint8_t *const (&wr)[2], int b, int t, int64_t sbs) {
 #pragma unroll
@@ -79,28 +65,6 @@ struct rows_tiled6 : mq_rows<LMX_GGML_Q6_K_A16> {
             const uint4 v = __ldg((const uint4 *)(p + 192));
             sc[h][0] = v.x, sc[h][1] = v.y, sc[h][2] = v.z, sc[h][3] = v.w;
             dw[h] = __ldg((const uint32_t *)(p + 208));
-        }
-    }
-    __device__ __forceinline__ void load_tiled(const uint8_t *chunk, int lane, int g) {
-        uint32_t u[24];
-#pragma unroll
-        for (int i = 0; i < 6; i++) {
-            const uint4 v = __ldg((const uint4 *)(chunk + (32 * i + lane) * 16));
-            u[4 * i] = v.x, u[4 * i + 1] = v.y, u[4 * i + 2] = v.z, u[4 * i + 3] = v.w;
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int is = 0; is < 2; is++) {
-                    ql[h][hh][is][0] = u[12 * h + 4 * hh + 2 * is];
-                    ql[h][hh][is][1] = u[12 * h + 4 * hh + 2 * is + 1];
-                    qh[h][hh][is] = u[12 * h + 8 + 2 * hh + is];
-                }
-            const uint4 v = __ldg((const uint4 *)(chunk + 3072 + 32 * (g + 8 * h)));
-            sc[h][0] = v.x, sc[h][1] = v.y, sc[h][2] = v.z, sc[h][3] = v.w;
-            dw[h] = __ldg((const uint32_t *)(chunk + 3072 + 32 * (g + 8 * h) + 16));
         }
     }
 };
@@ -131,7 +95,7 @@ __global__ void __launch_bounds__(256, 2)
     int *sxs = (int *)(sm + NP * 32);
     float *sxd = (float *)(sxs + NP * mq_t<T>::SUMS * 8);
     typename probe_rows<T>::type cur, next;
-    if (TILED) cur.load_tiled(tile, lane, g);
+    if (TILED) cur.load_tiled(tile, lane);
     else if (TR > 1) cur.load_strided(wr, 0, t, TR * BY);
     else cur.load(wr, 0, t);
     cp_async_wait<0>();
@@ -139,7 +103,7 @@ __global__ void __launch_bounds__(256, 2)
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int b = 0; b < SB; b++) {
         if (b + 1 < SB) {
-            if (TILED) next.load_tiled(tile + (size_t)(b + 1) * 16 * BY, lane, g);
+            if (TILED) next.load_tiled(tile + (size_t)(b + 1) * 16 * BY, lane);
             else if (TR > 1) next.load_strided(wr, b + 1, t, TR * BY);
             else next.load(wr, b + 1, t);
         }
