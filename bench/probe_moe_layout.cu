@@ -33,45 +33,15 @@
 
 constexpr int T4 = LMX_GGML_Q4_K;
 
-/* the rows in tiles of TR (load_strided); the lane-ordered tiles are cuda_mq.h's (mq_rows::load_tiled, mq_tile) */
-struct rows_tiled : mq_rows<T4> {
-    /* super-blocks sbs bytes apart (the rows' order kept inside a tile of rows) */
+/* The lane-ordered tiles are cuda_mq.h's (mq_rows::load_tiled, mq_tile); rows in tiles of TR, the rows' order kept: super-block b of a row sbs bytes after b - 1, read by mq_rows::load from
+ * row pointers moved back by b (sbs - BYTES), so that its b BYTES lands on b sbs */
+template <int T> struct rows_strided : mq_rows<T> {
     __device__ __forceinline__ void load_strided(const uint8_t *const (&wr)[2], int b, int t, int64_t sbs) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *p = wr[h] + b * sbs;
-            hd[h] = mq_ld<uint4>(p);
-#pragma unroll
-            for (int j = 0; j < 4; j++) qs[h][j] = mq_ld<uint2>(p + 16 + 32 * j + 8 * t);
-        }
+        const int64_t back = b * (sbs - gq_traits<T>::BYTES);
+        const uint8_t *const moved[2] = {wr[0] + back, wr[1] + back};
+        this->load(moved, b, t);
     }
 };
-
-/* TILED 0: rows; 1: tiles in lane order; TR > 1: tiles of TR rows keeping the rows' order, each tile's super-block
- * b its rows' 144-byte blocks one after another (row n's super-blocks TR x 144 bytes apart) */
-struct rows_tiled6 : mq_rows<LMX_GGML_Q6_K_A16> {
-    __device__ __forceinline__ void load_strided(const uint8_t *const (&wr)[2], int b, int t, int64_t sbs) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *p = wr[h] + b * sbs;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int is = 0; is < 2; is++) {
-                    ql[h][hh][is][0] = __ldg((const uint32_t *)(p + 64 * hh + 16 * is + 4 * t));
-                    ql[h][hh][is][1] = __ldg((const uint32_t *)(p + 64 * hh + 32 + 16 * is + 4 * t));
-                    qh[h][hh][is] = __ldg((const uint32_t *)(p + 128 + 32 * hh + 16 * is + 4 * t));
-                }
-            const uint4 v = __ldg((const uint4 *)(p + 192));
-            sc[h][0] = v.x, sc[h][1] = v.y, sc[h][2] = v.z, sc[h][3] = v.w;
-            dw[h] = __ldg((const uint32_t *)(p + 208));
-        }
-    }
-};
-
-template <int T> struct probe_rows;
-template <> struct probe_rows<LMX_GGML_Q4_K> { typedef rows_tiled type; static constexpr int BYTES = 144; };
-template <> struct probe_rows<LMX_GGML_Q6_K_A16> { typedef rows_tiled6 type; static constexpr int BYTES = 224; };
 
 template <int T, int TILED, int TR>
 __global__ void __launch_bounds__(256, 2)
@@ -79,7 +49,7 @@ __global__ void __launch_bounds__(256, 2)
     extern __shared__ uint4 sm[];
     const int e = chosen[blockIdx.y], tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int NP = K / 32, SB = K / 256, n0 = blockIdx.x * 128 + 16 * warp;
-    constexpr int BY = probe_rows<T>::BYTES;
+    constexpr int BY = gq_traits<T>::BYTES;
     for (int i = tid; i < nwords; i += blockDim.x) cp_async16_or_zeros(smem_addr(sm + i), xsrc + i, 16); /* x, as k_moe_mma */
     cp_async_commit();
     const int64_t rb = (int64_t)SB * BY;
@@ -94,7 +64,7 @@ __global__ void __launch_bounds__(256, 2)
     uint4 *sx = sm;
     int *sxs = (int *)(sm + NP * 32);
     float *sxd = (float *)(sxs + NP * mq_t<T>::SUMS * 8);
-    typename probe_rows<T>::type cur, next;
+    rows_strided<T> cur, next;
     if (TILED) cur.load_tiled(tile, lane);
     else if (TR > 1) cur.load_strided(wr, 0, t, TR * BY);
     else cur.load(wr, 0, t);

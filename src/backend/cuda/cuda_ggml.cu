@@ -394,18 +394,6 @@ template <int T> struct mgu_unit : gq_unit_k4<T> {
         const uint32_t *w = (const uint32_t *)b;
         this->dd = w[0], this->sw[0] = w[1], this->sw[1] = w[2], this->sw[2] = w[3];
     }
-    /* Q4_K's unit u of row r of a tile in shared memory, as gq_unit_k4::load_tiled loads it from global */
-    __device__ __forceinline__ void load_shared_tiled(const uint8_t *tile, int r, int u) {
-        this->c = u;
-        const uint8_t *q = tile + (32 * (2 * (r / 8) + u / 2) + 4 * (r % 8)) * 16 + 8 * (u % 2);
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const uint2 p = *(const uint2 *)(q + 16 * t);
-            this->v[2 * t] = p.x, this->v[2 * t + 1] = p.y;
-        }
-        const uint4 h = *(const uint4 *)(tile + 2048 + 16 * r);
-        this->dd = h.x, this->sw[0] = h.y, this->sw[1] = h.z, this->sw[2] = h.w;
-    }
 };
 
 /* One row pair of the staged gate / up launches: lane's units lane, lane + 32, ... (load(wu, pu) takes unit pu's gate
@@ -484,6 +472,8 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
  * same order), the second group's copies in flight while the first is summed.  The tiles sit MGU_TILE_PAD bytes
  * apart in shared memory, so that the lanes' units of different super-blocks take other banks. */
 #define MGU_TILE_PAD 16
+/* the shared memory of a block's gate and up tiles (K / 256 of each, padded) */
+static inline size_t mgu_tiles_bytes(int K) { return (size_t)2 * (K / 256) * (mq_tile<LMX_GGML_Q4_K>::BYTES + MGU_TILE_PAD); }
 template <int T>
 __global__ void __launch_bounds__(256) k_moe_gu_tiles(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                       const __grid_constant__ gv_moe mo, const int *pick, int kused,
@@ -521,7 +511,7 @@ __global__ void __launch_bounds__(256) k_moe_gu_tiles(const int4 *__restrict__ x
             [&](mgu_unit<T>(&wu)[2], int pu) {
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    wu[j].load_shared_tiled(mgu_tiles + ((size_t)j * SB + pu / UPB) * CS, r, pu % UPB);
+                    wu[j].template load_tiled<false>(mgu_tiles + ((size_t)j * SB + pu / UPB) * CS, r, pu % UPB);
             },
             lane, NU, sxq, sxm, act, y0 + r0 + r, y1 + r0 + r);
     }
@@ -807,11 +797,14 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
 /* Rows a block of k_moe_gu_staged takes for one row's pairs of gate/up experts of type (N rows of K each, every
  * expert 16-byte aligned: al16), or 0 where it does not take them (another type, more than 32 pairs (its table of
  * their experts), a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three blocks a multiprocessor.  Its
- * rows are whole blocks (cuda_moe_ggemv_takes) of 144 (Q4_K) or 176 (Q5_K) bytes, so whole 16-byte copies. */
+ * rows are whole blocks (cuda_moe_ggemv_takes) of 144 (Q4_K) or 176 (Q5_K) bytes, so whole 16-byte copies.  Experts
+ * in tiles (LMX_GGML_Q4_K_T16) take k_moe_gu_tiles, 16 rows a block, where a block's tiles fit. */
 static int mgu_rows_per_block(const cuda_backend *cb, int type, int N, int K, int pairs, int al16) {
-    if (!cb->moe_staged || !al16 || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K) || pairs > 32) return 0;
+    const int tiled = type == LMX_GGML_Q4_K_T16; /* k_moe_gu_tiles: a tile of gate and one of up a block */
+    if (!cb->moe_staged || !al16 || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K && !tiled) || pairs > 32) return 0;
     const int64_t rb = (int64_t)lmx_ggml_row_bytes(type, K);
     const int64_t xb = gq_xs_bytes(1, gq_xq{NULL, NULL, (int)gq_row_parts(K, 2), 0}); /* x staged beside the rows */
+    if (tiled) return mgu_tiles_bytes(K) + xb <= MGU_SMEM ? 16 : 0;
     if (2 * rb + xb > MGU_SMEM) return 0;
     const int64_t rows = (int64_t)pairs * N, fit = (MGU_SMEM - xb) / (2 * rb);
     int64_t R = (rows + 3 * cb->sm_count - 1) / (3 * cb->sm_count);
@@ -851,15 +844,13 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     const int up = gq_unit_parts(type), xs = down && gq_xs_takes(cb, 1, K, (int64_t)grid.x * grid.y); /* down: XS */
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
     if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
-    if (!down && rows == 1 && stored == LMX_GGML_Q4_K_T16 && pairs <= 32 && cb->moe_staged) { /* one row, tiles */
-        const size_t smem = (size_t)2 * (K / 256) * (mq_tile<LMX_GGML_Q4_K>::BYTES + MGU_TILE_PAD) + gq_xs_bytes(1, xo);
-        if (smem <= MGU_SMEM) {
-            cuda_launch(cb, k_moe_gu_tiles<LMX_GGML_Q4_K>, dim3((unsigned)(pairs * N / 16)), 256, smem,
-                        (const int4 *)xo.xq, (const float4 *)xo.xm, tab, pick, kused, N, K, xo.PR, act, y0, y1);
-            return cuda_check_launch(cb, "moe gate/up");
-        }
-    }
     const int R = down || rows != 1 ? 0 : mgu_rows_per_block(cb, stored, N, K, pairs, al16);
+    if (R && stored == LMX_GGML_Q4_K_T16) {
+        cuda_launch(cb, k_moe_gu_tiles<LMX_GGML_Q4_K>, dim3((unsigned)(pairs * N / 16)), 256,
+                    mgu_tiles_bytes(K) + gq_xs_bytes(1, xo), (const int4 *)xo.xq, (const float4 *)xo.xm, tab, pick, kused,
+                    N, K, xo.PR, act, y0, y1);
+        return cuda_check_launch(cb, "moe gate/up");
+    }
     if (R) {
         cuda_launch(cb, type == LMX_GGML_Q4_K ? k_moe_gu_staged<LMX_GGML_Q4_K> : k_moe_gu_staged<LMX_GGML_Q5_K>,
                     dim3((unsigned)cuda_blocks((int64_t)pairs * N, R)), 256,

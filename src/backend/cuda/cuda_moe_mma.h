@@ -25,9 +25,8 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
 
 /* LMX_CUDA_MOE_TILES=1: whether a stacked GGUF expert weight w (on the host: Q4_K or Q6_K; each expert's rows a
- * multiple of 32) is uploaded in tiles
- * (LMX_GGML_Q4_K_T16 / Q6_K_T16, cuda_moe_tiled_type); cuda_moe_tiles_upload writes them into dst
- * (cuda_weight_bytes(w) bytes) through a staging copy of the rows. */
+ * multiple of 32) is uploaded in tiles (LMX_GGML_Q4_K_T16 / Q6_K_T16, cuda_moe_tiled_type); cuda_moe_tiles_upload
+ * writes them into dst (cuda_weight_bytes(w) bytes) through a staging copy of the rows. */
 int cuda_moe_tiles_takes(const cuda_backend *cb, const lmx_tensor *w);
 int cuda_moe_tiled_type(int type);
 lmx_status cuda_moe_tiles_upload(cuda_backend *cb, const lmx_tensor *w, void *dst);

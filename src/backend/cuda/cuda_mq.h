@@ -71,7 +71,7 @@ template <int T> static inline size_t mq_stage_bytes(int sbs) {
  * order a warp's lanes take them (mq_rows::load_tiled) and then their scales; tile (i, b) of a matrix of N rows sits
  * at (i K / 256 + b) mq_tile<T>::BYTES, so rows [16 i, 16 i + 16) of any expert's view start at the same offset in the
  * tiles as in the rows. */
-template <int T> struct mq_tile { static constexpr int BYTES = T == LMX_GGML_Q4_K ? 2304 : 3584; };
+template <int T> struct mq_tile { static constexpr int BYTES = 16 * gq_traits<T>::BYTES; }; /* 2,304 / 3,584 */
 
 /* A Q4_K weight load through the read-only path, each L2 miss fetching 256 bytes (the row's next bytes, which its
  * next super-block reads).  H200, 12-layer Qwen3-30B-A3B Q4_K_M batch 32: gate / up 74.2 -> 70.2 us, 48 layers batch
