@@ -551,7 +551,7 @@ static void test_topk(void) {
  * here in double and the experts run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: the
  * grouped GEMMs, which take x and the GLU's output as bf16 (a bf16 tolerance). */
-static lmx_backend *cuda_with(const char *var, const char *val);
+static lmx_backend *cuda_with2(const char *var, const char *val, const char *var2, const char *val2);
 static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (LMX_CUDA_MOE_TILES=1) */
 static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
                                int F, int M, int norm_topk, int scaled, int ties) {
@@ -615,13 +615,17 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1), tol = M * K > 512 ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d: relative error %.3g", name, E,
               K, C, F, M, norm_topk, scaled, ties, err);
-    /* experts uploaded in tiles (LMX_CUDA_MOE_TILES=1): the same bits as a backend that keeps their rows */
+    /* experts uploaded in tiles (LMX_CUDA_MOE_TILES=1): the same bits as a backend that keeps their rows.  One row
+     * of Q4_K gate / up beside Q4_K or Q6_K down (cuda_moe_one) has the tensor-core path's arithmetic: the bits of
+     * its row in a batch of two (the row twice) there, LMX_CUDA_MOE_MMA=2. */
     int tiled = 0;
     for (int i = 0; i < 3 * E; i++)
         tiled |= eg[i].q.ggml_type == LMX_GGML_Q4_K_T16 || eg[i].q.ggml_type == LMX_GGML_Q6_K_T16;
+    const int one = M == 1 && gtype == LMX_GGML_Q4_K && (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) &&
+                    F % 256 == 0 && C % 256 == 0;
     if (tiled) {
         g_tiled_cases++;
-        lmx_backend *g2 = cuda_with("LMX_CUDA_MOE_TILES", "0");
+        lmx_backend *g2 = cuda_with2("LMX_CUDA_MOE_TILES", "0", one ? "LMX_CUDA_MOE_MMA" : NULL, "2");
         lmx_tensor *rows = malloc((size_t)3 * E * sizeof *rows);
         for (int i = 0; i < 3 * E && g2; i++) {
             rows[i] = w[i].c; /* the host blocks (the cpu backend reads them in place) */
@@ -629,18 +633,26 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
             CHECK(rows[i].q.ggml_type != LMX_GGML_Q4_K_T16 && rows[i].q.ggml_type != LMX_GGML_Q6_K_T16);
         }
         if (g2) {
-            lmx_tensor x2 = act(g2, M, C, x), o2 = act(g2, M, C, out0), z2 = act(g2, M, E, z);
+            const int M2 = one ? 2 : M; /* one: the row twice */
+            float *x2h = malloc((size_t)M2 * C * sizeof *x2h), *o2h = malloc((size_t)M2 * C * sizeof *o2h),
+                  *z2h = malloc((size_t)M2 * E * sizeof *z2h);
+            for (int i = 0; i < M2; i++) {
+                memcpy(x2h + (int64_t)i * C, x + (int64_t)(i % M) * C, (size_t)C * sizeof *x);
+                memcpy(o2h + (int64_t)i * C, out0 + (int64_t)(i % M) * C, (size_t)C * sizeof *x);
+                memcpy(z2h + (int64_t)i * E, z + (int64_t)(i % M) * E, (size_t)E * sizeof *z);
+            }
+            lmx_tensor x2 = act(g2, M2, C, x2h), o2 = act(g2, M2, C, o2h), z2 = act(g2, M2, E, z2h);
             lmx_moe_args a2 = a;
-            a2.out = &o2, a2.x = &x2, a2.logits = &z2, a2.experts = rows;
+            a2.out = &o2, a2.x = &x2, a2.logits = &z2, a2.experts = rows, a2.M = M2;
             CHECK(g2->ops->moe(g2, &a2) == LMX_OK);
             float *got2 = fetch(g2, &o2, (int64_t)M * C);
             int64_t bad = -1;
             for (int64_t o = 0; o < (int64_t)M * C && bad < 0; o++)
                 if (memcmp(&got[o], &got2[o], sizeof *got) && !(isnan(got[o]) && isnan(got2[o]))) bad = o;
-            CHECK_MSG(bad < 0, "moe %s M=%d: in tiles y[%lld] %.9g, in rows %.9g", name, M, (long long)bad,
-                      bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : got2[bad]);
+            CHECK_MSG(bad < 0, "moe %s M=%d: in tiles y[%lld] %.9g, in rows%s %.9g", name, M, (long long)bad,
+                      bad < 0 ? 0.0 : got[bad], one ? " (tensor cores, two rows)" : "", bad < 0 ? 0.0 : got2[bad]);
             g2->ops->release(g2, &x2), g2->ops->release(g2, &o2), g2->ops->release(g2, &z2);
-            free(got2);
+            free(got2), free(x2h), free(o2h), free(z2h);
             lmx_backend_free(g2);
         }
         free(rows);
@@ -693,20 +705,26 @@ static void test_moe(void) {
     CHECK_MSG(!(tiles && tiles[0] == '1') || g_tiled_cases > 0, "LMX_CUDA_MOE_TILES=1, but no moe case's experts were in tiles");
 }
 
-/* A second cuda backend created with environment variable var set to val (its switches are read at creation),
- * or NULL (a failed check). */
-static lmx_backend *cuda_with(const char *var, const char *val) {
+/* A second cuda backend created with environment variable var set to val and (var2 not NULL) var2 to val2 (its
+ * switches are read at creation), or NULL (a failed check). */
+static lmx_backend *cuda_with2(const char *var, const char *val, const char *var2, const char *val2) {
     lmx_backend *be = NULL;
     lmx_err err = {0};
-    char was[64];
-    const int had = getenv(var) != NULL; /* restored after: the run's own setting for the tests after */
-    if (had) snprintf(was, sizeof was, "%s", getenv(var));
-    setenv(var, val, 1);
+    const char *vars[2] = {var, var2}, *vals[2] = {val, val2};
+    char was[2][64];
+    int had[2] = {0, 0}; /* restored after: the run's own settings for the tests after */
+    for (int i = 0; i < 2 && vars[i]; i++) {
+        had[i] = getenv(vars[i]) != NULL;
+        if (had[i]) snprintf(was[i], sizeof was[i], "%s", getenv(vars[i]));
+        setenv(vars[i], vals[i], 1);
+    }
     CHECK_MSG(lmx_cuda_backend_create(&be, &err) == LMX_OK, "a second cuda backend (%s=%s): %s", var, val, err.msg);
-    if (had) setenv(var, was, 1);
-    else unsetenv(var);
+    for (int i = 0; i < 2 && vars[i]; i++)
+        if (had[i]) setenv(vars[i], was[i], 1);
+        else unsetenv(vars[i]);
     return be;
 }
+static lmx_backend *cuda_with(const char *var, const char *val) { return cuda_with2(var, val, NULL, NULL); }
 
 /* ... with graphs off: the eager reference of the graph tests. */
 static lmx_backend *eager_cuda(void) { return cuda_with("LMX_CUDA_GRAPH", "0"); }

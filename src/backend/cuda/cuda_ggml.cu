@@ -306,17 +306,6 @@ __global__ void __launch_bounds__(256, XS ? 3 : 0)
     }
 }
 
-/* The combine (gv_moe_sum) after block (bx, p) of a down projection wrote rows [bx rows, (bx + 1) rows) of y's
- * row p: the last of row i's kused pairs to get there adds them to out's rows, as k_moe_combine does. */
-static __device__ __forceinline__ void moe_sum_tail(const gv_moe_sum &cs, const float *y, int kused, int N) {
-    const int i = blockIdx.y / kused;
-    if (!cuda_block_last(cs.ticket + (size_t)i * gridDim.x + blockIdx.x, kused)) return;
-    const int n1 = (blockIdx.x + 1) * cs.rows < N ? (blockIdx.x + 1) * cs.rows : N;
-    for (int n = blockIdx.x * cs.rows + threadIdx.x; n < n1; n += blockDim.x)
-        cs.out[(size_t)i * N + n] =
-            cuda_moe_sum(cs.out[(size_t)i * N + n], y + (size_t)i * kused * N, cs.pw + i * kused, NULL, kused, N, n);
-}
-
 /* A mixture of experts' chosen experts (cuda_moe.cu), as k_moe_gemv1 does it for the other types: blockIdx.y
  * is pair p = row i * kused + choice, on expert pick[p]'s weights (the table mo) and on row i of the
  * quantized x (gate/up) or row p (down), writing row p of the results.  Q4_K's down projection is held to

@@ -608,6 +608,18 @@ static __device__ __forceinline__ float cuda_moe_sum(float s, const float *y, co
     return s;
 }
 
+/* The combine (gv_moe_sum) after block (bx, p) of a down projection wrote rows [bx rows, (bx + 1) rows) of y's row p
+ * (blockIdx.y = p; a block-wide call): the last of row i's kused pairs to get there adds them to out's rows, as
+ * k_moe_combine does (k_moe_ggemv, k_moe_down1). */
+static __device__ __forceinline__ void moe_sum_tail(const gv_moe_sum &cs, const float *y, int kused, int N) {
+    const int i = blockIdx.y / kused;
+    if (!cuda_block_last(cs.ticket + (size_t)i * gridDim.x + blockIdx.x, kused)) return;
+    const int n1 = (blockIdx.x + 1) * cs.rows < N ? (blockIdx.x + 1) * cs.rows : N;
+    for (int n = blockIdx.x * cs.rows + threadIdx.x; n < n1; n += blockDim.x)
+        cs.out[(size_t)i * N + n] =
+            cuda_moe_sum(cs.out[(size_t)i * N + n], y + (size_t)i * kused * N, cs.pw + i * kused, NULL, kused, N, n);
+}
+
 /* act(a) of a GLU (SiLU or GELU-tanh): the glu op, the GEMVs that fold it in and the experts' GLU; SiLU as
  * a sigmoid(a) with act_grad.h's lmx_sigmoid, the training ops' */
 static __device__ __forceinline__ float glu_act(float a, int act) {

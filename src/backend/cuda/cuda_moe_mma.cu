@@ -23,22 +23,10 @@
 /* the row of x that pair p reads: gate / up's x has a row for each row of pairs */
 template <int PAIR> static __device__ __forceinline__ int mq_xrow(int p, int kused) { return PAIR ? p / kused : p; }
 
-/* x [M, K] into oq, os, od (mq_x's layout): a super-block of row blockIdx.y a warp (lane l: values 8 l .. 8 l + 7,
- * part l / 4); blocks of rows past M route row y - M (rt: gate / up's launch; warp 0 of block 0) */
+/* Super-block sb of a row of x quantized by a warp, lane l holding its values 8 l .. 8 l + 7 in v: into that row's
+ * codes q [K / 32][4], sums s [K / 32 SUMS] and scales d [K / 256] (mq_x's layout) */
 template <int T>
-__global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, int M, int K, uint4 *oq, int *os,
-                                                  float *od, const __grid_constant__ cuda_moe_router rt) {
-    cuda_pdl_trigger();
-    cuda_pdl_wait();
-    const int lane = threadIdx.x % 32, sb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, m = blockIdx.y;
-    if (m >= M) {
-        if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, m - M, lane);
-        return;
-    }
-    if (sb >= K / 256) return;
-    const float *xv = x + (size_t)m * K + 256 * sb + 8 * lane;
-    const float4 v0 = *(const float4 *)xv, v1 = *(const float4 *)(xv + 4);
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+static __device__ __forceinline__ void mq_quant_sb(const float (&v)[8], int lane, int sb, uint4 *oq, int *os, float *od) {
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
@@ -54,11 +42,11 @@ __global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, i
     const uint32_t h0 = __byte_perm(w[0], w[1], 0x7531), h1 = __byte_perm(w[2], w[3], 0x7531),
                    l0 = __byte_perm(w[0], w[1], 0x6420), l1 = __byte_perm(w[2], w[3], 0x6420);
     const int pp = 8 * sb + lane / 4, t = lane % 4;
-    uint4 *q = oq + ((size_t)m * (K / 32) + pp) * 4 + t;
+    uint4 *q = oq + pp * 4 + t;
     if constexpr (T == LMX_GGML_Q4_K) {
         *q = make_uint4(h0, h1, l0, l1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 1), sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (t == 0) os[(size_t)m * (K / 32) + pp] = sum;
+        if (t == 0) os[pp] = sum;
     } else { /* lane t of a part: values 4t .. 4t + 3 from lane t / 2's half t % 2, 16 + 4t .. from 2 + t / 2's */
         const int a = (lane & ~3) + t / 2, b = a + 2, hf = t & 1;
         const uint32_t ah0 = __shfl_sync(0xffffffffu, h0, a), ah1 = __shfl_sync(0xffffffffu, h1, a),
@@ -67,9 +55,37 @@ __global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, i
                        bl0 = __shfl_sync(0xffffffffu, l0, b), bl1 = __shfl_sync(0xffffffffu, l1, b);
         *q = make_uint4(hf ? ah1 : ah0, hf ? bh1 : bh0, hf ? al1 : al0, hf ? bl1 : bl0);
         sum += __shfl_xor_sync(0xffffffffu, sum, 1); /* lanes 2i, 2i + 1: a half of 16 */
-        if (!(t & 1)) os[((size_t)m * (K / 32) + pp) * 2 + t / 2] = sum;
+        if (!(t & 1)) os[pp * 2 + t / 2] = sum;
     }
-    if (lane == 0) od[(size_t)m * (K / 256) + sb] = amax / 32767.0f;
+    if (lane == 0) od[sb] = amax / 32767.0f;
+}
+
+/* x [M, K] into oq, os, od (mq_x's layout): a super-block of row blockIdx.y a warp (lane l: values 8 l .. 8 l + 7,
+ * part l / 4), with nm's RMSNorm where nm.w (one row: the experts' gate / up, cuda_moe_one; as the GEMVs' own
+ * quantization folds it, gquant_x_load); blocks of rows past M route row y - M (rt: gate / up's launch; warp 0 of
+ * block 0) */
+template <int T>
+__global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, int M, int K, uint4 *oq, int *os,
+                                                  float *od, const __grid_constant__ cuda_moe_router rt,
+                                                  const cuda_row_norm nm) {
+    __shared__ float part[8];
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    const int lane = threadIdx.x % 32, sb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, m = blockIdx.y;
+    if (m >= M) {
+        if (blockIdx.x == 0 && threadIdx.x < 32) cuda_moe_route_row(rt, m - M, lane);
+        return;
+    }
+    const float inv = nm.w ? cuda_rms_inv256(x + (size_t)m * K, K, nm.eps, part) : 1.0f; /* (the whole block) */
+    if (sb >= K / 256) return;
+    const int i0 = 256 * sb + 8 * lane;
+    const float4 v0 = *(const float4 *)(x + (size_t)m * K + i0), v1 = *(const float4 *)(x + (size_t)m * K + i0 + 4);
+    float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    if (nm.w)
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = v[i] * inv * (cuda_elem(nm.w, nm.wt, i0 + i) + nm.add_one);
+    mq_quant_sb<T>(v, lane, sb, oq + (size_t)m * (K / 32) * 4, os + (size_t)m * (K / 32) * mq_t<T>::SUMS,
+                   od + (size_t)m * (K / 256));
 }
 
 /* Block (bx, e): expert e's rows (above) for every pair p with pick[p] == e: y[p, n] = act(gate_e x) (up_e x)
@@ -197,7 +213,8 @@ void cuda_moe_mma_init(cuda_backend *cb) {
 
 /* cuda_mq_quant (cuda_mq.h) for type T */
 template <int T>
-static int mq_quant(cuda_backend *cb, const float *x, int rows, int K, const cuda_moe_router *rt, mq_x *xo) {
+static int mq_quant(cuda_backend *cb, const float *x, int rows, int K, const cuda_moe_router *rt, mq_x *xo,
+                    const cuda_row_norm &nm = cuda_row_norm{}) {
     const size_t nq = (size_t)rows * K / 8, ns = (size_t)rows * K / 32 * mq_t<T>::SUMS, nd = (size_t)rows * K / 256;
     uint4 *q = (uint4 *)cuda_scratch(cb, CUDA_SCRATCH_XQ, nq * sizeof(uint4) + ns * sizeof(int) + nd * sizeof(float));
     if (!q) return 0;
@@ -205,7 +222,7 @@ static int mq_quant(cuda_backend *cb, const float *x, int rows, int K, const cud
     float *d = (float *)(s + ns);
     *xo = mq_x{q, s, d};
     cuda_launch(cb, k_mq_quant<T>, dim3((unsigned)cuda_blocks(K / 256, 8), (unsigned)(rt ? 2 * rows : rows)), 256, 0, x,
-                rows, K, q, s, d, rt ? *rt : cuda_moe_router{});
+                rows, K, q, s, d, rt ? *rt : cuda_moe_router{}, nm);
     return 1;
 }
 
@@ -328,4 +345,171 @@ lmx_status cuda_moe_tiles_upload(cuda_backend *cb, const lmx_tensor *w, void *ds
     cudaFreeAsync(stage, cb->stream);
     e = cudaStreamSynchronize(cb->stream); /* the host rows may go away */
     return st ? st : e == cudaSuccess ? LMX_OK : cuda_fail(cb, e, "weight upload (expert tiles)");
+}
+
+/* ---- one row from the tiles ---------------------------------------------------------------------------------------
+ * One row's pairs each read another expert, so k_moe_mma's blocks would hold one column of x of its eight.  Here the
+ * CUDA cores do the mma's sums for that column (mq_rows::one: each lane's dp4a over the values it gives the mma, added
+ * over the row's four lanes) on the tiles' bytes as k_moe_mma's lanes load them (a warp's whole 512-byte runs), so
+ * each pair's output has the bits k_moe_mma gives it: three launches, as the per-pair GEMVs' (x's quantization with
+ * the norm and the routing, gate / up, down with the combine), where the per-pair GEMVs read tiles as half-slot
+ * pieces (twice the L1 wavefronts of rows). */
+
+#define MQ1_NB 4         /* super-blocks a warp of k_moe_down1 holds in flight */
+#define MQ1_MAX_K 8192   /* the longest h row k_moe_down1 quantizes into shared memory */
+/* the shared memory of one row of x in mq_x's layout for type T */
+template <int T> static inline size_t mq1_x_bytes(int K) {
+    return (size_t)K / 32 * (4 * sizeof(uint4) + mq_t<T>::SUMS * sizeof(int)) + K / 256 * sizeof(float);
+}
+
+/* Block b: tile b % (N / 16) of pair p = b / (N / 16)'s gate and up (16 rows of expert pick[p]), copied into shared
+ * memory in two groups as k_moe_gu_tiles copies them (rows 0-7: each tile's first 1,024 bytes of codes and 128 of
+ * scales, with x; rows 8-15: the rest), the second in flight while the first is summed: warp w their super-blocks w,
+ * w + 8, ..., lane (g, t) row g + 8 h of group h as k_moe_mma's lane; each super-block's step (f, v) to shared memory,
+ * then chained in super-block order as k_moe_mma's sum: h [pairs, N] = act(gate x) (up x).  (Loaded into registers
+ * instead, a block's 37 KB need 99 registers a thread, and the launch does not fit the GPU at once.) */
+template <int T> static inline size_t gu1_smem(int K) { /* tiles [gate, up][K / 256]; steps [K / 256][2][16]; x */
+    return (size_t)2 * (K / 256) * (mq_tile<T>::BYTES + 16 * sizeof(float2)) + mq1_x_bytes<T>(K);
+}
+template <int T>
+__global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int N,
+                                                 int K, int act, float *__restrict__ h) {
+    extern __shared__ __align__(16) uint8_t gu1_sm[];
+    cuda_pdl_wait();    /* pick and x come from the launch before; the trigger after it, as k_moe_ggemv's gate/up: */
+    cuda_pdl_trigger(); /* the down projection reads pick before its own wait */
+    constexpr int TB = mq_tile<T>::BYTES, HALF = 1024 / 16 + 128 / 16; /* a group's copies a tile */
+    const int SB = K / 256, tiles = N / 16, p = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, e = pick[p];
+    float2 *fv = (float2 *)(gu1_sm + (size_t)2 * SB * TB);
+    uint4 *sx = (uint4 *)(fv + SB * 32);
+    int *sxs = (int *)(sx + K / 32 * 4);
+    float *sxd = (float *)(sxs + K / 32);
+    for (int hh = 0; hh < 2; hh++) {
+        for (int c = threadIdx.x; c < 2 * SB * HALF; c += blockDim.x) {
+            const int j = c / (SB * HALF), b = c / HALF % SB, o = c % HALF;
+            const size_t off = ((size_t)j * SB + b) * TB + (o < 64 ? 1024 * hh + 16 * o : 2048 + 128 * hh + 16 * (o - 64));
+            cp_async16(smem_addr(gu1_sm + off), (const uint8_t *)mo.w[j][e] + (size_t)tile * SB * TB + off - j * SB * TB);
+        }
+        for (int c = threadIdx.x; hh == 0 && c < K / 32 * 4 + K / 32 + K / 256; c += blockDim.x) /* x */
+            if (c < K / 32 * 4) cp_async16(smem_addr(sx + c), x.q + c);
+            else if (c < K / 32 * 5) cp_async4_or_zeros(smem_addr(sxs + c - K / 32 * 4), x.s + c - K / 32 * 4, 4);
+            else cp_async4_or_zeros(smem_addr(sxd + c - K / 32 * 5), x.d + c - K / 32 * 5, 4);
+        cp_async_commit();
+    }
+    for (int hh = 0; hh < 2; hh++) {
+        if (hh == 0) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads();
+        for (int b = warp; b < SB; b += blockDim.x / 32)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                mq_rows<T> r;
+                r.template load_half<0, false>(gu1_sm + ((size_t)j * SB + b) * TB, lane, hh);
+                float f, v;
+                r.template one<0>(b, sx, sxs, sxd[b], t, f, v);
+                if (t == 0) fv[(b * 2 + j) * 16 + g + 8 * hh] = make_float2(f, v);
+            }
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int row = threadIdx.x % 16, j = threadIdx.x / 16; /* lanes 0-15 gate's rows, 16-31 up's */
+    float acc = 0.0f;
+    for (int b = 0; b < SB; b++) {
+        const float2 s = fv[(b * 2 + j) * 16 + row];
+        acc = fmaf(s.x, s.y, acc);
+    }
+    const float u = __shfl_down_sync(0xffffffffu, acc, 16);
+    if (j == 0) h[(size_t)p * N + tile * 16 + row] = glu_act(acc, act) * u;
+}
+
+/* Block (bx, p): rows [32 bx, 32 bx + 32) of expert pick[p]'s down projection (two tiles; warp w half w % 2 of tile
+ * w / 2, lane (g, t) its row g as k_moe_mma's lane), its weights' loads issued before the wait (pick is the gate / up
+ * launch's input), then h's row p quantized into shared memory (mq_quant_sb, a warp a super-block), the row's
+ * super-blocks chained in order as k_moe_mma's sum: y [pairs, N]; then the combine (moe_sum_tail). */
+template <int T>
+__global__ void __launch_bounds__(128) k_moe_down1(const float *__restrict__ h, const __grid_constant__ gv_moe mo,
+                                                   const int *pick, int kused, int N, int K, float *__restrict__ y,
+                                                   const gv_moe_sum cs) {
+    extern __shared__ uint4 d1_sm[]; /* h's row: codes [K / 32][4], sums [K / 32 SUMS], scales [K / 256] */
+    cuda_pdl_trigger();
+    constexpr int TB = mq_tile<T>::BYTES, S = mq_t<T>::SUMS;
+    const int SB = K / 256, p = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+    const int e = *(volatile const int *)(pick + p), n0 = blockIdx.x * 32 + 16 * (warp / 2), hf = warp % 2;
+    const uint8_t *tile = (const uint8_t *)mo.w[0][e] + (size_t)(n0 / 16) * SB * TB;
+    int *sxs = (int *)(d1_sm + K / 32 * 4);
+    float *sxd = (float *)(sxs + K / 32 * S);
+    float acc = 0.0f;
+    for (int b0 = 0; b0 < SB; b0 += MQ1_NB) {
+        mq_rows<T> r[MQ1_NB];
+#pragma unroll
+        for (int i = 0; i < MQ1_NB; i++)
+            if (b0 + i < SB) r[i].template load_half<0>(tile + (size_t)(b0 + i) * TB, lane, hf);
+        if (b0 == 0) {
+            cuda_pdl_wait(); /* h comes from the launch before */
+            for (int sb = warp; sb < SB; sb += blockDim.x / 32) {
+                const float *hv = h + (size_t)p * K + 256 * sb + 8 * lane;
+                const float4 v0 = *(const float4 *)hv, v1 = *(const float4 *)(hv + 4);
+                const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                mq_quant_sb<T>(v, lane, sb, d1_sm, sxs, sxd);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < MQ1_NB; i++)
+            if (b0 + i < SB) {
+                float f, v;
+                r[i].template one<0>(b0 + i, d1_sm, sxs, sxd[b0 + i], t, f, v);
+                acc = fmaf(f, v, acc);
+            }
+    }
+    if (t == 0) y[(size_t)p * N + n0 + 8 * hf + lane / 4] = acc;
+    if (cs.out) moe_sum_tail(cs, y, kused, N);
+}
+
+int cuda_moe_one_takes(const lmx_moe_args *a) {
+    if (a->M != 1 || a->K > 32 || a->E > GV_MOE_MAX) return 0;
+    const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    if (F % 256 || C % 256 || F > MQ1_MAX_K) return 0;
+    for (int e = 0; e < a->E; e++)
+        for (int j = 0; j < 3; j++) {
+            const lmx_tensor *w = &a->experts[3 * e + j];
+            const int type = w->q.ggml_type;
+            if (j < 2 ? type != LMX_GGML_Q4_K_T16 : type != LMX_GGML_Q4_K_T16 && type != LMX_GGML_Q6_K_T16) return 0;
+            if ((uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
+        }
+    return 1;
+}
+
+template <int T>
+static lmx_status mq1_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y,
+                           const gv_moe_sum &sum) {
+    const int N = (int)a->experts[2].shape[0], K = (int)a->experts[2].shape[1];
+    gv_moe tab;
+    gv_moe_fill(&tab, a->experts, a->E, 1);
+    const dim3 grid((unsigned)(N / 32), (unsigned)a->K);
+    gv_moe_sum cs = sum; /* tickets [CUDA_MOE_PAIRS, row blocks] */
+    cs.rows = 32;
+    cs.ticket = (int *)cuda_scratch(cb, CUDA_SCRATCH_MOE_TICKET, (size_t)CUDA_MOE_PAIRS * grid.x * sizeof(int));
+    if (!cs.ticket) return cb->base.err.status;
+    cuda_launch(cb, k_moe_down1<T>, grid, 128, mq1_x_bytes<T>(K), h, tab, pick, a->K, N, K, y, cs);
+    return cuda_check_launch(cb, "moe down (one row)");
+}
+
+lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
+                        float *h, float *y) {
+    const int F = (int)a->experts[0].shape[0], C = (int)a->experts[0].shape[1];
+    cuda_moe_router rt;
+    cuda_moe_router_set(&rt, a, 0, pick, pw);
+    mq_x xo;
+    if (!mq_quant<LMX_GGML_Q4_K>(cb, (const float *)a->x->data, 1, C, &rt, &xo, nm ? *nm : cuda_row_norm{}))
+        return cb->base.err.status;
+    gv_moe tab;
+    gv_moe_fill(&tab, a->experts, a->E, 0);
+    cuda_launch(cb, k_moe_gu1<LMX_GGML_Q4_K>, dim3((unsigned)(a->K * F / 16)), 256, gu1_smem<LMX_GGML_Q4_K>(C), xo, tab,
+                pick, F, C, (int)a->act, h);
+    lmx_status st = cuda_check_launch(cb, "moe gate/up (one row)");
+    if (st) return st;
+    const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0};
+    return a->experts[2].q.ggml_type == LMX_GGML_Q6_K_T16 ? mq1_down<LMX_GGML_Q6_K_A16>(cb, a, pick, h, y, sum)
+                                                         : mq1_down<LMX_GGML_Q4_K>(cb, a, pick, h, y, sum);
 }

@@ -90,6 +90,12 @@ template <class V> static __device__ __forceinline__ V mq_ld(const uint8_t *p) {
 /* byte k of w (one PRMT) */
 static __device__ __forceinline__ int mq_byte(uint32_t w, int k) { return (int)__byte_perm(w, 0u, 0x4440u | k); }
 
+/* v summed over the four lanes t of a row (lane % 4), in every one of them: integers, exact in any order */
+static __device__ __forceinline__ int mq_lanes4(int v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 /* A lane's share of its warp's 16 rows of type T (wr: rows g and g + 8): load takes super-block b's bytes, sum adds
  * them times the staged x's super-block b (its index in the staging: the dense GEMV stages its K part alone) to acc
  * (pairs 2t, 2t + 1): x's codes sx [K / 32][8 pairs][4 lanes], sums sxs [K / 32 * SUMS][8 pairs] and scales sxd
@@ -109,16 +115,52 @@ template <> struct mq_rows<LMX_GGML_Q4_K> {
         }
     }
     /* the same bytes from a tile (mq_tile<T>: the warp's 16 rows of a super-block, lane l's codes as uint4 i at
-     * (32 i + l) * 16 holding qs[i / 2][2 (i % 2)] and qs[i / 2][2 (i % 2) + 1], then row r's 16 bytes at 2,048 + 16 r) */
-    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int lane) {
+     * (32 i + l) * 16 holding qs[i / 2][2 (i % 2)] and qs[i / 2][2 (i % 2) + 1], then row r's 16 bytes at 2,048 + 16 r):
+     * half h (rows g + 8 h: uint4 2 h and 2 h + 1, and its scales) into half H's registers, through the read-only path
+     * (LDG) or from shared memory (a staged tile) */
+    template <int H, bool LDG = true> __device__ __forceinline__ void load_half(const uint8_t *tile, int lane, int h) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint4 v = mq_ld<uint4>(tile + (32 * i + lane) * 16);
-            qs[i / 2][2 * (i % 2)] = make_uint2(v.x, v.y);
-            qs[i / 2][2 * (i % 2) + 1] = make_uint2(v.z, v.w);
+        for (int j = 0; j < 2; j++) {
+            const uint8_t *p = tile + (32 * (2 * h + j) + lane) * 16;
+            const uint4 v = LDG ? mq_ld<uint4>(p) : *(const uint4 *)p;
+            qs[H][2 * j] = make_uint2(v.x, v.y);
+            qs[H][2 * j + 1] = make_uint2(v.z, v.w);
         }
-        hd[0] = mq_ld<uint4>(tile + 2048 + 16 * (lane / 4));
-        hd[1] = mq_ld<uint4>(tile + 2048 + 16 * (lane / 4 + 8));
+        const uint8_t *s = tile + 2048 + 16 * (lane / 4 + 8 * h);
+        hd[H] = LDG ? mq_ld<uint4>(s) : *(const uint4 *)s;
+    }
+    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int lane) {
+        load_half<0>(tile, lane, 0);
+        load_half<1>(tile, lane, 1);
+    }
+    /* a super-block's float step for row g + 8 h from its integer sums (below) and x's scale dx: acc = fmaf(f, v, acc) */
+    __device__ __forceinline__ void step(int h, int ih, int il, int im, float dx, float &f, float &v) const {
+        const uint32_t dd = hd[h].x;
+        f = dx, v = fmaf(gq_half(dd, 0), fmaf(256.0f, (float)ih, (float)il), -gq_half(dd, 1) * (float)im);
+    }
+    /* one row of x (its codes sx [K / 32][4 lanes], sums sxs [K / 32], super-block b's scale dx) against row g + 8 H
+     * of super-block b on the CUDA cores: lane t's share of each sub-block's two products (dp4a over its eight
+     * values, the ones it gives the mma) added over the row's four lanes, then sum's step for that column of x */
+    template <int H>
+    __device__ __forceinline__ void one(int b, const uint4 *sx, const int *sxs, float dx, int t, float &f, float &v) const {
+        uint32_t sc[2], mn[2];
+        const uint32_t sw[3] = {hd[H].y, hd[H].z, hd[H].w};
+        gq_k4_scale4(sw, 0, sc[0], mn[0]);
+        gq_k4_scale4(sw, 1, sc[1], mn[1]);
+        int ih = 0, il = 0, im = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                const int pp = 8 * b + 2 * j + s, k = 2 * j + s;
+                const uint32_t a0 = (qs[H][j].x >> 4 * s) & 0x0F0F0F0Fu, a1 = (qs[H][j].y >> 4 * s) & 0x0F0F0F0Fu;
+                const uint4 xb = sx[pp * 4 + t];
+                const int s6 = mq_byte(sc[k >> 2], k & 3), m6 = mq_byte(mn[k >> 2], k & 3);
+                ih += s6 * __dp4a((int)a1, (int)xb.y, __dp4a((int)a0, (int)xb.x, 0));
+                il += s6 * (int)__dp4a(a1, xb.w, __dp4a(a0, xb.z, 0u));
+                im += m6 * sxs[pp];
+            }
+        step(H, mq_lanes4(ih), mq_lanes4(il), im, dx, f, v);
     }
     __device__ __forceinline__ void sum(int b, const uint4 *sx, const int *sxs, const float *sxd, int g, int t,
                                         float (&acc)[4]) const {
@@ -153,9 +195,9 @@ template <> struct mq_rows<LMX_GGML_Q4_K> {
         const float2 dx = *(const float2 *)(sxd + b * 8 + 2 * t);
 #pragma unroll
         for (int o = 0; o < 4; o++) {
-            const uint32_t dd = hd[o / 2].x;
-            const float dot = fmaf(256.0f, (float)ih[o], (float)il[o]);
-            acc[o] = fmaf(o % 2 ? dx.y : dx.x, fmaf(gq_half(dd, 0), dot, -gq_half(dd, 1) * (float)im[o]), acc[o]);
+            float f, v;
+            step(o / 2, ih[o], il[o], im[o], o % 2 ? dx.y : dx.x, f, v);
+            acc[o] = fmaf(f, v, acc[o]);
         }
     }
 };
@@ -188,29 +230,56 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
     }
     /* the same bytes from a tile (mq_tile<T>): lane l's words of rows g and g + 8 as six uint4 at (32 i + l) * 16,
      * word 12 h + 4 hh + 2 is + (q & 1) of them ql[h][hh][is][q & 1], word 12 h + 8 + 2 hh + is qh[h][hh][is]; then
-     * row r's 16 scale bytes and d at 3,072 + 32 r */
-    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int lane) {
-        uint32_t u[24];
+     * row r's 16 scale bytes and d at 3,072 + 32 r: half h (rows g + 8 h) into half H's registers */
+    template <int H> __device__ __forceinline__ void load_half(const uint8_t *tile, int lane, int h) {
+        uint32_t u[12];
 #pragma unroll
-        for (int i = 0; i < 6; i++) {
-            const uint4 v = __ldg((const uint4 *)(tile + (32 * i + lane) * 16));
+        for (int i = 0; i < 3; i++) {
+            const uint4 v = __ldg((const uint4 *)(tile + (32 * (3 * h + i) + lane) * 16));
             u[4 * i] = v.x, u[4 * i + 1] = v.y, u[4 * i + 2] = v.z, u[4 * i + 3] = v.w;
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int hh = 0; hh < 2; hh++)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++)
+            for (int is = 0; is < 2; is++) {
+                ql[H][hh][is][0] = u[4 * hh + 2 * is];
+                ql[H][hh][is][1] = u[4 * hh + 2 * is + 1];
+                qh[H][hh][is] = u[8 + 2 * hh + is];
+            }
+        const uint8_t *r = tile + 3072 + 32 * (lane / 4 + 8 * h);
+        const uint4 v = __ldg((const uint4 *)r);
+        sc[H][0] = v.x, sc[H][1] = v.y, sc[H][2] = v.z, sc[H][3] = v.w;
+        dw[H] = __ldg((const uint32_t *)(r + 16));
+    }
+    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int lane) {
+        load_half<0>(tile, lane, 0);
+        load_half<1>(tile, lane, 1);
+    }
+    /* as mq_rows<Q4_K>'s */
+    __device__ __forceinline__ void step(int h, int ih, int il, int im, float dx, float &f, float &v) const {
+        f = dx * gq_half(dw[h], 0), v = fmaf(256.0f, (float)ih, fmaf(-32.0f, (float)im, (float)il));
+    }
+    /* as mq_rows<Q4_K>'s (sums sxs [K / 16], a half's) */
+    template <int H>
+    __device__ __forceinline__ void one(int b, const uint4 *sx, const int *sxs, float dx, int t, float &f, float &v) const {
+        int ih = 0, il = 0, im = 0;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int pp = 8 * b + 4 * hh + q;
+                const uint4 xb = sx[pp * 4 + t];
 #pragma unroll
                 for (int is = 0; is < 2; is++) {
-                    ql[h][hh][is][0] = u[12 * h + 4 * hh + 2 * is];
-                    ql[h][hh][is][1] = u[12 * h + 4 * hh + 2 * is + 1];
-                    qh[h][hh][is] = u[12 * h + 8 + 2 * hh + is];
+                    const uint32_t a = ((ql[H][hh][is][q & 1] >> 4 * (q >> 1)) & 0x0F0F0F0Fu) |
+                                       (((qh[H][hh][is] >> 2 * q) & 0x03030303u) << 4);
+                    const int k = 8 * hh + 2 * q + is, s8 = (int8_t)(sc[H][k >> 2] >> 8 * (k & 3));
+                    ih += s8 * __dp4a((int)a, (int)(is ? xb.y : xb.x), 0);
+                    il += s8 * (int)__dp4a(a, is ? xb.w : xb.z, 0u);
+                    im += s8 * sxs[2 * pp + is];
                 }
-            const uint8_t *r = tile + 3072 + 32 * (lane / 4 + 8 * h);
-            const uint4 v = __ldg((const uint4 *)r);
-            sc[h][0] = v.x, sc[h][1] = v.y, sc[h][2] = v.z, sc[h][3] = v.w;
-            dw[h] = __ldg((const uint32_t *)(r + 16));
-        }
+            }
+        step(H, mq_lanes4(ih), mq_lanes4(il), im, dx, f, v);
     }
     __device__ __forceinline__ void sum(int b, const uint4 *sx, const int *sxs, const float *sxd, int g, int t,
                                         float (&acc)[4]) const {
@@ -245,8 +314,9 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
         const float2 dx = *(const float2 *)(sxd + b * 8 + 2 * t);
 #pragma unroll
         for (int o = 0; o < 4; o++) {
-            const float dot = fmaf(256.0f, (float)ih[o], fmaf(-32.0f, (float)im[o], (float)il[o]));
-            acc[o] = fmaf((o % 2 ? dx.y : dx.x) * gq_half(dw[o / 2], 0), dot, acc[o]);
+            float f, v;
+            step(o / 2, ih[o], il[o], im[o], o % 2 ? dx.y : dx.x, f, v);
+            acc[o] = fmaf(f, v, acc[o]);
         }
     }
 };
