@@ -24,9 +24,10 @@ run "$bin/test_cuda_ops"
 run env LMX_CUDA_ATT_FOLD=0 LMX_CUDA_STREAM_MIN=0 LMX_CUDA_MOE_STAGED=0 LMX_CUDA_MOE_MMA=0 "$bin/test_cuda_ops"
 # GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights in their own blocks (LMX_CUDA_GGUF_REPACK=0): the GGUF kernels that
 # the upload's rewrite as MLX groups (cuda_repack.cu) otherwise leaves to Q5 / Q6 / Q2 / Q3 types and experts;
-# and the experts' gate / up on the tensor cores from two rows (by default from 16), reading the experts' tiles
-# (LMX_CUDA_MOE_TILES=1: the same bits as from their rows, which test_cuda_ops compares)
-run env LMX_CUDA_GGUF_REPACK=0 LMX_CUDA_MOE_MMA=2 LMX_CUDA_MOE_TILES=1 "$bin/test_cuda_ops"
+# and the experts' gate / up on the tensor cores from two rows (by default from 8), reading the experts' tiles
+# (the same bits as from their rows, which test_cuda_ops compares); then the experts in rows (LMX_CUDA_MOE_TILES=0)
+run env LMX_CUDA_GGUF_REPACK=0 LMX_CUDA_MOE_MMA=2 "$bin/test_cuda_ops"
+run env LMX_CUDA_MOE_TILES=0 "$bin/test_cuda_ops"
 [ -x "$bin/test_cuda_backward" ] && run "$bin/test_cuda_backward"
 [ -x "$bin/test_cuda_keep" ] && run "$bin/test_cuda_keep"
 # training on the GPU: the LoRA fixtures' loss, gradients and AdamW steps (bf16 tolerance)

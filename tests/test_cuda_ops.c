@@ -552,7 +552,7 @@ static void test_topk(void) {
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: the
  * grouped GEMMs, which take x and the GLU's output as bf16 (a bf16 tolerance). */
 static lmx_backend *cuda_with2(const char *var, const char *val, const char *var2, const char *val2);
-static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (LMX_CUDA_MOE_TILES=1) */
+static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (unless LMX_CUDA_MOE_TILES=0) */
 static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
                                int F, int M, int norm_topk, int scaled, int ties) {
     wpair *w = malloc((size_t)3 * E * sizeof *w);
@@ -615,7 +615,7 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1), tol = M * K > 512 ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d: relative error %.3g", name, E,
               K, C, F, M, norm_topk, scaled, ties, err);
-    /* experts uploaded in tiles (LMX_CUDA_MOE_TILES=1): the same bits as a backend that keeps their rows.  One row
+    /* experts uploaded in tiles (by default): the same bits as a backend that keeps their rows.  One row
      * of Q4_K gate / up beside Q4_K or Q6_K down (cuda_moe_one) has the tensor-core path's arithmetic: the bits of
      * its row in a batch of two (the row twice) there, LMX_CUDA_MOE_MMA=2. */
     int tiled = 0;
@@ -699,10 +699,16 @@ static void test_moe(void) {
     test_moe_case_down("gguf q4_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 16, 4, 512, 768, 8, 1, 0, 0);
     test_moe_case_down("gguf q4_k / q6_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 512, 768, 32, 1, 0, 0);
     test_moe_case_down("gguf q4_k, mma, passes", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 6, 3, 256, 512, 40, 0, 1, 0);
+    /* one row with only gate / up (Q4_K) or only down (Q6_K) in tiles: the per-pair kernels' tiled forms
+     * (k_moe_gu_tiles; k_moe_ggemv), not cuda_moe_one, and several rows of both */
+    for (int m = 1; m <= 3; m += 2) {
+        test_moe_case_down("gguf q4_k / q5_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q5_K, 8, 2, 256, 256, m, 1, 0, 0);
+        test_moe_case_down("gguf q5_k / q6_k", LMX_DTYPE_U8, 0, LMX_GGML_Q5_K, LMX_GGML_Q6_K, 8, 2, 256, 256, m, 1, 0, 0);
+    }
     /* gate / up's x staged for 2,304 values: with the kernel's own tables past the 48 KB a launch takes unasked */
     test_moe_case_down("gguf q4_k / q6_k, mma, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 2304, 512, 16, 1, 0, 0);
     const char *tiles = getenv("LMX_CUDA_MOE_TILES");
-    CHECK_MSG(!(tiles && tiles[0] == '1') || g_tiled_cases > 0, "LMX_CUDA_MOE_TILES=1, but no moe case's experts were in tiles");
+    CHECK_MSG((tiles && tiles[0] == '0') || g_tiled_cases > 0, "experts in tiles by default, but no moe case's were");
 }
 
 /* A second cuda backend created with environment variable var set to val and (var2 not NULL) var2 to val2 (its

@@ -640,7 +640,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->moe_mma[0] = mm ? atoi(mm) : CUDA_MOE_MMA_ROWS_GU;
     cb->moe_mma[1] = mm ? (strchr(mm, ',') ? atoi(strchr(mm, ',') + 1) : cb->moe_mma[0]) : CUDA_MOE_MMA_ROWS_DOWN;
     const char *mt = getenv("LMX_CUDA_MOE_TILES");
-    cb->moe_tiles = mt && mt[0] == '1';
+    cb->moe_tiles = !(mt && mt[0] == '0');
     const char *as = getenv("LMX_CUDA_ATT_SHORT");
     cb->att_short = !(as && as[0] == '0');
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");

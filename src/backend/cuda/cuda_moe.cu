@@ -122,7 +122,7 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
     const int P = a->M * a->K;
     const float *x = (const float *)a->x->data;
     lmx_status st;
-    if (gguf && cuda_moe_one_takes(a)) return cuda_moe_one(cb, a, nm, pick, pw, h, y); /* one row from tiles */
+    if (gguf && cuda_moe_one_takes(cb, a)) return cuda_moe_one(cb, a, nm, pick, pw, h, y); /* one row from tiles */
     if (gguf) { /* the routing joins x's quantization */
         /* several rows (never one, so never a folded norm) */
         const int mma_gu = cuda_moe_mma_takes(cb, a, 0), mma_down = cuda_moe_mma_takes(cb, a, 1);

@@ -189,6 +189,13 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
     return 1;
 }
 
+template <int T>
+__global__ void k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int N, int K, int act,
+                          float *__restrict__ h);
+template <int T>
+__global__ void k_moe_down1(const float *__restrict__ h, const __grid_constant__ gv_moe mo, const int *pick, int kused,
+                            int N, int K, float *__restrict__ y, const gv_moe_sum cs);
+
 /* The staged x beside each instance's own tables may pass the 48 KB a launch takes without asking: each is allowed
  * MQ_SMEM, or what the device lets a block have beside its static tables where that is less; cb->moe_mma_smem, the
  * least of them, bounds the rows that take it. */
@@ -208,6 +215,21 @@ void cuda_moe_mma_init(cuda_backend *cb) {
             allow = 0;
         cb->moe_mma_smem = allow < cb->moe_mma_smem ? allow : cb->moe_mma_smem;
     }
+    /* one row from tiles (below): allowed what the device lets a block have (cb->one_smem), so that mq1_spread may ask
+     * for more than a launch needs; the multiprocessor's bytes, and each block's static and reserved ones beside */
+    int sm = 0, reserved = 0, st = 0;
+    cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device);
+    cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device);
+    const void *one[3] = {(const void *)k_moe_gu1<LMX_GGML_Q4_K>, (const void *)k_moe_down1<LMX_GGML_Q4_K>,
+                          (const void *)k_moe_down1<LMX_GGML_Q6_K_A16>};
+    for (int i = 0; i < 3; i++) {
+        cudaFuncAttributes at;
+        if (cudaFuncGetAttributes(&at, one[i]) == cudaSuccess && (int)at.sharedSizeBytes > st) st = (int)at.sharedSizeBytes;
+    }
+    cb->one_smem = optin - st, cb->sm_smem = sm, cb->block_smem = reserved + st;
+    for (int i = 0; i < 3; i++)
+        if (cudaFuncSetAttribute(one[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->one_smem) != cudaSuccess)
+            cb->one_smem = (48 << 10) - st, cb->sm_smem = 0; /* the bytes any launch may take; no spreading */
     cudaGetLastError();
 }
 
@@ -356,7 +378,6 @@ lmx_status cuda_moe_tiles_upload(cuda_backend *cb, const lmx_tensor *w, void *ds
  * pieces (twice the L1 wavefronts of rows). */
 
 #define MQ1_NB 4         /* super-blocks a warp of k_moe_down1 holds in flight */
-#define MQ1_MAX_K 8192   /* the longest h row k_moe_down1 quantizes into shared memory */
 /* the shared memory of one row of x in mq_x's layout for type T */
 template <int T> static inline size_t mq1_x_bytes(int K) {
     return (size_t)K / 32 * (4 * sizeof(uint4) + mq_t<T>::SUMS * sizeof(int)) + K / 256 * sizeof(float);
@@ -375,8 +396,7 @@ template <int T>
 __global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int N,
                                                  int K, int act, float *__restrict__ h) {
     extern __shared__ __align__(16) uint8_t gu1_sm[];
-    cuda_pdl_wait();    /* pick and x come from the launch before; the trigger after it, as k_moe_ggemv's gate/up: */
-    cuda_pdl_trigger(); /* the down projection reads pick before its own wait */
+    cuda_pdl_wait(); /* pick and x come from the launch before */
     constexpr int TB = mq_tile<T>::BYTES, HALF = 1024 / 16 + 128 / 16; /* a group's copies a tile */
     const int SB = K / 256, tiles = N / 16, p = blockIdx.x / tiles, tile = blockIdx.x % tiles;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, e = pick[p];
@@ -400,6 +420,10 @@ __global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_cons
         if (hh == 0) cp_async_wait<1>();
         else cp_async_wait<0>();
         __syncthreads();
+        /* the down projection may launch once every block's bytes are in (it reads pick before its wait, so after
+         * this launch's): at the launch's start, its blocks' loads ran beside these (H200, 12 layers of Qwen3-30B-A3B
+         * Q4_K_M, one row: 1,846-1,880 tok/s, against 1,910-1,917) */
+        if (hh == 1) cuda_pdl_trigger();
         for (int b = warp; b < SB; b += blockDim.x / 32)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
@@ -431,7 +455,6 @@ __global__ void __launch_bounds__(128) k_moe_down1(const float *__restrict__ h, 
                                                    const int *pick, int kused, int N, int K, float *__restrict__ y,
                                                    const gv_moe_sum cs) {
     extern __shared__ uint4 d1_sm[]; /* h's row: codes [K / 32][4], sums [K / 32 SUMS], scales [K / 256] */
-    cuda_pdl_trigger();
     constexpr int TB = mq_tile<T>::BYTES, S = mq_t<T>::SUMS;
     const int SB = K / 256, p = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int e = *(volatile const int *)(pick + p), n0 = blockIdx.x * 32 + 16 * (warp / 2), hf = warp % 2;
@@ -463,13 +486,16 @@ __global__ void __launch_bounds__(128) k_moe_down1(const float *__restrict__ h, 
             }
     }
     if (t == 0) y[(size_t)p * N + n0 + 8 * hf + lane / 4] = acc;
+    cuda_pdl_trigger(); /* after the sums (at the start, as the GEMVs do: 1,791-1,815 tok/s, as above) */
     if (cs.out) moe_sum_tail(cs, y, kused, N);
 }
 
-int cuda_moe_one_takes(const lmx_moe_args *a) {
+int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     if (a->M != 1 || a->K > 32 || a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (F % 256 || C % 256 || F > MQ1_MAX_K) return 0;
+    if (F % 256 || C % 256 || gu1_smem<LMX_GGML_Q4_K>((int)C) > (size_t)cb->one_smem ||
+        mq1_x_bytes<LMX_GGML_Q6_K_A16>((int)F) > (size_t)cb->one_smem)
+        return 0;
     for (int e = 0; e < a->E; e++)
         for (int j = 0; j < 3; j++) {
             const lmx_tensor *w = &a->experts[3 * e + j];
@@ -478,6 +504,16 @@ int cuda_moe_one_takes(const lmx_moe_args *a) {
             if ((uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
         }
     return 1;
+}
+
+/* The dynamic shared memory of a one-row launch of `blocks` blocks that need `need` bytes each: enough more that a
+ * multiprocessor holds no more than its share of them (blocks / SMs, rounded up), so that they spread over the GPU.
+ * The gate / up of Qwen3-30B-A3B's one row is 384 blocks of 44 KB, which fit five a multiprocessor: H200, 12 layers
+ * in Q4_K_M, 1,757-1,761 tok/s so, 1,910-1,922 held to three (the rows' staged launch: 1,876-1,887). */
+static size_t mq1_spread(const cuda_backend *cb, size_t need, int64_t blocks) {
+    const int64_t share = (blocks + cb->sm_count - 1) / cb->sm_count;
+    const int64_t want = cb->sm_smem / (share + 1) - cb->block_smem + 1024; /* share + 1 blocks do not fit */
+    return cb->sm_smem && want > (int64_t)need && want <= cb->one_smem ? (size_t)want : need;
 }
 
 template <int T>
@@ -505,8 +541,9 @@ lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_
         return cb->base.err.status;
     gv_moe tab;
     gv_moe_fill(&tab, a->experts, a->E, 0);
-    cuda_launch(cb, k_moe_gu1<LMX_GGML_Q4_K>, dim3((unsigned)(a->K * F / 16)), 256, gu1_smem<LMX_GGML_Q4_K>(C), xo, tab,
-                pick, F, C, (int)a->act, h);
+    const int64_t blocks = (int64_t)a->K * F / 16;
+    cuda_launch(cb, k_moe_gu1<LMX_GGML_Q4_K>, dim3((unsigned)blocks), 256, mq1_spread(cb, gu1_smem<LMX_GGML_Q4_K>(C), blocks),
+                xo, tab, pick, F, C, (int)a->act, h);
     lmx_status st = cuda_check_launch(cb, "moe gate/up (one row)");
     if (st) return st;
     const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0};

@@ -28,11 +28,11 @@ lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int 
  * whether cuda_moe_one takes a's experts, and the launches: x's quantization (nm's RMSNorm folded in where nm and
  * nm->w) with its routing (pick, pw [K]), h [K, F] = act(gate_e x) * (up_e x), y [K, C] = down_e h_p and the combine
  * into a->out: each pair's y the bits k_moe_mma gives it in a batch. */
-int cuda_moe_one_takes(const lmx_moe_args *a);
+int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a);
 lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
                         float *h, float *y);
 
-/* LMX_CUDA_MOE_TILES=1: whether a stacked GGUF expert weight w (on the host: Q4_K or Q6_K; each expert's rows a
+/* Whether (cb->moe_tiles) a stacked GGUF expert weight w (on the host: Q4_K or Q6_K; each expert's rows a
  * multiple of 32) is uploaded in tiles (LMX_GGML_Q4_K_T16 / Q6_K_T16, cuda_moe_tiled_type); cuda_moe_tiles_upload
  * writes them into dst (cuda_weight_bytes(w) bytes) through a staging copy of the rows. */
 int cuda_moe_tiles_takes(const cuda_backend *cb, const lmx_tensor *w);
