@@ -16,7 +16,8 @@
  * expert read it again).  GGUF experts take k_moe_ggemv (cuda_ggml.cu) the same way, on x quantized
  * first; Q4_K / Q6_K experts of several rows take the integer tensor cores instead (cuda_moe_mma.cu: each
  * chosen expert read once for all its pairs; gate / up from CUDA_MOE_MMA_ROWS_GU rows, down from
- * CUDA_MOE_MMA_ROWS_DOWN).  More than CUDA_MOE_PAIRS (row, choice) pairs (prefill) or experts neither GEMV takes: the
+ * CUDA_MOE_MMA_ROWS_DOWN), and one row of those in tiles (as uploaded by default) takes their arithmetic on the
+ * CUDA cores (cuda_moe_one: x's quantization with the routing, gate / up, down with the combine).  More than CUDA_MOE_PAIRS (row, choice) pairs (prefill) or experts neither GEMV takes: the
  * grouped GEMMs of cuda_moe_grouped.cu.  More than 256 experts: LMX_ERR_UNSUPPORTED, and the model
  * routes on the host (per-expert GEMMs on the rows gathered for each). */
 #include "cuda_moe_mma.h"

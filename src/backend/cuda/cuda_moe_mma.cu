@@ -12,7 +12,10 @@
  * ahead.  Blocks of an expert no pair chose end at once.
  *
  * The arithmetic is cuda_mq.h's, x quantized a super-block at a time by k_mq_quant (below).  Gate / up store h =
- * act(g) u for the down projection, which takes h quantized the same way (a k_mq_quant launch between). */
+ * act(g) u for the down projection, which takes h quantized the same way (a k_mq_quant launch between).
+ *
+ * The experts are uploaded in tiles (the end of this file), and one row of them takes the same arithmetic on the
+ * CUDA cores (cuda_moe_one, "one row from the tiles"). */
 #include "cuda_moe_mma.h"
 #include "cuda_mq.h"
 #include "cuda_repack.h"
@@ -491,7 +494,7 @@ __global__ void __launch_bounds__(128) k_moe_down1(const float *__restrict__ h, 
 }
 
 int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    if (a->M != 1 || a->K > 32 || a->E > GV_MOE_MAX) return 0;
+    if (a->M != 1 || a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     if (F % 256 || C % 256 || gu1_smem<LMX_GGML_Q4_K>((int)C) > (size_t)cb->one_smem ||
         mq1_x_bytes<LMX_GGML_Q6_K_A16>((int)F) > (size_t)cb->one_smem)

@@ -12,7 +12,8 @@
 #define CUDA_MOE_MMA_ROWS_GU 8
 #define CUDA_MOE_MMA_ROWS_DOWN 2
 
-/* At the backend's creation: the kernels' shared memory allowed, cb->moe_mma_smem */
+/* At the backend's creation: the kernels' shared memory allowed (cb->moe_mma_smem; one row: cb->one_smem, sm_smem,
+ * block_smem) */
 void cuda_moe_mma_init(cuda_backend *cb);
 /* 1 when cuda_moe_mma_gu (down 0) or cuda_moe_mma_down (1) takes a's experts: Q4_K gate and up, Q4_K or Q6_K
  * down, every expert 16-byte aligned, rows that fit its shared memory, enough rows (one row's pairs each read a
