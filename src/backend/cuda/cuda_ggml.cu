@@ -472,7 +472,9 @@ __global__ void __launch_bounds__(256) k_moe_gu_tiles(const int4 *__restrict__ x
     cuda_pdl_wait(); /* as k_moe_gu_staged */
     cuda_pdl_trigger();
     constexpr int UP = 2, UPB = gq_traits<T>::PARTS / UP, TB = mq_tile<T>::BYTES, CS = TB + MGU_TILE_PAD;
-    constexpr int HALF = 1024 / 16 + 128 / 16; /* a half's 16-byte copies of a tile: codes, then scales */
+    typedef mq_tile<T> TL;
+    /* a half's 16-byte copies of a tile: its codes, then its rows' scales */
+    constexpr int CODES = TL::slot(2, 0) / 16, HALF = CODES + (TL::scales(8) - TL::scales(0)) / 16;
     const int SB = K / 256, NU = K / 64, r0 = blockIdx.x * 16, p = r0 / N, tile = (r0 - p * N) / 16;
     if (threadIdx.x < (unsigned)kused) e_of[threadIdx.x] = *(volatile const int *)(pick + threadIdx.x);
     __syncthreads();
@@ -487,7 +489,7 @@ __global__ void __launch_bounds__(256) k_moe_gu_tiles(const int4 *__restrict__ x
     for (int h = 0; h < 2; h++) { /* rows 8 h .. 8 h + 7 of gate and up, every super-block */
         for (int c = threadIdx.x; c < 2 * SB * HALF; c += blockDim.x) {
             const int j = c / (SB * HALF), sb = c / HALF % SB, o = c % HALF;
-            const int off = o < 64 ? 1024 * h + 16 * o : 2048 + 128 * h + 16 * (o - 64);
+            const int off = o < CODES ? TL::slot(2 * h, 0) + 16 * o : TL::scales(8 * h) + 16 * (o - CODES);
             mgu_copy16(mgu_tiles + ((size_t)j * SB + sb) * CS + off, src[j] + (size_t)sb * TB + off);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -51,6 +51,20 @@ GQ_TRAITS(GQ_MLX4, 32, 16);
 GQ_TRAITS(GQ_MLX8, 32, 32);
 #undef GQ_TRAITS
 
+/* A mixture's experts in tiles (LMX_GGML_Q4_K_T16 / Q6_K_T16; uploaded by cuda_moe_mma.cu's k_moe_tile): a tile is
+ * 16 rows' super-block b, and tile (i, b) of a matrix of N rows sits at (i K / 256 + b) BYTES, so rows [16 i,
+ * 16 i + 16) of any expert's view start where they would in rows.  A tile holds the codes first, in the order the
+ * tensor-core launch's lane l = 4 g + t takes them for rows g and g + 8 (cuda_mq.h's mq_rows): its uint4 i at
+ * slot(i, l), SLOTS of them (Q4_K: i = 2 h + j, row g + 8 h's code bytes 8 t .. 8 t + 7 of groups 2 j and 2 j + 1;
+ * Q6_K: i = 3 h + k, row g + 8 h's ql words of half k (k < 2) or its qh words (k = 2)); then row r's scales at
+ * scales(r) (Q4_K: d, dmin and the 12 scale bytes; Q6_K: the 16 scales and d, in 32 bytes). */
+template <int T> struct mq_tile {
+    static constexpr int BYTES = 16 * gq_traits<T>::BYTES; /* 2,304 / 3,584 */
+    static constexpr int SLOTS = T == LMX_GGML_Q4_K ? 4 : 6, ROW_SCALES = T == LMX_GGML_Q4_K ? 16 : 32;
+    static __host__ __device__ constexpr int slot(int i, int lane) { return (32 * i + lane) * 16; }
+    static __host__ __device__ constexpr int scales(int r) { return 32 * 16 * SLOTS + ROW_SCALES * r; }
+};
+
 /* N little-endian words from p, whose address is a multiple of AL (2, 4, 8 or 16) bytes: 16-byte or
  * 8-byte loads, word loads, or (AL 2) the aligned words around the run joined by funnel shifts, the word
  * after the run read only when the run is not itself aligned (never a byte past the run's word).
@@ -348,19 +362,19 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
         dd = __ldg((const unsigned *)b);
         gq_words<3, 4>(b + 4, sw);
     }
-    /* Q4_K's unit u of row r of a tile (LMX_GGML_Q4_K_T16, cuda_mq.h mq_tile: row r's 8 bytes of code group u for lane
-     * 4 (r % 8) + t at (32 (2 (r / 8) + u / 2) + 4 (r % 8) + t) * 16 + 8 (u % 2); its scales at 2,048 + 16 r), from
-     * global memory through the read-only path (LDG) or from shared memory (a staged tile) */
+    /* Q4_K's unit u of row r of a tile (LMX_GGML_Q4_K_T16, mq_tile: row r's 8 bytes of code group u for lane
+     * 4 (r % 8) + t in half u % 2 of its slot 2 (r / 8) + u / 2), from global memory through the read-only path (LDG)
+     * or from shared memory (a staged tile) */
     template <bool LDG = true> __device__ __forceinline__ void load_tiled(const uint8_t *tile, int r, int u) {
         c = u;
-        const uint8_t *q = tile + (32 * (2 * (r / 8) + u / 2) + 4 * (r % 8)) * 16 + 8 * (u % 2);
 #pragma unroll
         for (int t = 0; t < 4; t++) {
-            const uint2 *pv = (const uint2 *)(q + 16 * t);
+            const uint2 *pv =
+                (const uint2 *)(tile + mq_tile<LMX_GGML_Q4_K>::slot(2 * (r / 8) + u / 2, 4 * (r % 8) + t) + 8 * (u % 2));
             const uint2 p = LDG ? __ldg(pv) : *pv;
             v[2 * t] = p.x, v[2 * t + 1] = p.y;
         }
-        const uint4 *hv = (const uint4 *)(tile + 2048 + 16 * r);
+        const uint4 *hv = (const uint4 *)(tile + mq_tile<LMX_GGML_Q4_K>::scales(r));
         const uint4 h = LDG ? __ldg(hv) : *hv;
         dd = h.x, sw[0] = h.y, sw[1] = h.z, sw[2] = h.w;
     }
@@ -393,21 +407,22 @@ template <> struct gq_unit<LMX_GGML_Q6_K_A16> { /* half a of 128 elements (parts
         gq_words<2, 8>(b + 192 + 8 * a, s2);
         d = gq_f16(b + 208);
     }
-    /* half a of row r of a tile (LMX_GGML_Q6_K_T16, cuda_mq.h mq_tile): lane (r % 8, t)'s uint4 3 (r / 8) + a holds ql
-     * words 8 q1 + 4 is + t of the half as its words 2 is + q1, uint4 3 (r / 8) + 2 its qh words 4 is + t as words
-     * 2 a + is; the row's scales and d at 3,072 + 32 r */
+    /* half a of row r of a tile (LMX_GGML_Q6_K_T16, mq_tile): lane (r % 8, t)'s slot 3 (r / 8) + a holds ql words
+     * 8 q1 + 4 is + t of the half as its words 2 is + q1, its slot 3 (r / 8) + 2 its qh words 4 is + t as words
+     * 2 a + is; then the row's scales and d */
     __device__ __forceinline__ void load_tiled(const uint8_t *tile, int r, int a) {
+        typedef mq_tile<LMX_GGML_Q6_K_A16> TL;
         const int lane0 = 4 * (r % 8), h3 = 3 * (r / 8);
 #pragma unroll
         for (int t = 0; t < 4; t++) {
-            const uint4 q = __ldg((const uint4 *)(tile + (32 * (h3 + a) + lane0 + t) * 16));
+            const uint4 q = __ldg((const uint4 *)(tile + TL::slot(h3 + a, lane0 + t)));
             lo[t] = q.x, lo[8 + t] = q.y, lo[4 + t] = q.z, lo[12 + t] = q.w;
-            const uint2 e = __ldg((const uint2 *)(tile + (32 * (h3 + 2) + lane0 + t) * 16 + 8 * a));
+            const uint2 e = __ldg((const uint2 *)(tile + TL::slot(h3 + 2, lane0 + t) + 8 * a));
             hi[t] = e.x, hi[4 + t] = e.y;
         }
-        const uint2 sv = __ldg((const uint2 *)(tile + 3072 + 32 * r + 8 * a));
+        const uint2 sv = __ldg((const uint2 *)(tile + TL::scales(r) + 8 * a));
         s2[0] = sv.x, s2[1] = sv.y;
-        d = gq_f16(tile + 3072 + 32 * r + 16);
+        d = gq_f16(tile + TL::scales(r) + 16);
     }
     template <bool PAIRED = false> /* gq_unit_k4's choice; Q6_K's scales are one byte a part */
     __device__ __forceinline__ void part(int i4, uint32_t (&q)[8], float (&sc)[2], float (&mn)[2]) const {

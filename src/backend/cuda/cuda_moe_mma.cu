@@ -308,15 +308,16 @@ __global__ void k_moe_tile(const uint8_t *__restrict__ src, int64_t tiles, int S
     constexpr int BY = gq_traits<T>::BYTES;
     const int64_t rb = (int64_t)SB * BY;
     const uint8_t *r[2] = {src + (tile * 16 + g) * rb + (int64_t)b * BY, src + (tile * 16 + g + 8) * rb + (int64_t)b * BY};
-    uint8_t *out = dst + (tile * SB + b) * mq_tile<T>::BYTES;
+    typedef mq_tile<T> TL;
+    uint8_t *out = dst + (tile * SB + b) * TL::BYTES;
     if constexpr (T == LMX_GGML_Q4_K) {
         for (int q = 0; q < 4; q++) { /* uint4 q: qs[q / 2][2 (q % 2)], qs[q / 2][2 (q % 2) + 1] */
             const uint8_t *row = r[q / 2];
             const uint2 a = *(const uint2 *)(row + 16 + 32 * (2 * (q % 2)) + 8 * t),
                         c = *(const uint2 *)(row + 16 + 32 * (2 * (q % 2) + 1) + 8 * t);
-            *(uint4 *)(out + (32 * q + lane) * 16) = make_uint4(a.x, a.y, c.x, c.y);
+            *(uint4 *)(out + TL::slot(q, lane)) = make_uint4(a.x, a.y, c.x, c.y);
         }
-        if (lane < 16) *(uint4 *)(out + 2048 + 16 * lane) = *(const uint4 *)(src + (tile * 16 + lane) * rb + (int64_t)b * BY);
+        if (lane < 16) *(uint4 *)(out + TL::scales(lane)) = *(const uint4 *)(src + (tile * 16 + lane) * rb + (int64_t)b * BY);
     } else {
         uint32_t u[24];
         for (int h = 0; h < 2; h++)
@@ -328,11 +329,11 @@ __global__ void k_moe_tile(const uint8_t *__restrict__ src, int64_t tiles, int S
                     u[12 * h + 8 + 2 * hh + is] = *(const uint32_t *)(p + 128 + 32 * hh + 16 * is + 4 * t);
                 }
         for (int q = 0; q < 6; q++)
-            *(uint4 *)(out + (32 * q + lane) * 16) = make_uint4(u[4 * q], u[4 * q + 1], u[4 * q + 2], u[4 * q + 3]);
+            *(uint4 *)(out + TL::slot(q, lane)) = make_uint4(u[4 * q], u[4 * q + 1], u[4 * q + 2], u[4 * q + 3]);
         if (lane < 16) {
             const uint8_t *p = src + (tile * 16 + lane) * rb + (int64_t)b * BY;
-            *(uint4 *)(out + 3072 + 32 * lane) = *(const uint4 *)(p + 192);
-            *(uint4 *)(out + 3072 + 32 * lane + 16) = make_uint4(*(const uint32_t *)(p + 208), 0u, 0u, 0u);
+            *(uint4 *)(out + TL::scales(lane)) = *(const uint4 *)(p + 192);
+            *(uint4 *)(out + TL::scales(lane) + 16) = make_uint4(*(const uint32_t *)(p + 208), 0u, 0u, 0u);
         }
     }
 }
@@ -400,7 +401,9 @@ __global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_cons
                                                  int K, int act, float *__restrict__ h) {
     extern __shared__ __align__(16) uint8_t gu1_sm[];
     cuda_pdl_wait(); /* pick and x come from the launch before */
-    constexpr int TB = mq_tile<T>::BYTES, HALF = 1024 / 16 + 128 / 16; /* a group's copies a tile */
+    typedef mq_tile<T> TL;
+    /* a group's 16-byte copies of a tile: its codes, then its rows' scales */
+    constexpr int TB = TL::BYTES, CODES = TL::slot(2, 0) / 16, HALF = CODES + (TL::scales(8) - TL::scales(0)) / 16;
     const int SB = K / 256, tiles = N / 16, p = blockIdx.x / tiles, tile = blockIdx.x % tiles;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, e = pick[p];
     float2 *fv = (float2 *)(gu1_sm + (size_t)2 * SB * TB);
@@ -410,7 +413,8 @@ __global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_cons
     for (int hh = 0; hh < 2; hh++) {
         for (int c = threadIdx.x; c < 2 * SB * HALF; c += blockDim.x) {
             const int j = c / (SB * HALF), b = c / HALF % SB, o = c % HALF;
-            const size_t off = ((size_t)j * SB + b) * TB + (o < 64 ? 1024 * hh + 16 * o : 2048 + 128 * hh + 16 * (o - 64));
+            const size_t off = ((size_t)j * SB + b) * TB +
+                               (o < CODES ? TL::slot(2 * hh, 0) + 16 * o : TL::scales(8 * hh) + 16 * (o - CODES));
             cp_async16(smem_addr(gu1_sm + off), (const uint8_t *)mo.w[j][e] + (size_t)tile * SB * TB + off - j * SB * TB);
         }
         for (int c = threadIdx.x; hh == 0 && c < K / 32 * 4 + K / 32 + K / 256; c += blockDim.x) /* x */

@@ -67,12 +67,6 @@ template <int T> static inline size_t mq_stage_bytes(int sbs) {
     return (size_t)sbs * (256 * sizeof(uint4) + 64 * mq_t<T>::SUMS * sizeof(int) + 8 * sizeof(float));
 }
 
-/* Experts in tiles (LMX_CUDA_MOE_TILES, cuda_moe_mma.cu): a tile is 16 rows' super-block b, the rows' codes in the
- * order a warp's lanes take them (mq_rows::load_tiled) and then their scales; tile (i, b) of a matrix of N rows sits
- * at (i K / 256 + b) mq_tile<T>::BYTES, so rows [16 i, 16 i + 16) of any expert's view start at the same offset in the
- * tiles as in the rows. */
-template <int T> struct mq_tile { static constexpr int BYTES = 16 * gq_traits<T>::BYTES; }; /* 2,304 / 3,584 */
-
 /* A Q4_K weight load through the read-only path, each L2 miss fetching 256 bytes (the row's next bytes, which its
  * next super-block reads).  H200, 12-layer Qwen3-30B-A3B Q4_K_M batch 32: gate / up 74.2 -> 70.2 us, 48 layers batch
  * 8 / 32 1,393 / 3,023 -> 1,435 / 3,056 tok/s; Q6_K's down (224-byte blocks) 64.4 -> 66.9 us, so it keeps __ldg. */
@@ -114,19 +108,19 @@ template <> struct mq_rows<LMX_GGML_Q4_K> {
             for (int j = 0; j < 4; j++) qs[h][j] = mq_ld<uint2>(p + 16 + 32 * j + 8 * t);
         }
     }
-    /* the same bytes from a tile (mq_tile<T>: the warp's 16 rows of a super-block, lane l's codes as uint4 i at
-     * (32 i + l) * 16 holding qs[i / 2][2 (i % 2)] and qs[i / 2][2 (i % 2) + 1], then row r's 16 bytes at 2,048 + 16 r):
-     * half h (rows g + 8 h: uint4 2 h and 2 h + 1, and its scales) into half H's registers, through the read-only path
-     * (LDG) or from shared memory (a staged tile) */
+    /* the same bytes from a tile (mq_tile<T>: the warp's 16 rows of a super-block, lane l's slot i holding
+     * qs[i / 2][2 (i % 2)] and qs[i / 2][2 (i % 2) + 1], then each row's 16 bytes): half h (rows g + 8 h: slots 2 h and
+     * 2 h + 1, and its scales) into half H's registers, through the read-only path (LDG) or from shared memory (a
+     * staged tile) */
     template <int H, bool LDG = true> __device__ __forceinline__ void load_half(const uint8_t *tile, int lane, int h) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const uint8_t *p = tile + (32 * (2 * h + j) + lane) * 16;
+            const uint8_t *p = tile + mq_tile<LMX_GGML_Q4_K>::slot(2 * h + j, lane);
             const uint4 v = LDG ? mq_ld<uint4>(p) : *(const uint4 *)p;
             qs[H][2 * j] = make_uint2(v.x, v.y);
             qs[H][2 * j + 1] = make_uint2(v.z, v.w);
         }
-        const uint8_t *s = tile + 2048 + 16 * (lane / 4 + 8 * h);
+        const uint8_t *s = tile + mq_tile<LMX_GGML_Q4_K>::scales(lane / 4 + 8 * h);
         hd[H] = LDG ? mq_ld<uint4>(s) : *(const uint4 *)s;
     }
     __device__ __forceinline__ void load_tiled(const uint8_t *tile, int lane) {
@@ -228,14 +222,14 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
             dw[h] = __ldg((const uint32_t *)(p + 208));
         }
     }
-    /* the same bytes from a tile (mq_tile<T>): lane l's words of rows g and g + 8 as six uint4 at (32 i + l) * 16,
-     * word 12 h + 4 hh + 2 is + (q & 1) of them ql[h][hh][is][q & 1], word 12 h + 8 + 2 hh + is qh[h][hh][is]; then
-     * row r's 16 scale bytes and d at 3,072 + 32 r: half h (rows g + 8 h) into half H's registers */
+    /* the same bytes from a tile (mq_tile<T>): lane l's words of rows g and g + 8 in its six slots, word
+     * 12 h + 4 hh + 2 is + (q & 1) of them ql[h][hh][is][q & 1], word 12 h + 8 + 2 hh + is qh[h][hh][is]; then each
+     * row's 16 scale bytes and d: half h (rows g + 8 h) into half H's registers */
     template <int H> __device__ __forceinline__ void load_half(const uint8_t *tile, int lane, int h) {
         uint32_t u[12];
 #pragma unroll
         for (int i = 0; i < 3; i++) {
-            const uint4 v = __ldg((const uint4 *)(tile + (32 * (3 * h + i) + lane) * 16));
+            const uint4 v = __ldg((const uint4 *)(tile + mq_tile<LMX_GGML_Q6_K_A16>::slot(3 * h + i, lane)));
             u[4 * i] = v.x, u[4 * i + 1] = v.y, u[4 * i + 2] = v.z, u[4 * i + 3] = v.w;
         }
 #pragma unroll
@@ -246,7 +240,7 @@ template <> struct mq_rows<LMX_GGML_Q6_K_A16> {
                 ql[H][hh][is][1] = u[4 * hh + 2 * is + 1];
                 qh[H][hh][is] = u[8 + 2 * hh + is];
             }
-        const uint8_t *r = tile + 3072 + 32 * (lane / 4 + 8 * h);
+        const uint8_t *r = tile + mq_tile<LMX_GGML_Q6_K_A16>::scales(lane / 4 + 8 * h);
         const uint4 v = __ldg((const uint4 *)r);
         sc[H][0] = v.x, sc[H][1] = v.y, sc[H][2] = v.z, sc[H][3] = v.w;
         dw[H] = __ldg((const uint32_t *)(r + 16));
