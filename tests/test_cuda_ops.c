@@ -615,17 +615,22 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1), tol = M * K > 512 ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d: relative error %.3g", name, E,
               K, C, F, M, norm_topk, scaled, ties, err);
-    /* experts uploaded in tiles (by default): the same bits as a backend that keeps their rows.  One row
-     * of Q4_K gate / up beside Q4_K or Q6_K down (cuda_moe_one) has the tensor-core path's arithmetic: the bits of
-     * its row in a batch of two (the row twice) there, LMX_CUDA_MOE_MMA=2. */
+    /* experts uploaded in tiles (by default): the same bits as a backend that keeps their rows.  Q4_K gate / up in
+     * tiles take the tensor-core path's arithmetic at any row count (cuda_moe_tiles_gu), and so does one row's Q4_K or
+     * Q6_K down beside them (cuda_moe_one): then the rows' backend takes the tensor cores from two rows
+     * (LMX_CUDA_MOE_MMA=2, down as this run's unless one row's), one row run twice as a batch of two. */
     int tiled = 0;
     for (int i = 0; i < 3 * E; i++)
         tiled |= eg[i].q.ggml_type == LMX_GGML_Q4_K_T16 || eg[i].q.ggml_type == LMX_GGML_Q6_K_T16;
-    const int one = M == 1 && gtype == LMX_GGML_Q4_K && (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) &&
-                    F % 256 == 0 && C % 256 == 0;
+    const char *mma = getenv("LMX_CUDA_MOE_MMA");
+    const int dmin = mma ? atoi(strchr(mma, ',') ? strchr(mma, ',') + 1 : mma) : 2; /* down's fewest rows */
+    const int gu_mq = tiled && gtype == LMX_GGML_Q4_K && F % 16 == 0 && C % 256 == 0;
+    const int down_mq = (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) && F % 256 == 0 &&
+                        (M == 1 ? gu_mq : dmin > 0 && M >= (dmin > 2 ? dmin : 2));
     if (tiled) {
         g_tiled_cases++;
-        lmx_backend *g2 = cuda_with2("LMX_CUDA_MOE_TILES", "0", one ? "LMX_CUDA_MOE_MMA" : NULL, "2");
+        lmx_backend *g2 = cuda_with2("LMX_CUDA_MOE_TILES", "0", gu_mq ? "LMX_CUDA_MOE_MMA" : NULL, down_mq ? "2" : "2,0");
+        const int one = gu_mq && M == 1;
         lmx_tensor *rows = malloc((size_t)3 * E * sizeof *rows);
         for (int i = 0; i < 3 * E && g2; i++) {
             rows[i] = w[i].c; /* the host blocks (the cpu backend reads them in place) */

@@ -454,60 +454,6 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
     }
 }
 
-/* k_moe_gu_staged for gate / up experts in tiles (LMX_GGML_Q4_K_T16): block b takes the 16 rows [16 b, 16 b + 16) of
- * the pairs' rows (one tile of one pair's gate and of its up) and copies their super-blocks' tiles into shared memory
- * in two groups, rows 0-7 (each tile's first 1,024 bytes of codes and 128 of scales) and rows 8-15 (the rest); each
- * warp takes a row of each group, a lane the units lane, lane + 32, ... as k_moe_gu_staged's (the same sums in the
- * same order), the second group's copies in flight while the first is summed.  The tiles sit MGU_TILE_PAD bytes
- * apart in shared memory, so that the lanes' units of different super-blocks take other banks. */
-#define MGU_TILE_PAD 16
-/* the shared memory of a block's gate and up tiles (K / 256 of each, padded) */
-static inline size_t mgu_tiles_bytes(int K) { return (size_t)2 * (K / 256) * (mq_tile<LMX_GGML_Q4_K>::BYTES + MGU_TILE_PAD); }
-template <int T>
-__global__ void __launch_bounds__(256) k_moe_gu_tiles(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
-                                                      const __grid_constant__ gv_moe mo, const int *pick, int kused,
-                                                      int N, int K, int PR, int act, float *y0, float *y1) {
-    extern __shared__ __align__(16) uint8_t mgu_tiles[]; /* [2][K / 256][tile + pad]: gate, then up; then x */
-    __shared__ int e_of[32];
-    cuda_pdl_wait(); /* as k_moe_gu_staged */
-    cuda_pdl_trigger();
-    constexpr int UP = 2, UPB = gq_traits<T>::PARTS / UP, TB = mq_tile<T>::BYTES, CS = TB + MGU_TILE_PAD;
-    typedef mq_tile<T> TL;
-    /* a half's 16-byte copies of a tile: its codes, then its rows' scales */
-    constexpr int CODES = TL::slot(2, 0) / 16, HALF = CODES + (TL::scales(8) - TL::scales(0)) / 16;
-    const int SB = K / 256, NU = K / 64, r0 = blockIdx.x * 16, p = r0 / N, tile = (r0 - p * N) / 16;
-    if (threadIdx.x < (unsigned)kused) e_of[threadIdx.x] = *(volatile const int *)(pick + threadIdx.x);
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int4 *sxq = (int4 *)(mgu_tiles + (size_t)2 * SB * CS); /* x as gq_quant_x laid it out: [PR * 4], then [PR] */
-    float4 *sxm = (float4 *)(sxq + PR * 4);
-    for (int c = threadIdx.x; c < PR * 5; c += blockDim.x) /* with the first group */
-        if (c < PR * 4) mgu_copy16(sxq + c, xq + c);
-        else mgu_copy16(sxm + (c - PR * 4), xm + (c - PR * 4));
-    const uint8_t *src[2] = {(const uint8_t *)mo.w[0][e_of[p]] + (size_t)tile * SB * TB,
-                             (const uint8_t *)mo.w[1][e_of[p]] + (size_t)tile * SB * TB};
-    for (int h = 0; h < 2; h++) { /* rows 8 h .. 8 h + 7 of gate and up, every super-block */
-        for (int c = threadIdx.x; c < 2 * SB * HALF; c += blockDim.x) {
-            const int j = c / (SB * HALF), sb = c / HALF % SB, o = c % HALF;
-            const int off = o < CODES ? TL::slot(2 * h, 0) + 16 * o : TL::scales(8 * h) + 16 * (o - CODES);
-            mgu_copy16(mgu_tiles + ((size_t)j * SB + sb) * CS + off, src[j] + (size_t)sb * TB + off);
-        }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-    for (int h = 0; h < 2; h++) {
-        mgu_wait(1 - h);
-        __syncthreads();
-        const int r = warp + 8 * h;
-        mgu_row<T>(
-            [&](mgu_unit<T>(&wu)[2], int pu) {
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    wu[j].template load_tiled<false>(mgu_tiles + ((size_t)j * SB + pu / UPB) * CS, r, pu % UPB);
-            },
-            lane, NU, sxq, sxm, act, y0 + r0 + r, y1 + r0 + r);
-    }
-}
-
 /* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores.  TL: w in tiles of
  * 16 rows (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks), each part decoded from its unit as the GEMVs do. */
 template <int T, int TL = 0>
@@ -788,14 +734,12 @@ int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E) {
 /* Rows a block of k_moe_gu_staged takes for one row's pairs of gate/up experts of type (N rows of K each, every
  * expert 16-byte aligned: al16), or 0 where it does not take them (another type, more than 32 pairs (its table of
  * their experts), a row pair beyond MGU_SMEM, or LMX_CUDA_MOE_STAGED=0): about three blocks a multiprocessor.  Its
- * rows are whole blocks (cuda_moe_ggemv_takes) of 144 (Q4_K) or 176 (Q5_K) bytes, so whole 16-byte copies.  Experts
- * in tiles (LMX_GGML_Q4_K_T16) take k_moe_gu_tiles, 16 rows a block, where a block's tiles fit. */
+ * rows are whole blocks (cuda_moe_ggemv_takes) of 144 (Q4_K) or 176 (Q5_K) bytes, so whole 16-byte copies.  (Experts
+ * in tiles take cuda_moe_tiles_gu, cuda_moe_mma.cu.) */
 static int mgu_rows_per_block(const cuda_backend *cb, int type, int N, int K, int pairs, int al16) {
-    const int tiled = type == LMX_GGML_Q4_K_T16; /* k_moe_gu_tiles: a tile of gate and one of up a block */
-    if (!cb->moe_staged || !al16 || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K && !tiled) || pairs > 32) return 0;
+    if (!cb->moe_staged || !al16 || (type != LMX_GGML_Q4_K && type != LMX_GGML_Q5_K) || pairs > 32) return 0;
     const int64_t rb = (int64_t)lmx_ggml_row_bytes(type, K);
     const int64_t xb = gq_xs_bytes(1, gq_xq{NULL, NULL, (int)gq_row_parts(K, 2), 0}); /* x staged beside the rows */
-    if (tiled) return mgu_tiles_bytes(K) + xb <= MGU_SMEM ? 16 : 0;
     if (2 * rb + xb > MGU_SMEM) return 0;
     const int64_t rows = (int64_t)pairs * N, fit = (MGU_SMEM - xb) / (2 * rb);
     int64_t R = (rows + 3 * cb->sm_count - 1) / (3 * cb->sm_count);
@@ -836,12 +780,6 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
     gq_xq xo = {NULL, NULL, (int)gq_row_parts(K, up), 0};
     if (!xs && !gq_quant_x(cb, &up, 1, x, rows, K, nm ? *nm : cuda_row_norm{}, &xo, rt)) return cb->base.err.status;
     const int R = down || rows != 1 ? 0 : mgu_rows_per_block(cb, stored, N, K, pairs, al16);
-    if (R && stored == LMX_GGML_Q4_K_T16) {
-        cuda_launch(cb, k_moe_gu_tiles<LMX_GGML_Q4_K>, dim3((unsigned)(pairs * N / 16)), 256,
-                    mgu_tiles_bytes(K) + gq_xs_bytes(1, xo), (const int4 *)xo.xq, (const float4 *)xo.xm, tab, pick, kused,
-                    N, K, xo.PR, act, y0, y1);
-        return cuda_check_launch(cb, "moe gate/up");
-    }
     if (R) {
         cuda_launch(cb, type == LMX_GGML_Q4_K ? k_moe_gu_staged<LMX_GGML_Q4_K> : k_moe_gu_staged<LMX_GGML_Q5_K>,
                     dim3((unsigned)cuda_blocks((int64_t)pairs * N, R)), 256,

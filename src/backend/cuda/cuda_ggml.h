@@ -363,19 +363,18 @@ template <int T> struct gq_unit_k4 { /* Q4_K, Q5_K: chunk c of 64 elements (part
         gq_words<3, 4>(b + 4, sw);
     }
     /* Q4_K's unit u of row r of a tile (LMX_GGML_Q4_K_T16, mq_tile: row r's 8 bytes of code group u for lane
-     * 4 (r % 8) + t in half u % 2 of its slot 2 (r / 8) + u / 2), from global memory through the read-only path (LDG)
-     * or from shared memory (a staged tile) */
-    template <bool LDG = true> __device__ __forceinline__ void load_tiled(const uint8_t *tile, int r, int u) {
+     * 4 (r % 8) + t in half u % 2 of its slot 2 (r / 8) + u / 2) */
+    __device__ __forceinline__ void load_tiled(const uint8_t *tile, int r, int u) {
         c = u;
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             const uint2 *pv =
                 (const uint2 *)(tile + mq_tile<LMX_GGML_Q4_K>::slot(2 * (r / 8) + u / 2, 4 * (r % 8) + t) + 8 * (u % 2));
-            const uint2 p = LDG ? __ldg(pv) : *pv;
+            const uint2 p = __ldg(pv);
             v[2 * t] = p.x, v[2 * t + 1] = p.y;
         }
         const uint4 *hv = (const uint4 *)(tile + mq_tile<LMX_GGML_Q4_K>::scales(r));
-        const uint4 h = LDG ? __ldg(hv) : *hv;
+        const uint4 h = __ldg(hv);
         dd = h.x, sw[0] = h.y, sw[1] = h.z, sw[2] = h.w;
     }
     /* PAIRED: both parts' scales from one gq_k4_scale2, the same expression for k 0 and 1 (so computed once where

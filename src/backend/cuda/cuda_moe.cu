@@ -129,6 +129,8 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
         const int mma_gu = cuda_moe_mma_takes(cb, a, 0), mma_down = cuda_moe_mma_takes(cb, a, 1);
         if (mma_gu) {
             st = cuda_moe_mma_gu(cb, a, pick, pw, h);
+        } else if (cuda_moe_tiles_gu_takes(cb, a)) { /* fewer rows of Q4_K in tiles: a pair's expert a block */
+            st = cuda_moe_tiles_gu(cb, a, nm, pick, pw, h);
         } else {
             cuda_moe_router rt;
             cuda_moe_router_set(&rt, a, 0, pick, pw);

@@ -193,8 +193,8 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
 }
 
 template <int T>
-__global__ void k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int N, int K, int act,
-                          float *__restrict__ h);
+__global__ void k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int kused, int N, int K,
+                          int act, float *__restrict__ h);
 template <int T>
 __global__ void k_moe_down1(const float *__restrict__ h, const __grid_constant__ gv_moe mo, const int *pick, int kused,
                             int N, int K, float *__restrict__ y, const gv_moe_sum cs);
@@ -387,24 +387,25 @@ template <int T> static inline size_t mq1_x_bytes(int K) {
     return (size_t)K / 32 * (4 * sizeof(uint4) + mq_t<T>::SUMS * sizeof(int)) + K / 256 * sizeof(float);
 }
 
-/* Block b: tile b % (N / 16) of pair p = b / (N / 16)'s gate and up (16 rows of expert pick[p]), copied into shared
- * memory in two groups as k_moe_gu_tiles copies them (rows 0-7: each tile's first 1,024 bytes of codes and 128 of
- * scales, with x; rows 8-15: the rest), the second in flight while the first is summed: warp w their super-blocks w,
- * w + 8, ..., lane (g, t) row g + 8 h of group h as k_moe_mma's lane; each super-block's step (f, v) to shared memory,
- * then chained in super-block order as k_moe_mma's sum: h [pairs, N] = act(gate x) (up x).  (Loaded into registers
- * instead, a block's 37 KB need 99 registers a thread, and the launch does not fit the GPU at once.) */
+/* Block b: tile b % (N / 16) of pair p = b / (N / 16)'s gate and up (16 rows of expert pick[p], against x's row
+ * p / kused), copied into shared memory by cp.async in two groups (rows 0-7: each tile's first 1,024 bytes of codes
+ * and 128 of scales, with x; rows 8-15: the rest), the second in flight while the first is summed: warp w their
+ * super-blocks w, w + 8, ..., lane (g, t) row g + 8 h of group h as k_moe_mma's lane; each super-block's step (f, v)
+ * to shared memory, then chained in super-block order as k_moe_mma's sum: h [pairs, N] = act(gate x) (up x).
+ * (Loaded into registers instead, a block's 37 KB need 99 registers a thread, and one row's launch does not fit the
+ * GPU at once.) */
 template <int T> static inline size_t gu1_smem(int K) { /* tiles [gate, up][K / 256]; steps [K / 256][2][16]; x */
     return (size_t)2 * (K / 256) * (mq_tile<T>::BYTES + 16 * sizeof(float2)) + mq1_x_bytes<T>(K);
 }
 template <int T>
-__global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick, int N,
-                                                 int K, int act, float *__restrict__ h) {
+__global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_constant__ gv_moe mo, const int *pick,
+                                                 int kused, int N, int K, int act, float *__restrict__ h) {
     extern __shared__ __align__(16) uint8_t gu1_sm[];
     cuda_pdl_wait(); /* pick and x come from the launch before */
     typedef mq_tile<T> TL;
     /* a group's 16-byte copies of a tile: its codes, then its rows' scales */
     constexpr int TB = TL::BYTES, CODES = TL::slot(2, 0) / 16, HALF = CODES + (TL::scales(8) - TL::scales(0)) / 16;
-    const int SB = K / 256, tiles = N / 16, p = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+    const int SB = K / 256, tiles = N / 16, p = blockIdx.x / tiles, tile = blockIdx.x % tiles, m = p / kused;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, e = pick[p];
     float2 *fv = (float2 *)(gu1_sm + (size_t)2 * SB * TB);
     uint4 *sx = (uint4 *)(fv + SB * 32);
@@ -418,9 +419,9 @@ __global__ void __launch_bounds__(256) k_moe_gu1(const mq_x x, const __grid_cons
             cp_async16(smem_addr(gu1_sm + off), (const uint8_t *)mo.w[j][e] + (size_t)tile * SB * TB + off - j * SB * TB);
         }
         for (int c = threadIdx.x; hh == 0 && c < K / 32 * 4 + K / 32 + K / 256; c += blockDim.x) /* x */
-            if (c < K / 32 * 4) cp_async16(smem_addr(sx + c), x.q + c);
-            else if (c < K / 32 * 5) cp_async4_or_zeros(smem_addr(sxs + c - K / 32 * 4), x.s + c - K / 32 * 4, 4);
-            else cp_async4_or_zeros(smem_addr(sxd + c - K / 32 * 5), x.d + c - K / 32 * 5, 4);
+            if (c < K / 32 * 4) cp_async16(smem_addr(sx + c), x.q + (size_t)m * K / 32 * 4 + c);
+            else if (c < K / 32 * 5) cp_async4_or_zeros(smem_addr(sxs + c - K / 32 * 4), x.s + (size_t)m * K / 32 + c - K / 32 * 4, 4);
+            else cp_async4_or_zeros(smem_addr(sxd + c - K / 32 * 5), x.d + (size_t)m * K / 256 + c - K / 32 * 5, 4);
         cp_async_commit();
     }
     for (int hh = 0; hh < 2; hh++) {
@@ -497,19 +498,30 @@ __global__ void __launch_bounds__(128) k_moe_down1(const float *__restrict__ h, 
     if (cs.out) moe_sum_tail(cs, y, kused, N);
 }
 
-int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    if (a->M != 1 || a->E > GV_MOE_MAX) return 0;
+int cuda_moe_tiles_gu_takes(const cuda_backend *cb, const lmx_moe_args *a) {
+    if (a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (F % 256 || C % 256 || gu1_smem<LMX_GGML_Q4_K>((int)C) > (size_t)cb->one_smem ||
-        mq1_x_bytes<LMX_GGML_Q6_K_A16>((int)F) > (size_t)cb->one_smem)
-        return 0;
+    if (C % 256 || F % 16 || gu1_smem<LMX_GGML_Q4_K>((int)C) > (size_t)cb->one_smem) return 0;
     for (int e = 0; e < a->E; e++)
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < 2; j++) {
             const lmx_tensor *w = &a->experts[3 * e + j];
-            const int type = w->q.ggml_type;
-            if (j < 2 ? type != LMX_GGML_Q4_K_T16 : type != LMX_GGML_Q4_K_T16 && type != LMX_GGML_Q6_K_T16) return 0;
-            if ((uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
+            if (w->q.ggml_type != LMX_GGML_Q4_K_T16 || (uintptr_t)w->data % 16 || w->shape[0] != F || w->shape[1] != C)
+                return 0;
         }
+    return 1;
+}
+
+int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a) {
+    if (a->M != 1 || !cuda_moe_tiles_gu_takes(cb, a)) return 0;
+    const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    if (F % 256 || mq1_x_bytes<LMX_GGML_Q6_K_A16>((int)F) > (size_t)cb->one_smem) return 0;
+    for (int e = 0; e < a->E; e++) {
+        const lmx_tensor *w = &a->experts[3 * e + 2];
+        const int type = w->q.ggml_type;
+        if ((type != LMX_GGML_Q4_K_T16 && type != LMX_GGML_Q6_K_T16) || (uintptr_t)w->data % 16 || w->shape[0] != C ||
+            w->shape[1] != F)
+            return 0;
+    }
     return 1;
 }
 
@@ -538,20 +550,25 @@ static lmx_status mq1_down(cuda_backend *cb, const lmx_moe_args *a, const int *p
     return cuda_check_launch(cb, "moe down (one row)");
 }
 
-lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
-                        float *h, float *y) {
+lmx_status cuda_moe_tiles_gu(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
+                             float *h) {
     const int F = (int)a->experts[0].shape[0], C = (int)a->experts[0].shape[1];
     cuda_moe_router rt;
     cuda_moe_router_set(&rt, a, 0, pick, pw);
     mq_x xo;
-    if (!mq_quant<LMX_GGML_Q4_K>(cb, (const float *)a->x->data, 1, C, &rt, &xo, nm ? *nm : cuda_row_norm{}))
+    if (!mq_quant<LMX_GGML_Q4_K>(cb, (const float *)a->x->data, a->M, C, &rt, &xo, nm ? *nm : cuda_row_norm{}))
         return cb->base.err.status;
     gv_moe tab;
     gv_moe_fill(&tab, a->experts, a->E, 0);
-    const int64_t blocks = (int64_t)a->K * F / 16;
+    const int64_t blocks = (int64_t)a->M * a->K * F / 16;
     cuda_launch(cb, k_moe_gu1<LMX_GGML_Q4_K>, dim3((unsigned)blocks), 256, mq1_spread(cb, gu1_smem<LMX_GGML_Q4_K>(C), blocks),
-                xo, tab, pick, F, C, (int)a->act, h);
-    lmx_status st = cuda_check_launch(cb, "moe gate/up (one row)");
+                xo, tab, pick, a->K, F, C, (int)a->act, h);
+    return cuda_check_launch(cb, "moe gate/up (tiles)");
+}
+
+lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
+                        float *h, float *y) {
+    lmx_status st = cuda_moe_tiles_gu(cb, a, nm, pick, pw, h);
     if (st) return st;
     const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0};
     return a->experts[2].q.ggml_type == LMX_GGML_Q6_K_T16 ? mq1_down<LMX_GGML_Q6_K_A16>(cb, a, pick, h, y, sum)

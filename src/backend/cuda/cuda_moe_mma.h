@@ -25,10 +25,16 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 /* h quantized, then y [M K, C] = down_e h_p for each pair p (the combine is the caller's) */
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
 
-/* One row (decode of one sequence) of experts in tiles (LMX_GGML_Q4_K_T16 gate and up, Q4_K_T16 or Q6_K_T16 down):
- * whether cuda_moe_one takes a's experts, and the launches: x's quantization (nm's RMSNorm folded in where nm and
- * nm->w) with its routing (pick, pw [K]), h [K, F] = act(gate_e x) * (up_e x), y [K, C] = down_e h_p and the combine
- * into a->out: each pair's y the bits k_moe_mma gives it in a batch. */
+/* Gate and up experts in tiles (LMX_GGML_Q4_K_T16) for rows too few for the tensor cores, on the CUDA cores in their
+ * arithmetic (each pair's h the bits k_moe_mma gives it): whether cuda_moe_tiles_gu takes a's experts, and the
+ * launches: x's quantization (nm's RMSNorm folded in where nm and nm->w) with its routing (pick, pw [M, K]), then
+ * h [M K, F] = act(gate_e x_i) * (up_e x_i). */
+int cuda_moe_tiles_gu_takes(const cuda_backend *cb, const lmx_moe_args *a);
+lmx_status cuda_moe_tiles_gu(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
+                             float *h);
+/* One row (decode of one sequence) of experts in tiles (those, beside Q4_K_T16 or Q6_K_T16 down): whether
+ * cuda_moe_one takes a's experts, and the launches: cuda_moe_tiles_gu, then y [K, C] = down_e h_p and the combine
+ * into a->out, in the same arithmetic. */
 int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a);
 lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_norm *nm, int *pick, float *pw,
                         float *h, float *y);
