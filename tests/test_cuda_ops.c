@@ -704,8 +704,8 @@ static void test_moe(void) {
     test_moe_case_down("gguf q4_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 16, 4, 512, 768, 8, 1, 0, 0);
     test_moe_case_down("gguf q4_k / q6_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 512, 768, 32, 1, 0, 0);
     test_moe_case_down("gguf q4_k, mma, passes", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 6, 3, 256, 512, 40, 0, 1, 0);
-    /* one row with only gate / up (Q4_K) or only down (Q6_K) in tiles: the per-pair kernels' tiled forms
-     * (k_moe_gu_tiles; k_moe_ggemv), not cuda_moe_one, and several rows of both */
+    /* only gate / up (Q4_K) or only down (Q6_K) in tiles: gate / up by cuda_moe_tiles_gu beside the per-pair down
+     * from rows, or the per-pair GEMVs' tiled down (k_moe_ggemv) beside rows' gate / up; not cuda_moe_one */
     for (int m = 1; m <= 3; m += 2) {
         test_moe_case_down("gguf q4_k / q5_k", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q5_K, 8, 2, 256, 256, m, 1, 0, 0);
         test_moe_case_down("gguf q5_k / q6_k", LMX_DTYPE_U8, 0, LMX_GGML_Q5_K, LMX_GGML_Q6_K, 8, 2, 256, 256, m, 1, 0, 0);

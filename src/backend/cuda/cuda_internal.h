@@ -79,7 +79,8 @@ typedef struct cuda_backend {
     int moe_mma_smem;        /* the shared memory those launches may stage x in (cuda_moe_mma_init) */
     int moe_tiles;           /* GGUF Q4_K / Q6_K experts uploaded in tiles, not rows (cuda_moe_mma.cu);
                                 LMX_CUDA_MOE_TILES=0 keeps the rows, for A/B measurements */
-    int one_smem;            /* the dynamic shared memory a block of one row's tiled experts may take (cuda_moe_one) */
+    int one_smem;            /* the dynamic shared memory a block of the tiled experts' CUDA-core launches may take
+                                (cuda_moe_tiles_gu, cuda_moe_one) */
     int sm_smem, block_smem; /* the shared memory a multiprocessor holds for blocks (0: unknown), and what each block
                                 of those launches takes beside its dynamic bytes (cuda_moe_mma_init) */
     int gemv_mq;             /* the fewest rows whose dense GGUF Q4_K / Q6_K GEMVs take the integer tensor cores

@@ -16,9 +16,9 @@
  * expert read it again).  GGUF experts take k_moe_ggemv (cuda_ggml.cu) the same way, on x quantized
  * first; Q4_K / Q6_K experts of several rows take the integer tensor cores instead (cuda_moe_mma.cu: each
  * chosen expert read once for all its pairs; gate / up from CUDA_MOE_MMA_ROWS_GU rows, down from
- * CUDA_MOE_MMA_ROWS_DOWN), and one row of those in tiles (as uploaded by default) takes their arithmetic on the
- * CUDA cores (cuda_moe_one: x's quantization with the routing, gate / up, down with the combine).  More than CUDA_MOE_PAIRS (row, choice) pairs (prefill) or experts neither GEMV takes: the
- * grouped GEMMs of cuda_moe_grouped.cu.  More than 256 experts: LMX_ERR_UNSUPPORTED, and the model
+ * CUDA_MOE_MMA_ROWS_DOWN); in tiles (as uploaded by default), one row of them and the gate / up of fewer rows take
+ * that arithmetic on the CUDA cores (cuda_moe_one, cuda_moe_tiles_gu).  More than CUDA_MOE_PAIRS (row, choice) pairs
+ * (prefill) or experts neither GEMV takes: the grouped GEMMs of cuda_moe_grouped.cu.  More than 256 experts: LMX_ERR_UNSUPPORTED, and the model
  * routes on the host (per-expert GEMMs on the rows gathered for each). */
 #include "cuda_moe_mma.h"
 
@@ -125,7 +125,7 @@ lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_ro
     lmx_status st;
     if (gguf && cuda_moe_one_takes(cb, a)) return cuda_moe_one(cb, a, nm, pick, pw, h, y); /* one row from tiles */
     if (gguf) { /* the routing joins x's quantization */
-        /* several rows (never one, so never a folded norm) */
+        /* the tensor cores: several rows (never one, so never a folded norm) */
         const int mma_gu = cuda_moe_mma_takes(cb, a, 0), mma_down = cuda_moe_mma_takes(cb, a, 1);
         if (mma_gu) {
             st = cuda_moe_mma_gu(cb, a, pick, pw, h);

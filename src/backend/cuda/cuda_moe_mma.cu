@@ -14,8 +14,9 @@
  * The arithmetic is cuda_mq.h's, x quantized a super-block at a time by k_mq_quant (below).  Gate / up store h =
  * act(g) u for the down projection, which takes h quantized the same way (a k_mq_quant launch between).
  *
- * The experts are uploaded in tiles (the end of this file), and one row of them takes the same arithmetic on the
- * CUDA cores (cuda_moe_one, "one row from the tiles"). */
+ * The experts are uploaded in tiles (the end of this file), and one row of them (and the gate / up of rows too few
+ * for the tensor cores) takes the same arithmetic on the CUDA cores ("one row from the tiles": cuda_moe_one,
+ * cuda_moe_tiles_gu). */
 #include "cuda_moe_mma.h"
 #include "cuda_mq.h"
 #include "cuda_repack.h"
@@ -64,7 +65,7 @@ static __device__ __forceinline__ void mq_quant_sb(const float (&v)[8], int lane
 }
 
 /* x [M, K] into oq, os, od (mq_x's layout): a super-block of row blockIdx.y a warp (lane l: values 8 l .. 8 l + 7,
- * part l / 4), with nm's RMSNorm where nm.w (one row: the experts' gate / up, cuda_moe_one; as the GEMVs' own
+ * part l / 4), with nm's RMSNorm where nm.w (one row: the experts' gate / up, cuda_moe_tiles_gu; as the GEMVs' own
  * quantization folds it, gquant_x_load); blocks of rows past M route row y - M (rt: gate / up's launch; warp 0 of
  * block 0) */
 template <int T>
@@ -218,7 +219,7 @@ void cuda_moe_mma_init(cuda_backend *cb) {
             allow = 0;
         cb->moe_mma_smem = allow < cb->moe_mma_smem ? allow : cb->moe_mma_smem;
     }
-    /* one row from tiles (below): allowed what the device lets a block have (cb->one_smem), so that mq1_spread may ask
+    /* the CUDA-core launches on tiles (below): allowed what the device lets a block have (cb->one_smem), so that mq1_spread may ask
      * for more than a launch needs; the multiprocessor's bytes, and each block's static and reserved ones beside */
     int sm = 0, reserved = 0, st = 0;
     cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device);
@@ -525,8 +526,8 @@ int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     return 1;
 }
 
-/* The dynamic shared memory of a one-row launch of `blocks` blocks that need `need` bytes each: enough more that a
- * multiprocessor holds no more than its share of them (blocks / SMs, rounded up), so that they spread over the GPU.
+/* The dynamic shared memory of a launch of `blocks` blocks of k_moe_gu1 that need `need` bytes each: enough more that
+ * a multiprocessor holds no more than its share of them (blocks / SMs, rounded up), so that they spread over the GPU.
  * The gate / up of Qwen3-30B-A3B's one row is 384 blocks of 44 KB, which fit five a multiprocessor: H200, 12 layers
  * in Q4_K_M, 1,757-1,761 tok/s so, 1,910-1,922 held to three (the rows' staged launch: 1,876-1,887). */
 static size_t mq1_spread(const cuda_backend *cb, size_t need, int64_t blocks) {
