@@ -29,7 +29,7 @@ float lmx_ggml_dot_row(int simd, int type, const void *row, const float *x, int6
 
 /* y[n - n0] = dot(row n, x) for the rows n in [n0, n1) of a matrix of K-element rows at w (the
  * decode matvec: CPU dispatch and per-call preparation of x happen once for all the rows).  With
- * AVX-512 VNNI (simd LMX_GGML_VNNI), Q4_K, Q5_K and Q6_K rows (K up to 16,384) take integer dot products against x
+ * AVX-512 VNNI (simd LMX_GGML_VNNI), Q4_K, Q5_K and Q6_K rows (K a multiple of 256) take integer dot products against x
  * held in 30 bits per 256 values (lmx_ggml_matvec_vnni, float32's precision); the rest, float32 x. */
 void lmx_ggml_matvec(int simd, int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
 
@@ -52,8 +52,8 @@ void lmx_ggml_matvec_xq(int type, const void *w, int64_t K, int64_t n0, int64_t 
 float lmx_ggml_dot_row_portable(int type, const void *row, const float *x, int64_t K);
 int lmx_ggml_dot_row_avx512(int type, const void *row, const float *x, int64_t K, float *out);
 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
-/* Q4_K / Q5_K / Q6_K rows (K a multiple of 256, at most 16,384) with AVX-512 VNNI, x in 30-bit integers a
- * super-block at a time: 1 when it computed them, 0 for any other type or K */
+/* Q4_K / Q5_K / Q6_K rows (K a multiple of 256) with AVX-512 VNNI, x in 30-bit integers a super-block at a time (in a
+ * heap block of lmx_ggml_xq_bytes(K)): 1 when it computed them, 0 for any other type or K, or no memory */
 int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y);
 /* lmx_ggml_xq_prepare and lmx_ggml_matvec_xq (AVX-512 VNNI; after lmx_ggml_xq_takes) */
 void lmx_ggml_xq_prepare_vnni(int type, const float *x, int64_t K, void *xq);

@@ -7,6 +7,7 @@
 
 #if defined(LMX_HAVE_X86_SIMD)
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LMX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
@@ -498,7 +499,6 @@ LMX_AVX512 int lmx_ggml_matvec_avx512(int type, const void *w, int64_t K, int64_
  * int16 alone, one product a pair, ran at 47 and 35, but moved Gemma 3's logits by 1e-3 where its activations'
  * outliers set their block's scale.) */
 #define LMX_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
-#define XQ_MAX 16384          /* lmx_ggml_matvec_vnni's x on the stack: K up to 16,384 */
 #define XQ_RANGE 1073676288.0f /* 2^30 - 2^16: |hi| <= 32,766 */
 
 /* x [nsb 256] -> hi and lo (int16 [nsb][256] each) and d (a scale a super-block) */
@@ -616,11 +616,14 @@ LMX_VNNI void lmx_ggml_matvec_xq_vnni(int type, const void *w, int64_t K, int64_
     }
 }
 
+/* x's form on the heap, not the stack (64 KB at K 16,384 on the caller's thread, whatever its stack) */
 LMX_VNNI int lmx_ggml_matvec_vnni(int type, const void *w, int64_t K, int64_t n0, int64_t n1, const float *x, float *y) {
-    if (!lmx_ggml_xq_type(type) || K % 256 || K > XQ_MAX) return 0;
-    _Alignas(64) int16_t xq[XQ_MAX * 2 + XQ_MAX / 256 * 2 + XQ_MAX / 32 * 2]; /* lmx_ggml_xq_bytes(XQ_MAX) */
+    if (!lmx_ggml_xq_type(type) || K <= 0 || K % 256) return 0;
+    void *xq = aligned_alloc(64, (lmx_ggml_xq_bytes(K) + 63) / 64 * 64);
+    if (!xq) return 0; /* the float path instead */
     lmx_ggml_xq_prepare_vnni(type, x, K, xq);
     lmx_ggml_matvec_xq_vnni(type, w, K, n0, n1, xq, y);
+    free(xq);
     return 1;
 }
 
