@@ -6,12 +6,17 @@ step from its embedding lookup): its wall time, the time some kernel, copy or me
 over streams), the kernels' time by name, the longest idle gaps with the GPU work on either side and the
 host API calls that overlap each gap, and the host API time by call.
 
-usage: bench/gpu_timeline.py TRACE.tsv [--marker REGEX] [--window N] [--gaps N]
+With --chain REGEX instead: over the whole trace, the median for each kernel name that REGEX matches of its
+launch's end less the end of the kernel launched before it.  With programmatic dependent launch the launches
+overlap, and this is what each costs the chain of a decode step (its own span is not).
+
+usage: bench/gpu_timeline.py TRACE.tsv [--marker REGEX] [--window N] [--gaps N] [--chain REGEX]
   --marker: kernel name pattern that starts a window (default k_embed); --window: which one (default -2,
   the last complete one; -1 runs to the trace's end)
 """
 import argparse
 import re
+import statistics
 from collections import defaultdict
 
 
@@ -35,14 +40,28 @@ def short(name, n=60):
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
+def chain(gpu, pattern):
+    ks = [r for r in gpu if r[2] == "K"]  # by start
+    by = defaultdict(list)
+    for prev, r in zip(ks, ks[1:]):
+        if re.search(pattern, r[4]):
+            by[short(r[4])].append((r[1] - prev[1]) / 1e3)
+    print("us on the chain (median of end - previous end), count, total ms:")
+    for k, v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {statistics.median(v):8.2f} {len(v):6d} {sum(v) / 1e3:8.2f}  {k}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--marker", default="k_embed")
     ap.add_argument("--window", type=int, default=-2)
     ap.add_argument("--gaps", type=int, default=20)
+    ap.add_argument("--chain")
     a = ap.parse_args()
     gpu, api = load(a.trace)
+    if a.chain:
+        return chain(gpu, a.chain)
     marks = [r[0] for r in gpu if r[2] == "K" and re.search(a.marker, r[4])]
     if not marks:
         raise SystemExit(f"no kernel matches {a.marker!r}")
