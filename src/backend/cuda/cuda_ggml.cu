@@ -26,7 +26,6 @@
  * bias and the LoRA expand (cuda_gemv.h) as the dense one-row kernel does them. */
 #include "cuda_ggml_x.h"
 #include "cuda_moe_mma.h"
-#include "cuda_mq.h"
 
 /* MLX rows of BITS 4 or 8: 32 elements in BITS / 4 16-byte vectors, the group's scale and bias raw
  * (raw_at, converted when used).  4-bit words hold even elements in the low nibbles and odd ones in the
@@ -385,30 +384,6 @@ template <int T> struct mgu_unit : gq_unit_k4<T> {
     }
 };
 
-/* One row pair of the staged gate / up launches: lane's units lane, lane + 32, ... (load(wu, pu) takes unit pu's gate
- * and up from shared memory) against the staged x, the lanes' sums added, and (lane 0) y0 = act(gate) up, y1 = up. */
-template <int T, class Load>
-static __device__ __forceinline__ void mgu_row(Load load, int lane, int NU, const int4 *sxq, const float4 *sxm, int act,
-                                               float *y0, float *y1) {
-    constexpr int UP = 2;
-    float acc[2] = {0.0f, 0.0f};
-    for (int pu = lane; pu < NU; pu += 32) {
-        mgu_unit<T> wu[2];
-        load(wu, pu);
-#pragma unroll
-        for (int k = 0; k < UP; k++) {
-            const int pp = pu * UP + k; /* the part, where gq_quant_x laid it out */
-            const int4 *xv = sxq + gq_xchunk(pp, gq_ul(UP));
-            const int4 X[4] = {xv[0], xv[32], xv[64], xv[96]};
-            gq_two_acc(wu, k, X, sxm[gq_xpart(pp, gq_ul(UP))], acc);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-        for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-    if (lane == 0) *y0 = glu_act(acc[0], act) * acc[1], *y1 = acc[1];
-}
-
 template <int T>
 __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ xq, const float4 *__restrict__ xm,
                                                        const __grid_constant__ gv_moe mo, const int *pick, int kused,
@@ -443,13 +418,28 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
         mgu_wait(S - 1 - g);
         __syncthreads();
         for (int lr = g * nr / S + warp; lr < (g + 1) * nr / S; lr += W) {
-            mgu_row<T>(
-                [&](mgu_unit<T>(&wu)[2], int pu) {
+            float acc[2] = {0.0f, 0.0f};
+            for (int pu = lane; pu < NU; pu += 32) {
+                mgu_unit<T> wu[2];
 #pragma unroll
-                    for (int j = 0; j < 2; j++)
-                        wu[j].load_shared(mgu_rows + ((size_t)lr * 2 + j) * rb + (pu / UPB) * BYTES, pu % UPB);
-                },
-                lane, NU, sxq, sxm, act, y0 + r0 + lr, y1 + r0 + lr); /* r0 + lr = p N + n: row n of pair p's */
+                for (int j = 0; j < 2; j++)
+                    wu[j].load_shared(mgu_rows + ((size_t)lr * 2 + j) * rb + (pu / UPB) * BYTES, pu % UPB);
+#pragma unroll
+                for (int k = 0; k < UP; k++) {
+                    const int pp = pu * UP + k; /* the part, where gq_quant_x laid it out */
+                    const int4 *xv = sxq + gq_xchunk(pp, gq_ul(UP));
+                    const int4 X[4] = {xv[0], xv[32], xv[64], xv[96]};
+                    gq_two_acc(wu, k, X, sxm[gq_xpart(pp, gq_ul(UP))], acc);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+            if (lane == 0) {
+                const int r = r0 + lr; /* = p N + n: row n of pair p's results */
+                y0[r] = glu_act(acc[0], act) * acc[1];
+                y1[r] = acc[1];
+            }
         }
     }
 }
@@ -751,7 +741,7 @@ lmx_status cuda_moe_ggemv(cuda_backend *cb, const lmx_tensor *experts, int E, in
                           const cuda_moe_router *rt, const cuda_row_norm *nm, const gv_moe_sum *sum) {
     const lmx_tensor *w0 = &experts[down ? 2 : 0];
     const int stored = w0->q.ggml_type, N = (int)w0->shape[0], K = (int)w0->shape[1];
-    const int type = cuda_moe_tile_base(stored) ? cuda_moe_tile_base(stored) : stored; /* the blocks' type */
+    const int type = cuda_moe_blocks(stored);
     gv_moe tab; /* 12 KiB of pointers, passed by value */
     gv_moe_fill(&tab, experts, E, down);
     int al16 = 1; /* every expert's rows 16-byte aligned (the staged copies) */

@@ -175,6 +175,21 @@ __global__ void __launch_bounds__(256, 2)
     }
 }
 
+/* Whether every expert's weights j0 .. j1 - 1 (0, 1: gate and up [F, C]; 2: down [C, F], as expert 0's gate) are
+ * 16-byte aligned and of type t0 or t1 (blocks: the type of their blocks, cuda_moe_blocks; else as stored) */
+static int moe_experts_are(const lmx_moe_args *a, int j0, int j1, int t0, int t1, int blocks) {
+    const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    for (int e = 0; e < a->E; e++)
+        for (int j = j0; j < j1; j++) {
+            const lmx_tensor *w = &a->experts[3 * e + j];
+            const int type = blocks ? cuda_moe_blocks(w->q.ggml_type) : w->q.ggml_type;
+            if ((type != t0 && type != t1) || (uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) ||
+                w->shape[1] != (j == 2 ? F : C))
+                return 0;
+        }
+    return 1;
+}
+
 int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) {
     const int min_rows = cb->moe_mma[down];
     /* never one row: its pairs each read another expert, and cuda_moe_normed folds its norm into gate / up's x
@@ -183,14 +198,8 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     if (F % 256 || C % 256 || (int64_t)mq_stage_bytes<LMX_GGML_Q6_K_A16>((int)(down ? F : C) / 256) > cb->moe_mma_smem)
         return 0; /* (Q6_K's the larger) */
-    for (int e = 0; e < a->E; e++)
-        for (int j = down ? 2 : 0; j < (down ? 3 : 2); j++) {
-            const lmx_tensor *w = &a->experts[3 * e + j];
-            const int type = cuda_moe_tile_base(w->q.ggml_type) ? cuda_moe_tile_base(w->q.ggml_type) : w->q.ggml_type;
-            if (type != LMX_GGML_Q4_K && !(down && type == LMX_GGML_Q6_K_A16)) return 0;
-            if ((uintptr_t)w->data % 16 || w->shape[0] != (j == 2 ? C : F) || w->shape[1] != (j == 2 ? F : C)) return 0;
-        }
-    return 1;
+    return down ? moe_experts_are(a, 2, 3, LMX_GGML_Q4_K, LMX_GGML_Q6_K_A16, 1)
+                : moe_experts_are(a, 0, 2, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 1);
 }
 
 template <int T>
@@ -284,7 +293,7 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y) {
     const int rows = a->M * a->K, K = (int)a->experts[2].shape[1];
     mq_x xo;
-    if (a->experts[2].q.ggml_type == LMX_GGML_Q6_K_A16 || a->experts[2].q.ggml_type == LMX_GGML_Q6_K_T16) {
+    if (cuda_moe_blocks(a->experts[2].q.ggml_type) == LMX_GGML_Q6_K_A16) {
         if (!mq_quant<LMX_GGML_Q6_K_A16>(cb, h, rows, K, NULL, &xo)) return cb->base.err.status;
         return mq_launch<LMX_GGML_Q6_K_A16, 0>(cb, a, xo, pick, y);
     }
@@ -500,30 +509,16 @@ __global__ void __launch_bounds__(128) k_moe_down1(const float *__restrict__ h, 
 }
 
 int cuda_moe_tiles_gu_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    if (a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (C % 256 || F % 16 || gu1_smem<LMX_GGML_Q4_K>((int)C) > (size_t)cb->one_smem) return 0;
-    for (int e = 0; e < a->E; e++)
-        for (int j = 0; j < 2; j++) {
-            const lmx_tensor *w = &a->experts[3 * e + j];
-            if (w->q.ggml_type != LMX_GGML_Q4_K_T16 || (uintptr_t)w->data % 16 || w->shape[0] != F || w->shape[1] != C)
-                return 0;
-        }
-    return 1;
+    return a->E <= GV_MOE_MAX && C % 256 == 0 && F % 16 == 0 && gu1_smem<LMX_GGML_Q4_K>((int)C) <= (size_t)cb->one_smem &&
+           moe_experts_are(a, 0, 2, LMX_GGML_Q4_K_T16, LMX_GGML_Q4_K_T16, 0);
 }
 
 int cuda_moe_one_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    if (a->M != 1 || !cuda_moe_tiles_gu_takes(cb, a)) return 0;
-    const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    if (F % 256 || mq1_x_bytes<LMX_GGML_Q6_K_A16>((int)F) > (size_t)cb->one_smem) return 0;
-    for (int e = 0; e < a->E; e++) {
-        const lmx_tensor *w = &a->experts[3 * e + 2];
-        const int type = w->q.ggml_type;
-        if ((type != LMX_GGML_Q4_K_T16 && type != LMX_GGML_Q6_K_T16) || (uintptr_t)w->data % 16 || w->shape[0] != C ||
-            w->shape[1] != F)
-            return 0;
-    }
-    return 1;
+    const int64_t F = a->experts[0].shape[0];
+    return a->M == 1 && cuda_moe_tiles_gu_takes(cb, a) && F % 256 == 0 &&
+           mq1_x_bytes<LMX_GGML_Q6_K_A16>((int)F) <= (size_t)cb->one_smem &&
+           moe_experts_are(a, 2, 3, LMX_GGML_Q4_K_T16, LMX_GGML_Q6_K_T16, 0);
 }
 
 /* The dynamic shared memory of a launch of `blocks` blocks of k_moe_gu1 that need `need` bytes each: enough more that

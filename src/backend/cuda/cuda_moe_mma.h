@@ -49,5 +49,7 @@ lmx_status cuda_moe_tiles_upload(cuda_backend *cb, const lmx_tensor *w, void *ds
 static inline int cuda_moe_tile_base(int type) {
     return type == LMX_GGML_Q4_K_T16 ? LMX_GGML_Q4_K : type == LMX_GGML_Q6_K_T16 ? LMX_GGML_Q6_K_A16 : 0;
 }
+/* The type of a stored type's blocks: a tiled type's base, else the type itself */
+static inline int cuda_moe_blocks(int type) { return cuda_moe_tile_base(type) ? cuda_moe_tile_base(type) : type; }
 
 #endif
