@@ -163,9 +163,11 @@ static double generate(bench *b, int steps, float temperature) {
     return n == steps + 1 ? x.decode_tokens_per_s : -1;
 }
 
-/* Batched decode: B sequences after a 16-token prompt each, tokens/s summed over the batch. */
-static double decode_batch(bench *b, int B, int steps) {
-    const int P = 16;
+/* Batched decode: B sequences after a prompt of ctx tokens each (prefilled CH tokens a call), tokens/s summed over
+ * the batch. */
+static double decode_batch(bench *b, int B, int steps, int ctx) {
+    enum { CH = 256 };
+    const int P = ctx < CH ? ctx : CH;
     lmx_context **cs = calloc((size_t)B, sizeof *cs);
     int32_t *ids = malloc((size_t)B * P * sizeof *ids);
     int *lens = malloc((size_t)B * sizeof *lens);
@@ -176,9 +178,12 @@ static double decode_batch(bench *b, int B, int steps) {
         if (lmx_context_create(b->m, NULL, &cs[i]) != LMX_OK ||
             (b->n_ad > 1 && lmx_context_set_adapter(cs[i], b->ad[i % b->n_ad]) != LMX_OK))
             goto done;
-    for (int i = 0; i < B * P; i++) ids[i] = tok(b);
-    for (int i = 0; i < B; i++) lens[i] = P;
-    if (lmx_eval_batch(b->m, cs, B, ids, lens, P, logits) != LMX_OK) goto done;
+    for (int at = 0; at < ctx; at += P) {
+        const int n = ctx - at < P ? ctx - at : P;
+        for (int i = 0; i < B * n; i++) ids[i] = tok(b);
+        for (int i = 0; i < B; i++) lens[i] = n;
+        if (lmx_eval_batch(b->m, cs, B, ids, lens, n, logits) != LMX_OK) goto done;
+    }
     for (int i = 0; i < B; i++) lens[i] = 1;
     for (int s = -1; s < steps; s++) {
         for (int i = 0; i < B; i++) ids[i] = tok(b);
@@ -200,12 +205,12 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *backend = "auto", *adapters[4];
-    int json = 0, steps = 64, long_ctx = 4096, n_adapters = 0, only_batch = 0;
+    int json = 0, steps = 64, long_ctx = 4096, n_adapters = 0, only_batch = 0, batch_ctx = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) {
             printf("usage: lmx bench MODEL [--backend NAME] [--steps N] [--long-ctx N] [--adapter DIR]... [--batch B]\n"
-                   "                 [--json]\n\n"
+                   "                 [--batch-ctx N] [--json]\n\n"
                    "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
                    "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
                    "batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
@@ -214,7 +219,8 @@ int cmd_bench(int argc, char **argv) {
                    "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
                    "several, the sequences of a batch take them in turn (one batch mixes them).\n"
                    "--batch B (1 to 64) measures batched decode at batch B alone (for a profiler, or a batch size\n"
-                   "between the three); the rest print 0.\n");
+                   "between the three); the rest print 0.  --batch-ctx N: each batched sequence decodes after a\n"
+                   "prompt of N tokens (default 16).\n");
             return 0;
         }
         if (!strcmp(a, "--json")) json = 1;
@@ -225,6 +231,7 @@ int cmd_bench(int argc, char **argv) {
         }
         else if (!strcmp(a, "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], &steps) || steps < 1) return cli_usage_error("bench: bad --steps"); }
         else if (!strcmp(a, "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], &only_batch) || only_batch < 1 || only_batch > 64) return cli_usage_error("bench: --batch takes 1 to 64"); }
+        else if (!strcmp(a, "--batch-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &batch_ctx) || batch_ctx < 1) return cli_usage_error("bench: bad --batch-ctx"); }
         else if (!strcmp(a, "--long-ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], &long_ctx) || long_ctx < 0) return cli_usage_error("bench: bad --long-ctx"); }
         else if (a[0] == '-') return cli_usage_error("bench: unknown option or missing value: %s", a);
         else if (path) return cli_usage_error("bench: more than one model given");
@@ -280,7 +287,7 @@ int cmd_bench(int argc, char **argv) {
     if (only_batch && only_batch != 1 && only_batch != 32) Bs[1] = only_batch; /* reported in the middle place */
     double bt[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++)
-        if (!only_batch || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8);
+        if (!only_batch || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
                        bt[1] < 0 || bt[2] < 0;
