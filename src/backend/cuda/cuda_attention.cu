@@ -15,10 +15,13 @@
 #include "cuda_attention.h"
 
 #define ATT_WARPS 4            /* a block's warps, but where launch_dpl takes eight */
-#define ATT_GMAX 8             /* query heads per block, head dims up to 256 */
-#define ATT_DMAX 512           /* head dims above 256 (Gemma 4's global layers): ATT_GMAX / 2 heads a block */
+#define ATT_DMAX 512           /* head dims above 256 (Gemma 4's global layers): half the heads a block */
 
-static int att_gmax(int D) { return D > 256 ? ATT_GMAX / 2 : ATT_GMAX; }
+/* Query heads a block at most (cb->att_gmax, 4 unless LMX_CUDA_ATT_GMAX says; half for heads over 256 wide).  Eight
+ * heads of 128 (Qwen3-30B-A3B's groups) took 255 registers and spilled: at a context of 4,096 its 12-layer file
+ * decoded one row at 1,044 tok/s and 32 rows at 3,713; with four heads a block 1,357 and 5,491 (H200), and with
+ * two 1,402 and 4,576. */
+static int att_gmax(const cuda_backend *cb, int D) { return D > 256 ? cb->att_gmax / 2 : cb->att_gmax; }
 
 /* A decode graph's per-head q / k RMSNorm and RoPE, and its kv append, done by the attention launch
  * (cuda_attention_fused): one token a sequence, heads of 32 * DPL values all rotated.  A lane holds dims
@@ -413,7 +416,7 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
     }
     const int G = args->H / args->Hk, max_splits = (max_n + 127) / 128;
     int gmax = 1, splits;
-    while (gmax < G && gmax < att_gmax(args->D)) gmax *= 2;
+    while (gmax < G && gmax < att_gmax(cb, args->D)) gmax *= 2;
     for (;; gmax /= 2) {
         const int64_t base = (int64_t)nb * bt->T * args->Hk * ((G + gmax - 1) / gmax);
         int fill = (int)((2 * cb->sm_count + base - 1) / base);

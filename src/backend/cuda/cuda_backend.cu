@@ -643,6 +643,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->moe_tiles = !(mt && mt[0] == '0');
     const char *as = getenv("LMX_CUDA_ATT_SHORT");
     cb->att_short = !(as && as[0] == '0');
+    const char *ag = getenv("LMX_CUDA_ATT_GMAX");
+    cb->att_gmax = ag && (!strcmp(ag, "1") || !strcmp(ag, "2") || !strcmp(ag, "8")) ? atoi(ag) : 4;
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");
     cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");

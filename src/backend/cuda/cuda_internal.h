@@ -88,6 +88,8 @@ typedef struct cuda_backend {
     int gemv_mq_smem;        /* the shared memory those launches may stage x in (cuda_gemv_mq_init; 0: none) */
     int att_short;           /* decode attention over short contexts fills the GPU with fewer heads a block
                                 (cuda_attention_plan); LMX_CUDA_ATT_SHORT=0: the rule before it (A/B) */
+    int att_gmax;            /* decode attention's query heads a block at most (cuda_attention.cu: 4;
+                                LMX_CUDA_ATT_GMAX sets 1, 2, 4 or 8, for A/B) */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
