@@ -3,8 +3,8 @@
  * to the tensor-core kernel of cuda_flash.cu; this file's kernel serves decode steps and short calls.
  *
  * Flash-decoding layout: a block of 4 or 8 warps (launch_dpl) takes one query row, one kv head (gmax
- * of its G query heads, all of them where the GPU is filled anyway, so that each key/value row is
- * loaded once per group: cuda_attention_plan) and one split of that row's visible keys.
+ * of its G query heads, up to four (att_gmax) where the GPU is filled anyway, so that each key/value row
+ * is loaded once per four heads: cuda_attention_plan) and one split of that row's visible keys.
  * Each warp walks keys with an online softmax, lanes holding strided dims of q, k, v; the warps'
  * partial (max, sum, acc) merge in shared memory.  With several splits the block writes its
  * partial to scratch and a second kernel merges the splits.  Scores never leave registers, so
