@@ -68,12 +68,46 @@ __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const f
     }
 }
 
+/* v[N] (N a power of two) summed over the warp's lanes, every lane left with every sum, in the bits of the butterfly
+ * each value would take alone (xor 16, 8 .. 1: each stage adds the two lanes' partial sums over the same lanes).
+ * Up to 32 values: from the stage where fewer than N lanes pair up, each pair exchanges halves (lane l then holds the
+ * sum of value l % N), and each sum is fetched back from its lane: N - 1 + N shuffles where the butterfly takes
+ * 5 N (32 values: 63, not 160).  Recursive in S so that every index is a constant (a loop over S leaves the
+ * exchanges to run-time indexing, in local memory). */
+template <int S, int N> __device__ __forceinline__ void att_warp_scatter(float (&v)[N], int lane) {
+    if constexpr (S >= N) {
+#pragma unroll
+        for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], S);
+    } else {
+        const bool hi = lane & S;
+#pragma unroll
+        for (int i = 0; i < S; i++) { /* keep value i (i + S where hi), send the other */
+            const float send = hi ? v[i] : v[i + S], keep = hi ? v[i + S] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
+        }
+    }
+    if constexpr (S > 1) att_warp_scatter<S / 2, N>(v, lane);
+}
+template <int N> __device__ __forceinline__ void att_warp_sums(float (&v)[N], int lane) {
+    if constexpr (N > 32) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    } else {
+        att_warp_scatter<16, N>(v, lane);
+        const float mine = v[0];
+#pragma unroll
+        for (int i = 0; i < N; i++) v[i] = __shfl_sync(0xffffffffu, mine, i);
+    }
+}
+
 /* Online-softmax update of GM heads with KB keys (the first nvalid count). */
 template <int DPL, int GM, int KB>
 __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&acc)[GM][DPL], float (&m)[GM],
                                            float (&l)[GM], const float (&kf)[KB][DPL], const float (&vf)[KB][DPL],
                                            int nvalid, float softcap) {
-    float sc[KB][GM];
+    float sc[KB * GM]; /* key u, head g: u GM + g */
 #pragma unroll
     for (int u = 0; u < KB; u++)
 #pragma unroll
@@ -81,23 +115,18 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
             float x = 0.0f;
 #pragma unroll
             for (int jj = 0; jj < DPL; jj++) x = fmaf(qr[g][jj], kf[u][jj], x);
-            sc[u][g] = x;
+            sc[u * GM + g] = x;
         }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int u = 0; u < KB; u++)
-#pragma unroll
-            for (int g = 0; g < GM; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+    att_warp_sums<KB * GM>(sc, threadIdx.x % 32);
 #pragma unroll
     for (int g = 0; g < GM; g++) {
         float mx = m[g];
 #pragma unroll
         for (int u = 0; u < KB; u++) {
-            float x = sc[u][g];
+            float x = sc[u * GM + g];
             if (softcap > 0) x = softcap * tanhf(x / softcap);
             x = u < nvalid ? x : -INFINITY;
-            sc[u][g] = x;
+            sc[u * GM + g] = x;
             mx = fmaxf(mx, x);
         }
         float corr = __expf(m[g] - mx);
@@ -106,7 +135,7 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
         for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
 #pragma unroll
         for (int u = 0; u < KB; u++) {
-            float pr = __expf(sc[u][g] - mx);
+            float pr = __expf(sc[u * GM + g] - mx);
             l[g] += pr;
 #pragma unroll
             for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
