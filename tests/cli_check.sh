@@ -49,7 +49,16 @@ python3 - "$json" <<'PY' || fail "bench --batch 5: $json"
 import json, sys
 m = json.loads(sys.argv[1])
 assert m["batch5_tok_s"] > 0 and "batch8_tok_s" not in m and m["batch32_tok_s"] == 0, m
+assert m["batch_ctx"] == 16, m
 PY
+# --batch-ctx: the batch decodes after a longer prompt (300 tokens: two prefill calls of the bench's 256)
+json=$("$bin" bench "$llama" --backend cpu --batch 3 --batch-ctx 300 --steps 8 --json)
+python3 - "$json" <<'PY' || fail "bench --batch-ctx: $json"
+import json, sys
+m = json.loads(sys.argv[1])
+assert m["batch3_tok_s"] > 0 and m["batch_ctx"] == 300, m
+PY
+if "$bin" bench "$llama" --backend cpu --batch 3 --batch-ctx 0 --json >/dev/null 2>&1; then fail "bench --batch-ctx 0 accepted"; fi
 echo "ok: bench --batch"
 
 # a prompt from stdin equals the same prompt as an argument; --stop cuts the text before the stop

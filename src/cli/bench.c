@@ -300,11 +300,12 @@ int cmd_bench(int argc, char **argv) {
                "\"prefill512_tok_s\": %.1f, \"prefill2048_tok_s\": %.1f, \"decode_ctx0_tok_s\": %.2f, "
                "\"long_ctx\": %d, \"decode_long_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, "
                "\"generate_sampled_tok_s\": %.2f, "
-               "\"batch1_tok_s\": %.2f, \"batch%d_tok_s\": %.2f, "
+               "\"batch_ctx\": %d, \"batch1_tok_s\": %.2f, \"batch%d_tok_s\": %.2f, "
                "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
-               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, bt[0], Bs[1], bt[1], bt[2], b.peak_gpu, bw0, bwL,
+               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, batch_ctx, bt[0], Bs[1], bt[1], bt[2], b.peak_gpu, bw0,
+               bwL,
                copy_bw, b.n_ad);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
@@ -317,7 +318,8 @@ int cmd_bench(int argc, char **argv) {
         if (long_ctx > 0) printf("decode ctx %-5d     %8.2f tok/s   %7.1f GB/s\n", long_ctx, tgL, bwL / 1e9);
         printf("generate, greedy     %8.2f tok/s   (stream API, sampling included)\n", gen_greedy);
         printf("generate, sampled    %8.2f tok/s   (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)\n", gen_sampled);
-        for (int i = 0; i < 3; i++) printf("batch %-2d decode      %8.2f tok/s\n", Bs[i], bt[i]);
+        for (int i = 0; i < 3; i++)
+            printf("batch %-2d decode      %8.2f tok/s   (after %d tokens a sequence)\n", Bs[i], bt[i], batch_ctx);
         if (b.cuda) {
             printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);
             printf("copy bandwidth       %8.1f GB/s (device to device, read + write)\n", copy_bw / 1e9);
