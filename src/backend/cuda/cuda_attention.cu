@@ -69,25 +69,8 @@ __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const f
 }
 
 /* v[N] (N a power of two) summed over the warp's lanes, every lane left with every sum, in the bits of the butterfly
- * each value would take alone (xor 16, 8 .. 1: each stage adds the two lanes' partial sums over the same lanes).
- * Up to 32 values: from the stage where fewer than N lanes pair up, each pair exchanges halves (lane l then holds the
- * sum of value l % N), and each sum is fetched back from its lane: N - 1 + N shuffles where the butterfly takes
- * 5 N (32 values: 63, not 160).  Recursive in S so that every index is a constant (a loop over S leaves the
- * exchanges to run-time indexing, in local memory). */
-template <int S, int N> __device__ __forceinline__ void att_warp_scatter(float (&v)[N], int lane) {
-    if constexpr (S >= N) {
-#pragma unroll
-        for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], S);
-    } else {
-        const bool hi = lane & S;
-#pragma unroll
-        for (int i = 0; i < S; i++) { /* keep value i (i + S where hi), send the other */
-            const float send = hi ? v[i] : v[i + S], keep = hi ? v[i + S] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
-        }
-    }
-    if constexpr (S > 1) att_warp_scatter<S / 2, N>(v, lane);
-}
+ * each value would take alone.  Up to 32 values: the sums scattered over the lanes (cuda_warp_sums_scattered), then
+ * each fetched back from its lane: N - 1 + N shuffles where the butterfly takes 5 N (32 values: 63, not 160). */
 template <int N> __device__ __forceinline__ void att_warp_sums(float (&v)[N], int lane) {
     if constexpr (N > 32) {
 #pragma unroll
@@ -95,7 +78,7 @@ template <int N> __device__ __forceinline__ void att_warp_sums(float (&v)[N], in
 #pragma unroll
             for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
     } else {
-        att_warp_scatter<16, N>(v, lane);
+        cuda_warp_sums_scattered<16, N>(v, lane);
         const float mine = v[0];
 #pragma unroll
         for (int i = 0; i < N; i++) v[i] = __shfl_sync(0xffffffffu, mine, i);

@@ -11,25 +11,6 @@
 #define F32R_PARTS_MAX 16 /* K parts at most */
 #define F32R_PART_MIN 128 /* values a part at least: a warp's float4 load */
 
-/* The sums of a[MM] over the warp's lanes, lane l's in its a[0] for index l % MM: sums across lanes 16 .. MM
- * apart (S >= MM), then halves exchanged (S < MM: 31 shuffles for 32 values, not 32 reductions of five), each
- * index summed in the same tree on every run.  Recursive in S so that every index is a constant (a loop over S
- * left the exchanges' selects to run-time indexing: 2,600 instructions a warp). */
-template <int S, int MM> static __device__ __forceinline__ void f32r_warp_sums(float (&a)[MM], int lane) {
-    if constexpr (S >= MM) {
-#pragma unroll
-        for (int i = 0; i < MM; i++) a[i] += __shfl_xor_sync(0xffffffffu, a[i], S);
-    } else {
-        const bool hi = lane & S;
-#pragma unroll
-        for (int i = 0; i < S; i++) { /* keep index i (+ S where hi), send the other */
-            const float send = hi ? a[i] : a[i + S], keep = hi ? a[i + S] : a[i];
-            a[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
-        }
-    }
-    if constexpr (S > 1) f32r_warp_sums<S / 2, MM>(a, lane);
-}
-
 /* Block (bx, kq): warp w takes weight row n = 8 bx + w against the MM (8, 16, 32) rows of x over K part kq, its
  * lanes along K, in steps of 128 values: the step's rows of x staged in shared memory by the block, then a float4 of
  * w and of each row a lane.  (Lanes across the rows of x took 32 L1 wavefronts a load: 13.2 us a launch at 32 rows;
@@ -62,7 +43,7 @@ __global__ void __launch_bounds__(256) k_gemv_f32_rows(const float *__restrict__
         }
         __syncthreads();
     }
-    f32r_warp_sums<16, MM>(a, lane);
+    cuda_warp_sums_scattered<16, MM>(a, lane);
     float s[1] = {a[0]}; /* row lane % MM of x */
     const int64_t first = (int64_t)blockIdx.x * kp; /* the row block's first cell */
     if (kp > 1 && !gv_parts_meet<1, F32R_PARTS_MAX>(s, part, first + blockIdx.y, first, ticket + blockIdx.x, kp))

@@ -475,6 +475,27 @@ template <typename... P> static inline bool cuda_vec4_ok(int64_t count, const P 
     return count % 4 == 0 && ((!p || (uintptr_t)p % (4 * sizeof(P)) == 0) && ...);
 }
 
+/* The sums of a[MM] (MM a power of two up to 32) over the warp's lanes, lane l's in its a[0] for index l % MM: sums
+ * across lanes 16 .. MM apart (S >= MM), then halves exchanged (S < MM: 31 shuffles for 32 values, not 32 reductions
+ * of five).  Each index's sum is the tree of the butterfly it would take alone (xor 16 .. 1), so the same bits on
+ * every run and as that butterfly.  Recursive in S so that every index is a constant (a loop over S left the
+ * exchanges' selects to run-time indexing: 2,600 instructions a warp in k_gemv_f32_rows, spills in k_attention). */
+template <int S, int MM> static __device__ __forceinline__ void cuda_warp_sums_scattered(float (&a)[MM], int lane) {
+    static_assert(MM <= 32, "a value a lane at most");
+    if constexpr (S >= MM) {
+#pragma unroll
+        for (int i = 0; i < MM; i++) a[i] += __shfl_xor_sync(0xffffffffu, a[i], S);
+    } else {
+        const bool hi = lane & S;
+#pragma unroll
+        for (int i = 0; i < S; i++) { /* keep index i (+ S where hi), send the other */
+            const float send = hi ? a[i] : a[i + S], keep = hi ? a[i + S] : a[i];
+            a[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
+        }
+    }
+    if constexpr (S > 1) cuda_warp_sums_scattered<S / 2, MM>(a, lane);
+}
+
 /* RoPE's rotation of the pair (x1, x2) by (c, s): ya = x1 c - x2 s, yb = x2 c + x1 s, rounded alike (one fma
  * over a rounded product) in every kernel that rotates (k_rope, k_norm_rope, the attention's fold), which the
  * compiler's own contraction of the expression does not promise. */
