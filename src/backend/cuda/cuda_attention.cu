@@ -68,29 +68,18 @@ __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const f
     }
 }
 
-/* v[N] (N a power of two) summed over the warp's lanes, every lane left with every sum, in the bits of the butterfly
- * each value would take alone.  Up to 32 values: the sums scattered over the lanes (cuda_warp_sums_scattered), then
- * each fetched back from its lane: N - 1 + N shuffles where the butterfly takes 5 N (32 values: 63, not 160). */
-template <int N> __device__ __forceinline__ void att_warp_sums(float (&v)[N], int lane) {
-    if constexpr (N > 32) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
-    } else {
-        cuda_warp_sums_scattered<16, N>(v, lane);
-        const float mine = v[0];
-#pragma unroll
-        for (int i = 0; i < N; i++) v[i] = __shfl_sync(0xffffffffu, mine, i);
-    }
-}
-
-/* Online-softmax update of GM heads with KB keys (the first nvalid count). */
+/* Online-softmax update of GM heads with KB keys (the first nvalid count).  Up to 32 (key, head) scores a step: each
+ * summed over the warp into one lane (cuda_warp_sums_scattered: lane l holds score l % N; 31 shuffles, not the 160 of
+ * a butterfly each), which alone takes its soft-cap, mask and probability; the heads' maxima over the step's keys and
+ * the probabilities are then fetched by every lane.  Every lane ends with the values it had computed for itself
+ * before (each sum the butterfly's tree; a max is exact in any order), so the same bits, in 70 shuffles and one
+ * exponential a lane instead of 160 and 36 (four heads, eight keys). */
 template <int DPL, int GM, int KB>
 __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&acc)[GM][DPL], float (&m)[GM],
                                            float (&l)[GM], const float (&kf)[KB][DPL], const float (&vf)[KB][DPL],
                                            int nvalid, float softcap) {
-    float sc[KB * GM]; /* key u, head g: u GM + g */
+    constexpr int N = KB * GM;
+    float sc[N]; /* key u, head g: u GM + g */
 #pragma unroll
     for (int u = 0; u < KB; u++)
 #pragma unroll
@@ -100,30 +89,64 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
             for (int jj = 0; jj < DPL; jj++) x = fmaf(qr[g][jj], kf[u][jj], x);
             sc[u * GM + g] = x;
         }
-    att_warp_sums<KB * GM>(sc, threadIdx.x % 32);
+    if constexpr (N <= 32) {
+        const int lane = threadIdx.x % 32, i = lane % N, gi = i % GM;
+        cuda_warp_sums_scattered<16, N>(sc, lane);
+        float x = sc[0];
+        if (softcap > 0) x = softcap * tanhf(x / softcap);
+        x = i / GM < nvalid ? x : -INFINITY;
+        float mk = x; /* head gi's max over the step's keys: lanes GM, 2 GM .. apart */
 #pragma unroll
-    for (int g = 0; g < GM; g++) {
-        float mx = m[g];
+        for (int o = GM; o < N; o <<= 1) mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
+        float mo = m[0];
 #pragma unroll
-        for (int u = 0; u < KB; u++) {
-            float x = sc[u * GM + g];
-            if (softcap > 0) x = softcap * tanhf(x / softcap);
-            x = u < nvalid ? x : -INFINITY;
-            sc[u * GM + g] = x;
-            mx = fmaxf(mx, x);
+        for (int g = 1; g < GM; g++) mo = gi == g ? m[g] : mo;
+        const float mine = fmaxf(mo, mk), pm = __expf(x - mine); /* head gi's new max, score i's probability */
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            const float mx = __shfl_sync(0xffffffffu, mine, g); /* lane g: key 0 of head g */
+            float corr = __expf(m[g] - mx);
+            l[g] *= corr;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
+#pragma unroll
+            for (int u = 0; u < KB; u++) {
+                const float pr = __shfl_sync(0xffffffffu, pm, u * GM + g);
+                l[g] += pr;
+#pragma unroll
+                for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
+            }
+            m[g] = mx;
         }
-        float corr = __expf(m[g] - mx);
-        l[g] *= corr;
+    } else {
 #pragma unroll
-        for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
+        for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-        for (int u = 0; u < KB; u++) {
-            float pr = __expf(sc[u * GM + g] - mx);
-            l[g] += pr;
+            for (int i = 0; i < N; i++) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], o);
 #pragma unroll
-            for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
+        for (int g = 0; g < GM; g++) {
+            float mx = m[g];
+#pragma unroll
+            for (int u = 0; u < KB; u++) {
+                float x = sc[u * GM + g];
+                if (softcap > 0) x = softcap * tanhf(x / softcap);
+                x = u < nvalid ? x : -INFINITY;
+                sc[u * GM + g] = x;
+                mx = fmaxf(mx, x);
+            }
+            float corr = __expf(m[g] - mx);
+            l[g] *= corr;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
+#pragma unroll
+            for (int u = 0; u < KB; u++) {
+                float pr = __expf(sc[u * GM + g] - mx);
+                l[g] += pr;
+#pragma unroll
+                for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
+            }
+            m[g] = mx;
         }
-        m[g] = mx;
     }
 }
 
