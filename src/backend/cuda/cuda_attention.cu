@@ -72,8 +72,8 @@ __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const f
  * summed over the warp into one lane (cuda_warp_sums_scattered: lane l holds score l % N; 31 shuffles, not the 160 of
  * a butterfly each), which alone takes its soft-cap, mask and probability; the heads' maxima over the step's keys and
  * the probabilities are then fetched by every lane.  Every lane ends with the values it had computed for itself
- * before (each sum the butterfly's tree; a max is exact in any order), so the same bits, in 70 shuffles and one
- * exponential a lane instead of 160 and 36 (four heads, eight keys). */
+ * before (each sum the butterfly's tree; a max is exact in any order), so the same bits, in 70 shuffles and five
+ * exponentials a lane (its probability and the heads' corrections) instead of 160 and 36 (four heads, eight keys). */
 template <int DPL, int GM, int KB>
 __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&acc)[GM][DPL], float (&m)[GM],
                                            float (&l)[GM], const float (&kf)[KB][DPL], const float (&vf)[KB][DPL],
