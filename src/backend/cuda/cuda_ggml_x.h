@@ -117,10 +117,10 @@ static __device__ __forceinline__ float4 gquant_x_load(const float *__restrict__
     const int i = 32 * pc + 4 * (threadIdx.x & 7);
     float4 v = *(const float4 *)(x + (size_t)m * K + i);
     if (nm.w) {
-        v.x = v.x * inv * (cuda_elem(nm.w, nm.wt, i) + nm.add_one);
-        v.y = v.y * inv * (cuda_elem(nm.w, nm.wt, i + 1) + nm.add_one);
-        v.z = v.z * inv * (cuda_elem(nm.w, nm.wt, i + 2) + nm.add_one);
-        v.w = v.w * inv * (cuda_elem(nm.w, nm.wt, i + 3) + nm.add_one);
+        v.x = cuda_norm_elem(v.x, inv, nm.w, nm.wt, i, nm.add_one);
+        v.y = cuda_norm_elem(v.y, inv, nm.w, nm.wt, i + 1, nm.add_one);
+        v.z = cuda_norm_elem(v.z, inv, nm.w, nm.wt, i + 2, nm.add_one);
+        v.w = cuda_norm_elem(v.w, inv, nm.w, nm.wt, i + 3, nm.add_one);
     }
     return v;
 }

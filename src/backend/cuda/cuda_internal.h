@@ -511,6 +511,13 @@ static __device__ __forceinline__ float cuda_elem(const void *p, lmx_dtype t, in
     return ((const float *)p)[i];
 }
 
+/* Element i of a row's RMSNorm, x (the row's value i) * inv (its inverse rms) * (w[i] + add_one), in the order of
+ * the norm op (cuda_ops.cu) and of every kernel that folds a norm in, so that they agree bit for bit. */
+static __device__ __forceinline__ float cuda_norm_elem(float x, float inv, const void *w, lmx_dtype wt, int64_t i,
+                                                       float add_one) {
+    return x * inv * (cuda_elem(w, wt, i) + add_one);
+}
+
 /* v[j] = element i0 + stride * j of such a vector (0 from n on; n > 0), j < J, plus add: the dtype asked
  * once and every load unconditional (an index past n reads element n - 1, then counted as 0), so all of them
  * are in flight before the first is used. */

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_redo(O *out, const X *x, const 
         ss += v * v;
     }
     const float inv = cuda_rms_inv_block(ss, n, eps, part);
-    for (int i = threadIdx.x; i < n; i += 256) orow[i] = O(cuda_ld_f(xr + i) * inv * (cuda_elem(w, wt, i) + add_one));
+    for (int i = threadIdx.x; i < n; i += 256) orow[i] = O(cuda_norm_elem(cuda_ld_f(xr + i), inv, w, wt, i, add_one));
 }
 
 template <typename O>

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS) k_lora_shrink(const lora_
         cuda_pdl_wait();
         const float inv = NORM ? cuda_rms_inv256(xr, (int)g.K, nm.eps, part) : 1.0f;
         for (int64_t k = threadIdx.x; k < g.K; k += LORA_SHRINK_THREADS) {
-            const float xv = NORM ? xr[k] * inv * (cuda_elem(nm.w, nm.wt, k) + nm.add_one) : xr[k];
+            const float xv = NORM ? cuda_norm_elem(xr[k], inv, nm.w, nm.wt, k, nm.add_one) : xr[k];
             acc = __fmaf_rn(__ldg(arow + k), xv, acc);
         }
     }

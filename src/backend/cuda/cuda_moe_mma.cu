@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(256) k_mq_quant(const float *__restrict__ x, i
     float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     if (nm.w)
 #pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = v[i] * inv * (cuda_elem(nm.w, nm.wt, i0 + i) + nm.add_one);
+        for (int i = 0; i < 8; i++) v[i] = cuda_norm_elem(v[i], inv, nm.w, nm.wt, i0 + i, nm.add_one);
     mq_quant_sb<T>(v, lane, sb, oq + (size_t)m * (K / 32) * 4, os + (size_t)m * (K / 32) * mq_t<T>::SUMS,
                    od + (size_t)m * (K / 256));
 }

@@ -91,7 +91,7 @@ __global__ void k_rmsnorm_warp(float *out, const float *x, const void *w, lmx_dt
     for (int i = lane; i < n; i += 32) ss += xr[i] * xr[i];
     ss = cuda_warp_sum(ss);
     float inv = rsqrtf(ss / n + eps);
-    for (int i = lane; i < n; i += 32) orow[i] = xr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+    for (int i = lane; i < n; i += 32) orow[i] = cuda_norm_elem(xr[i], inv, w, wt, i, add_one);
 }
 
 /* Rows of n > 256 values, a block of 256 threads per row: thread t sums the squares of the values
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_block(float *__restrict__ out, 
         }
         const float inv = cuda_rms_inv_block(ss, n, eps, part);
         for (int i = t; i < n; i += 256) {
-            const float o = yr[i] * inv * (cuda_elem(w, wt, i) + add_one);
+            const float o = cuda_norm_elem(yr[i], inv, w, wt, i, add_one);
             if (orow) orow[i] = o;
             if (hrow) hrow[i] = __float2bfloat16(o);
         }
