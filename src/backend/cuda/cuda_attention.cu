@@ -73,7 +73,8 @@ __device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const f
  * a butterfly each), which alone takes its soft-cap, mask and probability; the heads' maxima over the step's keys and
  * the probabilities are then fetched by every lane.  Every lane ends with the values it had computed for itself
  * before (each sum the butterfly's tree; a max is exact in any order), so the same bits, in 70 shuffles and five
- * exponentials a lane (its probability and the heads' corrections) instead of 160 and 36 (four heads, eight keys). */
+ * exponentials a lane (its probability and the heads' corrections) instead of 160 and 36 (four heads, eight keys).
+ * More scores (eight heads a block, LMX_CUDA_ATT_GMAX=8): a butterfly each, and every lane takes all of them. */
 template <int DPL, int GM, int KB>
 __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&acc)[GM][DPL], float (&m)[GM],
                                            float (&l)[GM], const float (&kf)[KB][DPL], const float (&vf)[KB][DPL],
@@ -89,6 +90,7 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
             for (int jj = 0; jj < DPL; jj++) x = fmaf(qr[g][jj], kf[u][jj], x);
             sc[u * GM + g] = x;
         }
+    float mx[GM], pm = 0.0f; /* each head's new max; up to 32 scores: this lane's score's probability */
     if constexpr (N <= 32) {
         const int lane = threadIdx.x % 32, i = lane % N, gi = i % GM;
         cuda_warp_sums_scattered<16, N>(sc, lane);
@@ -101,23 +103,10 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
         float mo = m[0];
 #pragma unroll
         for (int g = 1; g < GM; g++) mo = gi == g ? m[g] : mo;
-        const float mine = fmaxf(mo, mk), pm = __expf(x - mine); /* head gi's new max, score i's probability */
+        const float mine = fmaxf(mo, mk); /* head gi's new max */
+        pm = __expf(x - mine);
 #pragma unroll
-        for (int g = 0; g < GM; g++) {
-            const float mx = __shfl_sync(0xffffffffu, mine, g); /* lane g: key 0 of head g */
-            float corr = __expf(m[g] - mx);
-            l[g] *= corr;
-#pragma unroll
-            for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                const float pr = __shfl_sync(0xffffffffu, pm, u * GM + g);
-                l[g] += pr;
-#pragma unroll
-                for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
-            }
-            m[g] = mx;
-        }
+        for (int g = 0; g < GM; g++) mx[g] = __shfl_sync(0xffffffffu, mine, g); /* lane g: key 0 of head g */
     } else {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
@@ -125,28 +114,33 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
             for (int i = 0; i < N; i++) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], o);
 #pragma unroll
         for (int g = 0; g < GM; g++) {
-            float mx = m[g];
+            mx[g] = m[g];
 #pragma unroll
             for (int u = 0; u < KB; u++) {
                 float x = sc[u * GM + g];
                 if (softcap > 0) x = softcap * tanhf(x / softcap);
                 x = u < nvalid ? x : -INFINITY;
                 sc[u * GM + g] = x;
-                mx = fmaxf(mx, x);
+                mx[g] = fmaxf(mx[g], x);
             }
-            float corr = __expf(m[g] - mx);
-            l[g] *= corr;
-#pragma unroll
-            for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                float pr = __expf(sc[u * GM + g] - mx);
-                l[g] += pr;
-#pragma unroll
-                for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
-            }
-            m[g] = mx;
         }
+    }
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        float corr = __expf(m[g] - mx[g]);
+        l[g] *= corr;
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) acc[g][jj] *= corr;
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            float pr;
+            if constexpr (N <= 32) pr = __shfl_sync(0xffffffffu, pm, u * GM + g);
+            else pr = __expf(sc[u * GM + g] - mx[g]);
+            l[g] += pr;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) acc[g][jj] = fmaf(pr, vf[u][jj], acc[g][jj]);
+        }
+        m[g] = mx[g];
     }
 }
 
