@@ -482,6 +482,12 @@ static void test_attention(void) {
         {"head dim 512 (gemma 4 global)", 2, 8, 2, 512, 0, 0, 0.0f, 3, 40, 1},
         {"head dim 512, long, gqa 8", 1, 8, 1, 512, 0, 0, 30.0f, 2, 300, 2},
         {"head dim 320, sliding", 1, 6, 3, 320, 16, 0, 0.0f, 2, 50, 5},
+        /* the decode kernel (cuda_attention.cu): long walks a warp (few splits: 16 kv heads' blocks of 4 rows fill
+         * the GPU), a rotating cache wrapping (its keys loaded after the wait), and heads narrower than a lane's
+         * dims (D < 32 DPL: the clamped loads, not FULL) */
+        {"decode, batch 4, 16 kv heads, 1,100 keys", 4, 32, 16, 128, 0, 0, 0.0f, 2, 1100, 1},
+        {"decode over a rotating cache as it wraps", 2, 8, 2, 128, 300, 300, 0.0f, 5, 290, 4},
+        {"head dim 36", 2, 4, 2, 36, 0, 0, 10.0f, 3, 200, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }

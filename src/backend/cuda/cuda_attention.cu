@@ -146,8 +146,8 @@ __device__ __forceinline__ void att_update(const float (&qr)[GM][DPL], float (&a
 
 /* q, out [B*T, H*D]; kn, vn [B*T, Hk*D] (offset to this launch's first sequence);
  * part [rows, H, splits, D + 2] when splits > 1.  PRE: q and kn before their norm and RoPE (att_pre).  W warps
- * a block, KB keys a warp and step, GM query heads a block (a.gmax). */
-template <int DPL, int GM, int KB, bool PRE, int W>
+ * a block, KB keys a warp and step, GM query heads a block (a.gmax); FULL: D = 32 DPL. */
+template <int DPL, int GM, int KB, bool PRE, int W, bool FULL>
 __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ q, const float *__restrict__ kn,
                                                       const float *__restrict__ vn, float *__restrict__ out,
                                                       float *__restrict__ part, const att_arg a, const att_pre p) {
@@ -187,17 +187,24 @@ __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ 
      * while this one is used */
     unsigned short kr[KB][DPL], vr[KB][DPL];
     const int c0m = c0 % S.cap; /* key j's slot: c0m + j, less cap past it (j < n_cached <= cap): no division a key */
+    /* A key's row in either cache is one address, and a lane's dims lane + 32 jj are loads at offsets from it.
+     * FULL (D = 32 DPL, every dim of every lane inside the head): the address is the lane's own and the offsets are
+     * fixed, so a load costs no address arithmetic (that was about a third of this loop's instructions: the decode
+     * kernel is held by its issue, not by its bytes).  Else dims past the head load its last one (q is 0 there). */
+    int dl[DPL];
+#pragma unroll
+    for (int jj = 0; jj < DPL; jj++) dl[jj] = FULL ? 32 * jj : lane + 32 * jj < D ? lane + 32 * jj : D - 1;
+    const unsigned short *kc = (const unsigned short *)S.kc + (int64_t)kvh * D + (FULL ? lane : 0);
+    const int64_t vkd = (const unsigned short *)S.vc - (const unsigned short *)S.kc; /* v's row from k's */
     auto load_kv = [&](int jb) {
 #pragma unroll
         for (int u = 0; u < KB; u++) {
             const int j = jb + u < jc ? jb + u : jc - 1, slot = c0m + j < S.cap ? c0m + j : c0m + j - S.cap;
-            const int64_t off = (int64_t)slot * KD + (int64_t)kvh * D;
-            const unsigned short *kp = (const unsigned short *)S.kc + off, *vp = (const unsigned short *)S.vc + off;
+            const unsigned short *kp = kc + (int64_t)slot * KD, *vp = kp + vkd;
 #pragma unroll
             for (int jj = 0; jj < DPL; jj++) {
-                int d = lane + 32 * jj < D ? lane + 32 * jj : D - 1;
-                kr[u][jj] = __ldg(kp + d);
-                vr[u][jj] = __ldg(vp + d);
+                kr[u][jj] = __ldg(kp + dl[jj]);
+                vr[u][jj] = __ldg(vp + dl[jj]);
             }
         }
     };
@@ -392,21 +399,29 @@ __global__ void k_attention_merge(float *__restrict__ out, __nv_bfloat16 *__rest
     }
 }
 
-template <int DPL, bool PRE, int W, int KB>
+template <int DPL, bool PRE, int W, int KB, bool FULL>
 static void launch_w(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
                      float *part, const att_arg &a, const att_pre &p) {
     switch (gm) {
-    case 1: cuda_launch(cb, k_attention<DPL, 1, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p); break;
-    case 2: cuda_launch(cb, k_attention<DPL, 2, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p); break;
+    case 1: cuda_launch(cb, k_attention<DPL, 1, KB, PRE, W, FULL>, grid, W * 32, 0, q, k, v, o, part, a, p); break;
+    case 2: cuda_launch(cb, k_attention<DPL, 2, KB, PRE, W, FULL>, grid, W * 32, 0, q, k, v, o, part, a, p); break;
     case 4: /* eight warps take at most two heads (launch_dpl) */
         if constexpr (W == ATT_WARPS)
-            cuda_launch(cb, k_attention<DPL, 4, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p);
+            cuda_launch(cb, k_attention<DPL, 4, KB, PRE, W, FULL>, grid, W * 32, 0, q, k, v, o, part, a, p);
         break;
     default:
         if constexpr (W == ATT_WARPS && DPL * 32 <= 256)
-            cuda_launch(cb, k_attention<DPL, 8, KB, PRE, W>, grid, W * 32, 0, q, k, v, o, part, a, p);
+            cuda_launch(cb, k_attention<DPL, 8, KB, PRE, W, FULL>, grid, W * 32, 0, q, k, v, o, part, a, p);
         break;
     }
+}
+
+/* The same with FULL where the head is 32 DPL wide (always with PRE: heads of 64, 128 or 256) */
+template <int DPL, bool PRE, int W, int KB>
+static void launch_full(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
+                        float *part, const att_arg &a, const att_pre &p) {
+    if (PRE || a.D == 32 * DPL) return launch_w<DPL, PRE, W, KB, true>(cb, gm, grid, q, k, v, o, part, a, p);
+    if constexpr (!PRE) launch_w<DPL, PRE, W, KB, false>(cb, gm, grid, q, k, v, o, part, a, p);
 }
 
 /* The decode kernel for heads of 32 DPL values, gm query heads a block.  A block of four warps takes KB keys a
@@ -420,8 +435,8 @@ template <int DPL, bool PRE>
 static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, const float *k, const float *v, float *o,
                        float *part, const att_arg &a, const att_pre &p) {
     if constexpr (DPL <= 8)
-        if (gm <= 2) return launch_w<DPL, PRE, 8, DPL >= 8 ? 2 : 4>(cb, gm, grid, q, k, v, o, part, a, p);
-    launch_w<DPL, PRE, ATT_WARPS, DPL >= 8 ? 2 : 8>(cb, gm, grid, q, k, v, o, part, a, p);
+        if (gm <= 2) return launch_full<DPL, PRE, 8, DPL >= 8 ? 2 : 4>(cb, gm, grid, q, k, v, o, part, a, p);
+    launch_full<DPL, PRE, ATT_WARPS, DPL >= 8 ? 2 : 8>(cb, gm, grid, q, k, v, o, part, a, p);
 }
 
 /* The decode kernel's layout for sequences [b0, b0 + nb) of args: the query heads a block takes (a power of
