@@ -404,8 +404,8 @@ typedef struct attn_case {
 static void run_attn_case(const attn_case *ac) {
     int B = ac->B, H = ac->H, Hk = ac->Hk, D = ac->D;
     int64_t KD = (int64_t)Hk * D;
-    lmx_kv_layer kg[8], kc[8];
-    lmx_kv_layer *pg[8], *pc[8];
+    lmx_kv_layer kg[16], kc[16];
+    lmx_kv_layer *pg[16], *pc[16];
     for (int b = 0; b < B; b++) {
         lmx_kv_layer z = {.window = ac->window, .rotating = ac->rotating_cap > 0, .cap = ac->rotating_cap};
         kg[b] = kc[b] = z;
@@ -418,7 +418,7 @@ static void run_attn_case(const attn_case *ac) {
             CHECK(cpu->ops->alloc(cpu, &kc[b].k) == LMX_OK && cpu->ops->alloc(cpu, &kc[b].v) == LMX_OK);
         }
     }
-    int n_past[8] = {0}, n_new[8];
+    int n_past[16] = {0}, n_new[16];
     for (int step = 0; step <= ac->steps; step++) {
         int T = step == 0 ? ac->T0 : ac->TS;
         for (int b = 0; b < B; b++) n_new[b] = T - (b % 3) * (T > 2 ? T / 3 : 0); /* padded rows */
@@ -488,6 +488,16 @@ static void test_attention(void) {
         {"decode, batch 4, 16 kv heads, 1,100 keys", 4, 32, 16, 128, 0, 0, 0.0f, 2, 1100, 1},
         {"decode over a rotating cache as it wraps", 2, 8, 2, 128, 300, 300, 0.0f, 5, 290, 4},
         {"head dim 36", 2, 4, 2, 36, 0, 0, 10.0f, 3, 200, 1},
+        /* one token a sequence over 1,024 keys or more (CUDA_ATT_TC_KEYS) for 16 sequences or more of groups of 8 query
+         * heads or more: the tensor cores' decode kernel (cuda_flash_decode.cu); the cases after it take it where
+         * LMX_CUDA_ATT_TC says (the device check runs them so): with splits or one, gqa 1-16, a window over a rotating
+         * cache as it wraps */
+        {"tensor-core decode: batch 16, gqa 8, 1,100 keys", 16, 16, 2, 128, 0, 0, 0.0f, 2, 1100, 1},
+        {"tensor-core decode: gqa 8, softcap, 2,000 keys", 2, 16, 2, 128, 0, 0, 30.0f, 3, 2000, 1},
+        {"tensor-core decode: heads of 64, gqa 16, rotating window", 1, 16, 1, 64, 1100, 1100, 0.0f, 14, 1090, 1},
+        {"tensor-core decode: heads of 256, no gqa, padded batch", 3, 4, 4, 256, 0, 0, 0.0f, 2, 1030, 1},
+        {"tensor-core decode: batch 8, gqa 4, splits", 8, 32, 8, 128, 0, 0, 0.0f, 2, 1500, 1},
+        {"tensor-core decode: 64 kv heads, one split each", 8, 64, 64, 64, 0, 0, 0.0f, 2, 1100, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }
@@ -1081,7 +1091,7 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
     for (int i = 0; i < c->D / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / c->D);
     const lmx_rope rope = {.rot_dim = c->D, .interleaved = c->interleaved, .inv_freq = inv, .attn_factor = 1.1f};
     int n_past[GA_B] = {0}, n_new[GA_B];
-    int32_t ids[GA_B * 300];
+    int32_t ids[16 * 1030]; /* a prefill's rows (B P) at most: the tensor cores' case */
     for (int step = -1; step < steps; step++) {
         const int T = step < 0 ? c->P : 1;
         for (int b = 0; b < B; b++) n_new[b] = T;
@@ -1098,8 +1108,13 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
         CHECK_MSG(!memcmp(o[0], o[1], (size_t)n * 4), "graph attention %s step %d: not the eager bits", c->name, step);
         if (step == steps - 1) {
             for (int e = 0; e < 2; e++) q[e] = fetch(be[e], &s[e].y[1][0], n);
-            const char *off = getenv("LMX_CUDA_ATT_FOLD");
-            const int folded = (c->D == 64 || c->D == 128 || c->D == 256) && !(off && off[0] == '0');
+            /* not where the tensor cores' decode kernel takes the step (it folds nothing): by default 1,024 keys or
+             * more (CUDA_ATT_TC_KEYS) for 16 sequences or more in groups of 8-16 query heads; with LMX_CUDA_ATT_TC=N,
+             * N keys or more in groups of up to 16 */
+            const char *off = getenv("LMX_CUDA_ATT_FOLD"), *tc = getenv("LMX_CUDA_ATT_TC");
+            const int G = c->H / c->Hk, keys = c->window && c->window < c->P + steps ? c->window : c->P + steps;
+            const int on_tc = G <= 16 && (tc ? atoi(tc) > 0 && keys >= atoi(tc) : keys >= 1024 && G >= 8 && B >= 16);
+            const int folded = (c->D == 64 || c->D == 128 || c->D == 256) && !(off && off[0] == '0') && !on_tc;
             CHECK_MSG(folded == !!memcmp(q[0], q[1], (size_t)n * 4), "graph attention %s: the fold %s", c->name,
                       folded ? "did not run" : "ran");
             free(q[0]), free(q[1]);
@@ -1156,6 +1171,9 @@ static void test_graph_attention(void) {
         {"head dim 256, (1 + w), softcap, rotating window, splits, o into the residual", 1, 4, 1, 256, 1, 150, 200,
          1.0f, 30.0f, 0, 0, 1},
         {"heads of 64, interleaved pairs, 64 splits", 1, 16, 4, 64, 1, 5000, 0, 0.0f, 0.0f, 1, 1, 0},
+        /* 16 rows in groups of 8 over 1,024 keys or more: the tensor cores' decode kernel, after a norm / RoPE / append
+         * launch of its own */
+        {"batch 16, gqa 8, 1,030 keys: tensor cores", 16, 16, 2, 128, 1, 1030, 0, 0.0f, 0.0f, 0, 0, 0},
     };
     lmx_backend *eager = eager_cuda();
     if (!eager) return;

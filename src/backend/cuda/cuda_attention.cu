@@ -16,6 +16,7 @@
 
 #define ATT_WARPS 4            /* a block's warps, but where launch_dpl takes eight */
 #define ATT_DMAX 512           /* head dims above 256 (Gemma 4's global layers): half the heads a block */
+#define ATT_PLAN_TC (1 << 16)  /* cuda_attention_plan: the tensor cores' decode kernel (cuda_flash_decode.cu) */
 
 /* Query heads a block at most (cb->att_gmax, 4 unless LMX_CUDA_ATT_GMAX says; half for heads over 256 wide).  Eight
  * heads of 128 (Qwen3-30B-A3B's groups) took 255 registers and spilled: at a context of 4,096 its 12-layer file
@@ -447,7 +448,13 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * Keys that one split holds (at most 128 a row) leave the heads as the only way to more blocks: there the heads a
  * block halve down to 2 until the blocks fill the GPU twice (cb->att_short; H200, Qwen3-30B-A3B Q4_K_M batch 32
  * at a context under 128: 8 heads a block, 128 blocks of 4 warps, 22 us a layer; 2 heads, 512 blocks of 8 warps:
- * 3,101 -> 3,334-3,343 tok/s; 1 head 3,246-3,250). */
+ * 3,101 -> 3,334-3,343 tok/s; 1 head 3,246-3,250).
+ * One token a sequence over CUDA_ATT_TC_KEYS keys or more, 16 sequences or more in groups of 8-16 query heads: the
+ * tensor cores' kernel instead (ATT_PLAN_TC; cb->att_tc = N > 0: N keys or more in groups up to 16, < 0: never).
+ * H200, 12 layers of Qwen3-30B-A3B Q4_K_M (groups of 8), 32 rows at 4,096 keys: 6,848-6,865 -> 9,065-9,083 tok/s, at
+ * 1,024 10,386-10,392 -> 11,082-11,097; but one row at 4,096 1,500 -> 1,435-1,455, 8 rows at 1,024 5,582 -> 5,247-5,256,
+ * and Llama-3.1-8B (groups of 4) 32 rows at 4,096 2,592 -> 2,579: the kernel's blocks of one key tile a warp do not
+ * pay for the norm / RoPE / append launch it needs where few rows fill the GPU, nor for small groups. */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
@@ -458,7 +465,18 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
         if (kv->window > 0 && held > kv->window) held = kv->window;
         if (held + bt->T > max_n) max_n = held + bt->T;
     }
-    const int G = args->H / args->Hk, max_splits = (max_n + 127) / 128;
+    const int G = args->H / args->Hk;
+    if (cuda_flash_decode_takes(bt->T, args->D, G) &&
+        (cb->att_tc ? cb->att_tc > 0 && max_n >= cb->att_tc : max_n >= CUDA_ATT_TC_KEYS && G >= 8 && nb >= 16)) {
+        /* the tensor cores (cuda_flash_decode.cu): a power of two of splits, the fewest whose blocks of one warp
+         * fill the GPU twice, each at least a key tile, at most 64 (k_attention_merge) */
+        const int64_t base = (int64_t)nb * args->Hk, max_splits = (max_n + cuda_flash_decode_keys(args->D) - 1) /
+                                                                 cuda_flash_decode_keys(args->D);
+        int splits = 1;
+        while (splits < 64 && 2 * splits <= max_splits && base * splits < 2 * cb->sm_count) splits *= 2;
+        return splits | 1 << 8 | ATT_PLAN_TC;
+    }
+    const int max_splits = (max_n + 127) / 128;
     int gmax = 1, splits;
     while (gmax < G && gmax < att_gmax(cb, args->D)) gmax *= 2;
     for (;; gmax /= 2) {
@@ -480,9 +498,10 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
 static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0, att_arg &a, const float *qp,
                              const float *kp, const float *vp, float *op, const att_pre *pre) {
     const int rows = a.B * a.T;
-    const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255;
+    const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255, tc = plan & ATT_PLAN_TC;
+    if (tc && pre) return LMX_ERR_UNSUPPORTED; /* the tensor cores' kernel folds nothing (a launch before it does) */
     a.splits = splits;
-    a.gmax = plan >> 8;
+    a.gmax = plan >> 8 & 255;
     a.hchunks = (a.G + a.gmax - 1) / a.gmax;
     float *part = NULL;
     if (splits > 1) {
@@ -491,7 +510,10 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
     }
     dim3 grid(splits, a.Hk * a.hchunks, rows);
     const int gm = a.gmax; /* heads a block: the kernel's GM */
-    if (pre) {
+    lmx_status st;
+    if (tc) {
+        if ((st = cuda_flash_decode(cb, a, qp, kp, vp, op, part))) return st;
+    } else if (pre) {
         if (a.D == 64) launch_dpl<2, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else launch_dpl<8, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
@@ -502,8 +524,7 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
         else if (a.D <= 256) launch_dpl<8, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
         else launch_dpl<16, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
     }
-    lmx_status st = cuda_check_launch(cb, "attention");
-    if (st) return st;
+    if (!tc && (st = cuda_check_launch(cb, "attention"))) return st;
     if (splits > 1) {
         cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0, op, a.o16, (const float *)part, a.H,
                     a.D, splits);

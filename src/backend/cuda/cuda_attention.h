@@ -141,6 +141,16 @@ lmx_status cuda_attn_fresh_clear(cuda_backend *cb, float *dq, float *dk, float *
  * not at every launch: cudaFuncSetAttribute is a host call per layer otherwise.  A kernel the GPU cannot hold
  * then fails at its launch, which cuda_check_launch reports. */
 void cuda_flash_init(void);
+
+/* One decode row a sequence (a.T == 1) on the tensor cores (cuda_flash_decode.cu), a.splits splits of each row's keys:
+ * q, out [a.B, H*D], k, v [a.B, Hk*D] f32 (this call's rows), part [a.B, H, splits, D + 2] for k_attention_merge
+ * when a.splits > 1.  cuda_flash_decode_takes: whether it serves this shape (heads of 64, 128 or 256, at most 16 query
+ * heads a kv head); cuda_flash_decode_keys: its key tile (the fewest keys a split should hold). */
+int cuda_flash_decode_takes(int T, int D, int G);
+int cuda_flash_decode_keys(int D);
+lmx_status cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
+                             float *out, float *part);
+void cuda_flash_decode_init(void);
 void cuda_flash_bwd_init(void);
 void cuda_flash_bwd_wg_init(void);
 void cuda_flash_wg_init(void);

@@ -645,6 +645,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->att_short = !(as && as[0] == '0');
     const char *ag = getenv("LMX_CUDA_ATT_GMAX");
     cb->att_gmax = ag && (!strcmp(ag, "1") || !strcmp(ag, "2") || !strcmp(ag, "8")) ? atoi(ag) : 4;
+    const char *tc = getenv("LMX_CUDA_ATT_TC");
+    cb->att_tc = tc ? (atoi(tc) > 0 ? atoi(tc) : -1) : 0; /* 0: the rule of cuda_attention_plan */
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");
     cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
@@ -670,6 +672,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->wgmma = cc_major == 9 && cc_minor == 0 && !(wg && wg[0] == '0'); /* the sm_90a code of the build */
     cuda_gemv_init();
     cuda_flash_init();
+    cuda_flash_decode_init();
     cuda_flash_bwd_init();
     cuda_flash_bwd_wg_init();
     cuda_lora_udb_init();

@@ -24,6 +24,8 @@ extern "C" {
 #define CUDA_IDS_MAX 512                 /* row indices passed by value per launch */
 #define CUDA_SEQ_MAX 64                  /* sequences per launch of a batch op */
 #define CUDA_ROPE_MAX 256                /* rot_dim / 2 */
+#define CUDA_ATT_TC_KEYS 1024            /* one-token decode attention on the tensor cores from this context on
+                                            (for 16 rows or more in groups of 8 or more: cuda_attention_plan) */
 #define CUDA_DEQUANT_BYTES (64u << 20)   /* bf16 weight rows dequantized at once for a cuBLAS GEMM */
 
 enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS      [M, K] */
@@ -90,6 +92,8 @@ typedef struct cuda_backend {
                                 (cuda_attention_plan); LMX_CUDA_ATT_SHORT=0: the rule before it (A/B) */
     int att_gmax;            /* decode attention's query heads a block at most (cuda_attention.cu: 4;
                                 LMX_CUDA_ATT_GMAX sets 1, 2, 4 or 8, for A/B) */
+    int att_tc;              /* one-token decode attention on the tensor cores (cuda_flash_decode.cu): 0 by the
+                                rule of cuda_attention_plan; LMX_CUDA_ATT_TC=N > 0 from N keys on, =0 never (-1) */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
@@ -184,7 +188,8 @@ void cuda_graph_forget_host(cuda_backend *cb, const void *p);
  * record does not compare (experts routed on the host) must not be replayed.  The next step may
  * record and replay again. */
 void cuda_graph_step_off(cuda_backend *cb);
-/* Decode attention's layout for sequences [b0, b0+nb) of a (T < 32): splits | query heads a block << 8. */
+/* Decode attention's layout for sequences [b0, b0+nb) of a (T < 32): splits | query heads a block << 8, or
+ * splits | 1 << 8 | 1 << 16 for the tensor cores' kernel (one token a sequence over long contexts). */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
 
 /* ops implemented in the other files (the eager versions; cuda_graph.cu wraps them) */
