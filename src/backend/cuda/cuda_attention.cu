@@ -453,8 +453,8 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * tensor cores' kernel instead (ATT_PLAN_TC; cb->att_tc = N > 0: N keys or more in groups up to 16, < 0: never).
  * H200, 12 layers of Qwen3-30B-A3B Q4_K_M (groups of 8), 32 rows at 4,096 keys: 6,848-6,865 -> 9,065-9,083 tok/s, at
  * 1,024 10,386-10,392 -> 11,082-11,097; but one row at 4,096 1,500 -> 1,435-1,455, 8 rows at 1,024 5,582 -> 5,247-5,256,
- * and Llama-3.1-8B (groups of 4) 32 rows at 4,096 2,592 -> 2,579: the kernel's blocks of one key tile a warp do not
- * pay for the norm / RoPE / append launch it needs where few rows fill the GPU, nor for small groups. */
+ * and Llama-3.1-8B (groups of 4) 32 rows at 4,096 2,592 -> 2,579.  Few rows leave it splits of a tile or two and a
+ * norm / RoPE / append launch of its own before it; small groups give the CUDA-core kernel fewer heads a key. */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
@@ -468,8 +468,8 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
     const int G = args->H / args->Hk;
     if (cuda_flash_decode_takes(bt->T, args->D, G) &&
         (cb->att_tc ? cb->att_tc > 0 && max_n >= cb->att_tc : max_n >= CUDA_ATT_TC_KEYS && G >= 8 && nb >= 16)) {
-        /* the tensor cores (cuda_flash_decode.cu): a power of two of splits, the fewest whose blocks of one warp
-         * fill the GPU twice, each at least a key tile, at most 64 (k_attention_merge) */
+        /* the tensor cores (cuda_flash_decode.cu): a power of two of splits, the fewest whose blocks fill the GPU
+         * twice, each at least a key tile, at most 64 (k_attention_merge) */
         const int64_t base = (int64_t)nb * args->Hk, max_splits = (max_n + cuda_flash_decode_keys(args->D) - 1) /
                                                                  cuda_flash_decode_keys(args->D);
         int splits = 1;

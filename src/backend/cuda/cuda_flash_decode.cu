@@ -1,15 +1,16 @@
 /* cuda_flash_decode.cu - a decode step's attention over a long context on the tensor cores.
  *
- * A block is one warp: one sequence's row (one token), one kv head, one split of the row's visible keys.  The kv
- * head's G <= 16 query heads are the 16 rows of the mma (rows past G are zeros), so each cached key and value is read
- * once for all of them, and S = Q K^T and O += P V run as bf16 mma.sync m16n8k16 with f32 accumulators, in
- * cuda_flash.cu's layout and helpers (the online softmax in registers, P reused as the A operand).  The CUDA-core
- * decode kernel (cuda_attention.cu) issues about 900 instructions for 8 keys of 4 heads; at long contexts its issue,
- * not its bytes, held it (ncu, H200).  Key tiles of KT positions come through two shared-memory stages by cp.async:
- * cached positions from the bf16 cache, the row's own new key and value (f32, this call's) rounded to bf16 as they
- * are stored.  Operands are bf16 (q rounded, as the prefill's); the split's (o, max, sum) go to part for
- * k_attention_merge, or with one split the output itself.  No norm / RoPE / append fold: cuda_attention_plan picks
- * this kernel for contexts of cb->att_tc keys and more, where that launch costs little beside the keys. */
+ * A block is one sequence's row (one token), one kv head and one split of the row's visible keys.  The kv head's
+ * G <= 16 query heads are the 16 rows of the mma (rows past G are zeros), so each cached key and value is read once
+ * for all of them, and S = Q K^T and O += P V run as bf16 mma.sync m16n8k16 with f32 accumulators, in cuda_flash.cu's
+ * layout and helpers (the online softmax in registers, P reused as the A operand).  The CUDA-core decode kernel
+ * (cuda_attention.cu) issues about 900 instructions for 8 keys of 4 heads; at long contexts its issue, not its
+ * bytes, held it (ncu, H200: 2.7 instructions a cycle, DRAM 20% busy).  Key tiles of 16 keys a warp (four warps, two
+ * for heads of 256) come through two shared-memory stages by cp.async: cached positions from the bf16 cache, the
+ * row's own new key and value (f32, this call's) rounded to bf16 as they are stored.  Each warp keeps its own
+ * (o, max, sum); the block merges them, then writes its split's to part for k_attention_merge, or with one split
+ * the output itself.  Operands are bf16 (q rounded, as the prefill's).  Nothing is folded in: cuda_attention_plan
+ * picks this kernel for long contexts of many rows (a norm / RoPE / append launch before it costs little there). */
 #include <math.h>
 
 #include "cuda_attention.h"
