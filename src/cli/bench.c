@@ -304,9 +304,8 @@ int cmd_bench(int argc, char **argv) {
                "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
-               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, batch_ctx, bt[0], Bs[1], bt[1], bt[2], b.peak_gpu, bw0,
-               bwL,
-               copy_bw, b.n_ad);
+               bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, batch_ctx, bt[0], Bs[1],
+               bt[1], bt[2], b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
                in->architecture, in->dtype, in->backend, in->n_params / 1e9, in->weight_bytes / 1e9, bytes_tok / 1e9);

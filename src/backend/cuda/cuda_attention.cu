@@ -161,11 +161,7 @@ __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = row / a.T, t = row % a.T, D = a.D;
     cuda_pdl_trigger();
-    att_seq S = a.s[b];
-    if (a.dyn) { /* a graph's per-step values: read before the wait (cuda_pdl_wait) */
-        S.n_past = a.dyn[CUDA_DYN_PAST + b];
-        S.n_new = a.dyn[CUDA_DYN_NEW + b];
-    }
+    att_seq S = att_seq_at(a, b);
     const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
 
     /* the visible keys of this row: n_cached from the cache, then new rows u0 .. t */
@@ -451,9 +447,9 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * 3,101 -> 3,334-3,343 tok/s; 1 head 3,246-3,250).
  * One token a sequence over CUDA_ATT_TC_KEYS keys or more, 16 sequences or more in groups of 8-16 query heads: the
  * tensor cores' kernel instead (ATT_PLAN_TC; cb->att_tc = N > 0: N keys or more in groups up to 16, < 0: never).
- * H200, 12 layers of Qwen3-30B-A3B Q4_K_M (groups of 8), 32 rows at 4,096 keys: 6,848-6,865 -> 9,065-9,083 tok/s, at
- * 1,024 10,386-10,392 -> 11,082-11,097; but one row at 4,096 1,500 -> 1,435-1,455, 8 rows at 1,024 5,582 -> 5,247-5,256,
- * and Llama-3.1-8B (groups of 4) 32 rows at 4,096 2,592 -> 2,579.  Few rows leave it splits of a tile or two and a
+ * H200, 12 layers of Qwen3-30B-A3B Q4_K_M (groups of 8), 32 rows at 4,096 keys: 6,848-6,865 -> 9,065-9,083 tok/s,
+ * at 1,024 10,386-10,392 -> 11,082-11,097; but one row at 4,096 1,500 -> 1,435-1,455, 8 rows at 1,024 5,582 ->
+ * 5,247-5,256, and Llama-3.1-8B (groups of 4) 32 rows at 4,096 2,592 -> 2,579.  Few rows leave it splits of a tile or two and a
  * norm / RoPE / append launch of its own before it; small groups give the CUDA-core kernel fewer heads a key. */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
@@ -470,8 +466,8 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
         (cb->att_tc ? cb->att_tc > 0 && max_n >= cb->att_tc : max_n >= CUDA_ATT_TC_KEYS && G >= 8 && nb >= 16)) {
         /* the tensor cores (cuda_flash_decode.cu): a power of two of splits, the fewest whose blocks fill the GPU
          * twice, each at least a key tile, at most 64 (k_attention_merge) */
-        const int64_t base = (int64_t)nb * args->Hk, max_splits = (max_n + cuda_flash_decode_keys(args->D) - 1) /
-                                                                 cuda_flash_decode_keys(args->D);
+        const int kt = cuda_flash_decode_keys(args->D);
+        const int64_t base = (int64_t)nb * args->Hk, max_splits = (max_n + kt - 1) / kt;
         int splits = 1;
         while (splits < 64 && 2 * splits <= max_splits && base * splits < 2 * cb->sm_count) splits *= 2;
         return splits | 1 << 8 | ATT_PLAN_TC;
@@ -510,9 +506,8 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
     }
     dim3 grid(splits, a.Hk * a.hchunks, rows);
     const int gm = a.gmax; /* heads a block: the kernel's GM */
-    lmx_status st;
     if (tc) {
-        if ((st = cuda_flash_decode(cb, a, qp, kp, vp, op, part))) return st;
+        cuda_flash_decode(cb, a, qp, kp, vp, op, part);
     } else if (pre) {
         if (a.D == 64) launch_dpl<2, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
@@ -524,7 +519,8 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
         else if (a.D <= 256) launch_dpl<8, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
         else launch_dpl<16, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
     }
-    if (!tc && (st = cuda_check_launch(cb, "attention"))) return st;
+    lmx_status st = cuda_check_launch(cb, "attention");
+    if (st) return st;
     if (splits > 1) {
         cuda_launch(cb, k_attention_merge, dim3((unsigned)(rows * a.H)), dim3(128), 0, op, a.o16, (const float *)part, a.H,
                     a.D, splits);

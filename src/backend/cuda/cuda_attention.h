@@ -21,6 +21,17 @@ typedef struct att_arg {
     att_seq s[ATT_SEQ_MAX];
 } att_arg;
 
+/* Sequence b of a decode launch (k_attention, k_flash_decode), with a graph's per-step n_past / n_new from a.dyn
+ * (read before the wait, cuda_pdl_wait). */
+static __device__ __forceinline__ att_seq att_seq_at(const att_arg &a, int b) {
+    att_seq S = a.s[b];
+    if (a.dyn) {
+        S.n_past = a.dyn[CUDA_DYN_PAST + b];
+        S.n_new = a.dyn[CUDA_DYN_NEW + b];
+    }
+    return S;
+}
+
 /* Whether the query at position query sees the key at position key: causal, and inside a window of W
  * positions (W <= 0: none). */
 static __device__ __forceinline__ bool att_sees(int query, int key, int window) {
@@ -144,12 +155,12 @@ void cuda_flash_init(void);
 
 /* One decode row a sequence (a.T == 1) on the tensor cores (cuda_flash_decode.cu), a.splits splits of each row's keys:
  * q, out [a.B, H*D], k, v [a.B, Hk*D] f32 (this call's rows), part [a.B, H, splits, D + 2] for k_attention_merge
- * when a.splits > 1.  cuda_flash_decode_takes: whether it serves this shape (heads of 64, 128 or 256, at most 16 query
- * heads a kv head); cuda_flash_decode_keys: its key tile (the fewest keys a split should hold). */
+ * when a.splits > 1; only for a shape cuda_flash_decode_takes (heads of 64, 128 or 256, at most 16 query heads a kv
+ * head); the caller checks the launch.  cuda_flash_decode_keys: its key tile (the fewest keys a split should hold). */
 int cuda_flash_decode_takes(int T, int D, int G);
 int cuda_flash_decode_keys(int D);
-lmx_status cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
-                             float *out, float *part);
+void cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v, float *out,
+                       float *part);
 void cuda_flash_decode_init(void);
 void cuda_flash_bwd_init(void);
 void cuda_flash_bwd_wg_init(void);

@@ -40,11 +40,7 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, h0 = kvh * a.G;
     cuda_pdl_trigger();
-    att_seq S = a.s[b];
-    if (a.dyn) { /* a graph's per-step values: read before the wait (cuda_pdl_wait) */
-        S.n_past = a.dyn[CUDA_DYN_PAST + b];
-        S.n_new = a.dyn[CUDA_DYN_NEW + b];
-    }
+    att_seq S = att_seq_at(a, b);
     const int64_t HD = (int64_t)a.H * D, KD = (int64_t)a.Hk * D;
     /* the row's visible keys, as k_attention's for t = 0: n_cached from the cache from position c0, then its own */
     int n = 0, n_cached = 0, c0 = 0;
@@ -63,7 +59,8 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
     const int pc = (tid % CPR) * 8;
     const __nv_bfloat16 *kc = S.kc + (int64_t)kvh * D + pc;
     const int64_t vkd = S.vc - S.kc; /* v's row from k's */
-    const float *knr = kn + (int64_t)b * KD + (int64_t)kvh * D + pc, *vnr = vn + (int64_t)b * KD + (int64_t)kvh * D + pc;
+    const int64_t nrow = (int64_t)b * KD + (int64_t)kvh * D + pc; /* the row's own key and value */
+    const float *knr = kn + nrow, *vnr = vn + nrow;
 
     /* keys [jt, jt + KT) of the split into a stage (rows past j1 repeat its last key: masked, and finite) */
     auto load_tile = [&](int jt, int stage) {
@@ -164,23 +161,19 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
 template <int D>
 static void fd_launch(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v, float *out,
                       float *part) {
-    cuda_launch(cb, k_flash_decode<D>, dim3((unsigned)a.splits, (unsigned)a.Hk, (unsigned)a.B), dim3(32 * fd_warps<D>()),
-                fd_smem<D>(), q, k, v, out, part, a);
+    const dim3 grid((unsigned)a.splits, (unsigned)a.Hk, (unsigned)a.B);
+    cuda_launch(cb, k_flash_decode<D>, grid, dim3(32 * fd_warps<D>()), fd_smem<D>(), q, k, v, out, part, a);
 }
 
 int cuda_flash_decode_takes(int T, int D, int G) { return T == 1 && (D == 64 || D == 128 || D == 256) && G <= 16; }
 
-int cuda_flash_decode_keys(int D) { return D == 256 ? fd_kt<256>() : fd_kt<128>(); }
+int cuda_flash_decode_keys(int D) { return D == 256 ? fd_kt<256>() : D == 128 ? fd_kt<128>() : fd_kt<64>(); }
 
-lmx_status cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v,
-                             float *out, float *part) {
-    switch (a.D) {
-    case 64: fd_launch<64>(cb, a, q, k, v, out, part); break;
-    case 128: fd_launch<128>(cb, a, q, k, v, out, part); break;
-    case 256: fd_launch<256>(cb, a, q, k, v, out, part); break;
-    default: return LMX_ERR_UNSUPPORTED;
-    }
-    return cuda_check_launch(cb, "attention (tensor cores)");
+void cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v, float *out,
+                       float *part) {
+    if (a.D == 64) fd_launch<64>(cb, a, q, k, v, out, part);
+    else if (a.D == 128) fd_launch<128>(cb, a, q, k, v, out, part);
+    else fd_launch<256>(cb, a, q, k, v, out, part);
 }
 
 void cuda_flash_decode_init(void) { /* shared memory past 48 KB for every instance */

@@ -567,6 +567,7 @@ lmx_status cuda_moe_one(cuda_backend *cb, const lmx_moe_args *a, const cuda_row_
     lmx_status st = cuda_moe_tiles_gu(cb, a, nm, pick, pw, h);
     if (st) return st;
     const gv_moe_sum sum = {(float *)a->out->data, pw, NULL, 0};
-    return cuda_moe_blocks(a->experts[2].q.ggml_type) == LMX_GGML_Q6_K_A16 ? mq1_down<LMX_GGML_Q6_K_A16>(cb, a, pick, h, y, sum)
-                                                                          : mq1_down<LMX_GGML_Q4_K>(cb, a, pick, h, y, sum);
+    if (cuda_moe_blocks(a->experts[2].q.ggml_type) == LMX_GGML_Q6_K_A16)
+        return mq1_down<LMX_GGML_Q6_K_A16>(cb, a, pick, h, y, sum);
+    return mq1_down<LMX_GGML_Q4_K>(cb, a, pick, h, y, sum);
 }
