@@ -488,11 +488,14 @@ static void test_attention(void) {
         {"decode, batch 4, 16 kv heads, 1,100 keys", 4, 32, 16, 128, 0, 0, 0.0f, 2, 1100, 1},
         {"decode over a rotating cache as it wraps", 2, 8, 2, 128, 300, 300, 0.0f, 5, 290, 4},
         {"head dim 36", 2, 4, 2, 36, 0, 0, 10.0f, 3, 200, 1},
-        /* one token a sequence over 1,024 keys or more (CUDA_ATT_TC_KEYS) for 16 sequences or more of groups of 8 query
-         * heads or more: the tensor cores' decode kernel (cuda_flash_decode.cu); the cases after it take it where
+        /* one token a sequence on the tensor cores' decode kernel (cuda_flash_decode.cu; cuda_attention_plan): over
+         * 1,024 keys or more (CUDA_ATT_TC_KEYS) for 8 sequences or more in groups of 4 query heads or more (blocks of
+         * two warps), over 8,192 or more for fewer in groups of 8 (four warps); the cases after them take it where
          * LMX_CUDA_ATT_TC says (the device check runs them so): with splits or one, gqa 1-16, a window over a rotating
-         * cache as it wraps */
+         * cache as it wraps, two warps (8 sequences or more) and four */
         {"tensor-core decode: batch 16, gqa 8, 1,100 keys", 16, 16, 2, 128, 0, 0, 0.0f, 2, 1100, 1},
+        {"tensor-core decode: batch 8, gqa 8, 1,100 keys", 8, 16, 2, 128, 0, 0, 0.0f, 2, 1100, 1},
+        {"tensor-core decode: one row, gqa 8, 8,200 keys", 1, 16, 2, 128, 0, 0, 0.0f, 2, 8200, 1},
         {"tensor-core decode: gqa 8, softcap, 2,000 keys", 2, 16, 2, 128, 0, 0, 30.0f, 3, 2000, 1},
         {"tensor-core decode: heads of 64, gqa 16, rotating window", 1, 16, 1, 64, 1100, 1100, 0.0f, 14, 1090, 1},
         {"tensor-core decode: heads of 256, no gqa, padded batch", 3, 4, 4, 256, 0, 0, 0.0f, 2, 1030, 1},
@@ -1108,13 +1111,9 @@ static void test_graph_attention_case(const ga_case *c, lmx_backend *eager) {
         CHECK_MSG(!memcmp(o[0], o[1], (size_t)n * 4), "graph attention %s step %d: not the eager bits", c->name, step);
         if (step == steps - 1) {
             for (int e = 0; e < 2; e++) q[e] = fetch(be[e], &s[e].y[1][0], n);
-            /* not where the tensor cores' decode kernel takes the step (it folds nothing): by default 1,024 keys or
-             * more (CUDA_ATT_TC_KEYS) for 16 sequences or more in groups of 8-16 query heads; with LMX_CUDA_ATT_TC=N,
-             * N keys or more in groups of up to 16 */
-            const char *off = getenv("LMX_CUDA_ATT_FOLD"), *tc = getenv("LMX_CUDA_ATT_TC");
-            const int G = c->H / c->Hk, keys = c->window && c->window < c->P + steps ? c->window : c->P + steps;
-            const int on_tc = G <= 16 && (tc ? atoi(tc) > 0 && keys >= atoi(tc) : keys >= 1024 && G >= 8 && B >= 16);
-            const int folded = (c->D == 64 || c->D == 128 || c->D == 256) && !(off && off[0] == '0') && !on_tc;
+            /* either decode kernel folds (k_attention, or on the tensor cores k_flash_decode) */
+            const char *off = getenv("LMX_CUDA_ATT_FOLD");
+            const int folded = (c->D == 64 || c->D == 128 || c->D == 256) && !(off && off[0] == '0');
             CHECK_MSG(folded == !!memcmp(q[0], q[1], (size_t)n * 4), "graph attention %s: the fold %s", c->name,
                       folded ? "did not run" : "ran");
             free(q[0]), free(q[1]);
@@ -1171,10 +1170,10 @@ static void test_graph_attention(void) {
         {"head dim 256, (1 + w), softcap, rotating window, splits, o into the residual", 1, 4, 1, 256, 1, 150, 200,
          1.0f, 30.0f, 0, 0, 1},
         {"heads of 64, interleaved pairs, 64 splits", 1, 16, 4, 64, 1, 5000, 0, 0.0f, 0.0f, 1, 1, 0},
-        /* 16 rows in groups of 8 over 1,024 keys or more: the tensor cores' decode kernel, after a norm / RoPE / append
-         * launch of its own */
+        /* 16 rows in groups of 8 over 1,024 keys or more: the tensor cores' decode kernel, the norms, RoPE and append
+         * folded into it */
         {"batch 16, gqa 8, 1,030 keys: tensor cores", 16, 16, 2, 128, 1, 1030, 0, 0.0f, 0.0f, 0, 0, 0},
-        /* ... from the fifth step on: the graph recorded with the fold is recorded again without it */
+        /* ... from the fifth step on: the graph recorded with the CUDA-core kernel is recorded again with the other */
         {"batch 16, gqa 8, 1,020 keys: the tensor cores from 1,024", 16, 16, 2, 128, 1, 1020, 0, 0.0f, 0.0f, 0, 1, 1},
     };
     lmx_backend *eager = eager_cuda();

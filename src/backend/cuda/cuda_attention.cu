@@ -24,51 +24,6 @@
  * two 1,402 and 4,576. */
 static int att_gmax(const cuda_backend *cb, int D) { return D > 256 ? cb->att_gmax / 2 : cb->att_gmax; }
 
-/* A decode graph's per-head q / k RMSNorm and RoPE, and its kv append, done by the attention launch
- * (cuda_attention_fused): one token a sequence, heads of 32 * DPL values all rotated.  A lane holds dims
- * lane + 32 jj; the rotate-half pairs (d, d + D / 2) are its values jj and jj + DPL / 2, the interleaved pairs
- * (2 i, 2 i + 1) are a value of lanes 2 l and 2 l + 1 (a shuffle apart).  The arithmetic is k_norm_rope's,
- * value for value, so graphs with and without the fold agree bit for bit. */
-#define ATT_PRE_HALF 128
-typedef struct att_pre {
-    const void *qw, *kw;     /* norm weights [D]; NULL: none */
-    lmx_dtype qwt, kwt;
-    float qeps, keps, qone, kone, attn_factor;
-    int interleaved;
-    float inv_freq[ATT_PRE_HALF];
-} att_pre;
-
-/* x: a lane's DPL values of one head: RMSNorm with weights w (already + add_one) when norm, then the rotation
- * by the angles of (c, s): rotate-half, c[jj] for pair (jj, jj + DPL / 2), jj < DPL / 2; interleaved, c[jj]
- * for the pair of value jj. */
-template <int DPL>
-__device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const float (&w)[DPL], float eps, int D,
-                                             bool inter, const float (&c)[DPL], const float (&s)[DPL]) {
-    if (norm) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < DPL; jj++) ss += x[jj] * x[jj];
-        ss = cuda_warp_sum(ss);
-        const float inv = rsqrtf(ss / D + eps);
-#pragma unroll
-        for (int jj = 0; jj < DPL; jj++) x[jj] = x[jj] * inv * w[jj];
-    }
-    if (inter) {
-        const bool odd = threadIdx.x & 1;
-#pragma unroll
-        for (int jj = 0; jj < DPL; jj++) {
-            const float other = __shfl_xor_sync(0xffffffffu, x[jj], 1);
-            float ya, yb;
-            cuda_rope_pair(odd ? other : x[jj], odd ? x[jj] : other, c[jj], s[jj], ya, yb);
-            x[jj] = odd ? yb : ya;
-        }
-    } else {
-#pragma unroll
-        for (int jj = 0; jj < DPL / 2; jj++)
-            cuda_rope_pair(x[jj], x[jj + DPL / 2], c[jj], s[jj], x[jj], x[jj + DPL / 2]);
-    }
-}
-
 /* Online-softmax update of GM heads with KB keys (the first nvalid count).  Up to 32 (key, head) scores a step: each
  * summed over the warp into one lane (cuda_warp_sums_scattered: lane l holds score l % N; 31 shuffles, not the 160 of
  * a butterfly each), which alone takes its soft-cap, mask and probability; the heads' maxima over the step's keys and
@@ -213,20 +168,7 @@ __global__ void __launch_bounds__(W * 32) k_attention(const float *__restrict__ 
     /* PRE: the rotation at this token's position and the norm weights, neither written by a kernel */
     constexpr int PW = PRE ? DPL : 1;
     float pc[PW], ps[PW], wq[PW], wk[PW];
-    if constexpr (PRE) {
-#pragma unroll
-        for (int jj = 0; jj < DPL; jj++) { /* the angle of pair i: rotate-half lane + 32 jj, interleaved its half */
-            const int i = p.interleaved ? (lane + 32 * jj) / 2 : lane + 32 * jj;
-            if (!p.interleaved && jj >= DPL / 2) break;
-            const float2 r = cuda_rope_angle(NULL, 0, 0, i, S.n_past + t, p.inv_freq[i], p.attn_factor);
-            pc[jj] = r.x, ps[jj] = r.y;
-        }
-#pragma unroll
-        for (int jj = 0; jj < DPL; jj++) {
-            wq[jj] = p.qw ? cuda_elem(p.qw, p.qwt, lane + 32 * jj) + p.qone : 0.0f;
-            wk[jj] = p.kw ? cuda_elem(p.kw, p.kwt, lane + 32 * jj) + p.kone : 0.0f;
-        }
-    }
+    if constexpr (PRE) att_pre_load<DPL>(p, S.n_past + t, pc, ps, wq, wk);
     cuda_pdl_wait(); /* q, the new rows and (else) the cache come from the kernels before */
     if (!early && jb0 < jc) load_kv(jb0);
     const float *knb = kn + (int64_t)b * a.T * KD + (int64_t)kvh * D;
@@ -445,12 +387,18 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * block halve down to 2 until the blocks fill the GPU twice (cb->att_short; H200, Qwen3-30B-A3B Q4_K_M batch 32
  * at a context under 128: 8 heads a block, 128 blocks of 4 warps, 22 us a layer; 2 heads, 512 blocks of 8 warps:
  * 3,101 -> 3,334-3,343 tok/s; 1 head 3,246-3,250).
- * One token a sequence over CUDA_ATT_TC_KEYS keys or more, 16 sequences or more in groups of 8-16 query heads: the
- * tensor cores' kernel instead (ATT_PLAN_TC; cb->att_tc = N > 0: N keys or more in groups up to 16, < 0: never).
- * H200, 12 layers of Qwen3-30B-A3B Q4_K_M (groups of 8), 32 rows at 4,096 keys: 6,848-6,865 -> 9,065-9,083 tok/s,
- * at 1,024 10,386-10,392 -> 11,082-11,097; but one row at 4,096 1,500 -> 1,435-1,455, 8 rows at 1,024 5,582 ->
- * 5,247-5,256, and Llama-3.1-8B (groups of 4) 32 rows at 4,096 2,592 -> 2,579.  Few rows leave it splits of a tile or two and a
- * norm / RoPE / append launch of its own before it; small groups give the CUDA-core kernel fewer heads a key. */
+ * One token a sequence over long contexts: the tensor cores' kernel instead (ATT_PLAN_TC, cuda_flash_decode.cu), where
+ * it was measured faster (H200, Q4_K_M, tok/s against this kernel; cb->att_tc = N > 0: every step of N keys or more
+ * in groups up to 16, < 0: never):
+ * - from CUDA_ATT_TC_KEYS (1,024) keys, 8 sequences or more in groups of 4-16 query heads, 32 or more in groups of 2,
+ *   in blocks of two warps.  Qwen3-30B-A3B (12 layers, groups of 8), 32 rows at 4,096 keys 6,852 -> 9,866-9,904,
+ *   8 rows 4,495 -> 5,413-5,474, 8 rows at 1,024 5,561 -> 5,706-5,727; Llama-3.1-8B (groups of 4), 32 rows at 4,096
+ *   2,604 -> 3,139-3,156, 16 rows at 2,048 2,743 -> 2,966-2,969, 8 rows at 4,096 1,663 -> 1,885; Qwen3-0.6B (groups
+ *   of 2), 32 rows at 4,096 4,922 -> 5,458.
+ * - from ATT_TC_FEW_KEYS (8,192) keys, fewer sequences in groups of 8-16, four warps: the 12-layer mixture, one row
+ *   at 8,192 keys 1,360 -> 1,420-1,432, at 16,384 1,130 -> 1,319-1,322; at 4,096 the two kernels are even (1,493 /
+ *   1,476), and groups of 4 lose (the 8B, one row at 16,384: 308 -> 281). */
+#define ATT_TC_FEW_KEYS 8192
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
@@ -462,15 +410,19 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
         if (held + bt->T > max_n) max_n = held + bt->T;
     }
     const int G = args->H / args->Hk;
-    if (cuda_flash_decode_takes(bt->T, args->D, G) &&
-        (cb->att_tc ? cb->att_tc > 0 && max_n >= cb->att_tc : max_n >= CUDA_ATT_TC_KEYS && G >= 8 && nb >= 16)) {
-        /* the tensor cores (cuda_flash_decode.cu): a power of two of splits, the fewest whose blocks fill the GPU
-         * twice, each at least a key tile, at most 64 (k_attention_merge) */
-        const int kt = cuda_flash_decode_keys(args->D);
+    int tc = cuda_flash_decode_takes(bt->T, args->D, G);
+    if (tc && cb->att_tc) tc = cb->att_tc > 0 && max_n >= cb->att_tc;
+    else if (tc)
+        tc = (max_n >= CUDA_ATT_TC_KEYS && ((G >= 4 && nb >= 8) || (G >= 2 && nb >= 32))) ||
+             (max_n >= ATT_TC_FEW_KEYS && G >= 8);
+    if (tc) {
+        /* a power of two of splits, the fewest whose blocks fill the GPU twice, each at least a key tile, at most 64
+         * (k_attention_merge) */
+        const int warps = cuda_flash_decode_warps(args->D, nb < 8), kt = 16 * warps;
         const int64_t base = (int64_t)nb * args->Hk, max_splits = (max_n + kt - 1) / kt;
         int splits = 1;
         while (splits < 64 && 2 * splits <= max_splits && base * splits < 2 * cb->sm_count) splits *= 2;
-        return splits | 1 << 8 | ATT_PLAN_TC;
+        return splits | warps << 8 | ATT_PLAN_TC;
     }
     const int max_splits = (max_n + 127) / 128;
     int gmax = 1, splits;
@@ -495,7 +447,6 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
                              const float *kp, const float *vp, float *op, const att_pre *pre) {
     const int rows = a.B * a.T;
     const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255, tc = plan & ATT_PLAN_TC;
-    if (tc && pre) return LMX_ERR_UNSUPPORTED; /* the tensor cores' kernel folds nothing (a launch before it does) */
     a.splits = splits;
     a.gmax = plan >> 8 & 255;
     a.hchunks = (a.G + a.gmax - 1) / a.gmax;
@@ -507,7 +458,7 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
     dim3 grid(splits, a.Hk * a.hchunks, rows);
     const int gm = a.gmax; /* heads a block: the kernel's GM */
     if (tc) {
-        cuda_flash_decode(cb, a, qp, kp, vp, op, part);
+        cuda_flash_decode(cb, a, qp, kp, vp, op, part, pre, gm); /* gm: its warps a block */
     } else if (pre) {
         if (a.D == 64) launch_dpl<2, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);

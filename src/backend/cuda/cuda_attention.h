@@ -32,6 +32,71 @@ static __device__ __forceinline__ att_seq att_seq_at(const att_arg &a, int b) {
     return S;
 }
 
+/* A decode graph's per-head q / k RMSNorm and RoPE, and its kv append, done by the attention launch
+ * (cuda_attention_fused; k_attention or k_flash_decode): one token a sequence, heads of 32 * DPL values all
+ * rotated.  A lane holds dims lane + 32 jj; the rotate-half pairs (d, d + D / 2) are its values jj and
+ * jj + DPL / 2, the interleaved pairs (2 i, 2 i + 1) are a value of lanes 2 l and 2 l + 1 (a shuffle apart).
+ * The arithmetic is k_norm_rope's, value for value, so graphs with and without the fold agree bit for bit. */
+#define ATT_PRE_HALF 128
+typedef struct att_pre {
+    const void *qw, *kw;     /* norm weights [D]; NULL: none */
+    lmx_dtype qwt, kwt;
+    float qeps, keps, qone, kone, attn_factor;
+    int interleaved;
+    float inv_freq[ATT_PRE_HALF];
+} att_pre;
+
+/* x: a lane's DPL values of one head: RMSNorm with weights w (already + add_one) when norm, then the rotation
+ * by the angles of (c, s): rotate-half, c[jj] for pair (jj, jj + DPL / 2), jj < DPL / 2; interleaved, c[jj]
+ * for the pair of value jj. */
+template <int DPL>
+__device__ __forceinline__ void att_pre_head(float (&x)[DPL], bool norm, const float (&w)[DPL], float eps, int D,
+                                             bool inter, const float (&c)[DPL], const float (&s)[DPL]) {
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) ss += x[jj] * x[jj];
+        ss = cuda_warp_sum(ss);
+        const float inv = rsqrtf(ss / D + eps);
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) x[jj] = x[jj] * inv * w[jj];
+    }
+    if (inter) {
+        const bool odd = threadIdx.x & 1;
+#pragma unroll
+        for (int jj = 0; jj < DPL; jj++) {
+            const float other = __shfl_xor_sync(0xffffffffu, x[jj], 1);
+            float ya, yb;
+            cuda_rope_pair(odd ? other : x[jj], odd ? x[jj] : other, c[jj], s[jj], ya, yb);
+            x[jj] = odd ? yb : ya;
+        }
+    } else {
+#pragma unroll
+        for (int jj = 0; jj < DPL / 2; jj++)
+            cuda_rope_pair(x[jj], x[jj + DPL / 2], c[jj], s[jj], x[jj], x[jj + DPL / 2]);
+    }
+}
+
+/* Before the wait (what no kernel writes): a lane's rotation at position pos, (c, s) as att_pre_head takes them,
+ * and the q / k norm weights of its dims lane + 32 jj (already + add_one; 0 without a norm). */
+template <int DPL>
+__device__ __forceinline__ void att_pre_load(const att_pre &p, int pos, float (&pc)[DPL], float (&ps)[DPL],
+                                             float (&wq)[DPL], float (&wk)[DPL]) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int jj = 0; jj < DPL; jj++) { /* the angle of pair i: rotate-half lane + 32 jj, interleaved its half */
+        const int i = p.interleaved ? (lane + 32 * jj) / 2 : lane + 32 * jj;
+        if (!p.interleaved && jj >= DPL / 2) break;
+        const float2 r = cuda_rope_angle(NULL, 0, 0, i, pos, p.inv_freq[i], p.attn_factor);
+        pc[jj] = r.x, ps[jj] = r.y;
+    }
+#pragma unroll
+    for (int jj = 0; jj < DPL; jj++) {
+        wq[jj] = p.qw ? cuda_elem(p.qw, p.qwt, lane + 32 * jj) + p.qone : 0.0f;
+        wk[jj] = p.kw ? cuda_elem(p.kw, p.kwt, lane + 32 * jj) + p.kone : 0.0f;
+    }
+}
+
 /* Whether the query at position query sees the key at position key: causal, and inside a window of W
  * positions (W <= 0: none). */
 static __device__ __forceinline__ bool att_sees(int query, int key, int window) {
@@ -155,12 +220,14 @@ void cuda_flash_init(void);
 
 /* One decode row a sequence (a.T == 1) on the tensor cores (cuda_flash_decode.cu), a.splits splits of each row's keys:
  * q, out [a.B, H*D], k, v [a.B, Hk*D] f32 (this call's rows), part [a.B, H, splits, D + 2] for k_attention_merge
- * when a.splits > 1; only for a shape cuda_flash_decode_takes (heads of 64, 128 or 256, at most 16 query heads a kv
- * head); the caller checks the launch.  cuda_flash_decode_keys: its key tile (the fewest keys a split should hold). */
+ * when a.splits > 1; pre: the q / k norm, RoPE and kv append folded in (q and k before them), or NULL; in blocks of
+ * warps = cuda_flash_decode_warps(D, few rows or not), whose key tile is 16 warps keys (the fewest a split should
+ * hold).  Only for a shape cuda_flash_decode_takes (heads of 64, 128 or 256, at most 16 query heads a kv head); the
+ * caller checks the launch. */
 int cuda_flash_decode_takes(int T, int D, int G);
-int cuda_flash_decode_keys(int D);
+int cuda_flash_decode_warps(int D, int few);
 void cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v, float *out,
-                       float *part);
+                       float *part, const att_pre *pre, int warps);
 void cuda_flash_decode_init(void);
 void cuda_flash_bwd_init(void);
 void cuda_flash_bwd_wg_init(void);

@@ -5,38 +5,49 @@
  * for all of them, and S = Q K^T and O += P V run as bf16 mma.sync m16n8k16 with f32 accumulators, in cuda_flash.cu's
  * layout and helpers (the online softmax in registers, P reused as the A operand).  The CUDA-core decode kernel
  * (cuda_attention.cu) issues about 900 instructions for 8 keys of 4 heads; at long contexts its issue, not its
- * bytes, held it (ncu, H200: 2.7 instructions a cycle, DRAM 20% busy).  Key tiles of 16 keys a warp (four warps, two
- * for heads of 256) come through two shared-memory stages by cp.async: cached positions from the bf16 cache, the
- * row's own new key and value (f32, this call's) rounded to bf16 as they are stored.  Each warp keeps its own
- * (o, max, sum); the block merges them, then writes its split's to part for k_attention_merge, or with one split
- * the output itself.  Operands are bf16 (q rounded, as the prefill's).  Nothing is folded in: cuda_attention_plan
- * picks this kernel for long contexts of many rows (a norm / RoPE / append launch before it costs little there). */
+ * bytes, held it (ncu, H200: 2.7 instructions a cycle, DRAM 20% busy).  Key tiles of 16 keys a warp come through
+ * two shared-memory stages by cp.async: cached positions from the bf16 cache, the row's own new key and value (f32,
+ * this call's) rounded to bf16 as they are stored.  Each warp keeps its own (o, max, sum); the block merges them,
+ * then writes its split's to part for k_attention_merge, or with one split the output itself.  Operands are bf16
+ * (q rounded, as the prefill's).  In a decode graph (PRE) the q / k norm, RoPE and kv append are folded in as
+ * k_attention folds them (att_pre_head, the same arithmetic): the split that holds the row's own key makes it,
+ * appends it and stages it for its tile.
+ *
+ * Warps a block (cuda_flash_decode_warps): four for few rows (74 KB of shared memory with heads of 128), two for
+ * many (40 KB), and two for heads of 256.  A multiprocessor's shared memory and L1 are one store, split by the
+ * carveout of the kernels it runs; a kernel of 74 KB blocks gets a 228 KB carveout, and the L1 of the GEMVs that
+ * follow it in the decode chain shrinks to what is left, until the multiprocessor idles.  So the two-warp
+ * instances ask for 58% (three blocks a multiprocessor, the rest L1).  H200, tok/s, the four-warp form with the
+ * default carveout -> two warps at 58%: Qwen3-30B-A3B Q4_K_M (12 layers), 32 rows at 4,096 keys 9,079-9,141 ->
+ * 9,782-9,915, 8 rows 4,873-4,939 -> 5,330-5,429; Llama-3.1-8B Q4_K_M (groups of 4), 32 rows 2,613-2,632 ->
+ * 3,144-3,158 (the CUDA-core kernel 2,597-2,601), 16 rows at 2,048 2,424-2,432 -> 2,952-2,975 (2,744-2,745).  A
+ * carveout of 72% measured the same; four warps at 44% or 72% gained less.  One row at 16,384 keys is the other way:
+ * 1,311-1,317 with four warps and the default carveout, 1,260-1,261 with two. */
 #include <math.h>
 
 #include "cuda_attention.h"
 #include "cuda_mma.h"
 
-/* warps a block (each 16 keys of a tile: heads of 256 two, for the shared memory), keys a tile */
-template <int D> __host__ __device__ constexpr int fd_warps() { return D == 256 ? 2 : 4; }
-template <int D> __host__ __device__ constexpr int fd_kt() { return 16 * fd_warps<D>(); }
-/* Q [16][D + 8], K and V [2][KT][D + 8] (bf16; the pad puts an ldmatrix tile's rows in different banks); after the
- * walk the warps' (o, max, sum) [W][16][D + 2] f32 in the stages' place */
-template <int D> __host__ __device__ constexpr size_t fd_smem() { return (size_t)2 * (D + 8) * (16 + 4 * fd_kt<D>()); }
+/* Q [16][D + 8], K and V [2][KT][D + 8], the row's own key and value [2][D + 8] (bf16; the pad puts an ldmatrix
+ * tile's rows in different banks); after the walk the warps' (o, max, sum) [W][16][D + 2] f32 in the stages' place */
+template <int D, int W> __host__ __device__ constexpr size_t fd_smem() {
+    return (size_t)2 * (D + 8) * (16 + 4 * 16 * W + 2);
+}
 
 /* q, out [B, H*D]; kn, vn [B, Hk*D] (one row a sequence, offset to the launch's first); part [B, H, splits, D + 2]
- * when a.splits > 1. */
-template <int D>
-__global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float *__restrict__ q,
-                                                                      const float *__restrict__ kn,
-                                                                      const float *__restrict__ vn,
-                                                                      float *__restrict__ out, float *__restrict__ part,
-                                                                      const att_arg a) {
-    constexpr int W = fd_warps<D>(), KT = fd_kt<D>(), LD = D + 8, ND = D / 8, CPR = D / 8; /* 16-byte pieces a row */
-    static_assert(fd_smem<D>() >= (size_t)W * 16 * (D + 2) * 4, "the warps' merge fits in the stages");
+ * when a.splits > 1.  PRE: q and kn before their norm and RoPE (att_pre), and the kv append is this launch's. */
+template <int D, bool PRE, int W>
+__global__ void __launch_bounds__(32 * W) k_flash_decode(const float *__restrict__ q, const float *__restrict__ kn,
+                                                         const float *__restrict__ vn, float *__restrict__ out,
+                                                         float *__restrict__ part, const att_arg a, const att_pre p) {
+    constexpr int KT = 16 * W, LD = D + 8, ND = D / 8, CPR = D / 8; /* 16-byte pieces a row */
+    constexpr int DPL = D / 32, PW = PRE ? DPL : 1; /* att_pre_head's values a lane */
+    static_assert(fd_smem<D, W>() >= (size_t)W * 16 * (D + 2) * 4, "the warps' merge fits in the stages");
     extern __shared__ __align__(16) unsigned char fd_mem[];
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)fd_mem; /* [16][LD] */
     __nv_bfloat16 *Ks = Qs + 16 * LD;            /* [2][KT][LD] */
     __nv_bfloat16 *Vs = Ks + 2 * KT * LD;        /* [2][KT][LD] */
+    __nv_bfloat16 *Ns = Vs + 2 * KT * LD;        /* [2][LD]: PRE, the row's own key and value */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, h0 = kvh * a.G;
     cuda_pdl_trigger();
@@ -54,6 +65,7 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
     const int chunk = (n + a.splits - 1) / a.splits;
     const int j0 = split * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
     const int ntiles = j1 > j0 ? (j1 - j0 + KT - 1) / KT : 0;
+    const bool own = j0 <= n_cached && n_cached < j1; /* the split that holds the row's own key (one a kv head) */
     const int c0m = c0 % S.cap; /* key j's slot: c0m + j, less cap past it */
     /* this thread's 16-byte piece of every row it copies: rows tid / CPR + i 32 W / CPR */
     const int pc = (tid % CPR) * 8;
@@ -73,6 +85,9 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
                 const __nv_bfloat16 *kp = kc + (int64_t)slot * KD;
                 cp_async16(smem_addr(ks + r * LD), kp);
                 cp_async16(smem_addr(vs + r * LD), kp + vkd);
+            } else if (PRE) { /* the row's own key and value, made after the wait */
+                *(uint4 *)(ks + r * LD) = *(const uint4 *)(Ns + pc);
+                *(uint4 *)(vs + r * LD) = *(const uint4 *)(Ns + LD + pc);
             } else { /* the row's own key and value */
                 const float4 k0 = __ldg((const float4 *)knr), k1 = __ldg((const float4 *)(knr + 4));
                 const float4 v0 = __ldg((const float4 *)vnr), v1 = __ldg((const float4 *)(vnr + 4));
@@ -89,13 +104,49 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
     const int last0 = j0 + KT - 1 < j1 - 1 ? j0 + KT - 1 : j1 - 1;
     const bool early = ntiles > 0 && last0 < n_cached && (!S.rotating || S.n_past + S.n_new <= S.cap);
     if (early) load_tile(j0, 0);
+    float pcs[PW], psn[PW], wq[PW], wk[PW]; /* PRE: the rotation at the row's position, the norm weights */
+    if constexpr (PRE) att_pre_load<DPL>(p, S.n_past, pcs, psn, wq, wk);
     cuda_pdl_wait(); /* q, the new row and (else) the cache come from the kernels before */
-    for (int i = tid; i < 16 * D / 4; i += 32 * W) { /* Q: the kv head's query heads, scaled, as bf16; zeros past G */
-        const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < a.G) v = __ldg((const float4 *)(q + (int64_t)b * HD + (int64_t)(h0 + r) * D + c));
-        *(uint2 *)(Qs + r * LD + c) = make_uint2(pack_bf16(v.x * a.scale, v.y * a.scale),
-                                                 pack_bf16(v.z * a.scale, v.w * a.scale));
+    if constexpr (PRE) {
+        /* The own key normed and rotated, and the value, as bf16 for its tile (and once a kv head into the cache)
+         * by the last warp; each query head normed, rotated and scaled by a warp, a lane's dims lane + 32 jj. */
+        if (own && warp == W - 1) {
+            float kx[DPL], vx[DPL];
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                kx[jj] = __ldg(knr - pc + lane + 32 * jj);
+                vx[jj] = __ldg(vnr - pc + lane + 32 * jj);
+            }
+            att_pre_head<DPL>(kx, p.kw != NULL, wk, p.keps, D, p.interleaved, pcs, psn);
+            const int64_t off = (int64_t)(S.n_past % S.cap) * KD + (int64_t)kvh * D;
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) {
+                const int d = lane + 32 * jj;
+                Ns[d] = __float2bfloat16(kx[jj]);
+                Ns[LD + d] = __float2bfloat16(vx[jj]);
+                ((__nv_bfloat16 *)S.kc)[off + d] = Ns[d];
+                ((__nv_bfloat16 *)S.vc)[off + d] = Ns[LD + d];
+            }
+        }
+        for (int r = warp; r < 16; r += W) {
+            float x[DPL];
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++)
+                x[jj] = r < a.G ? __ldg(q + (int64_t)b * HD + (int64_t)(h0 + r) * D + lane + 32 * jj) : 0.f;
+            if (r < a.G) att_pre_head<DPL>(x, p.qw != NULL, wq, p.qeps, D, p.interleaved, pcs, psn);
+#pragma unroll
+            for (int jj = 0; jj < DPL; jj++) Qs[r * LD + lane + 32 * jj] = __float2bfloat16(x[jj] * a.scale);
+        }
+        if (own) __syncthreads(); /* the own row before a tile's copy of it */
+    } else {
+        /* Q: the kv head's query heads, scaled, as bf16; zeros past G */
+        for (int i = tid; i < 16 * D / 4; i += 32 * W) {
+            const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < a.G) v = __ldg((const float4 *)(q + (int64_t)b * HD + (int64_t)(h0 + r) * D + c));
+            *(uint2 *)(Qs + r * LD + c) = make_uint2(pack_bf16(v.x * a.scale, v.y * a.scale),
+                                                     pack_bf16(v.z * a.scale, v.w * a.scale));
+        }
     }
     if (ntiles > 0 && !early) load_tile(j0, 0);
 
@@ -158,27 +209,40 @@ __global__ void __launch_bounds__(32 * fd_warps<D>()) k_flash_decode(const float
     }
 }
 
-template <int D>
+template <int D, int W>
 static void fd_launch(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v, float *out,
-                      float *part) {
+                      float *part, const att_pre *pre) {
     const dim3 grid((unsigned)a.splits, (unsigned)a.Hk, (unsigned)a.B);
-    cuda_launch(cb, k_flash_decode<D>, grid, dim3(32 * fd_warps<D>()), fd_smem<D>(), q, k, v, out, part, a);
+    const dim3 block(32 * W);
+    if (pre) cuda_launch(cb, k_flash_decode<D, true, W>, grid, block, fd_smem<D, W>(), q, k, v, out, part, a, *pre);
+    else cuda_launch(cb, k_flash_decode<D, false, W>, grid, block, fd_smem<D, W>(), q, k, v, out, part, a, att_pre{});
 }
 
 int cuda_flash_decode_takes(int T, int D, int G) { return T == 1 && (D == 64 || D == 128 || D == 256) && G <= 16; }
 
-int cuda_flash_decode_keys(int D) { return D == 256 ? fd_kt<256>() : D == 128 ? fd_kt<128>() : fd_kt<64>(); }
+int cuda_flash_decode_warps(int D, int few) { return D == 256 ? 2 : few ? 4 : 2; }
 
 void cuda_flash_decode(cuda_backend *cb, const att_arg &a, const float *q, const float *k, const float *v, float *out,
-                       float *part) {
-    if (a.D == 64) fd_launch<64>(cb, a, q, k, v, out, part);
-    else if (a.D == 128) fd_launch<128>(cb, a, q, k, v, out, part);
-    else fd_launch<256>(cb, a, q, k, v, out, part);
+                       float *part, const att_pre *pre, int warps) {
+    if (a.D == 64 && warps == 2) fd_launch<64, 2>(cb, a, q, k, v, out, part, pre);
+    else if (a.D == 64) fd_launch<64, 4>(cb, a, q, k, v, out, part, pre);
+    else if (a.D == 128 && warps == 2) fd_launch<128, 2>(cb, a, q, k, v, out, part, pre);
+    else if (a.D == 128) fd_launch<128, 4>(cb, a, q, k, v, out, part, pre);
+    else fd_launch<256, 2>(cb, a, q, k, v, out, part, pre);
 }
 
-void cuda_flash_decode_init(void) { /* shared memory past 48 KB for every instance */
-    cudaFuncSetAttribute(k_flash_decode<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fd_smem<64>());
-    cudaFuncSetAttribute(k_flash_decode<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fd_smem<128>());
-    cudaFuncSetAttribute(k_flash_decode<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fd_smem<256>());
+/* Shared memory past 48 KB for every instance, and the two-warp ones of heads up to 128 a carveout of 58% (the
+ * file's head) */
+template <int D, int W> static void fd_init() {
+    const int co = D < 256 && W == 2 ? 58 : -1;
+    for (int pre = 0; pre < 2; pre++) {
+        const void *k = pre ? (const void *)k_flash_decode<D, true, W> : (const void *)k_flash_decode<D, false, W>;
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fd_smem<D, W>());
+        if (co >= 0) cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, co);
+    }
+}
+
+void cuda_flash_decode_init(void) {
+    fd_init<64, 2>(), fd_init<64, 4>(), fd_init<128, 2>(), fd_init<128, 4>(), fd_init<256, 2>();
     cudaGetLastError();
 }

@@ -25,7 +25,7 @@ extern "C" {
 #define CUDA_SEQ_MAX 64                  /* sequences per launch of a batch op */
 #define CUDA_ROPE_MAX 256                /* rot_dim / 2 */
 #define CUDA_ATT_TC_KEYS 1024            /* one-token decode attention on the tensor cores from this context on
-                                            (for 16 rows or more in groups of 8 or more: cuda_attention_plan) */
+                                            (for 8 rows or more in groups of 4 or more: cuda_attention_plan) */
 #define CUDA_DEQUANT_BYTES (64u << 20)   /* bf16 weight rows dequantized at once for a cuBLAS GEMM */
 
 enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS      [M, K] */
