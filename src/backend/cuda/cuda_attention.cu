@@ -447,8 +447,9 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
                              const float *kp, const float *vp, float *op, const att_pre *pre) {
     const int rows = a.B * a.T;
     const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255, tc = plan & ATT_PLAN_TC;
+    const int per = plan >> 8 & 255; /* query heads a block (the tensor cores': its warps, every head of a group) */
     a.splits = splits;
-    a.gmax = plan >> 8 & 255;
+    a.gmax = tc ? a.G : per;
     a.hchunks = (a.G + a.gmax - 1) / a.gmax;
     float *part = NULL;
     if (splits > 1) {
@@ -458,7 +459,7 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
     dim3 grid(splits, a.Hk * a.hchunks, rows);
     const int gm = a.gmax; /* heads a block: the kernel's GM */
     if (tc) {
-        cuda_flash_decode(cb, a, qp, kp, vp, op, part, pre, gm); /* gm: its warps a block */
+        cuda_flash_decode(cb, a, qp, kp, vp, op, part, pre, per);
     } else if (pre) {
         if (a.D == 64) launch_dpl<2, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);

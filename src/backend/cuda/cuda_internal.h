@@ -189,7 +189,7 @@ void cuda_graph_forget_host(cuda_backend *cb, const void *p);
  * record and replay again. */
 void cuda_graph_step_off(cuda_backend *cb);
 /* Decode attention's layout for sequences [b0, b0+nb) of a (T < 32): splits | query heads a block << 8, or
- * splits | 1 << 8 | 1 << 16 for the tensor cores' kernel (one token a sequence over long contexts). */
+ * splits | warps a block << 8 | 1 << 16 for the tensor cores' kernel (one token a sequence over long contexts). */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *a, int b0, int nb);
 
 /* ops implemented in the other files (the eager versions; cuda_graph.cu wraps them) */
