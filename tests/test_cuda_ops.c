@@ -489,7 +489,7 @@ static void test_attention(void) {
         {"decode over a rotating cache as it wraps", 2, 8, 2, 128, 300, 300, 0.0f, 5, 290, 4},
         {"head dim 36", 2, 4, 2, 36, 0, 0, 10.0f, 3, 200, 1},
         /* one token a sequence on the tensor cores' decode kernel (cuda_flash_decode.cu; cuda_attention_plan): over
-         * 1,024 keys or more (CUDA_ATT_TC_KEYS) for 8 sequences or more in groups of 4 query heads or more (blocks of
+         * 1,024 keys or more (ATT_TC_KEYS) for 8 sequences or more in groups of 4 query heads or more (blocks of
          * two warps), over 8,192 or more for fewer in groups of 8 (four warps); the cases after them take it where
          * LMX_CUDA_ATT_TC says (the device check runs them so): with splits or one, gqa 1-16, a window over a rotating
          * cache as it wraps, two warps (8 sequences or more) and four */

@@ -390,7 +390,7 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * One token a sequence over long contexts: the tensor cores' kernel instead (ATT_PLAN_TC, cuda_flash_decode.cu), where
  * it was measured faster (H200, Q4_K_M, tok/s against this kernel; cb->att_tc = N > 0: every step of N keys or more
  * in groups up to 16, < 0: never):
- * - from CUDA_ATT_TC_KEYS (1,024) keys, 8 sequences or more in groups of 4-16 query heads, 32 or more in groups of 2,
+ * - from ATT_TC_KEYS (1,024) keys, 8 sequences or more in groups of 4-16 query heads, 32 or more in groups of 2,
  *   in blocks of two warps.  Qwen3-30B-A3B (12 layers, groups of 8), 32 rows at 4,096 keys 6,852 -> 9,866-9,904,
  *   8 rows 4,495 -> 5,413-5,474, 8 rows at 1,024 5,561 -> 5,706-5,727; Llama-3.1-8B (groups of 4), 32 rows at 4,096
  *   2,604 -> 3,139-3,156, 16 rows at 2,048 2,743 -> 2,966-2,969, 8 rows at 4,096 1,663 -> 1,885; Qwen3-0.6B (groups
@@ -398,7 +398,8 @@ static void launch_dpl(cuda_backend *cb, int gm, dim3 grid, const float *q, cons
  * - from ATT_TC_FEW_KEYS (8,192) keys, fewer sequences in groups of 8-16, four warps: the 12-layer mixture, one row
  *   at 8,192 keys 1,360 -> 1,420-1,432, at 16,384 1,130 -> 1,319-1,322; at 4,096 the two kernels are even (1,493 /
  *   1,476), and groups of 4 lose (the 8B, one row at 16,384: 308 -> 281). */
-#define ATT_TC_FEW_KEYS 8192
+#define ATT_TC_KEYS 1024     /* the tensor cores from this many keys: 8 rows or more (32 in groups of 2) */
+#define ATT_TC_FEW_KEYS 8192 /* ... fewer rows, in groups of 8 or more */
 int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int nb) {
     const lmx_batch *bt = args->batch;
     int max_n = 1;
@@ -410,12 +411,9 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
         if (held + bt->T > max_n) max_n = held + bt->T;
     }
     const int G = args->H / args->Hk;
-    int tc = cuda_flash_decode_takes(bt->T, args->D, G);
-    if (tc && cb->att_tc) tc = cb->att_tc > 0 && max_n >= cb->att_tc;
-    else if (tc)
-        tc = (max_n >= CUDA_ATT_TC_KEYS && ((G >= 4 && nb >= 8) || (G >= 2 && nb >= 32))) ||
-             (max_n >= ATT_TC_FEW_KEYS && G >= 8);
-    if (tc) {
+    const int by_rule = (max_n >= ATT_TC_KEYS && ((G >= 4 && nb >= 8) || (G >= 2 && nb >= 32))) ||
+                        (max_n >= ATT_TC_FEW_KEYS && G >= 8);
+    if (cuda_flash_decode_takes(bt->T, args->D, G) && (cb->att_tc ? cb->att_tc > 0 && max_n >= cb->att_tc : by_rule)) {
         /* a power of two of splits, the fewest whose blocks fill the GPU twice, each at least a key tile, at most 64
          * (k_attention_merge) */
         const int warps = cuda_flash_decode_warps(args->D, nb < 8), kt = 16 * warps;
@@ -442,25 +440,12 @@ int cuda_attention_plan(cuda_backend *cb, const lmx_attn_args *args, int b0, int
     return splits | gmax << 8;
 }
 
-/* The decode kernel (and the merge of its splits) for the a.B sequences from b0; pre: with att_pre's fold. */
-static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0, att_arg &a, const float *qp,
-                             const float *kp, const float *vp, float *op, const att_pre *pre) {
-    const int rows = a.B * a.T;
-    const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255, tc = plan & ATT_PLAN_TC;
-    const int per = plan >> 8 & 255; /* query heads a block (the tensor cores': its warps, every head of a group) */
-    a.splits = splits;
-    a.gmax = tc ? a.G : per;
-    a.hchunks = (a.G + a.gmax - 1) / a.gmax;
-    float *part = NULL;
-    if (splits > 1) {
-        part = (float *)cuda_scratch(cb, CUDA_SCRATCH_ATTN, (size_t)rows * a.H * splits * (a.D + 2) * sizeof(float));
-        if (!part) return cb->base.err.status;
-    }
-    dim3 grid(splits, a.Hk * a.hchunks, rows);
-    const int gm = a.gmax; /* heads a block: the kernel's GM */
-    if (tc) {
-        cuda_flash_decode(cb, a, qp, kp, vp, op, part, pre, per);
-    } else if (pre) {
+/* The CUDA-core decode kernel for a's layout (a.splits, a.gmax heads a block in a.hchunks chunks of a group) */
+static void att_decode_cores(cuda_backend *cb, const att_arg &a, const float *qp, const float *kp, const float *vp,
+                             float *op, float *part, const att_pre *pre) {
+    const dim3 grid(a.splits, a.Hk * a.hchunks, a.B * a.T);
+    const int gm = a.gmax; /* the kernel's GM */
+    if (pre) {
         if (a.D == 64) launch_dpl<2, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else if (a.D == 128) launch_dpl<4, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
         else launch_dpl<8, true>(cb, gm, grid, qp, kp, vp, op, part, a, *pre);
@@ -471,6 +456,24 @@ static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0
         else if (a.D <= 256) launch_dpl<8, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
         else launch_dpl<16, false>(cb, gm, grid, qp, kp, vp, op, part, a, none);
     }
+}
+
+/* The decode kernel (and the merge of its splits) for the a.B sequences from b0; pre: with att_pre's fold. */
+static lmx_status att_decode(cuda_backend *cb, const lmx_attn_args *args, int b0, att_arg &a, const float *qp,
+                             const float *kp, const float *vp, float *op, const att_pre *pre) {
+    const int rows = a.B * a.T;
+    const int plan = cuda_attention_plan(cb, args, b0, a.B), splits = plan & 255, tc = plan & ATT_PLAN_TC;
+    const int per = plan >> 8 & 255; /* query heads a block, or the tensor cores' warps a block */
+    a.splits = splits;
+    a.gmax = tc ? a.G : per; /* a tensor-core block takes every head of its group */
+    a.hchunks = (a.G + a.gmax - 1) / a.gmax;
+    float *part = NULL;
+    if (splits > 1) {
+        part = (float *)cuda_scratch(cb, CUDA_SCRATCH_ATTN, (size_t)rows * a.H * splits * (a.D + 2) * sizeof(float));
+        if (!part) return cb->base.err.status;
+    }
+    if (tc) cuda_flash_decode(cb, a, qp, kp, vp, op, part, pre, per);
+    else att_decode_cores(cb, a, qp, kp, vp, op, part, pre);
     lmx_status st = cuda_check_launch(cb, "attention");
     if (st) return st;
     if (splits > 1) {

@@ -24,8 +24,6 @@ extern "C" {
 #define CUDA_IDS_MAX 512                 /* row indices passed by value per launch */
 #define CUDA_SEQ_MAX 64                  /* sequences per launch of a batch op */
 #define CUDA_ROPE_MAX 256                /* rot_dim / 2 */
-#define CUDA_ATT_TC_KEYS 1024            /* one-token decode attention on the tensor cores from this context on
-                                            (for 8 rows or more in groups of 4 or more: cuda_attention_plan) */
 #define CUDA_DEQUANT_BYTES (64u << 20)   /* bf16 weight rows dequantized at once for a cuBLAS GEMM */
 
 enum { CUDA_SCRATCH_X = 0,     /* activations narrowed to bf16/f16 for cuBLAS      [M, K] */
