@@ -793,6 +793,50 @@ static lmx_tensor gg_upload(lmx_backend *be, const lmx_tensor *host) {
     return t;
 }
 
+/* Q4_K kept in blocks (a mixture model's weights, marked as the loader marks them, are never repacked): 9-32 rows of x
+ * by k_gemv_st (x and the weights in f16, K parts of 1-4 super-blocks meeting in a cluster; K past 4,096 too), 40
+ * cuBLAS, each against the cpu at the tensor cores' tolerance, and so a second backend with LMX_CUDA_GEMV_ST=0 (the
+ * integer tensor cores, x in int16; K past 4,096 the bf16 ones), which must give other bits where k_gemv_st takes the
+ * rows (unless this run turned it off or up): it ran. */
+static void test_matmul_st(void) {
+    const struct { int N, K; } sh[] = {{300, 4096}, {1100, 2048}, {70, 256}, {130, 768}, {90, 6144}};
+    const int Ms[] = {9, 16, 17, 24, 25, 32, 40};
+    const char *st = getenv("LMX_CUDA_GEMV_ST");
+    const int st_from = st ? atoi(st) : 9; /* CUDA_GEMV_ST_ROWS */
+    lmx_backend *plain = cuda_with("LMX_CUDA_GEMV_ST", "0");
+    if (!plain) return;
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+            const int N = sh[s].N, K = sh[s].K, M = Ms[i], bias = (int)(i & 1);
+            wpair w = make_weight_ex(LMX_DTYPE_U8, 0, 0, LMX_GGML_Q4_K, N, K, LMX_DTYPE_BF16, -1);
+            wpair b = make_weight(LMX_DTYPE_BF16, 0, 0, 0, 1, N);
+            lmx_tensor wp = gg_upload(plain, &w.c), bp = gg_upload(plain, &b.c);
+            CHECK(w.g.q.ggml_type == LMX_GGML_Q4_K); /* kept in blocks */
+            float *x = rand_vec((int64_t)M * K, 1.0f);
+            lmx_tensor xg = act(gpu, M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, NULL), yc = act(cpu, M, N, NULL);
+            lmx_tensor xp = act(plain, M, K, x), yp = act(plain, M, N, NULL);
+            CHECK(gpu->ops->matmul(gpu, &yg, &xg, &w.g, bias ? &b.g : NULL, M) == LMX_OK);
+            CHECK(cpu->ops->matmul(cpu, &yc, &xc, &w.c, bias ? &b.c : NULL, M) == LMX_OK);
+            CHECK(plain->ops->matmul(plain, &yp, &xp, &wp, bias ? &bp : NULL, M) == LMX_OK);
+            float *a = fetch(gpu, &yg, (int64_t)M * N), *p = fetch(plain, &yp, (int64_t)M * N);
+            const int same = !memcmp(a, p, (size_t)M * N * sizeof *a), want_same = !(st_from > 0 && M >= st_from && M <= 32);
+            CHECK_MSG(same == want_same, "matmul q4_k blocks N=%d K=%d M=%d: %s bits as LMX_CUDA_GEMV_ST=0", N, K, M,
+                      same ? "the same" : "other");
+            char what[128];
+            snprintf(what, sizeof what, "matmul q4_k blocks N=%d K=%d M=%d bias=%d", N, K, M, bias);
+            compare(what, &yg, &yc, (int64_t)M * N, M > 32 ? 2e-2 : 5e-3);
+            float *r = fetch(cpu, &yc, (int64_t)M * N); /* and the second backend's kernels */
+            const double e = rel_err(p, r, (int64_t)M * N), tol = M > 32 ? 2e-2 : 5e-3;
+            CHECK_MSG(e <= tol, "%s, LMX_CUDA_GEMV_ST=0: relative error %.3g > %.3g", what, e, tol);
+            free(a), free(p), free(r);
+            free_pair(&xg, &xc);
+            free_pair(&yg, &yc);
+            plain->ops->release(plain, &xp), plain->ops->release(plain, &yp);
+            free(x);
+        }
+    lmx_backend_free(plain);
+}
+
 static void gg_step(lmx_backend *be, gg_set *s, const int32_t *ids, int M, int moe) {
     CHECK(be->ops->embed(be, &s->x, &s->table, ids, M, 1.0f) == LMX_OK);
     if (s->wg.data) { /* the dense cases: a residual add before the norm (one launch with it in a graph) */
@@ -850,7 +894,8 @@ static void test_graph_gguf_case(const char *name, const int *types, int M, int 
     gg_alloc(gpu, &g, M, N);
     gg_alloc(ref, &c, M, N);
     for (int step = 0; step < 3; step++) {
-        const int32_t ids[3] = {1 + step, 9 - step, 15 - 2 * step};
+        int32_t ids[32] = {1 + step, 9 - step, 15 - 2 * step}; /* (M up to 32: rows 3 on cycle the table's 16) */
+        for (int i = 3; i < M; i++) ids[i] = (5 * i + step) % 16;
         gg_step(gpu, &g, ids, M, moe);
         gg_step(ref, &c, ids, M, moe);
         for (int j = 0; j < 4; j++) {
@@ -974,6 +1019,8 @@ static void test_graph_gguf(void) {
     if (!eager) return;
     test_graph_gguf_case("moe, q4_k q4_k q6_k", cases[0].t, 1, 1, eager);
     test_graph_gguf_case("moe, q4_k", cases[5].t, 1, 1, eager);
+    /* 24 rows: q / k / v of Q4_K by k_gemv_st, launched in clusters inside the graph */
+    test_graph_gguf_case("moe, q4_k", cases[5].t, 24, 1, eager);
     lmx_backend_free(eager);
 }
 
@@ -1198,6 +1245,7 @@ int main(void) {
     test_graph_dense();
     test_attention_wg();
     test_graph_attention(); /* after test_attention_wg, whose random data stay as they were */
+    test_matmul_st();
     return pair_close("test_cuda_ops");
 }
 #endif

@@ -649,6 +649,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->att_tc = tc ? (atoi(tc) > 0 ? atoi(tc) : -1) : 0; /* 0: the rule of cuda_attention_plan */
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");
     cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
+    const char *gs = getenv("LMX_CUDA_GEMV_ST");
+    cb->gemv_st = gs ? atoi(gs) : CUDA_GEMV_ST_ROWS;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");

@@ -241,6 +241,13 @@ static __device__ __forceinline__ bool gv_parts_meet(float (&v)[F], float *part,
 void cuda_gemv_mq_init(cuda_backend *cb);
 int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
 lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K);
+/* Tensor cores in f16 with every weight byte of a block in flight at once (cuda_gemv_mq.cu, k_gemv_st; sm_90 on): dense
+ * GGUF Q4_K weights (K a multiple of 256 up to 8,192; launches of one wave of blocks) for cb->gemv_st (CUDA_GEMV_ST_ROWS
+ * by default, LMX_CUDA_GEMV_ST; 0: never; 9 at the fewest) to 32 rows without a GLU: takes: 1 when it computes the n
+ * weights ws for M rows; cuda_gemv_st: sg's n segments, y_i = x @ w_i^T (+ b_i). */
+#define CUDA_GEMV_ST_ROWS 9
+int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
+lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K);
 
 /* f32 weights of at most 16 rows a multiprocessor (a mixture of experts' router) for 2..32 rows of x (cuda_gemv_f32.cu,
  * LMX_CUDA_GEMV=7: cuBLAS instead): takes: 1 when it computes w for x's M rows; cuda_gemv_f32: y [M, N] = x @ w^T. */

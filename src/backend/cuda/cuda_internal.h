@@ -86,6 +86,8 @@ typedef struct cuda_backend {
     int gemv_mq;             /* the fewest rows whose dense GGUF Q4_K / Q6_K GEMVs take the integer tensor cores
                                 (cuda_gemv_mq; 0: never); LMX_CUDA_GEMV_MQ sets it */
     int gemv_mq_smem;        /* the shared memory those launches may stage x in (cuda_gemv_mq_init; 0: none) */
+    int gemv_st;             /* the fewest rows whose dense GGUF Q4_K GEMVs take k_gemv_st (cuda_gemv_mq.cu: every
+                                weight byte of a block in flight, f16 mma; 0: never); LMX_CUDA_GEMV_ST sets it */
     int att_short;           /* decode attention over short contexts fills the GPU with fewer heads a block
                                 (cuda_attention_plan); LMX_CUDA_ATT_SHORT=0: the rule before it (A/B) */
     int att_gmax;            /* decode attention's query heads a block at most (cuda_attention.cu: 4;
@@ -779,23 +781,34 @@ static __device__ __forceinline__ void cuda_pdl_trigger() {
 #endif
 }
 
-/* k<<<grid, block, smem, cb->stream>>>(args...), with programmatic serialization while cb->pdl. */
+/* k<<<grid, block, smem, cb->stream>>>(args...), with programmatic serialization while cb->pdl, in clusters of cluster
+ * blocks along x (1: none; sm_90 and later). */
 template <typename... KArgs, typename... Args>
-static inline void cuda_launch(cuda_backend *cb, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                               Args... args) {
+static inline void cuda_launch_cluster(cuda_backend *cb, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                       unsigned cluster, Args... args) {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = cb->stream;
+    cfg.attrs = at;
     if (cb->pdl) {
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        at[cfg.numAttrs].val.clusterDim.x = cluster;
+        at[cfg.numAttrs].val.clusterDim.y = 1;
+        at[cfg.numAttrs++].val.clusterDim.z = 1;
     }
     cudaLaunchKernelEx(&cfg, k, args...);
+}
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch(cuda_backend *cb, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                               Args... args) {
+    cuda_launch_cluster(cb, k, grid, block, smem, 1, args...);
 }
 
 #endif
