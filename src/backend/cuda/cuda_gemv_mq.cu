@@ -1,6 +1,9 @@
-/* cuda_gemv_mq.cu - decode GEMVs of several rows (batched decode) of dense GGUF Q4_K / Q6_K weights on the integer
- * tensor cores: y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i) for 8..32 rows (cb->gemv_mq) and K up to 4,096, with x
- * quantized a super-block at a time as the experts of cuda_moe_mma.cu take it (the arithmetic: cuda_mq.h).
+/* cuda_gemv_mq.cu - decode GEMVs of several rows (batched decode) of dense GGUF Q4_K / Q6_K weights on the tensor
+ * cores, y_i [M, N_i] = x [M, K] @ w_i^T (+ b_i), two ways:
+ * - k_gemv_mq, the integer tensor cores: 8..32 rows (cb->gemv_mq) and K up to 4,096, with x quantized a super-block
+ *   at a time as the experts of cuda_moe_mma.cu take it (the arithmetic: cuda_mq.h); Q6_K, and Q4_K of fewer rows
+ *   than cb->gemv_st;
+ * - k_gemv_st (below), f16: Q4_K of 9..32 rows (cb->gemv_st), every weight byte of a block in flight at once.
  *
  * Block (bx, i, z) takes rows [grp 128, grp 128 + 128) of segment i (8 warps of 16 rows, lane (g, t) rows g and g +
  * 8) against rows [8 z, 8 z + 8) of x (the mma's n), over the super-blocks of its K part kq of kp.  Each tile of 8
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv_st(const float *__restrict__ x,
         }
         cl.sync(); /* the others' reads of this block's sums are done */
 #endif
-        return;
+        return; /* (before sm_90 never launched: cuda_gemv_mq_init turns k_gemv_st off) */
     }
     /* d[j][i]: row n0 + g + 8 (i / 2), x's row 8 j + 2 c + i % 2 */
 #pragma unroll
