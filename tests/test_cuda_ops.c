@@ -13,6 +13,7 @@
 #include "base/half.h"
 #include "check.h"
 #include "formats/ggml_types.h"
+#include "lmx.h"
 
 #ifndef LMX_HAVE_CUDA
 int main(void) {
@@ -797,12 +798,17 @@ static lmx_tensor gg_upload(lmx_backend *be, const lmx_tensor *host) {
  * by k_gemv_st (x and the weights in f16, K parts of 1-4 super-blocks meeting in a cluster; K past 4,096 too), 40
  * cuBLAS, each against the cpu at the tensor cores' tolerance, and so a second backend with LMX_CUDA_GEMV_ST=0 (the
  * integer tensor cores, x in int16; K past 4,096 the bf16 ones), which must give other bits where k_gemv_st takes the
- * rows (unless this run turned it off or up): it ran. */
+ * rows (unless this run turned it off or up, or the GPU is older than sm_90): it ran. */
 static void test_matmul_st(void) {
     const struct { int N, K; } sh[] = {{300, 4096}, {1100, 2048}, {70, 256}, {130, 768}, {90, 6144}};
     const int Ms[] = {9, 16, 17, 24, 25, 32, 40};
     const char *st = getenv("LMX_CUDA_GEMV_ST");
-    const int st_from = st ? atoi(st) : 9; /* CUDA_GEMV_ST_ROWS */
+    lmx_device_info dev[8];
+    int ndev = 0, cc = 0; /* the GPU's compute capability: k_gemv_st's parts meet in a cluster, sm_90 on */
+    if (lmx_devices(dev, 8, &ndev) == LMX_OK)
+        for (int i = 0; i < ndev && i < 8 && !cc; i++)
+            if (!strcmp(dev[i].backend, "cuda")) cc = dev[i].cc_major;
+    const int st_from = cc < 9 ? 0 : st ? atoi(st) : 9; /* CUDA_GEMV_ST_ROWS */
     lmx_backend *plain = cuda_with("LMX_CUDA_GEMV_ST", "0");
     if (!plain) return;
     for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
