@@ -798,7 +798,8 @@ static lmx_tensor gg_upload(lmx_backend *be, const lmx_tensor *host) {
  * by k_gemv_st (x and the weights in f16, K parts of 1-4 super-blocks meeting in a cluster; K past 4,096 too), 40
  * cuBLAS, each against the cpu at the tensor cores' tolerance, and so a second backend with LMX_CUDA_GEMV_ST=0 (the
  * integer tensor cores, x in int16; K past 4,096 the bf16 ones), which must give other bits where k_gemv_st takes the
- * rows (unless this run turned it off or up, or the GPU is older than sm_90): it ran. */
+ * rows (unless this run turned it off or up, or the GPU is older than sm_90): it ran.  Then a weight whose values f16
+ * cannot hold, which it must decline. */
 static void test_matmul_st(void) {
     const struct { int N, K; } sh[] = {{300, 4096}, {1100, 2048}, {70, 256}, {130, 768}, {90, 6144}};
     const int Ms[] = {9, 16, 17, 24, 25, 32, 40};
@@ -840,6 +841,35 @@ static void test_matmul_st(void) {
             plain->ops->release(plain, &xp), plain->ops->release(plain, &yp);
             free(x);
         }
+    { /* one block's d of 100: 15 x 63 x 100 is past f16's 65,504, so k_gemv_st declines the weight (the integer
+       * kernel's bits) and the product is still right */
+        const int N = 70, K = 512, M = 24;
+        const size_t rb = lmx_ggml_row_bytes(LMX_GGML_Q4_K, K);
+        uint8_t *h = malloc(rb * N); /* aliased by the cpu backend: kept */
+        for (size_t i = 0; i < rb * N; i++) h[i] = (uint8_t)urand();
+        for (int b = 0; b < N * (K / 256); b++)
+            put_f16(h + 144 * b, b == 3 ? 100.0f : 0.002f * (1.5f + frand())), put_f16(h + 144 * b + 2, 0.002f * (1.5f + frand()));
+        const lmx_tensor t = {.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {N, K}, .data = h,
+                              .q = {.ggml_type = LMX_GGML_Q4_K, .experts = -1}};
+        wpair w = {t, t};
+        CHECK(gpu->ops->upload_weight(gpu, &w.g) == LMX_OK);
+        CHECK(cpu->ops->upload_weight(cpu, &w.c) == LMX_OK);
+        lmx_tensor wp = gg_upload(plain, &w.c);
+        float *x = rand_vec((int64_t)M * K, 1.0f);
+        lmx_tensor xg = act(gpu, M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, NULL), yc = act(cpu, M, N, NULL);
+        lmx_tensor xp = act(plain, M, K, x), yp = act(plain, M, N, NULL);
+        CHECK(gpu->ops->matmul(gpu, &yg, &xg, &w.g, NULL, M) == LMX_OK);
+        CHECK(cpu->ops->matmul(cpu, &yc, &xc, &w.c, NULL, M) == LMX_OK);
+        CHECK(plain->ops->matmul(plain, &yp, &xp, &wp, NULL, M) == LMX_OK);
+        float *a = fetch(gpu, &yg, (int64_t)M * N), *p = fetch(plain, &yp, (int64_t)M * N);
+        CHECK_MSG(!memcmp(a, p, (size_t)M * N * sizeof *a), "matmul q4_k blocks, d past f16's reach: k_gemv_st took it");
+        compare("matmul q4_k blocks, d past f16's reach", &yg, &yc, (int64_t)M * N, 5e-3);
+        free(a), free(p);
+        free_pair(&xg, &xc);
+        free_pair(&yg, &yc);
+        plain->ops->release(plain, &xp), plain->ops->release(plain, &yp);
+        free(x);
+    }
     lmx_backend_free(plain);
 }
 

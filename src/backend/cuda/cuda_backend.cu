@@ -315,6 +315,11 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     }
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
     if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
+    if (cb->gemv_st > 0 && w->q.ggml_type == LMX_GGML_Q4_K && !cuda_gemv_st_fits(w)) { /* past f16: not k_gemv_st's */
+        if (list_room(&cb->st_unfit, &cb->n_st_unfit, &cb->cap_st_unfit))
+            return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cuda: out of host memory");
+        cb->st_unfit[cb->n_st_unfit++] = d;
+    }
     if (w->q.bits) {
         int64_t N = w->shape[0], G = w->shape[1] / w->q.group;
         size_t sb = (size_t)N * (size_t)G * lmx_dtype_size(w->q.scale_dtype);
@@ -486,6 +491,7 @@ static void cuda_destroy(lmx_backend *be) {
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i]);
     for (int i = 0; i < cb->n_host_weights; i++) cudaFreeHost(cb->host_weights[i]);
     free(cb->host_weights);
+    free(cb->st_unfit);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) scratch_free(cb, i);
     cuda_rope_angles_free(cb);
     if (cb->topk_host) cudaFreeHost(cb->topk_host);

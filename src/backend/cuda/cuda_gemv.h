@@ -247,6 +247,9 @@ lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, co
  * weights ws for M rows; cuda_gemv_st: sg's n segments, y_i = x @ w_i^T (+ b_i). */
 #define CUDA_GEMV_ST_ROWS 9
 int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
+/* 1 when k_gemv_st's f16 arithmetic holds GGUF Q4_K weight w (its host blocks): every weight within f16's range;
+ * the upload lists the device blocks of those it does not (cb->st_unfit), which k_gemv_st then declines */
+int cuda_gemv_st_fits(const lmx_tensor *w);
 lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K);
 
 /* f32 weights of at most 16 rows a multiprocessor (a mixture of experts' router) for 2..32 rows of x (cuda_gemv_f32.cu,

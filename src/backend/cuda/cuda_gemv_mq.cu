@@ -372,6 +372,19 @@ static int st_parts(cuda_backend *cb, const int *gi, int n, int M, int K) {
     return kp && (int64_t)groups * kp <= slots((K / 256 + kp - 1) / kp) ? kp : 0;
 }
 
+int cuda_gemv_st_fits(const lmx_tensor *w) {
+    if (w->q.ggml_type != LMX_GGML_Q4_K || w->ndim != 2 || w->shape[1] % 256) return 0;
+    const int64_t blocks = w->shape[0] * (w->shape[1] / 256);
+    const uint8_t *p = (const uint8_t *)w->data;
+    for (int64_t b = 0; b < blocks; b++) { /* |q sc - m| <= 15 x 63 |d| or 63 |dmin| (NaN fails too) */
+        unsigned short h[2];
+        memcpy(h, p + 144 * b, sizeof h);
+        const float d = fabsf(__half2float(__ushort_as_half(h[0]))), dmin = fabsf(__half2float(__ushort_as_half(h[1])));
+        if (!(945.0f * d < 65504.0f) || !(63.0f * dmin < 65504.0f)) return 0;
+    }
+    return 1;
+}
+
 int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu) {
     const int type = ws[0]->q.ggml_type;
     const int64_t K = ws[0]->shape[1];
@@ -381,6 +394,8 @@ int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int
     int gi[3];
     for (int i = 0; i < n; i++) {
         if ((uintptr_t)ws[i]->data % 16) return 0;
+        for (int j = 0; j < cb->n_st_unfit; j++)
+            if (cb->st_unfit[j] == ws[i]->data) return 0;
         gi[i] = (int)((ws[i]->shape[0] + 127) / 128);
     }
     return st_parts(cb, gi, n, M, (int)K) > 0;
