@@ -316,9 +316,11 @@ static lmx_status weight_upload(lmx_backend *be, lmx_tensor *w, int host) {
     lmx_status (*up)(cuda_backend *, const void *, size_t, void **, const char *) = host ? upload_host : upload;
     if ((st = up(cb, w->data, cuda_weight_bytes(w), &d, "weight upload"))) return st;
     if (cb->gemv_st > 0 && w->q.ggml_type == LMX_GGML_Q4_K && !cuda_gemv_st_fits(w)) { /* past f16: not k_gemv_st's */
-        if (list_room(&cb->st_unfit, &cb->n_st_unfit, &cb->cap_st_unfit))
-            return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cuda: out of host memory");
-        cb->st_unfit[cb->n_st_unfit++] = d;
+        for (int i = 0; i < 2; i++) { /* its first byte and the byte past its last: a view into it is declined too */
+            if (list_room(&cb->st_unfit, &cb->n_st_unfit, &cb->cap_st_unfit))
+                return lmx_err_set(&be->err, LMX_ERR_NOMEM, "cuda: out of host memory");
+            cb->st_unfit[cb->n_st_unfit++] = (char *)d + (i ? cuda_weight_bytes(w) : 0);
+        }
     }
     if (w->q.bits) {
         int64_t N = w->shape[0], G = w->shape[1] / w->q.group;

@@ -394,8 +394,10 @@ int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int
     int gi[3];
     for (int i = 0; i < n; i++) {
         if ((uintptr_t)ws[i]->data % 16) return 0;
-        for (int j = 0; j < cb->n_st_unfit; j++)
-            if (cb->st_unfit[j] == ws[i]->data) return 0;
+        for (int j = 0; j + 1 < cb->n_st_unfit; j += 2)
+            if ((const char *)ws[i]->data >= (const char *)cb->st_unfit[j] &&
+                (const char *)ws[i]->data < (const char *)cb->st_unfit[j + 1])
+                return 0;
         gi[i] = (int)((ws[i]->shape[0] + 127) / 128);
     }
     return st_parts(cb, gi, n, M, (int)K) > 0;

@@ -88,8 +88,8 @@ typedef struct cuda_backend {
     int gemv_mq_smem;        /* the shared memory those launches may stage x in (cuda_gemv_mq_init; 0: none) */
     int gemv_st;             /* the fewest rows whose dense GGUF Q4_K GEMVs take k_gemv_st (cuda_gemv_mq.cu: every
                                 weight byte of a block in flight, f16 mma; 0: never); LMX_CUDA_GEMV_ST sets it */
-    void **st_unfit;         /* the device blocks of Q4_K weights whose values f16 cannot hold (cuda_gemv_st_fits),
-                                which k_gemv_st declines; freed by destroy */
+    void **st_unfit;         /* the device bytes of Q4_K weights whose values f16 cannot hold (cuda_gemv_st_fits),
+                                which k_gemv_st declines: pairs of (first byte, past the last); freed by destroy */
     int n_st_unfit, cap_st_unfit;
     int att_short;           /* decode attention over short contexts fills the GPU with fewer heads a block
                                 (cuda_attention_plan); LMX_CUDA_ATT_SHORT=0: the rule before it (A/B) */
