@@ -485,8 +485,8 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
             gv_seg_set(&sg.s[i], ws[i], biases[i], ys[i], NULL, i, 0);
         }
         if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-        if (cuda_gemv_st_takes(cb, ws, n, M, glu))
-            return cuda_gemv_st(cb, n, &sg, x, M, (int)ws[0]->shape[1]);
+        const int st_kp = cuda_gemv_st_takes(cb, ws, n, M, glu);
+        if (st_kp) return cuda_gemv_st(cb, n, &sg, x, M, (int)ws[0]->shape[1], st_kp);
         if (cuda_gemv_mq_takes(cb, ws, n, M, glu))
             return cuda_gemv_mq(cb, n, &sg, ws[0]->q.ggml_type, x, M, (int)ws[0]->shape[1]);
         return cuda_gemv_tc(cb, gk, n, &sg, glu, x, M, (int)ws[0]->shape[1]);

@@ -243,14 +243,15 @@ int cuda_gemv_mq_takes(const cuda_backend *cb, const lmx_tensor *const *ws, int 
 lmx_status cuda_gemv_mq(cuda_backend *cb, int n, const gv_segs *sg, int type, const float *x, int M, int K);
 /* Tensor cores in f16 with every weight byte of a block in flight at once (cuda_gemv_mq.cu, k_gemv_st; sm_90 on): dense
  * GGUF Q4_K weights (K a multiple of 256 up to 8,192; launches of one wave of blocks) for cb->gemv_st (CUDA_GEMV_ST_ROWS
- * by default, LMX_CUDA_GEMV_ST; 0: never; 9 at the fewest) to 32 rows without a GLU: takes: 1 when it computes the n
- * weights ws for M rows; cuda_gemv_st: sg's n segments, y_i = x @ w_i^T (+ b_i). */
+ * by default, LMX_CUDA_GEMV_ST; 0: never; 9 at the fewest) to 32 rows without a GLU: takes: its K parts (> 0) when it
+ * computes the n weights ws for M rows, else 0; cuda_gemv_st: sg's n segments in those kp parts, y_i = x @ w_i^T
+ * (+ b_i). */
 #define CUDA_GEMV_ST_ROWS 9
 int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int M, int glu);
 /* 1 when k_gemv_st's f16 arithmetic holds GGUF Q4_K weight w (its host blocks): every weight within f16's range;
  * the upload lists the device blocks of those it does not (cb->st_unfit), which k_gemv_st then declines */
 int cuda_gemv_st_fits(const lmx_tensor *w);
-lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K);
+lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K, int kp);
 
 /* f32 weights of at most 16 rows a multiprocessor (a mixture of experts' router) for 2..32 rows of x (cuda_gemv_f32.cu,
  * LMX_CUDA_GEMV=7: cuBLAS instead): takes: 1 when it computes w for x's M rows; cuda_gemv_f32: y [M, N] = x @ w^T. */

@@ -400,14 +400,16 @@ int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int
                 return 0;
         gi[i] = (int)((ws[i]->shape[0] + 127) / 128);
     }
-    return st_parts(cb, gi, n, M, (int)K) > 0;
+    return st_parts(cb, gi, n, M, (int)K);
 }
 
-lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K) {
-    int gi[3], gmax = 1;
-    for (int i = 0; i < n; i++) gi[i] = (sg->s[i].N + 127) / 128, gmax = gi[i] > gmax ? gi[i] : gmax;
-    const int nt = (M + 7) / 8, kp = st_parts(cb, gi, n, M, K);
-    if (!kp) return LMX_ERR_UNSUPPORTED; /* (cuda_gemv_st_takes says) */
+lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K, int kp) {
+    int gmax = 1;
+    for (int i = 0; i < n; i++) {
+        const int gi = (sg->s[i].N + 127) / 128;
+        gmax = gi > gmax ? gi : gmax;
+    }
+    const int nt = (M + 7) / 8;
     cuda_launch_cluster(cb, st_kernel(nt), dim3((unsigned)(gmax * kp), (unsigned)n), 256,
                         st_smem((K / 256 + kp - 1) / kp, nt), (unsigned)kp, x, M, *sg, K, kp);
     return cuda_check_launch(cb, "matmul (tensor cores, staged)");
