@@ -798,8 +798,8 @@ static lmx_tensor gg_upload(lmx_backend *be, const lmx_tensor *host) {
  * by k_gemv_st (x and the weights in f16, K parts of 1-4 super-blocks meeting in a cluster; K past 4,096 too), 40
  * cuBLAS, each against the cpu at the tensor cores' tolerance, and so a second backend with LMX_CUDA_GEMV_ST=0 (the
  * integer tensor cores, x in int16; K past 4,096 the bf16 ones), which must give other bits where k_gemv_st takes the
- * rows (unless this run turned it off or up, or the GPU is older than sm_90): it ran.  Then a weight whose values f16
- * cannot hold, which it must decline. */
+ * rows (unless this run turned it off or up, or the GPU is older than sm_90): it ran.  Then weights whose values f16
+ * cannot hold, which neither k_gemv_st nor the f16 MLX groups may take. */
 static void test_matmul_st(void) {
     const struct { int N, K; } sh[] = {{300, 4096}, {1100, 2048}, {70, 256}, {130, 768}, {90, 6144}};
     const int Ms[] = {9, 16, 17, 24, 25, 32, 40};
@@ -841,19 +841,25 @@ static void test_matmul_st(void) {
             plain->ops->release(plain, &xp), plain->ops->release(plain, &yp);
             free(x);
         }
-    { /* one block's d of 100: 15 x 63 x 100 is past f16's 65,504, so k_gemv_st declines the weight (the integer
-       * kernel's bits) and the product is still right */
-        const int N = 70, K = 512, M = 24;
+    /* one block's d of 100 and its first sub-block's scale 63: 15 x 63 x 100 is past f16's 65,504.  A mixture model's
+     * weight (kept in blocks): k_gemv_st declines it (the integer kernel's bits).  A dense model's: the upload does
+     * not rewrite it as f16-scaled MLX groups (the tensor-core GEMV forms q s + b in f16), so it keeps its blocks too.
+     * Either way the product is the cpu's. */
+    const struct { int experts, M; } big[] = {{-1, 24}, {0, 1}, {0, 8}, {0, 24}};
+    for (size_t c = 0; c < sizeof big / sizeof big[0]; c++) {
+        const int N = 70, K = 512, experts = big[c].experts, M = big[c].M;
         const size_t rb = lmx_ggml_row_bytes(LMX_GGML_Q4_K, K);
         uint8_t *h = malloc(rb * N); /* aliased by the cpu backend: kept */
         for (size_t i = 0; i < rb * N; i++) h[i] = (uint8_t)urand();
         for (int b = 0; b < N * (K / 256); b++)
             put_f16(h + 144 * b, b == 3 ? 100.0f : 0.002f * (1.5f + frand())), put_f16(h + 144 * b + 2, 0.002f * (1.5f + frand()));
+        h[144 * 3 + 4] |= 63;
         const lmx_tensor t = {.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {N, K}, .data = h,
-                              .q = {.ggml_type = LMX_GGML_Q4_K, .experts = -1}};
+                              .q = {.ggml_type = LMX_GGML_Q4_K, .experts = experts}};
         wpair w = {t, t};
         CHECK(gpu->ops->upload_weight(gpu, &w.g) == LMX_OK);
         CHECK(cpu->ops->upload_weight(cpu, &w.c) == LMX_OK);
+        CHECK_MSG(w.g.q.ggml_type == LMX_GGML_Q4_K, "q4_k past f16's reach (experts %d): rewritten as f16 groups", experts);
         lmx_tensor wp = gg_upload(plain, &w.c);
         float *x = rand_vec((int64_t)M * K, 1.0f);
         lmx_tensor xg = act(gpu, M, K, x), xc = act(cpu, M, K, x), yg = act(gpu, M, N, NULL), yc = act(cpu, M, N, NULL);
@@ -862,8 +868,10 @@ static void test_matmul_st(void) {
         CHECK(cpu->ops->matmul(cpu, &yc, &xc, &w.c, NULL, M) == LMX_OK);
         CHECK(plain->ops->matmul(plain, &yp, &xp, &wp, NULL, M) == LMX_OK);
         float *a = fetch(gpu, &yg, (int64_t)M * N), *p = fetch(plain, &yp, (int64_t)M * N);
-        CHECK_MSG(!memcmp(a, p, (size_t)M * N * sizeof *a), "matmul q4_k blocks, d past f16's reach: k_gemv_st took it");
-        compare("matmul q4_k blocks, d past f16's reach", &yg, &yc, (int64_t)M * N, 5e-3);
+        char what[128];
+        snprintf(what, sizeof what, "matmul q4_k, d past f16's reach, experts %d, M=%d", experts, M);
+        CHECK_MSG(!memcmp(a, p, (size_t)M * N * sizeof *a), "%s: k_gemv_st took it", what);
+        compare(what, &yg, &yc, (int64_t)M * N, 5e-3);
         free(a), free(p);
         free_pair(&xg, &xc);
         free_pair(&yg, &yc);

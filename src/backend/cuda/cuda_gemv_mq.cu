@@ -20,6 +20,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda_mq.h"
+#include "cuda_repack.h"
 
 namespace cg = cooperative_groups;
 
@@ -376,11 +377,16 @@ int cuda_gemv_st_fits(const lmx_tensor *w) {
     if (w->q.ggml_type != LMX_GGML_Q4_K || w->ndim != 2 || w->shape[1] % 256) return 0;
     const int64_t blocks = w->shape[0] * (w->shape[1] / 256);
     const uint8_t *p = (const uint8_t *)w->data;
-    for (int64_t b = 0; b < blocks; b++) { /* |q sc - m| <= 15 x 63 |d| or 63 |dmin| (NaN fails too) */
+    for (int64_t b = 0; b < blocks; b++) { /* k_gemv_st's q sc - m: sc = d s6 and m = dmin m6 rounded to f16 */
         unsigned short h[2];
         memcpy(h, p + 144 * b, sizeof h);
-        const float d = fabsf(__half2float(__ushort_as_half(h[0]))), dmin = fabsf(__half2float(__ushort_as_half(h[1])));
-        if (!(945.0f * d < 65504.0f) || !(63.0f * dmin < 65504.0f)) return 0;
+        const float d = __half2float(__ushort_as_half(h[0])), dmin = __half2float(__ushort_as_half(h[1]));
+        for (int j = 0; j < 8; j++) {
+            int s6, m6;
+            cuda_q4k_scale_min(p + 144 * b + 4, j, &s6, &m6);
+            const float sc = __half2float(__float2half_rn(d * (float)s6)), m = __half2float(__float2half_rn(dmin * (float)m6));
+            if (!cuda_f16_affine_fits(15.0f, sc, -m)) return 0;
+        }
     }
     return 1;
 }

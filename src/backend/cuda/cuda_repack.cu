@@ -10,7 +10,7 @@
  * and m are f16 already, and 8 d, 128 d too unless they overflow), Q4_K within f16's rounding of d sc and
  * dmin m (relative 2^-12; the tensor-core GEMV decodes f16-scaled groups in f16, cuda_gemv_tc.cu, so
  * nothing rounds them further).  The cost is bytes: Q4_K 4.5 -> 5 bits a weight (+11%), Q4_0 4.5 -> 5, Q8_0 8.5 -> 9; Q4_1 is 5
- * either way.  A scale or bias beyond f16's range keeps the weight in its GGUF blocks.
+ * either way.  A group whose values q s + b leave f16's range keeps the weight in its GGUF blocks.
  *
  * The source blocks go up in chunks of rows through a staging buffer of at most 64 MB, converted by one
  * thread a group.
@@ -35,12 +35,7 @@ template <int T> static __device__ void rp_group(const uint8_t *row, int gk, uin
         const uint8_t *blk = row + (int64_t)(gk / 8) * 144, *sc = blk + 4, *qs = blk + 16;
         const int j = gk % 8;
         int s6, m6;
-        if (j < 4) {
-            s6 = sc[j] & 63, m6 = sc[j + 4] & 63;
-        } else {
-            s6 = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
-            m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-        }
+        cuda_q4k_scale_min(sc, j, &s6, &m6);
         s = rp_half(blk) * (float)s6, b = -(rp_half(blk + 2) * (float)m6);
         for (int e = 0; e < 32; e++) q[e] = (qs[32 * (j / 2) + e] >> (4 * (j % 2))) & 15;
     } else if constexpr (T == LMX_GGML_Q8_0) { /* d, int8 qs[32] */
@@ -56,7 +51,7 @@ template <int T> static __device__ void rp_group(const uint8_t *row, int gk, uin
 }
 
 /* groups [N rows, G a row] of src (rows of row_bytes) -> MLX words (BITS 4: 4 a group, 8: 8), f16 scale and
- * bias a group; *bad |= 1 where one leaves f16's range. */
+ * bias a group; *bad |= 1 where a group's values leave f16's range. */
 template <int T, int BITS>
 __global__ void k_repack(const uint8_t *__restrict__ src, int64_t row_bytes, int G, int64_t groups, uint32_t *__restrict__ w,
                          __half *__restrict__ sc, __half *__restrict__ bi, int *bad) {
@@ -74,7 +69,8 @@ __global__ void k_repack(const uint8_t *__restrict__ src, int64_t row_bytes, int
         w[i * WORDS + k] = v;
     }
     const __half hs = __float2half_rn(s), hb = __float2half_rn(b);
-    if (!isfinite(__half2float(hs)) || !isfinite(__half2float(hb))) atomicOr(bad, 1);
+    /* the tensor-core GEMV forms q s + b in f16 (cuda_gemv_tc.cu): a finite scale is not enough */
+    if (!cuda_f16_affine_fits((float)((1 << BITS) - 1), __half2float(hs), __half2float(hb))) atomicOr(bad, 1);
     sc[i] = hs, bi[i] = hb;
 }
 

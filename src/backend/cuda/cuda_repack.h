@@ -5,12 +5,31 @@
 
 #include "cuda_internal.h"
 
+/* Whether an affine group's values q s + b, q in [0, qmax], stay inside f16's range (|v| < 65,504; NaN fails) when
+ * an f16 kernel forms them as one fused multiply-add of the f16 s and b: the bound every f16 decode of a weight asks
+ * (k_repack for the tensor-core GEMV's MLX groups, cuda_gemv_st_fits for k_gemv_st's Q4_K blocks).  The values are
+ * linear in q, so the two ends decide. */
+static __host__ __device__ __forceinline__ int cuda_f16_affine_fits(float qmax, float s, float b) {
+    return fabsf(b) < 65504.0f && fabsf(fmaf(qmax, s, b)) < 65504.0f;
+}
+
+/* Q4_K: the 6-bit scale and min of sub-block j (0..7) from a block's 12 scale bytes (host and device: the repack and
+ * cuda_gemv_st_fits read them). */
+static __host__ __device__ __forceinline__ void cuda_q4k_scale_min(const uint8_t *sc, int j, int *s6, int *m6) {
+    if (j < 4) {
+        *s6 = sc[j] & 63, *m6 = sc[j + 4] & 63;
+    } else {
+        *s6 = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+        *m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
 /* The MLX bits (4 or 8) the upload of w rewrites it as, or 0: it stays in its GGUF blocks (another type,
  * not a matrix, or LMX_CUDA_GGUF_REPACK=0). */
 int cuda_repack_bits(const cuda_backend *cb, const lmx_tensor *w);
 /* w's host blocks -> words [N, K * bits / 32] (bits: cuda_repack_bits), f16 scales and biases [N, K / 32]
- * (device blocks the caller made).  *ok 0 (with LMX_OK): some scale or bias does not fit f16, and the caller
- * keeps the GGUF blocks. */
+ * (device blocks the caller made).  *ok 0 (with LMX_OK): some group's values do not fit f16 (cuda_f16_affine_fits
+ * of its f16 scale and bias), and the caller keeps the GGUF blocks. */
 lmx_status cuda_repack(cuda_backend *cb, const lmx_tensor *w, int bits, void *words, void *scales, void *biases,
                        int *ok);
 
