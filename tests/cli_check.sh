@@ -43,6 +43,7 @@ python3 - "$json" <<'PY' || fail "bench --batch: $json"
 import json, sys
 m = json.loads(sys.argv[1])
 assert m["batch8_tok_s"] > 0 and m["batch1_tok_s"] == 0 and m["batch32_tok_s"] == 0 and m["decode_ctx0_tok_s"] == 0, m
+assert m["generate_batch8_tok_s"] > 0 and m["generate_batch32_tok_s"] == 0, m
 PY
 json=$("$bin" bench "$llama" --backend cpu --batch 5 --steps 8 --json)
 python3 - "$json" <<'PY' || fail "bench --batch 5: $json"
@@ -56,7 +57,7 @@ json=$("$bin" bench "$llama" --backend cpu --batch 3 --batch-ctx 300 --steps 8 -
 python3 - "$json" <<'PY' || fail "bench --batch-ctx: $json"
 import json, sys
 m = json.loads(sys.argv[1])
-assert m["batch3_tok_s"] > 0 and m["batch_ctx"] == 300, m
+assert m["batch3_tok_s"] > 0 and m["generate_batch3_tok_s"] > 0 and m["batch_ctx"] == 300, m
 PY
 if "$bin" bench "$llama" --backend cpu --batch 3 --batch-ctx 0 --json >/dev/null 2>&1; then fail "bench --batch-ctx 0 accepted"; fi
 echo "ok: bench --batch"

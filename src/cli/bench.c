@@ -6,7 +6,8 @@
  * logits every step would hold them.  Token ids are random (xorshift); each figure is the median of its
  * repetitions after one warm-up.
  * "generate" runs the stream API (sampling included; only the sampler's top-k candidates cross to
- * the host on a GPU) and reports its decode tokens/s.
+ * the host on a GPU) and reports its decode tokens/s; "batch B generate" the same for B sequences at once
+ * (lmx_batch_generate_ids, greedy).
  * Bytes per decoded token = every weight byte except the embedding table (one row is read), plus
  * the output head (the table itself when tied), plus the KV cache read at that context (bf16 on
  * cuda, f32 on the cpu).  Achieved bandwidth = bytes per token x tokens/s. */
@@ -203,6 +204,43 @@ done:
     return r;
 }
 
+/* Decode tokens/s of a greedy batched generation (lmx_batch_generate_ids: what a batched run or the server does,
+ * host sampling included; on a GPU only each sequence's next id crosses to the host, where decode_batch brings every
+ * row's logits) of B prompts of ctx tokens, summed over the batch: its decode time from the first token to the last,
+ * after a warm-up generation of the same batch. */
+static double generate_batch(bench *b, int B, int steps, int ctx) {
+    int32_t **ps = calloc((size_t)B, sizeof *ps);
+    int *lens = malloc((size_t)B * sizeof *lens);
+    lmx_gen_params *gp = malloc((size_t)B * sizeof *gp);
+    lmx_result *res = calloc((size_t)B, sizeof *res);
+    double r = -1;
+    if (!ps || !lens || !gp || !res) goto done;
+    for (int i = 0; i < B; i++) {
+        if (!(ps[i] = malloc((size_t)ctx * sizeof **ps))) goto done;
+        for (int t = 0; t < ctx; t++) ps[i][t] = tok(b);
+        lens[i] = ctx;
+        gp[i] = lmx_gen_default_params();
+        gp[i].ignore_eos = 1;
+        gp[i].sampler.temperature = 0.0f;
+        gp[i].adapter = b->n_ad > 1 ? b->ad[i % b->n_ad] : NULL;
+    }
+    for (int pass = 0; pass < 2; pass++) { /* a warm-up, then the measure */
+        for (int i = 0; i < B; i++) gp[i].max_tokens = pass ? steps + 1 : 8;
+        if (lmx_batch_generate_ids(b->m, (const int32_t *const *)ps, lens, B, gp, res) != LMX_OK) goto done;
+    }
+    sample_gpu_mem(b);
+    lmx_metrics x;
+    lmx_get_metrics(b->m, &x);
+    r = x.generated_tokens == B * (steps + 1) ? x.decode_tokens_per_s : -1;
+done:
+    for (int i = 0; ps && i < B; i++) free(ps[i]);
+    free(ps);
+    free(lens);
+    free(gp);
+    free(res);
+    return r;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *backend = "auto", *adapters[4];
     int json = 0, steps = 64, long_ctx = 4096, n_adapters = 0, only_batch = 0, batch_ctx = 16;
@@ -213,7 +251,8 @@ int cmd_bench(int argc, char **argv) {
                    "                 [--batch-ctx N] [--json]\n\n"
                    "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
                    "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
-                   "batched decode (lmx_eval_batch) at batch 1, 8 and 32; peak GPU memory;\n"
+                   "batched decode (lmx_eval_batch: every row's logits to the host) at batch 1, 8 and 32, and\n"
+                   "batched greedy generation (lmx_batch_generate_ids: ids only) at 8 and 32; peak GPU memory;\n"
                    "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
                    "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n"
                    "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
@@ -285,12 +324,15 @@ int cmd_bench(int argc, char **argv) {
     }
     int Bs[3] = {1, 8, 32};
     if (only_batch && only_batch != 1 && only_batch != 32) Bs[1] = only_batch; /* reported in the middle place */
-    double bt[3] = {0, 0, 0};
+    double bt[3] = {0, 0, 0}, gb[3] = {0, 0, 0}; /* gb: batched greedy generation, batches of 2 or more */
     for (int i = 0; i < 3; i++)
-        if (!only_batch || Bs[i] == only_batch) bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
+        if (!only_batch || Bs[i] == only_batch) {
+            bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
+            if (Bs[i] > 1) gb[i] = generate_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
+        }
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
-                       bt[1] < 0 || bt[2] < 0;
+                       bt[1] < 0 || bt[2] < 0 || gb[1] < 0 || gb[2] < 0;
     if (failed) /* the figures print as -1; the last error says why */
         fprintf(stderr, "lmx bench: a measurement failed: %s\n", lmx_last_error(b.m));
 
@@ -301,11 +343,12 @@ int cmd_bench(int argc, char **argv) {
                "\"long_ctx\": %d, \"decode_long_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, "
                "\"generate_sampled_tok_s\": %.2f, "
                "\"batch_ctx\": %d, \"batch1_tok_s\": %.2f, \"batch%d_tok_s\": %.2f, "
-               "\"batch32_tok_s\": %.2f, \"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
+               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, "
+               "\"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
                bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, batch_ctx, bt[0], Bs[1],
-               bt[1], bt[2], b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
+               bt[1], bt[2], Bs[1], gb[1], gb[2], b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
                in->architecture, in->dtype, in->backend, in->n_params / 1e9, in->weight_bytes / 1e9, bytes_tok / 1e9);
@@ -319,6 +362,8 @@ int cmd_bench(int argc, char **argv) {
         printf("generate, sampled    %8.2f tok/s   (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)\n", gen_sampled);
         for (int i = 0; i < 3; i++)
             printf("batch %-2d decode      %8.2f tok/s   (after %d tokens a sequence)\n", Bs[i], bt[i], batch_ctx);
+        for (int i = 1; i < 3; i++)
+            printf("batch %-2d generate    %8.2f tok/s   (greedy, lmx_batch_generate_ids)\n", Bs[i], gb[i]);
         if (b.cuda) {
             printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);
             printf("copy bandwidth       %8.1f GB/s (device to device, read + write)\n", copy_bw / 1e9);
