@@ -30,7 +30,6 @@
 
 #define WK_STAGES 4                    /* the ring: stages in flight while one is summed */
 #define WK_STAGE (128 * 128 + 2 * 128 * 16) /* a stage's bytes: codes [128 rows][128 B], scales and biases [128][16 B] */
-#define WK_PARTS_MAX 8                 /* K parts at most (gv_parts_meet's loads in flight) */
 #define WK_PART_CH 8                   /* chunks of 256 values a K part at most (x's part: NT x 4 KB a chunk; fewer
                                           with LMX_CUDA_WALK_CH, so that tests meet K parts on small shapes) */
 
@@ -182,7 +181,7 @@ __global__ void __launch_bounds__(256, 1)
                 v[4 * t + i] = acc[t][i], acc[t][i] = 0.0f;
                 if (PAIR) v[NT * 4 + 4 * t + i] = gate[t][i];
             }
-        if (kp > 1 && !gv_parts_meet<F, WK_PARTS_MAX>(v, part, (int64_t)tile * kp + kq, (int64_t)tile * kp, ticket + tile, kp))
+        if (kp > 1 && !gv_parts_meet<F, 8>(v, part, (int64_t)tile * kp + kq, (int64_t)tile * kp, ticket + tile, kp))
             continue;
         const gv_seg G = seg_pick(sg, PAIR ? 0 : seg);
         /* v[4 t + i]: weight row n0 + r0 + 8 (i / 2), x's row 8 t + 2 c + i % 2 (PAIR: the up's; the gate's after
@@ -212,27 +211,25 @@ template <int PAIR> static wk_fn wk_kernel(int nt) {
 }
 
 void cuda_gemv_walk_init(cuda_backend *cb) {
-    int optin = 0; /* less the static shared memory (the parts' meeting), which the attribute's bound counts */
+    int optin = 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device);
-    cb->gemv_walk_smem = optin > 1024 ? optin - 1024 : 0;
+    cb->gemv_walk_smem = optin;
     for (int nt = 2; nt <= 4 && cb->gemv_walk_smem > 0; nt++)
         for (int pair = 0; pair < 2; pair++)
             if (cudaFuncSetAttribute((const void *)(pair ? wk_kernel<1>(nt) : wk_kernel<0>(nt)),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, cb->gemv_walk_smem) != cudaSuccess)
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess)
                 cb->gemv_walk_smem = 0;
     cudaGetLastError();
 }
 
 /* K parts: the fewest whose chunks (per a part) fit x's staging beside the ring */
 static int wk_parts(const cuda_backend *cb, int nch, int nt, int *per) {
-    const int fit = (int)(((int64_t)cb->gemv_walk_smem - WK_STAGES * WK_STAGE) / (nt * 4096));
+    const int fit = (int)(((int64_t)cb->gemv_walk_smem - WK_STAGES * WK_STAGE - 1024) / (nt * 4096));
     const int most = cb->gemv_walk_ch < WK_PART_CH ? cb->gemv_walk_ch : WK_PART_CH, cap = fit < most ? fit : most;
     if (cap < 1) return 0;
-    int kp = (nch + cap - 1) / cap;
-    kp = kp > WK_PARTS_MAX ? WK_PARTS_MAX : kp; /* (the knob's small parts) */
+    const int kp = (nch + cap - 1) / cap;
     *per = (nch + kp - 1) / kp;
-    kp = (nch + *per - 1) / *per; /* every part holds a chunk */
-    return *per <= fit ? kp : 0;
+    return (kp - 1) * *per < nch ? kp : 0; /* every part holds a chunk */
 }
 
 int cuda_gemv_walk_takes(const cuda_backend *cb, int n, const gv_segs *sg, int glu, int M, int64_t K) {
