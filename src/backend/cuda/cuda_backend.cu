@@ -657,10 +657,6 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->att_tc = tc ? (atoi(tc) > 0 ? atoi(tc) : -1) : 0; /* 0: the rule of cuda_attention_plan */
     const char *gq = getenv("LMX_CUDA_GEMV_MQ");
     cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
-    const char *gw = getenv("LMX_CUDA_GEMV_WALK");
-    cb->gemv_walk = gw ? atoi(gw) : CUDA_GEMV_WALK_ROWS;
-    const char *wc = getenv("LMX_CUDA_WALK_CH");
-    cb->gemv_walk_ch = wc && atoi(wc) > 0 ? atoi(wc) : 8;
     const char *gs = getenv("LMX_CUDA_GEMV_ST");
     cb->gemv_st = gs ? atoi(gs) : CUDA_GEMV_ST_ROWS;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
@@ -693,7 +689,6 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cuda_lora_term_init();
     cuda_moe_mma_init(cb);
     cuda_gemv_mq_init(cb);
-    cuda_gemv_walk_init(cb);
     cuda_flash_wg_init();
     cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH);
     if (cuda_graph_create(cb) != LMX_OK) {

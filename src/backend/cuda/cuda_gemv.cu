@@ -518,10 +518,6 @@ lmx_status cuda_gemv(cuda_backend *cb, int n, const lmx_tensor *const *ws, const
         gv_seg_set(&sg.s[i], w, biases[i], ys[i], opts, i, lora);
     }
     if (glu >= 0 && sg.s[0].N != sg.s[1].N) return LMX_ERR_UNSUPPORTED;
-    if (tcore && kind == GV_Q4 && cuda_gemv_walk_takes(cb, n, &sg, glu, M, K)) {
-        const lmx_status st = cuda_gemv_walk(cb, n, &sg, glu, x, M, (int)K);
-        if (st != LMX_ERR_UNSUPPORTED) return st;
-    }
     if (tcore) return cuda_gemv_tc(cb, kind, n, &sg, glu, x, M, (int)K);
     const int rpb = gv_rows_per_block(kind, one_row, M, glu);
     const unsigned gy = glu >= 0 ? 1 : n; /* weights with blocks of their own (the pair shares its blocks) */

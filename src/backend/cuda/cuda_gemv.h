@@ -253,16 +253,6 @@ int cuda_gemv_st_takes(cuda_backend *cb, const lmx_tensor *const *ws, int n, int
 int cuda_gemv_st_fits(const lmx_tensor *w);
 lmx_status cuda_gemv_st(cuda_backend *cb, int n, const gv_segs *sg, const float *x, int M, int K, int kp);
 
-/* MLX 4-bit weights with f16 scales and biases in groups of 32 (K a multiple of 256), 9..32 rows, one weight, a q/k/v
- * group or the gate/up pair with its GLU (cuda_gemv_walk.cu: each block keeps its part of x and walks row tiles, their
- * weights in a ring of cp.async stages): init at the backend's creation; takes: 1 when k_gemv_walk computes sg's n
- * segments for M rows (from cb->gemv_walk, CUDA_GEMV_WALK_ROWS by default, LMX_CUDA_GEMV_WALK; 0: never); cuda_gemv_walk:
- * cuda_gemv_tc's contract, LMX_ERR_UNSUPPORTED (no error kept) when its scratch cannot grow. */
-#define CUDA_GEMV_WALK_ROWS 9
-void cuda_gemv_walk_init(cuda_backend *cb);
-int cuda_gemv_walk_takes(const cuda_backend *cb, int n, const gv_segs *sg, int glu, int M, int64_t K);
-lmx_status cuda_gemv_walk(cuda_backend *cb, int n, const gv_segs *sg, int glu, const float *x, int M, int K);
-
 /* f32 weights of at most 16 rows a multiprocessor (a mixture of experts' router) for 2..32 rows of x (cuda_gemv_f32.cu,
  * LMX_CUDA_GEMV=7: cuBLAS instead): takes: 1 when it computes w for x's M rows; cuda_gemv_f32: y [M, N] = x @ w^T. */
 int cuda_gemv_f32_takes(const cuda_backend *cb, const lmx_tensor *w, const lmx_tensor *x, int M);

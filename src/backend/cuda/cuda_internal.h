@@ -86,10 +86,6 @@ typedef struct cuda_backend {
     int gemv_mq;             /* the fewest rows whose dense GGUF Q4_K / Q6_K GEMVs take the integer tensor cores
                                 (cuda_gemv_mq; 0: never); LMX_CUDA_GEMV_MQ sets it */
     int gemv_mq_smem;        /* the shared memory those launches may stage x in (cuda_gemv_mq_init; 0: none) */
-    int gemv_walk;           /* the fewest rows whose MLX 4-bit GEMVs (f16 scales, groups of 32) take k_gemv_walk
-                                (cuda_gemv_walk.cu; 0: never) */
-    int gemv_walk_smem;      /* the shared memory a block of it may take (0: none) */
-    int gemv_walk_ch;        /* chunks of 256 values its K parts hold at most (LMX_CUDA_WALK_CH: tests' K parts) */
     int gemv_st;             /* the fewest rows whose dense GGUF Q4_K GEMVs take k_gemv_st (cuda_gemv_mq.cu: every
                                 weight byte of a block in flight, f16 mma; 0: never); LMX_CUDA_GEMV_ST sets it */
     void **st_unfit;         /* the device bytes of Q4_K weights whose values f16 cannot hold (cuda_gemv_st_fits),
