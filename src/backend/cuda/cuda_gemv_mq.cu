@@ -191,7 +191,7 @@ static __device__ __forceinline__ void st_sb(const uint8_t *const (&r)[2], const
 
 template <int NT>
 __global__ void __launch_bounds__(256, 2) k_gemv_st(const float *__restrict__ x, int M, const gv_segs sg, int K, int kp) {
-    constexpr int BY = 144, SUBS = 8, E = 8; /* a super-block's bytes and sub-blocks, a lane's values of a sub-block */
+    constexpr int BY = 144, SUBS = 8; /* a super-block's bytes and sub-blocks */
     extern __shared__ uint4 st_sm[]; /* weights [8 warps][16 rows][st_row_bytes(per)], x [per][SUBS][NT][32 lanes] */
     cuda_pdl_trigger();
     const gv_seg G = seg_pick(sg, blockIdx.y);
@@ -216,31 +216,28 @@ __global__ void __launch_bounds__(256, 2) k_gemv_st(const float *__restrict__ x,
     }
     cp_async_commit();
     cuda_pdl_wait(); /* x comes from the launch before */
-    { /* x: unit u (row m, super-block b, sub-block s, lane c) is E values at 256 (sb0 + b) + 4 E s + E c */
+    { /* x: unit u (row m, super-block b, sub-block s, lane c) is the 8 values at 256 (sb0 + b) + 32 s + 8 c, staged
+       * as the pairs P0 (e0, e2), P1 (e1, e3), P2 (e4, e6), P3 (e5, e7) */
         const int run = 4 * SUBS * nsb, units = NT * 8 * run; /* a row's units */
-        constexpr int UN = 64 / E; /* units a round: 16 loads of 16 bytes a thread in flight */
+        constexpr int UN = 8; /* units a round: 16 loads of 16 bytes a thread in flight */
         for (int u0 = tid; u0 < units; u0 += UN * 256) {
-            float4 v4[UN][E / 4];
+            float4 v4[UN][2];
 #pragma unroll
             for (int v = 0; v < UN; v++) {
                 const int u = u0 + 256 * v, m = u / run;
-#pragma unroll
-                for (int f = 0; f < E / 4; f++) v4[v][f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                v4[v][0] = v4[v][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (u < units && m < M) {
-                    const float *p = x + (int64_t)m * K + 256 * sb0 + E * (u % run);
-#pragma unroll
-                    for (int f = 0; f < E / 4; f++) v4[v][f] = __ldg((const float4 *)(p + 4 * f));
+                    const float *p = x + (int64_t)m * K + 256 * sb0 + 8 * (u % run);
+                    v4[v][0] = __ldg((const float4 *)p), v4[v][1] = __ldg((const float4 *)(p + 4));
                 }
             }
 #pragma unroll
             for (int v = 0; v < UN; v++) {
                 const int u = u0 + 256 * v, m = u / run, b = u % run / (4 * SUBS), s = u / 4 % SUBS;
                 if (u >= units) continue;
-                __half2 p[E / 2];
-#pragma unroll
-                for (int f = 0; f < E / 4; f++)
-                    p[2 * f] = __floats2half2_rn(v4[v][f].x, v4[v][f].z), p[2 * f + 1] = __floats2half2_rn(v4[v][f].y, v4[v][f].w);
-                sx[((b * SUBS + s) * NT + m / 8) * 32 + m % 8 * 4 + u % 4] = *reinterpret_cast<uint4 *>(p);
+                const __half2 p[4] = {__floats2half2_rn(v4[v][0].x, v4[v][0].z), __floats2half2_rn(v4[v][0].y, v4[v][0].w),
+                                      __floats2half2_rn(v4[v][1].x, v4[v][1].z), __floats2half2_rn(v4[v][1].y, v4[v][1].w)};
+                sx[((b * SUBS + s) * NT + m / 8) * 32 + m % 8 * 4 + u % 4] = *reinterpret_cast<const uint4 *>(p);
             }
         }
     }
