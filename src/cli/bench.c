@@ -329,7 +329,8 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
         if (!only_batch || Bs[i] == only_batch) {
             bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
-            if (Bs[i] > 1) gb[i] = generate_batch(&b, Bs[i], steps, batch_ctx); /* its first steps capture graphs */
+            if (Bs[i] > 1) /* on a GPU over all the steps: its first steps capture the decode graph */
+                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
         }
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
