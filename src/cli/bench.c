@@ -204,8 +204,8 @@ done:
     return r;
 }
 
-/* Decode tokens/s of a greedy batched generation (lmx_batch_generate_ids: what a batched run or the server does,
- * host sampling included; on a GPU only each sequence's next id crosses to the host, where decode_batch brings every
+/* Decode tokens/s of a greedy batched generation (lmx_batch_generate_ids, the C API's batched generation: host
+ * sampling included; on a GPU only each sequence's next id crosses to the host, where decode_batch brings every
  * row's logits) of B prompts of ctx tokens, summed over the batch: its decode time from the first token to the last,
  * after a warm-up generation of the same batch (each call makes new contexts, so its first steps record and capture
  * the decode graph again, as a user's call would). */
