@@ -27,8 +27,6 @@
 
 #include "cuda_graph.h"
 
-lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
-                      float scale);
 lmx_status cuda_rmsnorm(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w, int rows,
                         int n, float eps, float add_one);
 lmx_status cuda_add(lmx_backend *be, lmx_tensor *y, const lmx_tensor *x, int64_t n);

@@ -605,13 +605,3 @@ lmx_status cuda_scale(lmx_backend *be, lmx_tensor *x, int64_t n, float s) {
     return cuda_check_launch(cb, "scale");
 }
 
-lmx_status cuda_embed(lmx_backend *be, lmx_tensor *out, const lmx_tensor *table, const int32_t *ids, int M,
-                      float scale) {
-    cuda_backend *cb = (cuda_backend *)be;
-    int64_t V = table->shape[0];
-    for (int m = 0; m < M; m++)
-        if (ids[m] < 0 || ids[m] >= V)
-            return lmx_err_set(&be->err, LMX_ERR_INVALID_ARG, "token id %d outside vocabulary [0, %lld)", ids[m],
-                               (long long)V);
-    return cuda_embed_rows(cb, (float *)out->data, table, ids, M, scale);
-}
