@@ -86,6 +86,11 @@ template <int KIND, int PAIR, int NT> struct tc {
      * pairing the values (e, e + 2) of each 4, not (e, e + 4).  Measured on an H100, 8B Q4_K_M, tok/s: batch
      * 8 1,361 -> 1,466; at 32 rows (3,356 -> 3,176) the conversions were not what bound the kernel. */
     static constexpr int BP = GT != 0 && GT != LMX_GGML_Q8_0 && NT <= 2;
+    /* x's staging: groups of 8 values a thread a round, loaded before any is used (of IT a chunk).  One for bf16 at 32
+     * rows (registers); the quantized kinds' gate / up pair, one block a multiprocessor by its registers anyway, half
+     * the chunk's: ncu on the 8B Q4_K_M's pair at 32 rows found 16% of its stall samples on these loads, and batch
+     * 12 / 16 ran 3% / 2% faster (H200) */
+    static constexpr int IT = NT * CH / 256, XB = Q && PAIR ? IT / 2 : NT < 4 || Q ? 2 : 1;
 };
 
 /* One step's loads of a lane: per row tile t, rows g and g + 8 (16 bytes each; MLX 8-bit 32: w then w2) and
@@ -248,11 +253,8 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const float *__restrict__ x, in
      * registers take them (stage), read back as one 16-byte load per n-tile and pair of mmas */
     __shared__ __align__(16) uint32_t xs[NT * 8][(C::CH + TC_PAD) / 2];
     auto stage = [&](int cs, int ce) {
-        /* groups of 8 values a row; per thread; loaded together (bf16 at 32 rows: one, for registers; the quantized
-         * kinds' gate / up pair, one block a multiprocessor by its registers anyway, half the chunk's: ncu on the 8B
-         * Q4_K_M's pair at 32 rows found 16% of its stall samples on these loads, and batch 12 / 16 ran 3% / 2% faster,
-         * H200) */
-        constexpr int N8 = C::CH / 8, IT = NT * 8 * N8 / 256, B = C::Q && PAIR ? IT / 2 : NT < 4 || C::Q ? 2 : 1;
+        /* groups of 8 values a row, IT a thread, loaded B at a time (tc::XB) */
+        constexpr int N8 = C::CH / 8, IT = C::IT, B = C::XB;
         static_assert(IT % B == 0, "whole rounds of the block");
         const int n8 = (ce - cs) * C::SK / 8, k0 = cs * C::SK; /* the chunk's groups a row */
 #pragma unroll 1
