@@ -326,11 +326,12 @@ int cmd_bench(int argc, char **argv) {
     int Bs[3] = {1, 8, 32};
     if (only_batch && only_batch != 1 && only_batch != 32) Bs[1] = only_batch; /* reported in the middle place */
     double bt[3] = {0, 0, 0}, gb[3] = {0, 0, 0}; /* gb: batched greedy generation, batches of 2 or more */
+    const int bsteps = steps / 4 > 8 ? steps / 4 : 8;
     for (int i = 0; i < 3; i++)
         if (!only_batch || Bs[i] == only_batch) {
-            bt[i] = decode_batch(&b, Bs[i], steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
+            bt[i] = decode_batch(&b, Bs[i], bsteps, batch_ctx);
             if (Bs[i] > 1) /* on a GPU over all the steps: its first steps capture the decode graph */
-                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : steps / 4 > 8 ? steps / 4 : 8, batch_ctx);
+                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : bsteps, batch_ctx);
         }
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
