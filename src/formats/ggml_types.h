@@ -34,6 +34,23 @@ typedef enum lmx_ggml_type {
     LMX_GGML_Q6_K_T16 = 512 + 14, /* from Q6_K_A16's blocks */
 } lmx_ggml_type;
 
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) of a super-block, from its 12-byte scales field (the cpu
+ * kernels; the cuda upload's repack and its f16 checks, on the host and the device). */
+#ifdef __CUDACC__
+#define LMX_GGML_HOST_DEVICE __host__ __device__
+#else
+#define LMX_GGML_HOST_DEVICE
+#endif
+static inline LMX_GGML_HOST_DEVICE void lmx_ggml_k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 /* Elements per block and bytes per block; 0 for types this table does not know. */
 int lmx_ggml_block_elems(int type);
 int lmx_ggml_block_bytes(int type);

@@ -115,17 +115,6 @@ static inline void nibbles256(const uint8_t *qs, int8_t *q) {
         }
 }
 
-/* Six-bit scale and min j (0..7) of the 12-byte Q4_K/Q5_K scales field. */
-static inline void scale_min_k4(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* Unpacks block b of `type` into q[] (elems values) and per-sub-block scale[] / off[].  Returns 0
  * for types without a block kernel. */
 static int unpack_block(int type, const uint8_t *b, int8_t *q, float *scale, float *off) {
@@ -181,7 +170,7 @@ static int unpack_block(int type, const uint8_t *b, int8_t *q, float *scale, flo
         float d = rd_f16(b), dmin = rd_f16(b + 2);
         for (int s = 0; s < 8; s++) {
             int sc, m;
-            scale_min_k4(b + 4, s, &sc, &m);
+            lmx_ggml_k4_scale_min(b + 4, s, &sc, &m);
             scale[s] = d * (float)sc;
             off[s] = dmin * (float)m;
         }

@@ -100,7 +100,7 @@ LMX_AVX512 static void dequant_q23_k(const uint8_t *b, int64_t nb, float *dst, i
 }
 
 /* The 12-byte scales field of a Q4_K / Q5_K block at s, unpacked: sub-block j's 6-bit scale in byte j of *sc, its
- * min in byte j of *mn (ggml_quant.c's scale_min_k4 for all eight at once) */
+ * min in byte j of *mn (lmx_ggml_k4_scale_min for all eight at once) */
 LMX_AVX512 static inline void q45k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
     uint32_t u[3]; /* scales 0-3 and mins 0-3 in the low 6 bits of u[0] and u[1]'s bytes; 4-7 in u[2] and their top bits */
     memcpy(u, s, 12);

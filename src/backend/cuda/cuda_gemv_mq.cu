@@ -382,7 +382,7 @@ int cuda_gemv_st_fits(const lmx_tensor *w) {
         if (945.0f * fabsf(d) + 63.0f * fabsf(dmin) < 65000.0f) continue;
         for (int j = 0; j < 8; j++) {
             int s6, m6;
-            cuda_q4k_scale_min(p + 144 * b + 4, j, &s6, &m6);
+            lmx_ggml_k4_scale_min(p + 144 * b + 4, j, &s6, &m6);
             const float sc = __half2float(__float2half_rn(d * (float)s6)), m = __half2float(__float2half_rn(dmin * (float)m6));
             if (!cuda_f16_affine_fits(15.0f, sc, -m)) return 0;
         }

@@ -35,7 +35,7 @@ template <int T> static __device__ void rp_group(const uint8_t *row, int gk, uin
         const uint8_t *blk = row + (int64_t)(gk / 8) * 144, *sc = blk + 4, *qs = blk + 16;
         const int j = gk % 8;
         int s6, m6;
-        cuda_q4k_scale_min(sc, j, &s6, &m6);
+        lmx_ggml_k4_scale_min(sc, j, &s6, &m6);
         s = rp_half(blk) * (float)s6, b = -(rp_half(blk + 2) * (float)m6);
         for (int e = 0; e < 32; e++) q[e] = (qs[32 * (j / 2) + e] >> (4 * (j % 2))) & 15;
     } else if constexpr (T == LMX_GGML_Q8_0) { /* d, int8 qs[32] */

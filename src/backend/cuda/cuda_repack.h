@@ -4,6 +4,7 @@
 #define LMX_BACKEND_CUDA_REPACK_H
 
 #include "cuda_internal.h"
+#include "../../formats/ggml_types.h"
 
 /* Whether an affine group's values q s + b, q in [0, qmax], stay inside f16's range (|v| < 65,504; NaN fails) when
  * an f16 kernel forms them as one fused multiply-add of the f16 s and b: the bound every f16 decode of a weight asks
@@ -11,17 +12,6 @@
  * linear in q, so the two ends decide. */
 static __host__ __device__ __forceinline__ int cuda_f16_affine_fits(float qmax, float s, float b) {
     return fabsf(b) < 65504.0f && fabsf(fmaf(qmax, s, b)) < 65504.0f;
-}
-
-/* Q4_K: the 6-bit scale and min of sub-block j (0..7) from a block's 12 scale bytes (host and device: the repack and
- * cuda_gemv_st_fits read them). */
-static __host__ __device__ __forceinline__ void cuda_q4k_scale_min(const uint8_t *sc, int j, int *s6, int *m6) {
-    if (j < 4) {
-        *s6 = sc[j] & 63, *m6 = sc[j + 4] & 63;
-    } else {
-        *s6 = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
-        *m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
 }
 
 /* The MLX bits (4 or 8) the upload of w rewrites it as, or 0: it stays in its GGUF blocks (another type,
