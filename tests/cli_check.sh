@@ -44,6 +44,13 @@ import json, sys
 m = json.loads(sys.argv[1])
 assert m["batch8_tok_s"] > 0 and m["batch1_tok_s"] == 0 and m["batch32_tok_s"] == 0 and m["decode_ctx0_tok_s"] == 0, m
 assert m["generate_batch8_tok_s"] > 0 and m["generate_batch32_tok_s"] == 0, m
+assert m["generate_batch32_staggered_tok_s"] == 0, m
+PY
+json=$("$bin" bench "$llama" --backend cpu --batch 32 --steps 8 --json)
+python3 - "$json" <<'PY' || fail "bench --batch 32: $json"
+import json, sys
+m = json.loads(sys.argv[1])
+assert m["batch32_tok_s"] > 0 and m["generate_batch32_tok_s"] > 0 and m["generate_batch32_staggered_tok_s"] > 0, m
 PY
 json=$("$bin" bench "$llama" --backend cpu --batch 5 --steps 8 --json)
 python3 - "$json" <<'PY' || fail "bench --batch 5: $json"

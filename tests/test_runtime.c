@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "formats/safetensors.h"
+#include "model/model.h"
 #include "lmx.h"
 #include "runtime/sampler.h"
 #include "test_files.h"
@@ -394,6 +395,45 @@ static void case_batch_wide(const char *name) {
     free(dir);
 }
 
+/* Sequences that end at different steps, one of them by a full context (a 500-token prompt on a 512-position model),
+ * still equal each prompt alone.  pad: the finished ones keep their rows as padding (be->replays_steps, as on cuda
+ * with graphs), evaluated again at one position each step until the live rows are half the step's. */
+static void case_batch_ends_apart(const char *name, int pad) {
+    enum { N = 6, LONG = 500 };
+    char *dir = fixture(name, NULL);
+    lmx_model *m = load(dir, 0);
+    static int32_t pr[N][LONG], single[N][24];
+    const int32_t *ps[N];
+    int lens[N], ns[N];
+    lmx_finish fs[N];
+    lmx_gen_params p[N];
+    for (int i = 0; m && i < N; i++) {
+        lens[i] = i == 3 ? LONG : 2 + 3 * i;
+        for (int t = 0; t < lens[i]; t++) pr[i][t] = (i * 41 + t * 13) % 300 + 1;
+        ps[i] = pr[i];
+        p[i] = greedy(i == 3 ? 24 : 2 + 4 * i); /* 2, 6, 10, (24: the context ends it at 13), 18, 22 */
+        p[i].ignore_eos = 1;
+        lmx_result r;
+        CHECK(lmx_generate_ids(m, ps[i], lens[i], &p[i], &r) == LMX_OK);
+        ns[i] = r.n_ids;
+        fs[i] = r.finish;
+        memcpy(single[i], r.ids, (size_t)r.n_ids * sizeof(int32_t));
+    }
+    if (m) {
+        CHECK_MSG(fs[3] == LMX_FINISH_CONTEXT && ns[3] == 13, "%s: the long prompt alone ended by %d after %d", name,
+                  (int)fs[3], ns[3]);
+        m->be->replays_steps = pad; /* the cpu pads as cuda does */
+        lmx_result rs[N];
+        CHECK_MSG(lmx_batch_generate_ids(m, ps, lens, N, p, rs) == LMX_OK, "%s", lmx_last_error(m));
+        for (int i = 0; i < N; i++) {
+            CHECK_MSG(same_ids(&rs[i], single[i], ns[i]), "%s (pad %d): sequence %d differs from alone", name, pad, i);
+            CHECK(rs[i].finish == fs[i]);
+        }
+    }
+    lmx_model_free(m);
+    free(dir);
+}
+
 /* The prompt cache: a prompt extending the last generation reuses its KV and gives the same
  * result as a cold model. */
 static void case_prompt_cache(const char *name) {
@@ -659,6 +699,10 @@ int main(int argc, char **argv) {
     case_batch_equals_single("qwen3");
     case_batch_wide("llama");
     case_batch_wide("gemma3");
+    for (int pad = 0; pad < 2; pad++) {
+        case_batch_ends_apart("llama", pad);
+        case_batch_ends_apart("gemma3", pad); /* sliding-window layers: rotating caches */
+    }
     case_prompt_cache("llama");
     case_seeds("llama");
     case_cancel("llama");

@@ -263,6 +263,8 @@ struct lmx_backend {
     int64_t mem_peak;        /* the most held at once */
     int64_t mem_mapped;      /* bytes of weights used in place from mapped files (cpu) */
     int64_t mem_limit;       /* > 0: mem_mapped + mem_now may not pass it (lmx_backend_mem_check) */
+    int replays_steps;       /* 1: a decode step replays as one graph while its rows stay the same (cuda), so a batch
+                              * keeps its rows when sequences end (batch.c) */
 };
 
 /* Count delta bytes allocated (> 0) or freed (< 0) against be's memory accounting. */

@@ -208,8 +208,10 @@ done:
  * sampling included; on a GPU only each sequence's next id crosses to the host, where decode_batch brings every
  * row's logits) of B prompts of ctx tokens, summed over the batch: its decode time from the first token to the last,
  * after a warm-up generation of the same batch (each call makes new contexts, so its first steps record and capture
- * the decode graph again, as a user's call would). */
-static double generate_batch(bench *b, int B, int steps, int ctx) {
+ * the decode graph again, as a user's call would).  stagger: as requests come, prompts of ctx .. ctx + 28 tokens
+ * and sequences that end at different steps (max_tokens from steps / 4 + 1 to steps + 1, all of them different up
+ * to B = 3 steps / 4). */
+static double generate_batch(bench *b, int B, int steps, int ctx, int stagger) {
     int32_t **ps = calloc((size_t)B, sizeof *ps);
     int *lens = malloc((size_t)B * sizeof *lens);
     lmx_gen_params *gp = malloc((size_t)B * sizeof *gp);
@@ -217,22 +219,27 @@ static double generate_batch(bench *b, int B, int steps, int ctx) {
     double r = -1;
     if (!ps || !lens || !gp || !res) goto done;
     for (int i = 0; i < B; i++) {
-        if (!(ps[i] = malloc((size_t)ctx * sizeof **ps))) goto done;
-        for (int t = 0; t < ctx; t++) ps[i][t] = tok(b);
-        lens[i] = ctx;
+        if (!(ps[i] = malloc((size_t)(ctx + 28) * sizeof **ps))) goto done;
+        for (int t = 0; t < ctx + 28; t++) ps[i][t] = tok(b);
+        lens[i] = ctx + (stagger ? i * 7 % 29 : 0);
         gp[i] = lmx_gen_default_params();
         gp[i].ignore_eos = 1;
         gp[i].sampler.temperature = 0.0f;
         gp[i].adapter = b->n_ad > 1 ? b->ad[i % b->n_ad] : NULL;
     }
+    int total = 0;
     for (int pass = 0; pass < 2; pass++) { /* a warm-up, then the measure */
-        for (int i = 0; i < B; i++) gp[i].max_tokens = pass ? steps + 1 : 8;
+        total = 0;
+        for (int i = 0; i < B; i++) {
+            gp[i].max_tokens = !pass ? 8 : stagger ? steps / 4 + 1 + (int)((int64_t)i * (steps - steps / 4) / (B > 1 ? B - 1 : 1)) : steps + 1;
+            total += gp[i].max_tokens;
+        }
         if (lmx_batch_generate_ids(b->m, (const int32_t *const *)ps, lens, B, gp, res) != LMX_OK) goto done;
     }
     sample_gpu_mem(b);
     lmx_metrics x;
     lmx_get_metrics(b->m, &x);
-    r = x.generated_tokens == B * (steps + 1) ? x.decode_tokens_per_s : -1;
+    r = x.generated_tokens == total ? x.decode_tokens_per_s : -1;
 done:
     for (int i = 0; ps && i < B; i++) free(ps[i]);
     free(ps);
@@ -253,7 +260,8 @@ int cmd_bench(int argc, char **argv) {
                    "Load time; prefill tokens/s at 512 and 2048 tokens; decode tokens/s at context 0 and\n"
                    "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
                    "batched decode (lmx_eval_batch: every row's logits to the host) at batch 1, 8 and 32, and\n"
-                   "batched greedy generation (lmx_batch_generate_ids: ids only) at 8 and 32; peak GPU memory;\n"
+                   "batched greedy generation (lmx_batch_generate_ids: ids only) at 8 and 32, and at 32 staggered\n"
+                   "(prompts of N..N+28 tokens, sequences ending at different steps, as requests come); peak GPU memory;\n"
                    "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
                    "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n"
                    "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
@@ -326,16 +334,18 @@ int cmd_bench(int argc, char **argv) {
     int Bs[3] = {1, 8, 32};
     if (only_batch && only_batch != 1 && only_batch != 32) Bs[1] = only_batch; /* reported in the middle place */
     double bt[3] = {0, 0, 0}, gb[3] = {0, 0, 0}; /* gb: batched greedy generation, batches of 2 or more */
+    double gs = 0; /* the same at 32, staggered */
     const int bsteps = steps / 4 > 8 ? steps / 4 : 8;
     for (int i = 0; i < 3; i++)
         if (!only_batch || Bs[i] == only_batch) {
             bt[i] = decode_batch(&b, Bs[i], bsteps, batch_ctx);
             if (Bs[i] > 1) /* on a GPU over all the steps: its first steps capture the decode graph */
-                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : bsteps, batch_ctx);
+                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : bsteps, batch_ctx, 0);
         }
+    if (!only_batch || only_batch == 32) gs = generate_batch(&b, 32, b.cuda ? steps : bsteps, batch_ctx, 1);
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
-                       bt[1] < 0 || bt[2] < 0 || gb[1] < 0 || gb[2] < 0;
+                       bt[1] < 0 || bt[2] < 0 || gb[1] < 0 || gb[2] < 0 || gs < 0;
     if (failed) /* the figures print as -1; the last error says why */
         fprintf(stderr, "lmx bench: a measurement failed: %s\n", lmx_last_error(b.m));
 
@@ -346,12 +356,12 @@ int cmd_bench(int argc, char **argv) {
                "\"long_ctx\": %d, \"decode_long_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, "
                "\"generate_sampled_tok_s\": %.2f, "
                "\"batch_ctx\": %d, \"batch1_tok_s\": %.2f, \"batch%d_tok_s\": %.2f, "
-               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, "
+               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, \"generate_batch32_staggered_tok_s\": %.2f, "
                "\"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
                bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, batch_ctx, bt[0], Bs[1],
-               bt[1], bt[2], Bs[1], gb[1], gb[2], b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
+               bt[1], bt[2], Bs[1], gb[1], gb[2], gs, b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
                in->architecture, in->dtype, in->backend, in->n_params / 1e9, in->weight_bytes / 1e9, bytes_tok / 1e9);
@@ -367,6 +377,8 @@ int cmd_bench(int argc, char **argv) {
             printf("batch %-2d decode      %8.2f tok/s   (after %d tokens a sequence)\n", Bs[i], bt[i], batch_ctx);
         for (int i = 1; i < 3; i++)
             printf("batch %-2d generate    %8.2f tok/s   (greedy, lmx_batch_generate_ids)\n", Bs[i], gb[i]);
+        printf("batch 32 staggered   %8.2f tok/s   (prompts of %d..%d tokens, sequences ending at different steps)\n", gs,
+               batch_ctx, batch_ctx + 28);
         if (b.cuda) {
             printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);
             printf("copy bandwidth       %8.1f GB/s (device to device, read + write)\n", copy_bw / 1e9);

@@ -129,9 +129,11 @@ typedef struct batch_state {
     float *logits;        /* [N, V] */
     float *cvals;         /* [N, LMX_TOPK_MAX]: candidates when the backend selects them */
     int32_t *cids;
-    lmx_context **act_ctx;
+    lmx_context **act_ctx;  /* [N]: the step's rows (live sequences, then padding ones), in sequence order */
     int32_t *act_tok;
     int *act_idx, *ones;
+    int *pad_at;          /* [N]: a finished sequence's row that pads the step: the position it is evaluated at
+                           * again every step; -1: its row has left the step */
 } batch_state;
 
 static void batch_state_free(lmx_model *m, batch_state *b, int N) {
@@ -148,6 +150,7 @@ static void batch_state_free(lmx_model *m, batch_state *b, int N) {
     free(b->act_tok);
     free(b->act_idx);
     free(b->ones);
+    free(b->pad_at);
 }
 
 /* Yield seq i's token to its callback (finishing it when the callback says stop). */
@@ -183,7 +186,9 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     b.act_tok = malloc((size_t)N * sizeof *b.act_tok);
     b.act_idx = malloc((size_t)N * sizeof *b.act_idx);
     b.ones = malloc((size_t)N * sizeof *b.ones);
-    if (!b.ctx || !b.hist || !b.logits || !b.cvals || !b.cids || !b.act_ctx || !b.act_tok || !b.act_idx || !b.ones) {
+    b.pad_at = malloc((size_t)N * sizeof *b.pad_at);
+    if (!b.ctx || !b.hist || !b.logits || !b.cvals || !b.cids || !b.act_ctx || !b.act_tok || !b.act_idx || !b.ones ||
+        !b.pad_at) {
         batch_state_free(m, &b, N);
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     }
@@ -198,14 +203,18 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
         lmx_gen_seq *g = &rt->bseq[i];
         prompt_total += lens[i];
         b.ones[i] = 1;
+        b.pad_at[i] = -1;
         if (limit && lens[i] > limit) {
             st = lmx_err_set(&m->err, LMX_ERR_CONTEXT_FULL, "prompt %d has %d tokens; the context holds %d", i, lens[i], limit);
             break;
         }
         if ((st = lmx_gen_seq_begin(g, m, &params[i], tok, prompts[i], lens[i], NULL, 0, &m->err)) ||
-            (st = lmx_context_create(m, &cp, &b.ctx[i])) || (st = lmx_context_set_adapter(b.ctx[i], params[i].adapter)) ||
-            (st = lmx_context_eval(b.ctx[i], prompts[i], lens[i], b.logits + (size_t)i * V, 0)))
+            (st = lmx_context_create(m, &cp, &b.ctx[i])) || (st = lmx_context_set_adapter(b.ctx[i], params[i].adapter)))
             break;
+        /* the caches for the whole generation up front, as a session's (its row's padding included) */
+        const int gen = lmx_gen_reserve(params[i].max_tokens);
+        lmx_context_reserve(b.ctx[i], limit && lens[i] + gen > limit ? limit : lens[i] + gen);
+        if ((st = lmx_context_eval(b.ctx[i], prompts[i], lens[i], b.logits + (size_t)i * V, 0))) break;
         if (lmx_buf_append(m->be, &b.hist[i], prompts[i], (size_t)lens[i] * sizeof(int32_t))) {
             st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
             break;
@@ -221,9 +230,16 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     }
 
     /* decode every unfinished sequence together, one row each; when every one of them samples from
-     * its best candidates, the backend selects the most any needs (K) and only those come back */
+     * its best candidates, the backend selects the most any needs (K) and only those come back.
+     * Where the backend replays a step's graph only for the same rows (be->replays_steps), a sequence that ends
+     * keeps its row: it evaluates its last id again at one position every step (its output unread), so the step
+     * keeps its rows and its graph, where a new set of rows would record and capture another (tens of ms on a
+     * large model; a batch whose sequences end one by one did so at every end).  Once the live rows are half
+     * the step's or fewer, the padding goes: one capture for the smaller batch, whose steps cost less. */
+    const int pad = m->be->replays_steps;
+    int in_step = 0; /* the last step's rows */
     while (st == LMX_OK) {
-        int A = 0, cancel = atomic_load(&rt->cancel), K = 0, all_k = 1;
+        int live = 0, cancel = atomic_load(&rt->cancel), K = 0, all_k = 1, R = 0; /* live sequences, the step's rows */
         for (int i = 0; i < N; i++) {
             lmx_gen_seq *g = &rt->bseq[i];
             if (g->to_eval < 0) continue;
@@ -232,23 +248,45 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
                 if (lmx_gen_seq_end(g, m, cancel ? LMX_FINISH_CANCELLED : LMX_FINISH_CONTEXT)) deliver(g);
                 continue;
             }
+            live++;
+        }
+        if (live == 0) break;
+        const int keep = pad && 2 * live > in_step; /* the finished rows of the last step stay in it */
+        for (int i = 0; i < N; i++) {
+            lmx_gen_seq *g = &rt->bseq[i];
+            if (g->to_eval < 0) { /* finished: pads the step at its last position, or leaves it */
+                if (!keep || b.pad_at[i] < 0) {
+                    b.pad_at[i] = -1;
+                    continue;
+                }
+                lmx_context_pad_at(b.ctx[i], b.pad_at[i]);
+                b.act_ctx[R] = b.ctx[i];
+                b.act_tok[R] = ((const int32_t *)b.hist[i].data)[b.hist[i].len / sizeof(int32_t) - 1];
+                b.act_idx[R++] = -1;
+                continue;
+            }
             if (lmx_buf_append(m->be, &b.hist[i], &g->to_eval, sizeof(int32_t))) {
                 st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
                 break;
             }
-            b.act_ctx[A] = b.ctx[i];
-            b.act_tok[A] = g->to_eval;
-            b.act_idx[A++] = i;
+            /* where its row pads the steps after it ends: the next position, or the last where the cache is full */
+            const int at = lmx_context_n_past(b.ctx[i]) + 1;
+            b.pad_at[i] = limit && at >= limit ? limit - 1 : at;
+            b.act_ctx[R] = b.ctx[i];
+            b.act_tok[R] = g->to_eval;
+            b.act_idx[R++] = i;
             all_k &= g->topk > 0;
             if (g->topk > K) K = g->topk;
         }
-        if (st || A == 0) break;
-        int got = 0;
-        if (all_k) st = lmx_eval_batch_topk(m, b.act_ctx, A, b.act_tok, b.ones, 1, K, b.cvals, b.cids, b.logits, &got);
-        else st = lmx_eval_batch(m, b.act_ctx, A, b.act_tok, b.ones, 1, b.logits);
         if (st) break;
-        for (int a = 0; a < A; a++) {
+        in_step = R;
+        int got = 0;
+        if (all_k) st = lmx_eval_batch_topk(m, b.act_ctx, R, b.act_tok, b.ones, 1, K, b.cvals, b.cids, b.logits, &got);
+        else st = lmx_eval_batch(m, b.act_ctx, R, b.act_tok, b.ones, 1, b.logits);
+        if (st) break;
+        for (int a = 0; a < R; a++) {
             int i = b.act_idx[a];
+            if (i < 0) continue; /* a padding row */
             lmx_gen_seq *g = &rt->bseq[i];
             g->to_eval = -1;
             int r = got ? lmx_gen_seq_step_topk(g, m, b.cvals + (size_t)a * K, b.cids + (size_t)a * K)

@@ -118,6 +118,10 @@ int lmx_context_rewind(lmx_context *c, int n) {
     return 0;
 }
 
+void lmx_context_pad_at(lmx_context *c, int n) {
+    if (n <= c->n_past) c->n_past = n;
+}
+
 int64_t lmx_context_bytes(const lmx_context *c) {
     int64_t b = 0;
     for (int l = 0; l < c->m->cfg.n_layers; l++)

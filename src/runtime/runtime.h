@@ -28,10 +28,16 @@ static inline int lmx_prefill_chunk(const lmx_model *m) {
  * or -1 when a rotating cache has already overwritten positions that the new start needs
  * (the caller then resets instead). */
 int lmx_context_rewind(lmx_context *c, int n);
+/* The next eval of c starts at position n <= n_past whatever its caches hold: for a finished sequence whose row pads
+ * a batch's steps (batch.c), whose caches no longer matter. */
+void lmx_context_pad_at(lmx_context *c, int n);
 /* Room in every unbounded cache of c for n positions, as far as memory allows (best effort: what does not fit
  * is grown later, as positions come).  A generation that knows its length reserves it up front: a cache
  * that grows mid-generation copies itself and makes a decode graph be captured again. */
 void lmx_context_reserve(lmx_context *c, int n);
+/* Positions past its prompt a generation of max_tokens reserves in its caches up front (at most 4,096: unlimited
+ * generations, and long ones, grow later). */
+static inline int lmx_gen_reserve(int max_tokens) { return max_tokens > 0 && max_tokens < 4096 ? max_tokens : 4096; }
 /* The id of the adapter c evaluates with (0: none). */
 unsigned lmx_context_adapter(const lmx_context *c);
 /* Layer l's KV cache of c (what an inspection reads after a prefill). */

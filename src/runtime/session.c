@@ -159,8 +159,6 @@ static int hist_reserve(lmx_model *m, size_t need) {
     return -1;
 }
 
-#define GEN_RESERVE 4096 /* the most positions past the prompt that a generation reserves in its caches */
-
 /* The most positions a session may hold: unbounded caches stop at the model's trained length. */
 static int session_limit(const lmx_model *m) {
     if (m->rt->n_ctx > 0) return 0; /* rotating: no limit */
@@ -195,8 +193,8 @@ lmx_status lmx_runtime_prefill(lmx_model *m, const int32_t *ids, int n, const lm
     rt->hist.len = (size_t)L * sizeof(int32_t);
     size_t more = p ? (size_t)(p->max_tokens < (1 << 16) ? p->max_tokens : (1 << 16)) : 0;
     if (hist_reserve(m, ((size_t)n + more) * sizeof(int32_t))) return m->err.status;
-    if (p) { /* a generation follows: the caches for it too (up to GEN_RESERVE positions; unlimited: as many) */
-        const int gen = p->max_tokens > 0 && p->max_tokens < GEN_RESERVE ? p->max_tokens : GEN_RESERVE;
+    if (p) { /* a generation follows: the caches for it too */
+        const int gen = lmx_gen_reserve(p->max_tokens);
         lmx_context_reserve(rt->ctx, limit && n + gen > limit ? limit : n + gen);
     }
     rt->metrics.prompt_tokens = n;

@@ -696,6 +696,8 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
         cuda_destroy(&cb->base);
         return LMX_ERR_NOMEM;
     }
+    const char *pad = getenv("LMX_CUDA_BATCH_PAD"); /* =0: a batch's finished sequences leave its steps at once (A/B) */
+    cb->base.replays_steps = cb->g != NULL && !(pad && pad[0] == '0');
     *out = &cb->base;
     return LMX_OK;
 }
