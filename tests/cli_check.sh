@@ -51,6 +51,7 @@ python3 - "$json" <<'PY' || fail "bench --batch 32: $json"
 import json, sys
 m = json.loads(sys.argv[1])
 assert m["batch32_tok_s"] > 0 and m["generate_batch32_tok_s"] > 0 and m["generate_batch32_staggered_tok_s"] > 0, m
+assert m["generate_batch32_prefill_tok_s"] > 0 and m["generate_batch32_staggered_prefill_tok_s"] > 0, m
 PY
 json=$("$bin" bench "$llama" --backend cpu --batch 5 --steps 8 --json)
 python3 - "$json" <<'PY' || fail "bench --batch 5: $json"

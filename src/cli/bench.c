@@ -210,8 +210,8 @@ done:
  * after a warm-up generation of the same batch (each call makes new contexts, so its first steps record and capture
  * the decode graph again, as a user's call would).  stagger: as requests come, prompts of ctx .. ctx + 28 tokens
  * and sequences that end at different steps (max_tokens from steps / 4 + 1 to steps + 1, all of them different up
- * to B = 3 steps / 4). */
-static double generate_batch(bench *b, int B, int steps, int ctx, int stagger) {
+ * to B = 3 steps / 4).  *prefill_tok_s: the batch's prompts, tokens/s (prefilled together, lmx_batch_generate_ids). */
+static double generate_batch(bench *b, int B, int steps, int ctx, int stagger, double *prefill_tok_s) {
     int32_t **ps = calloc((size_t)B, sizeof *ps);
     int *lens = malloc((size_t)B * sizeof *lens);
     lmx_gen_params *gp = malloc((size_t)B * sizeof *gp);
@@ -240,6 +240,7 @@ static double generate_batch(bench *b, int B, int steps, int ctx, int stagger) {
     lmx_metrics x;
     lmx_get_metrics(b->m, &x);
     r = x.generated_tokens == total ? x.decode_tokens_per_s : -1;
+    *prefill_tok_s = x.prompt_tokens > 0 && r >= 0 ? x.prefill_tokens_per_s : -1;
 done:
     for (int i = 0; ps && i < B; i++) free(ps[i]);
     free(ps);
@@ -334,15 +335,15 @@ int cmd_bench(int argc, char **argv) {
     int Bs[3] = {1, 8, 32};
     if (only_batch && only_batch != 1 && only_batch != 32) Bs[1] = only_batch; /* reported in the middle place */
     double bt[3] = {0, 0, 0}, gb[3] = {0, 0, 0}; /* gb: batched greedy generation, batches of 2 or more */
-    double gs = 0; /* the same at 32, staggered */
+    double gs = 0, gp[3] = {0, 0, 0}, gsp = 0; /* the same at 32, staggered; the batches' prefill tokens/s */
     const int bsteps = steps / 4 > 8 ? steps / 4 : 8;
     for (int i = 0; i < 3; i++)
         if (!only_batch || Bs[i] == only_batch) {
             bt[i] = decode_batch(&b, Bs[i], bsteps, batch_ctx);
             if (Bs[i] > 1) /* on a GPU over all the steps: its first steps capture the decode graph */
-                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : bsteps, batch_ctx, 0);
+                gb[i] = generate_batch(&b, Bs[i], b.cuda ? steps : bsteps, batch_ctx, 0, &gp[i]);
         }
-    if (!only_batch || only_batch == 32) gs = generate_batch(&b, 32, b.cuda ? steps : bsteps, batch_ctx, 1);
+    if (!only_batch || only_batch == 32) gs = generate_batch(&b, 32, b.cuda ? steps : bsteps, batch_ctx, 1, &gsp);
     double bw0 = bytes_tok * tg0, bwL = (bytes_tok + kv_bytes_pos * long_ctx) * tgL;
     const int failed = pp512 < 0 || pp2048 < 0 || tg0 < 0 || tgL < 0 || gen_greedy < 0 || gen_sampled < 0 || bt[0] < 0 ||
                        bt[1] < 0 || bt[2] < 0 || gb[1] < 0 || gb[2] < 0 || gs < 0;
@@ -356,12 +357,13 @@ int cmd_bench(int argc, char **argv) {
                "\"long_ctx\": %d, \"decode_long_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, "
                "\"generate_sampled_tok_s\": %.2f, "
                "\"batch_ctx\": %d, \"batch1_tok_s\": %.2f, \"batch%d_tok_s\": %.2f, "
-               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, \"generate_batch32_staggered_tok_s\": %.2f, "
+               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, \"generate_batch32_staggered_tok_s\": %.2f, \"generate_batch32_prefill_tok_s\": %.1f, "
+               "\"generate_batch32_staggered_prefill_tok_s\": %.1f, "
                "\"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
                path, in->architecture, in->backend, in->dtype, (long long)in->n_params, (long long)in->weight_bytes,
                bytes_tok, load_s, pp512, pp2048, tg0, long_ctx, tgL, gen_greedy, gen_sampled, batch_ctx, bt[0], Bs[1],
-               bt[1], bt[2], Bs[1], gb[1], gb[2], gs, b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
+               bt[1], bt[2], Bs[1], gb[1], gb[2], gs, gp[2], gsp, b.peak_gpu, bw0, bwL, copy_bw, b.n_ad);
     } else {
         printf("%s: %s, %s weights, %s backend, %.2f B params, %.2f GB weights, %.2f GB read per token\n", path,
                in->architecture, in->dtype, in->backend, in->n_params / 1e9, in->weight_bytes / 1e9, bytes_tok / 1e9);
@@ -379,6 +381,7 @@ int cmd_bench(int argc, char **argv) {
             printf("batch %-2d generate    %8.2f tok/s   (greedy, lmx_batch_generate_ids)\n", Bs[i], gb[i]);
         printf("batch 32 staggered   %8.2f tok/s   (prompts of %d..%d tokens, sequences ending at different steps)\n", gs,
                batch_ctx, batch_ctx + 28);
+        printf("batch 32 prefill     %8.1f tok/s   (its 32 prompts together; staggered %.1f)\n", gp[2], gsp);
         if (b.cuda) {
             printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);
             printf("copy bandwidth       %8.1f GB/s (device to device, read + write)\n", copy_bw / 1e9);

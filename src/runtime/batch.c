@@ -134,6 +134,7 @@ typedef struct batch_state {
     int *act_idx, *ones;
     int *pad_at;          /* [N]: a finished sequence's row that pads the step: the position it is evaluated at
                            * again every step; -1: its row has left the step */
+    int *first_row;       /* [N]: the row of logits that holds sequence i's logits after its prompt (prefill_all) */
 } batch_state;
 
 static void batch_state_free(lmx_model *m, batch_state *b, int N) {
@@ -151,6 +152,54 @@ static void batch_state_free(lmx_model *m, batch_state *b, int N) {
     free(b->act_idx);
     free(b->ones);
     free(b->pad_at);
+    free(b->first_row);
+}
+
+static int by_length(const void *a, const void *b) { /* keys (length << 32 | index), ascending */
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+static int seq_of(int64_t key) { return (int)(key & 0x7fffffff); }
+
+/* Evaluate every prompt into its context: shortest first, together in padded batches of at most a prefill chunk's rows
+ * (lmx_eval_batch: a batch of short prompts reads the weights once, not once a prompt), a prompt that makes a batch
+ * alone by itself (chunked).  The logits after sequence i's prompt land in row b->first_row[i] of b->logits. */
+static lmx_status prefill_all(lmx_model *m, batch_state *b, const int32_t *const *prompts, const int *lens, int N) {
+    const int chunk = lmx_prefill_chunk(m);
+    const size_t V = (size_t)m->cfg.vocab;
+    int64_t *ord = malloc((size_t)N * sizeof *ord);
+    int *glen = malloc((size_t)N * sizeof *glen);
+    int32_t *ids = malloc((size_t)chunk * sizeof *ids); /* [B, T] of a batch, B T <= chunk */
+    lmx_context **gctx = malloc((size_t)N * sizeof *gctx);
+    lmx_status st = LMX_OK;
+    if (!ord || !glen || !ids || !gctx) st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == LMX_OK && i < N; i++) ord[i] = (int64_t)lens[i] << 32 | i;
+    if (st == LMX_OK) qsort(ord, (size_t)N, sizeof *ord, by_length);
+    for (int j = 0; st == LMX_OK && j < N;) {
+        int k = j + 1; /* the batch [j, k) of the sorted prompts: its rows, B times the longest, within a chunk */
+        while (k < N && (int64_t)(k - j + 1) * lens[seq_of(ord[k])] <= chunk) k++;
+        const int B = k - j, T = lens[seq_of(ord[k - 1])];
+        if (B == 1) {
+            const int i = seq_of(ord[j]);
+            st = lmx_context_eval(b->ctx[i], prompts[i], lens[i], b->logits + (size_t)j * V, 0);
+        } else {
+            for (int r = 0; r < B; r++) {
+                const int i = seq_of(ord[j + r]);
+                gctx[r] = b->ctx[i];
+                glen[r] = lens[i];
+                memcpy(ids + (size_t)r * T, prompts[i], (size_t)lens[i] * sizeof *ids);
+                memset(ids + (size_t)r * T + lens[i], 0, (size_t)(T - lens[i]) * sizeof *ids); /* padding (ignored) */
+            }
+            st = lmx_eval_batch(m, gctx, B, ids, glen, T, b->logits + (size_t)j * V);
+        }
+        for (int r = j; r < k; r++) b->first_row[seq_of(ord[r])] = r;
+        j = k;
+    }
+    free(ord);
+    free(glen);
+    free(ids);
+    free(gctx);
+    return st;
 }
 
 /* Yield seq i's token to its callback (finishing it when the callback says stop). */
@@ -187,8 +236,9 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     b.act_idx = malloc((size_t)N * sizeof *b.act_idx);
     b.ones = malloc((size_t)N * sizeof *b.ones);
     b.pad_at = malloc((size_t)N * sizeof *b.pad_at);
+    b.first_row = malloc((size_t)N * sizeof *b.first_row);
     if (!b.ctx || !b.hist || !b.logits || !b.cvals || !b.cids || !b.act_ctx || !b.act_tok || !b.act_idx || !b.ones ||
-        !b.pad_at) {
+        !b.pad_at || !b.first_row) {
         batch_state_free(m, &b, N);
         return lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
     }
@@ -198,7 +248,7 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
     cp.n_ctx = rt->n_ctx;
     int limit = rt->n_ctx > 0 ? 0 : m->cfg.max_positions, prompt_total = 0;
 
-    /* prefill each sequence alone (chunked like any prompt), and take its first token */
+    /* each sequence's context, its caches reserved for the whole generation; then the prompts, and each first token */
     for (int i = 0; st == LMX_OK && i < N; i++) {
         lmx_gen_seq *g = &rt->bseq[i];
         prompt_total += lens[i];
@@ -211,19 +261,19 @@ lmx_status lmx_batch_generate_ids(lmx_model *m, const int32_t *const *prompts, c
         if ((st = lmx_gen_seq_begin(g, m, &params[i], tok, prompts[i], lens[i], NULL, 0, &m->err)) ||
             (st = lmx_context_create(m, &cp, &b.ctx[i])) || (st = lmx_context_set_adapter(b.ctx[i], params[i].adapter)))
             break;
-        /* the caches for the whole generation up front, as a session's (its row's padding included) */
+        /* as a session's (its row's padding included) */
         const int gen = lmx_gen_reserve(params[i].max_tokens);
         lmx_context_reserve(b.ctx[i], limit && lens[i] + gen > limit ? limit : lens[i] + gen);
-        if ((st = lmx_context_eval(b.ctx[i], prompts[i], lens[i], b.logits + (size_t)i * V, 0))) break;
         if (lmx_buf_append(m->be, &b.hist[i], prompts[i], (size_t)lens[i] * sizeof(int32_t))) {
             st = lmx_err_set(&m->err, LMX_ERR_NOMEM, "out of memory");
             break;
         }
     }
+    if (st == LMX_OK) st = prefill_all(m, &b, prompts, lens, N);
     double t_prefilled = lmx_now_ms();
     for (int i = 0; st == LMX_OK && i < N; i++) {
         lmx_gen_seq *g = &rt->bseq[i];
-        if (lmx_gen_seq_step(g, m, b.logits + (size_t)i * V, (const int32_t *)b.hist[i].data, lens[i])) {
+        if (lmx_gen_seq_step(g, m, b.logits + (size_t)b.first_row[i] * V, (const int32_t *)b.hist[i].data, lens[i])) {
             if (!t_first) t_first = lmx_now_ms();
             deliver(g);
         }
