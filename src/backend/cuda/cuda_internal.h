@@ -99,6 +99,8 @@ typedef struct cuda_backend {
                                 rule of cuda_attention_plan; LMX_CUDA_ATT_TC=N > 0 from N keys on, =0 never (-1) */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
+    int moe_runs;            /* the most rows whose experts run as launches of the decode kernels' rows in turn
+                                (cuda_moe_runs_takes; LMX_CUDA_MOE_RUNS=N sets it, 0: never) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
                                 turns them off for A/B measurements */
     int gguf_repack;         /* 1: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights uploaded as MLX groups of 32 (cuda_repack.cu;
@@ -345,6 +347,10 @@ int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
 #define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
+/* cb->moe_runs by default.  H200, Qwen3-30B-A3B Q4_K_M (48 layers), prefill tok/s, grouped GEMMs against runs: 512
+ * tokens 7,166 -> 7,606, 32 prompts of 16 together 1,637 -> 3,951 (the grouped GEMMs' cuBLAS kernels change with
+ * each round's rows per expert); 2,048 tokens 14,712 -> 8,022 */
+#define CUDA_MOE_RUNS_ROWS 512
 /* The routing of row i0 + i of a, as a kernel parameter (cuda_moe_route_row) */
 typedef struct cuda_moe_router {
     const float *logits; /* [R, E] from row i0 */
@@ -386,6 +392,9 @@ lmx_status cuda_glu_of16(cuda_backend *cb, void *out, int o16, const __nv_bfloat
  * logits, a SiLU or GELU-tanh GLU */
 int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
+/* More rows than one launch of the decode kernels takes, of experts the integer tensor cores take, up to cb->moe_runs:
+ * the w_moe op runs them a launch's rows at a time (cuda_graph.cu) */
+int cuda_moe_runs_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);
 /* out [M, C] += each row's K outputs of y weighted by pw [M, K], in choice order; y's row of pair i K + k
