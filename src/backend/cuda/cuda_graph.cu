@@ -496,9 +496,13 @@ static lmx_tensor rows_of(const lmx_tensor *t, int64_t i0, int64_t n) {
 
 static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
     cuda_backend *cb = (cuda_backend *)be;
-    if (!cuda_moe_takes(cb, a) && cuda_moe_runs_takes(cb, a)) { /* a launch's rows at a time */
-        const int R = CUDA_MOE_PAIRS / a->K;
-        lmx_status st = LMX_OK;
+    if (!cuda_moe_takes(cb, a)) {
+        if (!cuda_moe_grouped_takes(cb, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
+        lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
+        cuda_graph_step_off(cb);              /* the host waits for each round's counts */
+        int took = 1;
+        if (st || (st = cuda_moe_grouped(be, a, cuda_moe_runs_takes(cb, a), &took)) || took) return st;
+        const int R = CUDA_MOE_PAIRS / a->K; /* runs of the decode kernels' rows (cuda_moe_runs_takes) */
         for (int i0 = 0; i0 < a->M && !st; i0 += R) {
             const int n = a->M - i0 < R ? a->M - i0 : R;
             lmx_tensor out = rows_of(a->out, i0, n), x = rows_of(a->x, i0, n), lg = rows_of(a->logits, i0, n);
@@ -507,12 +511,6 @@ static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
             st = w_moe(be, &run);
         }
         return st;
-    }
-    if (!cuda_moe_takes(cb, a)) {
-        if (!cuda_moe_grouped_takes(cb, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
-        lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
-        cuda_graph_step_off(cb);              /* the host waits for each round's counts */
-        return st ? st : cuda_moe_grouped(be, a);
     }
     g_rec r;
     g_rec_clear(&r);

@@ -347,10 +347,16 @@ int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
 #define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
-/* cb->moe_runs by default.  H200, Qwen3-30B-A3B Q4_K_M (48 layers), prefill tok/s, grouped GEMMs against runs: 512
- * tokens 7,166 -> 7,606, 32 prompts of 16 together 1,637 -> 3,951 (the grouped GEMMs' cuBLAS kernels change with
- * each round's rows per expert); 2,048 tokens 14,712 -> 8,022 */
-#define CUDA_MOE_RUNS_ROWS 512
+/* Rows of experts the integer tensor cores take, past one launch's pairs: runs of the decode kernels (each run reads
+ * the experts its rows chose, about 120-170 us a run of 64 rows of Qwen3-30B-A3B's layer whatever the spread), or
+ * the grouped GEMMs (each expert with rows dequantized and multiplied a round of 1,024 rows at a time, about 46 us a
+ * chosen expert and round).  The grouped path routes its first round and counts the experts chosen: runs take the
+ * call where those experts, rounds and CUDA_MOE_RUN_ROW_COST exceed its rows, up to cb->moe_runs rows (the prefill
+ * chunk).  H200, Qwen3-30B-A3B Q4_K_M, 48 layers, prefill tok/s, grouped against runs: 32 prompts of 16 / 44 / 64
+ * / 128 tokens together (their rows choose all 128 experts) 1,580 / 2,741 / 3,167 / 4,077 -> 6,050 / 7,555 / 7,186 /
+ * 7,642; one prompt of 2,048 tokens (random weights: its rows choose few experts) 14,683 grouped, 8,072 in runs. */
+#define CUDA_MOE_RUNS_ROWS 2048
+#define CUDA_MOE_RUN_ROW_COST 20
 /* The routing of row i0 + i of a, as a kernel parameter (cuda_moe_route_row) */
 typedef struct cuda_moe_router {
     const float *logits; /* [R, E] from row i0 */
@@ -401,9 +407,11 @@ lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R
  * is that pair's (slot NULL) or slot[i K + k] (cuda_moe.cu) */
 lmx_status cuda_moe_combine(cuda_backend *cb, float *out, const float *y, const float *pw, const int *slot, int M,
                             int kused, int64_t C);
-/* Any number of rows, any expert type the GEMMs dequantize (cuda_moe_grouped.cu); eager, not a graph op */
+/* Any number of rows, any expert type the GEMMs dequantize (cuda_moe_grouped.cu); eager, not a graph op.  runs_ok:
+ * the call may take runs of the decode kernels (cuda_moe_runs_takes); *took 0 then says that its first round's
+ * experts found them the cheaper, and nothing was written */
 int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a);
-lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a);
+lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok, int *took);
 /* Raise the shared memory limits of the GEMV kernels that stage x (once, at backend creation). */
 void cuda_gemv_init(void);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,

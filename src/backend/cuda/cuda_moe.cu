@@ -109,7 +109,7 @@ int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
 }
 
 /* Each run of CUDA_MOE_PAIRS / K rows reads its chosen experts once, on the integer tensor cores, where the grouped
- * GEMMs dequantize every expert with rows to bf16 and launch a GEMM per expert: measured below (cuda_backend.cu). */
+ * GEMMs dequantize every expert with rows to bf16 and launch a GEMM per expert (the choice: CUDA_MOE_RUNS_ROWS). */
 int cuda_moe_runs_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     if (a->M > cb->moe_runs || !cuda_moe_routes(cb, a) || !a->alike) return 0;
     lmx_moe_args run = *a;

@@ -117,7 +117,7 @@ typedef struct moe_plan {
     void *ptr[9 * CUDA_MOE_E_MAX];
 } moe_plan;
 
-lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
+lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok, int *took) {
     cuda_backend *cb = (cuda_backend *)be;
     const int E = a->E, K = a->K;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
@@ -145,12 +145,11 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
     int run = alldirect ? E : (int)(CUDA_MOE_DEQUANT_BYTES / per_expert);
     if (run < 1) run = 1;
     if (run > E) run = E;
-    __nv_bfloat16 *wq = NULL;
-    if (!alldirect && !(wq = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)run * per_expert)))
-        return cb->base.err.status;
+    __nv_bfloat16 *wq = NULL; /* the dequantized run of experts (after the first round's choice) */
     moe_plan *pl = (moe_plan *)malloc(sizeof *pl);
     if (!pl) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "moe: out of host memory");
     lmx_status st = LMX_OK;
+    *took = 1;
     for (int i0 = 0; i0 < a->M && !st; i0 += RM) {
         const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * K;
         if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
@@ -170,6 +169,16 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
         }
         if (sum != P) {
             st = lmx_err_set(&be->err, LMX_ERR_BACKEND, "moe: %d of %d pairs routed", sum, P);
+            break;
+        }
+        /* runs of the decode kernels instead, where this round's experts say they cost less (nothing written) */
+        const int64_t rounds = (a->M + RM - 1) / RM;
+        if (i0 == 0 && runs_ok && (int64_t)pl->n_act * rounds * CUDA_MOE_RUN_ROW_COST > a->M) {
+            *took = 0;
+            break;
+        }
+        if (!alldirect && !wq && !(wq = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)run * per_expert))) {
+            st = cb->base.err.status;
             break;
         }
         k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
