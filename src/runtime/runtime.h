@@ -35,9 +35,9 @@ void lmx_context_pad_at(lmx_context *c, int n);
  * is grown later, as positions come).  A generation that knows its length reserves it up front: a cache
  * that grows mid-generation copies itself and makes a decode graph be captured again. */
 void lmx_context_reserve(lmx_context *c, int n);
-/* Positions past its prompt a generation of max_tokens reserves in its caches up front (at most 4,096: unlimited
- * generations, and long ones, grow later). */
-static inline int lmx_gen_reserve(int max_tokens) { return max_tokens > 0 && max_tokens < 4096 ? max_tokens : 4096; }
+/* Positions past its prompt a generation of max_tokens reserves in its caches up front (at most 4,096: longer ones
+ * grow later; none for max_tokens 0, which ends at once). */
+static inline int lmx_gen_reserve(int max_tokens) { return max_tokens <= 0 ? 0 : max_tokens < 4096 ? max_tokens : 4096; }
 /* The id of the adapter c evaluates with (0: none). */
 unsigned lmx_context_adapter(const lmx_context *c);
 /* Layer l's KV cache of c (what an inspection reads after a prefill). */
