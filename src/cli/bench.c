@@ -231,7 +231,8 @@ static double generate_batch(bench *b, int B, int steps, int ctx, int stagger, d
     for (int pass = 0; pass < 2; pass++) { /* a warm-up, then the measure */
         total = 0;
         for (int i = 0; i < B; i++) {
-            gp[i].max_tokens = !pass ? 8 : stagger ? steps / 4 + 1 + (int)((int64_t)i * (steps - steps / 4) / (B > 1 ? B - 1 : 1)) : steps + 1;
+            const int spread = (int)((int64_t)i * (steps - steps / 4) / (B > 1 ? B - 1 : 1)); /* 0 .. 3 steps / 4 */
+            gp[i].max_tokens = !pass ? 8 : stagger ? steps / 4 + 1 + spread : steps + 1;
             total += gp[i].max_tokens;
         }
         if (lmx_batch_generate_ids(b->m, (const int32_t *const *)ps, lens, B, gp, res) != LMX_OK) goto done;
@@ -262,7 +263,8 @@ int cmd_bench(int argc, char **argv) {
                    "--long-ctx (4096); decode through the stream API, greedy and sampled (sampling included);\n"
                    "batched decode (lmx_eval_batch: every row's logits to the host) at batch 1, 8 and 32, and\n"
                    "batched greedy generation (lmx_batch_generate_ids: ids only) at 8 and 32, and at 32 staggered\n"
-                   "(prompts of N..N+28 tokens, sequences ending at different steps, as requests come); peak GPU memory;\n"
+                   "(prompts of N..N+28 tokens, sequences ending at different steps, as requests come), with\n"
+                   "their prefill tokens/s (the prompts together); peak GPU memory;\n"
                    "achieved bandwidth (bytes read per token x tokens/s) next to the measured device copy\n"
                    "bandwidth.  Token ids are random.  --json prints one JSON object instead.\n"
                    "--adapter DIR (up to 4 times) loads LoRA adapters: the first applies to every figure; with\n"
@@ -357,7 +359,8 @@ int cmd_bench(int argc, char **argv) {
                "\"long_ctx\": %d, \"decode_long_tok_s\": %.2f, \"generate_greedy_tok_s\": %.2f, "
                "\"generate_sampled_tok_s\": %.2f, "
                "\"batch_ctx\": %d, \"batch1_tok_s\": %.2f, \"batch%d_tok_s\": %.2f, "
-               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, \"generate_batch32_staggered_tok_s\": %.2f, \"generate_batch32_prefill_tok_s\": %.1f, "
+               "\"batch32_tok_s\": %.2f, \"generate_batch%d_tok_s\": %.2f, \"generate_batch32_tok_s\": %.2f, "
+               "\"generate_batch32_staggered_tok_s\": %.2f, \"generate_batch32_prefill_tok_s\": %.1f, "
                "\"generate_batch32_staggered_prefill_tok_s\": %.1f, "
                "\"peak_gpu_bytes\": %.0f, \"achieved_bw_ctx0\": %.4g, "
                "\"achieved_bw_long\": %.4g, \"copy_bw\": %.4g, \"adapters\": %d}\n",
@@ -379,8 +382,8 @@ int cmd_bench(int argc, char **argv) {
             printf("batch %-2d decode      %8.2f tok/s   (after %d tokens a sequence)\n", Bs[i], bt[i], batch_ctx);
         for (int i = 1; i < 3; i++)
             printf("batch %-2d generate    %8.2f tok/s   (greedy, lmx_batch_generate_ids)\n", Bs[i], gb[i]);
-        printf("batch 32 staggered   %8.2f tok/s   (prompts of %d..%d tokens, sequences ending at different steps)\n", gs,
-               batch_ctx, batch_ctx + 28);
+        printf("batch 32 staggered   %8.2f tok/s   (prompts of %d..%d tokens, sequences ending at different steps)\n",
+               gs, batch_ctx, batch_ctx + 28);
         printf("batch 32 prefill     %8.1f tok/s   (its 32 prompts together; staggered %.1f)\n", gp[2], gsp);
         if (b.cuda) {
             printf("peak GPU memory      %8.2f GiB (device total - free)\n", b.peak_gpu / 1073741824.0);
