@@ -11,6 +11,24 @@ int64_t lmx_tensor_nelem(const lmx_tensor *t) {
     return n;
 }
 
+lmx_tensor lmx_tensor_rows(const lmx_tensor *t, int64_t row0, int64_t n) {
+    lmx_tensor v = *t;
+    const int64_t K = t->shape[1];
+    size_t row_bytes;
+    if (t->q.ggml_type) row_bytes = lmx_ggml_row_bytes(t->q.ggml_type, K);
+    else if (t->q.bits) row_bytes = (size_t)(K * t->q.bits / 8);
+    else row_bytes = (size_t)K * lmx_dtype_size(t->dtype);
+    v.data = (char *)t->data + (size_t)row0 * row_bytes;
+    if (t->q.bits) {
+        const size_t sb = (size_t)(K / t->q.group) * lmx_dtype_size(t->q.scale_dtype);
+        v.q.scales = (char *)t->q.scales + (size_t)row0 * sb;
+        v.q.biases = (char *)t->q.biases + (size_t)row0 * sb;
+    }
+    v.shape[0] = n;
+    v.owned = 0;
+    return v;
+}
+
 int64_t lmx_weight_bytes(const lmx_tensor *w) {
     int64_t N = w->ndim == 2 ? w->shape[0] : 1, K = w->ndim > 0 ? w->shape[w->ndim - 1] : 1;
     if (w->q.ggml_type) return (int64_t)lmx_ggml_row_bytes(w->q.ggml_type, K) * N;

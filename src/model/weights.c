@@ -207,26 +207,6 @@ static lmx_status bind_embed(binder *b, int untied) {
     return st;
 }
 
-/* Rows [row0, row0 + n) of a bound matrix w as a matrix of its own: the same memory (dense, MLX or GGUF
- * rows), never a copy.  Backends keep a weight's rows where the file has them. */
-static lmx_tensor weight_rows(const lmx_tensor *w, int64_t row0, int64_t n) {
-    lmx_tensor v = *w;
-    const int64_t K = w->shape[1];
-    size_t row_bytes;
-    if (w->q.ggml_type) row_bytes = lmx_ggml_row_bytes(w->q.ggml_type, K);
-    else if (w->q.bits) row_bytes = (size_t)(K * w->q.bits / 8);
-    else row_bytes = (size_t)K * lmx_dtype_size(w->dtype);
-    v.data = (char *)w->data + (size_t)row0 * row_bytes;
-    if (w->q.bits) {
-        const size_t sb = (size_t)(K / w->q.group) * lmx_dtype_size(w->q.scale_dtype);
-        v.q.scales = (char *)w->q.scales + (size_t)row0 * sb;
-        v.q.biases = (char *)w->q.biases + (size_t)row0 * sb;
-    }
-    v.shape[0] = n;
-    v.owned = 0;
-    return v;
-}
-
 /* A small float tensor prefix+name of n values read on the host into out (router scales, layer
  * scalars); absent: out untouched when optional, else an error. */
 static lmx_status read_host(binder *b, const char *prefix, const char *name, int optional, int64_t n, float *out) {
@@ -274,9 +254,9 @@ static lmx_status bind_stacked_experts(binder *b, lmx_layer *L, const char *p, c
     const lmx_tensor *g_src = fused_rows ? &L->gate_up_exps : &gate, *u_src = fused_rows ? &L->gate_up_exps : &up;
     const int64_t stride = fused_rows ? 2 * Fm : Fm, off = fused_rows ? Fm : 0;
     for (int64_t e = 0; e < E; e++) {
-        L->experts[3 * e] = weight_rows(g_src, stride * e, Fm);                /* [Fm, C] */
-        L->experts[3 * e + 1] = weight_rows(u_src, stride * e + off, Fm);      /* [Fm, C] */
-        L->experts[3 * e + 2] = weight_rows(&L->down_exps, C * e, C);          /* [C, Fm] */
+        L->experts[3 * e] = lmx_tensor_rows(g_src, stride * e, Fm);                /* [Fm, C] */
+        L->experts[3 * e + 1] = lmx_tensor_rows(u_src, stride * e + off, Fm);      /* [Fm, C] */
+        L->experts[3 * e + 2] = lmx_tensor_rows(&L->down_exps, C * e, C);          /* [C, Fm] */
     }
     L->experts_alike = 1; /* views of the same stacked tensors */
     return LMX_OK;

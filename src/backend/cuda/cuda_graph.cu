@@ -484,16 +484,6 @@ static lmx_status w_in_place(lmx_backend *be, int op, lmx_tensor *x, int64_t n, 
     return g_dispatch((cuda_backend *)be, &r, NULL, NULL, NULL, NULL);
 }
 
-/* rows [i0, i0 + n) of a [rows, cols] tensor */
-static lmx_tensor rows_of(const lmx_tensor *t, int64_t i0, int64_t n) {
-    lmx_tensor v = *t;
-    const int64_t cols = lmx_tensor_nelem(t) / t->shape[0];
-    v.data = (char *)t->data + i0 * cols * (int64_t)lmx_dtype_size(t->dtype);
-    v.shape[0] = n;
-    v.owned = 0;
-    return v;
-}
-
 static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
     cuda_backend *cb = (cuda_backend *)be;
     if (!cuda_moe_takes(cb, a)) {
@@ -505,7 +495,8 @@ static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
         const int R = CUDA_MOE_PAIRS / a->K; /* runs of the decode kernels' rows (cuda_moe_runs_takes) */
         for (int i0 = 0; i0 < a->M && !st; i0 += R) {
             const int n = a->M - i0 < R ? a->M - i0 : R;
-            lmx_tensor out = rows_of(a->out, i0, n), x = rows_of(a->x, i0, n), lg = rows_of(a->logits, i0, n);
+            lmx_tensor out = lmx_tensor_rows(a->out, i0, n), x = lmx_tensor_rows(a->x, i0, n),
+                       lg = lmx_tensor_rows(a->logits, i0, n);
             lmx_moe_args run = *a;
             run.out = &out, run.x = &x, run.logits = &lg, run.M = n;
             st = w_moe(be, &run);
