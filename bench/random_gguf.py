@@ -12,8 +12,15 @@ weights spread over about +-0.02 around zero; the router is N(0, 0.02) in f32, s
 experts.  The vocabulary is gguf_vocab's placeholder (llama.cpp's benchmarks feed token ids).
 --type q4_0: Q4_0 for every matrix but the head (Q6_K), as llama-quantize's Q4_0 chooses; --type q8_0: Q8_0
 for every matrix, the head too.
+--spread: the matrices that write into the residual stream (attn_output, ffn_down, ffn_down_exps) with scales
+64 times smaller, so that each position's hidden state stays mostly its token's embedding.  Without it the
+random blocks' row means (the codes are not centred per row) add one shared direction to every position,
+layer after layer, and a long prompt's rows all choose the same few experts; a trained mixture spreads them
+(load balancing), which --spread imitates: random token ids then route about uniformly (the prefill
+benchmarks' realistic case for a mixture's grouped GEMMs).
 
 usage: bench/random_gguf.py {qwen3-30b-a3b,llama-3.1-8b,qwen3-0.6b} OUT.gguf [--layers N] [--type q4_k_m|q4_0|q8_0]
+       [--spread]
        (needs gguf-py on PYTHONPATH and numpy)
 """
 import argparse
@@ -71,6 +78,8 @@ def main():
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--type", choices=("q4_k_m", "q4_0", "q8_0"), default="q4_k_m",
                     help="q4_0: Q4_0 everywhere but the head (Q6_K), as llama-quantize's Q4_0 chooses; q8_0: Q8_0 everywhere")
+    ap.add_argument("--spread", action="store_true",
+                    help="residual writers' scales / 64: a prompt's rows spread over the experts as a trained mixture's")
     args = ap.parse_args()
     cfg = dict(ARCHS[args.arch])
     if cfg["model_type"] not in ("llama", "qwen3", "qwen3_moe"):
@@ -90,12 +99,20 @@ def main():
     w = gguf.GGUFWriter(args.out, arch)
     add_header(w, cfg, 2 if q40 else 7 if q80 else 15)  # LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0 / _Q4_K_M
 
-    def blocks(name, qt, *shape):
-        """shape [..., rows, K] of type qt, as a slice of the pool (bytes [..., rows, K / ELEMS * BLOCK])."""
+    def blocks(name, qt, *shape, small=False):
+        """shape [..., rows, K] of type qt, as a slice of the pool (bytes [..., rows, K / ELEMS * BLOCK]);
+        small (with --spread): its blocks' f16 scales divided by 64 (a copy of the slice)."""
         b, e = BLOCK[qt], ELEMS[qt]
         nbytes = int(np.prod(shape[:-1])) * (shape[-1] // e) * b
         off = int(rng.integers(0, (pool_bytes(qt) // b * b - nbytes) // b + 1)) * b
-        w.add_tensor(name, pools[qt][off:off + nbytes].reshape(*shape[:-1], shape[-1] // e * b), raw_dtype=qt)
+        raw = pools[qt][off:off + nbytes]
+        if small and args.spread:
+            raw = raw.reshape(-1, b).copy()
+            at = [0, 2] if qt == Q4_K else [b - 2] if qt == Q6_K else [0]  # the f16 scale fields (d, dmin)
+            for a in at:
+                raw[:, a:a + 2] = (raw[:, a:a + 2].copy().view(np.float16) / np.float16(64)).view(np.uint8)
+            raw = raw.reshape(-1)
+        w.add_tensor(name, raw.reshape(*shape[:-1], shape[-1] // e * b), raw_dtype=qt)
 
     def f32(name, a):
         w.add_tensor(name, a.astype(np.float32))
@@ -108,7 +125,7 @@ def main():
         blocks(p + "attn_q.weight", four, H * D, C)
         blocks(p + "attn_k.weight", four, Hk * D, C)
         blocks(p + "attn_v.weight", vd, Hk * D, C)
-        blocks(p + "attn_output.weight", four, C, H * D)
+        blocks(p + "attn_output.weight", four, C, H * D, small=True)
         if arch != "llama":
             f32(p + "attn_q_norm.weight", np.ones(D))
             f32(p + "attn_k_norm.weight", np.ones(D))
@@ -118,11 +135,11 @@ def main():
             f32(p + "ffn_gate_inp.weight", rng.standard_normal((E, C), dtype=np.float32) * 0.02)
             blocks(p + "ffn_gate_exps.weight", four, E, Fe, C)
             blocks(p + "ffn_up_exps.weight", four, E, Fe, C)
-            blocks(p + "ffn_down_exps.weight", vd, E, C, Fe)
+            blocks(p + "ffn_down_exps.weight", vd, E, C, Fe, small=True)
         else:
             blocks(p + "ffn_gate.weight", four, F, C)
             blocks(p + "ffn_up.weight", four, F, C)
-            blocks(p + "ffn_down.weight", vd, C, F)
+            blocks(p + "ffn_down.weight", vd, C, F, small=True)
     f32("output_norm.weight", np.ones(C))
     if not cfg["tie_word_embeddings"]:
         blocks("output.weight", head, V, C)

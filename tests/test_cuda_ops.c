@@ -570,10 +570,11 @@ static void test_topk(void) {
 /* The cuda moe op (routing and the chosen experts on the GPU) against the routing of backend.h done
  * here in double and the experts run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: Q4_K gate / up
- * beside Q4_K or Q6_K down up to LMX_CUDA_MOE_RUNS rows (2,048), where 20 times the experts that the first round's
- * rows choose exceed the rows, in runs of 512 pairs on the integer tensor cores (5e-4, and each run's rows the bits of
- * a launch of those rows alone), else the grouped GEMMs, which take x and the GLU's output as bf16 (a bf16
- * tolerance). */
+ * beside Q4_K or Q6_K down grouped by expert on the integer tensor cores (cuda_moe_rows.cu: 5e-4, and the rows
+ * after the first 512 pairs the bits of a launch of those rows alone); with LMX_CUDA_MOE_ROWS=0, up to
+ * LMX_CUDA_MOE_RUNS rows (2,048), where 20 times the experts that the first round's rows choose exceed the rows, in
+ * runs of 512 pairs on the integer tensor cores (5e-4, and the same bits check), else the grouped GEMMs, which take
+ * x and the GLU's output as bf16 (a bf16 tolerance). */
 static lmx_backend *cuda_with2(const char *var, const char *val, const char *var2, const char *val2);
 static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (unless LMX_CUDA_MOE_TILES=0) */
 static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
@@ -638,16 +639,21 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
             d2 += (got[o] - want[o]) * (got[o] - want[o]), r2 += want[o] * want[o];
         }
     const char *rmax = getenv("LMX_CUDA_MOE_RUNS"), *mm = getenv("LMX_CUDA_MOE_MMA"); /* runs need its kernels */
+    const char *rw = getenv("LMX_CUDA_MOE_ROWS");
+    const int mq_experts = gtype == LMX_GGML_Q4_K && (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) &&
+                           F % 256 == 0 && C % 256 == 0;
+    const int by_expert = M * K > 512 && mq_experts && !(rw && rw[0] == '0'); /* cuda_moe_rows.cu */
     const int rounds = (M + 8192 / K - 1) / (8192 / K); /* runs: where the experts chosen say (CUDA_MOE_RUN_ROW_COST) */
     const int mg = mm ? atoi(mm) : 1, md = mm ? atoi(strchr(mm, ',') ? strchr(mm, ',') + 1 : mm) : 1;
-    const int runs = M * K > 512 && M <= (rmax ? atoi(rmax) : 2048) && active * rounds * 20 > M && mg > 0 && md > 0 &&
-                     512 / K >= mg && 512 / K >= md &&
-                     gtype == LMX_GGML_Q4_K && (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) && F % 256 == 0 &&
-                     C % 256 == 0;
-    const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1), tol = M * K > 512 && !runs ? 1e-2 : gtype ? 5e-4 : 1e-4;
+    const int runs = M * K > 512 && !by_expert && M <= (rmax ? atoi(rmax) : 2048) && active * rounds * 20 > M &&
+                     mg > 0 && md > 0 && 512 / K >= mg && 512 / K >= md && mq_experts;
+    const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1),
+                 tol = M * K > 512 && !runs && !by_expert ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d%s: relative error %.3g", name,
-              E, K, C, F, M, norm_topk, scaled, ties, runs ? " (runs)" : "", err);
-    if (runs) { /* the second run's rows: the bits of a launch of those rows alone */
+              E, K, C, F, M, norm_topk, scaled, ties, runs ? " (runs)" : by_expert ? " (by expert)" : "", err);
+    /* the rows after the first launch's (512 pairs): the bits of a launch of those rows alone (the decode kernels, on
+     * the tensor cores from 8 rows: LMX_CUDA_MOE_MMA unset; in tiles, any rows take their arithmetic) */
+    if (runs || (by_expert && !mm && M - 512 / K >= 8)) {
         const int R = 512 / K, n = M - R < R ? M - R : R;
         lmx_tensor x1 = act(gpu, n, C, x + (int64_t)R * C), o1 = act(gpu, n, C, out0 + (int64_t)R * C),
                    z1 = act(gpu, n, E, z + (int64_t)R * E);

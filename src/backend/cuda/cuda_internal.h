@@ -101,6 +101,8 @@ typedef struct cuda_backend {
                                 none in this cuBLAS: a GEMM per expert) */
     int moe_runs;            /* the most rows whose experts run as launches of the decode kernels' rows in turn
                                 (cuda_moe_runs_takes; LMX_CUDA_MOE_RUNS=N sets it, 0: never) */
+    int moe_rows;            /* many rows of GGUF experts grouped by expert on the integer tensor cores
+                                (cuda_moe_rows.cu; LMX_CUDA_MOE_ROWS=0: the grouped GEMMs and runs instead) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
                                 turns them off for A/B measurements */
     int gguf_repack;         /* 1: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights uploaded as MLX groups of 32 (cuda_repack.cu;

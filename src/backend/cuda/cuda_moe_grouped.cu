@@ -12,9 +12,12 @@
  *   combine  cuda_moe_combine (cuda_moe.cu): out[i] += sum over k in order of pw[i, k] y[slot[i K + k]]
  *
  * bf16 experts are read where they are; other types (MLX, GGUF, f16, f32) are dequantized to bf16 a run
- * of experts at a time (at most CUDA_MOE_DEQUANT_BYTES, at least one expert).  Rows come at most
- * MOE_ROUND_PAIRS pairs a round.  Not a graph op: the host waits for the counts. */
+ * of experts at a time (at most CUDA_MOE_DEQUANT_BYTES, at least one expert).  GGUF Q4_K experts (Q4_K or
+ * Q6_K down) take neither the gather nor the GEMMs: cuda_moe_rows.cu's launches over the places, a tile of
+ * an expert's places a block, read each chosen expert once a round on the integer tensor cores.  Rows come
+ * at most MOE_ROUND_PAIRS pairs a round.  Not a graph op: the host waits for the counts. */
 #include "cuda_gemv.h"
+#include "cuda_moe_mma.h"
 
 #define MOE_ROUND_PAIRS 8192                 /* (row, choice) pairs a round: bounds the scratch */
 #define CUDA_MOE_DEQUANT_BYTES (256u << 20)  /* experts dequantized to bf16 at once */
@@ -115,6 +118,7 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 typedef struct moe_plan {
     int n_act, act[CUDA_MOE_E_MAX], rows[3 * CUDA_MOE_E_MAX];
     void *ptr[9 * CUDA_MOE_E_MAX];
+    int tiles[4 * (MOE_ROUND_PAIRS + CUDA_MOE_E_MAX)]; /* cuda_moe_rows_tiles's (at most a tile a pair) */
 } moe_plan;
 
 lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok, int *took) {
@@ -122,16 +126,17 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok,
     const int E = a->E, K = a->K;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     const int RM = MOE_ROUND_PAIRS / K > 0 ? MOE_ROUND_PAIRS / K : 1; /* rows a round */
-    const int PM = RM * K;
-    /* scratch: pick, pw, slot, src [PM]; count [E]; pointers [3, 3 E]; xs [PM, C] bf16; g, u [PM, F] f32;
-     * h [PM, F] bf16; y [PM, C] f32 */
+    const int PM = RM * K, rows = cuda_moe_rows_takes(cb, a);
+    /* scratch: pick, pw, slot, src [PM]; count [E]; pointers [3, 3 E] (rows: tiles [4 tiles_max]); xs [PM, C] bf16
+     * (rows: none); g, u [PM, F] f32 (rows: g alone, h's values); h [PM, F] bf16 (rows: none); y [PM, C] f32 */
+    const size_t table = rows ? (size_t)4 * cuda_moe_rows_tiles_max(PM, CUDA_MOE_E_MAX) * sizeof(int)
+                              : 9 * CUDA_MOE_E_MAX * sizeof(void *);
     const size_t o_pw = align256((size_t)PM * 4), o_slot = o_pw + align256((size_t)PM * 4),
                  o_src = o_slot + align256((size_t)PM * 4), o_cnt = o_src + align256((size_t)PM * 4),
-                 o_ptr = o_cnt + align256((size_t)CUDA_MOE_E_MAX * 4),
-                 o_xs = o_ptr + align256(9 * CUDA_MOE_E_MAX * sizeof(void *)),
-                 o_g = o_xs + align256((size_t)PM * C * 2), o_u = o_g + align256((size_t)PM * F * 4),
-                 o_h = o_u + align256((size_t)PM * F * 4), o_y = o_h + align256((size_t)PM * F * 2),
-                 total = o_y + align256((size_t)PM * C * 4);
+                 o_ptr = o_cnt + align256((size_t)CUDA_MOE_E_MAX * 4), o_xs = o_ptr + align256(table),
+                 o_g = o_xs + (rows ? 0 : align256((size_t)PM * C * 2)), o_u = o_g + align256((size_t)PM * F * 4),
+                 o_h = o_u + (rows ? 0 : align256((size_t)PM * F * 4)),
+                 o_y = o_h + (rows ? 0 : align256((size_t)PM * F * 2)), total = o_y + align256((size_t)PM * C * 4);
     char *buf = (char *)cuda_scratch(cb, CUDA_SCRATCH_MOE_ROWS, total);
     if (!buf) return cb->base.err.status;
     int *pick = (int *)buf, *slot = (int *)(buf + o_slot), *src = (int *)(buf + o_src), *count = (int *)(buf + o_cnt);
@@ -173,9 +178,24 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok,
         }
         /* runs of the decode kernels instead, where this round's experts say they cost less (nothing written) */
         const int64_t rounds = (a->M + RM - 1) / RM;
-        if (i0 == 0 && runs_ok && (int64_t)pl->n_act * rounds * CUDA_MOE_RUN_ROW_COST > a->M) {
+        if (i0 == 0 && runs_ok && !rows && (int64_t)pl->n_act * rounds * CUDA_MOE_RUN_ROW_COST > a->M) {
             *took = 0;
             break;
+        }
+        if (rows) { /* the experts on the integer tensor cores, a tile of places a block */
+            k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
+            const int nt = cuda_moe_rows_tiles(cb, hc, o.off, E, pl->tiles);
+            if (cudaMemcpyAsync(buf + o_ptr, pl->tiles, (size_t)4 * nt * sizeof(int), cudaMemcpyHostToDevice,
+                                cb->stream) != cudaSuccess) {
+                st = cuda_fail(cb, cudaGetLastError(), "moe tiles");
+                break;
+            }
+            if ((st = cuda_check_launch(cb, "moe placing")) ||
+                (st = cuda_moe_rows(cb, a, (const float *)a->x->data + (int64_t)i0 * C, R, P, src,
+                                    (const int4 *)(buf + o_ptr), nt, g, y)))
+                break;
+            if ((st = cuda_moe_combine(cb, (float *)a->out->data + (int64_t)i0 * C, y, pw, slot, R, K, C))) break;
+            continue;
         }
         if (!alldirect && !wq && !(wq = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)run * per_expert))) {
             st = cb->base.err.status;

@@ -194,7 +194,11 @@ int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down) 
     const int min_rows = cb->moe_mma[down];
     /* never one row: its pairs each read another expert, and cuda_moe_normed folds its norm into gate / up's x
      * and its combine into the per-pair down projection */
-    if (min_rows <= 0 || a->M < (min_rows > 2 ? min_rows : 2) || a->E > GV_MOE_MAX) return 0;
+    return min_rows > 0 && a->M >= (min_rows > 2 ? min_rows : 2) && cuda_moe_mma_fits(cb, a, down);
+}
+
+int cuda_moe_mma_fits(const cuda_backend *cb, const lmx_moe_args *a, int down) {
+    if (a->E > GV_MOE_MAX) return 0;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
     if (F % 256 || C % 256 || (int64_t)mq_stage_bytes<LMX_GGML_Q6_K_A16>((int)(down ? F : C) / 256) > cb->moe_mma_smem)
         return 0; /* (Q6_K's the larger) */
@@ -244,6 +248,7 @@ void cuda_moe_mma_init(cuda_backend *cb) {
         if (cudaFuncSetAttribute(one[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->one_smem) != cudaSuccess)
             cb->one_smem = (48 << 10) - st, cb->sm_smem = 0; /* the bytes any launch may take; no spreading */
     cudaGetLastError();
+    cuda_moe_rows_init();
 }
 
 /* cuda_mq_quant (cuda_mq.h) for type T */

@@ -19,11 +19,25 @@ void cuda_moe_mma_init(cuda_backend *cb);
  * down, every expert 16-byte aligned, rows that fit its shared memory, enough rows (one row's pairs each read a
  * different expert: the per-pair kernels, k_moe_gu_staged and k_moe_ggemv, are as fast). */
 int cuda_moe_mma_takes(const cuda_backend *cb, const lmx_moe_args *a, int down);
+/* The same for any number of rows: the experts' types, shapes and alignment, and the staging of x's rows */
+int cuda_moe_mma_fits(const cuda_backend *cb, const lmx_moe_args *a, int down);
 /* x's routing (pick, pw [M, K]) in its quantization's launch, then h [M K, F] = act(gate_e x_i) * (up_e x_i) for
  * each (row i, choice) pair */
 lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, float *pw, float *h);
 /* h quantized, then y [M K, C] = down_e h_p for each pair p (the combine is the caller's) */
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
+
+/* Many rows grouped by expert (cuda_moe_rows.cu, for cuda_moe_grouped.cu): whether it takes a's experts (those of
+ * cuda_moe_mma_fits, gate / up and down; cb->moe_rows); a round's tiles of places (tiles [4 n]: expert, first place,
+ * places, 0; n at most cuda_moe_rows_tiles_max) from each expert's pairs (count) and first place (off), and n; the
+ * launches of a round: x [R, C] of its R rows quantized, h [P, F] = act(gate_e x[src[s]]) (up_e x[src[s]]) for each
+ * place s of expert e, h quantized, y [P, C] = down_e h[s]. */
+int cuda_moe_rows_takes(const cuda_backend *cb, const lmx_moe_args *a);
+int cuda_moe_rows_tiles(const cuda_backend *cb, const int *count, const int *off, int E, int *tiles);
+void cuda_moe_rows_init(void); /* (at the backend's creation: the shared memory its kernels may take) */
+int cuda_moe_rows_tiles_max(int P, int E);
+lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, int P, const int *src,
+                         const int4 *tiles, int ntiles, float *h, float *y);
 
 /* Gate and up experts in tiles (LMX_GGML_Q4_K_T16) for rows too few for the tensor cores, on the CUDA cores in their
  * arithmetic (each pair's h the bits k_moe_mma gives it): whether cuda_moe_tiles_gu takes a's experts, and the
