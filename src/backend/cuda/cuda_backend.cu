@@ -671,7 +671,7 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     const char *mr = getenv("LMX_CUDA_MOE_RUNS");
     cb->moe_runs = mr ? atoi(mr) : CUDA_MOE_RUNS_ROWS;
     const char *mw = getenv("LMX_CUDA_MOE_ROWS");
-    cb->moe_rows = mw ? atoi(mw) : 4;
+    cb->moe_rows = !(mw && mw[0] == '0');
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");
     cb->gguf_repack = !(gr && gr[0] == '0');
     const char *kp = getenv("LMX_CUDA_KEEP");

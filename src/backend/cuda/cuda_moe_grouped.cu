@@ -184,7 +184,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok,
         }
         if (rows) { /* the experts on the integer tensor cores, a tile of places a block */
             k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
-            const int nt = cuda_moe_rows_tiles(cb, hc, o.off, E, pl->tiles);
+            const int nt = cuda_moe_rows_tiles(hc, o.off, E, pl->tiles);
             if (cudaMemcpyAsync(buf + o_ptr, pl->tiles, (size_t)4 * nt * sizeof(int), cudaMemcpyHostToDevice,
                                 cb->stream) != cudaSuccess) {
                 st = cuda_fail(cb, cudaGetLastError(), "moe tiles");

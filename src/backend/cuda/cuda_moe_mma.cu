@@ -248,7 +248,6 @@ void cuda_moe_mma_init(cuda_backend *cb) {
         if (cudaFuncSetAttribute(one[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cb->one_smem) != cudaSuccess)
             cb->one_smem = (48 << 10) - st, cb->sm_smem = 0; /* the bytes any launch may take; no spreading */
     cudaGetLastError();
-    cuda_moe_rows_init();
 }
 
 /* cuda_mq_quant (cuda_mq.h) for type T */

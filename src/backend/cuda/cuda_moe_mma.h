@@ -33,8 +33,7 @@ lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int 
  * launches of a round: x [R, C] of its R rows quantized, h [P, F] = act(gate_e x[src[s]]) (up_e x[src[s]]) for each
  * place s of expert e, h quantized, y [P, C] = down_e h[s]. */
 int cuda_moe_rows_takes(const cuda_backend *cb, const lmx_moe_args *a);
-int cuda_moe_rows_tiles(const cuda_backend *cb, const int *count, const int *off, int E, int *tiles);
-void cuda_moe_rows_init(void); /* (at the backend's creation: the shared memory its kernels may take) */
+int cuda_moe_rows_tiles(const int *count, const int *off, int E, int *tiles);
 int cuda_moe_rows_tiles_max(int P, int E);
 lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, int P, const int *src,
                          const int4 *tiles, int ntiles, float *h, float *y);

@@ -6,17 +6,24 @@
  * takes weight rows [bx R, (bx + 1) R) (as k_moe_mma: gate / up R = 64 of gate beside the same 64 of up, four warps
  * each; down R = 128, eight warps) of tile i's expert against the tile's up to 8 NT places (NT passes of the mma's
  * n = 8).  It walks K a super-block at a time: x's super-block of the tile's places staged by cp.async (two stages,
- * the next in flight while the mma take the current), each warp's 16 rows of the super-block in registers a
- * super-block ahead, decoded once for the NT passes.  The arithmetic is cuda_mq.h's (mq_rows::sum), so a place's
+ * the next in flight while the mma take the current), each warp's 16 rows of the super-block loaded into registers a
+ * super-block ahead, once for the NT passes (each pass decodes them: mq_rows::sum).  The arithmetic is cuda_mq.h's (mq_rows::sum), so a place's
  * values are the bits k_moe_mma gives the same pair.
  *
  * Gate / up store h [places, F] = act(gate x) (up x), x's row of place s being src[s] (its row in the round); the
  * down projection takes h quantized (k_mq_quant, a place a row) and stores y [places, C], which the combine reads
  * through slot.  Where the grouped GEMMs dequantized each chosen expert to bf16 and launched a cuBLAS GEMM for it
  * (about 46 us a chosen expert and round), or runs of the decode kernels read every chosen expert again for each 64
- * rows, one launch a projection reads each expert once. */
+ * rows, one launch a projection reads each expert once.  (Tried, and no faster: each sub-block's codes decoded once
+ * for the NT passes, with the weights staged through shared memory beside x; sixteen warps a block, x staged once
+ * for twice the rows.) */
 #include "cuda_moe_mma.h"
 #include "cuda_mq.h"
+
+/* Passes of 8 places a block.  H200, Qwen3-30B-A3B Q4_K_M (random_gguf.py --spread), prefill 2048 / 512 tok/s, 48
+ * layers: 4 passes 19,152-19,316 / 15,407-15,547, 8 (one block a multiprocessor, its registers) 16,680-16,903 /
+ * 12,976-13,222. */
+#define ROWS_NT 4
 
 /* uint4s of a pass of 8 places' staged super-block (mq_stage_bytes(1)): codes [8 parts][8][4], sums [8 SUMS][8],
  * scales [8] */
@@ -28,7 +35,7 @@ template <int T, int NT> static inline size_t rows_smem() { return (size_t)2 * N
 /* Block (bx, i): tile i = {expert e, first place s0, places n <= 8 NT} (tiles, on the device), y[s, n] for its places s
  * and rows n of weight rows bx R ..; x's row of place s: src[s] (gate / up), or s (src NULL). */
 template <int T, int PAIR, int TILED, int NT>
-__global__ void __launch_bounds__(256, NT <= 4 ? 2 : 1)
+__global__ void __launch_bounds__(256, 2)
     k_moe_rows(const mq_x x, const int *__restrict__ src, const __grid_constant__ gv_moe mo,
                const int4 *__restrict__ tiles, int N, int K, int act, float *__restrict__ y) {
     extern __shared__ uint4 rs_sm[]; /* two stages of NT passes (rows_group_u4 each) */
@@ -116,59 +123,39 @@ __global__ void __launch_bounds__(256, NT <= 4 ? 2 : 1)
             }
 }
 
-/* passes of 8 places a block: cb->moe_rows (4, or 8 by LMX_CUDA_MOE_ROWS=8) */
-static int rows_nt(const cuda_backend *cb) { return cb->moe_rows == 8 ? 8 : 4; }
 
 int cuda_moe_rows_takes(const cuda_backend *cb, const lmx_moe_args *a) {
     return cb->moe_rows && cuda_moe_routes(cb, a) && a->alike && cuda_moe_mma_fits(cb, a, 0) &&
            cuda_moe_mma_fits(cb, a, 1);
 }
 
-template <int T, int PAIR, int NT>
-static void rows_launch_nt(cuda_backend *cb, const lmx_moe_args *a, const mq_x &xo, const int *src, const int4 *tiles,
-                           int ntiles, float *y) {
+template <int T, int PAIR>
+static lmx_status rows_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x &xo, const int *src, const int4 *tiles,
+                              int ntiles, float *y) {
     const int j = PAIR ? 0 : 2, N = (int)a->experts[j].shape[0], K = (int)a->experts[j].shape[1];
     gv_moe tab;
     gv_moe_fill(&tab, a->experts, a->E, !PAIR);
     const dim3 grid((unsigned)cuda_blocks(N, PAIR ? 64 : 128), (unsigned)ntiles);
-    const size_t smem = rows_smem<T, NT>();
+    const size_t smem = rows_smem<T, ROWS_NT>(); /* (under the 48 KB a launch takes without asking) */
     if (cuda_moe_tile_base(a->experts[j].q.ggml_type))
-        k_moe_rows<T, PAIR, 1, NT><<<grid, 256, smem, cb->stream>>>(xo, src, tab, tiles, N, K, (int)a->act, y);
+        k_moe_rows<T, PAIR, 1, ROWS_NT><<<grid, 256, smem, cb->stream>>>(xo, src, tab, tiles, N, K, (int)a->act, y);
     else
-        k_moe_rows<T, PAIR, 0, NT><<<grid, 256, smem, cb->stream>>>(xo, src, tab, tiles, N, K, (int)a->act, y);
-}
-
-template <int T, int PAIR>
-static lmx_status rows_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_x &xo, const int *src, const int4 *tiles,
-                              int ntiles, float *y) {
-    if (rows_nt(cb) == 8) rows_launch_nt<T, PAIR, 8>(cb, a, xo, src, tiles, ntiles, y);
-    else rows_launch_nt<T, PAIR, 4>(cb, a, xo, src, tiles, ntiles, y);
+        k_moe_rows<T, PAIR, 0, ROWS_NT><<<grid, 256, smem, cb->stream>>>(xo, src, tab, tiles, N, K, (int)a->act, y);
     return cuda_check_launch(cb, PAIR ? "moe gate/up (rows)" : "moe down (rows)");
 }
 
-void cuda_moe_rows_init(void) {
-    const void *fn[6] = {(const void *)k_moe_rows<LMX_GGML_Q4_K, 1, 0, 8>, (const void *)k_moe_rows<LMX_GGML_Q4_K, 1, 1, 8>,
-                         (const void *)k_moe_rows<LMX_GGML_Q4_K, 0, 0, 8>, (const void *)k_moe_rows<LMX_GGML_Q4_K, 0, 1, 8>,
-                         (const void *)k_moe_rows<LMX_GGML_Q6_K_A16, 0, 0, 8>,
-                         (const void *)k_moe_rows<LMX_GGML_Q6_K_A16, 0, 1, 8>};
-    for (int i = 0; i < 6; i++)
-        cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rows_smem<LMX_GGML_Q6_K_A16, 8>());
-    cudaGetLastError();
-}
-
-int cuda_moe_rows_tiles(const cuda_backend *cb, const int *count, const int *off, int E, int *tiles) {
-    const int cols = 8 * rows_nt(cb);
+int cuda_moe_rows_tiles(const int *count, const int *off, int E, int *tiles) {
     int n = 0;
     for (int e = 0; e < E; e++)
-        for (int c = 0; c < count[e]; c += cols) {
+        for (int c = 0; c < count[e]; c += 8 * ROWS_NT) {
             tiles[4 * n] = e, tiles[4 * n + 1] = off[e] + c;
-            tiles[4 * n + 2] = count[e] - c < cols ? count[e] - c : cols, tiles[4 * n + 3] = 0;
+            tiles[4 * n + 2] = count[e] - c < 8 * ROWS_NT ? count[e] - c : 8 * ROWS_NT, tiles[4 * n + 3] = 0;
             n++;
         }
     return n;
 }
 
-int cuda_moe_rows_tiles_max(int P, int E) { return P / 32 + E; }
+int cuda_moe_rows_tiles_max(int P, int E) { return P / (8 * ROWS_NT) + E; }
 
 lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, int P, const int *src,
                          const int4 *tiles, int ntiles, float *h, float *y) {
