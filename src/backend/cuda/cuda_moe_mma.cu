@@ -112,17 +112,9 @@ __global__ void __launch_bounds__(256, 2)
     __syncthreads();
     const int np = pn;
     if (np == 0) return;
-    constexpr int BYTES = gq_traits<T>::BYTES;
     const int mat = PAIR ? warp / 4 : 0, n0 = PAIR ? blockIdx.x * 64 + 16 * (warp % 4) : blockIdx.x * 128 + 16 * warp;
-    const int64_t rb = (int64_t)(K / 256) * BYTES;
-    const uint8_t *wr[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int n = n0 + g + 8 * h;
-        wr[h] = (const uint8_t *)mo.w[mat][e] + (n < N ? n : N - 1) * rb;
-    }
-    /* TILED: the warp's tiles (past N: the last one, as the rows above) */
-    const uint8_t *tile = (const uint8_t *)mo.w[mat][e] + (size_t)(n0 < N ? n0 : N - 16) * rb;
+    const uint8_t *wr[2], *tile; /* the warp's rows (TILED: its tiles) */
+    mq_warp_rows<T>(mo.w[mat][e], n0, g, N, K, wr, tile);
     constexpr int S = mq_t<T>::SUMS;
     const int NP = K / 32, SB = K / 256;
     mq_rows<T> cur, next;

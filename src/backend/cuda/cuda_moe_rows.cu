@@ -45,16 +45,10 @@ __global__ void __launch_bounds__(256, 2)
     const int e = ti.x, s0 = ti.y, n = ti.z;
     const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     for (int c = tid; c < 8 * NT; c += blockDim.x) xrow[c] = c < n ? (src ? src[s0 + c] : s0 + c) : -1;
-    constexpr int BYTES = gq_traits<T>::BYTES, S = mq_t<T>::SUMS, GU = rows_group_u4<T>();
+    constexpr int S = mq_t<T>::SUMS, GU = rows_group_u4<T>();
     const int mat = PAIR ? warp / 4 : 0, n0 = PAIR ? blockIdx.x * 64 + 16 * (warp % 4) : blockIdx.x * 128 + 16 * warp;
-    const int64_t rb = (int64_t)(K / 256) * BYTES;
-    const uint8_t *wr[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = n0 + g + 8 * h;
-        wr[h] = (const uint8_t *)mo.w[mat][e] + (r < N ? r : N - 1) * rb;
-    }
-    const uint8_t *tile = (const uint8_t *)mo.w[mat][e] + (size_t)(n0 < N ? n0 : N - 16) * rb;
+    const uint8_t *wr[2], *tile; /* the warp's rows (TILED: its tiles) */
+    mq_warp_rows<T>(mo.w[mat][e], n0, g, N, K, wr, tile);
     const int NP = K / 32, SB = K / 256;
     __syncthreads(); /* xrow */
     /* super-block b of the tile's places into stage q: pass j's codes (thread tid's entry of each pass: part tid / 32,

@@ -90,6 +90,20 @@ static __device__ __forceinline__ int mq_lanes4(int v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* A warp's 16 rows n0 .. n0 + 15 of a weight w [N, K] of type T (an expert's): lane row g's rows g and g + 8 (wr: past
+ * N, the last row), and the rows' tile (mq_tile, as the experts are uploaded: past N, the last tile) */
+template <int T>
+static __device__ __forceinline__ void mq_warp_rows(const void *w, int n0, int g, int N, int K, const uint8_t *(&wr)[2],
+                                                    const uint8_t *&tile) {
+    const int64_t rb = (int64_t)(K / 256) * gq_traits<T>::BYTES;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int n = n0 + g + 8 * h;
+        wr[h] = (const uint8_t *)w + (n < N ? n : N - 1) * rb;
+    }
+    tile = (const uint8_t *)w + (size_t)(n0 < N ? n0 : N - 16) * rb;
+}
+
 /* A lane's share of its warp's 16 rows of type T (wr: rows g and g + 8): load takes super-block b's bytes, sum adds
  * them times the staged x's super-block b (its index in the staging: the dense GEMV stages its K part alone) to acc
  * (pairs 2t, 2t + 1): x's codes sx [K / 32][8 pairs][4 lanes], sums sxs [K / 32 * SUMS][8 pairs] and scales sxd
