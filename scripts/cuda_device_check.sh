@@ -24,8 +24,8 @@ run "$bin/test_cuda_ops"
 run env LMX_CUDA_ATT_FOLD=0 LMX_CUDA_STREAM_MIN=0 LMX_CUDA_MOE_STAGED=0 LMX_CUDA_MOE_MMA=0 "$bin/test_cuda_ops"
 # every one-token decode step with groups of up to 16 query heads on the tensor cores' kernel (cuda_flash_decode.cu),
 # which by default takes only long contexts of 8 rows or more in groups of 4 or more (32 in groups of 2), or of 8,192
-# keys or more for fewer rows in groups of 8 or more; and a mixture's many rows of GGUF experts not grouped by expert
-# (cuda_moe_rows.cu) but in runs of the decode kernels or by the grouped GEMMs, as their first round's experts say
+# keys or more for fewer rows in groups of 8 or more; and a mixture's many rows of GGUF experts by the grouped GEMMs,
+# not grouped by expert on the integer tensor cores (cuda_moe_rows.cu)
 run env LMX_CUDA_ATT_TC=1 LMX_CUDA_MOE_ROWS=0 "$bin/test_cuda_ops"
 # GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights in their own blocks (LMX_CUDA_GGUF_REPACK=0): the GGUF kernels that
 # the upload's rewrite as MLX groups (cuda_repack.cu) otherwise leaves to Q5 / Q6 / Q2 / Q3 types and experts;

@@ -571,10 +571,8 @@ static void test_topk(void) {
  * here in double and the experts run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: Q4_K gate / up
  * beside Q4_K or Q6_K down grouped by expert on the integer tensor cores (cuda_moe_rows.cu: 5e-4, and the rows
- * after the first 512 pairs the bits of a launch of those rows alone); with LMX_CUDA_MOE_ROWS=0, up to
- * LMX_CUDA_MOE_RUNS rows (2,048), where 20 times the experts that the first round's rows choose exceed the rows, in
- * runs of 512 pairs on the integer tensor cores (5e-4, and the same bits check), else the grouped GEMMs, which take
- * x and the GLU's output as bf16 (a bf16 tolerance). */
+ * after the first 512 pairs the bits of a launch of those rows alone), other experts (and every one with
+ * LMX_CUDA_MOE_ROWS=0) by the grouped GEMMs, which take x and the GLU's output as bf16 (a bf16 tolerance). */
 static lmx_backend *cuda_with2(const char *var, const char *val, const char *var2, const char *val2);
 static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (unless LMX_CUDA_MOE_TILES=0) */
 static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
@@ -598,7 +596,6 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     CHECK(gpu->ops->moe && gpu->ops->moe(gpu, &a) == LMX_OK);
     float *got = fetch(gpu, &og, (int64_t)M * C);
     double *want = malloc((size_t)M * C * sizeof *want);
-    int chosen[320] = {0}, active = 0; /* experts the rows of the grouped path's first round (8,192 pairs) choose */
     lmx_tensor xr = act(cpu, 1, C, NULL), g = act(cpu, 1, F, NULL), u = act(cpu, 1, F, NULL), y = act(cpu, 1, C, NULL);
     for (int i = 0; i < M; i++) {
         const float *zi = z + (int64_t)i * E;
@@ -616,7 +613,6 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
                 if (!taken && (best < 0 || zi[e] > zi[best])) best = e;
             }
             pick[k] = best;
-            if (i < 8192 / K && !chosen[best]++) active++;
             p[k] = exp((zi[best] - mx) * lscale) / sum;
             ksum += p[k];
         }
@@ -638,22 +634,16 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
             if (ties && i == 1) continue;
             d2 += (got[o] - want[o]) * (got[o] - want[o]), r2 += want[o] * want[o];
         }
-    const char *rmax = getenv("LMX_CUDA_MOE_RUNS"), *mm = getenv("LMX_CUDA_MOE_MMA"); /* runs need its kernels */
-    const char *rw = getenv("LMX_CUDA_MOE_ROWS");
-    const int mq_experts = gtype == LMX_GGML_Q4_K && (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) &&
-                           F % 256 == 0 && C % 256 == 0;
-    const int by_expert = M * K > 512 && mq_experts && !(rw && rw[0] == '0'); /* cuda_moe_rows.cu */
-    const int rounds = (M + 8192 / K - 1) / (8192 / K); /* runs: where the experts chosen say (CUDA_MOE_RUN_ROW_COST) */
-    const int mg = mm ? atoi(mm) : 1, md = mm ? atoi(strchr(mm, ',') ? strchr(mm, ',') + 1 : mm) : 1;
-    const int runs = M * K > 512 && !by_expert && M <= (rmax ? atoi(rmax) : 2048) && active * rounds * 20 > M &&
-                     mg > 0 && md > 0 && 512 / K >= mg && 512 / K >= md && mq_experts;
+    const char *mm = getenv("LMX_CUDA_MOE_MMA"), *rw = getenv("LMX_CUDA_MOE_ROWS");
+    const int by_expert = M * K > 512 && gtype == LMX_GGML_Q4_K && (gdown == LMX_GGML_Q4_K || gdown == LMX_GGML_Q6_K) &&
+                          F % 256 == 0 && C % 256 == 0 && !(rw && rw[0] == '0'); /* cuda_moe_rows.cu */
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1),
-                 tol = M * K > 512 && !runs && !by_expert ? 1e-2 : gtype ? 5e-4 : 1e-4;
+                 tol = M * K > 512 && !by_expert ? 1e-2 : gtype ? 5e-4 : 1e-4;
     CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d%s: relative error %.3g", name,
-              E, K, C, F, M, norm_topk, scaled, ties, runs ? " (runs)" : by_expert ? " (by expert)" : "", err);
+              E, K, C, F, M, norm_topk, scaled, ties, by_expert ? " (by expert)" : "", err);
     /* the rows after the first launch's (512 pairs): the bits of a launch of those rows alone (the decode kernels, on
      * the tensor cores from 8 rows: LMX_CUDA_MOE_MMA unset; in tiles, any rows take their arithmetic) */
-    if (runs || (by_expert && !mm && M - 512 / K >= 8)) {
+    if (by_expert && !mm && M - 512 / K >= 8) {
         const int R = 512 / K, n = M - R < R ? M - R : R;
         lmx_tensor x1 = act(gpu, n, C, x + (int64_t)R * C), o1 = act(gpu, n, C, out0 + (int64_t)R * C),
                    z1 = act(gpu, n, E, z + (int64_t)R * E);
@@ -749,10 +739,12 @@ static void test_moe(void) {
     test_moe_case("bf16, idle experts", LMX_DTYPE_BF16, 0, 0, 200, 2, 64, 32, 300, 1, 0, 0);
     test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 1030, 1, 0, 0);
     test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 1030, 1, 0, 0);
-    /* past 512 pairs: runs where the rows spread over the experts (16 chosen, 200 rows), the grouped GEMMs where few
-     * take them (8 for 1,100 rows) */
-    test_moe_case("gguf q4_k / q6_k, runs", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 16, 4, 256, 256, 200, 1, 0, 0);
+    /* past 512 pairs, grouped by expert: rows that spread over the experts (16, 200 rows), places of an expert past a
+     * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (2,100 rows) */
+    test_moe_case("gguf q4_k / q6_k, spread", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 16, 4, 256, 256, 200, 1, 0, 0);
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 1100, 1, 0, 0);
+    test_moe_case_down("gguf q4_k, two rounds", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 12, 4, 512, 256, 2100, 0,
+                       1, 0);
     /* several rows of Q4_K gate / up beside Q4_K or Q6_K down on the integer tensor cores (cuda_moe_mma.cu): rows of
      * several super-blocks, experts chosen by one pair to twenty (passes of eight) */
     test_moe_case_down("gguf q4_k, mma", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 16, 4, 512, 768, 8, 1, 0, 0);

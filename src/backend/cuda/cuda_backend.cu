@@ -668,8 +668,6 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->gemv_st = gs ? atoi(gs) : CUDA_GEMV_ST_ROWS;
     const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
     cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
-    const char *mr = getenv("LMX_CUDA_MOE_RUNS");
-    cb->moe_runs = mr ? atoi(mr) : CUDA_MOE_RUNS_ROWS;
     const char *mw = getenv("LMX_CUDA_MOE_ROWS");
     cb->moe_rows = !(mw && mw[0] == '0');
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");

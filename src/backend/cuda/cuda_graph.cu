@@ -490,18 +490,7 @@ static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
         if (!cuda_moe_grouped_takes(cb, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
         lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
         cuda_graph_step_off(cb);              /* the host waits for each round's counts */
-        int took = 1;
-        if (st || (st = cuda_moe_grouped(be, a, cuda_moe_runs_takes(cb, a), &took)) || took) return st;
-        const int R = CUDA_MOE_PAIRS / a->K; /* runs of the decode kernels' rows (cuda_moe_runs_takes) */
-        for (int i0 = 0; i0 < a->M && !st; i0 += R) {
-            const int n = a->M - i0 < R ? a->M - i0 : R;
-            lmx_tensor out = lmx_tensor_rows(a->out, i0, n), x = lmx_tensor_rows(a->x, i0, n),
-                       lg = lmx_tensor_rows(a->logits, i0, n);
-            lmx_moe_args run = *a;
-            run.out = &out, run.x = &x, run.logits = &lg, run.M = n;
-            st = w_moe(be, &run);
-        }
-        return st;
+        return st ? st : cuda_moe_grouped(be, a);
     }
     g_rec r;
     g_rec_clear(&r);

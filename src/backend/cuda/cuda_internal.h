@@ -99,10 +99,8 @@ typedef struct cuda_backend {
                                 rule of cuda_attention_plan; LMX_CUDA_ATT_TC=N > 0 from N keys on, =0 never (-1) */
     int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
                                 none in this cuBLAS: a GEMM per expert) */
-    int moe_runs;            /* the most rows whose experts run as launches of the decode kernels' rows in turn
-                                (cuda_moe_runs_takes; LMX_CUDA_MOE_RUNS=N sets it, 0: never) */
     int moe_rows;            /* many rows of GGUF experts grouped by expert on the integer tensor cores
-                                (cuda_moe_rows.cu; LMX_CUDA_MOE_ROWS=0: the grouped GEMMs and runs instead) */
+                                (cuda_moe_rows.cu; LMX_CUDA_MOE_ROWS=0: the grouped GEMMs instead) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
                                 turns them off for A/B measurements */
     int gguf_repack;         /* 1: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weights uploaded as MLX groups of 32 (cuda_repack.cu;
@@ -349,16 +347,6 @@ int cuda_moe_gemv_takes(const cuda_backend *cb, const lmx_tensor *experts, int E
 int cuda_moe_ggemv_takes(const lmx_tensor *experts, int E);
 #define CUDA_MOE_E_MAX 256 /* experts the routing kernel takes (8 per lane) */
 #define CUDA_MOE_PAIRS 512 /* rows x choices a launch takes (64 rows of 8 choices); more: grouped GEMMs */
-/* Rows of experts the integer tensor cores take, past one launch's pairs: runs of the decode kernels (each run reads
- * the experts its rows chose, about 120-170 us a run of 64 rows of Qwen3-30B-A3B's layer whatever the spread), or
- * the grouped GEMMs (each expert with rows dequantized and multiplied a round of 1,024 rows at a time, about 46 us a
- * chosen expert and round).  The grouped path routes its first round and counts the experts chosen: runs take the
- * call where those experts, rounds and CUDA_MOE_RUN_ROW_COST exceed its rows, up to cb->moe_runs rows (the prefill
- * chunk).  H200, Qwen3-30B-A3B Q4_K_M, 48 layers, prefill tok/s, grouped against runs: 32 prompts of 16 / 44 / 64
- * / 128 tokens together (their rows choose all 128 experts) 1,580 / 2,741 / 3,167 / 4,077 -> 6,050 / 7,555 / 7,186 /
- * 7,642; one prompt of 2,048 tokens (random weights: its rows choose few experts) 14,683 grouped, 8,072 in runs. */
-#define CUDA_MOE_RUNS_ROWS 2048
-#define CUDA_MOE_RUN_ROW_COST 20
 /* The routing of row i0 + i of a, as a kernel parameter (cuda_moe_route_row) */
 typedef struct cuda_moe_router {
     const float *logits; /* [R, E] from row i0 */
@@ -400,20 +388,16 @@ lmx_status cuda_glu_of16(cuda_backend *cb, void *out, int o16, const __nv_bfloat
  * logits, a SiLU or GELU-tanh GLU */
 int cuda_moe_routes(const cuda_backend *cb, const lmx_moe_args *a);
 int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a);
-/* More rows than one launch of the decode kernels takes, of experts the integer tensor cores take, up to cb->moe_runs:
- * the w_moe op runs them a launch's rows at a time (cuda_graph.cu) */
-int cuda_moe_runs_takes(const cuda_backend *cb, const lmx_moe_args *a);
 /* The routing of rows i0 .. i0 + R - 1 of a (cuda_moe.cu): pick, pw [R, K] */
 lmx_status cuda_moe_route(cuda_backend *cb, const lmx_moe_args *a, int i0, int R, int *pick, float *pw);
 /* out [M, C] += each row's K outputs of y weighted by pw [M, K], in choice order; y's row of pair i K + k
  * is that pair's (slot NULL) or slot[i K + k] (cuda_moe.cu) */
 lmx_status cuda_moe_combine(cuda_backend *cb, float *out, const float *y, const float *pw, const int *slot, int M,
                             int kused, int64_t C);
-/* Any number of rows, any expert type the GEMMs dequantize (cuda_moe_grouped.cu); eager, not a graph op.  runs_ok:
- * the call may take runs of the decode kernels (cuda_moe_runs_takes); *took 0 then says that its first round's
- * experts found them the cheaper, and nothing was written */
+/* Any number of rows, any expert type the GEMMs dequantize (cuda_moe_grouped.cu; GGUF Q4_K / Q6_K experts grouped by
+ * expert on the integer tensor cores, cuda_moe_rows.cu); eager, not a graph op */
 int cuda_moe_grouped_takes(const cuda_backend *cb, const lmx_moe_args *a);
-lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok, int *took);
+lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a);
 /* Raise the shared memory limits of the GEMV kernels that stage x (once, at backend creation). */
 void cuda_gemv_init(void);
 lmx_status cuda_add_rmsnorm(cuda_backend *cb, lmx_tensor *y, const lmx_tensor *p, lmx_tensor *out,

@@ -108,15 +108,6 @@ int cuda_moe_takes(const cuda_backend *cb, const lmx_moe_args *a) {
            (cuda_moe_gemv_takes(cb, a->experts, a->E) || cuda_moe_ggemv_takes(a->experts, a->E));
 }
 
-/* Each run of CUDA_MOE_PAIRS / K rows reads its chosen experts once, on the integer tensor cores, where the grouped
- * GEMMs dequantize every expert with rows to bf16 and launch a GEMM per expert (the choice: CUDA_MOE_RUNS_ROWS). */
-int cuda_moe_runs_takes(const cuda_backend *cb, const lmx_moe_args *a) {
-    if (a->M > cb->moe_runs || !cuda_moe_routes(cb, a) || !a->alike) return 0;
-    lmx_moe_args run = *a;
-    run.M = CUDA_MOE_PAIRS / a->K;
-    return run.M >= 2 && cuda_moe_mma_takes(cb, &run, 0) && cuda_moe_mma_takes(cb, &run, 1);
-}
-
 lmx_status cuda_moe_normed(lmx_backend *be, const lmx_moe_args *a, const cuda_row_norm *nm) {
     cuda_backend *cb = (cuda_backend *)be; /* the op's wrapper (w_moe) checked cuda_moe_takes */
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];

@@ -121,7 +121,7 @@ typedef struct moe_plan {
     int tiles[4 * (MOE_ROUND_PAIRS + CUDA_MOE_E_MAX)]; /* cuda_moe_rows_tiles's (at most a tile a pair) */
 } moe_plan;
 
-lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok, int *took) {
+lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
     cuda_backend *cb = (cuda_backend *)be;
     const int E = a->E, K = a->K;
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
@@ -154,7 +154,6 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok,
     moe_plan *pl = (moe_plan *)malloc(sizeof *pl);
     if (!pl) return lmx_err_set(&be->err, LMX_ERR_NOMEM, "moe: out of host memory");
     lmx_status st = LMX_OK;
-    *took = 1;
     for (int i0 = 0; i0 < a->M && !st; i0 += RM) {
         const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * K;
         if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
@@ -174,12 +173,6 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a, int runs_ok,
         }
         if (sum != P) {
             st = lmx_err_set(&be->err, LMX_ERR_BACKEND, "moe: %d of %d pairs routed", sum, P);
-            break;
-        }
-        /* runs of the decode kernels instead, where this round's experts say they cost less (nothing written) */
-        const int64_t rounds = (a->M + RM - 1) / RM;
-        if (i0 == 0 && runs_ok && !rows && (int64_t)pl->n_act * rounds * CUDA_MOE_RUN_ROW_COST > a->M) {
-            *took = 0;
             break;
         }
         if (rows) { /* the experts on the integer tensor cores, a tile of places a block */
