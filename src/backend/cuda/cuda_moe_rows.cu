@@ -12,9 +12,9 @@
  *
  * Gate / up store h [places, F] = act(gate x) (up x), x's row of place s being src[s] (its row in the round); the
  * down projection takes h quantized (k_mq_quant, a place a row) and stores y [places, C], which the combine reads
- * through slot.  Where the grouped GEMMs dequantized each chosen expert to bf16 and launched a cuBLAS GEMM for it
- * (about 46 us a chosen expert and round), or runs of the decode kernels read every chosen expert again for each 64
- * rows, one launch a projection reads each expert once.  (Tried, and no faster: each sub-block's codes decoded once
+ * through slot.  Where the grouped GEMMs dequantize each chosen expert to bf16 and launch a cuBLAS GEMM for it
+ * (about 46 us a chosen expert and round), and the runs of 64 rows of the decode kernels this replaced read every
+ * chosen expert again a run, one launch a projection reads each expert once.  (Tried, and no faster: each sub-block's codes decoded once
  * for the NT passes, with the weights staged through shared memory beside x; sixteen warps a block, x staged once
  * for twice the rows.) */
 #include "cuda_moe_mma.h"
