@@ -41,6 +41,7 @@ Q4_K, Q6_K, Q4_0 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 BLOCK = {Q4_K: 144, Q6_K: 210, Q4_0: 18, Q8_0: 34}  # bytes per block
 ELEMS = {Q4_K: 256, Q6_K: 256, Q4_0: 32, Q8_0: 32}  # weights per block
+SCALES = {Q4_K: (0, 2), Q6_K: (208,), Q4_0: (0,), Q8_0: (0,)}  # each block's f16 scale fields: (d, dmin), or d
 POOL = 448 << 20  # bytes of random blocks per type: more than the largest tensor (Llama-3.1-8B's Q6_K head, 431 MB)
 POOL_Q8 = 640 << 20  # Q8_0's (its head: 558 MB)
 
@@ -55,15 +56,9 @@ def make_pool(rng, qt):
     w = d (q - 8) (d at 0), Q8_0 w = d q (q signed; d at 0)."""
     b = BLOCK[qt]
     pool = rng.integers(0, 256, size=pool_bytes(qt) // b * b, dtype=np.uint8).reshape(-1, b)
-    if qt == Q4_K:
-        pool[:, 0:2] = np.frombuffer(np.float16(2e-5).tobytes(), np.uint8)
-        pool[:, 2:4] = np.frombuffer(np.float16(1.5e-4).tobytes(), np.uint8)
-    elif qt == Q4_0:
-        pool[:, 0:2] = np.frombuffer(np.float16(2.5e-3).tobytes(), np.uint8)
-    elif qt == Q8_0:
-        pool[:, 0:2] = np.frombuffer(np.float16(1.6e-4).tobytes(), np.uint8)
-    else:
-        pool[:, b - 2:b] = np.frombuffer(np.float16(1e-5).tobytes(), np.uint8)
+    values = {Q4_K: (2e-5, 1.5e-4), Q6_K: (1e-5,), Q4_0: (2.5e-3,), Q8_0: (1.6e-4,)}[qt]
+    for at, v in zip(SCALES[qt], values):
+        pool[:, at:at + 2] = np.frombuffer(np.float16(v).tobytes(), np.uint8)
     return pool.reshape(-1)
 
 
@@ -108,8 +103,7 @@ def main():
         raw = pools[qt][off:off + nbytes]
         if small and args.spread:
             raw = raw.reshape(-1, b).copy()
-            at = [0, 2] if qt == Q4_K else [b - 2] if qt == Q6_K else [0]  # the f16 scale fields (d, dmin)
-            for a in at:
+            for a in SCALES[qt]:
                 raw[:, a:a + 2] = (raw[:, a:a + 2].copy().view(np.float16) / np.float16(64)).view(np.uint8)
             raw = raw.reshape(-1)
         w.add_tensor(name, raw.reshape(*shape[:-1], shape[-1] // e * b), raw_dtype=qt)
