@@ -47,7 +47,7 @@ typedef struct lmx_tensor {
 
 int64_t lmx_tensor_nelem(const lmx_tensor *t);
 /* Rows [row0, row0 + n) of a 2-D tensor t [rows, K] as a tensor of its own: the same memory (dense, MLX or GGUF rows),
- * never a copy, not owned (the model's weight views; an op's rows in turn). */
+ * never a copy, not owned (the model's views of stacked experts). */
 lmx_tensor lmx_tensor_rows(const lmx_tensor *t, int64_t row0, int64_t n);
 
 /* One layer's KV cache for one sequence.  Position p lives in slot p % cap.  A rotating cache

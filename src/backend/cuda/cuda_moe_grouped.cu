@@ -175,8 +175,8 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
             st = lmx_err_set(&be->err, LMX_ERR_BACKEND, "moe: %d of %d pairs routed", sum, P);
             break;
         }
+        k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
         if (rows) { /* the experts on the integer tensor cores, a tile of places a block */
-            k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
             const int nt = cuda_moe_rows_tiles(hc, o.off, E, pl->tiles);
             if (cudaMemcpyAsync(buf + o_ptr, pl->tiles, (size_t)4 * nt * sizeof(int), cudaMemcpyHostToDevice,
                                 cb->stream) != cudaSuccess) {
@@ -184,7 +184,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
                 break;
             }
             if ((st = cuda_check_launch(cb, "moe placing")) ||
-                (st = cuda_moe_rows(cb, a, (const float *)a->x->data + (int64_t)i0 * C, R, P, src,
+                (st = cuda_moe_rows(cb, a, (const float *)a->x->data + (int64_t)i0 * C, R, src,
                                     (const int4 *)(buf + o_ptr), nt, g, y)))
                 break;
             if ((st = cuda_moe_combine(cb, (float *)a->out->data + (int64_t)i0 * C, y, pw, slot, R, K, C))) break;
@@ -194,7 +194,6 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
             st = cb->base.err.status;
             break;
         }
-        k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
         k_moe_gather<<<dim3(cuda_blocks(C, 256) < 8 ? cuda_blocks(C, 256) : 8, (unsigned)P), 256, 0, cb->stream>>>(
             xs, (const float *)a->x->data + (int64_t)i0 * C, src, C);
         if ((st = cuda_check_launch(cb, "moe placing"))) break;

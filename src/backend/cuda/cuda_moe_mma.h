@@ -31,11 +31,11 @@ lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int 
  * cuda_moe_mma_fits, gate / up and down; cb->moe_rows); a round's tiles of places (tiles [4 n]: expert, first place,
  * places, 0; n at most cuda_moe_rows_tiles_max) from each expert's pairs (count) and first place (off), and n; the
  * launches of a round: x [R, C] of its R rows quantized, h [P, F] = act(gate_e x[src[s]]) (up_e x[src[s]]) for each
- * place s of expert e, h quantized, y [P, C] = down_e h[s]. */
+ * of its P = R K places s (of expert e), h quantized, y [P, C] = down_e h[s]. */
 int cuda_moe_rows_takes(const cuda_backend *cb, const lmx_moe_args *a);
 int cuda_moe_rows_tiles(const int *count, const int *off, int E, int *tiles);
 int cuda_moe_rows_tiles_max(int P, int E);
-lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, int P, const int *src,
+lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, const int *src,
                          const int4 *tiles, int ntiles, float *h, float *y);
 
 /* Gate and up experts in tiles (LMX_GGML_Q4_K_T16) for rows too few for the tensor cores, on the CUDA cores in their

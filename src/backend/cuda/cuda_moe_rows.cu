@@ -151,9 +151,10 @@ int cuda_moe_rows_tiles(const int *count, const int *off, int E, int *tiles) {
 
 int cuda_moe_rows_tiles_max(int P, int E) { return P / (8 * ROWS_NT) + E; }
 
-lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, int P, const int *src,
+lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, const int *src,
                          const int4 *tiles, int ntiles, float *h, float *y) {
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
+    const int P = R * a->K; /* the round's places */
     mq_x xo;
     if (!cuda_mq_quant(cb, LMX_GGML_Q4_K, x, R, (int)C, NULL, &xo)) return cb->base.err.status;
     lmx_status st = rows_launch<LMX_GGML_Q4_K, 1>(cb, a, xo, src, tiles, ntiles, h);
