@@ -740,8 +740,10 @@ static void test_moe(void) {
     test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 1030, 1, 0, 0);
     test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 1030, 1, 0, 0);
     /* past 512 pairs, grouped by expert: rows that spread over the experts (16, 200 rows), places of an expert past a
-     * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (2,100 rows) */
+     * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (2,100 rows),
+     * experts no pair chose and the plan's empty tiles after the others (256 experts, 300 rows of 2) */
     test_moe_case("gguf q4_k / q6_k, spread", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 16, 4, 256, 256, 200, 1, 0, 0);
+    test_moe_case("gguf q4_k / q6_k, idle experts", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 256, 2, 256, 256, 300, 1, 0, 0);
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 1100, 1, 0, 0);
     test_moe_case_down("gguf q4_k, two rounds", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 12, 4, 512, 256, 2100, 0,
                        1, 0);

@@ -13,9 +13,10 @@
  *
  * bf16 experts are read where they are; other types (MLX, GGUF, f16, f32) are dequantized to bf16 a run
  * of experts at a time (at most CUDA_MOE_DEQUANT_BYTES, at least one expert).  GGUF Q4_K experts (Q4_K or
- * Q6_K down) take neither the gather nor the GEMMs: cuda_moe_rows.cu's launches over the places, a tile of
- * an expert's places a block, read each chosen expert once a round on the integer tensor cores.  Rows come
- * at most MOE_ROUND_PAIRS pairs a round.  Not a graph op: the host waits for the counts. */
+ * Q6_K down) take none of these after the routing: cuda_moe_rows.cu plans the round on the device (counts,
+ * places, tiles: no wait for the host) and its launches over the places, a tile of an expert's places a block,
+ * read each chosen expert once a round on the integer tensor cores.  Rows come at most MOE_ROUND_PAIRS pairs a
+ * round.  Not a graph op (the GEMMs' host waits for the counts; decode graphs take at most CUDA_G_MAX rows). */
 #include "cuda_gemv.h"
 #include "cuda_moe_mma.h"
 
@@ -118,7 +119,6 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 typedef struct moe_plan {
     int n_act, act[CUDA_MOE_E_MAX], rows[3 * CUDA_MOE_E_MAX];
     void *ptr[9 * CUDA_MOE_E_MAX];
-    int tiles[4 * (MOE_ROUND_PAIRS + CUDA_MOE_E_MAX)]; /* cuda_moe_rows_tiles's (at most a tile a pair) */
 } moe_plan;
 
 lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
@@ -156,7 +156,17 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
     lmx_status st = LMX_OK;
     for (int i0 = 0; i0 < a->M && !st; i0 += RM) {
         const int R = a->M - i0 < RM ? a->M - i0 : RM, P = R * K;
+        const float *x = (const float *)a->x->data + (int64_t)i0 * C;
+        float *out = (float *)a->out->data + (int64_t)i0 * C;
         if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
+        if (rows) { /* the experts on the integer tensor cores, a tile of places a block, planned on the device */
+            const int4 *tiles = (const int4 *)(buf + o_ptr);
+            if ((st = cuda_moe_rows_plan(cb, pick, P, E, K, slot, src, (int4 *)tiles)) ||
+                (st = cuda_moe_rows(cb, a, x, R, src, tiles, g, y)) ||
+                (st = cuda_moe_combine(cb, out, y, pw, slot, R, K, C)))
+                break;
+            continue;
+        }
         k_moe_count<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, count);
         int hc[CUDA_MOE_E_MAX];
         if (cudaMemcpyAsync(hc, count, (size_t)E * sizeof *hc, cudaMemcpyDeviceToHost, cb->stream) != cudaSuccess ||
@@ -176,26 +186,12 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
             break;
         }
         k_moe_place<<<cuda_blocks(E, 8), 256, 0, cb->stream>>>(pick, P, E, K, o, slot, src);
-        if (rows) { /* the experts on the integer tensor cores, a tile of places a block */
-            const int nt = cuda_moe_rows_tiles(hc, o.off, E, pl->tiles);
-            if (cudaMemcpyAsync(buf + o_ptr, pl->tiles, (size_t)4 * nt * sizeof(int), cudaMemcpyHostToDevice,
-                                cb->stream) != cudaSuccess) {
-                st = cuda_fail(cb, cudaGetLastError(), "moe tiles");
-                break;
-            }
-            if ((st = cuda_check_launch(cb, "moe placing")) ||
-                (st = cuda_moe_rows(cb, a, (const float *)a->x->data + (int64_t)i0 * C, R, src,
-                                    (const int4 *)(buf + o_ptr), nt, g, y)))
-                break;
-            if ((st = cuda_moe_combine(cb, (float *)a->out->data + (int64_t)i0 * C, y, pw, slot, R, K, C))) break;
-            continue;
-        }
         if (!alldirect && !wq && !(wq = (__nv_bfloat16 *)cuda_scratch(cb, CUDA_SCRATCH_W, (size_t)run * per_expert))) {
             st = cb->base.err.status;
             break;
         }
         k_moe_gather<<<dim3(cuda_blocks(C, 256) < 8 ? cuda_blocks(C, 256) : 8, (unsigned)P), 256, 0, cb->stream>>>(
-            xs, (const float *)a->x->data + (int64_t)i0 * C, src, C);
+            xs, x, src, C);
         if ((st = cuda_check_launch(cb, "moe placing"))) break;
         /* active expert j is expert q = j % run of its run's dequantized weights */
         const int na = pl->n_act, G = 3 * na;
@@ -235,7 +231,7 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
                                   dptr + 2 * na + j0, G);
         }
         if (st) break;
-        st = cuda_moe_combine(cb, (float *)a->out->data + (int64_t)i0 * C, y, pw, slot, R, K, C);
+        st = cuda_moe_combine(cb, out, y, pw, slot, R, K, C);
     }
     free(pl);
     return st;

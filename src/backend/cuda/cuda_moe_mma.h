@@ -28,15 +28,16 @@ lmx_status cuda_moe_mma_gu(cuda_backend *cb, const lmx_moe_args *a, int *pick, f
 lmx_status cuda_moe_mma_down(cuda_backend *cb, const lmx_moe_args *a, const int *pick, const float *h, float *y);
 
 /* Many rows grouped by expert (cuda_moe_rows.cu, for cuda_moe_grouped.cu): whether it takes a's experts (those of
- * cuda_moe_mma_fits, gate / up and down; cb->moe_rows); a round's tiles of places (tiles [4 n]: expert, first place,
- * places, 0; n at most cuda_moe_rows_tiles_max) from each expert's pairs (count) and first place (off), and n; the
- * launches of a round: x [R, C] of its R rows quantized, h [P, F] = act(gate_e x[src[s]]) (up_e x[src[s]]) for each
- * of its P = R K places s (of expert e), h quantized, y [P, C] = down_e h[s]. */
+ * cuda_moe_mma_fits, gate / up and down; cb->moe_rows); a round's plan from its P = R K pairs' choices (pick [P]):
+ * slot [P] (pair -> place), src [P] (place -> row) and tiles [cuda_moe_rows_tiles_max(P, E)] (expert, first place,
+ * places, 0; empty ones last), one launch; the launches of a round: x [R, C] of its R rows quantized, h [P, F] =
+ * act(gate_e x[src[s]]) (up_e x[src[s]]) for each of its places s (of expert e), h quantized, y [P, C] = down_e h[s]. */
 int cuda_moe_rows_takes(const cuda_backend *cb, const lmx_moe_args *a);
-int cuda_moe_rows_tiles(const int *count, const int *off, int E, int *tiles);
 int cuda_moe_rows_tiles_max(int P, int E);
+lmx_status cuda_moe_rows_plan(cuda_backend *cb, const int *pick, int P, int E, int K, int *slot, int *src,
+                              int4 *tiles);
 lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, const int *src,
-                         const int4 *tiles, int ntiles, float *h, float *y);
+                         const int4 *tiles, float *h, float *y);
 
 /* Gate and up experts in tiles (LMX_GGML_Q4_K_T16) for rows too few for the tensor cores, on the CUDA cores in their
  * arithmetic (each pair's h the bits k_moe_mma gives it): whether cuda_moe_tiles_gu takes a's experts, and the

@@ -1,8 +1,8 @@
 /* cuda_moe_rows.cu - a mixture's many rows (prefill, long batches) of GGUF experts on the integer tensor cores, grouped
  * by expert: each chosen expert's weights read once a round of rows, whatever the spread of its rows.
  *
- * cuda_moe_grouped.cu routes a round's rows, counts the pairs that chose each expert and places them in expert
- * order (pairs of one expert consecutive).  Here each projection is one launch over tiles of places: block (bx, i)
+ * cuda_moe_grouped.cu routes a round's rows; k_moe_plan counts the pairs that chose each expert, places them in expert
+ * order (pairs of one expert consecutive) and cuts each expert's places into tiles, on the device.  Here each projection is one launch over tiles of places: block (bx, i)
  * takes weight rows [bx R, (bx + 1) R) (as k_moe_mma: gate / up R = 64 of gate beside the same 64 of up, four warps
  * each; down R = 128, eight warps) of tile i's expert against the tile's up to 8 NT places (NT passes of the mma's
  * n = 8).  It walks K a super-block at a time: x's super-block of the tile's places staged by cp.async (two stages,
@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(256, 2)
     __shared__ float up[PAIR ? 4 : 1][16][PAIR ? 8 * NT + 1 : 1]; /* PAIR: the up warps' sums, for the GLU */
     const int4 ti = tiles[blockIdx.y];
     const int e = ti.x, s0 = ti.y, n = ti.z;
+    if (n == 0) return; /* past the round's tiles (k_moe_plan) */
     const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     for (int c = tid; c < 8 * NT; c += blockDim.x) xrow[c] = c < n ? (src ? src[s0 + c] : s0 + c) : -1;
     constexpr int S = mq_t<T>::SUMS, GU = rows_group_u4<T>();
@@ -138,23 +139,70 @@ static lmx_status rows_launch(cuda_backend *cb, const lmx_moe_args *a, const mq_
     return cuda_check_launch(cb, PAIR ? "moe gate/up (rows)" : "moe down (rows)");
 }
 
-int cuda_moe_rows_tiles(const int *count, const int *off, int E, int *tiles) {
-    int n = 0;
-    for (int e = 0; e < E; e++)
-        for (int c = 0; c < count[e]; c += 8 * ROWS_NT) {
-            tiles[4 * n] = e, tiles[4 * n + 1] = off[e] + c;
-            tiles[4 * n + 2] = count[e] - c < 8 * ROWS_NT ? count[e] - c : 8 * ROWS_NT, tiles[4 * n + 3] = 0;
-            n++;
+/* A round's plan, one block (no host in the loop): count[e] pairs chose expert e, whose pairs take places off[e] ..
+ * off[e] + count[e] - 1, slot[p] = p's place and src[place] = p / K (its row), then the tiles [tmax]: each expert's
+ * places in tiles of up to 8 ROWS_NT, experts in order, and empty tiles (n = 0) to the end, which k_moe_rows's blocks
+ * skip.  Within an expert the places come in no set order (shared-memory atomics): a place's values never depend on
+ * the other places of its tile (each is its own columns of the mma), so the outputs' bits do not either. */
+__global__ void __launch_bounds__(1024) k_moe_plan(const int *__restrict__ pick, int P, int E, int K,
+                                                   int *__restrict__ slot, int *__restrict__ src,
+                                                   int4 *__restrict__ tiles, int tmax) {
+    constexpr int TILE = 8 * ROWS_NT, J = CUDA_MOE_E_MAX / 32;
+    __shared__ int count[CUDA_MOE_E_MAX], off[CUDA_MOE_E_MAX], fill[CUDA_MOE_E_MAX], toff[CUDA_MOE_E_MAX + 1];
+    cuda_pdl_trigger();
+    cuda_pdl_wait(); /* pick comes from the routing */
+    const int tid = threadIdx.x, lane = tid % 32;
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += blockDim.x) atomicAdd(&count[pick[p]], 1);
+    __syncthreads();
+    if (tid < 32) { /* exclusive sums of the counts and of the tiles: lane l takes experts J l .. J l + J - 1 */
+        int c[J], tl[J], sc = 0, st = 0;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int e = J * lane + j;
+            c[j] = e < E ? count[e] : 0, tl[j] = (c[j] + TILE - 1) / TILE;
+            sc += c[j], st += tl[j];
         }
-    return n;
+        int ic = sc, it = st; /* inclusive sums over the lanes */
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            const int vc = __shfl_up_sync(0xffffffffu, ic, d), vt = __shfl_up_sync(0xffffffffu, it, d);
+            if (lane >= d) ic += vc, it += vt;
+        }
+        ic -= sc, it -= st;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int e = J * lane + j;
+            if (e < E) off[e] = fill[e] = ic, toff[e] = it;
+            ic += c[j], it += tl[j];
+        }
+        if (lane == 31) toff[E] = it;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x)
+        for (int c = 0; c < count[e]; c += TILE)
+            tiles[toff[e] + c / TILE] = make_int4(e, off[e] + c, count[e] - c < TILE ? count[e] - c : TILE, 0);
+    for (int i = toff[E] + tid; i < tmax; i += blockDim.x) tiles[i] = make_int4(0, 0, 0, 0);
+    for (int p = tid; p < P; p += blockDim.x) {
+        const int s = atomicAdd(&fill[pick[p]], 1);
+        slot[p] = s;
+        src[s] = p / K;
+    }
+}
+
+lmx_status cuda_moe_rows_plan(cuda_backend *cb, const int *pick, int P, int E, int K, int *slot, int *src,
+                              int4 *tiles) {
+    cuda_launch(cb, k_moe_plan, 1, 1024, 0, pick, P, E, K, slot, src, tiles, cuda_moe_rows_tiles_max(P, E));
+    return cuda_check_launch(cb, "moe plan");
 }
 
 int cuda_moe_rows_tiles_max(int P, int E) { return P / (8 * ROWS_NT) + E; }
 
 lmx_status cuda_moe_rows(cuda_backend *cb, const lmx_moe_args *a, const float *x, int R, const int *src,
-                         const int4 *tiles, int ntiles, float *h, float *y) {
+                         const int4 *tiles, float *h, float *y) {
     const int64_t F = a->experts[0].shape[0], C = a->experts[0].shape[1];
-    const int P = R * a->K; /* the round's places */
+    const int P = R * a->K, ntiles = cuda_moe_rows_tiles_max(P, a->E); /* the round's places; its tiles' room */
     mq_x xo;
     if (!cuda_mq_quant(cb, LMX_GGML_Q4_K, x, R, (int)C, NULL, &xo)) return cb->base.err.status;
     lmx_status st = rows_launch<LMX_GGML_Q4_K, 1>(cb, a, xo, src, tiles, ntiles, h);
