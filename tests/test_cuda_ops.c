@@ -568,7 +568,8 @@ static void test_topk(void) {
 /* ---- mixture of experts ----------------------------------------------------------------------- */
 
 /* The cuda moe op (routing and the chosen experts on the GPU) against the routing of backend.h done
- * here in double and the experts run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
+ * here in double (ties: 1 equal and NaN logits in rows 0 and 1, 2 every row choosing expert 0) and the experts
+ * run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: Q4_K gate / up
  * beside Q4_K or Q6_K down grouped by expert on the integer tensor cores (cuda_moe_rows.cu: 5e-4, and the rows
  * after the first 512 pairs the bits of a launch of those rows alone), other experts (and every one with
@@ -588,8 +589,14 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
         }
     float *x = rand_vec((int64_t)M * C, 1.0f), *out0 = rand_vec((int64_t)M * C, 1.0f), *z = rand_vec((int64_t)M * E, 3.0f);
     float *es = scaled ? rand_vec(E, 1.0f) : NULL;
-    if (ties) /* row 0: every logit equal (the lower indices win); row 1, if any: NaN everywhere */
+    if (ties == 1) /* row 0: every logit equal (the lower indices win); row 1, if any: NaN everywhere */
         for (int e = 0; e < E; e++) z[e] = 0.5f, z[(M > 1 ? E : 0) + e] = M > 1 ? NAN : 0.5f;
+    if (ties == 2) /* skewed: every row chooses expert 0, by a little */
+        for (int i = 0; i < M; i++) {
+            float *zi = z + (int64_t)i * E;
+            for (int e = 1; e < E; e++) zi[0] = zi[e] > zi[0] ? zi[e] : zi[0];
+            zi[0] += 0.01f;
+        }
     const float lscale = scaled ? 0.25f : 1.0f;
     lmx_tensor xg = act(gpu, M, C, x), og = act(gpu, M, C, out0), zg = act(gpu, M, E, z);
     const lmx_moe_args a = {&og, &xg, &zg, eg, es, M, E, K, norm_topk, lscale, LMX_ACT_SILU, 1};
@@ -600,7 +607,7 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     for (int i = 0; i < M; i++) {
         const float *zi = z + (int64_t)i * E;
         for (int c = 0; c < C; c++) want[(int64_t)i * C + c] = out0[(int64_t)i * C + c];
-        if (ties && i == 1) continue; /* NaN logits: only that nothing breaks (checked below) */
+        if (ties == 1 && i == 1) continue; /* NaN logits: only that nothing breaks (checked below) */
         double mx = -INFINITY, sum = 0, p[64], ksum = 0;
         int pick[64];
         for (int e = 0; e < E; e++) mx = zi[e] > mx ? zi[e] : mx;
@@ -631,7 +638,7 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     for (int i = 0; i < M; i++)
         for (int c = 0; c < C; c++) {
             const int64_t o = (int64_t)i * C + c;
-            if (ties && i == 1) continue;
+            if (ties == 1 && i == 1) continue;
             d2 += (got[o] - want[o]) * (got[o] - want[o]), r2 += want[o] * want[o];
         }
     const char *mm = getenv("LMX_CUDA_MOE_MMA"), *rw = getenv("LMX_CUDA_MOE_ROWS");
@@ -739,6 +746,15 @@ static void test_moe(void) {
     test_moe_case("bf16, idle experts", LMX_DTYPE_BF16, 0, 0, 200, 2, 64, 32, 300, 1, 0, 0);
     test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 1030, 1, 0, 0);
     test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 1030, 1, 0, 0);
+    /* the grouped GEMMs' experts dequantized a launch a run (cuda_dequant_list_bf16): MLX 8-bit, GGUF Q8_0, Q5_K
+     * gate / up beside Q6_K down (Q4_K's with LMX_CUDA_MOE_ROWS=0, below) */
+    test_moe_case("mlx q8, grouped", LMX_DTYPE_U32, 8, 0, 8, 2, 128, 64, 300, 1, 1, 0);
+    test_moe_case("gguf q8_0, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 6, 3, 64, 96, 200, 0, 1, 0);
+    test_moe_case_down("gguf q5_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q5_K, LMX_GGML_Q6_K, 8, 2, 256, 256, 300, 1,
+                       0, 0);
+    /* every expert's places padded to the most any has (one batched GEMM a projection) where that fits twice the
+     * round's pairs, above; else the grouped GEMM over each expert's own: every row choosing expert 0 (skewed) */
+    test_moe_case("mlx q4, skewed", LMX_DTYPE_U32, 4, 0, 64, 2, 64, 64, 1100, 1, 0, 2);
     /* past 512 pairs, grouped by expert: rows that spread over the experts (16, 200 rows), places of an expert past a
      * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (2,100 rows),
      * experts no pair chose and the plan's empty tiles after the others (256 experts, 300 rows of 2) */

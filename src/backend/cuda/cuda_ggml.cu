@@ -444,15 +444,16 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
     }
 }
 
-/* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part, its 32 values as four 16-byte stores.  TL: w in tiles of
- * 16 rows (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks), each part decoded from its unit as the GEMVs do. */
-template <int T, int TL = 0>
-__global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w, int K, int64_t n0,
-                                int64_t rows) {
+/* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part (parts first, first + step, ..), its 32 values as four
+ * 16-byte stores.  TL: w in tiles of 16 rows (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks), each part decoded from its
+ * unit as the GEMVs do. */
+template <int T, int TL>
+static __device__ __forceinline__ void gdequant_rows(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w,
+                                                     int K, int64_t n0, int64_t rows, int64_t first, int64_t step) {
     constexpr int BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
     const int P = K / 32;
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES, total = rows * P;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = first; i < total; i += step) {
         const int64_t n = n0 + i / P;
         const int p = (int)(i % P);
         uint32_t q[8];
@@ -476,6 +477,21 @@ __global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 #pragma unroll
         for (int k = 0; k < 4; k++) o[k] = make_uint4(out[4 * k], out[4 * k + 1], out[4 * k + 2], out[4 * k + 3]);
     }
+}
+
+template <int T, int TL = 0>
+__global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w, int K, int64_t n0,
+                                int64_t rows) {
+    gdequant_rows<T, TL>(dst, w, K, n0, rows, blockIdx.x * (int64_t)blockDim.x + threadIdx.x,
+                         (int64_t)gridDim.x * blockDim.x);
+}
+
+/* weight blockIdx.y of the list, whole, at dst + blockIdx.y stride */
+template <int T, int TL = 0>
+__global__ void k_gdequant_list(__nv_bfloat16 *__restrict__ dst, int64_t stride, const __grid_constant__ cuda_dq_list l,
+                                int K, int64_t rows) {
+    gdequant_rows<T, TL>(dst + blockIdx.y * stride, (const uint8_t *)l.data[blockIdx.y], K, 0, rows,
+                         blockIdx.x * (int64_t)blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x);
 }
 
 /* ---- launch ------------------------------------------------------------------------------------ */
@@ -789,6 +805,14 @@ static void gq_dequant_launch(cuda_backend *cb, __nv_bfloat16 *dst, const lmx_te
         dst, (const uint8_t *)w->data, (int)w->shape[1], n0, rows);
 }
 
+template <int T, int TL = 0>
+static void gq_dequant_list_launch(cuda_backend *cb, const lmx_tensor *w0, const cuda_dq_list &l, int n,
+                                   __nv_bfloat16 *dst, int64_t stride) {
+    const int64_t parts = w0->shape[0] * (w0->shape[1] / 32), nb = (parts + 255) / 256;
+    k_gdequant_list<T, TL><<<dim3((unsigned)(nb < 4096 ? nb : 4096), (unsigned)n), 256, 0, cb->stream>>>(
+        dst, stride, l, (int)w0->shape[1], w0->shape[0]);
+}
+
 lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows, __nv_bfloat16 *dst) {
     switch (w->q.ggml_type) {
 #define GQ_DEQUANT(t) case t: gq_dequant_launch<t>(cb, dst, w, n0, rows); break;
@@ -796,6 +820,19 @@ lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t
 #undef GQ_DEQUANT
     case LMX_GGML_Q4_K_T16: gq_dequant_launch<LMX_GGML_Q4_K, 1>(cb, dst, w, n0, rows); break;
     case LMX_GGML_Q6_K_T16: gq_dequant_launch<LMX_GGML_Q6_K_A16, 1>(cb, dst, w, n0, rows); break;
+    default: return LMX_ERR_UNSUPPORTED;
+    }
+    return cuda_check_launch(cb, "dequantize");
+}
+
+lmx_status cuda_ggml_dequant_list(cuda_backend *cb, const lmx_tensor *w0, const cuda_dq_list &l, int n,
+                                  __nv_bfloat16 *dst, int64_t stride) {
+    switch (w0->q.ggml_type) {
+#define GQ_DEQUANT(t) case t: gq_dequant_list_launch<t>(cb, w0, l, n, dst, stride); break;
+        GQ_TYPES(GQ_DEQUANT)
+#undef GQ_DEQUANT
+    case LMX_GGML_Q4_K_T16: gq_dequant_list_launch<LMX_GGML_Q4_K, 1>(cb, w0, l, n, dst, stride); break;
+    case LMX_GGML_Q6_K_T16: gq_dequant_list_launch<LMX_GGML_Q6_K_A16, 1>(cb, w0, l, n, dst, stride); break;
     default: return LMX_ERR_UNSUPPORTED;
     }
     return cuda_check_launch(cb, "dequantize");

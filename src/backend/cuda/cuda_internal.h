@@ -456,6 +456,18 @@ lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t
  * (nothing launched) for others. */
 lmx_status cuda_ggml_dequant_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst);
+/* n weights of one type and shape [N, K] (a mixture's experts for its grouped GEMMs), whole: weight j's bf16 rows
+ * at dst + j stride, one launch a CUDA_MOE_E_MAX of them (a launch a weight cost the grouped GEMMs ~46 us an expert
+ * and round, on the H200) */
+lmx_status cuda_dequant_list_bf16(cuda_backend *cb, const lmx_tensor *const *w, int n, __nv_bfloat16 *dst,
+                                  int64_t stride);
+/* The weights of one launch of the list: data (GGUF blocks, MLX words, or plain values), MLX scales and biases */
+typedef struct cuda_dq_list {
+    const void *data[CUDA_MOE_E_MAX], *scales[CUDA_MOE_E_MAX], *biases[CUDA_MOE_E_MAX];
+} cuda_dq_list;
+/* The GGUF form of cuda_dequant_list_bf16's launch (cuda_ggml.cu): w0 stands for the list's type and shape */
+lmx_status cuda_ggml_dequant_list(cuda_backend *cb, const lmx_tensor *w0, const cuda_dq_list &l, int n,
+                                  __nv_bfloat16 *dst, int64_t stride);
 /* out[m, :] = row ids[m] of w (any weight format) * scale, as f32. */
 lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, const int32_t *ids,
                            int M, float scale);

@@ -42,18 +42,21 @@ lmx_status cuda_embed_rows(cuda_backend *cb, float *out, const lmx_tensor *w, co
     return LMX_OK;
 }
 
-__global__ void k_dequant_bf16(__nv_bfloat16 *dst, const wdesc d, int64_t n0, int64_t rows) {
-    int64_t total = rows * d.K;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(w_elem(d, n0 + i / d.K, i % d.K));
+/* bf16 rows [n0, n0 + rows) of d, any format, an element a thread (elements first, first + step, ..) */
+static __device__ __forceinline__ void dequant_rows(__nv_bfloat16 *dst, const wdesc &d, int64_t n0, int64_t rows,
+                                                    int64_t first, int64_t step) {
+    const int64_t total = rows * d.K;
+    for (int64_t i = first; i < total; i += step) dst[i] = __float2bfloat16(w_elem(d, n0 + i / d.K, i % d.K));
 }
 
-/* MLX 4 / 8 bit: a thread per packed word, its 32 / BITS values written as one 16- or 8-byte store. */
+/* MLX 4 / 8 bit: a thread per packed word (words first, first + step, ..), its 32 / BITS values written as one 16- or
+ * 8-byte store. */
 template <int BITS>
-__global__ void k_dequant_mlx_bf16(__nv_bfloat16 *__restrict__ dst, const wdesc d, int64_t n0, int64_t rows) {
+static __device__ __forceinline__ void dequant_mlx_rows(__nv_bfloat16 *__restrict__ dst, const wdesc &d, int64_t n0,
+                                                        int64_t rows, int64_t first, int64_t step) {
     constexpr int PER = 32 / BITS;
     const int64_t wpr = d.words_per_row, total = rows * wpr;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = first; i < total; i += step) {
         const int64_t n = n0 + i / wpr, j = i % wpr;
         const uint32_t w = __ldcs((const uint32_t *)d.data + n * wpr + j);
         const int64_t g = n * d.groups_per_row + j * PER / d.group;
@@ -71,11 +74,37 @@ __global__ void k_dequant_mlx_bf16(__nv_bfloat16 *__restrict__ dst, const wdesc 
     }
 }
 
+#define DQ_FIRST (blockIdx.x * (int64_t)blockDim.x + threadIdx.x)
+#define DQ_STEP ((int64_t)gridDim.x * blockDim.x)
+__global__ void k_dequant_bf16(__nv_bfloat16 *dst, const wdesc d, int64_t n0, int64_t rows) {
+    dequant_rows(dst, d, n0, rows, DQ_FIRST, DQ_STEP);
+}
+template <int BITS>
+__global__ void k_dequant_mlx_bf16(__nv_bfloat16 *__restrict__ dst, const wdesc d, int64_t n0, int64_t rows) {
+    dequant_mlx_rows<BITS>(dst, d, n0, rows, DQ_FIRST, DQ_STEP);
+}
+/* the list's weight blockIdx.y (d: its format and shape), whole, at dst + blockIdx.y stride */
+static __device__ __forceinline__ wdesc dq_listed(wdesc d, const cuda_dq_list &l) {
+    d.data = l.data[blockIdx.y], d.scales = l.scales[blockIdx.y], d.biases = l.biases[blockIdx.y];
+    return d;
+}
+__global__ void k_dequant_list(__nv_bfloat16 *dst, int64_t stride, const wdesc d, const __grid_constant__ cuda_dq_list l,
+                               int64_t rows) {
+    dequant_rows(dst + blockIdx.y * stride, dq_listed(d, l), 0, rows, DQ_FIRST, DQ_STEP);
+}
+template <int BITS>
+__global__ void k_dequant_mlx_list(__nv_bfloat16 *__restrict__ dst, int64_t stride, const wdesc d,
+                                   const __grid_constant__ cuda_dq_list l, int64_t rows) {
+    dequant_mlx_rows<BITS>(dst + blockIdx.y * stride, dq_listed(d, l), 0, rows, DQ_FIRST, DQ_STEP);
+}
+
+static int mlx_words(const wdesc &d) { return (d.bits == 4 || d.bits == 8) && d.group % (32 / d.bits) == 0; }
+
 lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t n0, int64_t rows,
                                   __nv_bfloat16 *dst) {
     if (w->q.ggml_type) return cuda_ggml_dequant_bf16(cb, w, n0, rows, dst); /* upload took only its types */
     wdesc d = make_wdesc(w);
-    if ((d.bits == 4 || d.bits == 8) && d.group % (32 / d.bits) == 0) {
+    if (mlx_words(d)) {
         const int64_t words = rows * d.words_per_row, nb = (words + 255) / 256;
         const unsigned grid = (unsigned)(nb < 16384 ? nb : 16384);
         if (d.bits == 4) k_dequant_mlx_bf16<4><<<grid, 256, 0, cb->stream>>>(dst, d, n0, rows);
@@ -85,6 +114,34 @@ lmx_status cuda_dequant_rows_bf16(cuda_backend *cb, const lmx_tensor *w, int64_t
     int64_t blocks = (rows * d.K + 255) / 256;
     k_dequant_bf16<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, cb->stream>>>(dst, d, n0, rows);
     return cuda_check_launch(cb, "dequantize");
+}
+
+/* (w's weights share w[0]'s format and shape: the caller's mixture is alike) */
+lmx_status cuda_dequant_list_bf16(cuda_backend *cb, const lmx_tensor *const *w, int n, __nv_bfloat16 *dst,
+                                  int64_t stride) {
+    const int64_t N = w[0]->shape[0];
+    for (int j0 = 0; j0 < n; j0 += CUDA_MOE_E_MAX) {
+        const int m = n - j0 < CUDA_MOE_E_MAX ? n - j0 : CUDA_MOE_E_MAX;
+        cuda_dq_list l;
+        memset(&l, 0, sizeof l);
+        for (int j = 0; j < m; j++)
+            l.data[j] = w[j0 + j]->data, l.scales[j] = w[j0 + j]->q.scales, l.biases[j] = w[j0 + j]->q.biases;
+        __nv_bfloat16 *o = dst + (int64_t)j0 * stride;
+        lmx_status st;
+        if (w[0]->q.ggml_type) {
+            st = cuda_ggml_dequant_list(cb, w[0], l, m, o, stride);
+        } else {
+            const wdesc d = make_wdesc(w[0]);
+            const int64_t units = mlx_words(d) ? N * d.words_per_row : N * d.K, nb = (units + 255) / 256;
+            const dim3 grid((unsigned)(nb < 4096 ? nb : 4096), (unsigned)m);
+            if (mlx_words(d) && d.bits == 4) k_dequant_mlx_list<4><<<grid, 256, 0, cb->stream>>>(o, stride, d, l, N);
+            else if (mlx_words(d)) k_dequant_mlx_list<8><<<grid, 256, 0, cb->stream>>>(o, stride, d, l, N);
+            else k_dequant_list<<<grid, 256, 0, cb->stream>>>(o, stride, d, l, N);
+            st = cuda_check_launch(cb, "dequantize");
+        }
+        if (st) return st;
+    }
+    return LMX_OK;
 }
 
 /* ---- GEMM (cuBLAS) ---------------------------------------------------------------------------- */
