@@ -174,8 +174,8 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
         float *out = (float *)a->out->data + (int64_t)i0 * C;
         if ((st = cuda_moe_route(cb, a, i0, R, pick, pw))) break;
         if (rows) { /* the experts on the integer tensor cores, a tile of places a block, planned on the device */
-            const int4 *tiles = (const int4 *)(buf + o_ptr);
-            if ((st = cuda_moe_rows_plan(cb, pick, P, E, K, slot, src, (int4 *)tiles)) ||
+            int4 *tiles = (int4 *)(buf + o_ptr);
+            if ((st = cuda_moe_rows_plan(cb, pick, P, E, K, slot, src, tiles)) ||
                 (st = cuda_moe_rows(cb, a, x, R, src, tiles, g, y)) ||
                 (st = cuda_moe_combine(cb, out, y, pw, slot, R, K, C)))
                 break;
