@@ -1,11 +1,11 @@
 /* cuda_moe_rows.cu - a mixture's many rows (prefill, long batches) of GGUF experts on the integer tensor cores, grouped
  * by expert: each chosen expert's weights read once a round of rows, whatever the spread of its rows.
  *
- * cuda_moe_grouped.cu routes a round's rows; k_moe_plan counts the pairs that chose each expert, places them in expert
- * order (pairs of one expert consecutive) and cuts each expert's places into tiles, on the device.  Here each projection is one launch over tiles of places: block (bx, i)
- * takes weight rows [bx R, (bx + 1) R) (as k_moe_mma: gate / up R = 64 of gate beside the same 64 of up, four warps
- * each; down R = 128, eight warps) of tile i's expert against the tile's up to 8 NT places (NT passes of the mma's
- * n = 8).  It walks K a super-block at a time: x's super-block of the tile's places staged by cp.async (two stages,
+ * cuda_moe_grouped.cu routes a round's rows; k_moe_plan counts the pairs that chose each expert, places them in
+ * expert order (pairs of one expert consecutive) and cuts each expert's places into tiles, on the device.  Here each
+ * projection is one launch over tiles of places: block (bx, i) takes weight rows [bx R, (bx + 1) R) (as k_moe_mma:
+ * gate / up R = 64 of gate beside the same 64 of up, four warps each; down R = 128, eight warps) of tile i's expert
+ * against the tile's up to 8 NT places (NT passes of the mma's n = 8).  It walks K a super-block at a time: x's super-block of the tile's places staged by cp.async (two stages,
  * the next in flight while the mma take the current), each warp's 16 rows of the super-block loaded into registers a
  * super-block ahead, once for the NT passes (each pass decodes them: mq_rows::sum).  The arithmetic is cuda_mq.h's (mq_rows::sum), so a place's
  * values are the bits k_moe_mma gives the same pair.
