@@ -3,20 +3,21 @@
  *
  * cuda_moe_grouped.cu routes a round's rows; k_moe_plan counts the pairs that chose each expert, places them in
  * expert order (pairs of one expert consecutive) and cuts each expert's places into tiles, on the device.  Here each
- * projection is one launch over tiles of places: block (bx, i) takes weight rows [bx R, (bx + 1) R) (as k_moe_mma:
- * gate / up R = 64 of gate beside the same 64 of up, four warps each; down R = 128, eight warps) of tile i's expert
- * against the tile's up to 8 NT places (NT passes of the mma's n = 8).  It walks K a super-block at a time: x's super-block of the tile's places staged by cp.async (two stages,
- * the next in flight while the mma take the current), each warp's 16 rows of the super-block loaded into registers a
- * super-block ahead, once for the NT passes (each pass decodes them: mq_rows::sum).  The arithmetic is cuda_mq.h's (mq_rows::sum), so a place's
- * values are the bits k_moe_mma gives the same pair.
+ * projection is one launch over tiles of places: block (bx, i) takes weight rows [bx R, (bx + 1) R) (as k_moe_mma: gate
+ * / up R = 64 of gate beside the same 64 of up, four warps each; down R = 128, eight warps) of tile i's expert against
+ * the tile's up to 8 NT places (NT passes of the mma's n = 8).  It walks K a super-block at a time: x's super-block of
+ * the tile's places staged by cp.async (two stages, the next in flight while the mma take the current), each warp's 16
+ * rows of the super-block loaded into registers a super-block ahead, once for the NT passes (each pass decodes them:
+ * mq_rows::sum).  The arithmetic is cuda_mq.h's (mq_rows::sum), so a place's values are the bits k_moe_mma gives the
+ * same pair.
  *
  * Gate / up store h [places, F] = act(gate x) (up x), x's row of place s being src[s] (its row in the round); the
  * down projection takes h quantized (k_mq_quant, a place a row) and stores y [places, C], which the combine reads
- * through slot.  Where the grouped GEMMs dequantize each chosen expert to bf16 and launch a cuBLAS GEMM for it
- * (about 46 us a chosen expert and round), and the runs of 64 rows of the decode kernels this replaced read every
- * chosen expert again a run, one launch a projection reads each expert once.  (Tried, and no faster: each sub-block's codes decoded once
- * for the NT passes, with the weights staged through shared memory beside x; sixteen warps a block, x staged once
- * for twice the rows.) */
+ * through slot.  Where the grouped GEMMs dequantize the chosen experts to bf16 and multiply them in cuBLAS, and the
+ * runs of 64 rows of the decode kernels this replaced read every chosen expert again a run, one launch a projection
+ * reads each expert once.  (Tried, and no faster: each sub-block's codes
+ * decoded once for the NT passes, with the weights staged through shared memory beside x; sixteen warps a block, x
+ * staged once for twice the rows.) */
 #include "cuda_moe_mma.h"
 #include "cuda_mq.h"
 
