@@ -489,7 +489,8 @@ static lmx_status w_moe(lmx_backend *be, const lmx_moe_args *a) {
     if (!cuda_moe_takes(cb, a)) {
         if (!cuda_moe_grouped_takes(cb, a)) return LMX_ERR_UNSUPPORTED; /* nothing recorded: the host routes */
         lmx_status st = cuda_graph_flush(cb); /* not a graph op: what is recorded runs first */
-        cuda_graph_step_off(cb);              /* the host waits for each round's counts */
+        cuda_graph_step_off(cb); /* eager: the grouped GEMMs' host waits for each round's counts, and a decode graph
+                                    takes at most CUDA_G_MAX rows */
         return st ? st : cuda_moe_grouped(be, a);
     }
     g_rec r;
