@@ -752,8 +752,8 @@ static void test_moe(void) {
     test_moe_case("gguf q8_0, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q8_0, 6, 3, 64, 96, 200, 0, 1, 0);
     test_moe_case_down("gguf q5_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q5_K, LMX_GGML_Q6_K, 8, 2, 256, 256, 300, 1,
                        0, 0);
-    /* every expert's places padded to the most any has (one batched GEMM a projection) where that fits twice the
-     * round's pairs, above; else the grouped GEMM over each expert's own: every row choosing expert 0 (skewed) */
+    /* every expert's places padded to the power of two at or above its count (a batched GEMM for each size in a
+     * run of experts): every row choosing expert 0 (skewed: one expert of 2,048 places in a round beside small ones) */
     test_moe_case("mlx q4, skewed", LMX_DTYPE_U32, 4, 0, 64, 2, 64, 64, 1100, 1, 0, 2);
     /* past 512 pairs, grouped by expert: rows that spread over the experts (16, 200 rows), places of an expert past a
      * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (2,100 rows),

@@ -666,8 +666,6 @@ extern "C" lmx_status lmx_cuda_backend_create(lmx_backend **out, lmx_err *err) {
     cb->gemv_mq = gq ? atoi(gq) : CUDA_GEMV_MQ_ROWS;
     const char *gs = getenv("LMX_CUDA_GEMV_ST");
     cb->gemv_st = gs ? atoi(gs) : CUDA_GEMV_ST_ROWS;
-    const char *mg = getenv("LMX_CUDA_MOE_GROUPED");
-    cb->moe_grouped = CUBLAS_VERSION >= 120500 && !(mg && mg[0] == '0'); /* cuda_moe_grouped.cu */
     const char *mw = getenv("LMX_CUDA_MOE_ROWS");
     cb->moe_rows = !(mw && mw[0] == '0');
     const char *gr = getenv("LMX_CUDA_GGUF_REPACK");

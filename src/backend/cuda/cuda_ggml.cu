@@ -444,54 +444,97 @@ __global__ void __launch_bounds__(256) k_moe_gu_staged(const int4 *__restrict__ 
     }
 }
 
-/* bf16 rows [n0, n0 + rows) of w [N, K]: a thread per part (parts first, first + step, ..), its 32 values as four
- * 16-byte stores.  TL: w in tiles of 16 rows (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks), each part decoded from its
- * unit as the GEMVs do. */
+/* bf16 rows [n0, n0 + rows) of w [N, K] by warps of 256-thread blocks: a warp takes 32 parts (of 32 values) at a
+ * time, parts i0 .. i0 + 31 from first (a multiple of 32) by step, lane l part i0 + l.  The warp's 2 KB of bf16 go
+ * out through its 2 KB of shared memory (stage) as four 512-byte stores (a lane's own 64 bytes written as four
+ * 16-byte stores 64 bytes apart moved half the bytes a request: 2.3 TB/s in all).  Q8_0's 34-byte blocks, 2-byte
+ * aligned, come in the same way where rows start at multiples of 4 bytes: the warp's 1,088 bytes as word loads a
+ * lane at a time into raw, then each lane's block from there (its own loads were 9 words 34 bytes apart).  TL: w
+ * in tiles of 16 rows (LMX_GGML_Q4_K_T16 / Q6_K_T16 as T's blocks), each part decoded from its unit as the GEMVs
+ * do. */
+#define GDQ_RAW_WORDS(T) ((T) == LMX_GGML_Q8_0 ? 272 : 1) /* a warp's Q8_0 blocks in words: 32 x 34 / 4 */
+
 template <int T, int TL>
 static __device__ __forceinline__ void gdequant_rows(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w,
-                                                     int K, int64_t n0, int64_t rows, int64_t first, int64_t step) {
+                                                     int K, int64_t n0, int64_t rows, int64_t first, int64_t step,
+                                                     uint4 *stage, uint32_t *raw) {
     constexpr int BYTES = gq_traits<T>::BYTES, PPB = gq_traits<T>::PARTS;
-    const int P = K / 32;
+    const int P = K / 32, lane = threadIdx.x & 31;
     const int64_t row_bytes = (int64_t)(K / gq_traits<T>::ELEMS) * BYTES, total = rows * P;
-    for (int64_t i = first; i < total; i += step) {
+    const uint8_t *w0 = w + n0 * row_bytes; /* part i's block at w0 + i BYTES when not tiled (row_bytes = P BYTES) */
+    const bool staged = T == LMX_GGML_Q8_0 && !TL && ((uintptr_t)w0 & 3) == 0;
+    uint4 *o = (uint4 *)dst;
+    for (int64_t i0 = first; i0 < total; i0 += step) {
+        const int64_t i = i0 + lane, have = total - i0 < 32 ? total - i0 : 32;
         const int64_t n = n0 + i / P;
         const int p = (int)(i % P);
         uint32_t q[8];
         float sc[2], mn[2];
-        if constexpr (TL) {
-            constexpr int UP = gq_unit<T>::UP;
-            gq_unit<T> u;
-            u.load_tiled(w + (n / 16 * 16) * row_bytes + (int64_t)(p / PPB) * 16 * BYTES, (int)(n % 16), p % PPB / UP);
-            u.part(p % PPB % UP, q, sc, mn);
-        } else {
-            gq_part<T>(w + n * row_bytes + (int64_t)(p / PPB) * BYTES, p % PPB, q, sc, mn);
-        }
-        uint32_t out[16];
+        __syncwarp(); /* the last round's reads of stage and raw are done */
+        if (staged) {
+            const uint32_t *src = (const uint32_t *)(w0 + i0 * BYTES);
+            for (int k = lane; k < (have * BYTES + 3) / 4; k += 32) raw[k] = __ldg(src + k);
+            __syncwarp();
+            const uint32_t *r = raw + lane * BYTES / 4; /* d at byte 0 (even lanes) or 2 (odd) of r[0], codes after */
+            uint32_t v[9];
 #pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-            __nv_bfloat162 v = __floats2bfloat162_rn(gq_value(q, sc, mn, e, T == LMX_GGML_Q8_0),
-                                                     gq_value(q, sc, mn, e + 1, T == LMX_GGML_Q8_0));
-            out[e / 2] = *reinterpret_cast<uint32_t *>(&v);
-        }
-        uint4 *o = (uint4 *)(dst + i * 32);
+            for (int k = 0; k < 9; k++) v[k] = i < total ? r[k] : 0u;
+            const int odd = lane & 1;
 #pragma unroll
-        for (int k = 0; k < 4; k++) o[k] = make_uint4(out[4 * k], out[4 * k + 1], out[4 * k + 2], out[4 * k + 3]);
+            for (int k = 0; k < 8; k++) q[k] = odd ? v[k + 1] : __funnelshift_r(v[k], v[k + 1], 16);
+            sc[0] = sc[1] = gq_half(v[0], odd), mn[0] = mn[1] = 0.0f;
+        } else if (i < total) {
+            if constexpr (TL) {
+                constexpr int UP = gq_unit<T>::UP;
+                gq_unit<T> u;
+                u.load_tiled(w + (n / 16 * 16) * row_bytes + (int64_t)(p / PPB) * 16 * BYTES, (int)(n % 16),
+                             p % PPB / UP);
+                u.part(p % PPB % UP, q, sc, mn);
+            } else {
+                gq_part<T>(w + n * row_bytes + (int64_t)(p / PPB) * BYTES, p % PPB, q, sc, mn);
+            }
+        }
+        if (i < total) {
+            uint32_t out[16];
+#pragma unroll
+            for (int e = 0; e < 32; e += 2) {
+                __nv_bfloat162 v = __floats2bfloat162_rn(gq_value(q, sc, mn, e, T == LMX_GGML_Q8_0),
+                                                         gq_value(q, sc, mn, e + 1, T == LMX_GGML_Q8_0));
+                out[e / 2] = *reinterpret_cast<uint32_t *>(&v);
+            }
+#pragma unroll /* chunk k of lane l at stage[4 l + (k ^ (l / 2 % 4))]: no two of a quarter warp's stores on a bank */
+            for (int k = 0; k < 4; k++)
+                stage[4 * lane + (k ^ (lane >> 1 & 3))] =
+                    make_uint4(out[4 * k], out[4 * k + 1], out[4 * k + 2], out[4 * k + 3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* 16-byte chunk c of the warp's 2 KB: part c / 4's chunk c % 4 */
+            const int c = lane + 32 * j, pl = c >> 2;
+            if (pl < have) o[i0 * 4 + c] = stage[4 * pl + ((c & 3) ^ (pl >> 1 & 3))];
+        }
     }
 }
 
+/* (blockDim.x 256) */
 template <int T, int TL = 0>
-__global__ void k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w, int K, int64_t n0,
-                                int64_t rows) {
-    gdequant_rows<T, TL>(dst, w, K, n0, rows, blockIdx.x * (int64_t)blockDim.x + threadIdx.x,
-                         (int64_t)gridDim.x * blockDim.x);
+__global__ void __launch_bounds__(256) k_gdequant_bf16(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ w,
+                                                       int K, int64_t n0, int64_t rows) {
+    __shared__ uint4 stage[8][128];
+    __shared__ uint32_t raw[8][GDQ_RAW_WORDS(T)];
+    gdequant_rows<T, TL>(dst, w, K, n0, rows, (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) & ~(int64_t)31,
+                         (int64_t)gridDim.x * blockDim.x, stage[threadIdx.x / 32], raw[threadIdx.x / 32]);
 }
 
-/* weight blockIdx.y of the list, whole, at dst + blockIdx.y stride */
+/* weight blockIdx.y of the list, whole, at dst + blockIdx.y stride (blockDim.x 256) */
 template <int T, int TL = 0>
-__global__ void k_gdequant_list(__nv_bfloat16 *__restrict__ dst, int64_t stride, const __grid_constant__ cuda_dq_list l,
-                                int K, int64_t rows) {
+__global__ void __launch_bounds__(256) k_gdequant_list(__nv_bfloat16 *__restrict__ dst, int64_t stride,
+                                                       const __grid_constant__ cuda_dq_list l, int K, int64_t rows) {
+    __shared__ uint4 stage[8][128];
+    __shared__ uint32_t raw[8][GDQ_RAW_WORDS(T)];
     gdequant_rows<T, TL>(dst + blockIdx.y * stride, (const uint8_t *)l.data[blockIdx.y], K, 0, rows,
-                         blockIdx.x * (int64_t)blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x);
+                         (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) & ~(int64_t)31,
+                         (int64_t)gridDim.x * blockDim.x, stage[threadIdx.x / 32], raw[threadIdx.x / 32]);
 }
 
 /* ---- launch ------------------------------------------------------------------------------------ */

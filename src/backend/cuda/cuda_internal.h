@@ -97,8 +97,6 @@ typedef struct cuda_backend {
                                 LMX_CUDA_ATT_GMAX sets 1, 2, 4 or 8, for A/B) */
     int att_tc;              /* one-token decode attention on the tensor cores (cuda_flash_decode.cu): 0 by the
                                 rule of cuda_attention_plan; LMX_CUDA_ATT_TC=N > 0 from N keys on, =0 never (-1) */
-    int moe_grouped;         /* 1: cuBLAS's grouped GEMM for many rows' experts (LMX_CUDA_MOE_GROUPED=0, or
-                                none in this cuBLAS: a GEMM per expert) */
     int moe_rows;            /* many rows of GGUF experts grouped by expert on the integer tensor cores
                                 (cuda_moe_rows.cu; LMX_CUDA_MOE_ROWS=0: the grouped GEMMs instead) */
     int wgmma;               /* an sm_90 GPU (Hopper): kernels on warpgroup MMA (cuda_wgmma.h); LMX_CUDA_WGMMA=0
