@@ -744,8 +744,8 @@ static void test_moe(void) {
     test_moe_case("f32 ties", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 1, 0, 0, 1);
     test_moe_case("f32 ties, grouped", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 200, 0, 0, 1);
     test_moe_case("bf16, idle experts", LMX_DTYPE_BF16, 0, 0, 200, 2, 64, 32, 300, 1, 0, 0);
-    test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 1030, 1, 0, 0);
-    test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 1030, 1, 0, 0);
+    test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 2100, 1, 0, 0); /* rounds of 16,384 pairs */
+    test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 2100, 1, 0, 0);
     /* the grouped GEMMs' experts dequantized a launch a run (cuda_dequant_list_bf16): MLX 8-bit, GGUF Q8_0, Q5_K
      * gate / up beside Q6_K down (Q4_K's with LMX_CUDA_MOE_ROWS=0, below) */
     test_moe_case("mlx q8, grouped", LMX_DTYPE_U32, 8, 0, 8, 2, 128, 64, 300, 1, 1, 0);
@@ -756,12 +756,12 @@ static void test_moe(void) {
      * run of experts): every row choosing expert 0 (skewed: one expert of 2,048 places in a round beside small ones) */
     test_moe_case("mlx q4, skewed", LMX_DTYPE_U32, 4, 0, 64, 2, 64, 64, 1100, 1, 0, 2);
     /* past 512 pairs, grouped by expert: rows that spread over the experts (16, 200 rows), places of an expert past a
-     * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (2,100 rows),
+     * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (4,200 rows),
      * experts no pair chose and the plan's empty tiles after the others (256 experts, 300 rows of 2) */
     test_moe_case("gguf q4_k / q6_k, spread", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 16, 4, 256, 256, 200, 1, 0, 0);
     test_moe_case("gguf q4_k / q6_k, idle experts", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 256, 2, 256, 256, 300, 1, 0, 0);
     test_moe_case("gguf q4_k / q6_k, grouped", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 8, 4, 256, 256, 1100, 1, 0, 0);
-    test_moe_case_down("gguf q4_k, two rounds", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 12, 4, 512, 256, 2100, 0,
+    test_moe_case_down("gguf q4_k, two rounds", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, LMX_GGML_Q4_K, 12, 4, 512, 256, 4200, 0,
                        1, 0);
     /* several rows of Q4_K gate / up beside Q4_K or Q6_K down on the integer tensor cores (cuda_moe_mma.cu): rows of
      * several super-blocks, experts chosen by one pair to twenty (passes of eight) */

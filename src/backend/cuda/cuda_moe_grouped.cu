@@ -19,11 +19,11 @@
  * Q6_K down) take none of these after the routing: cuda_moe_rows.cu plans the round on the device (counts,
  * places, tiles: no wait for the host) and its launches over the places, a tile of an expert's places a block,
  * read each chosen expert once a round on the integer tensor cores.  Rows come at most MOE_ROUND_PAIRS pairs a
- * round (twice that where experts are dequantized).  Not a graph op (the GEMMs' host waits for the counts; decode graphs take at most CUDA_G_MAX rows). */
+ * round.  Not a graph op (the GEMMs' host waits for the counts; decode graphs take at most CUDA_G_MAX rows). */
 #include "cuda_gemv.h"
 #include "cuda_moe_mma.h"
 
-#define MOE_ROUND_PAIRS 8192                 /* (row, choice) pairs a round: bounds the scratch */
+#define MOE_ROUND_PAIRS 16384                /* (row, choice) pairs a round: bounds the scratch */
 #define CUDA_MOE_DEQUANT_BYTES (256u << 20)  /* experts dequantized to bf16 at once */
 
 typedef struct moe_offs { int off[CUDA_MOE_E_MAX]; } moe_offs;
@@ -124,9 +124,8 @@ lmx_status cuda_moe_grouped(lmx_backend *be, const lmx_moe_args *a) {
     int alldirect = 1;
     for (int e = 0; e < E && alldirect; e++)
         for (int j = 0; j < 3; j++) alldirect &= direct(&a->experts[3 * e + j]);
-    /* rows a round: twice as many where experts are dequantized (a run's dequantization is the round's; a prompt
-     * chunk of 2,048 rows of 8 choices is one round) */
-    const int round = rows || alldirect ? MOE_ROUND_PAIRS : 2 * MOE_ROUND_PAIRS, RM = round / K > 0 ? round / K : 1;
+    /* rows a round (a prompt chunk of 2,048 rows of 8 choices is one: each chosen expert read, or dequantized, once) */
+    const int RM = MOE_ROUND_PAIRS / K > 0 ? MOE_ROUND_PAIRS / K : 1;
     const int PM = (a->M < RM ? a->M : RM) * K; /* pairs a round at most */
     /* Places: the round's pairs by expert (rows: PS = PM); for the GEMMs, each expert's padded to its size, under
      * PS = 2 PM places in all.
