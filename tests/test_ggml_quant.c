@@ -13,7 +13,12 @@
  *      each kernel level up to the CPU's;
  *   6. the cpu backend's decode matmul on GGUF Q4_K / Q6_K weights under LMX_CPU_ISA=scalar and avx2
  *      is the portable dot bit for bit (the forced table reaches the GGUF kernels), and by default
- *      within the dot tolerance of it.
+ *      within the dot tolerance of it;
+ *   7. the cpu backend's moe op (cpu_moe.c: a few rows routed and their experts run in two dispatches) on GGUF
+ *      experts (Q4_K gate / up with Q6_K down, the VNNI path where the CPU has it; Q8_0) against a float64
+ *      reference of the routing and the experts from their dequantized rows, and bit for bit against the ops the
+ *      model's host routing runs (forward.c moe_host: each expert's matmuls, GLU and scatter_add_rows, experts
+ *      ascending); 8 rows, or LMX_CPU_MOE=0, and the op declines.
  *
  * The data folder is LMX_TESTS_DATA if set, else tests/data next to this source file.
  * Usage: test_ggml_quant [FIXTURES]   (the fixtures argument is not used). */
@@ -341,6 +346,142 @@ static void test_backend_isa(void) {
     }
 }
 
+/* ---- 7. the cpu moe op ---------------------------------------------------------------------------------- */
+
+/* n random rows of type TYPES[i] and K elements, their f16 scale fields about 2^-10 .. 2^-6 (malloc'ed) */
+static uint8_t *random_rows(int i, int64_t n, int64_t K) {
+    const size_t rb = lmx_ggml_row_bytes(TYPES[i].type, K), bb = (size_t)TYPES[i].bytes;
+    uint8_t *w = malloc(rb * (size_t)n);
+    for (size_t k = 0; w && k < rb * (size_t)n; k++) w[k] = (uint8_t)rnd();
+    for (size_t b = 0; w && b < rb * (size_t)n / bb; b++)
+        for (int f = 0; f < 2; f++)
+            if (TYPES[i].f16_off[f] >= 0) {
+                const uint16_t h = (uint16_t)((rnd() & 0x83ffu) | ((5u + rnd() % 5u) << 10));
+                memcpy(w + b * bb + TYPES[i].f16_off[f], &h, 2);
+            }
+    return w;
+}
+
+static int type_index(int t) {
+    for (size_t i = 0; i < N_TYPES; i++)
+        if (TYPES[i].type == t) return (int)i;
+    return 0;
+}
+
+static void test_moe_case(lmx_backend *be, int gt, int dt, int E, int K, int64_t C, int64_t F, int M) {
+    lmx_tensor ex[3 * 16];
+    uint8_t *mem[3 * 16];
+    float *wf[3 * 16]; /* dequantized [rows, cols] */
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 3; j++) {
+            const int t = j == 2 ? dt : gt;
+            const int64_t N = j == 2 ? C : F, Kj = j == 2 ? F : C;
+            const size_t rb = lmx_ggml_row_bytes(t, Kj);
+            mem[3 * e + j] = random_rows(type_index(t), N, Kj);
+            wf[3 * e + j] = malloc((size_t)(N * Kj) * sizeof(float));
+            for (int64_t n = 0; mem[3 * e + j] && n < N; n++)
+                lmx_ggml_dequant_row_portable(t, mem[3 * e + j] + n * rb, Kj, wf[3 * e + j] + n * Kj);
+            ex[3 * e + j] = (lmx_tensor){.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {N, Kj}, .data = mem[3 * e + j],
+                                         .q.ggml_type = t, .q.experts = 1};
+        }
+    float *x = malloc((size_t)(M * C) * 4), *z = malloc((size_t)(M * E) * 4), *out = malloc((size_t)(M * C) * 4),
+          *host = malloc((size_t)(M * C) * 4);
+    for (int64_t k = 0; k < M * C; k++) x[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 500.0f, out[k] = host[k] = x[k] / 3;
+    for (int64_t k = 0; k < M * E; k++) z[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 300.0f;
+    double *want = malloc((size_t)(M * C) * sizeof *want), *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
+    for (int i = 0; i < M; i++) { /* the routing and the experts in float64 */
+        const float *zi = z + (int64_t)i * E;
+        double mx = zi[0], sum = 0, p[16], ksum = 0;
+        int pick[16];
+        for (int e = 0; e < E; e++) mx = zi[e] > mx ? zi[e] : mx;
+        for (int e = 0; e < E; e++) sum += exp(zi[e] - mx);
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= pick[j] == e;
+                if (!taken && (best < 0 || zi[e] > zi[best])) best = e;
+            }
+            pick[k] = best, p[k] = exp(zi[best] - mx) / sum, ksum += p[k];
+        }
+        for (int64_t c = 0; c < C; c++) want[i * C + c] = out[i * C + c];
+        for (int k = 0; k < K; k++) {
+            const float *wg = wf[3 * pick[k]], *wu = wf[3 * pick[k] + 1], *wd = wf[3 * pick[k] + 2];
+            for (int64_t f = 0; f < F; f++) {
+                double a = 0, b = 0;
+                for (int64_t c = 0; c < C; c++) a += (double)wg[f * C + c] * x[i * C + c], b += (double)wu[f * C + c] * x[i * C + c];
+                g[f] = a / (1.0 + exp(-a)) * b;
+            }
+            for (int64_t c = 0; c < C; c++) {
+                double y = 0;
+                for (int64_t f = 0; f < F; f++) y += (double)wd[c * F + f] * g[f];
+                want[i * C + c] += p[k] / ksum * y;
+            }
+        }
+    }
+    lmx_tensor tx = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}, .data = x};
+    lmx_tensor tz = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, E}, .data = z};
+    lmx_tensor to = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}, .data = out};
+    const lmx_moe_args a = {&to, &tx, &tz, ex, NULL, M, E, K, 1, 1.0f, LMX_ACT_SILU, 1};
+    CHECK(be->ops->moe && be->ops->moe(be, &a) == LMX_OK);
+    double d2 = 0, r2 = 0;
+    for (int64_t k = 0; k < M * C; k++) d2 += (out[k] - want[k]) * (out[k] - want[k]), r2 += want[k] * want[k];
+    CHECK_MSG(sqrt(d2) <= 1e-5 * sqrt(r2), "moe %s / %s E=%d K=%d M=%d: relative error %.3g", lmx_ggml_type_name(gt),
+              lmx_ggml_type_name(dt), E, K, M, sqrt(d2 / r2));
+    /* the host's routing (forward.c moe_host): each expert ascending on the rows that chose it */
+    int pk[16 * 8], rows[8];
+    float pw[16 * 8], rw[8], *mxh = malloc((size_t)(M * C) * 4), *gh = malloc((size_t)(M * F) * 4),
+                              *uh = malloc((size_t)(M * F) * 4), *yh = malloc((size_t)(M * C) * 4);
+    lmx_tensor tm = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}, .data = mxh},
+               tg = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, F}, .data = gh},
+               tu = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, F}, .data = uh},
+               ty = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}, .data = yh},
+               th = {.dtype = LMX_DTYPE_F32, .ndim = 2, .shape = {M, C}, .data = host};
+    for (int i = 0; i < M; i++) lmx_moe_pick(z + (int64_t)i * E, E, K, 1.0, 1, NULL, pk + i * K, pw + i * K);
+    for (int e = 0; e < E; e++) {
+        int ne = 0;
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++)
+                if (pk[i * K + k] == e) rows[ne] = i, rw[ne++] = pw[i * K + k];
+        if (!ne) continue;
+        CHECK(be->ops->gather_rows(be, &tm, &tx, rows, ne, C) == LMX_OK);
+        CHECK(be->ops->matmul(be, &tg, &tm, &ex[3 * e], NULL, ne) == LMX_OK);
+        CHECK(be->ops->matmul(be, &tu, &tm, &ex[3 * e + 1], NULL, ne) == LMX_OK);
+        CHECK(be->ops->glu(be, &tg, &tg, &tu, ne * F, LMX_ACT_SILU) == LMX_OK);
+        CHECK(be->ops->matmul(be, &ty, &tg, &ex[3 * e + 2], NULL, ne) == LMX_OK);
+        CHECK(be->ops->scatter_add_rows(be, &th, &ty, rows, rw, ne, C) == LMX_OK);
+    }
+    CHECK_MSG(!memcmp(out, host, (size_t)(M * C) * 4), "moe %s / %s E=%d K=%d M=%d: not the host routing's bits",
+              lmx_ggml_type_name(gt), lmx_ggml_type_name(dt), E, K, M);
+    for (int k = 0; k < 3 * E; k++) free(mem[k]), free(wf[k]);
+    free(x), free(z), free(out), free(host), free(want), free(g), free(u), free(mxh), free(gh), free(uh), free(yh);
+}
+
+static void test_moe(void) {
+    lmx_backend *be = NULL;
+    lmx_err err = {0};
+    CHECK(lmx_cpu_backend_create(2, &be, &err) == LMX_OK);
+    if (!be) return;
+    const int Ms[] = {1, 3, 7};
+    for (size_t i = 0; i < 3; i++) {
+        test_moe_case(be, LMX_GGML_Q4_K, LMX_GGML_Q6_K, 16, 8, 512, 256, Ms[i]);
+        test_moe_case(be, LMX_GGML_Q8_0, LMX_GGML_Q8_0, 6, 3, 96, 160, Ms[i]);
+    }
+    /* what it declines: 8 rows (the GEMMs' count), and every call under LMX_CPU_MOE=0 */
+    lmx_tensor none = {.dtype = LMX_DTYPE_F32, .ndim = 2};
+    lmx_tensor ex[3] = {{.dtype = LMX_DTYPE_U8, .ndim = 2, .shape = {32, 32}, .q.ggml_type = LMX_GGML_Q8_0}};
+    ex[1] = ex[0], ex[2] = ex[0];
+    lmx_moe_args a = {&none, &none, &none, ex, NULL, 8, 1, 1, 1, 1.0f, LMX_ACT_SILU, 1};
+    CHECK(be->ops->moe(be, &a) == LMX_ERR_UNSUPPORTED);
+    lmx_backend_free(be);
+    setenv("LMX_CPU_MOE", "0", 1);
+    CHECK(lmx_cpu_backend_create(2, &be, &err) == LMX_OK);
+    a.M = 1;
+    if (be) CHECK(be->ops->moe(be, &a) == LMX_ERR_UNSUPPORTED);
+    unsetenv("LMX_CPU_MOE");
+    lmx_backend_free(be);
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     g_best = lmx_ggml_simd_best();
@@ -357,5 +498,6 @@ int main(int argc, char **argv) {
     }
     free(x);
     test_backend_isa();
+    test_moe();
     return check_summary("test_ggml_quant");
 }

@@ -2,6 +2,7 @@
 #include "backend.h"
 #include "../formats/ggml_types.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,26 @@ lmx_tensor lmx_tensor_rows(const lmx_tensor *t, int64_t row0, int64_t n) {
     v.shape[0] = n;
     v.owned = 0;
     return v;
+}
+
+void lmx_moe_pick(const float *z, int E, int K, double logit_scale, int norm_topk, const float *expert_scale, int *ex,
+                  float *p) {
+    double mx = z[0], sum = 0, ksum = 0;
+    for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+    for (int e = 0; e < E; e++) sum += exp(((double)z[e] - mx) * logit_scale);
+    for (int k = 0; k < K; k++) { /* the k-th best: the largest logit not taken yet */
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= ex[j] == e;
+            if (!taken && (best < 0 || z[e] > z[best])) best = e;
+        }
+        ex[k] = best;
+        p[k] = (float)(exp(((double)z[best] - mx) * logit_scale) / sum);
+        ksum += p[k];
+    }
+    for (int k = 0; norm_topk && k < K; k++) p[k] = (float)(p[k] / ksum);
+    for (int k = 0; expert_scale && k < K; k++) p[k] *= expert_scale[ex[k]];
 }
 
 int64_t lmx_weight_bytes(const lmx_tensor *w) {

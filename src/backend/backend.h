@@ -122,6 +122,11 @@ typedef struct lmx_backend lmx_backend;
  *   out[i] += sum over those experts e of w_e * down_e(act(gate_e x[i]) * up_e x[i])
  * x, out [M, C]; logits [M, E] f32; experts [3 E]: gate_e, up_e [F, C] and down_e [C, F] of expert e;
  * expert_scale host [E].  Padding rows are computed as any other (their out rows are never read). */
+/* One row's routing as lmx_moe_args says (the host's: forward.c's moe_host and the cpu's moe op): z [E] the row's
+ * logits; ex [K], p [K] its experts, best first, and their weights. */
+void lmx_moe_pick(const float *z, int E, int K, double logit_scale, int norm_topk, const float *expert_scale, int *ex,
+                  float *p);
+
 typedef struct lmx_moe_args {
     lmx_tensor *out;
     const lmx_tensor *x, *logits, *experts;

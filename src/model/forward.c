@@ -360,11 +360,9 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
     return LMX_OK;
 }
 
-/* The routing of a MoE layer (host), for each of the M rows that are not padding: the softmax of its
- * router logits r->logits [M, E] times logit_scale, its K best experts (the lower index first among
- * equals) and their weights, renormalised over the K with norm_topk and multiplied by expert_scale[e]
- * (NULL: 1); then the rows grouped by expert: expert e's count[e] rows at rows[off[e] ..] with
- * weights w[..]. */
+/* The routing of a MoE layer (host), for each of the M rows that are not padding: lmx_moe_pick of its
+ * router logits r->logits [M, E] (backend.h); then the rows grouped by expert: expert e's count[e] rows
+ * at rows[off[e] ..] with weights w[..]. */
 static void route(const lmx_config *c, const lmx_batch *bt, double logit_scale, const float *expert_scale,
                   lmx_moe_route *r) {
     const int E = c->n_experts, K = c->n_experts_used, M = bt->B * bt->T;
@@ -374,24 +372,8 @@ static void route(const lmx_config *c, const lmx_batch *bt, double logit_scale, 
         float *p = r->pick_w + (int64_t)i * K;
         ex[0] = -1;
         if (i % bt->T >= bt->n_new[i / bt->T]) continue; /* padding: never read */
-        const float *z = r->logits + (int64_t)i * E;
-        double mx = z[0], sum = 0, ksum = 0;
-        for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-        for (int e = 0; e < E; e++) sum += exp(((double)z[e] - mx) * logit_scale);
-        for (int k = 0; k < K; k++) { /* the k-th best: the largest logit not taken yet */
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= ex[j] == e;
-                if (!taken && (best < 0 || z[e] > z[best])) best = e;
-            }
-            ex[k] = best;
-            p[k] = (float)(exp(((double)z[best] - mx) * logit_scale) / sum);
-            ksum += p[k];
-            r->count[best]++;
-        }
-        for (int k = 0; c->norm_topk && k < K; k++) p[k] = (float)(p[k] / ksum);
-        for (int k = 0; expert_scale && k < K; k++) p[k] *= expert_scale[ex[k]];
+        lmx_moe_pick(r->logits + (int64_t)i * E, E, K, logit_scale, c->norm_topk, expert_scale, ex, p);
+        for (int k = 0; k < K; k++) r->count[ex[k]]++;
     }
     for (int e = 0, o = 0; e < E; e++) r->off[e] = o, o += r->count[e], r->fill[e] = 0;
     for (int i = 0; i < M; i++)

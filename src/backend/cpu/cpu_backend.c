@@ -163,24 +163,30 @@ typedef struct glu_job {
     int simd; /* AVX-512 (act.h) */
 } glu_job;
 
+static void glu_range(int simd, float *o, const float *g, const float *u, int64_t n, lmx_act act) {
+#if defined(LMX_HAVE_X86_SIMD)
+    if (simd) {
+        if (act == LMX_ACT_SILU) lmx_glu_silu_avx512(o, g, u, n);
+        else lmx_glu_gelu_avx512(o, g, u, n);
+        return;
+    }
+#endif
+    if (act == LMX_ACT_SILU) {
+        for (int64_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) o[i] = gelu_tanh(g[i]) * u[i];
+    }
+}
+
+void cpu_glu_range(const cpu_backend *cb, float *o, const float *g, const float *u, int64_t n, lmx_act act) {
+    glu_range(!strcmp(cb->k.isa, "avx512"), o, g, u, n, act);
+}
+
 static void glu_task(void *arg, int task, int thread) {
     const glu_job *j = arg;
     int64_t i0 = (int64_t)task * j->chunk, i1 = i0 + j->chunk;
     if (i1 > j->n) i1 = j->n;
-    float *o = j->o;
-    const float *g = j->g, *u = j->u;
-#if defined(LMX_HAVE_X86_SIMD)
-    if (j->simd) {
-        if (j->act == LMX_ACT_SILU) lmx_glu_silu_avx512(o + i0, g + i0, u + i0, i1 - i0);
-        else lmx_glu_gelu_avx512(o + i0, g + i0, u + i0, i1 - i0);
-        return;
-    }
-#endif
-    if (j->act == LMX_ACT_SILU) {
-        for (int64_t i = i0; i < i1; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    } else {
-        for (int64_t i = i0; i < i1; i++) o[i] = gelu_tanh(g[i]) * u[i];
-    }
+    glu_range(j->simd, j->o + i0, j->g + i0, j->u + i0, i1 - i0, j->act);
 }
 
 /* Split over the pool in chunks of at least 4096 elements (decode rows stay on one thread). */
@@ -483,6 +489,7 @@ static const lmx_backend_ops cpu_ops = {
     .kv_reserve = cpu_kv_reserve,
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,
+    .moe = cpu_moe,
     .scale = cpu_scale,
     .trim = cpu_trim,
     .cached_bytes = cpu_cached_bytes,
@@ -495,6 +502,8 @@ lmx_status lmx_cpu_backend_create(int n_threads, lmx_backend **out, lmx_err *err
     cb->base.ops = &cpu_ops;
     lmx_cpu_kernels_init(&cb->k, getenv("LMX_CPU_ISA"));
     cb->qmatvec = lmx_qmatvec_scalar;
+    const char *mo = getenv("LMX_CPU_MOE");
+    cb->moe_op = !(mo && mo[0] == '0');
     if (strcmp(cb->k.isa, "avx512") == 0 && lmx_qmatvec_avx512()) cb->qmatvec = lmx_qmatvec_avx512();
     if (n_threads > CPU_MAX_THREADS) n_threads = CPU_MAX_THREADS;
     lmx_status st = lmx_pool_create(n_threads, &cb->pool, err);

@@ -10,8 +10,9 @@
 #include "ggml_quant.h"
 #include "quant.h"
 
-#define CPU_SCRATCH_SLOTS 3   /* 0: norm weights / bias, 1: widened weight rows for BLAS,
-                                 2: per-group sums of x for quantized matmul */
+#define CPU_SCRATCH_SLOTS 4   /* 0: norm weights / bias, 1: widened weight rows for BLAS,
+                                 2: x prepared for few rows' matmul, 3: the moe op's (cpu_moe.c) */
+#define CPU_SCRATCH_MOE 3
 #define CPU_MAX_THREADS 256
 
 /* cos/sin of a rope call's positions, reused by the next calls with the same positions and
@@ -38,6 +39,7 @@ typedef struct cpu_backend {
     float *attn_scratch[CPU_MAX_THREADS];  /* per-thread attention scores */
     cpu_rope_cache rope[CPU_ROPE_CACHE];
     unsigned rope_clock;
+    int moe_op;               /* the moe op for few rows (cpu_moe.c; LMX_CPU_MOE=0: the host's routing) */
     size_t attn_scratch_n[CPU_MAX_THREADS];
 } cpu_backend;
 
@@ -54,6 +56,19 @@ void cpu_row_to_f32(const cpu_backend *cb, float *dst, const lmx_tensor *w, int6
 
 lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, const lmx_tensor *w,
                       const lmx_tensor *bias, int M);
+/* Fewer rows than CPU_MATVEC_ROWS stream the weights through the matvec kernels, each task a range of rows against
+ * every x row (cpu_matmul.c); more take the GEMM.  The pieces, for ops that run many matvecs in one dispatch (the moe
+ * op): whether matmul takes w at all; x [M, K] in the form w's kernels take (cpu_matvec_prep_bytes, 0 where x serves
+ * as it is: then prep may be NULL); and y[m * ldy + n] = x[m] . w[n] for n in [n0, n1). */
+#define CPU_MATVEC_ROWS 8
+int cpu_matmul_takes(const cpu_backend *cb, const lmx_tensor *w);
+size_t cpu_matvec_prep_bytes(const cpu_backend *cb, const lmx_tensor *w, int M);
+void cpu_matvec_prep(const cpu_backend *cb, const lmx_tensor *w, const float *x, int M, void *prep);
+void cpu_matvec_rows(const cpu_backend *cb, const lmx_tensor *w, const float *x, const void *prep, int M, int64_t n0,
+                     int64_t n1, float *y, int64_t ldy);
+/* The GLU's o[i] = act(g[i]) u[i] for i < n, as the glu op computes each element (the pool's chunks of it) */
+void cpu_glu_range(const cpu_backend *cb, float *o, const float *g, const float *u, int64_t n, lmx_act act);
+lmx_status cpu_moe(lmx_backend *be, const lmx_moe_args *a);
 lmx_status cpu_attention(lmx_backend *be, const lmx_attn_args *a);
 /* Attention and its backward by tiles (cpu_attention.c, cpu_backward.c): a task takes a kv head's query heads at
  * a few positions, CPU_ATTN_LANES query vectors (or its heads, where more), and walks their keys in chunks of

@@ -14,7 +14,6 @@
 #include "cpu_backend.h"
 #include "gemm.h"
 
-#define BLAS_MIN_ROWS 8              /* below this, the streaming kernels win (GEMM or BLAS) */
 #define BLAS_BLOCK_BYTES (8u << 20)  /* widened weight block for one sgemm call */
 #define ROWS_PER_TASK_MIN 16
 
@@ -28,8 +27,8 @@ typedef struct matmul_job {
     float *widened;                  /* BLAS path: destination of widened rows */
     float *xp;                       /* GEMM path: packed x, then one weight tile per thread */
     size_t tile_floats;              /* GEMM path: floats per thread (packed tile + one row) */
-    const float *xsum;               /* quantized: [M, K/group] per-group sums of x */
-    const void *xq;                  /* GGUF, where lmx_ggml_xq_takes: M rows of x prepared (ggml_quant.h) */
+    const void *prep;                /* few rows: x as cpu_matvec_prep made it (MLX: per-group sums; GGUF, where
+                                        lmx_ggml_xq_takes: its integer form) */
 } matmul_job;
 
 static lmx_matmul_rows_fn kernel_for(const cpu_backend *cb, lmx_dtype t) {
@@ -41,31 +40,57 @@ static lmx_matmul_rows_fn kernel_for(const cpu_backend *cb, lmx_dtype t) {
     }
 }
 
+int cpu_matmul_takes(const cpu_backend *cb, const lmx_tensor *w) {
+    return w->q.bits || w->q.ggml_type || kernel_for(cb, w->dtype);
+}
+
+size_t cpu_matvec_prep_bytes(const cpu_backend *cb, const lmx_tensor *w, int M) {
+    const int64_t K = w->shape[1];
+    if (w->q.bits) return (size_t)M * (size_t)(K / w->q.group) * sizeof(float);
+    if (w->q.ggml_type && lmx_ggml_xq_takes(cb->k.ggml_simd, w->q.ggml_type, K)) return (size_t)M * lmx_ggml_xq_bytes(K);
+    return 0;
+}
+
+void cpu_matvec_prep(const cpu_backend *cb, const lmx_tensor *w, const float *x, int M, void *prep) {
+    const int64_t K = w->shape[1];
+    if (w->q.bits) {
+        const int64_t G = K / w->q.group;
+        for (int m = 0; m < M; m++) lmx_quant_xsum(x + m * K, K, w->q.group, (float *)prep + m * G);
+    } else if (w->q.ggml_type && lmx_ggml_xq_takes(cb->k.ggml_simd, w->q.ggml_type, K)) {
+        const size_t xb = lmx_ggml_xq_bytes(K);
+        for (int m = 0; m < M; m++) lmx_ggml_xq_prepare(w->q.ggml_type, x + m * K, K, (char *)prep + m * xb);
+    }
+}
+
+void cpu_matvec_rows(const cpu_backend *cb, const lmx_tensor *w, const float *x, const void *prep, int M, int64_t n0,
+                     int64_t n1, float *y, int64_t ldy) {
+    const int64_t K = w->shape[1];
+    if (w->q.ggml_type && prep) { /* GGUF Q4_K / Q5_K / Q6_K: x prepared once for every task */
+        const size_t xb = lmx_ggml_xq_bytes(K);
+        for (int m = 0; m < M; m++)
+            lmx_ggml_matvec_xq(w->q.ggml_type, w->data, K, n0, n1, (const char *)prep + m * xb, y + m * ldy + n0);
+        return;
+    }
+    if (w->q.ggml_type) { /* GGUF blocks: fused dots of the task's rows, per x row */
+        for (int m = 0; m < M; m++)
+            lmx_ggml_matvec(cb->k.ggml_simd, w->q.ggml_type, w->data, K, n0, n1, x + m * K, y + m * ldy + n0);
+        return;
+    }
+    if (w->q.bits) {
+        const int64_t G = K / w->q.group;
+        for (int m = 0; m < M; m++) cb->qmatvec(x + m * K, (const float *)prep + m * G, w, n0, n1, y + m * ldy);
+        return;
+    }
+    kernel_for(cb, w->dtype)(x, K, M, K, w->data, n0, n1, y, ldy);
+}
+
 static void matmul_task(void *arg, int task, int thread) {
     const matmul_job *j = arg;
     int64_t n0 = j->n_begin + (int64_t)task * j->rows_per_task;
     int64_t n1 = n0 + j->rows_per_task;
     if (n1 > j->N) n1 = j->N;
     if (n0 >= n1) return;
-    if (j->xq) { /* GGUF Q4_K / Q5_K / Q6_K: x prepared once for every task */
-        const size_t xb = lmx_ggml_xq_bytes(j->K);
-        for (int m = 0; m < j->M; m++)
-            lmx_ggml_matvec_xq(j->w->q.ggml_type, j->w->data, j->K, n0, n1, (const char *)j->xq + m * xb, j->y + m * j->N + n0);
-        return;
-    }
-    if (j->w->q.ggml_type) { /* GGUF blocks: fused dots of the task's rows, per x row */
-        for (int m = 0; m < j->M; m++)
-            lmx_ggml_matvec(j->cb->k.ggml_simd, j->w->q.ggml_type, j->w->data, j->K, n0, n1, j->x + m * j->K, j->y + m * j->N + n0);
-        return;
-    }
-    if (j->w->q.bits) {
-        int64_t G = j->K / j->w->q.group;
-        for (int m = 0; m < j->M; m++)
-            j->cb->qmatvec(j->x + m * j->K, j->xsum + m * G, j->w, n0, n1, j->y + m * j->N);
-        return;
-    }
-    lmx_matmul_rows_fn fn = kernel_for(j->cb, j->w->dtype);
-    fn(j->x, j->K, j->M, j->K, j->w->data, n0, n1, j->y, j->N);
+    cpu_matvec_rows(j->cb, j->w, j->x, j->prep, j->M, n0, n1, j->y, j->N);
 }
 
 static void widen_task(void *arg, int task, int thread) {
@@ -163,28 +188,21 @@ lmx_status cpu_matmul(lmx_backend *be, lmx_tensor *out, const lmx_tensor *x, con
                       const lmx_tensor *bias, int M) {
     cpu_backend *cb = (cpu_backend *)be;
     int64_t N = w->shape[0], K = w->shape[1];
-    if (!w->q.bits && !w->q.ggml_type && !kernel_for(cb, w->dtype))
+    if (!cpu_matmul_takes(cb, w))
         return lmx_err_set(&be->err, LMX_ERR_UNSUPPORTED, "cpu: matmul on %s weights",
                            lmx_dtype_name(w->dtype));
     matmul_job j = {.cb = cb, .x = x->data, .w = w, .y = out->data, .M = M, .K = K, .N = N};
-    if (w->q.bits && M < BLAS_MIN_ROWS) {
-        int64_t G = K / w->q.group;
-        float *xs = cpu_scratch(cb, 2, (size_t)(M * G));
-        if (!xs) return lmx_err_prefix(&be->err, "matmul");
-        for (int m = 0; m < M; m++) lmx_quant_xsum(j.x + m * K, K, w->q.group, xs + m * G);
-        j.xsum = xs;
+    const size_t pb = M < CPU_MATVEC_ROWS ? cpu_matvec_prep_bytes(cb, w, M) : 0;
+    if (pb) { /* x's form once, not a task */
+        void *prep = cpu_scratch(cb, 2, (pb + sizeof(float) - 1) / sizeof(float));
+        if (!prep) return lmx_err_prefix(&be->err, "matmul");
+        cpu_matvec_prep(cb, w, j.x, M, prep);
+        j.prep = prep;
     }
-    if (w->q.ggml_type && M < BLAS_MIN_ROWS && lmx_ggml_xq_takes(cb->k.ggml_simd, w->q.ggml_type, K)) { /* x's form once, not a task */
-        const size_t xb = lmx_ggml_xq_bytes(K);
-        char *xq = (char *)cpu_scratch(cb, 2, (M * xb + sizeof(float) - 1) / sizeof(float));
-        if (!xq) return lmx_err_prefix(&be->err, "matmul");
-        for (int m = 0; m < M; m++) lmx_ggml_xq_prepare(w->q.ggml_type, j.x + m * K, K, xq + m * xb);
-        j.xq = xq;
-    }
-    if (M >= BLAS_MIN_ROWS && !strcmp(cb->k.isa, "avx512")) {
+    if (M >= CPU_MATVEC_ROWS && !strcmp(cb->k.isa, "avx512")) {
         lmx_status st = matmul_gemm(cb, &j);
         if (st != LMX_OK) return st;
-    } else if (M >= BLAS_MIN_ROWS) {
+    } else if (M >= CPU_MATVEC_ROWS) {
         lmx_status st = matmul_blas(cb, &j);
         if (st != LMX_OK) return st;
     } else {
