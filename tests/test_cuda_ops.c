@@ -23,6 +23,7 @@ int main(void) {
 #else
 
 #include "cuda_pair.h"
+#include "moe_ref.h"
 
 /* ---- matmul ---------------------------------------------------------------------------------- */
 
@@ -608,21 +609,9 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
         const float *zi = z + (int64_t)i * E;
         for (int c = 0; c < C; c++) want[(int64_t)i * C + c] = out0[(int64_t)i * C + c];
         if (ties == 1 && i == 1) continue; /* NaN logits: only that nothing breaks (checked below) */
-        double mx = -INFINITY, sum = 0, p[64], ksum = 0;
+        double p[64];
         int pick[64];
-        for (int e = 0; e < E; e++) mx = zi[e] > mx ? zi[e] : mx;
-        for (int e = 0; e < E; e++) sum += exp((zi[e] - mx) * lscale);
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= pick[j] == e;
-                if (!taken && (best < 0 || zi[e] > zi[best])) best = e;
-            }
-            pick[k] = best;
-            p[k] = exp((zi[best] - mx) * lscale) / sum;
-            ksum += p[k];
-        }
+        const double ksum = moe_ref_route(zi, E, K, lscale, pick, p);
         CHECK(cpu->ops->write(cpu, &xr, 0, x + (int64_t)i * C, (size_t)C * 4) == LMX_OK);
         for (int k = 0; k < K; k++) {
             const int e = pick[k];

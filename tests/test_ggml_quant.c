@@ -31,6 +31,7 @@
 #include "backend/cpu/ggml_quant.h"
 #include "base/half.h"
 #include "check.h"
+#include "moe_ref.h"
 #include "test_files.h"
 
 /* Defined in ggml_quant.c (not in the header): the dot without SIMD dispatch. */
@@ -390,20 +391,9 @@ static void test_moe_case(lmx_backend *be, int gt, int dt, int E, int K, int64_t
     for (int64_t k = 0; k < M * E; k++) z[k] = (float)((int32_t)(rnd() % 2001u) - 1000) / 300.0f;
     double *want = malloc((size_t)(M * C) * sizeof *want), *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
     for (int i = 0; i < M; i++) { /* the routing and the experts in float64 */
-        const float *zi = z + (int64_t)i * E;
-        double mx = zi[0], sum = 0, p[16], ksum = 0;
+        double p[16];
         int pick[16];
-        for (int e = 0; e < E; e++) mx = zi[e] > mx ? zi[e] : mx;
-        for (int e = 0; e < E; e++) sum += exp(zi[e] - mx);
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= pick[j] == e;
-                if (!taken && (best < 0 || zi[e] > zi[best])) best = e;
-            }
-            pick[k] = best, p[k] = exp(zi[best] - mx) / sum, ksum += p[k];
-        }
+        const double ksum = moe_ref_route(z + (int64_t)i * E, E, K, 1.0, pick, p);
         for (int64_t c = 0; c < C; c++) want[i * C + c] = out[i * C + c];
         for (int k = 0; k < K; k++) {
             const float *wg = wf[3 * pick[k]], *wu = wf[3 * pick[k] + 1], *wd = wf[3 * pick[k] + 2];
