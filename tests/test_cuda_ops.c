@@ -569,16 +569,18 @@ static void test_topk(void) {
 /* ---- mixture of experts ----------------------------------------------------------------------- */
 
 /* The cuda moe op (routing and the chosen experts on the GPU) against the routing of backend.h done
- * here in double (ties: 1 equal and NaN logits in rows 0 and 1, 2 every row choosing expert 0) and the experts
+ * here in double (logits: LOGITS_TIES equal and NaN ones in rows 0 and 1, LOGITS_SKEWED every row choosing expert 0;
+ * else random) and the experts
  * run by the cpu backend's matmul and glu, row by row.  Up to 512 pairs:
  * the one-row kernels with x in f32 (float32 tolerance; GGUF experts: x in int16, 5e-4); more: Q4_K gate / up
  * beside Q4_K or Q6_K down grouped by expert on the integer tensor cores (cuda_moe_rows.cu: 5e-4, and the rows
  * after the first 512 pairs the bits of a launch of those rows alone), other experts (and every one with
  * LMX_CUDA_MOE_ROWS=0) by the grouped GEMMs, which take x and the GLU's output as bf16 (a bf16 tolerance). */
+enum { LOGITS_RANDOM, LOGITS_TIES, LOGITS_SKEWED }; /* test_moe_case's router logits */
 static lmx_backend *cuda_with2(const char *var, const char *val, const char *var2, const char *val2);
 static int g_tiled_cases; /* moe cases whose experts the gpu holds in tiles (unless LMX_CUDA_MOE_TILES=0) */
 static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gtype, int gdown, int E, int K, int C,
-                               int F, int M, int norm_topk, int scaled, int ties) {
+                               int F, int M, int norm_topk, int scaled, int logits) {
     wpair *w = malloc((size_t)3 * E * sizeof *w);
     lmx_tensor *eg = malloc((size_t)3 * E * sizeof *eg);
     for (int e = 0; e < E; e++)
@@ -590,9 +592,9 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
         }
     float *x = rand_vec((int64_t)M * C, 1.0f), *out0 = rand_vec((int64_t)M * C, 1.0f), *z = rand_vec((int64_t)M * E, 3.0f);
     float *es = scaled ? rand_vec(E, 1.0f) : NULL;
-    if (ties == 1) /* row 0: every logit equal (the lower indices win); row 1, if any: NaN everywhere */
+    if (logits == LOGITS_TIES) /* row 0: every logit equal (the lower indices win); row 1, if any: NaN everywhere */
         for (int e = 0; e < E; e++) z[e] = 0.5f, z[(M > 1 ? E : 0) + e] = M > 1 ? NAN : 0.5f;
-    if (ties == 2) /* skewed: every row chooses expert 0, by a little */
+    if (logits == LOGITS_SKEWED) /* every row chooses expert 0, by a little */
         for (int i = 0; i < M; i++) {
             float *zi = z + (int64_t)i * E;
             for (int e = 1; e < E; e++) zi[0] = zi[e] > zi[0] ? zi[e] : zi[0];
@@ -608,7 +610,7 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     for (int i = 0; i < M; i++) {
         const float *zi = z + (int64_t)i * E;
         for (int c = 0; c < C; c++) want[(int64_t)i * C + c] = out0[(int64_t)i * C + c];
-        if (ties == 1 && i == 1) continue; /* NaN logits: only that nothing breaks (checked below) */
+        if (logits == LOGITS_TIES && i == 1) continue; /* NaN logits: only that nothing breaks (checked below) */
         double p[64];
         int pick[64];
         const double ksum = moe_ref_route(zi, E, K, lscale, pick, p);
@@ -627,7 +629,7 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
     for (int i = 0; i < M; i++)
         for (int c = 0; c < C; c++) {
             const int64_t o = (int64_t)i * C + c;
-            if (ties == 1 && i == 1) continue;
+            if (logits == LOGITS_TIES && i == 1) continue;
             d2 += (got[o] - want[o]) * (got[o] - want[o]), r2 += want[o] * want[o];
         }
     const char *mm = getenv("LMX_CUDA_MOE_MMA"), *rw = getenv("LMX_CUDA_MOE_ROWS");
@@ -635,8 +637,8 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
                           F % 256 == 0 && C % 256 == 0 && !(rw && rw[0] == '0'); /* cuda_moe_rows.cu */
     const double err = sqrt(d2) / sqrt(r2 > 0 ? r2 : 1),
                  tol = M * K > 512 && !by_expert ? 1e-2 : gtype ? 5e-4 : 1e-4;
-    CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d ties=%d%s: relative error %.3g", name,
-              E, K, C, F, M, norm_topk, scaled, ties, by_expert ? " (by expert)" : "", err);
+    CHECK_MSG(err <= tol, "moe %s E=%d K=%d C=%d F=%d M=%d norm_topk=%d scaled=%d logits=%d%s: relative error %.3g", name,
+              E, K, C, F, M, norm_topk, scaled, logits, by_expert ? " (by expert)" : "", err);
     /* the rows after the first launch's (512 pairs): the bits of a launch of those rows alone (the decode kernels, on
      * the tensor cores from 8 rows: LMX_CUDA_MOE_MMA unset; in tiles, any rows take their arithmetic) */
     if (by_expert && !mm && M - 512 / K >= 8) {
@@ -710,9 +712,9 @@ static void test_moe_case_down(const char *name, lmx_dtype dt, int bits, int gty
 
 /* down as a Q4_K_M file mixes them: Q6_K beside Q4_K gate / up */
 static void test_moe_case(const char *name, lmx_dtype dt, int bits, int gtype, int E, int K, int C, int F, int M,
-                          int norm_topk, int scaled, int ties) {
+                          int norm_topk, int scaled, int logits) {
     test_moe_case_down(name, dt, bits, gtype, gtype == LMX_GGML_Q4_K ? LMX_GGML_Q6_K : gtype, E, K, C, F, M, norm_topk,
-                       scaled, ties);
+                       scaled, logits);
 }
 
 static void test_moe(void) {
@@ -729,9 +731,9 @@ static void test_moe(void) {
     /* one row of Q4_K gate / up staged in shared memory (k_moe_gu_staged) over more rows than a block's first group
      * (8 x 512 rows: about 11 a block on 132 multiprocessors) and rows of 36 units (lanes 0-3 take two) */
     test_moe_case("gguf q4_k / q6_k, wide", LMX_DTYPE_U8, 0, LMX_GGML_Q4_K, 16, 8, 2304, 512, 1, 1, 0, 0);
-    test_moe_case("bf16 ties", LMX_DTYPE_BF16, 0, 0, 16, 4, 64, 32, 2, 1, 0, 1);
-    test_moe_case("f32 ties", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 1, 0, 0, 1);
-    test_moe_case("f32 ties, grouped", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 200, 0, 0, 1);
+    test_moe_case("bf16 ties", LMX_DTYPE_BF16, 0, 0, 16, 4, 64, 32, 2, 1, 0, LOGITS_TIES);
+    test_moe_case("f32 ties", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 1, 0, 0, LOGITS_TIES);
+    test_moe_case("f32 ties, grouped", LMX_DTYPE_F32, 0, 0, 8, 3, 64, 32, 200, 0, 0, LOGITS_TIES);
     test_moe_case("bf16, idle experts", LMX_DTYPE_BF16, 0, 0, 200, 2, 64, 32, 300, 1, 0, 0);
     test_moe_case("bf16, two rounds", LMX_DTYPE_BF16, 0, 0, 24, 8, 64, 32, 2100, 1, 0, 0); /* rounds of 16,384 pairs */
     test_moe_case("mlx q4, two rounds", LMX_DTYPE_U32, 4, 0, 24, 8, 64, 64, 2100, 1, 0, 0);
@@ -743,7 +745,7 @@ static void test_moe(void) {
                        0, 0);
     /* every expert's places padded to the power of two at or above its count (a batched GEMM for each size in a
      * run of experts): every row choosing expert 0 (skewed: one expert of 2,048 places in a round beside small ones) */
-    test_moe_case("mlx q4, skewed", LMX_DTYPE_U32, 4, 0, 64, 2, 64, 64, 1100, 1, 0, 2);
+    test_moe_case("mlx q4, skewed", LMX_DTYPE_U32, 4, 0, 64, 2, 64, 64, 1100, 1, 0, LOGITS_SKEWED);
     /* past 512 pairs, grouped by expert: rows that spread over the experts (16, 200 rows), places of an expert past a
      * block's 32 (8 experts, 1,100 rows; by the grouped GEMMs with LMX_CUDA_MOE_ROWS=0), two rounds (4,200 rows),
      * experts no pair chose and the plan's empty tiles after the others (256 experts, 300 rows of 2) */
