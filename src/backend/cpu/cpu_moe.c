@@ -11,14 +11,16 @@
  * matvec kernels on the same prepared x, the GLU and the add elementwise as those ops do them, and each row's
  * experts added in ascending order as scatter_add_rows adds them.
  *
- * Taken for fewer than CPU_MATVEC_ROWS rows (where moe_host's matmuls stream the weights a row of x at a time too)
- * and experts stored alike (one type a projection, gate's and up's the same); else LMX_ERR_UNSUPPORTED, and the
- * model routes on the host.  LMX_CPU_MOE=0 turns the op off (for A/B). */
+ * Taken for up to MOE_ROWS_MAX rows (decode, batched decode) where every chosen expert has fewer than
+ * CPU_MATVEC_ROWS of them (moe_host's matmuls then stream its weights a row of x at a time too; with more it takes
+ * the GEMM), and experts stored alike (one type a projection, gate's and up's the same); else LMX_ERR_UNSUPPORTED,
+ * nothing written, and the model routes on the host.  LMX_CPU_MOE=0 turns the op off (for A/B). */
 #include <string.h>
 
 #include "cpu_backend.h"
 
-#define MOE_SLICE 64 /* rows of a task's slice: a multiple of 16 (the GLU and the add in whole vectors) */
+#define MOE_SLICE 64     /* rows of a task's slice: a multiple of 16 (the GLU and the add in whole vectors) */
+#define MOE_ROWS_MAX 64  /* rows of x at most (a prompt's chunk routes on the host, its experts' GEMMs) */
 
 typedef struct moe_job {
     const cpu_backend *cb;
@@ -70,7 +72,7 @@ static void down_task(void *arg, int task, int thread) {
 
 static int moe_takes(const cpu_backend *cb, const lmx_moe_args *a) {
     const lmx_tensor *ex = a->experts;
-    if (!cb->moe_op || a->M >= CPU_MATVEC_ROWS || !a->alike || a->E <= 0 || a->K <= 0 || a->K > a->E ||
+    if (!cb->moe_op || a->M > MOE_ROWS_MAX || !a->alike || a->E <= 0 || a->K <= 0 || a->K > a->E ||
         a->x->dtype != LMX_DTYPE_F32 || a->logits->dtype != LMX_DTYPE_F32 || a->out->dtype != LMX_DTYPE_F32)
         return 0;
     const int same = ex[0].dtype == ex[1].dtype && ex[0].q.bits == ex[1].q.bits && ex[0].q.group == ex[1].q.group &&
@@ -99,6 +101,8 @@ lmx_status cpu_moe(lmx_backend *be, const lmx_moe_args *a) {
         lmx_moe_pick(z + (int64_t)i * E, E, K, a->logit_scale, a->norm_topk, a->expert_scale, pick + i * K, pw + i * K);
         for (int k = 0; k < K; k++) count[pick[i * K + k]]++;
     }
+    for (int e = 0; e < E; e++)
+        if (count[e] >= CPU_MATVEC_ROWS) return LMX_ERR_UNSUPPORTED; /* that expert's rows: a GEMM, on the host */
     int n_act = 0; /* the active experts ascending, each one's pairs in row order */
     first[0] = 0;
     for (int e = 0; e < E; e++)
