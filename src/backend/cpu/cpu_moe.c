@@ -1,4 +1,4 @@
-/* cpu_moe.c - a mixture of experts for a few rows (decode) on the cpu: the moe op (backend.h).
+/* cpu_moe.c - a mixture of experts for decode (a few rows, or a batch) on the cpu: the moe op (backend.h).
  *
  * The rows are routed here as the host routes them (lmx_moe_pick), then the pool runs two dispatches:
  *   gate / up  a task an (active expert, slice of MOE_SLICE of its F rows): for each of the expert's pairs, the
@@ -7,9 +7,10 @@
  *              y = down_e h over the slice, then out[row] += w y over the slice
  * where the host's routing (forward.c, moe_host) runs each chosen expert's gate, up, GLU, down and scatter as ops
  * of their own: 48 pool dispatches a layer for one row of Qwen3-30B-A3B, and x prepared for every matvec.  x is
- * prepared once a row for the gate / up, each pair's h once for the down.  The bits are moe_host's: the same
- * matvec kernels on the same prepared x, the GLU and the add elementwise as those ops do them, and each row's
- * experts added in ascending order as scatter_add_rows adds them.
+ * prepared once a row for the gate / up, each pair's h once for the down.  The same matvec kernels on the same
+ * prepared x, the GLU and the add elementwise as those ops do them, and each row's experts added in ascending
+ * order as scatter_add_rows adds them: for GGUF experts moe_host's bits (test_ggml_quant checks them); dense and
+ * MLX ones agree to float32 rounding (not checked bit for bit).
  *
  * Taken for up to MOE_ROWS_MAX rows (decode, batched decode) where every chosen expert has fewer than
  * CPU_MATVEC_ROWS of them (moe_host's matmuls then stream its weights a row of x at a time too; with more it takes
