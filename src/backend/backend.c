@@ -50,6 +50,18 @@ void lmx_moe_pick(const float *z, int E, int K, double logit_scale, int norm_top
     for (int k = 0; expert_scale && k < K; k++) p[k] *= expert_scale[ex[k]];
 }
 
+void lmx_moe_group(const int *pick, const float *pw, int M, int K, int E, int *count, int *off, int *rows, float *w) {
+    memset(count, 0, (size_t)E * sizeof *count);
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K && pick[(int64_t)i * K] >= 0; k++) count[pick[(int64_t)i * K + k]]++;
+    for (int e = 0, o = 0; e < E; e++) o += count[e], off[e] = o; /* each expert's end: filled from the back */
+    for (int i = M - 1; i >= 0; i--)
+        for (int k = K - 1; k >= 0 && pick[(int64_t)i * K] >= 0; k--) {
+            const int j = --off[pick[(int64_t)i * K + k]];
+            rows[j] = i, w[j] = pw[(int64_t)i * K + k];
+        }
+}
+
 int64_t lmx_weight_bytes(const lmx_tensor *w) {
     int64_t N = w->ndim == 2 ? w->shape[0] : 1, K = w->ndim > 0 ? w->shape[w->ndim - 1] : 1;
     if (w->q.ggml_type) return (int64_t)lmx_ggml_row_bytes(w->q.ggml_type, K) * N;

@@ -122,11 +122,6 @@ typedef struct lmx_backend lmx_backend;
  *   out[i] += sum over those experts e of w_e * down_e(act(gate_e x[i]) * up_e x[i])
  * x, out [M, C]; logits [M, E] f32; experts [3 E]: gate_e, up_e [F, C] and down_e [C, F] of expert e;
  * expert_scale host [E].  Padding rows are computed as any other (their out rows are never read). */
-/* One row's routing as lmx_moe_args says (the host's: forward.c's moe_host and the cpu's moe op): z [E] the row's
- * logits; ex [K], p [K] its experts, best first, and their weights. */
-void lmx_moe_pick(const float *z, int E, int K, double logit_scale, int norm_topk, const float *expert_scale, int *ex,
-                  float *p);
-
 typedef struct lmx_moe_args {
     lmx_tensor *out;
     const lmx_tensor *x, *logits, *experts;
@@ -136,6 +131,14 @@ typedef struct lmx_moe_args {
     lmx_act act;
     int alike;               /* every expert's gate, up and down stored as expert 0's (lmx_layer.experts_alike) */
 } lmx_moe_args;
+
+/* The routing on the host (forward.c's moe_host and the cpu's moe op).  lmx_moe_pick: one row's, as lmx_moe_args
+ * says: z [E] its logits; ex [K], p [K] its experts, best first, and their weights.  lmx_moe_group: M rows' picks
+ * and weights pick, pw [M, K] (a row whose pick[i K] is -1 left out: padding) by expert: expert e's count[e] pairs at
+ * off[e] .. of rows (their rows, ascending) and w (their weights). */
+void lmx_moe_pick(const float *z, int E, int K, double logit_scale, int norm_topk, const float *expert_scale, int *ex,
+                  float *p);
+void lmx_moe_group(const int *pick, const float *pw, int M, int K, int E, int *count, int *off, int *rows, float *w);
 
 typedef struct lmx_backend_ops {
     const char *name;

@@ -74,14 +74,14 @@ void lmx_workspace_free(lmx_backend *be, lmx_workspace *ws) {
 /* The host arrays of a MoE layer's routing for up to rows rows, in one block (route.logits owns it). */
 static lmx_status route_reserve(lmx_moe_route *r, const lmx_config *c, int rows) {
     const size_t E = (size_t)c->n_experts, RK = (size_t)rows * c->n_experts_used;
-    float *f = realloc(r->logits, ((size_t)rows * E + 2 * RK) * sizeof(float) + (3 * E + 2 * RK) * sizeof(int));
+    float *f = realloc(r->logits, ((size_t)rows * E + 2 * RK) * sizeof(float) + (2 * E + 2 * RK) * sizeof(int));
     if (!f) return LMX_ERR_NOMEM;
     r->logits = f;                          /* [rows, E] */
     r->w = f + (size_t)rows * E;            /* [rows K]: weights grouped by expert */
     r->pick_w = r->w + RK;                  /* [rows, K]: each row's experts' weights */
     r->rows = (int *)(r->pick_w + RK);      /* [rows K]: rows grouped by expert */
     r->pick = r->rows + RK;                 /* [rows, K]: each row's experts (-1 first: padding) */
-    r->count = r->pick + RK, r->off = r->count + E, r->fill = r->off + E; /* [E] each */
+    r->count = r->pick + RK, r->off = r->count + E; /* [E] each */
     return LMX_OK;
 }
 
@@ -361,26 +361,19 @@ static lmx_status mlp_block(lmx_model *m, int l, const lmx_adapter *const *ad, c
 }
 
 /* The routing of a MoE layer (host), for each of the M rows that are not padding: lmx_moe_pick of its
- * router logits r->logits [M, E] (backend.h); then the rows grouped by expert: expert e's count[e] rows
- * at rows[off[e] ..] with weights w[..]. */
+ * router logits r->logits [M, E] (backend.h); then the rows grouped by expert (lmx_moe_group): expert e's
+ * count[e] rows at rows[off[e] ..] with weights w[..]. */
 static void route(const lmx_config *c, const lmx_batch *bt, double logit_scale, const float *expert_scale,
                   lmx_moe_route *r) {
     const int E = c->n_experts, K = c->n_experts_used, M = bt->B * bt->T;
-    memset(r->count, 0, (size_t)E * sizeof *r->count);
     for (int i = 0; i < M; i++) {
         int *ex = r->pick + (int64_t)i * K;
-        float *p = r->pick_w + (int64_t)i * K;
         ex[0] = -1;
         if (i % bt->T >= bt->n_new[i / bt->T]) continue; /* padding: never read */
-        lmx_moe_pick(r->logits + (int64_t)i * E, E, K, logit_scale, c->norm_topk, expert_scale, ex, p);
-        for (int k = 0; k < K; k++) r->count[ex[k]]++;
+        lmx_moe_pick(r->logits + (int64_t)i * E, E, K, logit_scale, c->norm_topk, expert_scale, ex,
+                     r->pick_w + (int64_t)i * K);
     }
-    for (int e = 0, o = 0; e < E; e++) r->off[e] = o, o += r->count[e], r->fill[e] = 0;
-    for (int i = 0; i < M; i++)
-        for (int k = 0; k < K && r->pick[(int64_t)i * K] >= 0; k++) {
-            const int e = r->pick[(int64_t)i * K + k], j = r->off[e] + r->fill[e]++;
-            r->rows[j] = i, r->w[j] = r->pick_w[(int64_t)i * K + k];
-        }
+    lmx_moe_group(r->pick, r->pick_w, M, K, E, r->count, r->off, r->rows, r->w);
 }
 
 /* The experts on the host's routing: the router's logits (ws->router) read to the host and routed

@@ -65,7 +65,7 @@ typedef struct lmx_layer {
 /* A MoE layer's routing on the host (forward.c, route): one block of max_rows rows, owned by logits. */
 typedef struct lmx_moe_route {
     float *logits, *w, *pick_w;
-    int *rows, *pick, *count, *off, *fill;
+    int *rows, *pick, *count, *off;
 } lmx_moe_route;
 
 /* Activation buffers of the forward pass, sized for up to max_rows rows (grown, never per token). */

@@ -28,7 +28,8 @@ typedef struct moe_job {
     const lmx_moe_args *a;
     int n_act;
     const int *act;      /* [n_act] active experts, ascending */
-    const int *first;    /* [n_act + 1]: active expert j's pairs are pairs first[j] .. first[j + 1] - 1 */
+    const int *count;    /* [E]: expert e's pairs are pairs off[e] .. off[e] + count[e] - 1 (lmx_moe_group) */
+    const int *off;      /* [E] */
     const int *row;      /* [P] a pair's row of x */
     const float *w;      /* [P] its weight */
     const void *xprep;   /* gate's form of x's rows (NULL: x itself) */
@@ -44,9 +45,10 @@ static void gate_up_task(void *arg, int task, int thread) {
     const moe_job *j = arg;
     const int a = task / (int)j->slices_f;
     const int64_t n0 = task % j->slices_f * MOE_SLICE, n1 = n0 + MOE_SLICE < j->F ? n0 + MOE_SLICE : j->F;
-    const lmx_tensor *ex = &j->a->experts[3 * j->act[a]];
+    const int e = j->act[a];
+    const lmx_tensor *ex = &j->a->experts[3 * e];
     const float *x = j->a->x->data;
-    for (int p = j->first[a]; p < j->first[a + 1]; p++) {
+    for (int p = j->off[e]; p < j->off[e] + j->count[e]; p++) {
         const int i = j->row[p];
         const void *xp = j->xprep ? (const char *)j->xprep + (size_t)i * j->xprep_bytes : NULL;
         float *g = j->g + (int64_t)p * j->F, *u = j->u + (int64_t)p * j->F;
@@ -61,8 +63,9 @@ static void down_task(void *arg, int task, int thread) {
     const int64_t n0 = (int64_t)task * MOE_SLICE, n1 = n0 + MOE_SLICE < j->C ? n0 + MOE_SLICE : j->C;
     float *out = j->a->out->data;
     for (int a = 0; a < j->n_act; a++) {
-        const lmx_tensor *down = &j->a->experts[3 * j->act[a] + 2];
-        for (int p = j->first[a]; p < j->first[a + 1]; p++) {
+        const int e = j->act[a];
+        const lmx_tensor *down = &j->a->experts[3 * e + 2];
+        for (int p = j->off[e]; p < j->off[e] + j->count[e]; p++) {
             const void *hp = j->hprep ? (const char *)j->hprep + (size_t)p * j->hprep_bytes : NULL;
             float *y = j->y + (int64_t)p * j->C;
             cpu_matvec_rows(j->cb, down, j->g + (int64_t)p * j->F, hp, 1, n0, n1, y, j->C);
@@ -88,31 +91,24 @@ lmx_status cpu_moe(lmx_backend *be, const lmx_moe_args *a) {
     const int64_t C = a->experts[0].shape[1], F = a->experts[0].shape[0];
     const size_t xb = cpu_matvec_prep_bytes(cb, &a->experts[0], 1), hb = cpu_matvec_prep_bytes(cb, &a->experts[2], 1);
     /* scratch (floats): g, u [P, F], y [P, C]; the prepared forms; weights [P] a row's, then by expert; ints: picks
-     * [P], counts and first [E + 1] each, act [E], rows [P] */
+     * [P], counts, offsets and act [E] each, rows [P] */
     const size_t fl = (size_t)P * (2 * F + C), pf = ((size_t)M * xb + (size_t)P * hb + 3) / 4,
-                 ni = (size_t)2 * P + 2 * ((size_t)E + 1) + (size_t)E;
+                 ni = (size_t)2 * P + 3 * (size_t)E;
     float *buf = cpu_scratch(cb, CPU_SCRATCH_MOE, fl + pf + 2 * (size_t)P + ni);
     if (!buf) return lmx_err_prefix(&be->err, "moe");
     float *pw = buf + fl + pf, *w = pw + P;
     int *pick = (int *)(w + P);
-    int *count = pick + P, *first = count + E + 1, *act = first + E + 1, *row = act + E;
+    int *count = pick + P, *off = count + E, *act = off + E, *row = act + E;
     const float *z = a->logits->data;
-    memset(count, 0, (size_t)E * sizeof *count);
-    for (int i = 0; i < M; i++) {
+    for (int i = 0; i < M; i++)
         lmx_moe_pick(z + (int64_t)i * E, E, K, a->logit_scale, a->norm_topk, a->expert_scale, pick + i * K, pw + i * K);
-        for (int k = 0; k < K; k++) count[pick[i * K + k]]++;
-    }
-    for (int e = 0; e < E; e++)
+    lmx_moe_group(pick, pw, M, K, E, count, off, row, w);
+    int n_act = 0; /* the active experts ascending */
+    for (int e = 0; e < E; e++) {
         if (count[e] >= CPU_MATVEC_ROWS) return LMX_ERR_UNSUPPORTED; /* that expert's rows: a GEMM, on the host */
-    int n_act = 0; /* the active experts ascending, each one's pairs in row order */
-    first[0] = 0;
-    for (int e = 0; e < E; e++)
-        if (count[e]) act[n_act] = e, first[n_act + 1] = first[n_act] + count[e], n_act++;
-    for (int j = 0, p = 0; j < n_act; j++)
-        for (int i = 0; i < M; i++)
-            for (int k = 0; k < K; k++)
-                if (pick[i * K + k] == act[j]) row[p] = i, w[p] = pw[i * K + k], p++;
-    moe_job job = {.cb = cb, .a = a, .n_act = n_act, .act = act, .first = first, .row = row, .w = w,
+        if (count[e]) act[n_act++] = e;
+    }
+    moe_job job = {.cb = cb, .a = a, .n_act = n_act, .act = act, .count = count, .off = off, .row = row, .w = w,
                    .xprep_bytes = xb, .hprep_bytes = hb, .C = C, .F = F, .slices_f = (F + MOE_SLICE - 1) / MOE_SLICE};
     job.g = buf, job.u = job.g + (int64_t)P * F, job.y = job.u + (int64_t)P * F;
     char *prep = (char *)(job.y + (int64_t)P * C);
