@@ -1,6 +1,6 @@
 /* cpu_moe.c - a mixture of experts for decode (a few rows, or a batch) on the cpu: the moe op (backend.h).
  *
- * The rows are routed here as the host routes them (lmx_moe_pick), then the pool runs two dispatches:
+ * The rows are routed here as the host routes them (lmx_moe_pick, lmx_moe_group), then the pool runs two dispatches:
  *   gate / up  a task an (active expert, slice of MOE_SLICE of its F rows): for each of the expert's pairs, the
  *              slice of g = gate_e x and u = up_e x, then h = act(g) u over the slice, into g
  *   down       a task a slice of the C outputs: for each active expert in ascending order, for each of its pairs,
